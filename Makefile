@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 ifneq ($(HAS_GPU),1)
-	$(PY) -m pip install -q --extra-index-url https://download.pytorch.org/whl/cpu $(CPU_PINS)
+	$(PY) -m pip install -q $(CPU_PINS)
 endif
 	$(PY) -m pip install -q -e ".[test,bench]"
 	touch $(STAMP)
