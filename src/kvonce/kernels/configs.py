@@ -1,0 +1,67 @@
+"""Launch configurations, from a table (no live autotuning on the hot path).
+
+Each family has one frozen config dataclass and one ``get_<family>_config`` that reads the table by
+GPU compute capability and head dim. Unknown GPUs fall back to a conservative row with a logged
+warning. The Hopper rows come from ``python -m kvonce bench zigzag --sweep`` on the lent H100
+(see docs/benchmarks.md); rerun it to regenerate them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+
+log = logging.getLogger("kvonce")
+
+
+@dataclasses.dataclass(frozen=True)
+class DualGroupFwdConfig:
+    """Launch config of ``_fused_dual_group_fwd_kernel_varlen``.
+
+    block_m: query rows per group per program (the program holds 2 * block_m rows of state).
+    block_n: keys per tile. kv_cache_modifier: "" or ".cg" on K/V loads.
+    dot_identity: FlagAttention's q @ I layout trick, only applied for head dims < 128.
+    """
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    kv_cache_modifier: str = ""
+    dot_identity: bool = False
+
+
+# (capability major, minor) -> head dim -> config. Filled from measurements only.
+_DUAL_GROUP_FWD_TABLE: dict[tuple[int, int], dict[int, DualGroupFwdConfig]] = {
+    (9, 0): {
+        32: DualGroupFwdConfig(128, 64, 4, 3),
+        64: DualGroupFwdConfig(128, 64, 4, 3),
+        96: DualGroupFwdConfig(64, 64, 4, 3),
+        128: DualGroupFwdConfig(64, 64, 4, 3),
+        256: DualGroupFwdConfig(64, 32, 4, 2),
+    },
+}
+
+# Small tiles for the Triton interpreter (CPU): few masked keys wasted per tile, quick steps.
+_INTERPRETER_CONFIG = DualGroupFwdConfig(32, 32, 4, 1)
+_FALLBACK = {hd: DualGroupFwdConfig(64, 32 if hd > 128 else 64, 4, 2) for hd in (32, 64, 96, 128, 256)}
+_warned: set = set()
+
+
+def interpreter_active() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def get_dual_group_fwd_config(capability: tuple[int, int] | None, head_dim: int) -> DualGroupFwdConfig:
+    """Config for ``head_dim`` on a GPU of ``capability`` (None: the Triton interpreter)."""
+    if capability is None or interpreter_active():
+        return _INTERPRETER_CONFIG
+    padded = 1 << (head_dim - 1).bit_length()
+    row = _DUAL_GROUP_FWD_TABLE.get(tuple(capability))
+    if row is not None and (head_dim in row or padded in row):
+        return row.get(head_dim, row.get(padded))
+    if capability not in _warned:
+        _warned.add(capability)
+        log.warning("kvonce: no tuned dual-group config for compute capability %s; using a "
+                    "conservative fallback (tune with `python -m kvonce bench zigzag --sweep`)",
+                    capability)
+    return _FALLBACK.get(head_dim, _FALLBACK[padded if padded in _FALLBACK else 128])

@@ -1,0 +1,321 @@
+"""Fused dual-group varlen attention forward (zigzag llama3 context parallelism).
+
+One program owns one M-block of group-0 query rows and the matching M-block of group-1 rows of one
+(sequence, q head). It walks the key tiles of that sequence once, up to the larger of the two
+groups' visible ranges, and feeds every tile it loads to each group that needs it:
+
+    keys:   0 ........................ hi0 ....................... hi1
+    q0:     [ both, no mask ][ both, masked ]
+    q1:     [ both, no mask ][ both, masked ][ q1 alone, no mask ][ q1 alone, masked ]
+
+The region bounds are run-time values (they depend on the sequence and the M-block), so the kernel
+calls one loop helper per region: shared tiles go to two online-softmax states, the tail of the
+longer group to one.
+
+Softmax runs in base 2 (``log2(e)`` folded into the scale once, ``exp2`` throughout); running
+maxima stay in base-2 units and only the stored LSE is converted: ``lse = (m + log2(l)) * ln 2``.
+
+K/V can be read in two layouts (``KV_ZIGZAG``):
+- contiguous: sequence ``b``'s key ``j`` is row ``cu_seqlens_k[b] + j``;
+- zigzag all-gather buffer: ``world_size`` ranks' local buffers back to back (``rank_rows`` rows
+  each); rank ``r`` holds chunks ``r`` and ``2 * world_size - 1 - r`` of every sequence, so key
+  ``j`` of sequence ``b`` (chunk size ``c``) is found at
+  ``rank * rank_rows + cu_seqlens_k_local[b] + (j % c) + (c if late chunk else 0)``.
+  The kernel reads the gathered buffer where it lies; nothing is copied into contiguous order.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+@triton.jit
+def _online_update(acc, m_i, l_i, q, k_t, v, qk_scale, offs_m, offs_n, diag, kv_end,
+                   MASKED: tl.constexpr):
+    """One key tile into one online-softmax state (base 2).
+
+    acc [BLOCK_M, BLOCK_D] fp32, m_i/l_i [BLOCK_M] fp32, q [BLOCK_M, BLOCK_D],
+    k_t [BLOCK_D, BLOCK_N] (K transposed), v [BLOCK_N, BLOCK_D].
+    Row ``i`` sees key ``j`` iff ``j <= i + diag`` and ``j < kv_end``.
+    """
+    qk = tl.dot(q, k_t)
+    if MASKED:
+        visible = (offs_n[None, :] <= offs_m[:, None] + diag) & (offs_n[None, :] < kv_end)
+        qk = tl.where(visible, qk * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        # A row with no visible key so far keeps m = -inf; subtract 0 instead so that
+        # exp2(-inf - -inf) never makes a NaN.
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(qk - m_sub[:, None])
+    else:
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        m_sub = m_new
+        p = tl.math.exp2(qk * qk_scale - m_sub[:, None])
+    alpha = tl.math.exp2(m_i - m_sub)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _kv_rows(offs_n, k_row0, chunk, rank_rows, world_size, KV_ZIGZAG: tl.constexpr):
+    """Buffer rows (int64) of key positions ``offs_n`` of one sequence."""
+    if KV_ZIGZAG:
+        j = offs_n // chunk
+        early = j < world_size
+        rank = tl.where(early, j, 2 * world_size - 1 - j)
+        local = offs_n - j * chunk + tl.where(early, 0, chunk)
+        return rank.to(tl.int64) * rank_rows + k_row0 + local
+    else:
+        return k_row0 + offs_n.to(tl.int64)
+
+
+@triton.jit
+def _load_kv_tile(K, V, start_n, kv_end, k_row0, chunk, rank_rows, world_size,
+                  stride_kn, stride_vn, offs_d, head_dim,
+                  BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, KV_ZIGZAG: tl.constexpr,
+                  KV_CACHE: tl.constexpr):
+    """K tile transposed ``[BLOCK_D, BLOCK_N]`` and V tile ``[BLOCK_N, BLOCK_D]``; keys at or past
+    ``kv_end`` read as 0 (and are masked out of the scores by the caller)."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    rows = _kv_rows(offs_n, k_row0, chunk, rank_rows, world_size, KV_ZIGZAG)
+    in_range = offs_n < kv_end
+    if EVEN_D:
+        k_mask = in_range[None, :]
+        v_mask = in_range[:, None]
+    else:
+        k_mask = in_range[None, :] & (offs_d[:, None] < head_dim)
+        v_mask = in_range[:, None] & (offs_d[None, :] < head_dim)
+    k_t = tl.load(K + rows[None, :] * stride_kn + offs_d[:, None], mask=k_mask, other=0.0,
+                  cache_modifier=KV_CACHE)
+    v = tl.load(V + rows[:, None] * stride_vn + offs_d[None, :], mask=v_mask, other=0.0,
+                cache_modifier=KV_CACHE)
+    return offs_n, k_t, v
+
+
+@triton.jit
+def _attend_one(acc, m_i, l_i, q, lo, hi, qk_scale, offs_m, diag, kv_end,
+                K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
+                MASKED: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
+                KV_ZIGZAG: tl.constexpr, KV_CACHE: tl.constexpr):
+    """Key tiles ``[lo, hi)`` (``lo`` a multiple of BLOCK_N) into one group's state."""
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n, k_t, v = _load_kv_tile(K, V, start_n, kv_end, k_row0, chunk, rank_rows, world_size,
+                                       stride_kn, stride_vn, offs_d, head_dim,
+                                       BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
+        acc, m_i, l_i = _online_update(acc, m_i, l_i, q, k_t, v, qk_scale, offs_m, offs_n,
+                                       diag, kv_end, MASKED)
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _attend_two(acc0, m0, l0, q0, diag0, end0, acc1, m1, l1, q1, diag1, end1,
+                lo, hi, qk_scale, offs_m,
+                K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
+                MASKED: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
+                KV_ZIGZAG: tl.constexpr, KV_CACHE: tl.constexpr):
+    """Key tiles ``[lo, hi)``: each tile loaded once, fed to both groups' states."""
+    kv_end = tl.maximum(end0, end1)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n, k_t, v = _load_kv_tile(K, V, start_n, kv_end, k_row0, chunk, rank_rows, world_size,
+                                       stride_kn, stride_vn, offs_d, head_dim,
+                                       BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
+        acc0, m0, l0 = _online_update(acc0, m0, l0, q0, k_t, v, qk_scale, offs_m, offs_n,
+                                      diag0, end0, MASKED)
+        acc1, m1, l1 = _online_update(acc1, m1, l1, q1, k_t, v, qk_scale, offs_m, offs_n,
+                                      diag1, end1, MASKED)
+    return acc0, m0, l0, acc1, m1, l1
+
+
+@triton.jit
+def _group_block_setup(Q, cu_seqlens_q, kv_end_ptr, seq, len_k, start_m, head, stride_qm, stride_qh,
+                       offs_m, offs_d, head_dim,
+                       IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       EVEN_D: tl.constexpr, DOT_IDENTITY: tl.constexpr):
+    """Load one group's M-block of q and compute its key-range bounds.
+
+    Returns ``q [BLOCK_M, BLOCK_D]``, ``len_q``, ``diag`` (row ``i`` sees key ``j <= i + diag``),
+    ``kv_end`` (keys visible at all), ``full`` (tiles below it need no mask, a multiple of BLOCK_N)
+    and ``hi`` (no tile at or past it is needed)."""
+    q_start = tl.load(cu_seqlens_q + seq)
+    len_q = tl.load(cu_seqlens_q + seq + 1) - q_start
+    kv_end = tl.minimum(tl.maximum(tl.load(kv_end_ptr + seq), 0), len_k)
+    m0 = start_m * BLOCK_M
+    rows_end = tl.minimum(m0 + BLOCK_M, len_q)
+    if IS_CAUSAL:
+        diag = kv_end - len_q
+        hi = tl.minimum(kv_end, rows_end + diag)
+        full = tl.minimum(kv_end, m0 + diag + 1)
+    else:
+        diag = kv_end
+        hi = kv_end
+        full = kv_end
+    hi = tl.where(rows_end > m0, tl.maximum(hi, 0), 0)
+    full = (tl.minimum(tl.maximum(full, 0), hi) // BLOCK_N) * BLOCK_N
+    row_ok = offs_m < len_q
+    q_ptrs = Q + (q_start + offs_m).to(tl.int64)[:, None] * stride_qm + head * stride_qh + offs_d[None, :]
+    if EVEN_D:
+        q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
+    else:
+        q = tl.load(q_ptrs, mask=row_ok[:, None] & (offs_d[None, :] < head_dim), other=0.0)
+    if DOT_IDENTITY:
+        # FlagAttention's trick for head dims < 128: a dot with I puts q in the dot-operand layout
+        # once, outside the loop. Kept only where it measures faster (kernels/configs.py).
+        eye = (offs_d[:, None] == offs_d[None, :]).to(q.dtype)
+        q = tl.dot(q, eye).to(q.dtype)
+    return q, len_q, diag, kv_end, full, hi
+
+
+@triton.jit
+def _store_group(Out, Lse, out_start_ptr, seq, head, acc, m_i, l_i, len_q, offs_m, offs_d, head_dim,
+                 stride_om, stride_oh, stride_lse_h, EVEN_D: tl.constexpr):
+    """out = acc / l (0 where no key was seen), lse = (m + log2 l) * ln 2 (-inf there)."""
+    seen = l_i > 0.0
+    out = acc / tl.where(seen, l_i, 1.0)[:, None]
+    lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453,
+                   float("-inf"))
+    row = tl.load(out_start_ptr + seq) + offs_m
+    row_ok = offs_m < len_q
+    o_ptrs = Out + row.to(tl.int64)[:, None] * stride_om + head * stride_oh + offs_d[None, :]
+    if EVEN_D:
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty),
+                 mask=row_ok[:, None] & (offs_d[None, :] < head_dim))
+    tl.store(Lse + head * stride_lse_h + row.to(tl.int64), lse, mask=row_ok)
+
+
+@triton.jit
+def _fused_dual_group_fwd_kernel_varlen(
+    Q0, Q1,            # [total_q0, nheads, HEAD_DIM], [total_q1, nheads, HEAD_DIM]; last dim contiguous
+    K, V,              # [rows, nheads_k, HEAD_DIM] (contiguous varlen, or the zigzag gathered buffer)
+    Out0, Out1,        # [rows_o0, nheads, HEAD_DIM], [rows_o1, nheads, HEAD_DIM] (may be one tensor)
+    Lse0, Lse1,        # float32 [nheads, rows_o0], [nheads, rows_o1]
+    cu_seqlens_q0, cu_seqlens_q1,  # int32 [batch + 1]
+    cu_seqlens_k,      # int32 [batch + 1]: contiguous starts, or LOCAL starts in zigzag mode
+    kv_end0, kv_end1,  # int32 [batch]: keys each group may see (clipped to the sequence here)
+    out_start0, out_start1,  # int32 [batch]: first output row of each sequence
+    sm_scale,          # float: softmax scale (log2(e) is folded in here)
+    rank_rows, world_size,  # zigzag mode: rows per rank in the gathered buffer, ranks
+    stride_q0m, stride_q0h, stride_q1m, stride_q1h,
+    stride_kn, stride_kh, stride_vn, stride_vh,
+    stride_o0m, stride_o0h, stride_o1m, stride_o1h,
+    stride_lse0_h, stride_lse1_h,
+    head_dim, kv_group,  # real head dim; q heads per kv head
+    IS_CAUSAL: tl.constexpr, KV_ZIGZAG: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+    DOT_IDENTITY: tl.constexpr, KV_CACHE: tl.constexpr,
+):
+    # Grid: (nheads, m-blocks, batch). Heads vary fastest so that the programs of one kv head run
+    # together (their K/V tiles meet in L2); m-blocks are visited last-first because, under a
+    # causal mask, the last rows have the most keys and should start first.
+    head = tl.program_id(0)
+    start_m = tl.num_programs(1) - 1 - tl.program_id(1)
+    seq = tl.program_id(2)
+    kv_head = head // kv_group
+
+    k_row0 = tl.load(cu_seqlens_k + seq).to(tl.int64)
+    len_k_stored = tl.load(cu_seqlens_k + seq + 1) - tl.load(cu_seqlens_k + seq)
+    if KV_ZIGZAG:
+        chunk = len_k_stored // 2          # local length = 2 chunks
+        len_k = chunk * 2 * world_size     # global length
+    else:
+        chunk = 1
+        len_k = len_k_stored
+
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    q0, len_q0, diag0, end0, full0, hi0 = _group_block_setup(
+        Q0, cu_seqlens_q0, kv_end0, seq, len_k, start_m, head, stride_q0m, stride_q0h,
+        offs_m, offs_d, head_dim, IS_CAUSAL, BLOCK_M, BLOCK_N, EVEN_D, DOT_IDENTITY)
+    q1, len_q1, diag1, end1, full1, hi1 = _group_block_setup(
+        Q1, cu_seqlens_q1, kv_end1, seq, len_k, start_m, head, stride_q1m, stride_q1h,
+        offs_m, offs_d, head_dim, IS_CAUSAL, BLOCK_M, BLOCK_N, EVEN_D, DOT_IDENTITY)
+    if start_m * BLOCK_M >= tl.maximum(len_q0, len_q1):
+        return
+
+    K += kv_head * stride_kh
+    V += kv_head * stride_vh
+    qk_scale = sm_scale * 1.4426950408889634
+
+    acc0 = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    acc1 = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    m_0 = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    m_1 = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_0 = tl.zeros([BLOCK_M], dtype=tl.float32)
+    l_1 = tl.zeros([BLOCK_M], dtype=tl.float32)
+
+    # Shared tiles: both groups unmasked, then both masked (one of them may be a plain tile
+    # there; the mask is then all-true and costs only the select).
+    both_full = tl.minimum(full0, full1)
+    both_hi = tl.minimum(hi0, hi1)
+    shared_end = tl.cdiv(both_hi, BLOCK_N) * BLOCK_N
+    acc0, m_0, l_0, acc1, m_1, l_1 = _attend_two(
+        acc0, m_0, l_0, q0, diag0, end0, acc1, m_1, l_1, q1, diag1, end1,
+        0, both_full, qk_scale, offs_m,
+        K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
+        False, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
+    acc0, m_0, l_0, acc1, m_1, l_1 = _attend_two(
+        acc0, m_0, l_0, q0, diag0, end0, acc1, m_1, l_1, q1, diag1, end1,
+        both_full, shared_end, qk_scale, offs_m,
+        K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
+        True, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
+
+    # The longer group goes on alone (for the other one both loops are empty).
+    split0 = tl.maximum(shared_end, full0)
+    acc0, m_0, l_0 = _attend_one(
+        acc0, m_0, l_0, q0, shared_end, split0, qk_scale, offs_m, diag0, end0,
+        K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
+        False, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
+    acc0, m_0, l_0 = _attend_one(
+        acc0, m_0, l_0, q0, split0, hi0, qk_scale, offs_m, diag0, end0,
+        K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
+        True, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
+    split1 = tl.maximum(shared_end, full1)
+    acc1, m_1, l_1 = _attend_one(
+        acc1, m_1, l_1, q1, shared_end, split1, qk_scale, offs_m, diag1, end1,
+        K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
+        False, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
+    acc1, m_1, l_1 = _attend_one(
+        acc1, m_1, l_1, q1, split1, hi1, qk_scale, offs_m, diag1, end1,
+        K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
+        True, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
+
+    _store_group(Out0, Lse0, out_start0, seq, head, acc0, m_0, l_0, len_q0, offs_m, offs_d,
+                 head_dim, stride_o0m, stride_o0h, stride_lse0_h, EVEN_D)
+    _store_group(Out1, Lse1, out_start1, seq, head, acc1, m_1, l_1, len_q1, offs_m, offs_d,
+                 head_dim, stride_o1m, stride_o1h, stride_lse1_h, EVEN_D)
+
+
+def launch_dual_group_fwd(
+    q0, q1, k, v, out0, out1, lse0, lse1,
+    cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1, out_start0, out_start1,
+    *, max_seqlen_q: int, softmax_scale: float, causal: bool, config,
+    zigzag_world_size: int = 0, zigzag_rank_rows: int = 0,
+) -> None:
+    """Launch ``_fused_dual_group_fwd_kernel_varlen``. All checks are the caller's (varlen.py).
+
+    ``zigzag_world_size > 0`` reads ``k, v`` as the zigzag all-gather buffer of that many ranks,
+    ``zigzag_rank_rows`` rows each, with ``cu_seqlens_k`` the LOCAL cumulative lengths.
+    """
+    batch = cu_seqlens_q0.shape[0] - 1
+    nheads, head_dim = q0.shape[1], q0.shape[2]
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    num_m_blocks = max(1, triton.cdiv(max_seqlen_q, config.block_m))
+    grid = (nheads, num_m_blocks, batch)
+    if batch == 0 or max_seqlen_q == 0:
+        return
+    _fused_dual_group_fwd_kernel_varlen[grid](
+        q0, q1, k, v, out0, out1, lse0, lse1,
+        cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1, out_start0, out_start1,
+        softmax_scale, zigzag_rank_rows, max(zigzag_world_size, 1),
+        q0.stride(0), q0.stride(1), q1.stride(0), q1.stride(1),
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        out0.stride(0), out0.stride(1), out1.stride(0), out1.stride(1),
+        lse0.stride(0), lse1.stride(0),
+        head_dim, nheads // k.shape[1],
+        IS_CAUSAL=causal, KV_ZIGZAG=zigzag_world_size > 0,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_D=block_d,
+        EVEN_D=block_d == head_dim, DOT_IDENTITY=config.dot_identity and head_dim < 128,
+        KV_CACHE=config.kv_cache_modifier,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )

@@ -1,0 +1,149 @@
+"""Dual-group varlen attention: validation, allocation, launch.
+
+``fused_zigzag_llama3_flash_attn_varlen_forward`` computes two varlen attentions that share one
+K/V in a single launch: every K/V tile is read from memory once and applied to both query groups.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import _validate as V
+from .kernels.configs import DualGroupFwdConfig, get_dual_group_fwd_config
+from .kernels.dual_group_fwd import launch_dual_group_fwd
+
+__all__ = ["fused_zigzag_llama3_flash_attn_varlen_forward", "dual_group_forward_into"]
+
+
+def _capability(device: torch.device):
+    return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+
+
+def _per_sequence(x, batch: int, device: torch.device) -> torch.Tensor:
+    """An int (same for all sequences) or an int32 tensor [batch] -> int32 tensor [batch].
+    ``torch.full`` on the device is a fill kernel, not a host sync."""
+    if isinstance(x, int):
+        return torch.full((batch,), x, dtype=torch.int32, device=device)
+    return x
+
+
+def validate_dual_group_inputs(q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k,
+                               max_kv_len_q0, max_kv_len_q1) -> int:
+    """All checks of the public entry point; returns batch. Raises before any launch."""
+    for name, t in (("q0", q0), ("q1", q1), ("k", k), ("v", v)):
+        V.check_tensor(name, t, ndim=3, dtypes=V.ATTN_DTYPES)
+    device = V.check_same_device(q0=q0, q1=q1, k=k, v=v, cu_seqlens_q0=cu_seqlens_q0,
+                                 cu_seqlens_q1=cu_seqlens_q1, cu_seqlens_k=cu_seqlens_k)
+    V.check_same_dtype(q0=q0, q1=q1, k=k, v=v)
+    batch = V.check_cu_seqlens("cu_seqlens_q0", cu_seqlens_q0)
+    V.check_cu_seqlens("cu_seqlens_q1", cu_seqlens_q1, batch)
+    V.check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, batch)
+    if q1.shape[1:] != q0.shape[1:]:
+        raise ValueError(f"q1 must have q0's [nheads, headdim] = {tuple(q0.shape[1:])}, "
+                         f"got {tuple(q1.shape[1:])}")
+    if v.shape != k.shape:
+        raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
+    if k.shape[2] != q0.shape[2]:
+        raise ValueError(f"head dim mismatch: q0 has {q0.shape[2]}, k has {k.shape[2]}")
+    V.check_head_dim("q0", q0.shape[2])
+    V.check_gqa(q0.shape[1], k.shape[1])
+    V.check_last_dim_contiguous(q0=q0, q1=q1, k=k, v=v)
+    V.check_int_or_per_sequence("max_kv_len_q0", max_kv_len_q0, batch, device)
+    V.check_int_or_per_sequence("max_kv_len_q1", max_kv_len_q1, batch, device)
+    if device.type != "cuda" and not _interpreter():
+        raise ValueError(f"inputs are on {device}: the Triton kernel needs a CUDA device "
+                         "(or TRITON_INTERPRET=1 for the CPU interpreter)")
+    return batch
+
+
+def _interpreter() -> bool:
+    from .kernels.configs import interpreter_active
+    return interpreter_active()
+
+
+def dual_group_forward_into(
+    q0, q1, k, v, out0, out1, lse0, lse1,
+    cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1, out_start0, out_start1,
+    *, max_seqlen_q: int, softmax_scale: float | None, causal: bool,
+    config: DualGroupFwdConfig | None = None, zigzag_world_size: int = 0, zigzag_rank_rows: int = 0,
+) -> None:
+    """Internal entry: launch into caller-provided outputs (used by the zigzag fast path to write
+    both groups straight into the local-order output). ``kv_end*`` and ``out_start*`` are int32
+    ``[batch]``; ``max_seqlen_q`` bounds both groups' lengths (it sizes the grid)."""
+    head_dim = q0.shape[2]
+    scale = head_dim ** -0.5 if softmax_scale is None else float(softmax_scale)
+    if config is None:
+        config = get_dual_group_fwd_config(_capability(q0.device), head_dim)
+    launch_dual_group_fwd(
+        q0, q1, k, v, out0, out1, lse0, lse1,
+        cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1, out_start0, out_start1,
+        max_seqlen_q=max_seqlen_q, softmax_scale=scale, causal=causal, config=config,
+        zigzag_world_size=zigzag_world_size, zigzag_rank_rows=zigzag_rank_rows)
+
+
+def fused_zigzag_llama3_flash_attn_varlen_forward(
+    q0: torch.Tensor,
+    q1: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q0: torch.Tensor,
+    cu_seqlens_q1: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q0: int,
+    max_seqlen_q1: int,
+    max_seqlen_k: int,
+    max_kv_len_q0: int | torch.Tensor,
+    max_kv_len_q1: int | torch.Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = True,
+    *,
+    config: DualGroupFwdConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Two varlen attentions over one shared K/V, each K/V tile read once (one launch).
+
+    Parameters
+    ----------
+    q0 : ``[total_q0, nheads, headdim]`` fp16/bf16 (fp32 for testing)
+    q1 : ``[total_q1, nheads, headdim]``
+    k, v : ``[total_k, nheads_k, headdim]``, ``nheads % nheads_k == 0`` (GQA: q head ``h`` reads
+        kv head ``h // (nheads // nheads_k)``). Last dims contiguous; other strides are free.
+    cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k : int32 ``[batch + 1]`` on the inputs' device.
+    max_seqlen_q0, max_seqlen_q1 : upper bounds of the groups' sequence lengths (size the grid).
+    max_seqlen_k : upper bound of the key lengths (accepted for flash-attn parity; unused).
+    max_kv_len_q0, max_kv_len_q1 : keys group ``g`` may see in each sequence: an int for every
+        sequence, or an int32 tensor ``[batch]`` (needed when sequences differ in length, as in
+        zigzag). Sequence ``b``'s group ``g`` sees ``k[cu_k[b] : cu_k[b] + min(max_kv_len_qg[b],
+        len_k[b])]``.
+    softmax_scale : defaults to ``headdim ** -0.5``.
+    causal : bottom-right aligned within each group's visible range: with ``Lq`` rows and ``Lk``
+        visible keys, row ``i`` sees key ``j`` iff ``j <= i + Lk - Lq``::
+
+            Lq=2, Lk=5:  1 1 1 1 0
+                         1 1 1 1 1
+
+    Returns
+    -------
+    out0 : ``[total_q0, nheads, headdim]``, q0's dtype
+    out1 : ``[total_q1, nheads, headdim]``
+    lse0 : float32 ``[nheads, total_q0]``, natural log (computed in base 2 inside the kernel)
+    lse1 : float32 ``[nheads, total_q1]``
+    A row that sees no key gets ``out = 0`` and ``lse = -inf``.
+    """
+    batch = validate_dual_group_inputs(q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k,
+                                       max_kv_len_q0, max_kv_len_q1)
+    for name, x in (("max_seqlen_q0", max_seqlen_q0), ("max_seqlen_q1", max_seqlen_q1),
+                    ("max_seqlen_k", max_seqlen_k)):
+        V.check_positive_int(name, x)
+    device = q0.device
+    nheads = q0.shape[1]
+    out0 = torch.empty_like(q0)
+    out1 = torch.empty_like(q1)
+    lse0 = torch.empty((nheads, q0.shape[0]), dtype=torch.float32, device=device)
+    lse1 = torch.empty((nheads, q1.shape[0]), dtype=torch.float32, device=device)
+    dual_group_forward_into(
+        q0, q1, k, v, out0, out1, lse0, lse1,
+        cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k,
+        _per_sequence(max_kv_len_q0, batch, device), _per_sequence(max_kv_len_q1, batch, device),
+        cu_seqlens_q0[:-1], cu_seqlens_q1[:-1],
+        max_seqlen_q=max(max_seqlen_q0, max_seqlen_q1), softmax_scale=softmax_scale,
+        causal=causal, config=config)
+    return out0, out1, lse0, lse1
