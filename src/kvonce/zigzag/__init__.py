@@ -1,0 +1,19 @@
+"""Zigzag llama3 context parallelism: the original two-call path and kvonce's fused replacement."""
+from .fused import replace_execute_grouped_attention_with_fused_varlen
+from .grouped import execute_grouped_attention, varlen_attention_backend
+from .layout import (
+    compute_kv_slices_for_groups,
+    rearrange_kv_from_zigzag_to_contiguous,
+    split_q_by_zigzag_chunk_index,
+    zigzag_to_contiguous_index,
+)
+
+__all__ = [
+    "split_q_by_zigzag_chunk_index",
+    "rearrange_kv_from_zigzag_to_contiguous",
+    "zigzag_to_contiguous_index",
+    "compute_kv_slices_for_groups",
+    "execute_grouped_attention",
+    "varlen_attention_backend",
+    "replace_execute_grouped_attention_with_fused_varlen",
+]

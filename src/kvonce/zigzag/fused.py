@@ -1,0 +1,97 @@
+"""kvonce's zigzag fast path: both groups of a rank in one launch, straight from the gathered K/V.
+
+``replace_execute_grouped_attention_with_fused_varlen`` takes the arguments of
+``execute_grouped_attention`` (plus the rank's two chunk indices) and returns the same
+``(out, lse, chunk_info)``, but:
+- it reads ``kv_buffer`` where the all-gather left it (no rearranging copy, no per-group slices);
+- each K/V tile is loaded once for both query groups;
+- it writes both groups' outputs and LSE directly in local order (no scatter);
+- its metadata (per-sequence key ranges, output offsets) is computed on the device: no ``.item()``,
+  no Python loop over sequences, so it is CUDA-graph friendly.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import _validate as V
+from ..varlen import dual_group_forward_into
+from .grouped import check_unsupported_features
+
+__all__ = ["replace_execute_grouped_attention_with_fused_varlen"]
+
+
+def replace_execute_grouped_attention_with_fused_varlen(
+    chunk_q_list, chunk_cu_seqlens_q_list, chunk_indices_list, kv_buffer, kv_slices,
+    nheads, head_dim, softmax_scale, dropout_p, causal, window_size, alibi_slopes, deterministic,
+    world_size, cu_seqlens_k, chunk_idx_0, chunk_idx_1, *, max_seqlen_q: int | None = None,
+    config=None,
+):
+    """Drop-in replacement for ``execute_grouped_attention`` (same arguments, then
+    ``chunk_idx_0, chunk_idx_1``; same outputs).
+
+    Parameters
+    ----------
+    chunk_q_list : ``[q0, q1]`` from ``split_q_by_zigzag_chunk_index``; group ``g`` holds chunk
+        ``chunk_idx_g`` (``c_b`` rows) of every sequence ``b``.
+    chunk_cu_seqlens_q_list : int32 ``[batch + 1]`` per group.
+    chunk_indices_list, kv_slices : accepted for interface parity; the local row of group ``g``'s
+        row ``i`` of sequence ``b`` is ``cu0[b] + cu1[b] + g * c_b + i`` (the layout
+        ``split_q_by_zigzag_chunk_index`` produces), and key ranges are derived on the device.
+    kv_buffer : ``[2, world_size * total_local, nheads_k, headdim]`` all-gathered K/V, rank-major.
+    cu_seqlens_k : int32 ``[batch + 1]``, LOCAL. Group ``g`` of sequence ``b`` sees global keys
+        ``[0, (chunk_idx_g + 1) * c_b)``, causal (bottom-right = global positions).
+    max_seqlen_q : optional bound of ``c_b`` (sizes the grid). By default the group's total row
+        count is used, which is exact for one sequence and only launches programs that exit at
+        once for batches; pass it when you know it to trim those.
+
+    Returns
+    -------
+    out : ``[total_local, nheads, headdim]`` in local order, ``lse`` float32 ``[nheads, total_local]``,
+    ``chunk_info`` as ``execute_grouped_attention``.
+    """
+    check_unsupported_features(dropout_p, window_size, alibi_slopes)
+    if len(chunk_q_list) != 2 or len(chunk_cu_seqlens_q_list) != 2:
+        raise ValueError("chunk_q_list and chunk_cu_seqlens_q_list must hold two groups")
+    q0, q1 = chunk_q_list
+    cu_q0, cu_q1 = chunk_cu_seqlens_q_list
+    V.check_tensor("kv_buffer", kv_buffer, ndim=4, dtypes=V.ATTN_DTYPES)
+    if kv_buffer.shape[0] != 2:
+        raise ValueError(f"kv_buffer must be [2, tokens, nheads_k, headdim], got {tuple(kv_buffer.shape)}")
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    if kv_buffer.shape[1] % world_size != 0:
+        raise ValueError(f"kv_buffer has {kv_buffer.shape[1]} tokens, not a multiple of "
+                         f"world_size={world_size}")
+    for name, idx in (("chunk_idx_0", chunk_idx_0), ("chunk_idx_1", chunk_idx_1)):
+        if not isinstance(idx, int) or not 0 <= idx < 2 * world_size:
+            raise ValueError(f"{name} must be an int in [0, {2 * world_size}), got {idx!r}")
+    if q0.shape[1] != nheads or q0.shape[2] != head_dim:
+        raise ValueError(f"q0 has [nheads, headdim] = {tuple(q0.shape[1:])}, expected "
+                         f"({nheads}, {head_dim})")
+    k, v = kv_buffer[0], kv_buffer[1]
+    from ..varlen import validate_dual_group_inputs
+    batch = validate_dual_group_inputs(q0, q1, k, v, cu_q0, cu_q1, cu_seqlens_k, 0, 0)
+
+    # Per-sequence metadata, on the device.
+    chunk = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]) // 2          # c_b
+    kv_end0 = (chunk * (chunk_idx_0 + 1)).to(torch.int32)
+    kv_end1 = (chunk * (chunk_idx_1 + 1)).to(torch.int32)
+    out_start0 = (cu_q0[:-1] + cu_q1[:-1]).to(torch.int32)
+    out_start1 = (out_start0 + (cu_q0[1:] - cu_q0[:-1])).to(torch.int32)
+
+    total_q = q0.shape[0] + q1.shape[0]
+    out = torch.empty((total_q, nheads, head_dim), dtype=q0.dtype, device=q0.device)
+    lse = torch.empty((nheads, total_q), dtype=torch.float32, device=q0.device)
+    bound = max(q0.shape[0], q1.shape[0]) if max_seqlen_q is None else max_seqlen_q
+    if batch > 0:
+        dual_group_forward_into(
+            q0, q1, k, v, out, out, lse, lse, cu_q0, cu_q1, cu_seqlens_k,
+            kv_end0, kv_end1, out_start0, out_start1,
+            max_seqlen_q=bound, softmax_scale=softmax_scale, causal=causal, config=config,
+            zigzag_world_size=world_size, zigzag_rank_rows=kv_buffer.shape[1] // world_size)
+    chunk_info = {
+        "chunk_indices_list": chunk_indices_list,
+        "chunk_cu_seqlens_q_list": chunk_cu_seqlens_q_list,
+        "kv_slices": kv_slices,
+    }
+    return out, lse, chunk_info
