@@ -16,6 +16,9 @@ __all__ = [
     "attention_ref",
     "varlen_attention_ref",
     "dual_group_attention_ref",
+    "paged_attention_ref",
+    "paged_attention_sdpa_ref",
+    "merge_attention_states_ref",
 ]
 
 
@@ -132,3 +135,115 @@ def dual_group_attention_ref(
     return out0, out1, lse0, lse1
 
 
+# ---------------------------------------------------------------------------------------------
+# Paged KV-cache decode (kvonce.decode)
+# ---------------------------------------------------------------------------------------------
+
+def _gather_pages(cache: torch.Tensor, block_table_row: torch.Tensor, length: int) -> torch.Tensor:
+    """First ``length`` tokens of one sequence from a paged cache ``[num_pages, page_size, h, d]``
+    -> ``[length, h, d]``."""
+    page_size = cache.shape[1]
+    n_pages = -(-length // page_size)
+    pages = cache[block_table_row[:n_pages].long()]  # [n_pages, page_size, h, d]
+    return pages.reshape(-1, *cache.shape[2:])[:length]
+
+
+def paged_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    block_table: torch.Tensor,
+    *,
+    softmax_scale: float | None = None,
+    causal: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Paged decode attention, one sequence at a time, in float32 (the "simple" version).
+
+    Parameters
+    ----------
+    q : ``[batch, q_len, nheads, headdim]``: the newest ``q_len`` tokens of each sequence
+    k_cache, v_cache : ``[num_pages, page_size, nheads_k, headdim]``
+    cache_seqlens : int32 ``[batch]``: keys of sequence ``b`` are its first ``cache_seqlens[b]``
+        cache positions; position ``p`` lives at ``cache[block_table[b, p // page_size],
+        p % page_size]``
+    block_table : int32 ``[batch, max_pages]``
+
+    Returns
+    -------
+    out : float32 ``[batch, q_len, nheads, headdim]``
+    lse : float32 ``[batch, nheads, q_len]``, natural log; ``-inf`` (and ``out = 0``) for a row
+        that sees no key. Causal is bottom-right: row ``t`` sees key ``j <= t + seqlen - q_len``.
+    """
+    batch, q_len, nheads, _ = q.shape
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    lse = torch.full((batch, nheads, q_len), float("-inf"), dtype=torch.float32, device=q.device)
+    for b, length in enumerate(int(x) for x in cache_seqlens.tolist()):
+        k_b = _gather_pages(k_cache, block_table[b], length)
+        v_b = _gather_pages(v_cache, block_table[b], length)
+        out[b], lse[b] = attention_ref(q[b], k_b, v_b, softmax_scale=softmax_scale, causal=causal)
+    return out, lse
+
+
+def paged_attention_sdpa_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    block_table: torch.Tensor,
+    *,
+    softmax_scale: float | None = None,
+    causal: bool = True,
+    upcast: bool = True,
+) -> torch.Tensor:
+    """Paged decode attention through ``F.scaled_dot_product_attention`` on the gathered dense cache.
+
+    All sequences at once: the block table gathers a padded ``[batch, max_pages * page_size,
+    nheads_k, headdim]`` cache and a boolean mask hides padding (and, with ``causal``, keys past
+    each row's bottom-right diagonal). ``upcast`` computes in float32; otherwise in q's dtype.
+
+    Returns ``out`` ``[batch, q_len, nheads, headdim]`` (float32 with ``upcast``); rows that see no
+    key are 0. (SDPA returns no LSE; ``paged_attention_ref`` gives it.)
+    """
+    batch, q_len, nheads, headdim = q.shape
+    nheads_k = k_cache.shape[2]
+    dtype = torch.float32 if upcast else q.dtype
+    max_pages = block_table.shape[1]
+    idx = block_table.long()
+    k = k_cache[idx].reshape(batch, -1, nheads_k, headdim).to(dtype)  # [batch, max_len, hk, d]
+    v = v_cache[idx].reshape(batch, -1, nheads_k, headdim).to(dtype)
+    max_len = max_pages * k_cache.shape[1]
+    cols = torch.arange(max_len, device=q.device)[None, None, :]
+    lens = cache_seqlens.long()[:, None, None]
+    visible = cols < lens  # [batch, 1, max_len]
+    if causal:
+        rows = torch.arange(q_len, device=q.device)[None, :, None]
+        visible = visible & (cols <= rows + lens - q_len)  # [batch, q_len, max_len]
+    visible = visible.expand(batch, q_len, max_len)[:, None]  # [batch, 1, q_len, max_len]
+    group = nheads // nheads_k
+    qt = q.to(dtype).transpose(1, 2)
+    kt = k.repeat_interleave(group, dim=2).transpose(1, 2)
+    vt = v.repeat_interleave(group, dim=2).transpose(1, 2)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        qt, kt, vt, attn_mask=visible, scale=softmax_scale)  # [batch, nheads, q_len, d]
+    any_key = visible.any(dim=-1, keepdim=True)  # all-masked rows come back NaN from SDPA
+    out = torch.where(any_key, out, torch.zeros_like(out))
+    return out.transpose(1, 2).contiguous()
+
+
+def merge_attention_states_ref(
+    o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """LSE-weighted merge of two partial attention results, in float32.
+
+    ``o_* [n, nheads, headdim]``, ``lse_* [n, nheads]`` float32 natural log. A side with
+    ``lse = -inf`` weighs zero; if both are ``-inf`` the result is ``(0, -inf)``.
+    """
+    lse = torch.logaddexp(lse_a.float(), lse_b.float())
+    finite = torch.isfinite(lse)
+    safe = torch.where(finite, lse, torch.zeros_like(lse))
+    w_a = torch.exp(lse_a.float() - safe)[..., None]
+    w_b = torch.exp(lse_b.float() - safe)[..., None]
+    out = w_a * o_a.float().nan_to_num() + w_b * o_b.float().nan_to_num()
+    out = torch.where(finite[..., None], out, torch.zeros_like(out))
+    return out, lse

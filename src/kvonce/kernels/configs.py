@@ -65,3 +65,56 @@ def get_dual_group_fwd_config(capability: tuple[int, int] | None, head_dim: int)
                     "conservative fallback (tune with `python -m kvonce bench zigzag --sweep`)",
                     capability)
     return _FALLBACK.get(head_dim, _FALLBACK[padded if padded in _FALLBACK else 128])
+
+
+# ---------------------------------------------------------------------------------------------
+# Paged decode (kernels/paged_decode.py)
+# ---------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class PagedDecodeConfig:
+    """Launch config of ``_paged_decode_kernel``.
+
+    block_n: keys per K/V tile (any power of two; a tile may span several pages or part of one).
+    min_keys_per_split: the auto split count keeps at least this many keys per split.
+    waves: the auto split count aims at ``waves * SM count`` programs.
+    kv_cache_modifier: "" or ".cg" on K/V loads (each K/V element is read exactly once).
+    """
+    block_n: int
+    num_warps: int
+    num_stages: int
+    min_keys_per_split: int = 256
+    waves: int = 4
+    kv_cache_modifier: str = ""
+
+
+# (capability major, minor) -> head dim -> config. Filled from measurements only: the Hopper row
+# comes from `python -m kvonce bench decode --sweep` on the lent H100 (docs/benchmarks.md).
+_PAGED_DECODE_TABLE: dict[tuple[int, int], dict[int, PagedDecodeConfig]] = {
+    (9, 0): {
+        64: PagedDecodeConfig(64, 4, 3),
+        96: PagedDecodeConfig(64, 4, 3),
+        128: PagedDecodeConfig(64, 4, 3),
+        256: PagedDecodeConfig(32, 4, 3),
+    },
+}
+# Interpreter: small tiles so that lengths of a few pages still cross tile and page borders.
+_PAGED_DECODE_INTERPRETER = PagedDecodeConfig(16, 4, 1, min_keys_per_split=16, waves=1)
+_PAGED_DECODE_FALLBACK = PagedDecodeConfig(32, 4, 2)
+_paged_warned: set = set()
+
+
+def get_paged_decode_config(capability: tuple[int, int] | None, head_dim: int) -> PagedDecodeConfig:
+    """Config for ``head_dim`` on a GPU of ``capability`` (None: the Triton interpreter)."""
+    if capability is None or interpreter_active():
+        return _PAGED_DECODE_INTERPRETER
+    padded = 1 << (head_dim - 1).bit_length()
+    row = _PAGED_DECODE_TABLE.get(tuple(capability))
+    if row is not None and (head_dim in row or padded in row):
+        return row.get(head_dim, row.get(padded))
+    if capability not in _paged_warned:
+        _paged_warned.add(capability)
+        log.warning("kvonce: no tuned paged-decode config for compute capability %s; using a "
+                    "conservative fallback (tune with `python -m kvonce bench decode --sweep`)",
+                    capability)
+    return _PAGED_DECODE_FALLBACK
