@@ -1,0 +1,313 @@
+"""Paged KV-cache decode: validation, split choice, allocation, launch.
+
+``paged_attention`` runs the GQA-packed flash-decoding kernel (kernels/paged_decode.py) over a
+paged cache in flash-attn's ``flash_attn_with_kvcache`` layout; ``append_paged_kv`` writes new
+tokens into their pages; ``merge_attention_states`` is the LSE-weighted merge the split-K combine
+uses too; ``flash_attn_with_kvcache`` is a drop-in wrapper with flash-attn's argument names.
+
+Nothing on the hot path reads tensor values on the host: the split count comes from shapes and the
+SM count, sequence lengths are read by the kernel, so a call is CUDA-graph capturable.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from . import _validate as V
+from .kernels.configs import PagedDecodeConfig, get_paged_decode_config, interpreter_active
+from .kernels.paged_decode import launch_merge_states, launch_paged_decode
+
+__all__ = ["paged_attention", "append_paged_kv", "merge_attention_states",
+           "flash_attn_with_kvcache", "choose_num_splits"]
+
+PAGE_SIZES = tuple(1 << i for i in range(4, 9))  # 16 .. 256
+MAX_SPLITS = 64
+
+# Every output and scratch buffer comes from here (tests swap in a NaN-filling version to prove
+# that each element is written).
+_empty = torch.empty
+
+
+@functools.lru_cache(maxsize=None)
+def _device_info(device: torch.device) -> tuple[tuple[int, int] | None, int]:
+    """(compute capability, SM count); (None, 1) off CUDA (the interpreter)."""
+    if device.type != "cuda":
+        return None, 1
+    props = torch.cuda.get_device_properties(device)
+    return (props.major, props.minor), props.multi_processor_count
+
+
+def choose_num_splits(batch: int, nheads_k: int, max_keys: int, num_sms: int,
+                      config: PagedDecodeConfig) -> int:
+    """Split count from shapes only: enough programs for ``config.waves * num_sms`` (the
+    (sequence, KV head) pairs alone rarely fill an H100 at small batch), but no split shorter than
+    ``config.min_keys_per_split`` keys of the longest possible sequence (``max_pages *
+    page_size``), whose partial write + combine would cost more than its keys."""
+    base = max(1, batch * nheads_k)
+    want = -(-config.waves * num_sms // base)
+    cap = max(1, max_keys // config.min_keys_per_split)
+    return int(max(1, min(want, cap, MAX_SPLITS)))
+
+
+def _check_device_ok(device: torch.device) -> None:
+    if device.type != "cuda" and not interpreter_active():
+        raise ValueError(f"inputs are on {device}: the Triton kernel needs a CUDA device "
+                         "(or TRITON_INTERPRET=1 for the CPU interpreter)")
+
+
+def _validate_cache(k_cache, v_cache, cache_seqlens, block_table) -> tuple[int, int]:
+    """Checks shared by attend and append; returns (page_size, batch)."""
+    V.check_tensor("k_cache", k_cache, ndim=4, dtypes=V.ATTN_DTYPES)
+    V.check_tensor("v_cache", v_cache, ndim=4, dtypes=V.ATTN_DTYPES)
+    V.check_tensor("cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,))
+    V.check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32,))
+    V.check_same_dtype(k_cache=k_cache, v_cache=v_cache)
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, "
+                         f"got {tuple(v_cache.shape)}")
+    page_size = k_cache.shape[1]
+    if page_size not in PAGE_SIZES:
+        raise ValueError(f"k_cache: page size (dim 1) must be a power of two in 16..256, "
+                         f"got {page_size}")
+    V.check_head_dim("k_cache", k_cache.shape[3])
+    batch = block_table.shape[0]
+    if cache_seqlens.shape[0] != batch:
+        raise ValueError(f"cache_seqlens must have shape [{batch}] (block_table's batch), "
+                         f"got {tuple(cache_seqlens.shape)}")
+    if block_table.numel() > 0 and block_table.stride(1) != 1:
+        raise ValueError(f"block_table must have a contiguous last dim, got strides "
+                         f"{tuple(block_table.stride())}")
+    V.check_last_dim_contiguous(k_cache=k_cache, v_cache=v_cache)
+    return page_size, batch
+
+
+def _check_block_table_values(cache_seqlens, block_table, num_pages: int, page_size: int,
+                              extra: int = 0) -> None:
+    """Validation mode (host sync): every sequence's ``cache_seqlens + extra`` positions have pages
+    in the table, and those entries name existing pages."""
+    need = (cache_seqlens.long() + extra + page_size - 1) // page_size
+    if bool((cache_seqlens < 0).any()):
+        raise ValueError("cache_seqlens has negative entries")
+    if bool((need > block_table.shape[1]).any()):
+        b = int(torch.nonzero(need > block_table.shape[1])[0, 0])
+        raise ValueError(f"block_table is too short for sequence {b}: it needs {int(need[b])} "
+                         f"pages, the table has {block_table.shape[1]} columns")
+    cols = torch.arange(block_table.shape[1], device=block_table.device)[None, :]
+    used = cols < need[:, None]
+    bad = used & ((block_table < 0) | (block_table >= num_pages))
+    if bool(bad.any()):
+        b = int(torch.nonzero(bad)[0, 0])
+        raise ValueError(f"block_table row {b} names a page outside [0, {num_pages})")
+
+
+def _validate_attention(q, k_cache, v_cache, cache_seqlens, block_table, num_splits) -> None:
+    V.check_tensor("q", q, ndim=4, dtypes=V.ATTN_DTYPES)
+    _validate_cache(k_cache, v_cache, cache_seqlens, block_table)
+    V.check_same_device(q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens,
+                        block_table=block_table)
+    V.check_same_dtype(k_cache=k_cache, q=q)
+    if q.shape[0] != block_table.shape[0]:
+        raise ValueError(f"q has batch {q.shape[0]} but block_table has {block_table.shape[0]} rows")
+    if q.shape[1] < 1:
+        raise ValueError(f"q must have q_len >= 1 (dim 1), got shape {tuple(q.shape)}")
+    if q.shape[3] != k_cache.shape[3]:
+        raise ValueError(f"head dim mismatch: q has {q.shape[3]}, k_cache has {k_cache.shape[3]}")
+    V.check_gqa(q.shape[2], k_cache.shape[2])
+    V.check_last_dim_contiguous(q=q)
+    V.check_positive_int("num_splits", num_splits)
+    _check_device_ok(q.device)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    block_table: torch.Tensor,
+    *,
+    softmax_scale: float | None = None,
+    causal: bool = True,
+    num_splits: int = 0,
+    return_lse: bool = False,
+    check_block_table: bool = False,
+    config: PagedDecodeConfig | None = None,
+):
+    """Attention of the newest ``q_len`` tokens of each sequence over its paged KV cache.
+
+    Parameters
+    ----------
+    q : ``[batch, q_len, nheads, headdim]`` fp16/bf16 (fp32 for testing), last dim contiguous.
+    k_cache, v_cache : ``[num_pages, page_size, nheads_k, headdim]``, ``page_size`` a power of two
+        in 16..256, ``nheads % nheads_k == 0`` (GQA: q head ``h`` reads KV head
+        ``h // (nheads // nheads_k)``).
+    cache_seqlens : int32 ``[batch]``: sequence ``b`` has ``cache_seqlens[b]`` keys, the new
+        tokens' included; position ``p`` is ``cache[block_table[b, p // page_size], p % page_size]``.
+    block_table : int32 ``[batch, max_pages]``; pages in any order.
+    softmax_scale : defaults to ``headdim ** -0.5``.
+    causal : bottom-right: with ``L = cache_seqlens[b]``, row ``t`` sees key ``j <= t + L - q_len``::
+
+            q_len=2, L=5:  1 1 1 1 0
+                           1 1 1 1 1
+
+    num_splits : 0 picks the split-K count from shapes and the SM count (never from tensor values:
+        the call is CUDA-graph capturable); a positive value forces it (1 = single pass).
+    return_lse : also return the LSE.
+    check_block_table : validation mode, off by default: checks that every sequence's pages are in
+        the table and name existing pages. It reads tensor values (a host sync; not capturable).
+    config : launch-config override for experiments (kernels/configs.py).
+
+    Returns
+    -------
+    out : ``[batch, q_len, nheads, headdim]``, q's dtype.
+    lse : float32 ``[batch, nheads, q_len]``, natural log (only with ``return_lse``; flash-attn's
+        ``softmax_lse`` layout). A row that sees no key gets ``out = 0``, ``lse = -inf``.
+    """
+    _validate_attention(q, k_cache, v_cache, cache_seqlens, block_table, num_splits)
+    page_size = k_cache.shape[1]
+    if check_block_table:
+        _check_block_table_values(cache_seqlens, block_table, k_cache.shape[0], page_size)
+    batch, q_len, nheads, head_dim = q.shape
+    capability, num_sms = _device_info(q.device)
+    if config is None:
+        config = get_paged_decode_config(capability, head_dim)
+    if num_splits == 0:
+        num_splits = choose_num_splits(batch, k_cache.shape[2], block_table.shape[1] * page_size,
+                                       num_sms, config)
+    scale = head_dim ** -0.5 if softmax_scale is None else float(softmax_scale)
+    out = _empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = _empty((batch, nheads, q_len), dtype=torch.float32, device=q.device)
+    o_part = lse_part = None
+    if num_splits > 1:
+        o_part = _empty((batch, q_len, nheads, num_splits, head_dim), dtype=torch.float32,
+                             device=q.device)
+        lse_part = _empty((batch, q_len, nheads, num_splits), dtype=torch.float32,
+                               device=q.device)
+    launch_paged_decode(q, k_cache, v_cache, cache_seqlens, block_table, out, lse,
+                        softmax_scale=scale, causal=causal, num_splits=num_splits, config=config,
+                        o_part=o_part, lse_part=lse_part)
+    return (out, lse) if return_lse else out
+
+
+def append_paged_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    block_table: torch.Tensor,
+    *,
+    check_block_table: bool = False,
+) -> None:
+    """Write new tokens' K/V into their pages, in place.
+
+    ``k, v [batch, new_len, nheads_k, headdim]``; token ``i`` of sequence ``b`` goes to position
+    ``cache_seqlens[b] + i``. Like flash-attn, ``cache_seqlens`` is left as it is (the caller
+    advances it). Positions are computed on the device (no host sync; capturable); that the table
+    has pages for them is the caller's contract, checked only with ``check_block_table`` (syncs).
+    """
+    _validate_cache(k_cache, v_cache, cache_seqlens, block_table)
+    V.check_tensor("k", k, ndim=4, dtypes=V.ATTN_DTYPES)
+    V.check_tensor("v", v, ndim=4, dtypes=V.ATTN_DTYPES)
+    V.check_same_device(k=k, v=v, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens,
+                        block_table=block_table)
+    V.check_same_dtype(k=k, v=v, k_cache=k_cache)
+    if v.shape != k.shape:
+        raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
+    batch, new_len = k.shape[0], k.shape[1]
+    if batch != block_table.shape[0] or k.shape[2:] != k_cache.shape[2:]:
+        raise ValueError(f"k must have shape [{block_table.shape[0]}, new_len, "
+                         f"{k_cache.shape[2]}, {k_cache.shape[3]}], got {tuple(k.shape)}")
+    page_size = k_cache.shape[1]
+    if check_block_table:
+        _check_block_table_values(cache_seqlens, block_table, k_cache.shape[0], page_size, new_len)
+    if new_len == 0 or batch == 0:
+        return
+    # Two gathers and one indexed store per cache: positions -> (page, slot) on the device.
+    pos = cache_seqlens.long()[:, None] + torch.arange(new_len, device=k.device)[None, :]
+    page = torch.gather(block_table.long(), 1, pos // page_size)
+    slot = pos % page_size
+    k_cache[page, slot] = k
+    v_cache[page, slot] = v
+
+
+def merge_attention_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor,
+                           lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """LSE-weighted merge of two partial attention results over disjoint key sets.
+
+    Parameters
+    ----------
+    o_a, o_b : ``[n, nheads, headdim]`` (fp16/bf16/fp32, same dtype), each normalized over its keys.
+    lse_a, lse_b : float32 ``[n, nheads]``, natural log (FlashInfer's ``merge_state`` layout).
+
+    Returns
+    -------
+    o : ``[n, nheads, headdim]``, o_a's dtype; lse : float32 ``[n, nheads]``.
+    A side with ``lse = -inf`` weighs exactly zero (the other side is returned as it is); both
+    ``-inf`` gives ``(0, -inf)``. The split-K combine runs the same ``_merge_state`` code.
+    """
+    V.check_tensor("o_a", o_a, ndim=3, dtypes=V.ATTN_DTYPES)
+    V.check_tensor("o_b", o_b, ndim=3, dtypes=V.ATTN_DTYPES)
+    V.check_tensor("lse_a", lse_a, ndim=2, dtypes=(torch.float32,))
+    V.check_tensor("lse_b", lse_b, ndim=2, dtypes=(torch.float32,))
+    V.check_same_dtype(o_a=o_a, o_b=o_b)
+    device = V.check_same_device(o_a=o_a, lse_a=lse_a, o_b=o_b, lse_b=lse_b)
+    if o_b.shape != o_a.shape:
+        raise ValueError(f"o_b must have o_a's shape {tuple(o_a.shape)}, got {tuple(o_b.shape)}")
+    for name, t in (("lse_a", lse_a), ("lse_b", lse_b)):
+        if t.shape != o_a.shape[:2]:
+            raise ValueError(f"{name} must have shape {tuple(o_a.shape[:2])} ([n, nheads]), "
+                             f"got {tuple(t.shape)}")
+    V.check_last_dim_contiguous(o_a=o_a, o_b=o_b)
+    _check_device_ok(device)
+    out = _empty(o_a.shape, dtype=o_a.dtype, device=device)
+    lse = _empty(o_a.shape[:2], dtype=torch.float32, device=device)
+    launch_merge_states(o_a, lse_a, o_b, lse_b, out, lse)
+    return out, lse
+
+
+_UNSUPPORTED_DEFAULTS = {
+    "rotary_cos": None, "rotary_sin": None, "cache_batch_idx": None, "cache_leftpad": None,
+    "window_size": (-1, -1), "softcap": 0.0, "alibi_slopes": None,
+}
+
+
+def flash_attn_with_kvcache(
+    q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
+    cache_batch_idx=None, cache_leftpad=None, block_table=None, softmax_scale=None, causal=False,
+    window_size=(-1, -1), softcap=0.0, rotary_interleaved=True, alibi_slopes=None, num_splits=0,
+    return_softmax_lse=False,
+):
+    """flash-attn's ``flash_attn_with_kvcache`` for the paged subset kvonce implements.
+
+    Same names, defaults (``causal=False``) and semantics: with ``k, v`` given, they are written at
+    ``cache_seqlens ..`` first and attention sees ``cache_seqlens + new_len`` keys (``cache_seqlens``
+    itself is not advanced); ``cache_seqlens`` may be an int. ``block_table`` is required (paged
+    cache). ``rotary_cos/sin``, ``cache_batch_idx``, ``cache_leftpad``, a sliding ``window_size``,
+    ``softcap`` and ``alibi_slopes`` raise NotImplementedError naming them.
+
+    Returns ``out [batch, q_len, nheads, headdim]``, and ``softmax_lse`` float32
+    ``[batch, nheads, q_len]`` with ``return_softmax_lse``.
+    """
+    given = {"rotary_cos": rotary_cos, "rotary_sin": rotary_sin,
+             "cache_batch_idx": cache_batch_idx, "cache_leftpad": cache_leftpad,
+             "window_size": tuple(window_size) if window_size is not None else None,
+             "softcap": softcap, "alibi_slopes": alibi_slopes}
+    bad = [name for name, val in given.items() if val != _UNSUPPORTED_DEFAULTS[name]
+           and not (name == "window_size" and val is None)]
+    if block_table is None:
+        bad.append("block_table=None (dense, non-paged cache)")
+    if cache_seqlens is None:
+        bad.append("cache_seqlens=None")
+    if bad:
+        raise NotImplementedError(f"kvonce.flash_attn_with_kvcache does not support: {', '.join(bad)}")
+    if (k is None) != (v is None):
+        raise ValueError("k and v must be given together")
+    if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
+        cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
+    seqlens = cache_seqlens
+    if k is not None:
+        append_paged_kv(k, v, k_cache, v_cache, cache_seqlens, block_table)
+        seqlens = cache_seqlens + k.shape[1]  # a device op: no sync
+    return paged_attention(q, k_cache, v_cache, seqlens, block_table, softmax_scale=softmax_scale,
+                           causal=causal, num_splits=num_splits, return_lse=return_softmax_lse)

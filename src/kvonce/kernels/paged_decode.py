@@ -1,0 +1,309 @@
+"""Paged KV-cache decode: GQA-packed flash-decoding, single pass or split-K, and the LSE merge.
+
+GQA packing. One program owns one (sequence, KV head, split) and computes every query row that
+reads that KV head: the ``GROUP = nheads // nheads_k`` q heads times the ``q_len`` new tokens,
+packed as the rows of one tile and padded to ``BLOCK_M >= 16`` so that ``tl.dot`` runs on the
+tensor cores. Each K/V tile is therefore read from memory once per KV head, not once per q head.
+
+    row r of the tile  ->  token t = r // GROUP,  q head = kv_head * GROUP + r % GROUP
+    (rows past GROUP * q_len are padding: q = 0, never stored)
+
+Split-K. With ``num_splits = S`` the keys of sequence ``b`` are cut into ``S`` ranges of
+``ceil(ceil(seqlen_b / S) / BLOCK_N) * BLOCK_N`` keys; a split whose range is empty (short
+sequences) stores ``lse = -inf`` and ``o = 0``, which the combine weighs as zero. ``S`` comes from
+shapes only, the ranges from ``cache_seqlens`` on the device: no host sync, CUDA-graph capturable.
+With ``S = 1`` the kernel writes the final output (q's dtype) and LSE directly; otherwise float32
+partials that ``_combine_splits_kernel`` merges with ``_merge_state``, the same helper
+``merge_attention_states`` uses.
+
+Causal is bottom-right: row t sees key ``j <= t + seqlen - q_len``. Key tiles wholly visible to
+every row take the unmasked loop; the last tiles of the range (the diagonal, the sequence end) the
+masked one.
+
+Softmax runs in base 2 (``log2(e)`` folded into the scale, ``exp2`` throughout); the stored LSE is
+natural log: ``lse = (m + log2(l)) * ln 2``.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# The state-in/state-out online-softmax step is shared with the varlen kernels.
+from .dual_group_fwd import _online_update
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@triton.jit
+def _load_paged_kv_tile(K, V, bt_row, start_n, kv_end, stride_kp, stride_kt, stride_vp, stride_vt,
+                        offs_d, head_dim, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                        EVEN_D: tl.constexpr, MASKED: tl.constexpr, KV_CACHE: tl.constexpr):
+    """K tile transposed ``[BLOCK_D, BLOCK_N]`` and V tile ``[BLOCK_N, BLOCK_D]`` of key positions
+    ``start_n ..``; each key's page comes from the block table (a tile may span several pages).
+    With MASKED, keys at or past ``kv_end`` read as 0 (the caller masks their scores)."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    if MASKED:
+        in_range = offs_n < kv_end
+        page = tl.load(bt_row + offs_n // PAGE_SIZE, mask=in_range, other=0)
+    else:
+        page = tl.load(bt_row + offs_n // PAGE_SIZE)
+    slot = offs_n % PAGE_SIZE
+    # int64: page * stride_kp passes 2^31 for caches over ~2 G elements.
+    k_rows = page.to(tl.int64) * stride_kp + slot * stride_kt
+    v_rows = page.to(tl.int64) * stride_vp + slot * stride_vt
+    k_ptrs = K + k_rows[None, :] + offs_d[:, None]
+    v_ptrs = V + v_rows[:, None] + offs_d[None, :]
+    if MASKED:
+        if EVEN_D:
+            k_t = tl.load(k_ptrs, mask=in_range[None, :], other=0.0, cache_modifier=KV_CACHE)
+            v = tl.load(v_ptrs, mask=in_range[:, None], other=0.0, cache_modifier=KV_CACHE)
+        else:
+            k_t = tl.load(k_ptrs, mask=in_range[None, :] & (offs_d[:, None] < head_dim), other=0.0,
+                          cache_modifier=KV_CACHE)
+            v = tl.load(v_ptrs, mask=in_range[:, None] & (offs_d[None, :] < head_dim), other=0.0,
+                        cache_modifier=KV_CACHE)
+    else:
+        if EVEN_D:
+            k_t = tl.load(k_ptrs, cache_modifier=KV_CACHE)
+            v = tl.load(v_ptrs, cache_modifier=KV_CACHE)
+        else:
+            k_t = tl.load(k_ptrs, mask=offs_d[:, None] < head_dim, other=0.0, cache_modifier=KV_CACHE)
+            v = tl.load(v_ptrs, mask=offs_d[None, :] < head_dim, other=0.0, cache_modifier=KV_CACHE)
+    return offs_n, k_t, v
+
+
+@triton.jit
+def _attend_paged(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end,
+                  K, V, bt_row, stride_kp, stride_kt, stride_vp, stride_vt, offs_d, head_dim,
+                  MASKED: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                  EVEN_D: tl.constexpr, KV_CACHE: tl.constexpr):
+    """Key tiles ``[lo, hi)`` (``lo`` a multiple of BLOCK_N) into one packed state: the one loop
+    of both the single-pass and the split-K path."""
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n, k_t, v = _load_paged_kv_tile(K, V, bt_row, start_n, kv_end, stride_kp, stride_kt,
+                                             stride_vp, stride_vt, offs_d, head_dim,
+                                             PAGE_SIZE, BLOCK_N, EVEN_D, MASKED, KV_CACHE)
+        acc, m_i, l_i = _online_update(acc, m_i, l_i, q, k_t, v, qk_scale, tok, offs_n,
+                                       diag, kv_end, MASKED)
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _paged_decode_kernel(
+    Q,                 # [batch, q_len, nheads, HEAD_DIM], last dim contiguous
+    K, V,              # [num_pages, PAGE_SIZE, nheads_k, HEAD_DIM], last dim contiguous
+    Out,               # [batch, q_len, nheads, (S,) HEAD_DIM]: final (S = 1) or fp32 partials
+    Lse,               # float32, indexed by (batch, token, head, split) strides
+    cache_seqlens,     # int32 [batch]
+    block_table,       # int32 [batch, max_pages]
+    sm_scale, q_len, num_splits, num_m_blocks, head_dim,
+    stride_qb, stride_qt, stride_qh,
+    stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+    stride_ob, stride_ot, stride_oh, stride_os,
+    stride_lb, stride_lt, stride_lh, stride_ls,
+    stride_btb,
+    GROUP: tl.constexpr, IS_CAUSAL: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+    KV_CACHE: tl.constexpr,
+):
+    # Grid: (num_splits * num_m_blocks, nheads_k, batch). Splits vary fastest so that the
+    # programs of one sequence's KV head run side by side.
+    split = tl.program_id(0) // num_m_blocks
+    m_block = tl.program_id(0) % num_m_blocks
+    kv_head = tl.program_id(1)
+    seq = tl.program_id(2)
+
+    seqlen = tl.load(cache_seqlens + seq)
+    split_len = tl.cdiv(tl.cdiv(seqlen, num_splits), BLOCK_N) * BLOCK_N
+    lo = split * split_len
+    hi = tl.minimum(lo + split_len, seqlen)
+
+    rows = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    tok = rows // GROUP
+    head = kv_head * GROUP + rows % GROUP
+    row_ok = rows < GROUP * q_len
+    offs_d = tl.arange(0, BLOCK_D)
+    q_ptrs = (Q + seq.to(tl.int64) * stride_qb + (tok * stride_qt + head * stride_qh)[:, None]
+              + offs_d[None, :])
+    if EVEN_D:
+        q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
+    else:
+        q = tl.load(q_ptrs, mask=row_ok[:, None] & (offs_d[None, :] < head_dim), other=0.0)
+
+    if IS_CAUSAL:
+        diag = seqlen - q_len              # row t sees key j <= t + diag
+        all_see = tl.minimum(hi, diag + 1)  # keys below this are visible to every row
+    else:
+        diag = seqlen
+        all_see = hi
+    full = lo + tl.maximum(all_see - lo, 0) // BLOCK_N * BLOCK_N
+
+    K += kv_head * stride_kh
+    V += kv_head * stride_vh
+    bt_row = block_table + seq.to(tl.int64) * stride_btb
+    qk_scale = sm_scale * 1.4426950408889634
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc, m_i, l_i = _attend_paged(acc, m_i, l_i, q, lo, full, qk_scale, tok, diag, hi,
+                                  K, V, bt_row, stride_kp, stride_kt, stride_vp, stride_vt,
+                                  offs_d, head_dim, False, PAGE_SIZE, BLOCK_N, EVEN_D, KV_CACHE)
+    acc, m_i, l_i = _attend_paged(acc, m_i, l_i, q, full, hi, qk_scale, tok, diag, hi,
+                                  K, V, bt_row, stride_kp, stride_kt, stride_vp, stride_vt,
+                                  offs_d, head_dim, True, PAGE_SIZE, BLOCK_N, EVEN_D, KV_CACHE)
+
+    # out = acc / l (0 where no key was seen, e.g. an empty split), lse natural log (-inf there).
+    seen = l_i > 0.0
+    out = acc / tl.where(seen, l_i, 1.0)[:, None]
+    lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453,
+                   float("-inf"))
+    o_ptrs = (Out + seq.to(tl.int64) * stride_ob + split * stride_os
+              + (tok * stride_ot + head * stride_oh)[:, None] + offs_d[None, :])
+    if EVEN_D:
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty),
+                 mask=row_ok[:, None] & (offs_d[None, :] < head_dim))
+    l_ptrs = (Lse + seq.to(tl.int64) * stride_lb + split * stride_ls + tok * stride_lt
+              + head * stride_lh)
+    tl.store(l_ptrs, lse, mask=row_ok)
+
+
+@triton.jit
+def _merge_state(o_a, lse_a, o_b, lse_b):
+    """Merge two normalized partial results: ``o_* [BLOCK_D]`` fp32, ``lse_*`` fp32 scalars in
+    natural log. A ``-inf`` side weighs exactly zero (the other side comes back unchanged, even if
+    this side's ``o`` is garbage); both ``-inf`` gives ``(0, -inf)``. Base 2 inside."""
+    m = tl.maximum(lse_a, lse_b)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w_a = tl.math.exp2((lse_a - m_safe) * 1.4426950408889634)
+    w_b = tl.math.exp2((lse_b - m_safe) * 1.4426950408889634)
+    total = w_a + w_b
+    total_safe = tl.where(total > 0.0, total, 1.0)
+    o = (tl.where(w_a > 0.0, o_a * w_a, 0.0) + tl.where(w_b > 0.0, o_b * w_b, 0.0)) / total_safe
+    lse = tl.where(total > 0.0, m_safe + tl.math.log2(total_safe) * 0.6931471805599453,
+                   float("-inf"))
+    return o, lse
+
+
+@triton.jit
+def _combine_splits_kernel(
+    Opart,             # float32 [batch, q_len, nheads, S, HEAD_DIM]
+    Lpart,             # float32 [batch, q_len, nheads, S]
+    Out,               # [batch, q_len, nheads, HEAD_DIM], q's dtype
+    Lse,               # float32 [batch, nheads, q_len]
+    num_splits, head_dim,
+    stride_pb, stride_pt, stride_ph, stride_ps,
+    stride_lpb, stride_lpt, stride_lph, stride_lps,
+    stride_ob, stride_ot, stride_oh,
+    stride_lb, stride_lt, stride_lh,
+    BLOCK_D: tl.constexpr,
+):
+    """One program per (head, token, sequence): fold the S partials with ``_merge_state``."""
+    head = tl.program_id(0)
+    tok = tl.program_id(1)
+    seq = tl.program_id(2).to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < head_dim
+    p_base = Opart + seq * stride_pb + tok * stride_pt + head * stride_ph
+    l_base = Lpart + seq * stride_lpb + tok * stride_lpt + head * stride_lph
+    o = tl.zeros([BLOCK_D], dtype=tl.float32)
+    lse = float("-inf")
+    for s in range(0, num_splits):
+        o_s = tl.load(p_base + s * stride_ps + offs_d, mask=d_ok, other=0.0)
+        lse_s = tl.load(l_base + s * stride_lps)
+        o, lse = _merge_state(o, lse, o_s, lse_s)
+    tl.store(Out + seq * stride_ob + tok * stride_ot + head * stride_oh + offs_d,
+             o.to(Out.dtype.element_ty), mask=d_ok)
+    tl.store(Lse + seq * stride_lb + tok * stride_lt + head * stride_lh, lse)
+
+
+@triton.jit
+def _merge_states_kernel(
+    Oa, La, Ob, Lb, Out, Lse,   # o: [n, nheads, HEAD_DIM]; lse: float32 [n, nheads]
+    head_dim,
+    stride_oan, stride_oah, stride_obn, stride_obh, stride_on, stride_oh,
+    stride_lan, stride_lah, stride_lbn, stride_lbh, stride_ln, stride_lh,
+    BLOCK_D: tl.constexpr,
+):
+    """One program per (row, head): ``_merge_state`` on two inputs."""
+    row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < head_dim
+    o_a = tl.load(Oa + row * stride_oan + head * stride_oah + offs_d, mask=d_ok, other=0.0)
+    o_b = tl.load(Ob + row * stride_obn + head * stride_obh + offs_d, mask=d_ok, other=0.0)
+    lse_a = tl.load(La + row * stride_lan + head * stride_lah)
+    lse_b = tl.load(Lb + row * stride_lbn + head * stride_lbh)
+    o, lse = _merge_state(o_a.to(tl.float32), lse_a, o_b.to(tl.float32), lse_b)
+    tl.store(Out + row * stride_on + head * stride_oh + offs_d, o.to(Out.dtype.element_ty),
+             mask=d_ok)
+    tl.store(Lse + row * stride_ln + head * stride_lh, lse)
+
+
+def launch_paged_decode(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, *,
+                        softmax_scale: float, causal: bool, num_splits: int, config,
+                        o_part=None, lse_part=None) -> None:
+    """Launch the decode kernel (and, for ``num_splits > 1``, the combine). Checks are the caller's.
+
+    ``out [batch, q_len, nheads, d]`` (q's dtype) and ``lse`` float32 ``[batch, nheads, q_len]``
+    receive the result; with ``num_splits > 1``, ``o_part`` float32 ``[batch, q_len, nheads, S, d]``
+    and ``lse_part`` float32 ``[batch, q_len, nheads, S]`` are the scratch partials.
+    """
+    batch, q_len, nheads, head_dim = q.shape
+    page_size, nheads_k = k_cache.shape[1], k_cache.shape[2]
+    group = nheads // nheads_k
+    rows = group * q_len
+    # Rows padded to >= 16 for tl.dot; past 64 rows the state no longer fits comfortably in
+    # registers, so large GQA groups x long q_len take several M-blocks (each re-reads K/V).
+    block_m = max(16, min(64, triton.next_power_of_2(rows)))
+    num_m_blocks = triton.cdiv(rows, block_m)
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    if batch == 0:
+        return
+    if num_splits == 1:
+        dst, dst_lse = out, lse
+        o_strides = (out.stride(0), out.stride(1), out.stride(2), 0)
+        l_strides = (lse.stride(0), lse.stride(2), lse.stride(1), 0)
+    else:
+        dst, dst_lse = o_part, lse_part
+        o_strides = (o_part.stride(0), o_part.stride(1), o_part.stride(2), o_part.stride(3))
+        l_strides = (lse_part.stride(0), lse_part.stride(1), lse_part.stride(2), lse_part.stride(3))
+    grid = (num_splits * num_m_blocks, nheads_k, batch)
+    _paged_decode_kernel[grid](
+        q, k_cache, v_cache, dst, dst_lse, cache_seqlens, block_table,
+        softmax_scale, q_len, num_splits, num_m_blocks, head_dim,
+        q.stride(0), q.stride(1), q.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        *o_strides, *l_strides, block_table.stride(0),
+        GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size,
+        BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_D=block_d, EVEN_D=block_d == head_dim,
+        KV_CACHE=config.kv_cache_modifier,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    if num_splits > 1:
+        _combine_splits_kernel[(nheads, q_len, batch)](
+            o_part, lse_part, out, lse, num_splits, head_dim,
+            o_part.stride(0), o_part.stride(1), o_part.stride(2), o_part.stride(3),
+            lse_part.stride(0), lse_part.stride(1), lse_part.stride(2), lse_part.stride(3),
+            out.stride(0), out.stride(1), out.stride(2),
+            lse.stride(0), lse.stride(2), lse.stride(1),
+            BLOCK_D=block_d, num_warps=1 if block_d <= 128 else 2,
+        )
+
+
+def launch_merge_states(o_a, lse_a, o_b, lse_b, out, lse) -> None:
+    """``out, lse = merge(o_a, lse_a, o_b, lse_b)`` row by row (shapes checked by the caller)."""
+    n, nheads, head_dim = o_a.shape
+    if n == 0 or nheads == 0:
+        return
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    _merge_states_kernel[(n, nheads)](
+        o_a, lse_a, o_b, lse_b, out, lse, head_dim,
+        o_a.stride(0), o_a.stride(1), o_b.stride(0), o_b.stride(1), out.stride(0), out.stride(1),
+        lse_a.stride(0), lse_a.stride(1), lse_b.stride(0), lse_b.stride(1),
+        lse.stride(0), lse.stride(1),
+        BLOCK_D=block_d, num_warps=1 if block_d <= 128 else 2,
+    )

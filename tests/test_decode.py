@@ -1,0 +1,407 @@
+"""Paged decode (kvonce.decode) against the float32 references.
+
+On CPU these run under the Triton interpreter (TRITON_INTERPRET=1) with fp16/fp32 only (the
+interpreter's bf16 tl.dot is wrong) and small shapes; GPU-only tests (bf16, real sizes, CUDA-graph
+capture) are marked. Every kernel output and scratch buffer is allocated NaN-filled, so an element
+the kernels fail to write shows up as a NaN in the comparison.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kvonce.decode as decode
+from kvonce.decode import (append_paged_kv, flash_attn_with_kvcache, merge_attention_states,
+                           paged_attention)
+from kvonce.kernels.configs import interpreter_active
+from kvonce.reference import (attention_ref, merge_attention_states_ref, paged_attention_ref,
+                              paged_attention_sdpa_ref)
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+pytestmark = pytest.mark.skipif(not CUDA and not interpreter_active(),
+                                reason="needs a CUDA GPU or TRITON_INTERPRET=1")
+gpu_only = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (bf16, real sizes, CUDA graphs)")
+# Relative error bounds (||out - ref|| / ||ref||) against float32 references.
+TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+@pytest.fixture(autouse=True)
+def nan_poisoned_buffers(monkeypatch):
+    def empty_nan(*shape, dtype=None, device=None, **kw):
+        t = torch.empty(*shape, dtype=dtype, device=device, **kw)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+    monkeypatch.setattr(decode, "_empty", empty_nan)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.float(), ref.float()
+    assert not torch.isnan(out).any(), "output has NaNs (an element was not written)"
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-12)).item()
+
+
+def lse_err(lse: torch.Tensor, ref: torch.Tensor) -> float:
+    """Max abs difference of two LSEs whose -inf entries (rows with no key) must coincide."""
+    assert not torch.isnan(lse).any(), "lse has NaNs (an element was not written)"
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref)), "-inf rows differ"
+    finite = torch.isfinite(ref)
+    return (lse[finite] - ref[finite].to(lse.device)).abs().max().item() if finite.any() else 0.0
+
+
+def make_paged(lens, *, page_size, nheads_k, head_dim, dtype, spare_pages=2, seed=0):
+    """A cache whose pages are a random permutation; each sequence gets the pages it needs plus
+    ``spare_pages`` (room to append), the table padded with the last page index."""
+    g = torch.Generator().manual_seed(seed)
+    need = [-(-n // page_size) + spare_pages for n in lens]
+    max_pages = max(need)
+    num_pages = sum(need) + 3  # a few pages nobody uses
+    perm = torch.randperm(num_pages, generator=g)
+    table = torch.full((len(lens), max_pages), num_pages - 1, dtype=torch.int32)
+    start = 0
+    for b, n in enumerate(need):
+        table[b, :n] = perm[start:start + n].to(torch.int32)
+        start += n
+    shape = (num_pages, page_size, nheads_k, head_dim)
+    k_cache = torch.randn(shape, generator=g).to(dtype).to(DEVICE)
+    v_cache = torch.randn(shape, generator=g).to(dtype).to(DEVICE)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    return k_cache, v_cache, seqlens, table.to(DEVICE)
+
+
+def make_q(batch, q_len, nheads, head_dim, dtype, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn((batch, q_len, nheads, head_dim), generator=g).to(dtype).to(DEVICE)
+
+
+# ------------------------------------------------------------------------------------------------
+# Against both references
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("page_size,head_dim,nheads,nheads_k", [
+    (16, 64, 4, 4),      # MHA
+    (16, 128, 4, 2),     # GQA 2
+    (32, 64, 8, 2),      # GQA 4
+    (16, 96, 6, 1),      # GQA 6 as MQA, head dim 96 (masked head dim)
+    (64, 64, 12, 2),     # GQA 6
+    (128, 64, 8, 1),     # GQA 8 / MQA
+    (256, 32, 2, 2),
+    (16, 256, 2, 1),
+])
+def test_against_references(dtype, page_size, head_dim, nheads, nheads_k):
+    # Lengths: 1, exactly a page, not a multiple of the page size, past a page border.
+    lens = [1, page_size, page_size + 5, 2 * page_size + 3]
+    k_cache, v_cache, seqlens, table = make_paged(lens, page_size=page_size, nheads_k=nheads_k,
+                                                  head_dim=head_dim, dtype=dtype)
+    q = make_q(len(lens), 1, nheads, head_dim, dtype)
+    ref_o, ref_lse = paged_attention_ref(q, k_cache, v_cache, seqlens, table)
+    sdpa_o = paged_attention_sdpa_ref(q, k_cache, v_cache, seqlens, table)
+    assert rel_err(sdpa_o, ref_o) < 1e-5
+    for num_splits in (1, 3, 0):
+        out, lse = paged_attention(q, k_cache, v_cache, seqlens, table, num_splits=num_splits,
+                                   return_lse=True)
+        assert out.dtype == dtype and out.shape == q.shape
+        assert lse.dtype == torch.float32 and lse.shape == (len(lens), nheads, 1)
+        err = rel_err(out, ref_o)
+        assert err < TOL[dtype], f"num_splits={num_splits}: rel err {err:.2e} vs simple ref"
+        assert rel_err(out, sdpa_o) < TOL[dtype]
+        assert lse_err(lse, ref_lse) < 1e-3
+
+
+def test_forced_num_splits_1_to_16_agree():
+    dtype = torch.float32
+    lens = [70, 23, 1, 48]  # with BLOCK_N=16 (interpreter) many splits are empty for short rows
+    k_cache, v_cache, seqlens, table = make_paged(lens, page_size=16, nheads_k=2, head_dim=32,
+                                                  dtype=dtype)
+    q = make_q(4, 2, 4, 32, dtype)
+    ref_o, ref_lse = paged_attention_ref(q, k_cache, v_cache, seqlens, table)
+    base, base_lse = paged_attention(q, k_cache, v_cache, seqlens, table, num_splits=1,
+                                     return_lse=True)
+    assert rel_err(base, ref_o) < TOL[dtype]
+    for s in range(2, 17):
+        out, lse = paged_attention(q, k_cache, v_cache, seqlens, table, num_splits=s,
+                                   return_lse=True)
+        assert rel_err(out, base) < 1e-5, f"num_splits={s} differs from num_splits=1"
+        assert lse_err(lse, base_lse) < 1e-4, f"num_splits={s}: lse differs"
+
+
+@pytest.mark.parametrize("q_len", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("causal", [True, False])
+def test_q_len(q_len, causal):
+    dtype = torch.float16
+    # 3 < q_len for some q_len: the first rows then see no key (out 0, lse -inf) when causal.
+    lens = [3, 40, 17]
+    k_cache, v_cache, seqlens, table = make_paged(lens, page_size=16, nheads_k=2, head_dim=64,
+                                                  dtype=dtype, seed=q_len)
+    q = make_q(3, q_len, 8, 64, dtype, seed=q_len)
+    ref_o, ref_lse = paged_attention_ref(q, k_cache, v_cache, seqlens, table, causal=causal)
+    sdpa_o = paged_attention_sdpa_ref(q, k_cache, v_cache, seqlens, table, causal=causal)
+    for num_splits in (1, 2):
+        out, lse = paged_attention(q, k_cache, v_cache, seqlens, table, causal=causal,
+                                   num_splits=num_splits, return_lse=True)
+        assert rel_err(out, ref_o) < TOL[dtype]
+        assert rel_err(out, sdpa_o) < TOL[dtype]
+        assert lse_err(lse, ref_lse) < 1e-3
+        if causal and q_len > 3:
+            assert (out[0, : q_len - 3] == 0).all()
+
+
+def test_softmax_scale_and_strided_q():
+    dtype = torch.float32
+    k_cache, v_cache, seqlens, table = make_paged([33, 9], page_size=16, nheads_k=1, head_dim=64,
+                                                  dtype=dtype)
+    q_big = make_q(2, 1, 4, 128, dtype)
+    q = q_big[..., :64]  # strided over heads and tokens, unit last-dim stride
+    ref_o, _ = paged_attention_ref(q, k_cache, v_cache, seqlens, table, softmax_scale=0.3)
+    out = paged_attention(q, k_cache, v_cache, seqlens, table, softmax_scale=0.3, num_splits=2)
+    assert rel_err(out, ref_o) < TOL[dtype]
+
+
+# ------------------------------------------------------------------------------------------------
+# Append, then attend
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("new_len", [1, 4])
+def test_append_then_attend(new_len):
+    dtype = torch.float16
+    lens = [15, 16, 30]
+    k_cache, v_cache, seqlens, table = make_paged(lens, page_size=16, nheads_k=2, head_dim=64,
+                                                  dtype=dtype)
+    g = torch.Generator().manual_seed(7)
+    k_new = torch.randn((3, new_len, 2, 64), generator=g).to(dtype).to(DEVICE)
+    v_new = torch.randn((3, new_len, 2, 64), generator=g).to(dtype).to(DEVICE)
+    q = make_q(3, new_len, 4, 64, dtype)
+    # The dense truth: each sequence's old keys (read through the table) + the new ones.
+    dense = []
+    for b, n in enumerate(lens):
+        pages = table[b].long()
+        k_old = k_cache[pages].reshape(-1, 2, 64)[:n]
+        v_old = v_cache[pages].reshape(-1, 2, 64)[:n]
+        dense.append((torch.cat([k_old, k_new[b]]), torch.cat([v_old, v_new[b]])))
+    kc2, vc2 = k_cache.clone(), v_cache.clone()
+    append_paged_kv(k_new, v_new, k_cache, v_cache, seqlens, table)
+    assert seqlens.tolist() == lens, "append must not advance cache_seqlens"
+    out = paged_attention(q, k_cache, v_cache, seqlens + new_len, table)
+    for b in range(3):
+        ref_o, _ = attention_ref(q[b], *dense[b])
+        assert rel_err(out[b], ref_o) < TOL[dtype]
+    # The same through the flash-attn wrapper (append + attend in one call).
+    out2, lse2 = flash_attn_with_kvcache(q, kc2, vc2, k=k_new, v=v_new, cache_seqlens=seqlens,
+                                         block_table=table, causal=True, return_softmax_lse=True)
+    assert torch.equal(kc2, k_cache) and torch.equal(vc2, v_cache)
+    assert torch.equal(out2, out)
+    assert lse2.shape == (3, 4, new_len)
+
+
+# ------------------------------------------------------------------------------------------------
+# Merge
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_merge_attention_states(dtype):
+    g = torch.Generator().manual_seed(3)
+    n, h, d = 5, 3, 96
+    o_a = torch.randn((n, h, d), generator=g).to(dtype).to(DEVICE)
+    o_b = torch.randn((n, h, d), generator=g).to(dtype).to(DEVICE)
+    lse_a = (3 * torch.randn((n, h), generator=g)).to(DEVICE)
+    lse_b = (3 * torch.randn((n, h), generator=g)).to(DEVICE)
+    lse_a[0, 0] = float("-inf")                      # a empty: b comes back as it is
+    lse_b[1, 2] = float("-inf")                      # b empty
+    lse_a[2, 1] = lse_b[2, 1] = float("-inf")        # both empty: (0, -inf)
+    o, lse = merge_attention_states(o_a, lse_a, o_b, lse_b)
+    ref_o, ref_lse = merge_attention_states_ref(o_a, lse_a, o_b, lse_b)
+    assert o.dtype == dtype and lse.dtype == torch.float32
+    assert rel_err(o, ref_o) < TOL[dtype]
+    assert torch.equal(o[0, 0], o_b[0, 0]) and lse[0, 0] == lse_b[0, 0]
+    assert torch.equal(o[1, 2], o_a[1, 2]) and lse[1, 2] == lse_a[1, 2]
+    assert (o[2, 1] == 0).all() and lse[2, 1] == float("-inf")
+    assert lse_err(lse, ref_lse) < 1e-5
+
+
+def test_merge_of_two_halves_equals_whole():
+    """Cascade use: attention over keys [0, 20) merged with [20, 45) equals attention over all."""
+    dtype = torch.float32
+    k_cache, v_cache, seqlens, table = make_paged([45, 45], page_size=16, nheads_k=2, head_dim=64,
+                                                  dtype=dtype)
+    q = make_q(2, 1, 4, 64, dtype)
+    whole, _ = paged_attention_ref(q, k_cache, v_cache, seqlens, table)
+    # First part: the first 20 keys. Second part: keys 20..44, as a sequence of 25 keys whose
+    # table starts 20 keys in (page 1 offset 4 is not page aligned, so use the reference).
+    o1, l1 = paged_attention(q, k_cache, v_cache, torch.full_like(seqlens, 20), table,
+                             causal=False, return_lse=True)
+    ks = [k_cache[table[b].long()].reshape(-1, 2, 64)[20:45] for b in range(2)]
+    vs = [v_cache[table[b].long()].reshape(-1, 2, 64)[20:45] for b in range(2)]
+    parts = [attention_ref(q[b], ks[b], vs[b], causal=False) for b in range(2)]
+    o2 = torch.stack([p[0] for p in parts])            # [2, 1, 4, 64]
+    l2 = torch.stack([p[1] for p in parts])            # [2, 4, 1]
+    o, _ = merge_attention_states(o1[:, 0], l1[..., 0], o2[:, 0].contiguous(), l2[..., 0])
+    assert rel_err(o, whole[:, 0]) < 1e-4
+
+
+# ------------------------------------------------------------------------------------------------
+# Bad inputs
+# ------------------------------------------------------------------------------------------------
+
+def _good():
+    k_cache, v_cache, seqlens, table = make_paged([20, 5], page_size=16, nheads_k=2, head_dim=64,
+                                                  dtype=torch.float16)
+    return dict(q=make_q(2, 1, 4, 64, torch.float16), k_cache=k_cache, v_cache=v_cache,
+                cache_seqlens=seqlens, block_table=table)
+
+
+@pytest.mark.parametrize("change,exc,match", [
+    (lambda a: a.update(q=a["q"][0]), ValueError, "q must have 4 dims"),
+    (lambda a: a.update(q=a["q"].float()), TypeError, "q has dtype"),
+    (lambda a: a.update(q=a["q"].to(torch.int32)), TypeError, "q must be one of"),
+    (lambda a: a.update(k_cache=a["k_cache"][:, :8], v_cache=a["v_cache"][:, :8]), ValueError,
+     "page size"),
+    (lambda a: a.update(v_cache=a["v_cache"][:, :, :1]), ValueError, "v_cache must have"),
+    (lambda a: a.update(block_table=a["block_table"].long()), TypeError, "block_table"),
+    (lambda a: a.update(cache_seqlens=a["cache_seqlens"][:1]), ValueError, "cache_seqlens"),
+    (lambda a: a.update(cache_seqlens=a["cache_seqlens"].long()), TypeError, "cache_seqlens"),
+    (lambda a: a.update(q=a["q"][:, :, :3]), ValueError, "nheads"),
+    (lambda a: a.update(q=torch.cat([a["q"], a["q"]])), ValueError, "batch"),
+    (lambda a: a.update(q=a["q"][..., :32]), ValueError, "head dim"),
+    (lambda a: a.update(q=a["q"].transpose(2, 3).contiguous().transpose(2, 3)), ValueError,
+     "contiguous last dim"),
+    (lambda a: a.update(num_splits=-1), TypeError, "num_splits"),
+    (lambda a: a.update(q="q"), TypeError, "q must be a torch.Tensor"),
+])
+def test_bad_inputs_raise(change, exc, match):
+    args = _good()
+    change(args)
+    q = args.pop("q")
+    k_cache, v_cache = args.pop("k_cache"), args.pop("v_cache")
+    seqlens, table = args.pop("cache_seqlens"), args.pop("block_table")
+    with pytest.raises(exc, match=match):
+        paged_attention(q, k_cache, v_cache, seqlens, table, **args)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a second device type (CUDA) for the mismatch")
+def test_device_mismatch_raises():
+    a = _good()
+    with pytest.raises(ValueError, match="block_table is on"):
+        paged_attention(a["q"], a["k_cache"], a["v_cache"], a["cache_seqlens"],
+                        a["block_table"].cpu())
+
+
+def test_block_table_too_short_in_validation_mode():
+    a = _good()
+    short = a["block_table"][:, :1].contiguous()  # sequence 0 has 20 keys: needs 2 pages
+    with pytest.raises(ValueError, match="block_table is too short for sequence 0"):
+        paged_attention(a["q"], a["k_cache"], a["v_cache"], a["cache_seqlens"], short,
+                        check_block_table=True)
+    bad = a["block_table"].clone()
+    bad[1, 0] = a["k_cache"].shape[0]
+    with pytest.raises(ValueError, match="names a page outside"):
+        paged_attention(a["q"], a["k_cache"], a["v_cache"], a["cache_seqlens"], bad,
+                        check_block_table=True)
+    k = torch.zeros((2, 40, 2, 64), dtype=torch.float16, device=DEVICE)
+    with pytest.raises(ValueError, match="too short"):
+        append_paged_kv(k, k, a["k_cache"], a["v_cache"], a["cache_seqlens"], short,
+                        check_block_table=True)
+
+
+def test_merge_bad_inputs_raise():
+    o = torch.zeros((2, 3, 64), device=DEVICE)
+    lse = torch.zeros((2, 3), device=DEVICE)
+    with pytest.raises(ValueError, match="lse_b must have shape"):
+        merge_attention_states(o, lse, o, lse[:, :2])
+    with pytest.raises(TypeError, match="lse_a must be one of"):
+        merge_attention_states(o, lse.half(), o, lse)
+    with pytest.raises(TypeError, match="o_b has dtype"):
+        merge_attention_states(o, lse, o.half(), lse)
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    (dict(rotary_cos=1), "rotary_cos"), (dict(cache_batch_idx=1), "cache_batch_idx"),
+    (dict(window_size=(8, 0)), "window_size"), (dict(softcap=30.0), "softcap"),
+    (dict(alibi_slopes=1), "alibi_slopes"), (dict(cache_leftpad=1), "cache_leftpad"),
+    (dict(block_table=None), "block_table"),
+])
+def test_flash_attn_wrapper_unsupported(kwargs, name):
+    a = _good()
+    args = dict(cache_seqlens=a["cache_seqlens"], block_table=a["block_table"])
+    args.update(kwargs)
+    with pytest.raises(NotImplementedError, match=name):
+        flash_attn_with_kvcache(a["q"], a["k_cache"], a["v_cache"], **args)
+
+
+def test_flash_attn_wrapper_defaults_match():
+    a = _good()
+    out = flash_attn_with_kvcache(a["q"], a["k_cache"], a["v_cache"], cache_seqlens=20,
+                                  block_table=a["block_table"])
+    ref = paged_attention(a["q"], a["k_cache"], a["v_cache"], torch.full_like(a["cache_seqlens"], 20),
+                          a["block_table"], causal=False)
+    assert torch.equal(out, ref)
+
+
+def test_num_splits_auto_reads_shapes_only():
+    cfg = decode.get_paged_decode_config((9, 0), 128)
+    s = decode.choose_num_splits(1, 8, 131072, 132, cfg)
+    assert 1 < s <= decode.MAX_SPLITS
+    assert decode.choose_num_splits(256, 12, 256, 132, cfg) == 1
+    assert decode.choose_num_splits(1, 1, 16, 132, cfg) == 1
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU: bf16, real sizes, CUDA graphs
+# ------------------------------------------------------------------------------------------------
+
+@gpu_only
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("nheads,nheads_k,head_dim,page_size", [
+    (32, 8, 128, 16), (12, 2, 128, 16), (12, 12, 128, 64), (32, 1, 64, 256), (16, 4, 256, 32),
+    (24, 4, 96, 128),
+])
+def test_gpu_real_sizes(dtype, nheads, nheads_k, head_dim, page_size):
+    lens = [1, 4096, 3001, page_size, 777, 12000]
+    k_cache, v_cache, seqlens, table = make_paged(lens, page_size=page_size, nheads_k=nheads_k,
+                                                  head_dim=head_dim, dtype=dtype)
+    for q_len in (1, 4):
+        q = make_q(len(lens), q_len, nheads, head_dim, dtype)
+        ref_o, ref_lse = paged_attention_ref(q, k_cache, v_cache, seqlens, table)
+        sdpa_o = paged_attention_sdpa_ref(q, k_cache, v_cache, seqlens, table)
+        for num_splits in (0, 1, 7):
+            out, lse = paged_attention(q, k_cache, v_cache, seqlens, table, num_splits=num_splits,
+                                       return_lse=True)
+            assert rel_err(out, ref_o) < TOL[dtype], f"q_len={q_len} num_splits={num_splits}"
+            assert rel_err(out, sdpa_o) < TOL[dtype]
+            assert lse_err(lse, ref_lse) < 2e-2
+
+
+@gpu_only
+def test_cuda_graph_capture_replay_equals_eager():
+    dtype = torch.bfloat16
+    lens = [100, 5000, 64, 2048]
+    k_cache, v_cache, seqlens, table = make_paged(lens, page_size=16, nheads_k=8, head_dim=128,
+                                                  dtype=dtype)
+    q = make_q(4, 1, 32, 128, dtype)
+    g = torch.Generator().manual_seed(11)
+    k_new = torch.randn((4, 1, 8, 128), generator=g).to(dtype).cuda()
+    v_new = torch.randn((4, 1, 8, 128), generator=g).to(dtype).cuda()
+    kc_eager, vc_eager = k_cache.clone(), v_cache.clone()
+    eager = flash_attn_with_kvcache(q, kc_eager, vc_eager, k=k_new, v=v_new, cache_seqlens=seqlens,
+                                    block_table=table, causal=True)
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up (compiles) outside the capture
+        flash_attn_with_kvcache(q, k_cache.clone(), v_cache.clone(), k=k_new, v=v_new,
+                                cache_seqlens=seqlens, block_table=table, causal=True)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = flash_attn_with_kvcache(q, k_cache, v_cache, k=k_new, v=v_new,
+                                           cache_seqlens=seqlens, block_table=table, causal=True)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
+    assert torch.equal(k_cache, kc_eager)
+    # New values in the same buffers: the replay follows them (lengths read on the device).
+    seqlens.copy_(torch.tensor([3000, 17, 64, 1], dtype=torch.int32))
+    q.normal_()
+    graph.replay()
+    torch.cuda.synchronize()
+    again = paged_attention(q, k_cache, v_cache, seqlens + 1, table, causal=True)
+    assert torch.equal(captured, again)
