@@ -57,27 +57,44 @@ def _online_update(acc, m_i, l_i, q, k_t, v, qk_scale, offs_m, offs_n, diag, kv_
 
 
 @triton.jit
-def _kv_rows(offs_n, k_row0, chunk, rank_rows, world_size, KV_ZIGZAG: tl.constexpr):
-    """Buffer rows (int64) of key positions ``offs_n`` of one sequence."""
-    if KV_ZIGZAG:
-        j = offs_n // chunk
-        early = j < world_size
-        rank = tl.where(early, j, 2 * world_size - 1 - j)
-        local = offs_n - j * chunk + tl.where(early, 0, chunk)
-        return rank.to(tl.int64) * rank_rows + k_row0 + local
-    else:
+def _zigzag_chunk_base(j, k_row0, chunk, rank_rows, world_size):
+    """Row of key 0 of global chunk ``j``'s rank-local copy, minus ``j * chunk`` (so that key
+    position ``n`` of chunk ``j`` is at ``base + n``)."""
+    early = j < world_size
+    rank = tl.where(early, j, 2 * world_size - 1 - j)
+    return rank.to(tl.int64) * rank_rows + k_row0 + tl.where(early, 0, chunk) - j * chunk
+
+
+@triton.jit
+def _kv_rows(start_n, k_row0, chunk, rank_rows, world_size, BLOCK_N: tl.constexpr,
+             KV_ROWS: tl.constexpr):
+    """Buffer rows (int64) of key positions ``start_n + [0, BLOCK_N)`` of one sequence.
+
+    KV_ROWS: 0 contiguous; 1 zigzag with ``chunk >= BLOCK_N`` (a tile spans at most two chunks,
+    so one scalar division per tile); 2 zigzag, any chunk (a division per key: measured 1.6x
+    slower at the Llama shape, so only used for chunks shorter than a tile)."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    if KV_ROWS == 0:
         return k_row0 + offs_n.to(tl.int64)
+    elif KV_ROWS == 1:
+        j0 = start_n // chunk
+        base0 = _zigzag_chunk_base(j0, k_row0, chunk, rank_rows, world_size)
+        base1 = _zigzag_chunk_base(j0 + 1, k_row0, chunk, rank_rows, world_size)
+        return tl.where(offs_n < (j0 + 1) * chunk, base0, base1) + offs_n
+    else:
+        j = offs_n // chunk
+        return _zigzag_chunk_base(j, k_row0, chunk, rank_rows, world_size) + offs_n
 
 
 @triton.jit
 def _load_kv_tile(K, V, start_n, kv_end, k_row0, chunk, rank_rows, world_size,
                   stride_kn, stride_vn, offs_d, head_dim,
-                  BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, KV_ZIGZAG: tl.constexpr,
+                  BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, KV_ROWS: tl.constexpr,
                   KV_CACHE: tl.constexpr):
     """K tile transposed ``[BLOCK_D, BLOCK_N]`` and V tile ``[BLOCK_N, BLOCK_D]``; keys at or past
     ``kv_end`` read as 0 (and are masked out of the scores by the caller)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    rows = _kv_rows(offs_n, k_row0, chunk, rank_rows, world_size, KV_ZIGZAG)
+    rows = _kv_rows(start_n, k_row0, chunk, rank_rows, world_size, BLOCK_N, KV_ROWS)
     in_range = offs_n < kv_end
     if EVEN_D:
         k_mask = in_range[None, :]
@@ -96,12 +113,12 @@ def _load_kv_tile(K, V, start_n, kv_end, k_row0, chunk, rank_rows, world_size,
 def _attend_one(acc, m_i, l_i, q, lo, hi, qk_scale, offs_m, diag, kv_end,
                 K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
                 MASKED: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
-                KV_ZIGZAG: tl.constexpr, KV_CACHE: tl.constexpr):
+                KV_ROWS: tl.constexpr, KV_CACHE: tl.constexpr):
     """Key tiles ``[lo, hi)`` (``lo`` a multiple of BLOCK_N) into one group's state."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n, k_t, v = _load_kv_tile(K, V, start_n, kv_end, k_row0, chunk, rank_rows, world_size,
                                        stride_kn, stride_vn, offs_d, head_dim,
-                                       BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
+                                       BLOCK_N, EVEN_D, KV_ROWS, KV_CACHE)
         acc, m_i, l_i = _online_update(acc, m_i, l_i, q, k_t, v, qk_scale, offs_m, offs_n,
                                        diag, kv_end, MASKED)
     return acc, m_i, l_i
@@ -112,13 +129,13 @@ def _attend_two(acc0, m0, l0, q0, diag0, end0, acc1, m1, l1, q1, diag1, end1,
                 lo, hi, qk_scale, offs_m,
                 K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
                 MASKED: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
-                KV_ZIGZAG: tl.constexpr, KV_CACHE: tl.constexpr):
+                KV_ROWS: tl.constexpr, KV_CACHE: tl.constexpr):
     """Key tiles ``[lo, hi)``: each tile loaded once, fed to both groups' states."""
     kv_end = tl.maximum(end0, end1)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n, k_t, v = _load_kv_tile(K, V, start_n, kv_end, k_row0, chunk, rank_rows, world_size,
                                        stride_kn, stride_vn, offs_d, head_dim,
-                                       BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
+                                       BLOCK_N, EVEN_D, KV_ROWS, KV_CACHE)
         acc0, m0, l0 = _online_update(acc0, m0, l0, q0, k_t, v, qk_scale, offs_m, offs_n,
                                       diag0, end0, MASKED)
         acc1, m1, l1 = _online_update(acc1, m1, l1, q1, k_t, v, qk_scale, offs_m, offs_n,
@@ -185,6 +202,58 @@ def _store_group(Out, Lse, out_start_ptr, seq, head, acc, m_i, l_i, len_q, offs_
 
 
 @triton.jit
+def _walk_regions(q0, diag0, end0, full0, hi0, q1, diag1, end1, full1, hi1, qk_scale, offs_m,
+                  K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                  EVEN_D: tl.constexpr, KV_ROWS: tl.constexpr, KV_CACHE: tl.constexpr):
+    """All key tiles of one program, region by region; returns both groups' states."""
+    acc0 = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    acc1 = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    m_0 = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    m_1 = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_0 = tl.zeros([BLOCK_M], dtype=tl.float32)
+    l_1 = tl.zeros([BLOCK_M], dtype=tl.float32)
+
+    # Shared tiles: both groups unmasked, then both masked (one of them may be a plain tile
+    # there; the mask is then all-true and costs only the select).
+    both_full = tl.minimum(full0, full1)
+    both_hi = tl.minimum(hi0, hi1)
+    shared_end = tl.cdiv(both_hi, BLOCK_N) * BLOCK_N
+    acc0, m_0, l_0, acc1, m_1, l_1 = _attend_two(
+        acc0, m_0, l_0, q0, diag0, end0, acc1, m_1, l_1, q1, diag1, end1,
+        0, both_full, qk_scale, offs_m,
+        K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
+        False, BLOCK_N, EVEN_D, KV_ROWS, KV_CACHE)
+    acc0, m_0, l_0, acc1, m_1, l_1 = _attend_two(
+        acc0, m_0, l_0, q0, diag0, end0, acc1, m_1, l_1, q1, diag1, end1,
+        both_full, shared_end, qk_scale, offs_m,
+        K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
+        True, BLOCK_N, EVEN_D, KV_ROWS, KV_CACHE)
+
+    # The longer group goes on alone (for the other one both loops are empty).
+    split0 = tl.maximum(shared_end, full0)
+    acc0, m_0, l_0 = _attend_one(
+        acc0, m_0, l_0, q0, shared_end, split0, qk_scale, offs_m, diag0, end0,
+        K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
+        False, BLOCK_N, EVEN_D, KV_ROWS, KV_CACHE)
+    acc0, m_0, l_0 = _attend_one(
+        acc0, m_0, l_0, q0, split0, hi0, qk_scale, offs_m, diag0, end0,
+        K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
+        True, BLOCK_N, EVEN_D, KV_ROWS, KV_CACHE)
+    split1 = tl.maximum(shared_end, full1)
+    acc1, m_1, l_1 = _attend_one(
+        acc1, m_1, l_1, q1, shared_end, split1, qk_scale, offs_m, diag1, end1,
+        K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
+        False, BLOCK_N, EVEN_D, KV_ROWS, KV_CACHE)
+    acc1, m_1, l_1 = _attend_one(
+        acc1, m_1, l_1, q1, split1, hi1, qk_scale, offs_m, diag1, end1,
+        K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
+        True, BLOCK_N, EVEN_D, KV_ROWS, KV_CACHE)
+
+    return acc0, m_0, l_0, acc1, m_1, l_1
+
+
+@triton.jit
 def _fused_dual_group_fwd_kernel_varlen(
     Q0, Q1,            # [total_q0, nheads, HEAD_DIM], [total_q1, nheads, HEAD_DIM]; last dim contiguous
     K, V,              # [rows, nheads_k, HEAD_DIM] (contiguous varlen, or the zigzag gathered buffer)
@@ -237,48 +306,24 @@ def _fused_dual_group_fwd_kernel_varlen(
     V += kv_head * stride_vh
     qk_scale = sm_scale * 1.4426950408889634
 
-    acc0 = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    acc1 = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    m_0 = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    m_1 = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_0 = tl.zeros([BLOCK_M], dtype=tl.float32)
-    l_1 = tl.zeros([BLOCK_M], dtype=tl.float32)
-
-    # Shared tiles: both groups unmasked, then both masked (one of them may be a plain tile
-    # there; the mask is then all-true and costs only the select).
-    both_full = tl.minimum(full0, full1)
-    both_hi = tl.minimum(hi0, hi1)
-    shared_end = tl.cdiv(both_hi, BLOCK_N) * BLOCK_N
-    acc0, m_0, l_0, acc1, m_1, l_1 = _attend_two(
-        acc0, m_0, l_0, q0, diag0, end0, acc1, m_1, l_1, q1, diag1, end1,
-        0, both_full, qk_scale, offs_m,
-        K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
-        False, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
-    acc0, m_0, l_0, acc1, m_1, l_1 = _attend_two(
-        acc0, m_0, l_0, q0, diag0, end0, acc1, m_1, l_1, q1, diag1, end1,
-        both_full, shared_end, qk_scale, offs_m,
-        K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
-        True, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
-
-    # The longer group goes on alone (for the other one both loops are empty).
-    split0 = tl.maximum(shared_end, full0)
-    acc0, m_0, l_0 = _attend_one(
-        acc0, m_0, l_0, q0, shared_end, split0, qk_scale, offs_m, diag0, end0,
-        K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
-        False, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
-    acc0, m_0, l_0 = _attend_one(
-        acc0, m_0, l_0, q0, split0, hi0, qk_scale, offs_m, diag0, end0,
-        K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
-        True, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
-    split1 = tl.maximum(shared_end, full1)
-    acc1, m_1, l_1 = _attend_one(
-        acc1, m_1, l_1, q1, shared_end, split1, qk_scale, offs_m, diag1, end1,
-        K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
-        False, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
-    acc1, m_1, l_1 = _attend_one(
-        acc1, m_1, l_1, q1, split1, hi1, qk_scale, offs_m, diag1, end1,
-        K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
-        True, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
+    # The zigzag row map costs a division per key unless a tile spans at most two chunks; pick
+    # the cheap map per sequence (chunk is a per-program scalar, so this branch is outside the loops).
+    if KV_ZIGZAG:
+        if chunk >= BLOCK_N:
+            acc0, m_0, l_0, acc1, m_1, l_1 = _walk_regions(
+                q0, diag0, end0, full0, hi0, q1, diag1, end1, full1, hi1, qk_scale, offs_m,
+            K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
+            BLOCK_M, BLOCK_N, BLOCK_D, EVEN_D, 1, KV_CACHE)
+        else:
+            acc0, m_0, l_0, acc1, m_1, l_1 = _walk_regions(
+                q0, diag0, end0, full0, hi0, q1, diag1, end1, full1, hi1, qk_scale, offs_m,
+            K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
+            BLOCK_M, BLOCK_N, BLOCK_D, EVEN_D, 2, KV_CACHE)
+    else:
+        acc0, m_0, l_0, acc1, m_1, l_1 = _walk_regions(
+                q0, diag0, end0, full0, hi0, q1, diag1, end1, full1, hi1, qk_scale, offs_m,
+            K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
+            BLOCK_M, BLOCK_N, BLOCK_D, EVEN_D, 0, KV_CACHE)
 
     _store_group(Out0, Lse0, out_start0, seq, head, acc0, m_0, l_0, len_q0, offs_m, offs_d,
                  head_dim, stride_o0m, stride_o0h, stride_lse0_h, EVEN_D)
