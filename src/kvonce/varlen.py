@@ -65,15 +65,16 @@ def dual_group_forward_into(
     cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1, out_start0, out_start1,
     *, max_seqlen_q: int, softmax_scale: float | None, causal: bool,
     config: DualGroupFwdConfig | None = None, zigzag_world_size: int = 0, zigzag_rank_rows: int = 0,
-) -> None:
+):
     """Internal entry: launch into caller-provided outputs (used by the zigzag fast path to write
     both groups straight into the local-order output). ``kv_end*`` and ``out_start*`` are int32
-    ``[batch]``; ``max_seqlen_q`` bounds both groups' lengths (it sizes the grid)."""
+    ``[batch]``; ``max_seqlen_q`` bounds both groups' lengths (it sizes the grid). Returns the
+    compiled-kernel handle (for diagnostics)."""
     head_dim = q0.shape[2]
     scale = head_dim ** -0.5 if softmax_scale is None else float(softmax_scale)
     if config is None:
         config = get_dual_group_fwd_config(_capability(q0.device), head_dim)
-    launch_dual_group_fwd(
+    return launch_dual_group_fwd(
         q0, q1, k, v, out0, out1, lse0, lse1,
         cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1, out_start0, out_start1,
         max_seqlen_q=max_seqlen_q, softmax_scale=scale, causal=causal, config=config,

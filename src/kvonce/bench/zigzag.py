@@ -18,7 +18,7 @@ import os
 
 import torch
 
-from ..varlen import fused_zigzag_llama3_flash_attn_varlen_forward
+from ..varlen import dual_group_forward_into, fused_zigzag_llama3_flash_attn_varlen_forward
 from ..zigzag import (
     compute_kv_slices_for_groups,
     execute_grouped_attention,
@@ -172,18 +172,29 @@ def sweep(args) -> None:
             continue
         s = setup(case, dtype)
         results = []
+        q0, q1 = s["chunk_q"]
+        cu0, cu1 = s["chunk_cu"]
+        cu_kg = [cu for _, cu in s["slices"]]
+        kv_end = [(c[1:] - c[:-1]).to(torch.int32) for c in cu_kg]
+        outs = [torch.empty_like(q0), torch.empty_like(q1)]
+        lses = [torch.empty(case.nheads, q.shape[0], device=q.device) for q in (q0, q1)]
         for cfg in configs:
             if cfg.dot_identity and case.head_dim >= 128:
                 continue  # the trick only applies below head dim 128
+
+            def fn(cfg=cfg):
+                return dual_group_forward_into(
+                    q0, q1, s["kv"][0], s["kv"][1], outs[0], outs[1], lses[0], lses[1], cu0, cu1,
+                    s["cu"] * case.world_size, kv_end[0], kv_end[1], cu0[:-1], cu1[:-1],
+                    max_seqlen_q=s["max_c"], softmax_scale=None, causal=True, config=cfg)
             try:
-                fn = paths(case, s, cfg)["fused_kernel"]
-                fn()
-                results.append((time_ms(fn), cfg))
+                handle = fn()
+                results.append((time_ms(fn), cfg, handle.n_regs, handle.n_spills))
             except Exception as exc:  # out of resources: report and go on
                 print(f"  {cfg}: {type(exc).__name__}")
         results.sort(key=lambda x: x[0])
-        for ms, cfg in results[:4]:
-            print(f"{case.name}: {ms:.3f} ms  {cfg}")
+        for ms, cfg, regs, spills in results[:5]:
+            print(f"{case.name}: {ms:.3f} ms  {regs} regs {spills} spills  {cfg}")
 
 
 def main(argv: list[str]) -> None:

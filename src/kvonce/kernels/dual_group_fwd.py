@@ -336,8 +336,10 @@ def launch_dual_group_fwd(
     cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1, out_start0, out_start1,
     *, max_seqlen_q: int, softmax_scale: float, causal: bool, config,
     zigzag_world_size: int = 0, zigzag_rank_rows: int = 0,
-) -> None:
+):
     """Launch ``_fused_dual_group_fwd_kernel_varlen``. All checks are the caller's (varlen.py).
+    Returns Triton's compiled-kernel handle (registers, spills: for the config sweep), or None
+    when there is nothing to launch.
 
     ``zigzag_world_size > 0`` reads ``k, v`` as the zigzag all-gather buffer of that many ranks,
     ``zigzag_rank_rows`` rows each, with ``cu_seqlens_k`` the LOCAL cumulative lengths.
@@ -348,8 +350,8 @@ def launch_dual_group_fwd(
     num_m_blocks = max(1, triton.cdiv(max_seqlen_q, config.block_m))
     grid = (nheads, num_m_blocks, batch)
     if batch == 0 or max_seqlen_q == 0:
-        return
-    _fused_dual_group_fwd_kernel_varlen[grid](
+        return None
+    return _fused_dual_group_fwd_kernel_varlen[grid](
         q0, q1, k, v, out0, out1, lse0, lse1,
         cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1, out_start0, out_start1,
         softmax_scale, zigzag_rank_rows, max(zigzag_world_size, 1),
