@@ -22,8 +22,10 @@ DEVICE = "cuda" if CUDA else "cpu"
 pytestmark = pytest.mark.skipif(not CUDA and not interpreter_active(),
                                 reason="needs a CUDA GPU or TRITON_INTERPRET=1")
 gpu_only = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (bf16, real sizes, CUDA graphs)")
-# Relative error bounds (||out - ref|| / ||ref||) against float32 references.
-TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+# Relative error bounds (||out - ref|| / ||ref||) against float32 references. On the GPU a
+# float32 tl.dot runs in tf32 (measured ~7e-4 on H100), under the interpreter in true float32.
+TOL = {torch.float32: 2e-3 if CUDA else 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+LSE_TOL = 2e-3 if CUDA else 1e-3
 
 
 @pytest.fixture(autouse=True)
@@ -105,7 +107,7 @@ def test_against_references(dtype, page_size, head_dim, nheads, nheads_k):
         err = rel_err(out, ref_o)
         assert err < TOL[dtype], f"num_splits={num_splits}: rel err {err:.2e} vs simple ref"
         assert rel_err(out, sdpa_o) < TOL[dtype]
-        assert lse_err(lse, ref_lse) < 1e-3
+        assert lse_err(lse, ref_lse) < LSE_TOL
 
 
 def test_forced_num_splits_1_to_16_agree():
@@ -141,7 +143,7 @@ def test_q_len(q_len, causal):
                                    num_splits=num_splits, return_lse=True)
         assert rel_err(out, ref_o) < TOL[dtype]
         assert rel_err(out, sdpa_o) < TOL[dtype]
-        assert lse_err(lse, ref_lse) < 1e-3
+        assert lse_err(lse, ref_lse) < LSE_TOL
         if causal and q_len > 3:
             assert (out[0, : q_len - 3] == 0).all()
 
@@ -235,7 +237,7 @@ def test_merge_of_two_halves_equals_whole():
     o2 = torch.stack([p[0] for p in parts])            # [2, 1, 4, 64]
     l2 = torch.stack([p[1] for p in parts])            # [2, 4, 1]
     o, _ = merge_attention_states(o1[:, 0], l1[..., 0], o2[:, 0].contiguous(), l2[..., 0])
-    assert rel_err(o, whole[:, 0]) < 1e-4
+    assert rel_err(o, whole[:, 0]) < TOL[dtype]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -405,3 +407,18 @@ def test_cuda_graph_capture_replay_equals_eager():
     torch.cuda.synchronize()
     again = paged_attention(q, k_cache, v_cache, seqlens + 1, table, causal=True)
     assert torch.equal(captured, again)
+
+
+def test_plan_run_reused_across_values():
+    dtype = torch.float16
+    k_cache, v_cache, seqlens, table = make_paged([40, 7], page_size=16, nheads_k=2, head_dim=64,
+                                                  dtype=dtype)
+    q = make_q(2, 1, 4, 64, dtype)
+    plan = decode.PagedDecodePlan(q, k_cache, v_cache, seqlens, table, num_splits=3)
+    for lens in ([40, 7], [1, 48], [33, 16]):
+        seqlens.copy_(torch.tensor(lens, dtype=torch.int32))
+        q2 = make_q(2, 1, 4, 64, dtype, seed=sum(lens))
+        ref_o, _ = paged_attention_ref(q2, k_cache, v_cache, seqlens, table)
+        assert rel_err(plan.run(q2, k_cache, v_cache, seqlens, table), ref_o) < TOL[dtype]
+    with pytest.raises(ValueError, match="differ from the plan"):
+        plan.run(make_q(2, 2, 4, 64, dtype), k_cache, v_cache, seqlens, table)

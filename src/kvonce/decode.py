@@ -18,11 +18,11 @@ from . import _validate as V
 from .kernels.configs import PagedDecodeConfig, get_paged_decode_config, interpreter_active
 from .kernels.paged_decode import launch_merge_states, launch_paged_decode
 
-__all__ = ["paged_attention", "append_paged_kv", "merge_attention_states",
+__all__ = ["paged_attention", "PagedDecodePlan", "append_paged_kv", "merge_attention_states",
            "flash_attn_with_kvcache", "choose_num_splits"]
 
 PAGE_SIZES = tuple(1 << i for i in range(4, 9))  # 16 .. 256
-MAX_SPLITS = 64
+MAX_SPLITS = 256
 
 # Every output and scratch buffer comes from here (tests swap in a NaN-filling version to prove
 # that each element is written).
@@ -119,6 +119,65 @@ def _validate_attention(q, k_cache, v_cache, cache_seqlens, block_table, num_spl
     _check_device_ok(q.device)
 
 
+class PagedDecodePlan:
+    """Split count, launch config and split-K scratch for one decode step, reused by every layer.
+
+    ``PagedDecodePlan(q, k_cache, v_cache, cache_seqlens, block_table, ...)`` validates the
+    example tensors fully (arguments as in ``paged_attention``) and sizes everything from their
+    shapes. ``run(...)`` then takes tensors of the same shapes, dtype and device (per layer, per
+    step: values may change freely), checks only that cheaply, and launches: no host sync, no
+    per-call validation cost, CUDA-graph capturable. The scratch is reused by every ``run``, so
+    one plan serves one stream.
+    """
+
+    def __init__(self, q, k_cache, v_cache, cache_seqlens, block_table, *,
+                 softmax_scale: float | None = None, causal: bool = True, num_splits: int = 0,
+                 check_block_table: bool = False, config: PagedDecodeConfig | None = None):
+        _validate_attention(q, k_cache, v_cache, cache_seqlens, block_table, num_splits)
+        page_size = k_cache.shape[1]
+        if check_block_table:
+            _check_block_table_values(cache_seqlens, block_table, k_cache.shape[0], page_size)
+        batch, q_len, nheads, head_dim = q.shape
+        capability, num_sms = _device_info(q.device)
+        self.config = config or get_paged_decode_config(capability, head_dim)
+        if num_splits == 0:
+            num_splits = choose_num_splits(batch, k_cache.shape[2],
+                                           block_table.shape[1] * page_size, num_sms, self.config)
+        self.num_splits = num_splits
+        self.causal = causal
+        self.softmax_scale = head_dim ** -0.5 if softmax_scale is None else float(softmax_scale)
+        self._q_shape, self._kv_tail = q.shape, k_cache.shape[1:]
+        self._dtype, self._device, self._batch = q.dtype, q.device, batch
+        self._o_part = self._lse_part = None
+        if num_splits > 1:
+            self._o_part = _empty((batch, q_len, nheads, num_splits, head_dim),
+                                  dtype=torch.float32, device=q.device)
+            self._lse_part = _empty((batch, q_len, nheads, num_splits), dtype=torch.float32,
+                                    device=q.device)
+
+    def run(self, q, k_cache, v_cache, cache_seqlens, block_table, *, return_lse: bool = False):
+        """Attention for tensors shaped like the planned ones; returns like ``paged_attention``."""
+        if (q.shape != self._q_shape or k_cache.shape[1:] != self._kv_tail
+                or v_cache.shape != k_cache.shape or q.dtype != self._dtype
+                or k_cache.dtype != self._dtype or v_cache.dtype != self._dtype
+                or q.device != self._device or block_table.shape[0] != self._batch
+                or cache_seqlens.shape != (self._batch,) or q.stride(-1) != 1
+                or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1):
+            raise ValueError(
+                f"PagedDecodePlan.run: inputs differ from the plan (q {tuple(q.shape)} "
+                f"{q.dtype} on {q.device}, k_cache {tuple(k_cache.shape)}; planned q "
+                f"{tuple(self._q_shape)} {self._dtype} on {self._device}, k_cache [*, "
+                f"{', '.join(map(str, self._kv_tail))}], unit last-dim strides): make a new plan")
+        batch, q_len, nheads, _ = q.shape
+        out = _empty(q.shape, dtype=q.dtype, device=q.device)
+        lse = _empty((batch, nheads, q_len), dtype=torch.float32, device=q.device)
+        launch_paged_decode(q, k_cache, v_cache, cache_seqlens, block_table, out, lse,
+                            softmax_scale=self.softmax_scale, causal=self.causal,
+                            num_splits=self.num_splits, config=self.config,
+                            o_part=self._o_part, lse_part=self._lse_part)
+        return (out, lse) if return_lse else out
+
+
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -162,31 +221,13 @@ def paged_attention(
     out : ``[batch, q_len, nheads, headdim]``, q's dtype.
     lse : float32 ``[batch, nheads, q_len]``, natural log (only with ``return_lse``; flash-attn's
         ``softmax_lse`` layout). A row that sees no key gets ``out = 0``, ``lse = -inf``.
+
+    For many layers of one step, ``PagedDecodePlan`` does the checks and the split choice once.
     """
-    _validate_attention(q, k_cache, v_cache, cache_seqlens, block_table, num_splits)
-    page_size = k_cache.shape[1]
-    if check_block_table:
-        _check_block_table_values(cache_seqlens, block_table, k_cache.shape[0], page_size)
-    batch, q_len, nheads, head_dim = q.shape
-    capability, num_sms = _device_info(q.device)
-    if config is None:
-        config = get_paged_decode_config(capability, head_dim)
-    if num_splits == 0:
-        num_splits = choose_num_splits(batch, k_cache.shape[2], block_table.shape[1] * page_size,
-                                       num_sms, config)
-    scale = head_dim ** -0.5 if softmax_scale is None else float(softmax_scale)
-    out = _empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = _empty((batch, nheads, q_len), dtype=torch.float32, device=q.device)
-    o_part = lse_part = None
-    if num_splits > 1:
-        o_part = _empty((batch, q_len, nheads, num_splits, head_dim), dtype=torch.float32,
-                             device=q.device)
-        lse_part = _empty((batch, q_len, nheads, num_splits), dtype=torch.float32,
-                               device=q.device)
-    launch_paged_decode(q, k_cache, v_cache, cache_seqlens, block_table, out, lse,
-                        softmax_scale=scale, causal=causal, num_splits=num_splits, config=config,
-                        o_part=o_part, lse_part=lse_part)
-    return (out, lse) if return_lse else out
+    plan = PagedDecodePlan(q, k_cache, v_cache, cache_seqlens, block_table,
+                           softmax_scale=softmax_scale, causal=causal, num_splits=num_splits,
+                           check_block_table=check_block_table, config=config)
+    return plan.run(q, k_cache, v_cache, cache_seqlens, block_table, return_lse=return_lse)
 
 
 def append_paged_kv(
@@ -244,7 +285,7 @@ def merge_attention_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Te
     -------
     o : ``[n, nheads, headdim]``, o_a's dtype; lse : float32 ``[n, nheads]``.
     A side with ``lse = -inf`` weighs exactly zero (the other side is returned as it is); both
-    ``-inf`` gives ``(0, -inf)``. The split-K combine runs the same ``_merge_state`` code.
+    ``-inf`` gives ``(0, -inf)``. The split-K combine runs the same ``_merge_chunk`` code.
     """
     V.check_tensor("o_a", o_a, ndim=3, dtypes=V.ATTN_DTYPES)
     V.check_tensor("o_b", o_b, ndim=3, dtypes=V.ATTN_DTYPES)

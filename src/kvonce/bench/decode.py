@@ -7,8 +7,10 @@ size 16 with pages in random order, for 12 q / 12 KV heads (MHA), 12 / 2 (GQA 6)
 32 / 8 (GQA 4). Columns (each a ``triton.testing.do_bench`` median, ms):
 - ``torch_simple``: reference.paged_attention_ref (float32 per-sequence loop; small batches only)
 - ``sdpa_dense``: F.scaled_dot_product_attention (enable_gqa) on a dense cache gathered beforehand
-- ``kv_single``: kvonce.paged_attention(num_splits=1); ``kv_auto``: num_splits=0 (split-K auto);
-  ``kv_graph``: the auto call captured in a CUDA graph (``do_bench_cudagraph``: no Python overhead)
+- ``kv_single``: kvonce.paged_attention(num_splits=1); ``kv_auto``: num_splits=0 (split-K auto),
+  each call validating and planning; ``kv_plan``: ``PagedDecodePlan.run`` with the plan made
+  beforehand (as FlashInfer's ``plan`` is); ``kv_graph``: that call captured in a CUDA graph
+  (``do_bench_cudagraph``: the kernels without the Python launch path)
 - ``flashinfer``: BatchDecodeWithPagedKVCacheWrapper, when ``import flashinfer`` works
 Bandwidth counts the K/V bytes that must be read once (2 * batch * seqlen * nheads_k * headdim *
 2 B); TB/s = 1e12 B/s; ``%bw`` is against the read bandwidth measured in the same run (a large
@@ -24,7 +26,7 @@ import sys
 
 import torch
 
-from ..decode import choose_num_splits, paged_attention
+from ..decode import PagedDecodePlan, choose_num_splits, paged_attention
 from ..kernels.configs import PagedDecodeConfig, get_paged_decode_config
 from ..reference import paged_attention_ref
 from . import report
@@ -116,13 +118,15 @@ def run_case(case: Case, bw: float, *, peers: bool, config=None) -> dict:
                                      config=config)
     auto = lambda: paged_attention(q, k_cache, v_cache, seqlens, block_table, num_splits=0,
                                    config=config)
+    plan = PagedDecodePlan(q, k_cache, v_cache, seqlens, block_table, config=config)
+    planned = lambda: plan.run(q, k_cache, v_cache, seqlens, block_table)
     ref = sdpa().transpose(1, 2).float()
     row = {"heads": case.label, "batch": case.batch, "seqlen": case.seqlen}
     cfg = config or get_paged_decode_config(torch.cuda.get_device_capability(), HEAD_DIM)
     row["splits"] = choose_num_splits(case.batch, case.nheads_k, case.seqlen,
                                       torch.cuda.get_device_properties(0).multi_processor_count, cfg)
     row["err_single"] = rel_err(single(), ref)
-    row["err_auto"] = rel_err(auto(), ref)
+    row["err_auto"] = max(rel_err(auto(), ref), rel_err(planned(), ref))
     times = {}
     if peers and case.batch <= 4:
         times["torch_simple"] = bench(lambda: paged_attention_ref(q, k_cache, v_cache, seqlens,
@@ -130,35 +134,31 @@ def run_case(case: Case, bw: float, *, peers: bool, config=None) -> dict:
     times["sdpa_dense"] = bench(sdpa)
     times["kv_single"] = bench(single)
     times["kv_auto"] = bench(auto)
-    # The same call captured in a CUDA graph: kernel time without the Python launch path.
-    times["kv_graph"] = triton.testing.do_bench_cudagraph(auto, rep=100, return_mode="median")
+    times["kv_plan"] = bench(planned)
+    # The planned call captured in a CUDA graph: kernel time without the Python launch path.
+    times["kv_graph"] = triton.testing.do_bench_cudagraph(planned, rep=100, return_mode="median")
     if peers:
         fi = _flashinfer_runner(q, k_cache, v_cache, seqlens, block_table, case)
         if fi is not None:
             row["err_fi"] = rel_err(fi()[:, None], ref)
             times["flashinfer"] = bench(fi)
-    for name in ("torch_simple", "sdpa_dense", "kv_single", "kv_auto", "kv_graph", "flashinfer"):
+    for name in ("torch_simple", "sdpa_dense", "kv_single", "kv_auto", "kv_plan", "kv_graph",
+                 "flashinfer"):
         if name in times:
             ms = times[name]
             row[f"{name}_us"] = round(ms * 1e3, 1)
             row[f"{name}_TBs"] = round(case.kv_bytes / (ms * 1e-3) / 1e12, 3)
         else:
             row[f"{name}_us"] = row[f"{name}_TBs"] = "-"
-    ms = times["kv_auto"]
-    row["auto_%bw"] = round(100 * case.kv_bytes / (ms * 1e-3) / bw, 1)
+    ms = times["kv_plan"]
+    row["plan_%bw"] = round(100 * case.kv_bytes / (ms * 1e-3) / bw, 1)
     del q, k_cache, v_cache, dense_k, dense_v
     torch.cuda.empty_cache()
     return row
 
 
-SWEEP_CONFIGS = [PagedDecodeConfig(bn, w, s, min_keys_per_split=mk, waves=wv)
-                 for bn, w, s in ((32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 4, 4), (128, 4, 2),
-                                  (128, 8, 3))
-                 for mk, wv in ((256, 4),)] + [
-    PagedDecodeConfig(64, 4, 3, min_keys_per_split=256, waves=2),
-    PagedDecodeConfig(64, 4, 3, min_keys_per_split=256, waves=8),
-    PagedDecodeConfig(64, 4, 3, min_keys_per_split=512, waves=4),
-]
+SWEEP_CONFIGS = [PagedDecodeConfig(bn, 4, 2, min_keys_per_split=mk, waves=wv)
+                 for bn in (64, 128) for mk, wv in ((256, 4), (256, 2), (512, 4), (256, 8))]
 SWEEP_SHAPES = ((256, 256), (16, 4096), (4, 16384), (1, 131072))
 
 
@@ -173,7 +173,8 @@ def sweep(bw: float) -> list[dict]:
                              "cfg": f"n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} "
                                     f"mk{cfg.min_keys_per_split} wv{cfg.waves}",
                              "splits": r["splits"], "single_TBs": r["kv_single_TBs"],
-                             "auto_TBs": r["kv_auto_TBs"], "graph_TBs": r["kv_graph_TBs"],
+                             "auto_TBs": r["kv_auto_TBs"], "plan_TBs": r["kv_plan_TBs"],
+                             "graph_TBs": r["kv_graph_TBs"],
                              "err": max(r["err_single"], r["err_auto"])})
                 print(rows[-1], flush=True)
     return rows
@@ -212,7 +213,8 @@ def main(argv: list[str]) -> None:
         json.dump(rows, open(args.json, "w"), indent=1)
     keys = ["heads", "batch", "seqlen", "splits", "torch_simple_us", "sdpa_dense_us",
             "sdpa_dense_TBs", "kv_single_us", "kv_single_TBs", "kv_auto_us", "kv_auto_TBs",
-            "auto_%bw", "kv_graph_us", "kv_graph_TBs", "flashinfer_us", "flashinfer_TBs"]
+            "kv_plan_us", "kv_plan_TBs", "plan_%bw", "kv_graph_us", "kv_graph_TBs",
+            "flashinfer_us", "flashinfer_TBs"]
     table = [{k: r[k] for k in keys} for r in rows]
     print(report.format_rows(table))
     command = "python -m kvonce bench decode " + " ".join(argv)
@@ -222,7 +224,8 @@ def main(argv: list[str]) -> None:
                                date=datetime.date.today().isoformat())
     if args.plot:
         plot_rows = [dict(r, case=f"{r['heads']} {r['batch']}x{r['seqlen']}") for r in rows]
-        cols = [c for c in ("sdpa_dense_TBs", "kv_single_TBs", "kv_auto_TBs", "flashinfer_TBs")
+        cols = [c for c in ("sdpa_dense_TBs", "kv_auto_TBs", "kv_plan_TBs", "kv_graph_TBs",
+                            "flashinfer_TBs")
                 if all(isinstance(r[c], float) for r in rows)]
         report.bar_plot(args.plot, plot_rows, "case", cols, "TB/s of K/V read")
 

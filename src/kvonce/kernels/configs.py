@@ -90,14 +90,17 @@ class PagedDecodeConfig:
     kv_cache_modifier: str = ""
 
 
-# (capability major, minor) -> head dim -> config. Filled from measurements only: the Hopper row
-# comes from `python -m kvonce bench decode --sweep` on the lent H100 (docs/benchmarks.md).
+# (capability major, minor) -> head dim -> config. The Hopper d=128 row comes from
+# `python -m kvonce bench decode --sweep` on the lent H100, 2026-11-22 (docs/notes.md): 64-key
+# tiles, 4 warps, 2 stages led or tied in CUDA-graph time at every swept shape of MHA 12/12 and
+# GQA 32/8 (2.7-2.9 TB/s); 3-4 stages lost 5-20%, 8 warps 10-20%. d=64/96 reuse it and d=256
+# halves the tile to keep the K/V stages' shared memory: NOT swept (no sweep was run there).
 _PAGED_DECODE_TABLE: dict[tuple[int, int], dict[int, PagedDecodeConfig]] = {
     (9, 0): {
-        64: PagedDecodeConfig(64, 4, 3),
-        96: PagedDecodeConfig(64, 4, 3),
-        128: PagedDecodeConfig(64, 4, 3),
-        256: PagedDecodeConfig(32, 4, 3),
+        64: PagedDecodeConfig(64, 4, 2),
+        96: PagedDecodeConfig(64, 4, 2),
+        128: PagedDecodeConfig(64, 4, 2),
+        256: PagedDecodeConfig(32, 4, 2),
     },
 }
 # Interpreter: small tiles so that lengths of a few pages still cross tile and page borders.

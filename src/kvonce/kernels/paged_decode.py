@@ -13,7 +13,7 @@ Split-K. With ``num_splits = S`` the keys of sequence ``b`` are cut into ``S`` r
 sequences) stores ``lse = -inf`` and ``o = 0``, which the combine weighs as zero. ``S`` comes from
 shapes only, the ranges from ``cache_seqlens`` on the device: no host sync, CUDA-graph capturable.
 With ``S = 1`` the kernel writes the final output (q's dtype) and LSE directly; otherwise float32
-partials that ``_combine_splits_kernel`` merges with ``_merge_state``, the same helper
+partials that ``_combine_splits_kernel`` merges with ``_merge_chunk``, the same helper
 ``merge_attention_states`` uses.
 
 Causal is bottom-right: row t sees key ``j <= t + seqlen - q_len``. Key tiles wholly visible to
@@ -171,18 +171,30 @@ def _paged_decode_kernel(
 
 
 @triton.jit
-def _merge_state(o_a, lse_a, o_b, lse_b):
-    """Merge two normalized partial results: ``o_* [BLOCK_D]`` fp32, ``lse_*`` fp32 scalars in
-    natural log. A ``-inf`` side weighs exactly zero (the other side comes back unchanged, even if
-    this side's ``o`` is garbage); both ``-inf`` gives ``(0, -inf)``. Base 2 inside."""
-    m = tl.maximum(lse_a, lse_b)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    w_a = tl.math.exp2((lse_a - m_safe) * 1.4426950408889634)
-    w_b = tl.math.exp2((lse_b - m_safe) * 1.4426950408889634)
-    total = w_a + w_b
-    total_safe = tl.where(total > 0.0, total, 1.0)
-    o = (tl.where(w_a > 0.0, o_a * w_a, 0.0) + tl.where(w_b > 0.0, o_b * w_b, 0.0)) / total_safe
-    lse = tl.where(total > 0.0, m_safe + tl.math.log2(total_safe) * 0.6931471805599453,
+def _merge_chunk(acc, m, l, o, lse):
+    """Fold a chunk of normalized partial results into a merge state (state in, state out).
+
+    ``o [BLOCK_S, BLOCK_D]`` fp32, ``lse [BLOCK_S]`` fp32 natural log; the state is
+    ``acc [BLOCK_D]`` (weighted sum of o), ``m`` (running max, natural log) and ``l`` (sum of
+    weights), starting from ``(0, -inf, 0)``. A ``-inf`` entry weighs exactly zero, whatever its ``o`` holds. The
+    split-K combine and ``merge_attention_states`` both run this code. Base 2 inside."""
+    # m stays in natural-log units (only the exponent is base 2) so that a lone finite input's
+    # lse comes back bit for bit: m + log2(1) * ln 2 = m.
+    m_new = tl.maximum(m, tl.max(lse, 0))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2((m - m_safe) * 1.4426950408889634)
+    w = tl.math.exp2((lse - m_safe) * 1.4426950408889634)
+    acc = acc * alpha + tl.sum(tl.where(w[:, None] > 0.0, o * w[:, None], 0.0), 0)
+    l = l * alpha + tl.sum(w, 0)
+    return acc, m_new, l
+
+
+@triton.jit
+def _merge_finish(acc, m, l):
+    """Merge state -> ``(o [BLOCK_D], lse)``; ``(0, -inf)`` when every input was ``-inf``."""
+    seen = l > 0.0
+    o = acc / tl.where(seen, l, 1.0)
+    lse = tl.where(seen, m + tl.math.log2(tl.where(seen, l, 1.0)) * 0.6931471805599453,
                    float("-inf"))
     return o, lse
 
@@ -198,22 +210,30 @@ def _combine_splits_kernel(
     stride_lpb, stride_lpt, stride_lph, stride_lps,
     stride_ob, stride_ot, stride_oh,
     stride_lb, stride_lt, stride_lh,
-    BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """One program per (head, token, sequence): fold the S partials with ``_merge_state``."""
+    """One program per (head, token, sequence): the S partials, BLOCK_S at a time (one chunk
+    unless S > BLOCK_S), as whole tiles: a serial load-merge chain over the splits would cost a
+    memory latency per split."""
     head = tl.program_id(0)
     tok = tl.program_id(1)
     seq = tl.program_id(2).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)
+    offs_s = tl.arange(0, BLOCK_S)
     d_ok = offs_d < head_dim
     p_base = Opart + seq * stride_pb + tok * stride_pt + head * stride_ph
     l_base = Lpart + seq * stride_lpb + tok * stride_lpt + head * stride_lph
-    o = tl.zeros([BLOCK_D], dtype=tl.float32)
-    lse = float("-inf")
-    for s in range(0, num_splits):
-        o_s = tl.load(p_base + s * stride_ps + offs_d, mask=d_ok, other=0.0)
-        lse_s = tl.load(l_base + s * stride_lps)
-        o, lse = _merge_state(o, lse, o_s, lse_s)
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    m = tl.max(tl.full([BLOCK_S], float("-inf"), dtype=tl.float32), 0)
+    l = tl.sum(tl.zeros([BLOCK_S], dtype=tl.float32), 0)
+    for s0 in range(0, num_splits, BLOCK_S):
+        s = s0 + offs_s
+        s_ok = s < num_splits
+        o = tl.load(p_base + s[:, None] * stride_ps + offs_d[None, :],
+                    mask=s_ok[:, None] & d_ok[None, :], other=0.0)
+        lse = tl.load(l_base + s * stride_lps, mask=s_ok, other=float("-inf"))
+        acc, m, l = _merge_chunk(acc, m, l, o, lse)
+    o, lse = _merge_finish(acc, m, l)
     tl.store(Out + seq * stride_ob + tok * stride_ot + head * stride_oh + offs_d,
              o.to(Out.dtype.element_ty), mask=d_ok)
     tl.store(Lse + seq * stride_lb + tok * stride_lt + head * stride_lh, lse)
@@ -227,16 +247,24 @@ def _merge_states_kernel(
     stride_lan, stride_lah, stride_lbn, stride_lbh, stride_ln, stride_lh,
     BLOCK_D: tl.constexpr,
 ):
-    """One program per (row, head): ``_merge_state`` on two inputs."""
+    """One program per (row, head): the two inputs as one 2-row chunk of ``_merge_chunk``."""
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     offs_d = tl.arange(0, BLOCK_D)
+    side = tl.arange(0, 2)
     d_ok = offs_d < head_dim
-    o_a = tl.load(Oa + row * stride_oan + head * stride_oah + offs_d, mask=d_ok, other=0.0)
-    o_b = tl.load(Ob + row * stride_obn + head * stride_obh + offs_d, mask=d_ok, other=0.0)
-    lse_a = tl.load(La + row * stride_lan + head * stride_lah)
-    lse_b = tl.load(Lb + row * stride_lbn + head * stride_lbh)
-    o, lse = _merge_state(o_a.to(tl.float32), lse_a, o_b.to(tl.float32), lse_b)
+    is_a = side == 0
+    o_ptrs = tl.where(is_a[:, None], Oa + row * stride_oan + head * stride_oah + offs_d[None, :],
+                      Ob + row * stride_obn + head * stride_obh + offs_d[None, :])
+    l_ptrs = tl.where(is_a, La + row * stride_lan + head * stride_lah,
+                      Lb + row * stride_lbn + head * stride_lbh)
+    o = tl.load(o_ptrs, mask=d_ok[None, :] & (side[:, None] < 2), other=0.0).to(tl.float32)
+    lse = tl.load(l_ptrs)
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    m = tl.max(tl.full([2], float("-inf"), dtype=tl.float32), 0)
+    l = tl.sum(tl.zeros([2], dtype=tl.float32), 0)
+    acc, m, l = _merge_chunk(acc, m, l, o, lse)
+    o, lse = _merge_finish(acc, m, l)
     tl.store(Out + row * stride_on + head * stride_oh + offs_d, o.to(Out.dtype.element_ty),
              mask=d_ok)
     tl.store(Lse + row * stride_ln + head * stride_lh, lse)
@@ -290,7 +318,8 @@ def launch_paged_decode(q, k_cache, v_cache, cache_seqlens, block_table, out, ls
             lse_part.stride(0), lse_part.stride(1), lse_part.stride(2), lse_part.stride(3),
             out.stride(0), out.stride(1), out.stride(2),
             lse.stride(0), lse.stride(2), lse.stride(1),
-            BLOCK_D=block_d, num_warps=1 if block_d <= 128 else 2,
+            BLOCK_S=min(32, triton.next_power_of_2(num_splits)), BLOCK_D=block_d,
+            num_warps=4 if block_d <= 128 else 8,
         )
 
 
