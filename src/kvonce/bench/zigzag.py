@@ -168,7 +168,7 @@ def sweep(args) -> None:
                                       (64, 128, 8, 3), (128, 64, 8, 4))
                for cm in ("", ".cg") for di in (False, True)]
     for case in cases(args.dtype):
-        if args.only and args.only not in case.name:
+        if args.only and not any(o in case.name for o in args.only.split(",")):
             continue
         s = setup(case, dtype)
         results = []
@@ -197,6 +197,28 @@ def sweep(args) -> None:
             print(f"{case.name}: {ms:.3f} ms  {regs} regs {spills} spills  {cfg}")
 
 
+def compare_zigzag_rows(args) -> None:
+    """Time the in-place zigzag path with each K/V row map (config.zigzag_rows) against the same
+    kernel on contiguous K/V (what the row map costs)."""
+    from ..kernels.configs import get_dual_group_fwd_config
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    for case in cases(args.dtype):
+        if not any(o in case.name for o in args.only.split(",")):
+            continue
+        s = setup(case, dtype)
+        base = get_dual_group_fwd_config(torch.cuda.get_device_capability(), case.head_dim)
+        t_contig = time_ms(paths(case, s, base)["fused_kernel"])
+        print(f"{case.name}: contiguous K/V {t_contig:.3f} ms")
+        for mode in (1, 2, 3, 4, 5):
+            cfg = dataclasses.replace(base, zigzag_rows=mode)
+            try:
+                t = time_ms(paths(case, s, cfg)["fused_e2e"])
+                print(f"    zigzag_rows={mode}: {t:.3f} ms")
+            except Exception as exc:
+                print(f"    zigzag_rows={mode}: {type(exc).__name__} {str(exc)[:80]}")
+
+
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(prog="python -m kvonce bench zigzag")
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
@@ -204,11 +226,15 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--only", default="", help="substring of the case names to run")
     ap.add_argument("--sweep", action="store_true", help="tune the launch config table")
     ap.add_argument("--profile", default="", help="run each path of one case once (for ncu)")
+    ap.add_argument("--compare-rows", action="store_true", help="time the zigzag row maps")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench zigzag needs a CUDA GPU")
     if args.sweep:
         sweep(args)
+        return
+    if args.compare_rows:
+        compare_zigzag_rows(args)
         return
     if args.profile:
         case = next(c for c in cases(args.dtype) if c.name == args.profile)

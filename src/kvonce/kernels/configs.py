@@ -28,6 +28,7 @@ class DualGroupFwdConfig:
     num_stages: int
     kv_cache_modifier: str = ""
     dot_identity: bool = False
+    zigzag_rows: int = 3
 
 
 # (capability major, minor) -> head dim -> config. Filled from measurements only.

@@ -77,13 +77,36 @@ def _kv_rows(start_n, k_row0, chunk, rank_rows, world_size, BLOCK_N: tl.constexp
     if KV_ROWS == 0:
         return k_row0 + offs_n.to(tl.int64)
     elif KV_ROWS == 1:
-        j0 = start_n // chunk
-        base0 = _zigzag_chunk_base(j0, k_row0, chunk, rank_rows, world_size)
-        base1 = _zigzag_chunk_base(j0 + 1, k_row0, chunk, rank_rows, world_size)
-        return tl.where(offs_n < (j0 + 1) * chunk, base0, base1) + offs_n
-    else:
+        return _rows_two_chunks(start_n, offs_n, k_row0, chunk, rank_rows, world_size)
+    elif KV_ROWS == 2:
         j = offs_n // chunk
         return _zigzag_chunk_base(j, k_row0, chunk, rank_rows, world_size) + offs_n
+    elif KV_ROWS == 3:
+        return _rows_float_div(offs_n, k_row0, chunk, rank_rows, world_size)
+    else:
+        if chunk >= BLOCK_N:
+            rows = _rows_two_chunks(start_n, offs_n, k_row0, chunk, rank_rows, world_size)
+        else:
+            rows = _rows_float_div(offs_n, k_row0, chunk, rank_rows, world_size)
+        return rows
+
+
+@triton.jit
+def _rows_two_chunks(start_n, offs_n, k_row0, chunk, rank_rows, world_size):
+    # Valid when chunk >= BLOCK_N: the tile spans chunks j0 and j0 + 1 at most.
+    j0 = start_n // chunk
+    base0 = _zigzag_chunk_base(j0, k_row0, chunk, rank_rows, world_size)
+    base1 = _zigzag_chunk_base(j0 + 1, k_row0, chunk, rank_rows, world_size)
+    return tl.where(offs_n < (j0 + 1) * chunk, base0, base1) + offs_n
+
+
+@triton.jit
+def _rows_float_div(offs_n, k_row0, chunk, rank_rows, world_size):
+    # floor((n + 0.5) / c) in fp32 is exact while n < 2^22 (the +0.5 keeps the quotient off
+    # integers by 0.5/c, far more than fp32's rounding there).
+    inv = 1.0 / tl.maximum(chunk, 1).to(tl.float32)
+    j = ((offs_n.to(tl.float32) + 0.5) * inv).to(tl.int32)
+    return _zigzag_chunk_base(j, k_row0, chunk, rank_rows, world_size) + offs_n
 
 
 @triton.jit
@@ -270,7 +293,7 @@ def _fused_dual_group_fwd_kernel_varlen(
     stride_o0m, stride_o0h, stride_o1m, stride_o1h,
     stride_lse0_h, stride_lse1_h,
     head_dim, kv_group,  # real head dim; q heads per kv head
-    IS_CAUSAL: tl.constexpr, KV_ZIGZAG: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, ZIGZAG_ROWS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     DOT_IDENTITY: tl.constexpr, KV_CACHE: tl.constexpr,
 ):
@@ -284,7 +307,7 @@ def _fused_dual_group_fwd_kernel_varlen(
 
     k_row0 = tl.load(cu_seqlens_k + seq).to(tl.int64)
     len_k_stored = tl.load(cu_seqlens_k + seq + 1) - tl.load(cu_seqlens_k + seq)
-    if KV_ZIGZAG:
+    if ZIGZAG_ROWS > 0:
         chunk = len_k_stored // 2          # local length = 2 chunks
         len_k = chunk * 2 * world_size     # global length
     else:
@@ -308,7 +331,7 @@ def _fused_dual_group_fwd_kernel_varlen(
 
     # The zigzag row map costs a division per key unless a tile spans at most two chunks; pick
     # the cheap map per sequence (chunk is a per-program scalar, so this branch is outside the loops).
-    if KV_ZIGZAG:
+    if ZIGZAG_ROWS == 5:
         if chunk >= BLOCK_N:
             acc0, m_0, l_0, acc1, m_1, l_1 = _walk_regions(
                 q0, diag0, end0, full0, hi0, q1, diag1, end1, full1, hi1, qk_scale, offs_m,
@@ -318,12 +341,12 @@ def _fused_dual_group_fwd_kernel_varlen(
             acc0, m_0, l_0, acc1, m_1, l_1 = _walk_regions(
                 q0, diag0, end0, full0, hi0, q1, diag1, end1, full1, hi1, qk_scale, offs_m,
             K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
-            BLOCK_M, BLOCK_N, BLOCK_D, EVEN_D, 2, KV_CACHE)
+            BLOCK_M, BLOCK_N, BLOCK_D, EVEN_D, 3, KV_CACHE)
     else:
         acc0, m_0, l_0, acc1, m_1, l_1 = _walk_regions(
                 q0, diag0, end0, full0, hi0, q1, diag1, end1, full1, hi1, qk_scale, offs_m,
             K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
-            BLOCK_M, BLOCK_N, BLOCK_D, EVEN_D, 0, KV_CACHE)
+            BLOCK_M, BLOCK_N, BLOCK_D, EVEN_D, ZIGZAG_ROWS, KV_CACHE)
 
     _store_group(Out0, Lse0, out_start0, seq, head, acc0, m_0, l_0, len_q0, offs_m, offs_d,
                  head_dim, stride_o0m, stride_o0h, stride_lse0_h, EVEN_D)
@@ -360,7 +383,7 @@ def launch_dual_group_fwd(
         out0.stride(0), out0.stride(1), out1.stride(0), out1.stride(1),
         lse0.stride(0), lse1.stride(0),
         head_dim, nheads // k.shape[1],
-        IS_CAUSAL=causal, KV_ZIGZAG=zigzag_world_size > 0,
+        IS_CAUSAL=causal, ZIGZAG_ROWS=config.zigzag_rows if zigzag_world_size > 0 else 0,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_D=block_d,
         EVEN_D=block_d == head_dim, DOT_IDENTITY=config.dot_identity and head_dim < 128,
         KV_CACHE=config.kv_cache_modifier,
