@@ -162,11 +162,11 @@ def sweep(args) -> None:
     from ..kernels.configs import DualGroupFwdConfig
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-    configs = [DualGroupFwdConfig(bm, bn, nw, ns, cm, di)
-               for bm, bn, nw, ns in ((64, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 2),
-                                      (128, 64, 4, 3), (128, 128, 8, 2), (128, 32, 8, 3),
-                                      (64, 128, 8, 3), (128, 64, 8, 4))
-               for cm in ("", ".cg") for di in (False, True)]
+    configs = [DualGroupFwdConfig(bm, bn, nw, ns, cm, di, mf)
+               for bm, bn, nw, ns in ((128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2),
+                                      (64, 64, 4, 3), (128, 32, 8, 3), (64, 128, 8, 3))
+               for cm in ("", ".cg") for di in (False, True) for mf in (False, True)
+               if not (cm and mf)]
     for case in cases(args.dtype):
         if args.only and not any(o in case.name for o in args.only.split(",")):
             continue
@@ -189,34 +189,14 @@ def sweep(args) -> None:
                     max_seqlen_q=s["max_c"], softmax_scale=None, causal=True, config=cfg)
             try:
                 handle = fn()
-                results.append((time_ms(fn), cfg, handle.n_regs, handle.n_spills))
+                t_e2e = time_ms(paths(case, s, cfg)["fused_e2e"])
+                results.append((time_ms(fn), cfg, handle.n_regs, handle.n_spills, t_e2e))
             except Exception as exc:  # out of resources: report and go on
                 print(f"  {cfg}: {type(exc).__name__}")
         results.sort(key=lambda x: x[0])
-        for ms, cfg, regs, spills in results[:5]:
-            print(f"{case.name}: {ms:.3f} ms  {regs} regs {spills} spills  {cfg}")
-
-
-def compare_zigzag_rows(args) -> None:
-    """Time the in-place zigzag path with each K/V row map (config.zigzag_rows) against the same
-    kernel on contiguous K/V (what the row map costs)."""
-    from ..kernels.configs import get_dual_group_fwd_config
-
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-    for case in cases(args.dtype):
-        if not any(o in case.name for o in args.only.split(",")):
-            continue
-        s = setup(case, dtype)
-        base = get_dual_group_fwd_config(torch.cuda.get_device_capability(), case.head_dim)
-        t_contig = time_ms(paths(case, s, base)["fused_kernel"])
-        print(f"{case.name}: contiguous K/V {t_contig:.3f} ms")
-        for mode in (1, 2, 3, 4, 5):
-            cfg = dataclasses.replace(base, zigzag_rows=mode)
-            try:
-                t = time_ms(paths(case, s, cfg)["fused_e2e"])
-                print(f"    zigzag_rows={mode}: {t:.3f} ms")
-            except Exception as exc:
-                print(f"    zigzag_rows={mode}: {type(exc).__name__} {str(exc)[:80]}")
+        for ms, cfg, regs, spills, t_e2e in results:
+            print(f"{case.name}: kernel {ms:.3f} ms, in-place zigzag e2e {t_e2e:.3f} ms, "
+                  f"{regs} regs {spills} spills  {cfg}")
 
 
 def main(argv: list[str]) -> None:
@@ -226,15 +206,11 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--only", default="", help="substring of the case names to run")
     ap.add_argument("--sweep", action="store_true", help="tune the launch config table")
     ap.add_argument("--profile", default="", help="run each path of one case once (for ncu)")
-    ap.add_argument("--compare-rows", action="store_true", help="time the zigzag row maps")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench zigzag needs a CUDA GPU")
     if args.sweep:
         sweep(args)
-        return
-    if args.compare_rows:
-        compare_zigzag_rows(args)
         return
     if args.profile:
         case = next(c for c in cases(args.dtype) if c.name == args.profile)

@@ -21,6 +21,7 @@ class DualGroupFwdConfig:
     block_m: query rows per group per program (the program holds 2 * block_m rows of state).
     block_n: keys per tile. kv_cache_modifier: "" or ".cg" on K/V loads.
     dot_identity: FlagAttention's q @ I layout trick, only applied for head dims < 128.
+    m_blocks_fastest: grid order (m-blocks, heads, batch) instead of (heads, m-blocks, batch).
     """
     block_m: int
     block_n: int
@@ -28,7 +29,7 @@ class DualGroupFwdConfig:
     num_stages: int
     kv_cache_modifier: str = ""
     dot_identity: bool = False
-    zigzag_rows: int = 3
+    m_blocks_fastest: bool = False
 
 
 # (capability major, minor) -> head dim -> config. Filled from measurements only.

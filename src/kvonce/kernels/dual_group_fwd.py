@@ -67,57 +67,32 @@ def _zigzag_chunk_base(j, k_row0, chunk, rank_rows, world_size):
 
 @triton.jit
 def _kv_rows(start_n, k_row0, chunk, rank_rows, world_size, BLOCK_N: tl.constexpr,
-             KV_ROWS: tl.constexpr):
+             KV_ZIGZAG: tl.constexpr):
     """Buffer rows (int64) of key positions ``start_n + [0, BLOCK_N)`` of one sequence.
 
-    KV_ROWS: 0 contiguous; 1 zigzag with ``chunk >= BLOCK_N`` (a tile spans at most two chunks,
-    so one scalar division per tile); 2 zigzag, any chunk (a division per key: measured 1.6x
-    slower at the Llama shape, so only used for chunks shorter than a tile)."""
+    Zigzag: the chunk of key ``n`` is ``floor((n + 0.5) / c)`` in fp32, exact while n < 2^22 (the
+    +0.5 keeps the quotient 0.5/c away from an integer, far above fp32 rounding there). Measured
+    on the H100 (docs/notes.md): cheaper than an integer division per key (10.86 vs 11.95 ms at the
+    Llama shape) and than a per-tile two-chunk select (10.98 ms), which also needs chunk >= BLOCK_N.
+    """
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    if KV_ROWS == 0:
-        return k_row0 + offs_n.to(tl.int64)
-    elif KV_ROWS == 1:
-        return _rows_two_chunks(start_n, offs_n, k_row0, chunk, rank_rows, world_size)
-    elif KV_ROWS == 2:
-        j = offs_n // chunk
+    if KV_ZIGZAG:
+        inv = 1.0 / tl.maximum(chunk, 1).to(tl.float32)
+        j = ((offs_n.to(tl.float32) + 0.5) * inv).to(tl.int32)
         return _zigzag_chunk_base(j, k_row0, chunk, rank_rows, world_size) + offs_n
-    elif KV_ROWS == 3:
-        return _rows_float_div(offs_n, k_row0, chunk, rank_rows, world_size)
     else:
-        if chunk >= BLOCK_N:
-            rows = _rows_two_chunks(start_n, offs_n, k_row0, chunk, rank_rows, world_size)
-        else:
-            rows = _rows_float_div(offs_n, k_row0, chunk, rank_rows, world_size)
-        return rows
-
-
-@triton.jit
-def _rows_two_chunks(start_n, offs_n, k_row0, chunk, rank_rows, world_size):
-    # Valid when chunk >= BLOCK_N: the tile spans chunks j0 and j0 + 1 at most.
-    j0 = start_n // chunk
-    base0 = _zigzag_chunk_base(j0, k_row0, chunk, rank_rows, world_size)
-    base1 = _zigzag_chunk_base(j0 + 1, k_row0, chunk, rank_rows, world_size)
-    return tl.where(offs_n < (j0 + 1) * chunk, base0, base1) + offs_n
-
-
-@triton.jit
-def _rows_float_div(offs_n, k_row0, chunk, rank_rows, world_size):
-    # floor((n + 0.5) / c) in fp32 is exact while n < 2^22 (the +0.5 keeps the quotient off
-    # integers by 0.5/c, far more than fp32's rounding there).
-    inv = 1.0 / tl.maximum(chunk, 1).to(tl.float32)
-    j = ((offs_n.to(tl.float32) + 0.5) * inv).to(tl.int32)
-    return _zigzag_chunk_base(j, k_row0, chunk, rank_rows, world_size) + offs_n
+        return k_row0 + offs_n.to(tl.int64)
 
 
 @triton.jit
 def _load_kv_tile(K, V, start_n, kv_end, k_row0, chunk, rank_rows, world_size,
                   stride_kn, stride_vn, offs_d, head_dim,
-                  BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, KV_ROWS: tl.constexpr,
+                  BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, KV_ZIGZAG: tl.constexpr,
                   KV_CACHE: tl.constexpr):
     """K tile transposed ``[BLOCK_D, BLOCK_N]`` and V tile ``[BLOCK_N, BLOCK_D]``; keys at or past
     ``kv_end`` read as 0 (and are masked out of the scores by the caller)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    rows = _kv_rows(start_n, k_row0, chunk, rank_rows, world_size, BLOCK_N, KV_ROWS)
+    rows = _kv_rows(start_n, k_row0, chunk, rank_rows, world_size, BLOCK_N, KV_ZIGZAG)
     in_range = offs_n < kv_end
     if EVEN_D:
         k_mask = in_range[None, :]
@@ -136,12 +111,12 @@ def _load_kv_tile(K, V, start_n, kv_end, k_row0, chunk, rank_rows, world_size,
 def _attend_one(acc, m_i, l_i, q, lo, hi, qk_scale, offs_m, diag, kv_end,
                 K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
                 MASKED: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
-                KV_ROWS: tl.constexpr, KV_CACHE: tl.constexpr):
+                KV_ZIGZAG: tl.constexpr, KV_CACHE: tl.constexpr):
     """Key tiles ``[lo, hi)`` (``lo`` a multiple of BLOCK_N) into one group's state."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n, k_t, v = _load_kv_tile(K, V, start_n, kv_end, k_row0, chunk, rank_rows, world_size,
                                        stride_kn, stride_vn, offs_d, head_dim,
-                                       BLOCK_N, EVEN_D, KV_ROWS, KV_CACHE)
+                                       BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
         acc, m_i, l_i = _online_update(acc, m_i, l_i, q, k_t, v, qk_scale, offs_m, offs_n,
                                        diag, kv_end, MASKED)
     return acc, m_i, l_i
@@ -152,13 +127,13 @@ def _attend_two(acc0, m0, l0, q0, diag0, end0, acc1, m1, l1, q1, diag1, end1,
                 lo, hi, qk_scale, offs_m,
                 K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
                 MASKED: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
-                KV_ROWS: tl.constexpr, KV_CACHE: tl.constexpr):
+                KV_ZIGZAG: tl.constexpr, KV_CACHE: tl.constexpr):
     """Key tiles ``[lo, hi)``: each tile loaded once, fed to both groups' states."""
     kv_end = tl.maximum(end0, end1)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n, k_t, v = _load_kv_tile(K, V, start_n, kv_end, k_row0, chunk, rank_rows, world_size,
                                        stride_kn, stride_vn, offs_d, head_dim,
-                                       BLOCK_N, EVEN_D, KV_ROWS, KV_CACHE)
+                                       BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
         acc0, m0, l0 = _online_update(acc0, m0, l0, q0, k_t, v, qk_scale, offs_m, offs_n,
                                       diag0, end0, MASKED)
         acc1, m1, l1 = _online_update(acc1, m1, l1, q1, k_t, v, qk_scale, offs_m, offs_n,
@@ -225,58 +200,6 @@ def _store_group(Out, Lse, out_start_ptr, seq, head, acc, m_i, l_i, len_q, offs_
 
 
 @triton.jit
-def _walk_regions(q0, diag0, end0, full0, hi0, q1, diag1, end1, full1, hi1, qk_scale, offs_m,
-                  K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                  EVEN_D: tl.constexpr, KV_ROWS: tl.constexpr, KV_CACHE: tl.constexpr):
-    """All key tiles of one program, region by region; returns both groups' states."""
-    acc0 = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    acc1 = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    m_0 = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    m_1 = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_0 = tl.zeros([BLOCK_M], dtype=tl.float32)
-    l_1 = tl.zeros([BLOCK_M], dtype=tl.float32)
-
-    # Shared tiles: both groups unmasked, then both masked (one of them may be a plain tile
-    # there; the mask is then all-true and costs only the select).
-    both_full = tl.minimum(full0, full1)
-    both_hi = tl.minimum(hi0, hi1)
-    shared_end = tl.cdiv(both_hi, BLOCK_N) * BLOCK_N
-    acc0, m_0, l_0, acc1, m_1, l_1 = _attend_two(
-        acc0, m_0, l_0, q0, diag0, end0, acc1, m_1, l_1, q1, diag1, end1,
-        0, both_full, qk_scale, offs_m,
-        K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
-        False, BLOCK_N, EVEN_D, KV_ROWS, KV_CACHE)
-    acc0, m_0, l_0, acc1, m_1, l_1 = _attend_two(
-        acc0, m_0, l_0, q0, diag0, end0, acc1, m_1, l_1, q1, diag1, end1,
-        both_full, shared_end, qk_scale, offs_m,
-        K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
-        True, BLOCK_N, EVEN_D, KV_ROWS, KV_CACHE)
-
-    # The longer group goes on alone (for the other one both loops are empty).
-    split0 = tl.maximum(shared_end, full0)
-    acc0, m_0, l_0 = _attend_one(
-        acc0, m_0, l_0, q0, shared_end, split0, qk_scale, offs_m, diag0, end0,
-        K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
-        False, BLOCK_N, EVEN_D, KV_ROWS, KV_CACHE)
-    acc0, m_0, l_0 = _attend_one(
-        acc0, m_0, l_0, q0, split0, hi0, qk_scale, offs_m, diag0, end0,
-        K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
-        True, BLOCK_N, EVEN_D, KV_ROWS, KV_CACHE)
-    split1 = tl.maximum(shared_end, full1)
-    acc1, m_1, l_1 = _attend_one(
-        acc1, m_1, l_1, q1, shared_end, split1, qk_scale, offs_m, diag1, end1,
-        K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
-        False, BLOCK_N, EVEN_D, KV_ROWS, KV_CACHE)
-    acc1, m_1, l_1 = _attend_one(
-        acc1, m_1, l_1, q1, split1, hi1, qk_scale, offs_m, diag1, end1,
-        K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
-        True, BLOCK_N, EVEN_D, KV_ROWS, KV_CACHE)
-
-    return acc0, m_0, l_0, acc1, m_1, l_1
-
-
-@triton.jit
 def _fused_dual_group_fwd_kernel_varlen(
     Q0, Q1,            # [total_q0, nheads, HEAD_DIM], [total_q1, nheads, HEAD_DIM]; last dim contiguous
     K, V,              # [rows, nheads_k, HEAD_DIM] (contiguous varlen, or the zigzag gathered buffer)
@@ -293,21 +216,24 @@ def _fused_dual_group_fwd_kernel_varlen(
     stride_o0m, stride_o0h, stride_o1m, stride_o1h,
     stride_lse0_h, stride_lse1_h,
     head_dim, kv_group,  # real head dim; q heads per kv head
-    IS_CAUSAL: tl.constexpr, ZIGZAG_ROWS: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, KV_ZIGZAG: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
-    DOT_IDENTITY: tl.constexpr, KV_CACHE: tl.constexpr,
+    DOT_IDENTITY: tl.constexpr, KV_CACHE: tl.constexpr, M_FASTEST: tl.constexpr,
 ):
-    # Grid: (nheads, m-blocks, batch). Heads vary fastest so that the programs of one kv head run
-    # together (their K/V tiles meet in L2); m-blocks are visited last-first because, under a
-    # causal mask, the last rows have the most keys and should start first.
-    head = tl.program_id(0)
-    start_m = tl.num_programs(1) - 1 - tl.program_id(1)
+    # Grid (nheads, m-blocks, batch), or (m-blocks, nheads, batch) with M_FASTEST. m-blocks are
+    # visited last-first: under a causal mask the last rows have the most keys and start first.
+    if M_FASTEST:
+        start_m = tl.num_programs(0) - 1 - tl.program_id(0)
+        head = tl.program_id(1)
+    else:
+        head = tl.program_id(0)
+        start_m = tl.num_programs(1) - 1 - tl.program_id(1)
     seq = tl.program_id(2)
     kv_head = head // kv_group
 
     k_row0 = tl.load(cu_seqlens_k + seq).to(tl.int64)
     len_k_stored = tl.load(cu_seqlens_k + seq + 1) - tl.load(cu_seqlens_k + seq)
-    if ZIGZAG_ROWS > 0:
+    if KV_ZIGZAG:
         chunk = len_k_stored // 2          # local length = 2 chunks
         len_k = chunk * 2 * world_size     # global length
     else:
@@ -329,27 +255,53 @@ def _fused_dual_group_fwd_kernel_varlen(
     V += kv_head * stride_vh
     qk_scale = sm_scale * 1.4426950408889634
 
-    # The zigzag row map costs a division per key unless a tile spans at most two chunks; pick
-    # the cheap map per sequence (chunk is a per-program scalar, so this branch is outside the loops).
-    if ZIGZAG_ROWS == 5:
-        if chunk >= BLOCK_N:
-            acc0, m_0, l_0, acc1, m_1, l_1 = _walk_regions(
-                q0, diag0, end0, full0, hi0, q1, diag1, end1, full1, hi1, qk_scale, offs_m,
-            K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
-            BLOCK_M, BLOCK_N, BLOCK_D, EVEN_D, 1, KV_CACHE)
-        else:
-            acc0, m_0, l_0, acc1, m_1, l_1 = _walk_regions(
-                q0, diag0, end0, full0, hi0, q1, diag1, end1, full1, hi1, qk_scale, offs_m,
-            K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
-            BLOCK_M, BLOCK_N, BLOCK_D, EVEN_D, 3, KV_CACHE)
-    else:
-        acc0, m_0, l_0, acc1, m_1, l_1 = _walk_regions(
-                q0, diag0, end0, full0, hi0, q1, diag1, end1, full1, hi1, qk_scale, offs_m,
-            K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
-            BLOCK_M, BLOCK_N, BLOCK_D, EVEN_D, ZIGZAG_ROWS, KV_CACHE)
+    acc0 = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    acc1 = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    m_0 = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    m_1 = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_0 = tl.zeros([BLOCK_M], dtype=tl.float32)
+    l_1 = tl.zeros([BLOCK_M], dtype=tl.float32)
 
+    # Shared tiles: both groups unmasked, then both masked (one of them may be a plain tile
+    # there; the mask is then all-true and costs only the select).
+    both_full = tl.minimum(full0, full1)
+    both_hi = tl.minimum(hi0, hi1)
+    shared_end = tl.cdiv(both_hi, BLOCK_N) * BLOCK_N
+    acc0, m_0, l_0, acc1, m_1, l_1 = _attend_two(
+        acc0, m_0, l_0, q0, diag0, end0, acc1, m_1, l_1, q1, diag1, end1,
+        0, both_full, qk_scale, offs_m,
+        K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
+        False, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
+    acc0, m_0, l_0, acc1, m_1, l_1 = _attend_two(
+        acc0, m_0, l_0, q0, diag0, end0, acc1, m_1, l_1, q1, diag1, end1,
+        both_full, shared_end, qk_scale, offs_m,
+        K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
+        True, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
+
+    # Then each group alone past the shared range (for the shorter one these loops are empty).
+    # Group 0 is finished and stored first: in zigzag it is the shorter group, and storing it frees
+    # its accumulator and q registers for group 1's long tail.
+    split0 = tl.maximum(shared_end, full0)
+    acc0, m_0, l_0 = _attend_one(
+        acc0, m_0, l_0, q0, shared_end, split0, qk_scale, offs_m, diag0, end0,
+        K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
+        False, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
+    acc0, m_0, l_0 = _attend_one(
+        acc0, m_0, l_0, q0, split0, hi0, qk_scale, offs_m, diag0, end0,
+        K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
+        True, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
     _store_group(Out0, Lse0, out_start0, seq, head, acc0, m_0, l_0, len_q0, offs_m, offs_d,
                  head_dim, stride_o0m, stride_o0h, stride_lse0_h, EVEN_D)
+
+    split1 = tl.maximum(shared_end, full1)
+    acc1, m_1, l_1 = _attend_one(
+        acc1, m_1, l_1, q1, shared_end, split1, qk_scale, offs_m, diag1, end1,
+        K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
+        False, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
+    acc1, m_1, l_1 = _attend_one(
+        acc1, m_1, l_1, q1, split1, hi1, qk_scale, offs_m, diag1, end1,
+        K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
+        True, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
     _store_group(Out1, Lse1, out_start1, seq, head, acc1, m_1, l_1, len_q1, offs_m, offs_d,
                  head_dim, stride_o1m, stride_o1h, stride_lse1_h, EVEN_D)
 
@@ -371,7 +323,7 @@ def launch_dual_group_fwd(
     nheads, head_dim = q0.shape[1], q0.shape[2]
     block_d = max(16, triton.next_power_of_2(head_dim))
     num_m_blocks = max(1, triton.cdiv(max_seqlen_q, config.block_m))
-    grid = (nheads, num_m_blocks, batch)
+    grid = (num_m_blocks, nheads, batch) if config.m_blocks_fastest else (nheads, num_m_blocks, batch)
     if batch == 0 or max_seqlen_q == 0:
         return None
     return _fused_dual_group_fwd_kernel_varlen[grid](
@@ -383,7 +335,7 @@ def launch_dual_group_fwd(
         out0.stride(0), out0.stride(1), out1.stride(0), out1.stride(1),
         lse0.stride(0), lse1.stride(0),
         head_dim, nheads // k.shape[1],
-        IS_CAUSAL=causal, ZIGZAG_ROWS=config.zigzag_rows if zigzag_world_size > 0 else 0,
+        IS_CAUSAL=causal, KV_ZIGZAG=zigzag_world_size > 0, M_FASTEST=config.m_blocks_fastest,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_D=block_d,
         EVEN_D=block_d == head_dim, DOT_IDENTITY=config.dot_identity and head_dim < 128,
         KV_CACHE=config.kv_cache_modifier,
