@@ -25,7 +25,9 @@ gpu_only = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (bf16, real siz
 # Relative error bounds (||out - ref|| / ||ref||) against float32 references. On the GPU a
 # float32 tl.dot runs in tf32 (measured ~7e-4 on H100), under the interpreter in true float32.
 TOL = {torch.float32: 2e-3 if CUDA else 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
-LSE_TOL = 2e-3 if CUDA else 1e-3
+LSE_TOL = 5e-3 if CUDA else 1e-3
+# Split counts change the tile boundaries, hence the tf32 rounding of p @ v on the GPU.
+SPLIT_TOL = 2e-4 if CUDA else 1e-5
 
 
 @pytest.fixture(autouse=True)
@@ -123,8 +125,8 @@ def test_forced_num_splits_1_to_16_agree():
     for s in range(2, 17):
         out, lse = paged_attention(q, k_cache, v_cache, seqlens, table, num_splits=s,
                                    return_lse=True)
-        assert rel_err(out, base) < 1e-5, f"num_splits={s} differs from num_splits=1"
-        assert lse_err(lse, base_lse) < 1e-4, f"num_splits={s}: lse differs"
+        assert rel_err(out, base) < SPLIT_TOL, f"num_splits={s} differs from num_splits=1"
+        assert lse_err(lse, base_lse) < 10 * SPLIT_TOL, f"num_splits={s}: lse differs"
 
 
 @pytest.mark.parametrize("q_len", [1, 2, 3, 5, 8])

@@ -157,9 +157,15 @@ def run_case(case: Case, bw: float, *, peers: bool, config=None) -> dict:
     return row
 
 
-SWEEP_CONFIGS = [PagedDecodeConfig(bn, 4, 2, min_keys_per_split=mk, waves=wv)
-                 for bn in (64, 128) for mk, wv in ((256, 4), (256, 2), (512, 4), (256, 8))]
-SWEEP_SHAPES = ((256, 256), (16, 4096), (4, 16384), (1, 131072))
+SWEEP_CONFIGS = [
+    PagedDecodeConfig(64, 4, 2),
+    PagedDecodeConfig(64, 4, 2, kv_cache_modifier=".cg"),
+    PagedDecodeConfig(64, 4, 2, kv_eviction="evict_first"),
+    PagedDecodeConfig(64, 2, 2),
+    PagedDecodeConfig(32, 4, 2),
+    PagedDecodeConfig(64, 4, 2, waves=2),
+]
+SWEEP_SHAPES = ((16, 4096), (4, 16384), (1, 131072))
 
 
 def sweep(bw: float) -> list[dict]:
@@ -171,12 +177,13 @@ def sweep(bw: float) -> list[dict]:
                 r = run_case(case, bw, peers=False, config=cfg)
                 rows.append({"heads": label, "batch": batch, "seqlen": seqlen,
                              "cfg": f"n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} "
-                                    f"mk{cfg.min_keys_per_split} wv{cfg.waves}",
+                                    f"mk{cfg.min_keys_per_split} wv{cfg.waves} "
+                                    f"{cfg.kv_cache_modifier}{cfg.kv_eviction}",
                              "splits": r["splits"], "single_TBs": r["kv_single_TBs"],
                              "auto_TBs": r["kv_auto_TBs"], "plan_TBs": r["kv_plan_TBs"],
                              "graph_TBs": r["kv_graph_TBs"],
                              "err": max(r["err_single"], r["err_auto"])})
-                print(rows[-1], flush=True)
+                print(" ".join(str(v) for v in rows[-1].values()), flush=True)
     return rows
 
 

@@ -83,6 +83,7 @@ class PagedDecodeConfig:
     min_keys_per_split: the auto split count keeps at least this many keys per split.
     waves: the auto split count aims at ``waves * SM count`` programs.
     kv_cache_modifier: "" or ".cg" on K/V loads (each K/V element is read exactly once).
+    kv_eviction: "" or "evict_first" on K/V loads (streamed once: no reuse to keep in L2).
     """
     block_n: int
     num_warps: int
@@ -90,6 +91,7 @@ class PagedDecodeConfig:
     min_keys_per_split: int = 256
     waves: int = 4
     kv_cache_modifier: str = ""
+    kv_eviction: str = ""
 
 
 # (capability major, minor) -> head dim -> config. The Hopper d=128 row comes from

@@ -38,7 +38,8 @@ LN2 = 0.6931471805599453
 @triton.jit
 def _load_paged_kv_tile(K, V, bt_row, start_n, kv_end, stride_kp, stride_kt, stride_vp, stride_vt,
                         offs_d, head_dim, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                        EVEN_D: tl.constexpr, MASKED: tl.constexpr, KV_CACHE: tl.constexpr):
+                        EVEN_D: tl.constexpr, MASKED: tl.constexpr, KV_CACHE: tl.constexpr,
+                        KV_EVICT: tl.constexpr):
     """K tile transposed ``[BLOCK_D, BLOCK_N]`` and V tile ``[BLOCK_N, BLOCK_D]`` of key positions
     ``start_n ..``; each key's page comes from the block table (a tile may span several pages).
     With MASKED, keys at or past ``kv_end`` read as 0 (the caller masks their scores)."""
@@ -56,20 +57,20 @@ def _load_paged_kv_tile(K, V, bt_row, start_n, kv_end, stride_kp, stride_kt, str
     v_ptrs = V + v_rows[:, None] + offs_d[None, :]
     if MASKED:
         if EVEN_D:
-            k_t = tl.load(k_ptrs, mask=in_range[None, :], other=0.0, cache_modifier=KV_CACHE)
-            v = tl.load(v_ptrs, mask=in_range[:, None], other=0.0, cache_modifier=KV_CACHE)
+            k_t = tl.load(k_ptrs, mask=in_range[None, :], other=0.0, cache_modifier=KV_CACHE, eviction_policy=KV_EVICT)
+            v = tl.load(v_ptrs, mask=in_range[:, None], other=0.0, cache_modifier=KV_CACHE, eviction_policy=KV_EVICT)
         else:
             k_t = tl.load(k_ptrs, mask=in_range[None, :] & (offs_d[:, None] < head_dim), other=0.0,
-                          cache_modifier=KV_CACHE)
+                          cache_modifier=KV_CACHE, eviction_policy=KV_EVICT)
             v = tl.load(v_ptrs, mask=in_range[:, None] & (offs_d[None, :] < head_dim), other=0.0,
-                        cache_modifier=KV_CACHE)
+                        cache_modifier=KV_CACHE, eviction_policy=KV_EVICT)
     else:
         if EVEN_D:
-            k_t = tl.load(k_ptrs, cache_modifier=KV_CACHE)
-            v = tl.load(v_ptrs, cache_modifier=KV_CACHE)
+            k_t = tl.load(k_ptrs, cache_modifier=KV_CACHE, eviction_policy=KV_EVICT)
+            v = tl.load(v_ptrs, cache_modifier=KV_CACHE, eviction_policy=KV_EVICT)
         else:
-            k_t = tl.load(k_ptrs, mask=offs_d[:, None] < head_dim, other=0.0, cache_modifier=KV_CACHE)
-            v = tl.load(v_ptrs, mask=offs_d[None, :] < head_dim, other=0.0, cache_modifier=KV_CACHE)
+            k_t = tl.load(k_ptrs, mask=offs_d[:, None] < head_dim, other=0.0, cache_modifier=KV_CACHE, eviction_policy=KV_EVICT)
+            v = tl.load(v_ptrs, mask=offs_d[None, :] < head_dim, other=0.0, cache_modifier=KV_CACHE, eviction_policy=KV_EVICT)
     return offs_n, k_t, v
 
 
@@ -77,13 +78,14 @@ def _load_paged_kv_tile(K, V, bt_row, start_n, kv_end, stride_kp, stride_kt, str
 def _attend_paged(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end,
                   K, V, bt_row, stride_kp, stride_kt, stride_vp, stride_vt, offs_d, head_dim,
                   MASKED: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                  EVEN_D: tl.constexpr, KV_CACHE: tl.constexpr):
+                  EVEN_D: tl.constexpr, KV_CACHE: tl.constexpr, KV_EVICT: tl.constexpr):
     """Key tiles ``[lo, hi)`` (``lo`` a multiple of BLOCK_N) into one packed state: the one loop
     of both the single-pass and the split-K path."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n, k_t, v = _load_paged_kv_tile(K, V, bt_row, start_n, kv_end, stride_kp, stride_kt,
                                              stride_vp, stride_vt, offs_d, head_dim,
-                                             PAGE_SIZE, BLOCK_N, EVEN_D, MASKED, KV_CACHE)
+                                             PAGE_SIZE, BLOCK_N, EVEN_D, MASKED, KV_CACHE,
+                                             KV_EVICT)
         acc, m_i, l_i = _online_update(acc, m_i, l_i, q, k_t, v, qk_scale, tok, offs_n,
                                        diag, kv_end, MASKED)
     return acc, m_i, l_i
@@ -105,7 +107,7 @@ def _paged_decode_kernel(
     stride_btb,
     GROUP: tl.constexpr, IS_CAUSAL: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
-    KV_CACHE: tl.constexpr,
+    KV_CACHE: tl.constexpr, KV_EVICT: tl.constexpr,
 ):
     # Grid: (num_splits * num_m_blocks, nheads_k, batch). Splits vary fastest so that the
     # programs of one sequence's KV head run side by side.
@@ -148,10 +150,12 @@ def _paged_decode_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc, m_i, l_i = _attend_paged(acc, m_i, l_i, q, lo, full, qk_scale, tok, diag, hi,
                                   K, V, bt_row, stride_kp, stride_kt, stride_vp, stride_vt,
-                                  offs_d, head_dim, False, PAGE_SIZE, BLOCK_N, EVEN_D, KV_CACHE)
+                                  offs_d, head_dim, False, PAGE_SIZE, BLOCK_N, EVEN_D, KV_CACHE,
+                                  KV_EVICT)
     acc, m_i, l_i = _attend_paged(acc, m_i, l_i, q, full, hi, qk_scale, tok, diag, hi,
                                   K, V, bt_row, stride_kp, stride_kt, stride_vp, stride_vt,
-                                  offs_d, head_dim, True, PAGE_SIZE, BLOCK_N, EVEN_D, KV_CACHE)
+                                  offs_d, head_dim, True, PAGE_SIZE, BLOCK_N, EVEN_D, KV_CACHE,
+                                  KV_EVICT)
 
     # out = acc / l (0 where no key was seen, e.g. an empty split), lse natural log (-inf there).
     seen = l_i > 0.0
@@ -308,7 +312,7 @@ def launch_paged_decode(q, k_cache, v_cache, cache_seqlens, block_table, out, ls
         *o_strides, *l_strides, block_table.stride(0),
         GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_D=block_d, EVEN_D=block_d == head_dim,
-        KV_CACHE=config.kv_cache_modifier,
+        KV_CACHE=config.kv_cache_modifier, KV_EVICT=config.kv_eviction,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if num_splits > 1:
