@@ -301,3 +301,23 @@ def test_unsupported_zigzag_features_raise():
             [args["q0"], args["q1"]], [args["cu_seqlens_q0"]] * 2, [None, None],
             torch.stack([args["k"], args["v"]]), None, 4, 64, None, 0.1, True, (-1, -1), None,
             False, 1, args["cu_seqlens_k"], 0, 1)
+
+
+def test_int64_offset_path():
+    """The int64 K/V offset variant (taken automatically for buffers past 2^31 elements) computes
+    the same as the default int32 one."""
+    import dataclasses
+
+    from kvonce.kernels.configs import get_dual_group_fwd_config
+
+    cap = torch.cuda.get_device_capability() if HAS_CUDA else None
+    cfg = dataclasses.replace(get_dual_group_fwd_config(cap, 64), int64_kv_offsets=True)
+    lens_q0, lens_q1, lens_k = [20, 45], [30, 9], [60, 90]
+    dt = DTYPES[0]
+    q0, q1 = randn(sum(lens_q0), 2, 64, dtype=dt), randn(sum(lens_q1), 2, 64, dtype=dt)
+    k, v = randn(sum(lens_k), 1, 64, dtype=dt), randn(sum(lens_k), 1, 64, dtype=dt)
+    cu0, cu1, cuk = cu_of(lens_q0), cu_of(lens_q1), cu_of(lens_k)
+    out = fused_forward(q0, q1, k, v, cu0, cu1, cuk, 45, 30, 90, 40, 90, config=cfg)
+    ref = dual_group_attention_ref(q0, q1, k, v, cu0, cu1, cuk, 40, 90)
+    for name, o, r in zip(("out0", "out1", "lse0", "lse1"), out, ref):
+        assert_close(name, o, r, lse=name.startswith("lse"))

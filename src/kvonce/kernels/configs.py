@@ -22,6 +22,7 @@ class DualGroupFwdConfig:
     block_n: keys per tile. kv_cache_modifier: "" or ".cg" on K/V loads.
     dot_identity: FlagAttention's q @ I layout trick, only applied for head dims < 128.
     m_blocks_fastest: grid order (m-blocks, heads, batch) instead of (heads, m-blocks, batch).
+    int64_kv_offsets: force int64 K/V offsets (by default only when they can pass 2^31).
     """
     block_m: int
     block_n: int
@@ -30,6 +31,7 @@ class DualGroupFwdConfig:
     kv_cache_modifier: str = ""
     dot_identity: bool = False
     m_blocks_fastest: bool = False
+    int64_kv_offsets: bool = False
 
 
 # (capability major, minor) -> head dim -> config. Filled from measurements only.

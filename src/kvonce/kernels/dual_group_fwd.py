@@ -62,13 +62,14 @@ def _zigzag_chunk_base(j, k_row0, chunk, rank_rows, world_size):
     position ``n`` of chunk ``j`` is at ``base + n``)."""
     early = j < world_size
     rank = tl.where(early, j, 2 * world_size - 1 - j)
-    return rank.to(tl.int64) * rank_rows + k_row0 + tl.where(early, 0, chunk) - j * chunk
+    return rank.to(k_row0.dtype) * rank_rows + k_row0 + tl.where(early, 0, chunk) - j * chunk
 
 
 @triton.jit
 def _kv_rows(start_n, k_row0, chunk, rank_rows, world_size, BLOCK_N: tl.constexpr,
              KV_ZIGZAG: tl.constexpr):
-    """Buffer rows (int64) of key positions ``start_n + [0, BLOCK_N)`` of one sequence.
+    """Buffer rows of key positions ``start_n + [0, BLOCK_N)`` of one sequence, in k_row0's dtype
+    (int64 only when the K/V element offsets can pass 2^31: int32 math is cheaper per key).
 
     Zigzag: the chunk of key ``n`` is ``floor((n + 0.5) / c)`` in fp32, exact while n < 2^22 (the
     +0.5 keeps the quotient 0.5/c away from an integer, far above fp32 rounding there). Measured
@@ -81,7 +82,7 @@ def _kv_rows(start_n, k_row0, chunk, rank_rows, world_size, BLOCK_N: tl.constexp
         j = ((offs_n.to(tl.float32) + 0.5) * inv).to(tl.int32)
         return _zigzag_chunk_base(j, k_row0, chunk, rank_rows, world_size) + offs_n
     else:
-        return k_row0 + offs_n.to(tl.int64)
+        return k_row0 + offs_n
 
 
 @triton.jit
@@ -219,6 +220,7 @@ def _fused_dual_group_fwd_kernel_varlen(
     IS_CAUSAL: tl.constexpr, KV_ZIGZAG: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     DOT_IDENTITY: tl.constexpr, KV_CACHE: tl.constexpr, M_FASTEST: tl.constexpr,
+    INT64_KV: tl.constexpr,
 ):
     # Grid (nheads, m-blocks, batch), or (m-blocks, nheads, batch) with M_FASTEST. m-blocks are
     # visited last-first: under a causal mask the last rows have the most keys and start first.
@@ -231,7 +233,9 @@ def _fused_dual_group_fwd_kernel_varlen(
     seq = tl.program_id(2)
     kv_head = head // kv_group
 
-    k_row0 = tl.load(cu_seqlens_k + seq).to(tl.int64)
+    k_row0 = tl.load(cu_seqlens_k + seq)
+    if INT64_KV:
+        k_row0 = k_row0.to(tl.int64)
     len_k_stored = tl.load(cu_seqlens_k + seq + 1) - tl.load(cu_seqlens_k + seq)
     if KV_ZIGZAG:
         chunk = len_k_stored // 2          # local length = 2 chunks
@@ -306,6 +310,11 @@ def _fused_dual_group_fwd_kernel_varlen(
                  head_dim, stride_o1m, stride_o1h, stride_lse1_h, EVEN_D)
 
 
+def _max_offset(t) -> int:
+    """Largest element offset a kernel adds to ``t``'s data pointer."""
+    return sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 0) + 1
+
+
 def launch_dual_group_fwd(
     q0, q1, k, v, out0, out1, lse0, lse1,
     cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1, out_start0, out_start1,
@@ -339,5 +348,6 @@ def launch_dual_group_fwd(
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_D=block_d,
         EVEN_D=block_d == head_dim, DOT_IDENTITY=config.dot_identity and head_dim < 128,
         KV_CACHE=config.kv_cache_modifier,
+        INT64_KV=config.int64_kv_offsets or _max_offset(k) >= 2**31 or _max_offset(v) >= 2**31,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
