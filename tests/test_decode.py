@@ -341,11 +341,14 @@ def test_flash_attn_wrapper_defaults_match():
 
 
 def test_num_splits_auto_reads_shapes_only():
-    cfg = decode.get_paged_decode_config((9, 0), 128)
+    from kvonce.kernels.configs import _PAGED_DECODE_TABLE
+    cfg = _PAGED_DECODE_TABLE[(9, 0)][128]  # the Hopper row, also under the interpreter
     s = decode.choose_num_splits(1, 8, 131072, 132, cfg)
     assert 1 < s <= decode.MAX_SPLITS
     assert decode.choose_num_splits(256, 12, 256, 132, cfg) == 1
     assert decode.choose_num_splits(1, 1, 16, 132, cfg) == 1
+    assert decode.choose_num_splits(32, 8, 2048, 132, cfg) == 1   # 256 programs: no split
+    assert decode.choose_num_splits(16, 12, 4096, 132, cfg) > 1   # 192 programs: split
 
 
 # ------------------------------------------------------------------------------------------------

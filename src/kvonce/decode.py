@@ -40,11 +40,17 @@ def _device_info(device: torch.device) -> tuple[tuple[int, int] | None, int]:
 
 def choose_num_splits(batch: int, nheads_k: int, max_keys: int, num_sms: int,
                       config: PagedDecodeConfig) -> int:
-    """Split count from shapes only: enough programs for ``config.waves * num_sms`` (the
-    (sequence, KV head) pairs alone rarely fill an H100 at small batch), but no split shorter than
-    ``config.min_keys_per_split`` keys of the longest possible sequence (``max_pages *
-    page_size``), whose partial write + combine would cost more than its keys."""
+    """Split count from shapes only (never tensor values: CUDA-graph capturable).
+
+    ``base = batch * nheads_k`` programs of one split each. From ``config.single_pass_sms *
+    num_sms`` of them up, a single pass is kept (splitting measured slower there: H100,
+    docs/notes.md); below, enough splits for ``config.waves * num_sms`` programs, but no split
+    shorter than ``config.min_keys_per_split`` keys of the longest possible sequence
+    (``max_pages * page_size``) and at most ``MAX_SPLITS``.
+    """
     base = max(1, batch * nheads_k)
+    if base >= config.single_pass_sms * num_sms:
+        return 1
     want = -(-config.waves * num_sms // base)
     cap = max(1, max_keys // config.min_keys_per_split)
     return int(max(1, min(want, cap, MAX_SPLITS)))

@@ -84,6 +84,7 @@ class PagedDecodeConfig:
     block_n: keys per K/V tile (any power of two; a tile may span several pages or part of one).
     min_keys_per_split: the auto split count keeps at least this many keys per split.
     waves: the auto split count aims at ``waves * SM count`` programs.
+    single_pass_sms: with at least this many (sequence, KV head) programs per SM, no split.
     kv_cache_modifier: "" or ".cg" on K/V loads (each K/V element is read exactly once).
     kv_eviction: "" or "evict_first" on K/V loads (streamed once: no reuse to keep in L2).
     """
@@ -92,6 +93,7 @@ class PagedDecodeConfig:
     num_stages: int
     min_keys_per_split: int = 256
     waves: int = 4
+    single_pass_sms: float = 1.5
     kv_cache_modifier: str = ""
     kv_eviction: str = ""
 
