@@ -6,7 +6,7 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/
 
 # CPU test environment only: torch 2.13.0 CPU build and triton 3.6.0 (the interpreter),
 # numpy < 2.4 because the triton 3.6 interpreter breaks on numpy >= 2.4 in loops with runtime bounds.
-CPU_PINS := torch==2.13.0 triton==3.6.0 "numpy<2.4"
+CPU_PINS := torch==2.13.0 triton==3.6.0 "numpy<=2.3.5"
 
 .PHONY: venv test demo gpu-test bench clean
 

@@ -124,6 +124,22 @@ def _attend_one(acc, m_i, l_i, q, lo, hi, qk_scale, offs_m, diag, kv_end,
 
 
 @triton.jit
+def _attend_alone(acc, m_i, l_i, q, lo, full, hi, qk_scale, offs_m, diag, kv_end,
+                  K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
+                  BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, KV_ZIGZAG: tl.constexpr,
+                  KV_CACHE: tl.constexpr):
+    """One group's tiles past the shared range: ``[lo, full)`` unmasked, then ``[.., hi)`` masked."""
+    split = tl.maximum(lo, full)
+    acc, m_i, l_i = _attend_one(acc, m_i, l_i, q, lo, split, qk_scale, offs_m, diag, kv_end,
+                                K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn,
+                                offs_d, head_dim, False, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
+    acc, m_i, l_i = _attend_one(acc, m_i, l_i, q, split, hi, qk_scale, offs_m, diag, kv_end,
+                                K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn,
+                                offs_d, head_dim, True, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
+    return acc, m_i, l_i
+
+
+@triton.jit
 def _attend_two(acc0, m0, l0, q0, diag0, end0, acc1, m1, l1, q1, diag1, end1,
                 lo, hi, qk_scale, offs_m,
                 K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
@@ -285,27 +301,17 @@ def _fused_dual_group_fwd_kernel_varlen(
     # Then each group alone past the shared range (for the shorter one these loops are empty).
     # Group 0 is finished and stored first: in zigzag it is the shorter group, and storing it frees
     # its accumulator and q registers for group 1's long tail.
-    split0 = tl.maximum(shared_end, full0)
-    acc0, m_0, l_0 = _attend_one(
-        acc0, m_0, l_0, q0, shared_end, split0, qk_scale, offs_m, diag0, end0,
+    acc0, m_0, l_0 = _attend_alone(
+        acc0, m_0, l_0, q0, shared_end, full0, hi0, qk_scale, offs_m, diag0, end0,
         K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
-        False, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
-    acc0, m_0, l_0 = _attend_one(
-        acc0, m_0, l_0, q0, split0, hi0, qk_scale, offs_m, diag0, end0,
-        K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
-        True, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
+        BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
     _store_group(Out0, Lse0, out_start0, seq, head, acc0, m_0, l_0, len_q0, offs_m, offs_d,
                  head_dim, stride_o0m, stride_o0h, stride_lse0_h, EVEN_D)
 
-    split1 = tl.maximum(shared_end, full1)
-    acc1, m_1, l_1 = _attend_one(
-        acc1, m_1, l_1, q1, shared_end, split1, qk_scale, offs_m, diag1, end1,
+    acc1, m_1, l_1 = _attend_alone(
+        acc1, m_1, l_1, q1, shared_end, full1, hi1, qk_scale, offs_m, diag1, end1,
         K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
-        False, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
-    acc1, m_1, l_1 = _attend_one(
-        acc1, m_1, l_1, q1, split1, hi1, qk_scale, offs_m, diag1, end1,
-        K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
-        True, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
+        BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
     _store_group(Out1, Lse1, out_start1, seq, head, acc1, m_1, l_1, len_q1, offs_m, offs_d,
                  head_dim, stride_o1m, stride_o1h, stride_lse1_h, EVEN_D)
 

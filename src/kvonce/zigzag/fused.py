@@ -6,7 +6,7 @@
 - it reads ``kv_buffer`` where the all-gather left it (no rearranging copy, no per-group slices);
 - each K/V tile is loaded once for both query groups;
 - it writes both groups' outputs and LSE directly in local order (no scatter);
-- its metadata (per-sequence key ranges, output offsets) is computed on the device: no ``.item()``,
+- its metadata (per-sequence key ranges, output offsets) is computed on the device: no host sync,
   no Python loop over sequences, so it is CUDA-graph friendly.
 """
 from __future__ import annotations
