@@ -36,8 +36,10 @@ class DualGroupFwdConfig:
 
 # (capability major, minor) -> head dim -> config. Filled from measurements only.
 _DUAL_GROUP_FWD_TABLE: dict[tuple[int, int], dict[int, DualGroupFwdConfig]] = {
-    # H100 SXM, triton 3.6, bf16 (sweep 2026-11-22, docs/benchmarks.md): 128x64 tiles, 8 warps,
-    # 3 stages beat 64x64/4 warps by 13% (9.12 vs 10.34 ms, Llama-3-8B shape, rank 3).
+    # H100 SXM, triton 3.6, bf16 (sweeps 2026-11-22, docs/notes.md): 128x64 tiles, 8 warps,
+    # 3 stages beat 64x64/4 warps (9.6 vs 15.0 ms at the Llama-3-8B shape, rank 0), 128x128/8w/2s
+    # (11.2 ms, 222 spilled registers) and 128x32/8w/3s (11.5 ms); .cg and the identity dot off
+    # (no measured gain). d=32..96 reuse the d=128 row (their spec shapes are launch-bound).
     (9, 0): {
         32: DualGroupFwdConfig(128, 64, 8, 3),
         64: DualGroupFwdConfig(128, 64, 8, 3),
