@@ -137,7 +137,7 @@ def run(args) -> list[dict]:
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     rows = []
     for case in cases(args.dtype):
-        if args.only and args.only not in case.name:
+        if args.only and not any(o in case.name for o in args.only.split(",")):
             continue
         torch.manual_seed(0)
         s = setup(case, dtype)
@@ -203,7 +203,7 @@ def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(prog="python -m kvonce bench zigzag")
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     ap.add_argument("--out", default="docs", help="where benchmarks.md rows and the PNG go")
-    ap.add_argument("--only", default="", help="substring of the case names to run")
+    ap.add_argument("--only", default="", help="comma-separated substrings of case names to run")
     ap.add_argument("--sweep", action="store_true", help="tune the launch config table")
     ap.add_argument("--profile", default="", help="run each path of one case once (for ncu)")
     args = ap.parse_args(argv)
