@@ -91,6 +91,6 @@ def check_int_or_per_sequence(name: str, x, batch: int, device: torch.device) ->
         raise ValueError(f"{name} is on {x.device} but the inputs are on {device}")
 
 
-def check_positive_int(name: str, x) -> None:
+def check_nonnegative_int(name: str, x) -> None:
     if isinstance(x, bool) or not isinstance(x, int) or x < 0:
         raise TypeError(f"{name} must be a non-negative int, got {x!r}")

@@ -121,7 +121,7 @@ def _validate_attention(q, k_cache, v_cache, cache_seqlens, block_table, num_spl
         raise ValueError(f"head dim mismatch: q has {q.shape[3]}, k_cache has {k_cache.shape[3]}")
     V.check_gqa(q.shape[2], k_cache.shape[2])
     V.check_last_dim_contiguous(q=q)
-    V.check_positive_int("num_splits", num_splits)
+    V.check_nonnegative_int("num_splits", num_splits)
     _check_device_ok(q.device)
 
 

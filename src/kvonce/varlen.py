@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from . import _validate as V
-from .kernels.configs import DualGroupFwdConfig, get_dual_group_fwd_config
+from .kernels.configs import DualGroupFwdConfig, get_dual_group_fwd_config, interpreter_active
 from .kernels.dual_group_fwd import launch_dual_group_fwd
 
 __all__ = ["fused_zigzag_llama3_flash_attn_varlen_forward", "dual_group_forward_into"]
@@ -49,15 +49,10 @@ def validate_dual_group_inputs(q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_se
     V.check_last_dim_contiguous(q0=q0, q1=q1, k=k, v=v)
     V.check_int_or_per_sequence("max_kv_len_q0", max_kv_len_q0, batch, device)
     V.check_int_or_per_sequence("max_kv_len_q1", max_kv_len_q1, batch, device)
-    if device.type != "cuda" and not _interpreter():
+    if device.type != "cuda" and not interpreter_active():
         raise ValueError(f"inputs are on {device}: the Triton kernel needs a CUDA device "
                          "(or TRITON_INTERPRET=1 for the CPU interpreter)")
     return batch
-
-
-def _interpreter() -> bool:
-    from .kernels.configs import interpreter_active
-    return interpreter_active()
 
 
 def dual_group_forward_into(
@@ -133,7 +128,7 @@ def fused_zigzag_llama3_flash_attn_varlen_forward(
                                        max_kv_len_q0, max_kv_len_q1)
     for name, x in (("max_seqlen_q0", max_seqlen_q0), ("max_seqlen_q1", max_seqlen_q1),
                     ("max_seqlen_k", max_seqlen_k)):
-        V.check_positive_int(name, x)
+        V.check_nonnegative_int(name, x)
     device = q0.device
     nheads = q0.shape[1]
     out0 = torch.empty_like(q0)

@@ -7,14 +7,14 @@
 - each K/V tile is loaded once for both query groups;
 - it writes both groups' outputs and LSE directly in local order (no scatter);
 - its metadata (per-sequence key ranges, output offsets) is computed on the device: no host sync,
-  no Python loop over sequences, so it is CUDA-graph friendly.
+  no Python loop over sequences.
 """
 from __future__ import annotations
 
 import torch
 
 from .. import _validate as V
-from ..varlen import dual_group_forward_into
+from ..varlen import dual_group_forward_into, validate_dual_group_inputs
 from .grouped import check_unsupported_features
 
 __all__ = ["replace_execute_grouped_attention_with_fused_varlen"]
@@ -69,7 +69,6 @@ def replace_execute_grouped_attention_with_fused_varlen(
         raise ValueError(f"q0 has [nheads, headdim] = {tuple(q0.shape[1:])}, expected "
                          f"({nheads}, {head_dim})")
     k, v = kv_buffer[0], kv_buffer[1]
-    from ..varlen import validate_dual_group_inputs
     batch = validate_dual_group_inputs(q0, q1, k, v, cu_q0, cu_q1, cu_seqlens_k, 0, 0)
 
     # Per-sequence metadata, on the device.
