@@ -335,8 +335,8 @@ def test_flash_attn_wrapper_defaults_match():
     a = _good()
     out = flash_attn_with_kvcache(a["q"], a["k_cache"], a["v_cache"], cache_seqlens=20,
                                   block_table=a["block_table"])
-    ref = paged_attention(a["q"], a["k_cache"], a["v_cache"], torch.full_like(a["cache_seqlens"], 20),
-                          a["block_table"], causal=False)
+    ref = paged_attention(a["q"], a["k_cache"], a["v_cache"],
+                          torch.full_like(a["cache_seqlens"], 20), a["block_table"], causal=False)
     assert torch.equal(out, ref)
 
 

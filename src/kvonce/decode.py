@@ -114,7 +114,8 @@ def _validate_attention(q, k_cache, v_cache, cache_seqlens, block_table, num_spl
                         block_table=block_table)
     V.check_same_dtype(k_cache=k_cache, q=q)
     if q.shape[0] != block_table.shape[0]:
-        raise ValueError(f"q has batch {q.shape[0]} but block_table has {block_table.shape[0]} rows")
+        raise ValueError(f"q has batch {q.shape[0]} but block_table has "
+                         f"{block_table.shape[0]} rows")
     if q.shape[1] < 1:
         raise ValueError(f"q must have q_len >= 1 (dim 1), got shape {tuple(q.shape)}")
     if q.shape[3] != k_cache.shape[3]:
@@ -207,10 +208,12 @@ def paged_attention(
         in 16..256, ``nheads % nheads_k == 0`` (GQA: q head ``h`` reads KV head
         ``h // (nheads // nheads_k)``).
     cache_seqlens : int32 ``[batch]``: sequence ``b`` has ``cache_seqlens[b]`` keys, the new
-        tokens' included; position ``p`` is ``cache[block_table[b, p // page_size], p % page_size]``.
+        tokens' included; position ``p`` is
+        ``cache[block_table[b, p // page_size], p % page_size]``.
     block_table : int32 ``[batch, max_pages]``; pages in any order.
     softmax_scale : defaults to ``headdim ** -0.5``.
-    causal : bottom-right: with ``L = cache_seqlens[b]``, row ``t`` sees key ``j <= t + L - q_len``::
+    causal : bottom-right: with ``L = cache_seqlens[b]``, row ``t`` sees key
+        ``j <= t + L - q_len``::
 
             q_len=2, L=5:  1 1 1 1 0
                            1 1 1 1 1
@@ -328,10 +331,11 @@ def flash_attn_with_kvcache(
     """flash-attn's ``flash_attn_with_kvcache`` for the paged subset kvonce implements.
 
     Same names, defaults (``causal=False``) and semantics: with ``k, v`` given, they are written at
-    ``cache_seqlens ..`` first and attention sees ``cache_seqlens + new_len`` keys (``cache_seqlens``
-    itself is not advanced); ``cache_seqlens`` may be an int. ``block_table`` is required (paged
-    cache). ``rotary_cos/sin``, ``cache_batch_idx``, ``cache_leftpad``, a sliding ``window_size``,
-    ``softcap`` and ``alibi_slopes`` raise NotImplementedError naming them.
+    ``cache_seqlens ..`` first and attention sees ``cache_seqlens + new_len`` keys
+    (``cache_seqlens`` itself is not advanced); ``cache_seqlens`` may be an int. ``block_table``
+    is required (paged cache). ``rotary_cos/sin``, ``cache_batch_idx``, ``cache_leftpad``, a
+    sliding ``window_size``, ``softcap`` and ``alibi_slopes`` raise NotImplementedError naming
+    them.
 
     Returns ``out [batch, q_len, nheads, headdim]``, and ``softmax_lse`` float32
     ``[batch, nheads, q_len]`` with ``return_softmax_lse``.
@@ -347,7 +351,8 @@ def flash_attn_with_kvcache(
     if cache_seqlens is None:
         bad.append("cache_seqlens=None")
     if bad:
-        raise NotImplementedError(f"kvonce.flash_attn_with_kvcache does not support: {', '.join(bad)}")
+        raise NotImplementedError("kvonce.flash_attn_with_kvcache does not support: "
+                                  + ", ".join(bad))
     if (k is None) != (v is None):
         raise ValueError("k and v must be given together")
     if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):

@@ -88,7 +88,8 @@ def _flashinfer_runner(q, k_cache, v_cache, seqlens, block_table, case: Case):
     indices = block_table.reshape(-1)
     last = torch.full((batch,), PAGE, dtype=torch.int32, device="cuda")
     ws = torch.zeros(256 << 20, dtype=torch.uint8, device="cuda")
-    # The CUDA-core decode kernel aborts for group size 6 (prepare_flashinfer.sh): tensor cores there.
+    # The CUDA-core decode kernel aborts for group size 6 (prepare_flashinfer.sh): tensor cores
+    # there.
     tc = case.nheads // case.nheads_k == 6
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tc)
     wrapper.plan(indptr, indices, last, case.nheads, case.nheads_k, HEAD_DIM, PAGE,
@@ -123,8 +124,8 @@ def run_case(case: Case, bw: float, *, peers: bool, config=None) -> dict:
     ref = sdpa().transpose(1, 2).float()
     row = {"heads": case.label, "batch": case.batch, "seqlen": case.seqlen}
     cfg = config or get_paged_decode_config(torch.cuda.get_device_capability(), HEAD_DIM)
-    row["splits"] = choose_num_splits(case.batch, case.nheads_k, case.seqlen,
-                                      torch.cuda.get_device_properties(0).multi_processor_count, cfg)
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    row["splits"] = choose_num_splits(case.batch, case.nheads_k, case.seqlen, num_sms, cfg)
     row["err_single"] = rel_err(single(), ref)
     row["err_auto"] = max(rel_err(auto(), ref), rel_err(planned(), ref))
     times = {}

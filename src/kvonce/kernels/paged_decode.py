@@ -57,20 +57,24 @@ def _load_paged_kv_tile(K, V, bt_row, start_n, kv_end, stride_kp, stride_kt, str
     v_ptrs = V + v_rows[:, None] + offs_d[None, :]
     if MASKED:
         if EVEN_D:
-            k_t = tl.load(k_ptrs, mask=in_range[None, :], other=0.0, cache_modifier=KV_CACHE, eviction_policy=KV_EVICT)
-            v = tl.load(v_ptrs, mask=in_range[:, None], other=0.0, cache_modifier=KV_CACHE, eviction_policy=KV_EVICT)
+            k_t = tl.load(k_ptrs, mask=in_range[None, :], other=0.0, cache_modifier=KV_CACHE,
+                          eviction_policy=KV_EVICT)
+            v = tl.load(v_ptrs, mask=in_range[:, None], other=0.0, cache_modifier=KV_CACHE,
+                        eviction_policy=KV_EVICT)
         else:
             k_t = tl.load(k_ptrs, mask=in_range[None, :] & (offs_d[:, None] < head_dim), other=0.0,
                           cache_modifier=KV_CACHE, eviction_policy=KV_EVICT)
             v = tl.load(v_ptrs, mask=in_range[:, None] & (offs_d[None, :] < head_dim), other=0.0,
                         cache_modifier=KV_CACHE, eviction_policy=KV_EVICT)
     else:
-        if EVEN_D:
+        if EVEN_D:  # whole tiles: no predicate on the hot loads
             k_t = tl.load(k_ptrs, cache_modifier=KV_CACHE, eviction_policy=KV_EVICT)
             v = tl.load(v_ptrs, cache_modifier=KV_CACHE, eviction_policy=KV_EVICT)
         else:
-            k_t = tl.load(k_ptrs, mask=offs_d[:, None] < head_dim, other=0.0, cache_modifier=KV_CACHE, eviction_policy=KV_EVICT)
-            v = tl.load(v_ptrs, mask=offs_d[None, :] < head_dim, other=0.0, cache_modifier=KV_CACHE, eviction_policy=KV_EVICT)
+            k_t = tl.load(k_ptrs, mask=offs_d[:, None] < head_dim, other=0.0,
+                          cache_modifier=KV_CACHE, eviction_policy=KV_EVICT)
+            v = tl.load(v_ptrs, mask=offs_d[None, :] < head_dim, other=0.0,
+                        cache_modifier=KV_CACHE, eviction_policy=KV_EVICT)
     return offs_n, k_t, v
 
 
@@ -180,8 +184,9 @@ def _merge_chunk(acc, m, l, o, lse):
 
     ``o [BLOCK_S, BLOCK_D]`` fp32, ``lse [BLOCK_S]`` fp32 natural log; the state is
     ``acc [BLOCK_D]`` (weighted sum of o), ``m`` (running max, natural log) and ``l`` (sum of
-    weights), starting from ``(0, -inf, 0)``. A ``-inf`` entry weighs exactly zero, whatever its ``o`` holds. The
-    split-K combine and ``merge_attention_states`` both run this code. Base 2 inside."""
+    weights), starting from ``(0, -inf, 0)``. A ``-inf`` entry weighs exactly zero, whatever its
+    ``o`` holds. The split-K combine and ``merge_attention_states`` both run this code. Base 2
+    inside."""
     # m stays in natural-log units (only the exponent is base 2) so that a lone finite input's
     # lse comes back bit for bit: m + log2(1) * ln 2 = m.
     m_new = tl.maximum(m, tl.max(lse, 0))
