@@ -103,7 +103,7 @@ def rel_err(a, b) -> float:
     return ((a - b).norm() / b.norm()).item()
 
 
-def run_case(case: Case, bw: float, *, peers: bool, config=None) -> dict:
+def run_case(case: Case, bw: float, *, peers: bool, config=None, graph_peers: bool = False) -> dict:
     import triton.testing
 
     bench = lambda fn: triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
@@ -133,6 +133,10 @@ def run_case(case: Case, bw: float, *, peers: bool, config=None) -> dict:
         times["torch_simple"] = bench(lambda: paged_attention_ref(q, k_cache, v_cache, seqlens,
                                                                   block_table))
     times["sdpa_dense"] = bench(sdpa)
+    graphed = lambda fn: triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
+    if graph_peers:
+        # Peers captured in a CUDA graph too, so the graph column compares like with like.
+        times["sdpa_graph"] = graphed(sdpa)
     times["kv_single"] = bench(single)
     times["kv_auto"] = bench(auto)
     times["kv_plan"] = bench(planned)
@@ -143,8 +147,13 @@ def run_case(case: Case, bw: float, *, peers: bool, config=None) -> dict:
         if fi is not None:
             row["err_fi"] = rel_err(fi()[:, None], ref)
             times["flashinfer"] = bench(fi)
+            if graph_peers:
+                try:
+                    times["fi_graph"] = graphed(fi)
+                except Exception as exc:  # capture refused: reported, not hidden
+                    print(f"FlashInfer graph capture failed: {type(exc).__name__}: {exc}"[:200])
     for name in ("torch_simple", "sdpa_dense", "kv_single", "kv_auto", "kv_plan", "kv_graph",
-                 "flashinfer"):
+                 "flashinfer", "sdpa_graph", "fi_graph"):
         if name in times:
             ms = times[name]
             row[f"{name}_us"] = round(ms * 1e3, 1)
@@ -196,6 +205,9 @@ def main(argv: list[str]) -> None:
     p.add_argument("--sweep", action="store_true", help="config sweep on a subset instead")
     p.add_argument("--quick", action="store_true", help="three shapes only")
     p.add_argument("--no-peers", action="store_true", help="skip torch_simple and FlashInfer")
+    p.add_argument("--graph-peers", action="store_true",
+                   help="also time SDPA and FlashInfer captured in CUDA graphs")
+    p.add_argument("--shapes", default="", help="only these BATCHxSEQLEN, comma-separated")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench decode needs a CUDA GPU")
@@ -208,11 +220,14 @@ def main(argv: list[str]) -> None:
             json.dump(rows, open(args.json, "w"), indent=1)
         return
     shapes = SHAPES[::4] if args.quick else SHAPES
+    if args.shapes:
+        wanted = {tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")}
+        shapes = [sh for sh in shapes if tuple(sh) in wanted]
     rows = []
     for nheads, nheads_k, label in HEADS:
         for batch, seqlen in shapes:
             rows.append(run_case(Case(batch, seqlen, nheads, nheads_k, label), bw,
-                                 peers=not args.no_peers))
+                                 peers=not args.no_peers, graph_peers=args.graph_peers))
             print(rows[-1], flush=True)
     bad = [r for r in rows if max(r["err_single"], r["err_auto"]) > 2e-3]
     if bad:
@@ -223,6 +238,8 @@ def main(argv: list[str]) -> None:
             "sdpa_dense_TBs", "kv_single_us", "kv_single_TBs", "kv_auto_us", "kv_auto_TBs",
             "kv_plan_us", "kv_plan_TBs", "plan_%bw", "kv_graph_us", "kv_graph_TBs",
             "flashinfer_us", "flashinfer_TBs"]
+    if args.graph_peers:
+        keys += ["sdpa_graph_us", "sdpa_graph_TBs", "fi_graph_us", "fi_graph_TBs"]
     table = [{k: r[k] for k in keys} for r in rows]
     print(report.format_rows(table))
     command = "python -m kvonce bench decode " + " ".join(argv)
