@@ -20,8 +20,6 @@ class DualGroupFwdConfig:
 
     block_m: query rows per group per program (the program holds 2 * block_m rows of state).
     block_n: keys per tile. kv_cache_modifier: "" or ".cg" on K/V loads.
-    dot_identity: FlagAttention's q @ I layout trick, only applied for head dims < 128.
-    m_blocks_fastest: grid order (m-blocks, heads, batch) instead of (heads, m-blocks, batch).
     int64_kv_offsets: force int64 K/V offsets (by default only when they can pass 2^31).
     """
     block_m: int
@@ -29,8 +27,6 @@ class DualGroupFwdConfig:
     num_warps: int
     num_stages: int
     kv_cache_modifier: str = ""
-    dot_identity: bool = False
-    m_blocks_fastest: bool = False
     int64_kv_offsets: bool = False
 
 
@@ -38,8 +34,10 @@ class DualGroupFwdConfig:
 _DUAL_GROUP_FWD_TABLE: dict[tuple[int, int], dict[int, DualGroupFwdConfig]] = {
     # H100 SXM, triton 3.6, bf16 (sweeps 2026-11-22, docs/notes.md): 128x64 tiles, 8 warps,
     # 3 stages beat 64x64/4 warps (9.6 vs 15.0 ms at the Llama-3-8B shape, rank 0), 128x128/8w/2s
-    # (11.2 ms, 222 spilled registers) and 128x32/8w/3s (11.5 ms); .cg and the identity dot off
-    # (no measured gain). d=32..96 reuse the d=128 row (their spec shapes are launch-bound).
+    # (11.2 ms, 222 spilled registers) and 128x32/8w/3s (11.5 ms); .cg off (no measured gain;
+    # the identity dot and an m-blocks-fastest grid were tried, gained nothing, and were removed).
+    # d=32..96 reuse the d=128 row (their spec shapes are launch-bound); the d=256 row is
+    # correctness-tested on the H100 but not timed.
     (9, 0): {
         32: DualGroupFwdConfig(128, 64, 8, 3),
         64: DualGroupFwdConfig(128, 64, 8, 3),

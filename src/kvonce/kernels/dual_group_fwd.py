@@ -28,6 +28,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+
 @triton.jit
 def _online_update(acc, m_i, l_i, q, k_t, v, qk_scale, offs_m, offs_n, diag, kv_end,
                    MASKED: tl.constexpr):
@@ -162,7 +163,7 @@ def _attend_two(acc0, m0, l0, q0, diag0, end0, acc1, m1, l1, q1, diag1, end1,
 def _group_block_setup(Q, cu_seqlens_q, kv_end_ptr, seq, len_k, start_m, head, stride_qm, stride_qh,
                        offs_m, offs_d, head_dim,
                        IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       EVEN_D: tl.constexpr, DOT_IDENTITY: tl.constexpr):
+                       EVEN_D: tl.constexpr):
     """Load one group's M-block of q and compute its key-range bounds.
 
     Returns ``q [BLOCK_M, BLOCK_D]``, ``len_q``, ``diag`` (row ``i`` sees key ``j <= i + diag``),
@@ -189,11 +190,6 @@ def _group_block_setup(Q, cu_seqlens_q, kv_end_ptr, seq, len_k, start_m, head, s
         q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
     else:
         q = tl.load(q_ptrs, mask=row_ok[:, None] & (offs_d[None, :] < head_dim), other=0.0)
-    if DOT_IDENTITY:
-        # FlagAttention's trick for head dims < 128: a dot with I puts q in the dot-operand layout
-        # once, outside the loop. Kept only where it measures faster (kernels/configs.py).
-        eye = (offs_d[:, None] == offs_d[None, :]).to(q.dtype)
-        q = tl.dot(q, eye).to(q.dtype)
     return q, len_q, diag, kv_end, full, hi
 
 
@@ -235,17 +231,13 @@ def _fused_dual_group_fwd_kernel_varlen(
     head_dim, kv_group,  # real head dim; q heads per kv head
     IS_CAUSAL: tl.constexpr, KV_ZIGZAG: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
-    DOT_IDENTITY: tl.constexpr, KV_CACHE: tl.constexpr, M_FASTEST: tl.constexpr,
-    INT64_KV: tl.constexpr,
+    KV_CACHE: tl.constexpr, INT64_KV: tl.constexpr,
 ):
-    # Grid (nheads, m-blocks, batch), or (m-blocks, nheads, batch) with M_FASTEST. m-blocks are
+    # Grid (nheads, m-blocks, batch): heads vary fastest, so the q heads of one kv head run
+    # together (FA2's m-blocks-fastest order measured the same, docs/notes.md). m-blocks are
     # visited last-first: under a causal mask the last rows have the most keys and start first.
-    if M_FASTEST:
-        start_m = tl.num_programs(0) - 1 - tl.program_id(0)
-        head = tl.program_id(1)
-    else:
-        head = tl.program_id(0)
-        start_m = tl.num_programs(1) - 1 - tl.program_id(1)
+    head = tl.program_id(0)
+    start_m = tl.num_programs(1) - 1 - tl.program_id(1)
     seq = tl.program_id(2)
     kv_head = head // kv_group
 
@@ -264,10 +256,10 @@ def _fused_dual_group_fwd_kernel_varlen(
     offs_d = tl.arange(0, BLOCK_D)
     q0, len_q0, diag0, end0, full0, hi0 = _group_block_setup(
         Q0, cu_seqlens_q0, kv_end0, seq, len_k, start_m, head, stride_q0m, stride_q0h,
-        offs_m, offs_d, head_dim, IS_CAUSAL, BLOCK_M, BLOCK_N, EVEN_D, DOT_IDENTITY)
+        offs_m, offs_d, head_dim, IS_CAUSAL, BLOCK_M, BLOCK_N, EVEN_D)
     q1, len_q1, diag1, end1, full1, hi1 = _group_block_setup(
         Q1, cu_seqlens_q1, kv_end1, seq, len_k, start_m, head, stride_q1m, stride_q1h,
-        offs_m, offs_d, head_dim, IS_CAUSAL, BLOCK_M, BLOCK_N, EVEN_D, DOT_IDENTITY)
+        offs_m, offs_d, head_dim, IS_CAUSAL, BLOCK_M, BLOCK_N, EVEN_D)
     if start_m * BLOCK_M >= tl.maximum(len_q0, len_q1):
         return
 
@@ -338,7 +330,7 @@ def launch_dual_group_fwd(
     nheads, head_dim = q0.shape[1], q0.shape[2]
     block_d = max(16, triton.next_power_of_2(head_dim))
     num_m_blocks = max(1, triton.cdiv(max_seqlen_q, config.block_m))
-    grid = (num_m_blocks, nheads, batch) if config.m_blocks_fastest else (nheads, num_m_blocks, batch)
+    grid = (nheads, num_m_blocks, batch)
     if batch == 0 or max_seqlen_q == 0:
         return None
     return _fused_dual_group_fwd_kernel_varlen[grid](
@@ -350,9 +342,9 @@ def launch_dual_group_fwd(
         out0.stride(0), out0.stride(1), out1.stride(0), out1.stride(1),
         lse0.stride(0), lse1.stride(0),
         head_dim, nheads // k.shape[1],
-        IS_CAUSAL=causal, KV_ZIGZAG=zigzag_world_size > 0, M_FASTEST=config.m_blocks_fastest,
+        IS_CAUSAL=causal, KV_ZIGZAG=zigzag_world_size > 0,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_D=block_d,
-        EVEN_D=block_d == head_dim, DOT_IDENTITY=config.dot_identity and head_dim < 128,
+        EVEN_D=block_d == head_dim,
         KV_CACHE=config.kv_cache_modifier,
         INT64_KV=config.int64_kv_offsets or _max_offset(k) >= 2**31 or _max_offset(v) >= 2**31,
         num_warps=config.num_warps, num_stages=config.num_stages,
