@@ -105,6 +105,10 @@ def test_multi_sequence_spec(dtype, kv_lens_as_tensor):
         r0, _ = varlen_attention_ref(q0[cu0[b]:cu0[b + 1]], kb[:end0], vb[:end0],
                                      cu_of([lens_q0[b]]), cu_of([end0]))
         assert_close(f"seq {b} out0", out[0][cu0[b]:cu0[b + 1]], r0)
+        end1 = min(int(kv1[b]) if torch.is_tensor(kv1) else kv1, lens_k[b])
+        r1, _ = varlen_attention_ref(q1[cu1[b]:cu1[b + 1]], kb[:end1], vb[:end1],
+                                     cu_of([lens_q1[b]]), cu_of([end1]))
+        assert_close(f"seq {b} out1", out[1][cu1[b]:cu1[b + 1]], r1)
 
 
 # ---------------------------------------------------------------- the zigzag integration

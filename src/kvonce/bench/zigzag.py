@@ -169,37 +169,6 @@ def sweep(args) -> None:
     for case in cases(args.dtype):
         if args.only and not any(o in case.name for o in args.only.split(",")):
             continue
-        torch.manual_seed(0)
-        s = setup(case, dtype)
-        p = paths(case, s)
-        err = check(case, s, p)
-        t = {name: time_ms(fn) for name, fn in p.items()}
-        tf = lambda ms: s["flops"] / (ms * 1e-3) / 1e12  # noqa: E731
-        rows.append({
-            "case": case.name, "rel_err": f"{err:.1e}",
-            "fa2 x2 ms": t["fa2_two_calls"], "fused ms": t["fused_kernel"],
-            "kernel speedup": t["fa2_two_calls"] / t["fused_kernel"],
-            "fa2 TFLOP/s": tf(t["fa2_two_calls"]), "fused TFLOP/s": tf(t["fused_kernel"]),
-            "orig e2e ms": t["original_e2e"], "fused e2e ms": t["fused_e2e"],
-            "e2e speedup": t["original_e2e"] / t["fused_e2e"],
-        })
-        print(report.format_rows(rows[-1:]), flush=True)
-    return rows
-
-
-def sweep(args) -> None:
-    """Time the fused kernel over launch configs at the Llama shapes; prints the best per case."""
-    from ..kernels.configs import DualGroupFwdConfig
-
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-    configs = [DualGroupFwdConfig(bm, bn, nw, ns, cm, di, mf)
-               for bm, bn, nw, ns in ((128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2),
-                                      (64, 64, 4, 3), (128, 32, 8, 3), (64, 128, 8, 3))
-               for cm in ("", ".cg") for di in (False, True) for mf in (False, True)
-               if not (cm and mf)]
-    for case in cases(args.dtype):
-        if args.only and not any(o in case.name for o in args.only.split(",")):
-            continue
         s = setup(case, dtype)
         results = []
         q0, q1 = s["chunk_q"]
