@@ -16,7 +16,7 @@ import torch
 
 from . import _validate as V
 from .kernels.configs import PagedDecodeConfig, get_paged_decode_config, interpreter_active
-from .kernels.paged_decode import launch_merge_states, launch_paged_decode
+from .kernels.paged_decode import PagedDecodeLaunch, launch_merge_states
 
 __all__ = ["paged_attention", "PagedDecodePlan", "append_paged_kv", "merge_attention_states",
            "flash_attn_with_kvcache", "choose_num_splits"]
@@ -135,6 +135,11 @@ class PagedDecodePlan:
     step: values may change freely), checks only that cheaply, and launches: no host sync, no
     per-call validation cost, CUDA-graph capturable. The scratch is reused by every ``run``, so
     one plan serves one stream.
+
+    Eager ``run`` launches the kernels directly through Triton's C launcher (the launch is bound
+    once per stride layout: ``kernels/_launch.py``); under ``torch.compile`` it calls the
+    ``torch.ops.kvonce.paged_decode`` / ``paged_decode_split`` custom ops, which run the same
+    kernels (the op dispatch costs ~16 us of host time per call, docs/notes.md).
     """
 
     def __init__(self, q, k_cache, v_cache, cache_seqlens, block_table, *,
@@ -161,28 +166,69 @@ class PagedDecodePlan:
                                   dtype=torch.float32, device=q.device)
             self._lse_part = _empty((batch, q_len, nheads, num_splits), dtype=torch.float32,
                                     device=q.device)
+        # Launches bound to one stride layout, made at the first eager run (never while
+        # torch.compile traces): (strides of q, k_cache, v_cache, block_table, return_lse) ->
+        # PagedDecodeLaunch.
+        self._launches: dict = {}
 
-    def run(self, q, k_cache, v_cache, cache_seqlens, block_table, *, return_lse: bool = False):
-        """Attention for tensors shaped like the planned ones; returns like ``paged_attention``."""
+    def _check_like_plan(self, q, k_cache, v_cache, cache_seqlens, block_table) -> None:
         if (q.shape != self._q_shape or k_cache.shape[1:] != self._kv_tail
                 or v_cache.shape != k_cache.shape or q.dtype != self._dtype
                 or k_cache.dtype != self._dtype or v_cache.dtype != self._dtype
                 or q.device != self._device or block_table.shape[0] != self._batch
                 or cache_seqlens.shape != (self._batch,) or q.stride(-1) != 1
-                or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1):
+                or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1
+                or (block_table.numel() > 0 and block_table.stride(1) != 1)):
             raise ValueError(
                 f"PagedDecodePlan.run: inputs differ from the plan (q {tuple(q.shape)} "
                 f"{q.dtype} on {q.device}, k_cache {tuple(k_cache.shape)}; planned q "
                 f"{tuple(self._q_shape)} {self._dtype} on {self._device}, k_cache [*, "
                 f"{', '.join(map(str, self._kv_tail))}], unit last-dim strides): make a new plan")
-        batch, q_len, nheads, _ = q.shape
-        out = _empty(q.shape, dtype=q.dtype, device=q.device)
-        lse = _empty((batch, nheads, q_len), dtype=torch.float32, device=q.device)
-        launch_paged_decode(q, k_cache, v_cache, cache_seqlens, block_table, out, lse,
-                            softmax_scale=self.softmax_scale, causal=self.causal,
-                            num_splits=self.num_splits, config=self.config,
-                            o_part=self._o_part, lse_part=self._lse_part)
+
+    def run(self, q, k_cache, v_cache, cache_seqlens, block_table, *, return_lse: bool = False):
+        """Attention for tensors shaped like the planned ones; returns like ``paged_attention``."""
+        if torch.compiler.is_compiling():
+            self._check_like_plan(q, k_cache, v_cache, cache_seqlens, block_table)
+            out, lse = self._run_op(q, k_cache, v_cache, cache_seqlens, block_table)
+            return (out, lse) if return_lse else out
+        layout = (q.stride(), k_cache.stride(), v_cache.stride(), block_table.stride(), return_lse)
+        launch = self._launches.get(layout)
+        if launch is None or q.shape != self._q_shape or k_cache.dtype is not self._dtype:
+            launch = self._bind(q, k_cache, v_cache, cache_seqlens, block_table, layout)
+        elif (k_cache.shape[1:] != self._kv_tail or v_cache.shape != k_cache.shape
+              or q.dtype is not self._dtype or v_cache.dtype is not self._dtype
+              or block_table.shape[0] != self._batch or cache_seqlens.shape[0] != self._batch
+              or q.device != self._device):
+            self._check_like_plan(q, k_cache, v_cache, cache_seqlens, block_table)  # raises
+        out = _empty(self._q_shape, dtype=self._dtype, device=self._device)
+        lse = None
+        if return_lse:
+            batch, q_len, nheads, _ = self._q_shape
+            lse = _empty((batch, nheads, q_len), dtype=torch.float32, device=self._device)
+        launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse,
+               self._o_part, self._lse_part)
         return (out, lse) if return_lse else out
+
+    def _bind(self, q, k_cache, v_cache, cache_seqlens, block_table, layout):
+        """Full check, then the launch for this stride layout (kept for later runs)."""
+        self._check_like_plan(q, k_cache, v_cache, cache_seqlens, block_table)
+        launch = PagedDecodeLaunch(q, k_cache, v_cache, block_table,
+                                   softmax_scale=self.softmax_scale, causal=self.causal,
+                                   num_splits=self.num_splits, config=self.config,
+                                   store_lse=layout[-1])
+        self._launches[layout] = launch
+        return launch
+
+    def _run_op(self, q, k_cache, v_cache, cache_seqlens, block_table):
+        c = self.config
+        launch_fields = (self.softmax_scale, self.causal, c.block_n, c.num_warps, c.num_stages,
+                         c.kv_cache_modifier, c.kv_eviction)
+        if self.num_splits == 1:
+            return torch.ops.kvonce.paged_decode(q, k_cache, v_cache, cache_seqlens, block_table,
+                                                 *launch_fields)
+        return torch.ops.kvonce.paged_decode_split(q, k_cache, v_cache, cache_seqlens,
+                                                   block_table, self._o_part, self._lse_part,
+                                                   *launch_fields)
 
 
 def paged_attention(
@@ -273,12 +319,10 @@ def append_paged_kv(
         _check_block_table_values(cache_seqlens, block_table, k_cache.shape[0], page_size, new_len)
     if new_len == 0 or batch == 0:
         return
-    # Two gathers and one indexed store per cache: positions -> (page, slot) on the device.
-    pos = cache_seqlens.long()[:, None] + torch.arange(new_len, device=k.device)[None, :]
-    page = torch.gather(block_table.long(), 1, pos // page_size)
-    slot = pos % page_size
-    k_cache[page, slot] = k
-    v_cache[page, slot] = v
+    if torch.compiler.is_compiling():
+        torch.ops.kvonce.append_paged_kv(k, v, k_cache, v_cache, cache_seqlens, block_table)
+    else:
+        _append_paged_kv_impl(k, v, k_cache, v_cache, cache_seqlens, block_table)
 
 
 def merge_attention_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor,
@@ -310,10 +354,9 @@ def merge_attention_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Te
                              f"got {tuple(t.shape)}")
     V.check_last_dim_contiguous(o_a=o_a, o_b=o_b)
     _check_device_ok(device)
-    out = _empty(o_a.shape, dtype=o_a.dtype, device=device)
-    lse = _empty(o_a.shape[:2], dtype=torch.float32, device=device)
-    launch_merge_states(o_a, lse_a, o_b, lse_b, out, lse)
-    return out, lse
+    if torch.compiler.is_compiling():
+        return torch.ops.kvonce.merge_attention_states(o_a, lse_a, o_b, lse_b)
+    return _merge_attention_states_impl(o_a, lse_a, o_b, lse_b)
 
 
 _UNSUPPORTED_DEFAULTS = {
@@ -363,3 +406,110 @@ def flash_attn_with_kvcache(
         seqlens = cache_seqlens + k.shape[1]  # a device op: no sync
     return paged_attention(q, k_cache, v_cache, seqlens, block_table, softmax_scale=softmax_scale,
                            causal=causal, num_splits=num_splits, return_lse=return_softmax_lse)
+
+
+# ------------------------------------------------------------------------------------------------
+# torch.library custom ops: what torch.compile records, opaque to Inductor (which would otherwise
+# re-compile our Triton code and fail), with fake implementations giving shapes and dtypes only.
+# The public functions above check their arguments and call these ops while compiling; eager
+# calls run the same implementations without the op dispatch (~16 us of host time per call).
+# ------------------------------------------------------------------------------------------------
+
+def _decode_outputs(q: torch.Tensor, alloc) -> tuple[torch.Tensor, torch.Tensor]:
+    batch, q_len, nheads, _ = q.shape
+    return (alloc(q.shape, dtype=q.dtype, device=q.device),
+            alloc((batch, nheads, q_len), dtype=torch.float32, device=q.device))
+
+
+def _paged_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, o_part, lse_part,
+                       softmax_scale, causal, block_n, num_warps, num_stages, kv_cache_modifier,
+                       kv_eviction):
+    config = PagedDecodeConfig(block_n, num_warps, num_stages, kv_cache_modifier=kv_cache_modifier,
+                               kv_eviction=kv_eviction)
+    out, lse = _decode_outputs(q, _empty)
+    num_splits = 1 if o_part is None else o_part.shape[3]
+    PagedDecodeLaunch(q, k_cache, v_cache, block_table, softmax_scale=softmax_scale,
+                      causal=causal, num_splits=num_splits, config=config, store_lse=True)(
+        q, k_cache, v_cache, cache_seqlens, block_table, out, lse, o_part, lse_part)
+    return out, lse
+
+
+@torch.library.custom_op("kvonce::paged_decode", mutates_args=())
+def _paged_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     cache_seqlens: torch.Tensor, block_table: torch.Tensor, softmax_scale: float,
+                     causal: bool, block_n: int, num_warps: int, num_stages: int,
+                     kv_cache_modifier: str, kv_eviction: str
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Single-pass paged decode (``PagedDecodePlan.run`` with ``num_splits == 1``): ``(out
+    [batch, q_len, nheads, d], lse float32 [batch, nheads, q_len])``; the config's launch fields
+    are passed one by one (a dataclass cannot be an op argument)."""
+    return _paged_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, None, None,
+                              softmax_scale, causal, block_n, num_warps, num_stages,
+                              kv_cache_modifier, kv_eviction)
+
+
+@_paged_decode_op.register_fake
+def _(q, k_cache, v_cache, cache_seqlens, block_table, *launch_fields):
+    return _decode_outputs(q, torch.empty)
+
+
+@torch.library.custom_op("kvonce::paged_decode_split", mutates_args=("o_part", "lse_part"))
+def _paged_decode_split_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           cache_seqlens: torch.Tensor, block_table: torch.Tensor,
+                           o_part: torch.Tensor, lse_part: torch.Tensor, softmax_scale: float,
+                           causal: bool, block_n: int, num_warps: int, num_stages: int,
+                           kv_cache_modifier: str, kv_eviction: str
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split-K paged decode and its combine; ``o_part`` float32 ``[batch, q_len, nheads, S, d]``
+    and ``lse_part`` float32 ``[batch, q_len, nheads, S]`` are the plan's scratch (overwritten,
+    hence declared mutated)."""
+    return _paged_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, o_part, lse_part,
+                              softmax_scale, causal, block_n, num_warps, num_stages,
+                              kv_cache_modifier, kv_eviction)
+
+
+@_paged_decode_split_op.register_fake
+def _(q, k_cache, v_cache, cache_seqlens, block_table, o_part, lse_part, *launch_fields):
+    return _decode_outputs(q, torch.empty)
+
+
+def _merge_attention_states_impl(o_a, lse_a, o_b, lse_b):
+    out = _empty(o_a.shape, dtype=o_a.dtype, device=o_a.device)
+    lse = _empty(o_a.shape[:2], dtype=torch.float32, device=o_a.device)
+    launch_merge_states(o_a, lse_a, o_b, lse_b, out, lse)
+    return out, lse
+
+
+@torch.library.custom_op("kvonce::merge_attention_states", mutates_args=())
+def _merge_attention_states_op(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor,
+                               lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``merge_attention_states`` after its checks."""
+    return _merge_attention_states_impl(o_a, lse_a, o_b, lse_b)
+
+
+@_merge_attention_states_op.register_fake
+def _(o_a, lse_a, o_b, lse_b):
+    return torch.empty_like(o_a), torch.empty_like(lse_a)
+
+
+def _append_paged_kv_impl(k, v, k_cache, v_cache, cache_seqlens, block_table) -> None:
+    # Two gathers and one indexed store per cache: positions -> (page, slot) on the device.
+    page_size = k_cache.shape[1]
+    pos = cache_seqlens.long()[:, None] + torch.arange(k.shape[1], device=k.device)[None, :]
+    page = torch.gather(block_table.long(), 1, pos // page_size)
+    slot = pos % page_size
+    k_cache[page, slot] = k
+    v_cache[page, slot] = v
+
+
+@torch.library.custom_op("kvonce::append_paged_kv", mutates_args=("k_cache", "v_cache"))
+def _append_paged_kv_op(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                        v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
+                        block_table: torch.Tensor) -> None:
+    """``append_paged_kv`` after its checks: writes into ``k_cache`` and ``v_cache``."""
+    _append_paged_kv_impl(k, v, k_cache, v_cache, cache_seqlens, block_table)
+
+
+@_append_paged_kv_op.register_fake
+def _(k, v, k_cache, v_cache, cache_seqlens, block_table):
+    return None

@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 # The state-in/state-out online-softmax step is shared with the varlen kernels.
+from ._launch import all_aligned, launch
 from .dual_group_fwd import _online_update
 
 LOG2E = 1.4426950408889634
@@ -111,7 +112,7 @@ def _paged_decode_kernel(
     stride_btb,
     GROUP: tl.constexpr, IS_CAUSAL: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
-    KV_CACHE: tl.constexpr, KV_EVICT: tl.constexpr,
+    STORE_LSE: tl.constexpr, KV_CACHE: tl.constexpr, KV_EVICT: tl.constexpr,
 ):
     # Grid: (num_splits * num_m_blocks, nheads_k, batch). Splits vary fastest so that the
     # programs of one sequence's KV head run side by side.
@@ -173,9 +174,10 @@ def _paged_decode_kernel(
     else:
         tl.store(o_ptrs, out.to(Out.dtype.element_ty),
                  mask=row_ok[:, None] & (offs_d[None, :] < head_dim))
-    l_ptrs = (Lse + seq.to(tl.int64) * stride_lb + split * stride_ls + tok * stride_lt
-              + head * stride_lh)
-    tl.store(l_ptrs, lse, mask=row_ok)
+    if STORE_LSE:
+        l_ptrs = (Lse + seq.to(tl.int64) * stride_lb + split * stride_ls + tok * stride_lt
+                  + head * stride_lh)
+        tl.store(l_ptrs, lse, mask=row_ok)
 
 
 @triton.jit
@@ -219,7 +221,7 @@ def _combine_splits_kernel(
     stride_lpb, stride_lpt, stride_lph, stride_lps,
     stride_ob, stride_ot, stride_oh,
     stride_lb, stride_lt, stride_lh,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, STORE_LSE: tl.constexpr,
 ):
     """One program per (head, token, sequence): the S partials, BLOCK_S at a time (one chunk
     unless S > BLOCK_S), as whole tiles: a serial load-merge chain over the splits would cost a
@@ -245,7 +247,8 @@ def _combine_splits_kernel(
     o, lse = _merge_finish(acc, m, l)
     tl.store(Out + seq * stride_ob + tok * stride_ot + head * stride_oh + offs_d,
              o.to(Out.dtype.element_ty), mask=d_ok)
-    tl.store(Lse + seq * stride_lb + tok * stride_lt + head * stride_lh, lse)
+    if STORE_LSE:
+        tl.store(Lse + seq * stride_lb + tok * stride_lt + head * stride_lh, lse)
 
 
 @triton.jit
@@ -279,57 +282,80 @@ def _merge_states_kernel(
     tl.store(Lse + row * stride_ln + head * stride_lh, lse)
 
 
-def launch_paged_decode(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, *,
-                        softmax_scale: float, causal: bool, num_splits: int, config,
-                        o_part=None, lse_part=None) -> None:
-    """Launch the decode kernel (and, for ``num_splits > 1``, the combine). Checks are the caller's.
+class PagedDecodeLaunch:
+    """One decode shape's launch, fixed once: grid, scalar arguments, constants, cache keys.
 
-    ``out [batch, q_len, nheads, d]`` (q's dtype) and ``lse`` float32 ``[batch, nheads, q_len]``
-    receive the result; with ``num_splits > 1``, ``o_part`` float32 ``[batch, q_len, nheads, S, d]``
-    and ``lse_part`` float32 ``[batch, q_len, nheads, S]`` are the scratch partials.
+    Built from the (planned) tensors' shapes and strides; ``__call__`` then launches the decode
+    kernel (and, for ``num_splits > 1``, the combine) for tensors with exactly those shapes and
+    strides, through ``_launch.launch`` (Triton's C launcher, no per-call argument binding).
+    Checks are the caller's. ``out`` and ``lse`` must be contiguous ``[batch, q_len, nheads, d]``
+    (q's dtype) and float32 ``[batch, nheads, q_len]``; with ``num_splits > 1`` the scratch is
+    float32 contiguous ``o_part [batch, q_len, nheads, S, d]`` and ``lse_part [batch, q_len,
+    nheads, S]``. With ``store_lse=False`` no LSE is written (``lse`` may be None).
     """
-    batch, q_len, nheads, head_dim = q.shape
-    page_size, nheads_k = k_cache.shape[1], k_cache.shape[2]
-    group = nheads // nheads_k
-    rows = group * q_len
-    # Rows padded to >= 16 for tl.dot; past 64 rows the state no longer fits comfortably in
-    # registers, so large GQA groups x long q_len take several M-blocks (each re-reads K/V).
-    block_m = max(16, min(64, triton.next_power_of_2(rows)))
-    num_m_blocks = triton.cdiv(rows, block_m)
-    block_d = max(16, triton.next_power_of_2(head_dim))
-    if batch == 0:
-        return
-    if num_splits == 1:
-        dst, dst_lse = out, lse
-        o_strides = (out.stride(0), out.stride(1), out.stride(2), 0)
-        l_strides = (lse.stride(0), lse.stride(2), lse.stride(1), 0)
-    else:
-        dst, dst_lse = o_part, lse_part
-        o_strides = (o_part.stride(0), o_part.stride(1), o_part.stride(2), o_part.stride(3))
-        l_strides = (lse_part.stride(0), lse_part.stride(1), lse_part.stride(2), lse_part.stride(3))
-    grid = (num_splits * num_m_blocks, nheads_k, batch)
-    _paged_decode_kernel[grid](
-        q, k_cache, v_cache, dst, dst_lse, cache_seqlens, block_table,
-        softmax_scale, q_len, num_splits, num_m_blocks, head_dim,
-        q.stride(0), q.stride(1), q.stride(2),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        *o_strides, *l_strides, block_table.stride(0),
-        GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size,
-        BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_D=block_d, EVEN_D=block_d == head_dim,
-        KV_CACHE=config.kv_cache_modifier, KV_EVICT=config.kv_eviction,
-        num_warps=config.num_warps, num_stages=config.num_stages,
-    )
-    if num_splits > 1:
-        _combine_splits_kernel[(nheads, q_len, batch)](
-            o_part, lse_part, out, lse, num_splits, head_dim,
-            o_part.stride(0), o_part.stride(1), o_part.stride(2), o_part.stride(3),
-            lse_part.stride(0), lse_part.stride(1), lse_part.stride(2), lse_part.stride(3),
-            out.stride(0), out.stride(1), out.stride(2),
-            lse.stride(0), lse.stride(2), lse.stride(1),
-            BLOCK_S=min(32, triton.next_power_of_2(num_splits)), BLOCK_D=block_d,
-            num_warps=4 if block_d <= 128 else 8,
-        )
+
+    def __init__(self, q, k_cache, v_cache, block_table, *, softmax_scale: float, causal: bool,
+                 num_splits: int, config, store_lse: bool):
+        batch, q_len, nheads, head_dim = q.shape
+        page_size, nheads_k = k_cache.shape[1], k_cache.shape[2]
+        group = nheads // nheads_k
+        rows = group * q_len
+        # Rows padded to >= 16 for tl.dot; past 64 rows the state no longer fits comfortably in
+        # registers, so large GQA groups x long q_len take several M-blocks (each re-reads K/V).
+        block_m = max(16, min(64, triton.next_power_of_2(rows)))
+        num_m_blocks = triton.cdiv(rows, block_m)
+        block_d = max(16, triton.next_power_of_2(head_dim))
+        self.batch, self.num_splits, self.store_lse = batch, num_splits, store_lse
+        self.device_index = q.device.index if q.device.type == "cuda" else -1
+        # Strides of the buffers we allocate ourselves (contiguous).
+        o_strides = (q_len * nheads * head_dim, nheads * head_dim, head_dim)
+        l_strides = (nheads * q_len, 1, q_len)  # (batch, token, head) of [batch, nheads, q_len]
+        if num_splits == 1:
+            dst_o, dst_l = o_strides + (0,), l_strides + (0,)
+        else:
+            s = num_splits
+            dst_o = (q_len * nheads * s * head_dim, nheads * s * head_dim, s * head_dim, head_dim)
+            dst_l = (q_len * nheads * s, nheads * s, s, 1)
+        self._decode_ints = (
+            q_len, num_splits, num_m_blocks, head_dim, *q.stride()[:3], *k_cache.stride()[:3],
+            *v_cache.stride()[:3], *dst_o, *dst_l, block_table.stride(0))
+        self._scale = float(softmax_scale)
+        self._decode_grid = (num_splits * num_m_blocks, nheads_k, batch)
+        self._decode_constexprs = dict(
+            GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, BLOCK_M=block_m,
+            BLOCK_N=config.block_n, BLOCK_D=block_d, EVEN_D=block_d == head_dim,
+            STORE_LSE=store_lse or num_splits > 1,
+            KV_CACHE=config.kv_cache_modifier, KV_EVICT=config.kv_eviction)
+        self._decode_warps = (config.num_warps, config.num_stages)
+        self._decode_key = (q.dtype, k_cache.dtype, self._decode_ints,
+                            tuple(self._decode_constexprs.values()), self._decode_warps)
+        if num_splits > 1:
+            self._combine_ints = (num_splits, head_dim, *dst_o, *dst_l, *o_strides, *l_strides)
+            self._combine_grid = (nheads, q_len, batch)
+            self._combine_constexprs = dict(
+                BLOCK_S=min(32, triton.next_power_of_2(num_splits)), BLOCK_D=block_d,
+                STORE_LSE=store_lse)
+            self._combine_warps = (4 if block_d <= 128 else 8, 1)
+            self._combine_key = (q.dtype, self._combine_ints,
+                                 tuple(self._combine_constexprs.values()))
+
+    def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, out, lse,
+                 o_part=None, lse_part=None) -> None:
+        if self.batch == 0:
+            return
+        if lse is None:  # never dereferenced (STORE_LSE is off): any pointer will do
+            lse = out
+        split = self.num_splits > 1
+        dst_o, dst_l = (o_part, lse_part) if split else (out, lse)
+        aligned = all_aligned(q, k_cache, v_cache, cache_seqlens, block_table)
+        launch(_paged_decode_kernel, (self._decode_key, aligned), self._decode_grid,
+               (q, k_cache, v_cache, dst_o, dst_l, cache_seqlens, block_table, self._scale,
+                *self._decode_ints),
+               self._decode_constexprs, *self._decode_warps, self.device_index)
+        if split:
+            launch(_combine_splits_kernel, self._combine_key, self._combine_grid,
+                   (o_part, lse_part, out, lse, *self._combine_ints),
+                   self._combine_constexprs, *self._combine_warps, self.device_index)
 
 
 def launch_merge_states(o_a, lse_a, o_b, lse_b, out, lse) -> None:
