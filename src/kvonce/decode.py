@@ -10,12 +10,11 @@ SM count, sequence lengths are read by the kernel, so a call is CUDA-graph captu
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from . import _validate as V
-from .kernels.configs import PagedDecodeConfig, get_paged_decode_config, interpreter_active
+from .kernels.configs import (PagedDecodeConfig, device_info, get_paged_decode_config,
+                              interpreter_active)
 from .kernels.paged_decode import PagedDecodeLaunch, launch_merge_states
 
 __all__ = ["paged_attention", "PagedDecodePlan", "append_paged_kv", "merge_attention_states",
@@ -27,15 +26,6 @@ MAX_SPLITS = 256
 # Every output and scratch buffer comes from here (tests swap in a NaN-filling version to prove
 # that each element is written).
 _empty = torch.empty
-
-
-@functools.lru_cache(maxsize=None)
-def _device_info(device: torch.device) -> tuple[tuple[int, int] | None, int]:
-    """(compute capability, SM count); (None, 1) off CUDA (the interpreter)."""
-    if device.type != "cuda":
-        return None, 1
-    props = torch.cuda.get_device_properties(device)
-    return (props.major, props.minor), props.multi_processor_count
 
 
 def choose_num_splits(batch: int, nheads_k: int, max_keys: int, num_sms: int,
@@ -144,13 +134,14 @@ class PagedDecodePlan:
 
     def __init__(self, q, k_cache, v_cache, cache_seqlens, block_table, *,
                  softmax_scale: float | None = None, causal: bool = True, num_splits: int = 0,
-                 check_block_table: bool = False, config: PagedDecodeConfig | None = None):
+                 check_block_table: bool = False, config: PagedDecodeConfig | None = None,
+                 _scratch_per_call: bool = False):
         _validate_attention(q, k_cache, v_cache, cache_seqlens, block_table, num_splits)
         page_size = k_cache.shape[1]
         if check_block_table:
             _check_block_table_values(cache_seqlens, block_table, k_cache.shape[0], page_size)
         batch, q_len, nheads, head_dim = q.shape
-        capability, num_sms = _device_info(q.device)
+        capability, num_sms = device_info(q.device)
         self.config = config or get_paged_decode_config(capability, head_dim)
         if num_splits == 0:
             num_splits = choose_num_splits(batch, k_cache.shape[2],
@@ -161,7 +152,8 @@ class PagedDecodePlan:
         self._q_shape, self._kv_tail = q.shape, k_cache.shape[1:]
         self._dtype, self._device, self._batch = q.dtype, q.device, batch
         self._o_part = self._lse_part = None
-        if num_splits > 1:
+        self._scratch_per_call = _scratch_per_call
+        if num_splits > 1 and not _scratch_per_call:
             self._o_part = _empty((batch, q_len, nheads, num_splits, head_dim),
                                   dtype=torch.float32, device=q.device)
             self._lse_part = _empty((batch, q_len, nheads, num_splits), dtype=torch.float32,
@@ -205,9 +197,19 @@ class PagedDecodePlan:
         if return_lse:
             batch, q_len, nheads, _ = self._q_shape
             lse = _empty((batch, nheads, q_len), dtype=torch.float32, device=self._device)
-        launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse,
-               self._o_part, self._lse_part)
+        o_part, lse_part = self._scratch()
+        launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, o_part, lse_part)
         return (out, lse) if return_lse else out
+
+    def _scratch(self):
+        """Split-K partials: the plan's own, or fresh ones for a one-shot call's plan."""
+        if not self._scratch_per_call or self.num_splits == 1:
+            return self._o_part, self._lse_part
+        batch, q_len, nheads, head_dim = self._q_shape
+        return (_empty((batch, q_len, nheads, self.num_splits, head_dim), dtype=torch.float32,
+                       device=self._device),
+                _empty((batch, q_len, nheads, self.num_splits), dtype=torch.float32,
+                       device=self._device))
 
     def _bind(self, q, k_cache, v_cache, cache_seqlens, block_table, layout):
         """Full check, then the launch for this stride layout (kept for later runs)."""
@@ -227,8 +229,7 @@ class PagedDecodePlan:
             return torch.ops.kvonce.paged_decode(q, k_cache, v_cache, cache_seqlens, block_table,
                                                  *launch_fields)
         return torch.ops.kvonce.paged_decode_split(q, k_cache, v_cache, cache_seqlens,
-                                                   block_table, self._o_part, self._lse_part,
-                                                   *launch_fields)
+                                                   block_table, *self._scratch(), *launch_fields)
 
 
 def paged_attention(
@@ -279,10 +280,37 @@ def paged_attention(
 
     For many layers of one step, ``PagedDecodePlan`` does the checks and the split choice once.
     """
-    plan = PagedDecodePlan(q, k_cache, v_cache, cache_seqlens, block_table,
-                           softmax_scale=softmax_scale, causal=causal, num_splits=num_splits,
-                           check_block_table=check_block_table, config=config)
+    signature = None
+    if not (check_block_table or torch.compiler.is_compiling()):
+        signature = _call_signature(q, k_cache, v_cache, cache_seqlens, block_table,
+                                    softmax_scale, causal, num_splits, config)
+    plan = _one_shot_plans.get(signature)
+    if plan is None:
+        plan = PagedDecodePlan(q, k_cache, v_cache, cache_seqlens, block_table,
+                               softmax_scale=softmax_scale, causal=causal, num_splits=num_splits,
+                               check_block_table=check_block_table, config=config,
+                               _scratch_per_call=True)
+        if signature is not None:
+            if len(_one_shot_plans) >= 256:
+                _one_shot_plans.clear()
+            _one_shot_plans[signature] = plan
     return plan.run(q, k_cache, v_cache, cache_seqlens, block_table, return_lse=return_lse)
+
+
+# One-shot calls reuse the plan of an earlier call with the same signature: everything the checks
+# and the split choice read (shapes, strides, dtypes, devices, scalars), never tensor values. A
+# hit has passed the checks before, so it skips them (host time: docs/notes.md). These plans own
+# no scratch (split-K partials are allocated per call), so calls on different streams never
+# share a buffer.
+_one_shot_plans: dict = {}
+
+
+def _call_signature(*args):
+    try:
+        return tuple((type(a), a.shape, a.stride(), a.dtype, a.device)
+                     if isinstance(a, torch.Tensor) else (type(a), a) for a in args)
+    except TypeError:  # an unhashable argument: no reuse, the checks will speak
+        return None
 
 
 def append_paged_kv(

@@ -5,17 +5,20 @@ K/V in a single launch: every K/V tile is read from memory once and applied to b
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from . import _validate as V
-from .kernels.configs import DualGroupFwdConfig, get_dual_group_fwd_config, interpreter_active
+from .kernels.configs import (DualGroupFwdConfig, device_info, get_dual_group_fwd_config,
+                              interpreter_active)
 from .kernels.dual_group_fwd import launch_dual_group_fwd
 
 __all__ = ["fused_zigzag_llama3_flash_attn_varlen_forward", "dual_group_forward_into"]
 
 
 def _capability(device: torch.device):
-    return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    return device_info(device)[0]
 
 
 def _per_sequence(x, batch: int, device: torch.device) -> torch.Tensor:
@@ -130,16 +133,61 @@ def fused_zigzag_llama3_flash_attn_varlen_forward(
                     ("max_seqlen_k", max_seqlen_k)):
         V.check_nonnegative_int(name, x)
     device = q0.device
+    if config is None:
+        config = get_dual_group_fwd_config(_capability(device), q0.shape[2])
+    scale = q0.shape[2] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    max_seqlen_q = max(max_seqlen_q0, max_seqlen_q1)
+    kv_end0, kv_end1 = max_kv_len_q0, max_kv_len_q1
+    compiling = torch.compiler.is_compiling()
+    if compiling or isinstance(kv_end0, int) != isinstance(kv_end1, int):
+        # Both ints go to the kernel as ints; otherwise both as int32 [batch] tensors.
+        kv_end0 = _per_sequence(kv_end0, batch, device)
+        kv_end1 = _per_sequence(kv_end1, batch, device)
+    if compiling:
+        return torch.ops.kvonce.dual_group_fwd(
+            q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1,
+            max_seqlen_q, scale, causal, *dataclasses.astuple(config))
+    return _dual_group_fwd_impl(q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k,
+                                kv_end0, kv_end1, max_seqlen_q, scale, causal, config)
+
+
+def _dual_group_fwd_impl(q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1,
+                         max_seqlen_q, softmax_scale, causal, config):
     nheads = q0.shape[1]
     out0 = torch.empty_like(q0)
     out1 = torch.empty_like(q1)
-    lse0 = torch.empty((nheads, q0.shape[0]), dtype=torch.float32, device=device)
-    lse1 = torch.empty((nheads, q1.shape[0]), dtype=torch.float32, device=device)
-    dual_group_forward_into(
-        q0, q1, k, v, out0, out1, lse0, lse1,
-        cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k,
-        _per_sequence(max_kv_len_q0, batch, device), _per_sequence(max_kv_len_q1, batch, device),
-        cu_seqlens_q0[:-1], cu_seqlens_q1[:-1],
-        max_seqlen_q=max(max_seqlen_q0, max_seqlen_q1), softmax_scale=softmax_scale,
-        causal=causal, config=config)
+    lse0 = torch.empty((nheads, q0.shape[0]), dtype=torch.float32, device=q0.device)
+    lse1 = torch.empty((nheads, q1.shape[0]), dtype=torch.float32, device=q0.device)
+    # cu_seqlens_q* double as the output row offsets: their first batch entries are the starts.
+    launch_dual_group_fwd(
+        q0, q1, k, v, out0, out1, lse0, lse1, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k,
+        kv_end0, kv_end1, cu_seqlens_q0, cu_seqlens_q1, max_seqlen_q=max_seqlen_q,
+        softmax_scale=softmax_scale, causal=causal, config=config)
     return out0, out1, lse0, lse1
+
+
+# torch.library custom op: what torch.compile records (opaque to Inductor, fake shapes below).
+# The public function checks its arguments and calls it while compiling; eager calls run the
+# implementation directly (the op dispatch costs ~16 us of host time, docs/notes.md).
+@torch.library.custom_op("kvonce::dual_group_fwd", mutates_args=())
+def _dual_group_fwd_op(
+    q0: torch.Tensor, q1: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    cu_seqlens_q0: torch.Tensor, cu_seqlens_q1: torch.Tensor, cu_seqlens_k: torch.Tensor,
+    kv_end0: torch.Tensor, kv_end1: torch.Tensor, max_seqlen_q: int, softmax_scale: float,
+    causal: bool, block_m: int, block_n: int, num_warps: int, num_stages: int,
+    kv_cache_modifier: str, int64_kv_offsets: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``fused_zigzag_llama3_flash_attn_varlen_forward`` after its checks, with int32 ``[batch]``
+    key ranges and the config's fields one by one: ``(out0, out1, lse0, lse1)``."""
+    config = DualGroupFwdConfig(block_m, block_n, num_warps, num_stages, kv_cache_modifier,
+                                int64_kv_offsets)
+    return _dual_group_fwd_impl(q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k,
+                                kv_end0, kv_end1, max_seqlen_q, softmax_scale, causal, config)
+
+
+@_dual_group_fwd_op.register_fake
+def _(q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1, *scalars):
+    nheads = q0.shape[1]
+    return (torch.empty_like(q0), torch.empty_like(q1),
+            q0.new_empty((nheads, q0.shape[0]), dtype=torch.float32),
+            q1.new_empty((nheads, q1.shape[0]), dtype=torch.float32))

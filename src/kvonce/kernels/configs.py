@@ -57,6 +57,25 @@ def interpreter_active() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+_device_infos: dict = {}
+
+
+def device_info(device) -> tuple[tuple[int, int] | None, int]:
+    """(compute capability, SM count) of a ``torch.device``; (None, 1) off CUDA (the interpreter).
+    Memoized in a plain dict, which torch.compile traces (it warns on functools.lru_cache)."""
+    info = _device_infos.get(device)
+    if info is None:
+        if device.type != "cuda":
+            info = (None, 1)
+        else:
+            import torch
+
+            props = torch.cuda.get_device_properties(device)
+            info = ((props.major, props.minor), props.multi_processor_count)
+        _device_infos[device] = info
+    return info
+
+
 def get_dual_group_fwd_config(capability: tuple[int, int] | None, head_dim: int) -> DualGroupFwdConfig:
     """Config for ``head_dim`` on a GPU of ``capability`` (None: the Triton interpreter)."""
     if capability is None or interpreter_active():

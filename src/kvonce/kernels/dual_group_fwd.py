@@ -28,6 +28,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._launch import all_aligned, launch
+
 
 @triton.jit
 def _online_update(acc, m_i, l_i, q, k_t, v, qk_scale, offs_m, offs_n, diag, kv_end,
@@ -163,7 +165,7 @@ def _attend_two(acc0, m0, l0, q0, diag0, end0, acc1, m1, l1, q1, diag1, end1,
 def _group_block_setup(Q, cu_seqlens_q, kv_end_ptr, seq, len_k, start_m, head, stride_qm, stride_qh,
                        offs_m, offs_d, head_dim,
                        IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       EVEN_D: tl.constexpr):
+                       EVEN_D: tl.constexpr, KV_END_SCALAR: tl.constexpr):
     """Load one group's M-block of q and compute its key-range bounds.
 
     Returns ``q [BLOCK_M, BLOCK_D]``, ``len_q``, ``diag`` (row ``i`` sees key ``j <= i + diag``),
@@ -171,7 +173,10 @@ def _group_block_setup(Q, cu_seqlens_q, kv_end_ptr, seq, len_k, start_m, head, s
     and ``hi`` (no tile at or past it is needed)."""
     q_start = tl.load(cu_seqlens_q + seq)
     len_q = tl.load(cu_seqlens_q + seq + 1) - q_start
-    kv_end = tl.minimum(tl.maximum(tl.load(kv_end_ptr + seq), 0), len_k)
+    if KV_END_SCALAR:  # one int for every sequence (no per-sequence tensor to fill)
+        kv_end = tl.minimum(tl.maximum(kv_end_ptr, 0), len_k)
+    else:
+        kv_end = tl.minimum(tl.maximum(tl.load(kv_end_ptr + seq), 0), len_k)
     m0 = start_m * BLOCK_M
     rows_end = tl.minimum(m0 + BLOCK_M, len_q)
     if IS_CAUSAL:
@@ -220,7 +225,8 @@ def _fused_dual_group_fwd_kernel_varlen(
     Lse0, Lse1,        # float32 [nheads, rows_o0], [nheads, rows_o1]
     cu_seqlens_q0, cu_seqlens_q1,  # int32 [batch + 1]
     cu_seqlens_k,      # int32 [batch + 1]: contiguous starts, or LOCAL starts in zigzag mode
-    kv_end0, kv_end1,  # int32 [batch]: keys each group may see (clipped to the sequence here)
+    kv_end0, kv_end1,  # int32 [batch] (ints with KV_END_SCALAR): keys each group may see,
+                       # clipped to the sequence here
     out_start0, out_start1,  # int32 [batch]: first output row of each sequence
     sm_scale,          # float: softmax scale (log2(e) is folded in here)
     rank_rows, world_size,  # zigzag mode: rows per rank in the gathered buffer, ranks
@@ -231,7 +237,7 @@ def _fused_dual_group_fwd_kernel_varlen(
     head_dim, kv_group,  # real head dim; q heads per kv head
     IS_CAUSAL: tl.constexpr, KV_ZIGZAG: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
-    KV_CACHE: tl.constexpr, INT64_KV: tl.constexpr,
+    KV_CACHE: tl.constexpr, INT64_KV: tl.constexpr, KV_END_SCALAR: tl.constexpr,
 ):
     # Grid (nheads, m-blocks, batch): heads vary fastest, so the q heads of one kv head run
     # together (FA2's m-blocks-fastest order measured the same, docs/notes.md). m-blocks are
@@ -256,10 +262,10 @@ def _fused_dual_group_fwd_kernel_varlen(
     offs_d = tl.arange(0, BLOCK_D)
     q0, len_q0, diag0, end0, full0, hi0 = _group_block_setup(
         Q0, cu_seqlens_q0, kv_end0, seq, len_k, start_m, head, stride_q0m, stride_q0h,
-        offs_m, offs_d, head_dim, IS_CAUSAL, BLOCK_M, BLOCK_N, EVEN_D)
+        offs_m, offs_d, head_dim, IS_CAUSAL, BLOCK_M, BLOCK_N, EVEN_D, KV_END_SCALAR)
     q1, len_q1, diag1, end1, full1, hi1 = _group_block_setup(
         Q1, cu_seqlens_q1, kv_end1, seq, len_k, start_m, head, stride_q1m, stride_q1h,
-        offs_m, offs_d, head_dim, IS_CAUSAL, BLOCK_M, BLOCK_N, EVEN_D)
+        offs_m, offs_d, head_dim, IS_CAUSAL, BLOCK_M, BLOCK_N, EVEN_D, KV_END_SCALAR)
     if start_m * BLOCK_M >= tl.maximum(len_q0, len_q1):
         return
 
@@ -321,31 +327,39 @@ def launch_dual_group_fwd(
 ):
     """Launch ``_fused_dual_group_fwd_kernel_varlen``. All checks are the caller's (varlen.py).
     Returns Triton's compiled-kernel handle (registers, spills: for the config sweep), or None
-    when there is nothing to launch.
+    when there is nothing to launch (or under the interpreter).
 
-    ``zigzag_world_size > 0`` reads ``k, v`` as the zigzag all-gather buffer of that many ranks,
-    ``zigzag_rank_rows`` rows each, with ``cu_seqlens_k`` the LOCAL cumulative lengths.
+    ``kv_end0, kv_end1`` are int32 ``[batch]`` tensors or both ints (the same for every sequence);
+    ``out_start*`` int32 tensors whose first ``batch`` entries are used (``cu_seqlens_q*`` itself
+    for outputs in the groups' own order). ``zigzag_world_size > 0`` reads ``k, v`` as the zigzag
+    all-gather buffer of that many ranks, ``zigzag_rank_rows`` rows each, with ``cu_seqlens_k``
+    the LOCAL cumulative lengths. Launched through ``_launch.launch`` (no per-call binding).
     """
     batch = cu_seqlens_q0.shape[0] - 1
     nheads, head_dim = q0.shape[1], q0.shape[2]
-    block_d = max(16, triton.next_power_of_2(head_dim))
-    num_m_blocks = max(1, triton.cdiv(max_seqlen_q, config.block_m))
-    grid = (nheads, num_m_blocks, batch)
     if batch == 0 or max_seqlen_q == 0:
         return None
-    return _fused_dual_group_fwd_kernel_varlen[grid](
-        q0, q1, k, v, out0, out1, lse0, lse1,
-        cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1, out_start0, out_start1,
-        softmax_scale, zigzag_rank_rows, max(zigzag_world_size, 1),
-        q0.stride(0), q0.stride(1), q1.stride(0), q1.stride(1),
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        out0.stride(0), out0.stride(1), out1.stride(0), out1.stride(1),
-        lse0.stride(0), lse1.stride(0),
-        head_dim, nheads // k.shape[1],
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    grid = (nheads, max(1, triton.cdiv(max_seqlen_q, config.block_m)), batch)
+    kv_end_scalar = isinstance(kv_end0, int)
+    ints = (zigzag_rank_rows, max(zigzag_world_size, 1),
+            q0.stride(0), q0.stride(1), q1.stride(0), q1.stride(1),
+            k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            out0.stride(0), out0.stride(1), out1.stride(0), out1.stride(1),
+            lse0.stride(0), lse1.stride(0), head_dim, nheads // k.shape[1])
+    constexprs = dict(
         IS_CAUSAL=causal, KV_ZIGZAG=zigzag_world_size > 0,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_D=block_d,
-        EVEN_D=block_d == head_dim,
-        KV_CACHE=config.kv_cache_modifier,
+        EVEN_D=block_d == head_dim, KV_CACHE=config.kv_cache_modifier,
         INT64_KV=config.int64_kv_offsets or _max_offset(k) >= 2**31 or _max_offset(v) >= 2**31,
-        num_warps=config.num_warps, num_stages=config.num_stages,
-    )
+        KV_END_SCALAR=kv_end_scalar)
+    pointers = (q0, q1, k, v, out0, out1, lse0, lse1, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k)
+    ends = (kv_end0, kv_end1)
+    # Integer ends are specialized on by Triton like any int argument: part of the key.
+    key = (q0.dtype, out0.dtype, ints, tuple(constexprs.values()), config.num_warps,
+           config.num_stages, ends if kv_end_scalar else None,
+           all_aligned(*pointers, out_start0, out_start1, *(() if kv_end_scalar else ends)))
+    args = (*pointers, *ends, out_start0, out_start1, softmax_scale, *ints)
+    return launch(_fused_dual_group_fwd_kernel_varlen, key, grid, args, constexprs,
+                  config.num_warps, config.num_stages,
+                  q0.device.index if q0.device.type == "cuda" else -1)

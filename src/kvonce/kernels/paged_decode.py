@@ -335,7 +335,7 @@ class PagedDecodeLaunch:
             self._combine_constexprs = dict(
                 BLOCK_S=min(32, triton.next_power_of_2(num_splits)), BLOCK_D=block_d,
                 STORE_LSE=store_lse)
-            self._combine_warps = (4 if block_d <= 128 else 8, 1)
+            self._combine_warps = (4 if block_d <= 128 else 8, 3)  # 3: Triton's default
             self._combine_key = (q.dtype, self._combine_ints,
                                  tuple(self._combine_constexprs.values()))
 
@@ -364,10 +364,11 @@ def launch_merge_states(o_a, lse_a, o_b, lse_b, out, lse) -> None:
     if n == 0 or nheads == 0:
         return
     block_d = max(16, triton.next_power_of_2(head_dim))
-    _merge_states_kernel[(n, nheads)](
-        o_a, lse_a, o_b, lse_b, out, lse, head_dim,
-        o_a.stride(0), o_a.stride(1), o_b.stride(0), o_b.stride(1), out.stride(0), out.stride(1),
-        lse_a.stride(0), lse_a.stride(1), lse_b.stride(0), lse_b.stride(1),
-        lse.stride(0), lse.stride(1),
-        BLOCK_D=block_d, num_warps=1 if block_d <= 128 else 2,
-    )
+    ints = (head_dim, o_a.stride(0), o_a.stride(1), o_b.stride(0), o_b.stride(1), out.stride(0),
+            out.stride(1), lse_a.stride(0), lse_a.stride(1), lse_b.stride(0), lse_b.stride(1),
+            lse.stride(0), lse.stride(1))
+    num_warps = 1 if block_d <= 128 else 2
+    key = (o_a.dtype, ints, block_d, all_aligned(o_a, lse_a, o_b, lse_b, out, lse))
+    launch(_merge_states_kernel, key, (n, nheads, 1), (o_a, lse_a, o_b, lse_b, out, lse, *ints),
+           dict(BLOCK_D=block_d), num_warps, 3,
+           o_a.device.index if o_a.device.type == "cuda" else -1)

@@ -11,10 +11,14 @@
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from .. import _validate as V
-from ..varlen import dual_group_forward_into, validate_dual_group_inputs
+from ..kernels.configs import DualGroupFwdConfig, get_dual_group_fwd_config
+from ..kernels.dual_group_fwd import launch_dual_group_fwd
+from ..varlen import _capability, validate_dual_group_inputs
 from .grouped import check_unsupported_features
 
 __all__ = ["replace_execute_grouped_attention_with_fused_varlen"]
@@ -69,28 +73,69 @@ def replace_execute_grouped_attention_with_fused_varlen(
         raise ValueError(f"q0 has [nheads, headdim] = {tuple(q0.shape[1:])}, expected "
                          f"({nheads}, {head_dim})")
     k, v = kv_buffer[0], kv_buffer[1]
-    batch = validate_dual_group_inputs(q0, q1, k, v, cu_q0, cu_q1, cu_seqlens_k, 0, 0)
+    validate_dual_group_inputs(q0, q1, k, v, cu_q0, cu_q1, cu_seqlens_k, 0, 0)
 
-    # Per-sequence metadata, on the device.
-    chunk = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]) // 2          # c_b
-    kv_end0 = (chunk * (chunk_idx_0 + 1)).to(torch.int32)
-    kv_end1 = (chunk * (chunk_idx_1 + 1)).to(torch.int32)
-    out_start0 = (cu_q0[:-1] + cu_q1[:-1]).to(torch.int32)
-    out_start1 = (out_start0 + (cu_q0[1:] - cu_q0[:-1])).to(torch.int32)
-
-    total_q = q0.shape[0] + q1.shape[0]
-    out = torch.empty((total_q, nheads, head_dim), dtype=q0.dtype, device=q0.device)
-    lse = torch.empty((nheads, total_q), dtype=torch.float32, device=q0.device)
+    scale = head_dim ** -0.5 if softmax_scale is None else float(softmax_scale)
     bound = max(q0.shape[0], q1.shape[0]) if max_seqlen_q is None else max_seqlen_q
-    if batch > 0:
-        dual_group_forward_into(
-            q0, q1, k, v, out, out, lse, lse, cu_q0, cu_q1, cu_seqlens_k,
-            kv_end0, kv_end1, out_start0, out_start1,
-            max_seqlen_q=bound, softmax_scale=softmax_scale, causal=causal, config=config,
-            zigzag_world_size=world_size, zigzag_rank_rows=kv_buffer.shape[1] // world_size)
+    if config is None:
+        config = get_dual_group_fwd_config(_capability(q0.device), head_dim)
+    fields = (chunk_idx_0, chunk_idx_1, world_size, bound, scale, causal)
+    if torch.compiler.is_compiling():
+        out, lse = torch.ops.kvonce.dual_group_fwd_zigzag(
+            q0, q1, kv_buffer, cu_q0, cu_q1, cu_seqlens_k, *fields, *dataclasses.astuple(config))
+    else:
+        out, lse = _zigzag_fwd_impl(q0, q1, kv_buffer, cu_q0, cu_q1, cu_seqlens_k, *fields, config)
     chunk_info = {
         "chunk_indices_list": chunk_indices_list,
         "chunk_cu_seqlens_q_list": chunk_cu_seqlens_q_list,
         "kv_slices": kv_slices,
     }
     return out, lse, chunk_info
+
+
+def _zigzag_fwd_impl(q0, q1, kv_buffer, cu_q0, cu_q1, cu_seqlens_k, chunk_idx_0, chunk_idx_1,
+                     world_size, max_seqlen_q, softmax_scale, causal, config):
+    """Both groups into one local-order ``out [total_local, nheads, d]`` and ``lse`` float32
+    ``[nheads, total_local]``; the per-sequence metadata is computed on the device."""
+    nheads, head_dim = q0.shape[1], q0.shape[2]
+    chunk = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]) // 2          # c_b
+    kv_end0 = (chunk * (chunk_idx_0 + 1)).to(torch.int32)
+    kv_end1 = (chunk * (chunk_idx_1 + 1)).to(torch.int32)
+    out_start0 = (cu_q0[:-1] + cu_q1[:-1]).to(torch.int32)
+    out_start1 = (out_start0 + (cu_q0[1:] - cu_q0[:-1])).to(torch.int32)
+    total_q = q0.shape[0] + q1.shape[0]
+    out = torch.empty((total_q, nheads, head_dim), dtype=q0.dtype, device=q0.device)
+    lse = torch.empty((nheads, total_q), dtype=torch.float32, device=q0.device)
+    if cu_q0.shape[0] > 1:
+        launch_dual_group_fwd(
+            q0, q1, kv_buffer[0], kv_buffer[1], out, out, lse, lse, cu_q0, cu_q1, cu_seqlens_k,
+            kv_end0, kv_end1, out_start0, out_start1, max_seqlen_q=max_seqlen_q,
+            softmax_scale=softmax_scale, causal=causal, config=config,
+            zigzag_world_size=world_size, zigzag_rank_rows=kv_buffer.shape[1] // world_size)
+    return out, lse
+
+
+# torch.library custom op (opaque to torch.compile; eager calls skip the dispatch): one output
+# for both groups, allocated inside, since an op may not take the same tensor twice as mutated.
+@torch.library.custom_op("kvonce::dual_group_fwd_zigzag", mutates_args=())
+def _zigzag_fwd_op(
+    q0: torch.Tensor, q1: torch.Tensor, kv_buffer: torch.Tensor, cu_seqlens_q0: torch.Tensor,
+    cu_seqlens_q1: torch.Tensor, cu_seqlens_k: torch.Tensor, chunk_idx_0: int, chunk_idx_1: int,
+    world_size: int, max_seqlen_q: int, softmax_scale: float, causal: bool, block_m: int,
+    block_n: int, num_warps: int, num_stages: int, kv_cache_modifier: str,
+    int64_kv_offsets: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``replace_execute_grouped_attention_with_fused_varlen`` after its checks: ``(out
+    [total_local, nheads, d], lse float32 [nheads, total_local])`` in local order."""
+    config = DualGroupFwdConfig(block_m, block_n, num_warps, num_stages, kv_cache_modifier,
+                                int64_kv_offsets)
+    return _zigzag_fwd_impl(q0, q1, kv_buffer, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k,
+                            chunk_idx_0, chunk_idx_1, world_size, max_seqlen_q, softmax_scale,
+                            causal, config)
+
+
+@_zigzag_fwd_op.register_fake
+def _(q0, q1, kv_buffer, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, *scalars):
+    total_q, nheads = q0.shape[0] + q1.shape[0], q0.shape[1]
+    return (q0.new_empty((total_q, nheads, q0.shape[2])),
+            q0.new_empty((nheads, total_q), dtype=torch.float32))

@@ -1,0 +1,258 @@
+"""Benchmark: host time per call of the public entry points (CUDA only).
+
+    python -m kvonce bench host [--md docs/benchmarks.md] [--json PATH] [--rounds N] [--calls N]
+                                [--shapes BATCHxSEQLEN:NHEADS/NHEADS_K,...]
+
+What Python pays to enqueue one call (validation, allocation, launch), not what the GPU spends.
+Each callable is warmed up (20 calls, then a sync); then, ``--rounds`` times (15): sync, call it
+``--calls`` times (100) with no sync in between, and divide the host time (``perf_counter``) by
+the calls. The shapes are small: the launch queue never fills, the GPU never holds the host back.
+Decode rows: 12 q / 2 KV heads, batch 64, seqlen 1024 (``--shapes``: others), head dim 128,
+fp16, page size 16, pages in random order (bench/decode.py's inputs). Dual-group rows: one
+sequence of 1024 local tokens, world 4, rank 0, 32 q / 8 KV heads. Columns:
+- ``name``, ``shape``: the callable and its shape
+- ``host_us_median``, ``host_us_min``: host microseconds per call, median and min over the rounds
+- ``gpu_us``: device time per call (us): the call captured in a CUDA graph and replayed
+  (``do_bench_cudagraph`` median: kernels only, L2 not flushed; ``-`` if capture fails). A row
+  with ``host_us`` above it is host-bound. (Not ``do_bench``: its event times include host time
+  for calls slower to enqueue than to run, e.g. 78 us for merge's 2 us of kernels on an H100.)
+- ``err``: relative error (norm), checked before timing: decode outputs (and FlashInfer's) vs
+  F.scaled_dot_product_attention on a dense copy of the cache; merge vs
+  reference.merge_attention_states_ref; append: the written cache slots vs the new K/V; the
+  dual-group forward and the zigzag replacement vs reference.dual_group_attention_ref (float32
+  loops, cheap at this shape); ``-``: nothing to compare (the empty kernels)
+Floors: empty ``@triton.jit`` kernels of 2 and 37 arguments launched on one program (Triton's own
+launch path). FlashInfer's ``BatchDecodeWithPagedKVCacheWrapper.run`` (planned beforehand) is the
+peer; ``absent`` when ``import flashinfer`` fails.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+import time
+from typing import Callable, NamedTuple
+
+import torch
+import triton
+import triton.testing
+
+from ..decode import (PagedDecodePlan, append_paged_kv, flash_attn_with_kvcache,
+                      merge_attention_states, paged_attention)
+from ..reference import dual_group_attention_ref, merge_attention_states_ref
+from ..varlen import fused_zigzag_llama3_flash_attn_varlen_forward
+from ..zigzag import (compute_kv_slices_for_groups, rearrange_kv_from_zigzag_to_contiguous,
+                      replace_execute_grouped_attention_with_fused_varlen,
+                      split_q_by_zigzag_chunk_index)
+from . import report
+from .decode import HEAD_DIM, PAGE, Case, _flashinfer_runner, make_inputs, rel_err
+
+WARMUP_CALLS = 20
+ERR_LIMIT = 1e-2  # fp16 outputs vs float32 / SDPA references
+
+
+class Entry(NamedTuple):
+    """One row: ``fn`` is timed (None: absent); ``check`` maps its result to a relative error."""
+    name: str
+    shape: str
+    fn: Callable[[], object] | None
+    check: Callable[[object], float] | None
+
+
+@triton.jit
+def _empty_2(ptr, n):
+    pass
+
+
+@triton.jit
+def _empty_37(p0, p1, p2, p3, p4, p5, p6, i0, i1, i2, i3, i4, i5, i6, i7, i8, i9, i10, i11, i12,
+              i13, i14, i15, i16, i17, i18, i19, i20, i21, i22, i23, i24, i25, i26, i27, i28, i29):
+    # 7 pointers and 30 ints: about the runtime arguments of the paged decode kernel.
+    pass
+
+
+def _randn(*shape, dtype=torch.float16):
+    return torch.randn(shape, device="cuda", dtype=dtype)
+
+
+def _sdpa_ref(q, k_cache, v_cache, block_table, case: Case) -> torch.Tensor:
+    """SDPA on the cache gathered into a dense copy: float32 ``[batch, 1, nheads, d]``."""
+    dense = [c[block_table.long()].reshape(case.batch, case.seqlen, case.nheads_k, HEAD_DIM)
+             .transpose(1, 2) for c in (k_cache, v_cache)]
+    out = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), *dense,
+                                                           enable_gqa=True)
+    return out.transpose(1, 2).float()
+
+
+def decode_cases(case: Case) -> list[Entry]:
+    """The decode entry points, merge and append on one decode shape, then FlashInfer's run."""
+    q, k_cache, v_cache, seqlens, block_table = make_inputs(case)
+    args = (q, k_cache, v_cache, seqlens, block_table)
+    ref = _sdpa_ref(q, k_cache, v_cache, block_table, case)
+    vs_sdpa = lambda out: rel_err(out, ref)  # noqa: E731
+    single = PagedDecodePlan(*args, num_splits=1)
+    split = PagedDecodePlan(*args, num_splits=8)
+    shape = f"{case.batch}x{case.seqlen} {case.label}"
+    rows = [
+        Entry("PagedDecodePlan.run splits=1", shape, lambda: single.run(*args), vs_sdpa),
+        Entry("PagedDecodePlan.run splits=8", shape, lambda: split.run(*args), vs_sdpa),
+        Entry("PagedDecodePlan.run splits=8 lse", shape,
+              lambda: split.run(*args, return_lse=True), lambda r: vs_sdpa(r[0])),
+        # The custom op torch.compile records, called directly: the op dispatch's share.
+        Entry("torch.ops.kvonce.paged_decode", shape, lambda: single._run_op(*args),
+              lambda r: vs_sdpa(r[0])),
+        Entry("paged_attention", shape, lambda: paged_attention(*args), vs_sdpa),
+        Entry("flash_attn_with_kvcache", shape,
+              lambda: flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens,
+                                              block_table=block_table, causal=True), vs_sdpa),
+    ]
+    # Merge: two partial states of batch * q_len rows.
+    o_a, o_b = _randn(case.batch, case.nheads, HEAD_DIM), _randn(case.batch, case.nheads, HEAD_DIM)
+    lse_a = _randn(case.batch, case.nheads, dtype=torch.float32)
+    lse_b = _randn(case.batch, case.nheads, dtype=torch.float32)
+    merged = merge_attention_states_ref(o_a, lse_a, o_b, lse_b)[0]
+    rows.append(Entry("merge_attention_states", f"{case.batch}x{case.nheads}x{HEAD_DIM}",
+                      lambda: merge_attention_states(o_a, lse_a, o_b, lse_b),
+                      lambda r: rel_err(r[0], merged)))
+    # Append: one token per sequence at position seqlen - 1 (inside the table), into copies of the
+    # caches so that the rows above keep the cache their reference saw.
+    k_app, v_app = k_cache.clone(), v_cache.clone()
+    k_new, v_new = (_randn(case.batch, 1, case.nheads_k, HEAD_DIM) for _ in range(2))
+    last = seqlens - 1
+    page = block_table.long().gather(1, (last.long() // PAGE)[:, None])[:, 0]
+    slot = last.long() % PAGE
+    rows.append(Entry("append_paged_kv", f"{case.batch}x1 {case.label}",
+                      lambda: append_paged_kv(k_new, v_new, k_app, v_app, last, block_table),
+                      lambda _: max(rel_err(k_app[page, slot], k_new[:, 0]),
+                                    rel_err(v_app[page, slot], v_new[:, 0]))))
+    fi = _flashinfer_runner(*args, case)
+    rows.append(Entry("flashinfer BatchDecode...Wrapper.run", shape, fi,
+                      lambda r: vs_sdpa(r[:, None])))
+    return rows
+
+
+def zigzag_cases(world: int = 4, rank: int = 0, local: int = 1024, nheads: int = 32,
+                 nheads_k: int = 8) -> list[Entry]:
+    """The dual-group forward and the zigzag replacement on one rank's share of one sequence."""
+    cu = torch.tensor([0, local], dtype=torch.int32, device="cuda")
+    kv_buffer = _randn(2, world * local, nheads_k, HEAD_DIM)
+    chunk_q, chunk_cu, chunk_idx = split_q_by_zigzag_chunk_index(
+        _randn(local, nheads, HEAD_DIM), cu, world, rank)
+    c0, c1 = rank, 2 * world - 1 - rank
+    slices = compute_kv_slices_for_groups(cu, c0, c1, world, chunk_cu)
+    kv = rearrange_kv_from_zigzag_to_contiguous(kv_buffer, world, cu)  # global order
+    c = local // 2
+    kv_end0, kv_end1 = (c0 + 1) * c, (c1 + 1) * c
+    cu_k = cu * world
+    (q0, q1), (cu0, cu1) = chunk_q, chunk_cu
+    ref0, ref1, _, _ = dual_group_attention_ref(q0, q1, kv[0], kv[1], cu0, cu1, cu_k, kv_end0,
+                                                kv_end1)
+    zz_args = (chunk_q, chunk_cu, chunk_idx, kv_buffer, slices, nheads, HEAD_DIM, None, 0.0, True,
+               (-1, -1), None, False, world, cu, c0, c1)
+    shape = f"w{world} r{rank} 1x{local} {nheads}/{nheads_k}"
+    return [
+        Entry("fused_zigzag_llama3_flash_attn_varlen_forward", shape,
+              lambda: fused_zigzag_llama3_flash_attn_varlen_forward(
+                  q0, q1, kv[0], kv[1], cu0, cu1, cu_k, c, c, world * local, kv_end0, kv_end1),
+              lambda r: max(rel_err(r[0], ref0), rel_err(r[1], ref1))),
+        Entry("replace_execute_grouped_attention_with_fused_varlen", shape,
+              lambda: replace_execute_grouped_attention_with_fused_varlen(*zz_args),
+              lambda r: rel_err(r[0], torch.cat([ref0, ref1]))),  # local order: group 0, 1
+    ]
+
+
+def launch_floor_cases() -> list[Entry]:
+    """Empty Triton kernels on one program: the cost of Triton's launch path alone."""
+    x = torch.empty(16, device="cuda")
+    ptrs, ints = (x,) * 7, tuple(range(2, 32))
+    return [Entry("empty @triton.jit, 2 args", "grid (1,)", lambda: _empty_2[(1,)](x, 2), None),
+            Entry("empty @triton.jit, 37 args", "grid (1,)",
+                  lambda: _empty_37[(1,)](*ptrs, *ints), None)]
+
+
+def parse_shape(text: str) -> Case:
+    """``BATCHxSEQLEN:NHEADS/NHEADS_K`` -> Case."""
+    dims, heads = text.split(":")
+    batch, seqlen = (int(x) for x in dims.split("x"))
+    nheads, nheads_k = (int(x) for x in heads.split("/"))
+    return Case(batch, seqlen, nheads, nheads_k,
+                f"{'MHA' if nheads == nheads_k else 'GQA'} {nheads}/{nheads_k}")
+
+
+def cases(args) -> list[Entry]:
+    """Every row, inputs built (and references computed) here, outside any timing."""
+    rows = []
+    for text in args.shapes.split(","):
+        rows += decode_cases(parse_shape(text))
+    return rows + zigzag_cases() + launch_floor_cases()
+
+
+def host_us(fn, rounds: int, calls: int) -> tuple[float, float]:
+    """(median, min) over ``rounds`` of host microseconds per call, ``calls`` calls per round."""
+    for _ in range(WARMUP_CALLS):
+        fn()
+    per_call = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per_call.append((time.perf_counter() - t0) / calls * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(per_call), min(per_call)
+
+
+def gpu_us(entry: Entry) -> float | str:
+    """Device microseconds per call, from CUDA-graph replays; '-' when capture fails."""
+    try:
+        ms = triton.testing.do_bench_cudagraph(entry.fn, rep=100, return_mode="median")
+    except Exception as exc:  # capture refused: reported, not hidden
+        print(f"{entry.name}: graph capture failed: {type(exc).__name__}: {exc}"[:200])
+        return "-"
+    return round(ms * 1e3, 1)
+
+
+def measure(entry: Entry, rounds: int, calls: int) -> dict:
+    row = {"name": entry.name, "shape": entry.shape}
+    if entry.fn is None:
+        return dict(row, host_us_median="absent", host_us_min="absent", gpu_us="absent",
+                    err="absent")
+    err = None if entry.check is None else entry.check(entry.fn())
+    if err is not None and not err <= ERR_LIMIT:  # NaN too
+        print(f"CORRECTNESS: {entry.name} {entry.shape}: relative error {err:.1e}", flush=True)
+    med, low = host_us(entry.fn, rounds, calls)
+    return dict(row, host_us_median=round(med, 1), host_us_min=round(low, 1),
+                gpu_us=gpu_us(entry), err="-" if err is None else f"{err:.1e}")
+
+
+def main(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(prog="python -m kvonce bench host")
+    p.add_argument("--md", default="docs/benchmarks.md", help="append the table here ('' = no)")
+    p.add_argument("--json", default="", help="also dump the rows as JSON here")
+    p.add_argument("--rounds", type=int, default=15, help="timed rounds per row")
+    p.add_argument("--calls", type=int, default=100, help="calls per round (no sync between)")
+    p.add_argument("--shapes", default="64x1024:12/2",
+                   help="decode shapes BATCHxSEQLEN:NHEADS/NHEADS_K, comma-separated")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("bench host needs a CUDA GPU")
+    torch.manual_seed(0)
+    rows = []
+    for entry in cases(args):
+        rows.append(measure(entry, args.rounds, args.calls))
+        print(rows[-1], flush=True)
+    print(report.format_rows(rows))
+    print(report.environment())
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    if args.md:
+        command = "python -m kvonce bench host " + " ".join(argv)
+        report.append_markdown(args.md, "Host time per call (us)", rows, command=command.strip(),
+                               dtype="fp16", date=datetime.date.today().isoformat())
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
