@@ -15,7 +15,9 @@ from conftest import DEVICE, HAS_CUDA
 
 import kvonce
 import kvonce.decode as decode
+from kvonce.kernels import _launch
 from kvonce.kernels.configs import interpreter_active
+from kvonce.kernels.paged_decode import _paged_decode_kernel
 from kvonce.reference import paged_attention_sdpa_ref
 from kvonce.zigzag import replace_execute_grouped_attention_with_fused_varlen, split_q_by_zigzag_chunk_index
 
@@ -98,7 +100,8 @@ def _decode_op_args(split: bool):
     s = 3
     o_part = torch.empty((2, 2, 4, s, 32), dtype=torch.float32, device=DEVICE)
     lse_part = torch.empty((2, 2, 4, s), dtype=torch.float32, device=DEVICE)
-    return (q, k_cache, v_cache, seqlens, table, o_part, lse_part, *fields)
+    arrivals = torch.zeros((2, 2, 1), dtype=torch.int32, device=DEVICE)  # 2 x 2 rows: 1 M-block
+    return (q, k_cache, v_cache, seqlens, table, o_part, lse_part, arrivals, *fields)
 
 
 def _dual_op_args():
@@ -165,7 +168,7 @@ def test_append_op_declares_its_mutation():
     assert mutated == {"k_cache", "v_cache"}
     schema = torch.ops.kvonce.paged_decode_split.default._schema
     mutated = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
-    assert mutated == {"o_part", "lse_part"}
+    assert mutated == {"o_part", "lse_part", "arrivals"}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -295,6 +298,8 @@ def test_eager_launch_rebinds_for_other_layouts_and_misaligned_views():
     for _ in range(2):  # the second call takes the bound launch
         torch.testing.assert_close(plan.run(q, k_cache, v_cache, seqlens, table).float(),
                                    ref(q).float(), atol=2e-3, rtol=2e-3)
+    bound = [key for key in _launch._compiled if key[0] is _paged_decode_kernel]
+    assert bound, "the eager path never bound a compiled decode kernel (always Triton's launch)"
     wide = randn(3, 1, 9, 128)[:, :, 1:]        # other strides
     wide.copy_(randn(3, 1, 8, 128))
     for _ in range(2):
@@ -303,3 +308,14 @@ def test_eager_launch_rebinds_for_other_layouts_and_misaligned_views():
     flat = randn(q.numel() + 1)[1:].view(q.shape)  # same strides, misaligned pointer
     torch.testing.assert_close(plan.run(flat, k_cache, v_cache, seqlens, table).float(),
                                ref(flat).float(), atol=2e-3, rtol=2e-3)
+
+
+def test_split_k_arrival_counts_return_to_zero():
+    """The one-launch split-K counts arrivals per (sequence, KV head, M-block) and the merging
+    program resets them: a second run (a CUDA-graph replay) starts from zero again."""
+    q, k_cache, v_cache, seqlens, table = paged_inputs(q_len=2)
+    plan = kvonce.PagedDecodePlan(q, k_cache, v_cache, seqlens, table, num_splits=3)
+    arrivals = plan._split_scratch[2]
+    first = plan.run(q, k_cache, v_cache, seqlens, table)
+    assert int(arrivals.count_nonzero()) == 0
+    assert_same(plan.run(q, k_cache, v_cache, seqlens, table), first)

@@ -94,3 +94,35 @@ def check_int_or_per_sequence(name: str, x, batch: int, device: torch.device) ->
 def check_nonnegative_int(name: str, x) -> None:
     if isinstance(x, bool) or not isinstance(x, int) or x < 0:
         raise TypeError(f"{name} must be a non-negative int, got {x!r}")
+
+
+def call_signature(*args) -> tuple | None:
+    """Everything the checks of this module read from ``args``: each tensor's type, shape,
+    strides, dtype and device (never its values), each other argument's type and value. Two calls
+    with one signature pass or fail the checks alike, so an API may remember the signatures that
+    passed and skip its checks on a repeat (host time: docs/notes.md). None when an argument is
+    unhashable (then check as usual)."""
+    try:
+        sig = tuple((type(a), a.shape, a.stride(), a.dtype, a.device)
+                    if isinstance(a, torch.Tensor) else (type(a), a) for a in args)
+        hash(sig)
+        return sig
+    except TypeError:
+        return None
+
+
+class PassedChecks:
+    """A bounded memory of call signatures whose checks passed."""
+
+    def __init__(self, capacity: int = 256):
+        self.capacity, self._seen = capacity, {}
+
+    def get(self, signature, default=None):
+        return self._seen.get(signature, default) if signature is not None else default
+
+    def add(self, signature, value=True) -> None:
+        if signature is None:
+            return
+        if len(self._seen) >= self.capacity:
+            self._seen.clear()
+        self._seen[signature] = value

@@ -15,7 +15,7 @@ import torch
 from . import _validate as V
 from .kernels.configs import (PagedDecodeConfig, device_info, get_paged_decode_config,
                               interpreter_active)
-from .kernels.paged_decode import PagedDecodeLaunch, launch_merge_states
+from .kernels.paged_decode import PagedDecodeLaunch, decode_row_blocks, launch_merge_states
 
 __all__ = ["paged_attention", "PagedDecodePlan", "append_paged_kv", "merge_attention_states",
            "flash_attn_with_kvcache", "choose_num_splits"]
@@ -151,13 +151,11 @@ class PagedDecodePlan:
         self.softmax_scale = head_dim ** -0.5 if softmax_scale is None else float(softmax_scale)
         self._q_shape, self._kv_tail = q.shape, k_cache.shape[1:]
         self._dtype, self._device, self._batch = q.dtype, q.device, batch
-        self._o_part = self._lse_part = None
+        self._nheads_k = k_cache.shape[2]
         self._scratch_per_call = _scratch_per_call
+        self._split_scratch = (None, None, None)
         if num_splits > 1 and not _scratch_per_call:
-            self._o_part = _empty((batch, q_len, nheads, num_splits, head_dim),
-                                  dtype=torch.float32, device=q.device)
-            self._lse_part = _empty((batch, q_len, nheads, num_splits), dtype=torch.float32,
-                                    device=q.device)
+            self._split_scratch = self._new_scratch()
         # Launches bound to one stride layout, made at the first eager run (never while
         # torch.compile traces): (strides of q, k_cache, v_cache, block_table, return_lse) ->
         # PagedDecodeLaunch.
@@ -197,19 +195,26 @@ class PagedDecodePlan:
         if return_lse:
             batch, q_len, nheads, _ = self._q_shape
             lse = _empty((batch, nheads, q_len), dtype=torch.float32, device=self._device)
-        o_part, lse_part = self._scratch()
-        launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, o_part, lse_part)
+        launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, *self._scratch())
         return (out, lse) if return_lse else out
 
     def _scratch(self):
-        """Split-K partials: the plan's own, or fresh ones for a one-shot call's plan."""
+        """Split-K partials and arrival counts: the plan's own, or fresh ones for the plans of
+        one-shot calls (which may run on several streams at once)."""
         if not self._scratch_per_call or self.num_splits == 1:
-            return self._o_part, self._lse_part
+            return self._split_scratch
+        return self._new_scratch()
+
+    def _new_scratch(self):
         batch, q_len, nheads, head_dim = self._q_shape
-        return (_empty((batch, q_len, nheads, self.num_splits, head_dim), dtype=torch.float32,
+        s = self.num_splits
+        arrivals = torch.zeros((batch, self._nheads_k, decode_row_blocks(nheads, self._nheads_k,
+                                                                          q_len)[1]),
+                               dtype=torch.int32, device=self._device)
+        return (_empty((batch, q_len, nheads, s, head_dim), dtype=torch.float32,
                        device=self._device),
-                _empty((batch, q_len, nheads, self.num_splits), dtype=torch.float32,
-                       device=self._device))
+                _empty((batch, q_len, nheads, s), dtype=torch.float32, device=self._device),
+                arrivals)
 
     def _bind(self, q, k_cache, v_cache, cache_seqlens, block_table, layout):
         """Full check, then the launch for this stride layout (kept for later runs)."""
@@ -282,18 +287,15 @@ def paged_attention(
     """
     signature = None
     if not (check_block_table or torch.compiler.is_compiling()):
-        signature = _call_signature(q, k_cache, v_cache, cache_seqlens, block_table,
-                                    softmax_scale, causal, num_splits, config)
+        signature = V.call_signature(q, k_cache, v_cache, cache_seqlens, block_table,
+                                     softmax_scale, causal, num_splits, config)
     plan = _one_shot_plans.get(signature)
     if plan is None:
         plan = PagedDecodePlan(q, k_cache, v_cache, cache_seqlens, block_table,
                                softmax_scale=softmax_scale, causal=causal, num_splits=num_splits,
                                check_block_table=check_block_table, config=config,
                                _scratch_per_call=True)
-        if signature is not None:
-            if len(_one_shot_plans) >= 256:
-                _one_shot_plans.clear()
-            _one_shot_plans[signature] = plan
+        _one_shot_plans.add(signature, plan)
     return plan.run(q, k_cache, v_cache, cache_seqlens, block_table, return_lse=return_lse)
 
 
@@ -302,15 +304,7 @@ def paged_attention(
 # hit has passed the checks before, so it skips them (host time: docs/notes.md). These plans own
 # no scratch (split-K partials are allocated per call), so calls on different streams never
 # share a buffer.
-_one_shot_plans: dict = {}
-
-
-def _call_signature(*args):
-    try:
-        return tuple((type(a), a.shape, a.stride(), a.dtype, a.device)
-                     if isinstance(a, torch.Tensor) else (type(a), a) for a in args)
-    except TypeError:  # an unhashable argument: no reuse, the checks will speak
-        return None
+_one_shot_plans = V.PassedChecks()
 
 
 def append_paged_kv(
@@ -450,7 +444,7 @@ def _decode_outputs(q: torch.Tensor, alloc) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def _paged_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, o_part, lse_part,
-                       softmax_scale, causal, block_n, num_warps, num_stages, kv_cache_modifier,
+                       arrivals, softmax_scale, causal, block_n, num_warps, num_stages, kv_cache_modifier,
                        kv_eviction):
     config = PagedDecodeConfig(block_n, num_warps, num_stages, kv_cache_modifier=kv_cache_modifier,
                                kv_eviction=kv_eviction)
@@ -458,7 +452,7 @@ def _paged_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, o_part, 
     num_splits = 1 if o_part is None else o_part.shape[3]
     PagedDecodeLaunch(q, k_cache, v_cache, block_table, softmax_scale=softmax_scale,
                       causal=causal, num_splits=num_splits, config=config, store_lse=True)(
-        q, k_cache, v_cache, cache_seqlens, block_table, out, lse, o_part, lse_part)
+        q, k_cache, v_cache, cache_seqlens, block_table, out, lse, o_part, lse_part, arrivals)
     return out, lse
 
 
@@ -471,7 +465,7 @@ def _paged_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     """Single-pass paged decode (``PagedDecodePlan.run`` with ``num_splits == 1``): ``(out
     [batch, q_len, nheads, d], lse float32 [batch, nheads, q_len])``; the config's launch fields
     are passed one by one (a dataclass cannot be an op argument)."""
-    return _paged_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, None, None,
+    return _paged_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, None, None, None,
                               softmax_scale, causal, block_n, num_warps, num_stages,
                               kv_cache_modifier, kv_eviction)
 
@@ -481,23 +475,27 @@ def _(q, k_cache, v_cache, cache_seqlens, block_table, *launch_fields):
     return _decode_outputs(q, torch.empty)
 
 
-@torch.library.custom_op("kvonce::paged_decode_split", mutates_args=("o_part", "lse_part"))
+@torch.library.custom_op("kvonce::paged_decode_split",
+                         mutates_args=("o_part", "lse_part", "arrivals"))
 def _paged_decode_split_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            cache_seqlens: torch.Tensor, block_table: torch.Tensor,
-                           o_part: torch.Tensor, lse_part: torch.Tensor, softmax_scale: float,
+                           o_part: torch.Tensor, lse_part: torch.Tensor, arrivals: torch.Tensor,
+                           softmax_scale: float,
                            causal: bool, block_n: int, num_warps: int, num_stages: int,
                            kv_cache_modifier: str, kv_eviction: str
                            ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Split-K paged decode and its combine; ``o_part`` float32 ``[batch, q_len, nheads, S, d]``
-    and ``lse_part`` float32 ``[batch, q_len, nheads, S]`` are the plan's scratch (overwritten,
-    hence declared mutated)."""
+    """Split-K paged decode, merged in the same launch; ``o_part`` float32 ``[batch, q_len,
+    nheads, S, d]``, ``lse_part`` float32 ``[batch, q_len, nheads, S]`` and the int32 zeros
+    ``arrivals [batch, nheads_k, M-blocks]`` are the plan's scratch (written, so declared
+    mutated; the arrival counts end at zero again)."""
     return _paged_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, o_part, lse_part,
-                              softmax_scale, causal, block_n, num_warps, num_stages,
+                              arrivals, softmax_scale, causal, block_n, num_warps, num_stages,
                               kv_cache_modifier, kv_eviction)
 
 
 @_paged_decode_split_op.register_fake
-def _(q, k_cache, v_cache, cache_seqlens, block_table, o_part, lse_part, *launch_fields):
+def _(q, k_cache, v_cache, cache_seqlens, block_table, o_part, lse_part, arrivals,
+      *launch_fields):
     return _decode_outputs(q, torch.empty)
 
 

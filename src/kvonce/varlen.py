@@ -29,6 +29,11 @@ def _per_sequence(x, batch: int, device: torch.device) -> torch.Tensor:
     return x
 
 
+# Call signatures whose checks passed (shapes, strides, dtypes, devices, ints: never values):
+# a repeat skips the checks (docs/notes.md).
+_passed_checks = V.PassedChecks()
+
+
 def validate_dual_group_inputs(q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k,
                                max_kv_len_q0, max_kv_len_q1) -> int:
     """All checks of the public entry point; returns batch. Raises before any launch."""
@@ -127,18 +132,24 @@ def fused_zigzag_llama3_flash_attn_varlen_forward(
     lse1 : float32 ``[nheads, total_q1]``
     A row that sees no key gets ``out = 0`` and ``lse = -inf``.
     """
-    batch = validate_dual_group_inputs(q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k,
-                                       max_kv_len_q0, max_kv_len_q1)
-    for name, x in (("max_seqlen_q0", max_seqlen_q0), ("max_seqlen_q1", max_seqlen_q1),
-                    ("max_seqlen_k", max_seqlen_k)):
-        V.check_nonnegative_int(name, x)
+    compiling = torch.compiler.is_compiling()
+    signature = None if compiling else V.call_signature(
+        q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, max_seqlen_q0, max_seqlen_q1,
+        max_seqlen_k, max_kv_len_q0, max_kv_len_q1, config)
+    if _passed_checks.get(signature) is None:
+        validate_dual_group_inputs(q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k,
+                                   max_kv_len_q0, max_kv_len_q1)
+        for name, x in (("max_seqlen_q0", max_seqlen_q0), ("max_seqlen_q1", max_seqlen_q1),
+                        ("max_seqlen_k", max_seqlen_k)):
+            V.check_nonnegative_int(name, x)
+        _passed_checks.add(signature)
+    batch = cu_seqlens_q0.shape[0] - 1
     device = q0.device
     if config is None:
         config = get_dual_group_fwd_config(_capability(device), q0.shape[2])
     scale = q0.shape[2] ** -0.5 if softmax_scale is None else float(softmax_scale)
     max_seqlen_q = max(max_seqlen_q0, max_seqlen_q1)
     kv_end0, kv_end1 = max_kv_len_q0, max_kv_len_q1
-    compiling = torch.compiler.is_compiling()
     if compiling or isinstance(kv_end0, int) != isinstance(kv_end1, int):
         # Both ints go to the kernel as ints; otherwise both as int32 [batch] tensors.
         kv_end0 = _per_sequence(kv_end0, batch, device)

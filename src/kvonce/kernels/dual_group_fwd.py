@@ -28,7 +28,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._launch import all_aligned, launch
+from ._launch import all_aligned, launch, next_pow2
 
 
 @triton.jit
@@ -315,8 +315,9 @@ def _fused_dual_group_fwd_kernel_varlen(
 
 
 def _max_offset(t) -> int:
-    """Largest element offset a kernel adds to ``t``'s data pointer."""
-    return sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 0) + 1
+    """Largest element offset a kernel adds to a 3-dim ``t``'s data pointer (plus one)."""
+    (n0, n1, n2), (s0, s1, s2) = t.shape, t.stride()
+    return max(n0 - 1, 0) * s0 + max(n1 - 1, 0) * s1 + max(n2 - 1, 0) * s2 + 1
 
 
 def launch_dual_group_fwd(
@@ -339,13 +340,11 @@ def launch_dual_group_fwd(
     nheads, head_dim = q0.shape[1], q0.shape[2]
     if batch == 0 or max_seqlen_q == 0:
         return None
-    block_d = max(16, triton.next_power_of_2(head_dim))
-    grid = (nheads, max(1, triton.cdiv(max_seqlen_q, config.block_m)), batch)
+    block_d = max(16, next_pow2(head_dim))
+    grid = (nheads, max(1, -(-max_seqlen_q // config.block_m)), batch)
     kv_end_scalar = isinstance(kv_end0, int)
-    ints = (zigzag_rank_rows, max(zigzag_world_size, 1),
-            q0.stride(0), q0.stride(1), q1.stride(0), q1.stride(1),
-            k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            out0.stride(0), out0.stride(1), out1.stride(0), out1.stride(1),
+    ints = (zigzag_rank_rows, max(zigzag_world_size, 1), *q0.stride()[:2], *q1.stride()[:2],
+            *k.stride()[:2], *v.stride()[:2], *out0.stride()[:2], *out1.stride()[:2],
             lse0.stride(0), lse1.stride(0), head_dim, nheads // k.shape[1])
     constexprs = dict(
         IS_CAUSAL=causal, KV_ZIGZAG=zigzag_world_size > 0,

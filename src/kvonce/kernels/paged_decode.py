@@ -12,9 +12,10 @@ Split-K. With ``num_splits = S`` the keys of sequence ``b`` are cut into ``S`` r
 ``ceil(ceil(seqlen_b / S) / BLOCK_N) * BLOCK_N`` keys; a split whose range is empty (short
 sequences) stores ``lse = -inf`` and ``o = 0``, which the combine weighs as zero. ``S`` comes from
 shapes only, the ranges from ``cache_seqlens`` on the device: no host sync, CUDA-graph capturable.
-With ``S = 1`` the kernel writes the final output (q's dtype) and LSE directly; otherwise float32
-partials that ``_combine_splits_kernel`` merges with ``_merge_chunk``, the same helper
-``merge_attention_states`` uses.
+With ``S = 1`` the kernel writes the final output (q's dtype) and LSE directly; otherwise each
+program stores float32 partials and bumps an arrival count of its (sequence, KV head, M-block);
+the last of the ``S`` programs to arrive merges them (``_merge_rows``, ``_merge_chunk``'s
+arithmetic) and resets the count: one launch, no combine kernel.
 
 Causal is bottom-right: row t sees key ``j <= t + seqlen - q_len``. Key tiles wholly visible to
 every row take the unmasked loop; the last tiles of the range (the diagonal, the sequence end) the
@@ -29,7 +30,7 @@ import triton
 import triton.language as tl
 
 # The state-in/state-out online-softmax step is shared with the varlen kernels.
-from ._launch import all_aligned, launch
+from ._launch import all_aligned, launch, next_pow2
 from .dual_group_fwd import _online_update
 
 LOG2E = 1.4426950408889634
@@ -104,6 +105,9 @@ def _paged_decode_kernel(
     Lse,               # float32, indexed by (batch, token, head, split) strides
     cache_seqlens,     # int32 [batch]
     block_table,       # int32 [batch, max_pages]
+    FinalOut,          # split-K: [batch, q_len, nheads, HEAD_DIM] contiguous, q's dtype
+    FinalLse,          # split-K: float32 [batch, nheads, q_len] contiguous
+    Arrivals,          # split-K: int32 [batch, nheads_k, num_m_blocks], zero between launches
     sm_scale, q_len, num_splits, num_m_blocks, head_dim,
     stride_qb, stride_qt, stride_qh,
     stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
@@ -112,7 +116,8 @@ def _paged_decode_kernel(
     stride_btb,
     GROUP: tl.constexpr, IS_CAUSAL: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
-    STORE_LSE: tl.constexpr, KV_CACHE: tl.constexpr, KV_EVICT: tl.constexpr,
+    STORE_LSE: tl.constexpr, SPLIT: tl.constexpr, KV_CACHE: tl.constexpr,
+    KV_EVICT: tl.constexpr,
 ):
     # Grid: (num_splits * num_m_blocks, nheads_k, batch). Splits vary fastest so that the
     # programs of one sequence's KV head run side by side.
@@ -174,10 +179,73 @@ def _paged_decode_kernel(
     else:
         tl.store(o_ptrs, out.to(Out.dtype.element_ty),
                  mask=row_ok[:, None] & (offs_d[None, :] < head_dim))
-    if STORE_LSE:
+    if STORE_LSE or SPLIT:
         l_ptrs = (Lse + seq.to(tl.int64) * stride_lb + split * stride_ls + tok * stride_lt
                   + head * stride_lh)
         tl.store(l_ptrs, lse, mask=row_ok)
+
+    if SPLIT:
+        # The last split of this (sequence, KV head, M-block) to finish merges all of them: one
+        # launch instead of decode + combine. The barrier orders every thread's partial stores
+        # before the (single-thread) release of the arrival count; the acquire side reads the
+        # other splits' partials through L2 (.cg).
+        tl.debug_barrier()
+        slot = (seq * tl.num_programs(1) + kv_head) * num_m_blocks + m_block
+        arrived = tl.atomic_add(Arrivals + slot, 1, sem="acq_rel", scope="gpu")
+        if arrived == num_splits - 1:
+            tl.debug_barrier()
+            _combine_splits(Out, Lse, FinalOut, FinalLse, seq, tok, head, row_ok, offs_d,
+                            num_splits, q_len, GROUP * tl.num_programs(1), head_dim,
+                            stride_ob, stride_ot, stride_oh, stride_os,
+                            stride_lb, stride_lt, stride_lh, stride_ls, STORE_LSE,
+                            BLOCK_M, BLOCK_D)
+            tl.atomic_xchg(Arrivals + slot, 0)  # ready for the next launch (CUDA-graph replays)
+
+
+@triton.jit
+def _merge_rows(acc, m, l, o, lse):
+    """Fold one split's normalized partial rows into per-row merge states (state in, state out):
+    ``acc, o [BLOCK_M, BLOCK_D]`` fp32, ``m, l, lse [BLOCK_M]`` (natural log), starting from
+    ``(0, -inf, 0)``; a ``-inf`` row weighs exactly zero. ``_merge_chunk``'s arithmetic, with the
+    splits folded one at a time and the rows side by side."""
+    m_new = tl.maximum(m, lse)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2((m - m_safe) * 1.4426950408889634)
+    w = tl.math.exp2((lse - m_safe) * 1.4426950408889634)
+    acc = acc * alpha[:, None] + tl.where(w[:, None] > 0.0, o * w[:, None], 0.0)
+    return acc, m_new, l * alpha + w
+
+
+@triton.jit
+def _combine_splits(Opart, Lpart, Out, Lse, seq, tok, head, row_ok, offs_d, num_splits, q_len,
+                    nheads, head_dim, stride_pb, stride_pt, stride_ph, stride_ps,
+                    stride_lpb, stride_lpt, stride_lph, stride_lps, STORE_LSE: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Merge the ``num_splits`` partials of one program's packed rows and store the result
+    (``out`` contiguous ``[batch, q_len, nheads, d]``, ``lse`` contiguous ``[batch, nheads,
+    q_len]``). The splits' loads are independent, so the loop pipelines."""
+    seq = seq.to(tl.int64)
+    mask = row_ok[:, None] & (offs_d[None, :] < head_dim)
+    p_ptrs = (Opart + seq * stride_pb + (tok * stride_pt + head * stride_ph)[:, None]
+              + offs_d[None, :])
+    l_ptrs = Lpart + seq * stride_lpb + tok * stride_lpt + head * stride_lph
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for s in range(num_splits):
+        o = tl.load(p_ptrs + s * stride_ps, mask=mask, other=0.0, cache_modifier=".cg")
+        lse = tl.load(l_ptrs + s * stride_lps, mask=row_ok, other=float("-inf"),
+                      cache_modifier=".cg")
+        acc, m, l = _merge_rows(acc, m, l, o, lse)
+    seen = l > 0.0
+    out = acc / tl.where(seen, l, 1.0)[:, None]
+    o_ptrs = (Out + seq * q_len * nheads * head_dim
+              + (tok * nheads * head_dim + head * head_dim)[:, None] + offs_d[None, :])
+    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=mask)
+    if STORE_LSE:
+        lse = tl.where(seen, m + tl.math.log2(tl.where(seen, l, 1.0)) * 0.6931471805599453,
+                       float("-inf"))
+        tl.store(Lse + seq * nheads * q_len + head * q_len + tok, lse, mask=row_ok)
 
 
 @triton.jit
@@ -211,47 +279,6 @@ def _merge_finish(acc, m, l):
 
 
 @triton.jit
-def _combine_splits_kernel(
-    Opart,             # float32 [batch, q_len, nheads, S, HEAD_DIM]
-    Lpart,             # float32 [batch, q_len, nheads, S]
-    Out,               # [batch, q_len, nheads, HEAD_DIM], q's dtype
-    Lse,               # float32 [batch, nheads, q_len]
-    num_splits, head_dim,
-    stride_pb, stride_pt, stride_ph, stride_ps,
-    stride_lpb, stride_lpt, stride_lph, stride_lps,
-    stride_ob, stride_ot, stride_oh,
-    stride_lb, stride_lt, stride_lh,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, STORE_LSE: tl.constexpr,
-):
-    """One program per (head, token, sequence): the S partials, BLOCK_S at a time (one chunk
-    unless S > BLOCK_S), as whole tiles: a serial load-merge chain over the splits would cost a
-    memory latency per split."""
-    head = tl.program_id(0)
-    tok = tl.program_id(1)
-    seq = tl.program_id(2).to(tl.int64)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_s = tl.arange(0, BLOCK_S)
-    d_ok = offs_d < head_dim
-    p_base = Opart + seq * stride_pb + tok * stride_pt + head * stride_ph
-    l_base = Lpart + seq * stride_lpb + tok * stride_lpt + head * stride_lph
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    m = tl.max(tl.full([BLOCK_S], float("-inf"), dtype=tl.float32), 0)
-    l = tl.sum(tl.zeros([BLOCK_S], dtype=tl.float32), 0)
-    for s0 in range(0, num_splits, BLOCK_S):
-        s = s0 + offs_s
-        s_ok = s < num_splits
-        o = tl.load(p_base + s[:, None] * stride_ps + offs_d[None, :],
-                    mask=s_ok[:, None] & d_ok[None, :], other=0.0)
-        lse = tl.load(l_base + s * stride_lps, mask=s_ok, other=float("-inf"))
-        acc, m, l = _merge_chunk(acc, m, l, o, lse)
-    o, lse = _merge_finish(acc, m, l)
-    tl.store(Out + seq * stride_ob + tok * stride_ot + head * stride_oh + offs_d,
-             o.to(Out.dtype.element_ty), mask=d_ok)
-    if STORE_LSE:
-        tl.store(Lse + seq * stride_lb + tok * stride_lt + head * stride_lh, lse)
-
-
-@triton.jit
 def _merge_states_kernel(
     Oa, La, Ob, Lb, Out, Lse,   # o: [n, nheads, HEAD_DIM]; lse: float32 [n, nheads]
     head_dim,
@@ -282,16 +309,26 @@ def _merge_states_kernel(
     tl.store(Lse + row * stride_ln + head * stride_lh, lse)
 
 
+def decode_row_blocks(nheads: int, nheads_k: int, q_len: int) -> tuple[int, int]:
+    """``(BLOCK_M, M-blocks)`` of one (sequence, KV head): its ``nheads // nheads_k * q_len``
+    packed rows, padded to >= 16 for tl.dot; past 64 rows the state no longer fits comfortably
+    in registers, so large GQA groups x long q_len take several M-blocks (each re-reads K/V)."""
+    rows = nheads // nheads_k * q_len
+    block_m = max(16, min(64, next_pow2(rows)))
+    return block_m, -(-rows // block_m)
+
+
 class PagedDecodeLaunch:
-    """One decode shape's launch, fixed once: grid, scalar arguments, constants, cache keys.
+    """One decode shape's launch, fixed once: grid, scalar arguments, constants, cache key.
 
     Built from the (planned) tensors' shapes and strides; ``__call__`` then launches the decode
-    kernel (and, for ``num_splits > 1``, the combine) for tensors with exactly those shapes and
-    strides, through ``_launch.launch`` (Triton's C launcher, no per-call argument binding).
-    Checks are the caller's. ``out`` and ``lse`` must be contiguous ``[batch, q_len, nheads, d]``
-    (q's dtype) and float32 ``[batch, nheads, q_len]``; with ``num_splits > 1`` the scratch is
-    float32 contiguous ``o_part [batch, q_len, nheads, S, d]`` and ``lse_part [batch, q_len,
-    nheads, S]``. With ``store_lse=False`` no LSE is written (``lse`` may be None).
+    kernel (one launch, split-K included: the last split merges) for tensors with exactly those
+    shapes and strides, through ``_launch.launch`` (Triton's C launcher, no per-call argument
+    binding). Checks are the caller's. ``out`` and ``lse`` must be contiguous ``[batch, q_len,
+    nheads, d]`` (q's dtype) and float32 ``[batch, nheads, q_len]``; with ``num_splits > 1`` the
+    scratch is float32 contiguous ``o_part [batch, q_len, nheads, S, d]`` and ``lse_part [batch,
+    q_len, nheads, S]``, plus int32 zeros ``arrivals [batch, nheads_k, M-blocks]``
+    (``decode_row_blocks``), which the kernel leaves zero again. With ``store_lse=False`` no LSE is written (``lse`` may be None).
     """
 
     def __init__(self, q, k_cache, v_cache, block_table, *, softmax_scale: float, causal: bool,
@@ -299,63 +336,46 @@ class PagedDecodeLaunch:
         batch, q_len, nheads, head_dim = q.shape
         page_size, nheads_k = k_cache.shape[1], k_cache.shape[2]
         group = nheads // nheads_k
-        rows = group * q_len
-        # Rows padded to >= 16 for tl.dot; past 64 rows the state no longer fits comfortably in
-        # registers, so large GQA groups x long q_len take several M-blocks (each re-reads K/V).
-        block_m = max(16, min(64, triton.next_power_of_2(rows)))
-        num_m_blocks = triton.cdiv(rows, block_m)
-        block_d = max(16, triton.next_power_of_2(head_dim))
-        self.batch, self.num_splits, self.store_lse = batch, num_splits, store_lse
+        block_m, num_m_blocks = decode_row_blocks(nheads, nheads_k, q_len)
+        block_d = max(16, next_pow2(head_dim))
+        self.batch, self.num_splits = batch, num_splits
         self.device_index = q.device.index if q.device.type == "cuda" else -1
-        # Strides of the buffers we allocate ourselves (contiguous).
-        o_strides = (q_len * nheads * head_dim, nheads * head_dim, head_dim)
-        l_strides = (nheads * q_len, 1, q_len)  # (batch, token, head) of [batch, nheads, q_len]
-        if num_splits == 1:
-            dst_o, dst_l = o_strides + (0,), l_strides + (0,)
+        if num_splits == 1:  # straight into out [batch, q_len, nheads, d], lse [batch, nheads, q_len]
+            dst_o = (q_len * nheads * head_dim, nheads * head_dim, head_dim, 0)
+            dst_l = (nheads * q_len, 1, q_len, 0)  # (batch, token, head, split)
         else:
             s = num_splits
             dst_o = (q_len * nheads * s * head_dim, nheads * s * head_dim, s * head_dim, head_dim)
             dst_l = (q_len * nheads * s, nheads * s, s, 1)
-        self._decode_ints = (
+        self._ints = (
             q_len, num_splits, num_m_blocks, head_dim, *q.stride()[:3], *k_cache.stride()[:3],
             *v_cache.stride()[:3], *dst_o, *dst_l, block_table.stride(0))
         self._scale = float(softmax_scale)
-        self._decode_grid = (num_splits * num_m_blocks, nheads_k, batch)
-        self._decode_constexprs = dict(
+        self._grid = (num_splits * num_m_blocks, nheads_k, batch)
+        self._constexprs = dict(
             GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, BLOCK_M=block_m,
             BLOCK_N=config.block_n, BLOCK_D=block_d, EVEN_D=block_d == head_dim,
-            STORE_LSE=store_lse or num_splits > 1,
+            STORE_LSE=store_lse, SPLIT=num_splits > 1,
             KV_CACHE=config.kv_cache_modifier, KV_EVICT=config.kv_eviction)
-        self._decode_warps = (config.num_warps, config.num_stages)
-        self._decode_key = (q.dtype, k_cache.dtype, self._decode_ints,
-                            tuple(self._decode_constexprs.values()), self._decode_warps)
-        if num_splits > 1:
-            self._combine_ints = (num_splits, head_dim, *dst_o, *dst_l, *o_strides, *l_strides)
-            self._combine_grid = (nheads, q_len, batch)
-            self._combine_constexprs = dict(
-                BLOCK_S=min(32, triton.next_power_of_2(num_splits)), BLOCK_D=block_d,
-                STORE_LSE=store_lse)
-            self._combine_warps = (4 if block_d <= 128 else 8, 3)  # 3: Triton's default
-            self._combine_key = (q.dtype, self._combine_ints,
-                                 tuple(self._combine_constexprs.values()))
+        self._warps = (config.num_warps, config.num_stages)
+        self._key = (q.dtype, k_cache.dtype, self._ints, tuple(self._constexprs.values()),
+                     self._warps)
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, out, lse,
-                 o_part=None, lse_part=None) -> None:
+                 o_part=None, lse_part=None, arrivals=None) -> None:
         if self.batch == 0:
             return
         if lse is None:  # never dereferenced (STORE_LSE is off): any pointer will do
             lse = out
-        split = self.num_splits > 1
-        dst_o, dst_l = (o_part, lse_part) if split else (out, lse)
+        if self.num_splits > 1:
+            dst_o, dst_l, final_o, final_l = o_part, lse_part, out, lse
+        else:  # the split-K arguments are never dereferenced
+            dst_o, dst_l, final_o, final_l, arrivals = out, lse, out, lse, cache_seqlens
         aligned = all_aligned(q, k_cache, v_cache, cache_seqlens, block_table)
-        launch(_paged_decode_kernel, (self._decode_key, aligned), self._decode_grid,
-               (q, k_cache, v_cache, dst_o, dst_l, cache_seqlens, block_table, self._scale,
-                *self._decode_ints),
-               self._decode_constexprs, *self._decode_warps, self.device_index)
-        if split:
-            launch(_combine_splits_kernel, self._combine_key, self._combine_grid,
-                   (o_part, lse_part, out, lse, *self._combine_ints),
-                   self._combine_constexprs, *self._combine_warps, self.device_index)
+        launch(_paged_decode_kernel, (self._key, aligned), self._grid,
+               (q, k_cache, v_cache, dst_o, dst_l, cache_seqlens, block_table, final_o, final_l,
+                arrivals, self._scale, *self._ints),
+               self._constexprs, *self._warps, self.device_index)
 
 
 def launch_merge_states(o_a, lse_a, o_b, lse_b, out, lse) -> None:
@@ -363,7 +383,7 @@ def launch_merge_states(o_a, lse_a, o_b, lse_b, out, lse) -> None:
     n, nheads, head_dim = o_a.shape
     if n == 0 or nheads == 0:
         return
-    block_d = max(16, triton.next_power_of_2(head_dim))
+    block_d = max(16, next_pow2(head_dim))
     ints = (head_dim, o_a.stride(0), o_a.stride(1), o_b.stride(0), o_b.stride(1), out.stride(0),
             out.stride(1), lse_a.stride(0), lse_a.stride(1), lse_b.stride(0), lse_b.stride(1),
             lse.stride(0), lse.stride(1))
