@@ -94,7 +94,7 @@ def _decode_op_args(split: bool):
     c = decode.get_paged_decode_config(None, 32) if not HAS_CUDA else \
         decode.get_paged_decode_config(torch.cuda.get_device_capability(), 32)
     fields = (32 ** -0.5, True, c.block_n, c.num_warps, c.num_stages, c.kv_cache_modifier,
-              c.kv_eviction)
+              c.kv_eviction, c.max_merged_splits)
     if not split:
         return (q, k_cache, v_cache, seqlens, table, *fields)
     s = 3

@@ -229,7 +229,7 @@ class PagedDecodePlan:
     def _run_op(self, q, k_cache, v_cache, cache_seqlens, block_table):
         c = self.config
         launch_fields = (self.softmax_scale, self.causal, c.block_n, c.num_warps, c.num_stages,
-                         c.kv_cache_modifier, c.kv_eviction)
+                         c.kv_cache_modifier, c.kv_eviction, c.max_merged_splits)
         if self.num_splits == 1:
             return torch.ops.kvonce.paged_decode(q, k_cache, v_cache, cache_seqlens, block_table,
                                                  *launch_fields)
@@ -444,10 +444,10 @@ def _decode_outputs(q: torch.Tensor, alloc) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def _paged_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, o_part, lse_part,
-                       arrivals, softmax_scale, causal, block_n, num_warps, num_stages, kv_cache_modifier,
-                       kv_eviction):
+                       arrivals, softmax_scale, causal, block_n, num_warps, num_stages,
+                       kv_cache_modifier, kv_eviction, max_merged_splits):
     config = PagedDecodeConfig(block_n, num_warps, num_stages, kv_cache_modifier=kv_cache_modifier,
-                               kv_eviction=kv_eviction)
+                               kv_eviction=kv_eviction, max_merged_splits=max_merged_splits)
     out, lse = _decode_outputs(q, _empty)
     num_splits = 1 if o_part is None else o_part.shape[3]
     PagedDecodeLaunch(q, k_cache, v_cache, block_table, softmax_scale=softmax_scale,
@@ -460,14 +460,14 @@ def _paged_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, o_part, 
 def _paged_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      cache_seqlens: torch.Tensor, block_table: torch.Tensor, softmax_scale: float,
                      causal: bool, block_n: int, num_warps: int, num_stages: int,
-                     kv_cache_modifier: str, kv_eviction: str
+                     kv_cache_modifier: str, kv_eviction: str, max_merged_splits: int
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """Single-pass paged decode (``PagedDecodePlan.run`` with ``num_splits == 1``): ``(out
     [batch, q_len, nheads, d], lse float32 [batch, nheads, q_len])``; the config's launch fields
     are passed one by one (a dataclass cannot be an op argument)."""
     return _paged_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, None, None, None,
                               softmax_scale, causal, block_n, num_warps, num_stages,
-                              kv_cache_modifier, kv_eviction)
+                              kv_cache_modifier, kv_eviction, max_merged_splits)
 
 
 @_paged_decode_op.register_fake
@@ -482,15 +482,16 @@ def _paged_decode_split_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            o_part: torch.Tensor, lse_part: torch.Tensor, arrivals: torch.Tensor,
                            softmax_scale: float,
                            causal: bool, block_n: int, num_warps: int, num_stages: int,
-                           kv_cache_modifier: str, kv_eviction: str
+                           kv_cache_modifier: str, kv_eviction: str, max_merged_splits: int
                            ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Split-K paged decode, merged in the same launch; ``o_part`` float32 ``[batch, q_len,
+    """Split-K paged decode and its merge (in the same launch up to ``max_merged_splits``
+    splits, else a combine launch); ``o_part`` float32 ``[batch, q_len,
     nheads, S, d]``, ``lse_part`` float32 ``[batch, q_len, nheads, S]`` and the int32 zeros
     ``arrivals [batch, nheads_k, M-blocks]`` are the plan's scratch (written, so declared
     mutated; the arrival counts end at zero again)."""
     return _paged_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, o_part, lse_part,
                               arrivals, softmax_scale, causal, block_n, num_warps, num_stages,
-                              kv_cache_modifier, kv_eviction)
+                              kv_cache_modifier, kv_eviction, max_merged_splits)
 
 
 @_paged_decode_split_op.register_fake

@@ -106,6 +106,10 @@ class PagedDecodeConfig:
     single_pass_sms: with at least this many (sequence, KV head) programs per SM, no split.
     kv_cache_modifier: "" or ".cg" on K/V loads (each K/V element is read exactly once).
     kv_eviction: "" or "evict_first" on K/V loads (streamed once: no reuse to keep in L2).
+    max_merged_splits: up to this split count the last split to finish merges in the decode
+        launch (one launch); past it a combine kernel does (the merging program's serial walk
+        over S splits measured slower than the second launch from ~8-16 splits on: H100,
+        docs/notes.md).
     """
     block_n: int
     num_warps: int
@@ -115,6 +119,7 @@ class PagedDecodeConfig:
     single_pass_sms: float = 1.5
     kv_cache_modifier: str = ""
     kv_eviction: str = ""
+    max_merged_splits: int = 8
 
 
 # (capability major, minor) -> head dim -> config. The Hopper d=128 row comes from

@@ -199,14 +199,14 @@ def _group_block_setup(Q, cu_seqlens_q, kv_end_ptr, seq, len_k, start_m, head, s
 
 
 @triton.jit
-def _store_group(Out, Lse, out_start_ptr, seq, head, acc, m_i, l_i, len_q, offs_m, offs_d, head_dim,
+def _store_group(Out, Lse, out_row0, head, acc, m_i, l_i, len_q, offs_m, offs_d, head_dim,
                  stride_om, stride_oh, stride_lse_h, EVEN_D: tl.constexpr):
     """out = acc / l (0 where no key was seen), lse = (m + log2 l) * ln 2 (-inf there)."""
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
     lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453,
                    float("-inf"))
-    row = tl.load(out_start_ptr + seq) + offs_m
+    row = out_row0 + offs_m
     row_ok = offs_m < len_q
     o_ptrs = Out + row.to(tl.int64)[:, None] * stride_om + head * stride_oh + offs_d[None, :]
     if EVEN_D:
@@ -225,9 +225,10 @@ def _fused_dual_group_fwd_kernel_varlen(
     Lse0, Lse1,        # float32 [nheads, rows_o0], [nheads, rows_o1]
     cu_seqlens_q0, cu_seqlens_q1,  # int32 [batch + 1]
     cu_seqlens_k,      # int32 [batch + 1]: contiguous starts, or LOCAL starts in zigzag mode
-    kv_end0, kv_end1,  # int32 [batch] (ints with KV_END_SCALAR): keys each group may see,
-                       # clipped to the sequence here
-    out_start0, out_start1,  # int32 [batch]: first output row of each sequence
+    kv_end0, kv_end1,  # int32 [batch] (ints with KV_END_SCALAR; chunk counts with
+                       # KV_END_IN_CHUNKS): keys each group may see, clipped to the sequence here
+    out_start0, out_start1,  # int32 [batch]: first output row of each sequence (unused with
+                             # OUT_LOCAL_ORDER)
     sm_scale,          # float: softmax scale (log2(e) is folded in here)
     rank_rows, world_size,  # zigzag mode: rows per rank in the gathered buffer, ranks
     stride_q0m, stride_q0h, stride_q1m, stride_q1h,
@@ -238,6 +239,7 @@ def _fused_dual_group_fwd_kernel_varlen(
     IS_CAUSAL: tl.constexpr, KV_ZIGZAG: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     KV_CACHE: tl.constexpr, INT64_KV: tl.constexpr, KV_END_SCALAR: tl.constexpr,
+    KV_END_IN_CHUNKS: tl.constexpr, OUT_LOCAL_ORDER: tl.constexpr,
 ):
     # Grid (nheads, m-blocks, batch): heads vary fastest, so the q heads of one kv head run
     # together (FA2's m-blocks-fastest order measured the same, docs/notes.md). m-blocks are
@@ -258,6 +260,9 @@ def _fused_dual_group_fwd_kernel_varlen(
         chunk = 1
         len_k = len_k_stored
 
+    if KV_END_IN_CHUNKS:  # zigzag: the ends count this sequence's chunks (no metadata tensors)
+        kv_end0 = kv_end0 * chunk
+        kv_end1 = kv_end1 * chunk
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     q0, len_q0, diag0, end0, full0, hi0 = _group_block_setup(
@@ -268,6 +273,14 @@ def _fused_dual_group_fwd_kernel_varlen(
         offs_m, offs_d, head_dim, IS_CAUSAL, BLOCK_M, BLOCK_N, EVEN_D, KV_END_SCALAR)
     if start_m * BLOCK_M >= tl.maximum(len_q0, len_q1):
         return
+    if OUT_LOCAL_ORDER:
+        # The rank's local order: sequence b's rows start at cu_q0[b] + cu_q1[b], group 0's
+        # chunk first, then group 1's.
+        out_row0 = tl.load(cu_seqlens_q0 + seq) + tl.load(cu_seqlens_q1 + seq)
+        out_row1 = out_row0 + len_q0
+    else:
+        out_row0 = tl.load(out_start0 + seq)
+        out_row1 = tl.load(out_start1 + seq)
 
     K += kv_head * stride_kh
     V += kv_head * stride_vh
@@ -303,14 +316,14 @@ def _fused_dual_group_fwd_kernel_varlen(
         acc0, m_0, l_0, q0, shared_end, full0, hi0, qk_scale, offs_m, diag0, end0,
         K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
         BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
-    _store_group(Out0, Lse0, out_start0, seq, head, acc0, m_0, l_0, len_q0, offs_m, offs_d,
+    _store_group(Out0, Lse0, out_row0, head, acc0, m_0, l_0, len_q0, offs_m, offs_d,
                  head_dim, stride_o0m, stride_o0h, stride_lse0_h, EVEN_D)
 
     acc1, m_1, l_1 = _attend_alone(
         acc1, m_1, l_1, q1, shared_end, full1, hi1, qk_scale, offs_m, diag1, end1,
         K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
         BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
-    _store_group(Out1, Lse1, out_start1, seq, head, acc1, m_1, l_1, len_q1, offs_m, offs_d,
+    _store_group(Out1, Lse1, out_row1, head, acc1, m_1, l_1, len_q1, offs_m, offs_d,
                  head_dim, stride_o1m, stride_o1h, stride_lse1_h, EVEN_D)
 
 
@@ -324,7 +337,7 @@ def launch_dual_group_fwd(
     q0, q1, k, v, out0, out1, lse0, lse1,
     cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1, out_start0, out_start1,
     *, max_seqlen_q: int, softmax_scale: float, causal: bool, config,
-    zigzag_world_size: int = 0, zigzag_rank_rows: int = 0,
+    zigzag_world_size: int = 0, zigzag_rank_rows: int = 0, zigzag_local_order: bool = False,
 ):
     """Launch ``_fused_dual_group_fwd_kernel_varlen``. All checks are the caller's (varlen.py).
     Returns Triton's compiled-kernel handle (registers, spills: for the config sweep), or None
@@ -334,7 +347,11 @@ def launch_dual_group_fwd(
     ``out_start*`` int32 tensors whose first ``batch`` entries are used (``cu_seqlens_q*`` itself
     for outputs in the groups' own order). ``zigzag_world_size > 0`` reads ``k, v`` as the zigzag
     all-gather buffer of that many ranks, ``zigzag_rank_rows`` rows each, with ``cu_seqlens_k``
-    the LOCAL cumulative lengths. Launched through ``_launch.launch`` (no per-call binding).
+    the LOCAL cumulative lengths. ``zigzag_local_order``: the rank's zigzag step in one launch
+    with no metadata tensors: ``kv_end*`` are ints counting each sequence's chunks
+    (``chunk_idx + 1``), ``out_start*`` are ignored and both groups are written in the rank's
+    local order (rows of sequence ``b`` from ``cu_q0[b] + cu_q1[b]``, group 0 first). Launched
+    through ``_launch.launch`` (no per-call binding).
     """
     batch = cu_seqlens_q0.shape[0] - 1
     nheads, head_dim = q0.shape[1], q0.shape[2]
@@ -351,7 +368,8 @@ def launch_dual_group_fwd(
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_D=block_d,
         EVEN_D=block_d == head_dim, KV_CACHE=config.kv_cache_modifier,
         INT64_KV=config.int64_kv_offsets or _max_offset(k) >= 2**31 or _max_offset(v) >= 2**31,
-        KV_END_SCALAR=kv_end_scalar)
+        KV_END_SCALAR=kv_end_scalar, KV_END_IN_CHUNKS=zigzag_local_order,
+        OUT_LOCAL_ORDER=zigzag_local_order)
     pointers = (q0, q1, k, v, out0, out1, lse0, lse1, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k)
     ends = (kv_end0, kv_end1)
     # Integer ends are specialized on by Triton like any int argument: part of the key.

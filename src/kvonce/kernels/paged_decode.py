@@ -13,9 +13,12 @@ Split-K. With ``num_splits = S`` the keys of sequence ``b`` are cut into ``S`` r
 sequences) stores ``lse = -inf`` and ``o = 0``, which the combine weighs as zero. ``S`` comes from
 shapes only, the ranges from ``cache_seqlens`` on the device: no host sync, CUDA-graph capturable.
 With ``S = 1`` the kernel writes the final output (q's dtype) and LSE directly; otherwise each
-program stores float32 partials and bumps an arrival count of its (sequence, KV head, M-block);
-the last of the ``S`` programs to arrive merges them (``_merge_rows``, ``_merge_chunk``'s
-arithmetic) and resets the count: one launch, no combine kernel.
+program stores float32 partials. Up to ``config.max_merged_splits`` splits, each program then
+bumps an arrival count of its (sequence, KV head, M-block) and the last of the ``S`` to arrive
+merges them (``_merge_rows``, ``_merge_chunk``'s arithmetic) and resets the count: one launch.
+Past that, the merging program's serial walk over the splits costs more than a second launch
+(H100, docs/notes.md), and ``_combine_splits_kernel`` merges them, tile by tile, with
+``_merge_chunk``, the same helper ``merge_attention_states`` uses.
 
 Causal is bottom-right: row t sees key ``j <= t + seqlen - q_len``. Key tiles wholly visible to
 every row take the unmasked loop; the last tiles of the range (the diagonal, the sequence end) the
@@ -116,8 +119,8 @@ def _paged_decode_kernel(
     stride_btb,
     GROUP: tl.constexpr, IS_CAUSAL: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
-    STORE_LSE: tl.constexpr, SPLIT: tl.constexpr, KV_CACHE: tl.constexpr,
-    KV_EVICT: tl.constexpr,
+    STORE_LSE: tl.constexpr, SPLIT: tl.constexpr, MERGE_HERE: tl.constexpr,
+    KV_CACHE: tl.constexpr, KV_EVICT: tl.constexpr,
 ):
     # Grid: (num_splits * num_m_blocks, nheads_k, batch). Splits vary fastest so that the
     # programs of one sequence's KV head run side by side.
@@ -184,7 +187,7 @@ def _paged_decode_kernel(
                   + head * stride_lh)
         tl.store(l_ptrs, lse, mask=row_ok)
 
-    if SPLIT:
+    if MERGE_HERE:
         # The last split of this (sequence, KV head, M-block) to finish merges all of them: one
         # launch instead of decode + combine. The barrier orders every thread's partial stores
         # before the (single-thread) release of the arrival count; the acquire side reads the
@@ -279,6 +282,47 @@ def _merge_finish(acc, m, l):
 
 
 @triton.jit
+def _combine_splits_kernel(
+    Opart,             # float32 [batch, q_len, nheads, S, HEAD_DIM]
+    Lpart,             # float32 [batch, q_len, nheads, S]
+    Out,               # [batch, q_len, nheads, HEAD_DIM], q's dtype
+    Lse,               # float32 [batch, nheads, q_len]
+    num_splits, head_dim,
+    stride_pb, stride_pt, stride_ph, stride_ps,
+    stride_lpb, stride_lpt, stride_lph, stride_lps,
+    stride_ob, stride_ot, stride_oh,
+    stride_lb, stride_lt, stride_lh,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, STORE_LSE: tl.constexpr,
+):
+    """One program per (head, token, sequence): the S partials, BLOCK_S at a time (one chunk
+    unless S > BLOCK_S), as whole tiles: a serial load-merge chain over the splits would cost a
+    memory latency per split."""
+    head = tl.program_id(0)
+    tok = tl.program_id(1)
+    seq = tl.program_id(2).to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_s = tl.arange(0, BLOCK_S)
+    d_ok = offs_d < head_dim
+    p_base = Opart + seq * stride_pb + tok * stride_pt + head * stride_ph
+    l_base = Lpart + seq * stride_lpb + tok * stride_lpt + head * stride_lph
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    m = tl.max(tl.full([BLOCK_S], float("-inf"), dtype=tl.float32), 0)
+    l = tl.sum(tl.zeros([BLOCK_S], dtype=tl.float32), 0)
+    for s0 in range(0, num_splits, BLOCK_S):
+        s = s0 + offs_s
+        s_ok = s < num_splits
+        o = tl.load(p_base + s[:, None] * stride_ps + offs_d[None, :],
+                    mask=s_ok[:, None] & d_ok[None, :], other=0.0)
+        lse = tl.load(l_base + s * stride_lps, mask=s_ok, other=float("-inf"))
+        acc, m, l = _merge_chunk(acc, m, l, o, lse)
+    o, lse = _merge_finish(acc, m, l)
+    tl.store(Out + seq * stride_ob + tok * stride_ot + head * stride_oh + offs_d,
+             o.to(Out.dtype.element_ty), mask=d_ok)
+    if STORE_LSE:
+        tl.store(Lse + seq * stride_lb + tok * stride_lt + head * stride_lh, lse)
+
+
+@triton.jit
 def _merge_states_kernel(
     Oa, La, Ob, Lb, Out, Lse,   # o: [n, nheads, HEAD_DIM]; lse: float32 [n, nheads]
     head_dim,
@@ -322,7 +366,8 @@ class PagedDecodeLaunch:
     """One decode shape's launch, fixed once: grid, scalar arguments, constants, cache key.
 
     Built from the (planned) tensors' shapes and strides; ``__call__`` then launches the decode
-    kernel (one launch, split-K included: the last split merges) for tensors with exactly those
+    kernel (one launch, split-K up to ``config.max_merged_splits`` included: the last split
+    merges; past that a combine launch follows) for tensors with exactly those
     shapes and strides, through ``_launch.launch`` (Triton's C launcher, no per-call argument
     binding). Checks are the caller's. ``out`` and ``lse`` must be contiguous ``[batch, q_len,
     nheads, d]`` (q's dtype) and float32 ``[batch, nheads, q_len]``; with ``num_splits > 1`` the
@@ -339,6 +384,7 @@ class PagedDecodeLaunch:
         block_m, num_m_blocks = decode_row_blocks(nheads, nheads_k, q_len)
         block_d = max(16, next_pow2(head_dim))
         self.batch, self.num_splits = batch, num_splits
+        merge_here = 1 < num_splits <= config.max_merged_splits
         self.device_index = q.device.index if q.device.type == "cuda" else -1
         if num_splits == 1:  # straight into out [batch, q_len, nheads, d], lse [batch, nheads, q_len]
             dst_o = (q_len * nheads * head_dim, nheads * head_dim, head_dim, 0)
@@ -355,11 +401,21 @@ class PagedDecodeLaunch:
         self._constexprs = dict(
             GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, BLOCK_M=block_m,
             BLOCK_N=config.block_n, BLOCK_D=block_d, EVEN_D=block_d == head_dim,
-            STORE_LSE=store_lse, SPLIT=num_splits > 1,
+            STORE_LSE=store_lse, SPLIT=num_splits > 1, MERGE_HERE=merge_here,
             KV_CACHE=config.kv_cache_modifier, KV_EVICT=config.kv_eviction)
         self._warps = (config.num_warps, config.num_stages)
         self._key = (q.dtype, k_cache.dtype, self._ints, tuple(self._constexprs.values()),
                      self._warps)
+        self._combine = None
+        if num_splits > 1 and not merge_here:
+            # Final out [batch, q_len, nheads, d] and lse [batch, nheads, q_len], contiguous.
+            ints = (num_splits, head_dim, *dst_o, *dst_l, q_len * nheads * head_dim,
+                    nheads * head_dim, head_dim, nheads * q_len, 1, q_len)
+            constexprs = dict(BLOCK_S=min(32, next_pow2(num_splits)), BLOCK_D=block_d,
+                              STORE_LSE=store_lse)
+            warps = (4 if block_d <= 128 else 8, 3)  # 3 stages: Triton's default
+            self._combine = ((q.dtype, ints, tuple(constexprs.values())), (nheads, q_len, batch),
+                             ints, constexprs, warps)
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, out, lse,
                  o_part=None, lse_part=None, arrivals=None) -> None:
@@ -376,6 +432,10 @@ class PagedDecodeLaunch:
                (q, k_cache, v_cache, dst_o, dst_l, cache_seqlens, block_table, final_o, final_l,
                 arrivals, self._scale, *self._ints),
                self._constexprs, *self._warps, self.device_index)
+        if self._combine is not None:
+            key, grid, ints, constexprs, warps = self._combine
+            launch(_combine_splits_kernel, key, grid, (o_part, lse_part, out, lse, *ints),
+                   constexprs, *warps, self.device_index)
 
 
 def launch_merge_states(o_a, lse_a, o_b, lse_b, out, lse) -> None:

@@ -53,11 +53,46 @@ def replace_execute_grouped_attention_with_fused_varlen(
     out : ``[total_local, nheads, headdim]`` in local order, ``lse`` float32 ``[nheads, total_local]``,
     ``chunk_info`` as ``execute_grouped_attention``.
     """
-    check_unsupported_features(dropout_p, window_size, alibi_slopes)
     if len(chunk_q_list) != 2 or len(chunk_cu_seqlens_q_list) != 2:
         raise ValueError("chunk_q_list and chunk_cu_seqlens_q_list must hold two groups")
     q0, q1 = chunk_q_list
     cu_q0, cu_q1 = chunk_cu_seqlens_q_list
+    compiling = torch.compiler.is_compiling()
+    signature = None if compiling else V.call_signature(
+        q0, q1, cu_q0, cu_q1, kv_buffer, cu_seqlens_k, nheads, head_dim, softmax_scale, dropout_p,
+        causal, window_size, alibi_slopes, world_size, chunk_idx_0, chunk_idx_1, max_seqlen_q,
+        config)
+    if _passed_checks.get(signature) is None:
+        _check_arguments(q0, q1, cu_q0, cu_q1, kv_buffer, cu_seqlens_k, nheads, head_dim,
+                         dropout_p, window_size, alibi_slopes, world_size, chunk_idx_0,
+                         chunk_idx_1)
+        _passed_checks.add(signature)
+
+    scale = head_dim ** -0.5 if softmax_scale is None else float(softmax_scale)
+    bound = max(q0.shape[0], q1.shape[0]) if max_seqlen_q is None else max_seqlen_q
+    if config is None:
+        config = get_dual_group_fwd_config(_capability(q0.device), head_dim)
+    fields = (chunk_idx_0, chunk_idx_1, world_size, bound, scale, causal)
+    if compiling:
+        out, lse = torch.ops.kvonce.dual_group_fwd_zigzag(
+            q0, q1, kv_buffer, cu_q0, cu_q1, cu_seqlens_k, *fields, *dataclasses.astuple(config))
+    else:
+        out, lse = _zigzag_fwd_impl(q0, q1, kv_buffer, cu_q0, cu_q1, cu_seqlens_k, *fields, config)
+    chunk_info = {
+        "chunk_indices_list": chunk_indices_list,
+        "chunk_cu_seqlens_q_list": chunk_cu_seqlens_q_list,
+        "kv_slices": kv_slices,
+    }
+    return out, lse, chunk_info
+
+
+# Call signatures whose checks passed (shapes, strides, dtypes, devices, ints: never values).
+_passed_checks = V.PassedChecks()
+
+
+def _check_arguments(q0, q1, cu_q0, cu_q1, kv_buffer, cu_seqlens_k, nheads, head_dim, dropout_p,
+                     window_size, alibi_slopes, world_size, chunk_idx_0, chunk_idx_1) -> None:
+    check_unsupported_features(dropout_p, window_size, alibi_slopes)
     V.check_tensor("kv_buffer", kv_buffer, ndim=4, dtypes=V.ATTN_DTYPES)
     if kv_buffer.shape[0] != 2:
         raise ValueError(f"kv_buffer must be [2, tokens, nheads_k, headdim], got {tuple(kv_buffer.shape)}")
@@ -72,46 +107,24 @@ def replace_execute_grouped_attention_with_fused_varlen(
     if q0.shape[1] != nheads or q0.shape[2] != head_dim:
         raise ValueError(f"q0 has [nheads, headdim] = {tuple(q0.shape[1:])}, expected "
                          f"({nheads}, {head_dim})")
-    k, v = kv_buffer[0], kv_buffer[1]
-    validate_dual_group_inputs(q0, q1, k, v, cu_q0, cu_q1, cu_seqlens_k, 0, 0)
-
-    scale = head_dim ** -0.5 if softmax_scale is None else float(softmax_scale)
-    bound = max(q0.shape[0], q1.shape[0]) if max_seqlen_q is None else max_seqlen_q
-    if config is None:
-        config = get_dual_group_fwd_config(_capability(q0.device), head_dim)
-    fields = (chunk_idx_0, chunk_idx_1, world_size, bound, scale, causal)
-    if torch.compiler.is_compiling():
-        out, lse = torch.ops.kvonce.dual_group_fwd_zigzag(
-            q0, q1, kv_buffer, cu_q0, cu_q1, cu_seqlens_k, *fields, *dataclasses.astuple(config))
-    else:
-        out, lse = _zigzag_fwd_impl(q0, q1, kv_buffer, cu_q0, cu_q1, cu_seqlens_k, *fields, config)
-    chunk_info = {
-        "chunk_indices_list": chunk_indices_list,
-        "chunk_cu_seqlens_q_list": chunk_cu_seqlens_q_list,
-        "kv_slices": kv_slices,
-    }
-    return out, lse, chunk_info
+    validate_dual_group_inputs(q0, q1, kv_buffer[0], kv_buffer[1], cu_q0, cu_q1, cu_seqlens_k,
+                               0, 0)
 
 
 def _zigzag_fwd_impl(q0, q1, kv_buffer, cu_q0, cu_q1, cu_seqlens_k, chunk_idx_0, chunk_idx_1,
                      world_size, max_seqlen_q, softmax_scale, causal, config):
     """Both groups into one local-order ``out [total_local, nheads, d]`` and ``lse`` float32
-    ``[nheads, total_local]``; the per-sequence metadata is computed on the device."""
+    ``[nheads, total_local]``; key ranges and output rows are derived inside the kernel."""
     nheads, head_dim = q0.shape[1], q0.shape[2]
-    chunk = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]) // 2          # c_b
-    kv_end0 = (chunk * (chunk_idx_0 + 1)).to(torch.int32)
-    kv_end1 = (chunk * (chunk_idx_1 + 1)).to(torch.int32)
-    out_start0 = (cu_q0[:-1] + cu_q1[:-1]).to(torch.int32)
-    out_start1 = (out_start0 + (cu_q0[1:] - cu_q0[:-1])).to(torch.int32)
     total_q = q0.shape[0] + q1.shape[0]
     out = torch.empty((total_q, nheads, head_dim), dtype=q0.dtype, device=q0.device)
     lse = torch.empty((nheads, total_q), dtype=torch.float32, device=q0.device)
-    if cu_q0.shape[0] > 1:
-        launch_dual_group_fwd(
-            q0, q1, kv_buffer[0], kv_buffer[1], out, out, lse, lse, cu_q0, cu_q1, cu_seqlens_k,
-            kv_end0, kv_end1, out_start0, out_start1, max_seqlen_q=max_seqlen_q,
-            softmax_scale=softmax_scale, causal=causal, config=config,
-            zigzag_world_size=world_size, zigzag_rank_rows=kv_buffer.shape[1] // world_size)
+    launch_dual_group_fwd(
+        q0, q1, kv_buffer[0], kv_buffer[1], out, out, lse, lse, cu_q0, cu_q1, cu_seqlens_k,
+        chunk_idx_0 + 1, chunk_idx_1 + 1, cu_q0, cu_q1, max_seqlen_q=max_seqlen_q,
+        softmax_scale=softmax_scale, causal=causal, config=config,
+        zigzag_world_size=world_size, zigzag_rank_rows=kv_buffer.shape[1] // world_size,
+        zigzag_local_order=True)
     return out, lse
 
 
