@@ -32,18 +32,21 @@ def choose_num_splits(batch: int, nheads_k: int, max_keys: int, num_sms: int,
                       config: PagedDecodeConfig) -> int:
     """Split count from shapes only (never tensor values: CUDA-graph capturable).
 
-    ``base = batch * nheads_k`` programs of one split each. From ``config.single_pass_sms *
-    num_sms`` of them up, a single pass is kept (splitting measured slower there: H100,
-    docs/notes.md); below, enough splits for ``config.waves * num_sms`` programs, but no split
-    shorter than ``config.min_keys_per_split`` keys of the longest possible sequence
-    (``max_pages * page_size``) and at most ``MAX_SPLITS``.
+    ``base = batch * nheads_k`` programs of one split each. The CUDA-graph sweep over split counts
+    at the documents' 30 shapes (H100, docs/notes.md) was best near ``config.programs_per_sm *
+    num_sms`` programs (384 on 132 SMs) and 8-12% slower at every shape with 5 to 6.5 programs
+    per SM (768 on 132 SMs). So: below that target, ``target // base`` splits (but no split
+    shorter than ``config.min_keys_per_split`` keys of the longest possible sequence,
+    ``max_pages * page_size``, and at most ``MAX_SPLITS``); from it up, a single pass, or two
+    splits where one pass would land in the slow band.
     """
     base = max(1, batch * nheads_k)
-    if base >= config.single_pass_sms * num_sms:
-        return 1
-    want = -(-config.waves * num_sms // base)
+    target = int(config.programs_per_sm * num_sms)
+    if base >= target:
+        lo, hi = config.slow_programs_per_sm
+        return 2 if lo * num_sms <= base <= hi * num_sms else 1
     cap = max(1, max_keys // config.min_keys_per_split)
-    return int(max(1, min(want, cap, MAX_SPLITS)))
+    return int(max(1, min(target // base, cap, MAX_SPLITS)))
 
 
 def _check_device_ok(device: torch.device) -> None:

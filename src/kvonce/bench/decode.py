@@ -173,7 +173,7 @@ SWEEP_CONFIGS = [
     PagedDecodeConfig(64, 4, 2, kv_eviction="evict_first"),
     PagedDecodeConfig(64, 2, 2),
     PagedDecodeConfig(32, 4, 2),
-    PagedDecodeConfig(64, 4, 2, waves=2),
+    PagedDecodeConfig(64, 4, 2, programs_per_sm=5.8),
 ]
 SWEEP_SHAPES = ((16, 4096), (4, 16384), (1, 131072))
 
@@ -187,7 +187,7 @@ def sweep(bw: float) -> list[dict]:
                 r = run_case(case, bw, peers=False, config=cfg)
                 rows.append({"heads": label, "batch": batch, "seqlen": seqlen,
                              "cfg": f"n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} "
-                                    f"mk{cfg.min_keys_per_split} wv{cfg.waves} "
+                                    f"mk{cfg.min_keys_per_split} pps{cfg.programs_per_sm} "
                                     f"{cfg.kv_cache_modifier}{cfg.kv_eviction}",
                              "splits": r["splits"], "single_TBs": r["kv_single_TBs"],
                              "auto_TBs": r["kv_auto_TBs"], "plan_TBs": r["kv_plan_TBs"],

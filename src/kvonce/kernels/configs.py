@@ -102,24 +102,27 @@ class PagedDecodeConfig:
 
     block_n: keys per K/V tile (any power of two; a tile may span several pages or part of one).
     min_keys_per_split: the auto split count keeps at least this many keys per split.
-    waves: the auto split count aims at ``waves * SM count`` programs.
-    single_pass_sms: with at least this many (sequence, KV head) programs per SM, no split.
+    programs_per_sm: the auto split count aims at this many programs per SM (single pass from
+        there up).
+    slow_programs_per_sm: a single pass with this many programs per SM measured slow: two
+        splits there (``decode.choose_num_splits``).
     kv_cache_modifier: "" or ".cg" on K/V loads (each K/V element is read exactly once).
     kv_eviction: "" or "evict_first" on K/V loads (streamed once: no reuse to keep in L2).
     max_merged_splits: up to this split count the last split to finish merges in the decode
-        launch (one launch); past it a combine kernel does (the merging program's serial walk
-        over S splits measured slower than the second launch from ~8-16 splits on: H100,
-        docs/notes.md).
+        launch (one launch); past it a combine kernel does. In CUDA-graph time the in-launch
+        merge measured 1-4% slower at 2-8 splits and 10-40% slower from 16 up (its program walks
+        the splits one by one; H100, docs/notes.md), but it saves a launch (~10 us of host
+        time), so it is kept for the smallest counts.
     """
     block_n: int
     num_warps: int
     num_stages: int
     min_keys_per_split: int = 256
-    waves: int = 4
-    single_pass_sms: float = 1.5
+    programs_per_sm: float = 2.9
+    slow_programs_per_sm: tuple[float, float] = (5.0, 6.5)
     kv_cache_modifier: str = ""
     kv_eviction: str = ""
-    max_merged_splits: int = 8
+    max_merged_splits: int = 4
 
 
 # (capability major, minor) -> head dim -> config. The Hopper d=128 row comes from
@@ -136,7 +139,8 @@ _PAGED_DECODE_TABLE: dict[tuple[int, int], dict[int, PagedDecodeConfig]] = {
     },
 }
 # Interpreter: small tiles so that lengths of a few pages still cross tile and page borders.
-_PAGED_DECODE_INTERPRETER = PagedDecodeConfig(16, 4, 1, min_keys_per_split=16, waves=1)
+_PAGED_DECODE_INTERPRETER = PagedDecodeConfig(16, 4, 1, min_keys_per_split=16,
+                                             programs_per_sm=1.0)
 _PAGED_DECODE_FALLBACK = PagedDecodeConfig(32, 4, 2)
 _paged_warned: set = set()
 
