@@ -118,7 +118,7 @@ class PagedDecodeConfig:
     num_warps: int
     num_stages: int
     min_keys_per_split: int = 256
-    programs_per_sm: float = 2.9
+    programs_per_sm: float = 3.0
     slow_programs_per_sm: tuple[float, float] = (5.0, 6.5)
     kv_cache_modifier: str = ""
     kv_eviction: str = ""
