@@ -93,11 +93,15 @@ def decode_cases(case: Case) -> list[Entry]:
     ref = _sdpa_ref(q, k_cache, v_cache, block_table, case)
     vs_sdpa = lambda out: rel_err(out, ref)  # noqa: E731
     single = PagedDecodePlan(*args, num_splits=1)
-    split = PagedDecodePlan(*args, num_splits=8)
+    merged = PagedDecodePlan(*args, num_splits=4)  # merged in the decode launch (one launch)
+    split = PagedDecodePlan(*args, num_splits=8)   # decode + combine launches
     shape = f"{case.batch}x{case.seqlen} {case.label}"
     rows = [
         Entry("PagedDecodePlan.run splits=1", shape, lambda: single.run(*args), vs_sdpa),
-        Entry("PagedDecodePlan.run splits=8", shape, lambda: split.run(*args), vs_sdpa),
+        Entry("PagedDecodePlan.run splits=4 (1 launch)", shape, lambda: merged.run(*args),
+              vs_sdpa),
+        Entry("PagedDecodePlan.run splits=8 (2 launches)", shape, lambda: split.run(*args),
+              vs_sdpa),
         Entry("PagedDecodePlan.run splits=8 lse", shape,
               lambda: split.run(*args, return_lse=True), lambda r: vs_sdpa(r[0])),
         # The custom op torch.compile records, called directly: the op dispatch's share.
