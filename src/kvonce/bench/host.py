@@ -93,12 +93,12 @@ def decode_cases(case: Case) -> list[Entry]:
     ref = _sdpa_ref(q, k_cache, v_cache, block_table, case)
     vs_sdpa = lambda out: rel_err(out, ref)  # noqa: E731
     single = PagedDecodePlan(*args, num_splits=1)
-    merged = PagedDecodePlan(*args, num_splits=4)  # merged in the decode launch (one launch)
+    one_launch = PagedDecodePlan(*args, num_splits=4)  # merged in the decode launch
     split = PagedDecodePlan(*args, num_splits=8)   # decode + combine launches
     shape = f"{case.batch}x{case.seqlen} {case.label}"
     rows = [
         Entry("PagedDecodePlan.run splits=1", shape, lambda: single.run(*args), vs_sdpa),
-        Entry("PagedDecodePlan.run splits=4 (1 launch)", shape, lambda: merged.run(*args),
+        Entry("PagedDecodePlan.run splits=4 (1 launch)", shape, lambda: one_launch.run(*args),
               vs_sdpa),
         Entry("PagedDecodePlan.run splits=8 (2 launches)", shape, lambda: split.run(*args),
               vs_sdpa),
