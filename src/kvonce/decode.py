@@ -35,7 +35,8 @@ def choose_num_splits(batch: int, nheads_k: int, max_keys: int, num_sms: int,
     ``base = batch * nheads_k`` programs of one split each. The CUDA-graph sweep over split counts
     at the documents' 30 shapes (H100, docs/notes.md) was best near ``config.programs_per_sm *
     num_sms`` programs (384-396 on 132 SMs) and 8-12% slower at every shape with 5 to 6.5 programs
-    per SM (768 on 132 SMs). So: below that target, ``target // base`` splits (but no split
+    per SM (768 on 132 SMs), and splits under 512 keys lost to fewer, longer ones
+    (``config.min_keys_per_split``). So: below that target, ``target // base`` splits (but no split
     shorter than ``config.min_keys_per_split`` keys of the longest possible sequence,
     ``max_pages * page_size``, and at most ``MAX_SPLITS``); from it up, a single pass, or two
     splits where one pass would land in the slow band.

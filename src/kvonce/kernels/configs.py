@@ -117,7 +117,7 @@ class PagedDecodeConfig:
     block_n: int
     num_warps: int
     num_stages: int
-    min_keys_per_split: int = 256
+    min_keys_per_split: int = 512
     programs_per_sm: float = 3.0
     slow_programs_per_sm: tuple[float, float] = (5.0, 6.5)
     kv_cache_modifier: str = ""
