@@ -197,6 +197,25 @@ def test_append_then_attend(new_len):
     assert lse2.shape == (3, 4, new_len)
 
 
+@pytest.mark.parametrize("nheads_k,head_dim,page_size", [(3, 96, 16), (1, 32, 32), (8, 128, 16)])
+def test_append_writes_exactly_its_slots(nheads_k, head_dim, page_size):
+    """The append kernel against plain PyTorch indexing: every new token lands in its page slot
+    (crossing page borders, odd head counts and dims, strided new K/V) and nothing else moves."""
+    lens, new_len = [5, page_size - 1, 2 * page_size], 3
+    k_cache, v_cache, seqlens, table = make_paged(lens, page_size=page_size, nheads_k=nheads_k,
+                                                  head_dim=head_dim, dtype=torch.float16)
+    g = torch.Generator().manual_seed(11)
+    kv_new = torch.randn((3, new_len, 2 * nheads_k, head_dim), generator=g).half().to(DEVICE)
+    k_new, v_new = kv_new[:, :, :nheads_k], kv_new[:, :, nheads_k:]  # strided views
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    pos = seqlens.long()[:, None] + torch.arange(new_len, device=DEVICE)[None, :]
+    page = torch.gather(table.long(), 1, pos // page_size)
+    want_k[page, pos % page_size] = k_new
+    want_v[page, pos % page_size] = v_new
+    append_paged_kv(k_new, v_new, k_cache, v_cache, seqlens, table)
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
+
+
 # ------------------------------------------------------------------------------------------------
 # Merge
 # ------------------------------------------------------------------------------------------------

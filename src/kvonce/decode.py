@@ -15,7 +15,8 @@ import torch
 from . import _validate as V
 from .kernels.configs import (PagedDecodeConfig, device_info, get_paged_decode_config,
                               interpreter_active)
-from .kernels.paged_decode import PagedDecodeLaunch, decode_row_blocks, launch_merge_states
+from .kernels.paged_decode import (PagedDecodeLaunch, decode_row_blocks, launch_append_paged_kv,
+                                   launch_merge_states)
 
 __all__ = ["paged_attention", "PagedDecodePlan", "append_paged_kv", "merge_attention_states",
            "flash_attn_with_kvcache", "choose_num_splits"]
@@ -524,13 +525,9 @@ def _(o_a, lse_a, o_b, lse_b):
 
 
 def _append_paged_kv_impl(k, v, k_cache, v_cache, cache_seqlens, block_table) -> None:
-    # Two gathers and one indexed store per cache: positions -> (page, slot) on the device.
-    page_size = k_cache.shape[1]
-    pos = cache_seqlens.long()[:, None] + torch.arange(k.shape[1], device=k.device)[None, :]
-    page = torch.gather(block_table.long(), 1, pos // page_size)
-    slot = pos % page_size
-    k_cache[page, slot] = k
-    v_cache[page, slot] = v
+    # One launch; plain PyTorch needed two gathers and an indexed store per cache (99 us of host
+    # time per call on the lent H100, docs/benchmarks.md 2026-11-23).
+    launch_append_paged_kv(k, v, k_cache, v_cache, cache_seqlens, block_table)
 
 
 @torch.library.custom_op("kvonce::append_paged_kv", mutates_args=("k_cache", "v_cache"))
