@@ -110,7 +110,7 @@ def _dual_op_args():
     ends1 = torch.tensor([20, 33], dtype=torch.int32, device=DEVICE)
     cfg = kvonce.varlen.get_dual_group_fwd_config(None if not HAS_CUDA else
                                                   torch.cuda.get_device_capability(), 32)
-    return (q0, q1, k, v, cu0, cu1, cuk, ends0, ends1, max(mq0, mq1), 0.2, True,
+    return (q0, q1, k, v, cu0, cu1, cuk, ends0, ends1, max(mq0, mq1), k.shape[0], 0.2, True,
             cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.kv_cache_modifier,
             cfg.int64_kv_offsets)
 

@@ -1,8 +1,11 @@
 """kvonce: Triton attention kernels that load each K/V tile once for every query row that needs it."""
-from .varlen import fused_zigzag_llama3_flash_attn_varlen_forward
+from .varlen import (fused_zigzag_llama3_flash_attn_varlen_backward,
+                     fused_zigzag_llama3_flash_attn_varlen_forward,
+                     fused_zigzag_llama3_flash_attn_varlen_func)
 from .decode import (PagedDecodePlan, append_paged_kv, flash_attn_with_kvcache,
                      merge_attention_states, paged_attention)
 
 __all__ = ["fused_zigzag_llama3_flash_attn_varlen_forward",
+           "fused_zigzag_llama3_flash_attn_varlen_backward", "fused_zigzag_llama3_flash_attn_varlen_func",
            "paged_attention", "PagedDecodePlan", "append_paged_kv", "merge_attention_states", "flash_attn_with_kvcache"]
 __version__ = "0.1.0"

@@ -1,4 +1,5 @@
-"""Plain PyTorch float32 math for every public op: the truth for tests and the CPU fallback.
+"""Plain PyTorch math for every public op, float32 (float64 on request for gradient checks): the
+truth for tests and the CPU fallback.
 
 Nothing here is fast; everything here is obvious. Loops over sequences are fine in this module
 (and only in this module and the benchmarks).
@@ -29,41 +30,57 @@ def attention_ref(
     *,
     softmax_scale: float | None = None,
     causal: bool = True,
+    compute_dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention of one sequence in float32.
+    """Attention of one sequence in ``compute_dtype`` (float32 by default).
 
     Parameters
     ----------
     q : ``[len_q, nheads, headdim]``
     k, v : ``[len_k, nheads_k, headdim]``, ``nheads % nheads_k == 0``
+    compute_dtype : the inputs are cast to it and all math runs in it (``torch.float64`` for
+        gradient checks: the result is differentiable in ``q``, ``k``, ``v``).
 
     Returns
     -------
-    out : float32 ``[len_q, nheads, headdim]`` (zeros for rows that see no key)
-    lse : float32 ``[nheads, len_q]``, natural log (``-inf`` for rows that see no key)
+    out : ``compute_dtype`` ``[len_q, nheads, headdim]`` (zeros for rows that see no key)
+    lse : ``compute_dtype`` ``[nheads, len_q]``, natural log (``-inf`` for rows that see no key)
 
     With ``causal``, row ``i`` sees key ``j`` iff ``j <= i + len_k - len_q`` (bottom-right)::
 
         len_q=2, len_k=4:   1 1 1 0
                             1 1 1 1
+
+    Autograd: masked scores enter the softmax as ``exp(-inf) = 0`` and the stabilizing row max is
+    detached, so a row that sees no key (and every masked key) gets exactly zero gradient, never
+    NaN (``torch.logsumexp`` of an all ``-inf`` row would back-propagate ``0 * nan``).
     """
     len_q, nheads, headdim = q.shape
     len_k, nheads_k = k.shape[0], k.shape[1]
     scale = headdim ** -0.5 if softmax_scale is None else softmax_scale
     group = nheads // nheads_k
-    qf = q.float().transpose(0, 1)  # [nheads, len_q, d]
-    kf = k.float().repeat_interleave(group, dim=1).transpose(0, 1)
-    vf = v.float().repeat_interleave(group, dim=1).transpose(0, 1)
+    qf = q.to(compute_dtype).transpose(0, 1)  # [nheads, len_q, d]
+    kf = k.to(compute_dtype).repeat_interleave(group, dim=1).transpose(0, 1)
+    vf = v.to(compute_dtype).repeat_interleave(group, dim=1).transpose(0, 1)
     scores = torch.matmul(qf, kf.transpose(1, 2)) * scale  # [nheads, len_q, len_k]
+    rows = torch.arange(len_q, device=q.device)[:, None]
+    cols = torch.arange(len_k, device=q.device)[None, :]
     if causal:
-        rows = torch.arange(len_q, device=q.device)[:, None]
-        cols = torch.arange(len_k, device=q.device)[None, :]
-        scores = scores.masked_fill(cols > rows + (len_k - len_q), float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)  # [nheads, len_q]; -inf for empty rows
-    seen = torch.isfinite(lse)
-    probs = torch.exp(scores - torch.where(seen, lse, torch.zeros_like(lse))[..., None])
-    out = torch.matmul(probs, vf).transpose(0, 1)  # [len_q, nheads, d]
-    out = torch.where(seen.transpose(0, 1)[..., None], out, torch.zeros_like(out))
+        visible = cols <= rows + (len_k - len_q)  # [len_q, len_k]
+    else:
+        visible = torch.ones((len_q, len_k), dtype=torch.bool, device=q.device)
+    seen = visible.any(dim=-1)  # [len_q]; False for every row when len_k == 0
+    scores = scores.masked_fill(~visible, float("-inf"))
+    if len_k == 0:
+        row_max = scores.new_zeros((nheads, len_q))
+    else:
+        row_max = scores.detach().amax(dim=-1)  # -inf on rows that see nothing
+    row_max = torch.where(seen, row_max, torch.zeros_like(row_max))
+    sums = torch.exp(scores - row_max[..., None]).sum(dim=-1)  # 0 on rows that see nothing
+    lse_safe = row_max + torch.log(torch.where(seen, sums, torch.ones_like(sums)))  # finite
+    lse = torch.where(seen, lse_safe, torch.full_like(lse_safe, float("-inf")))
+    probs = torch.exp(scores - lse_safe[..., None])  # masked entries, unseen rows: exp(-inf) = 0
+    out = torch.matmul(probs, vf).transpose(0, 1)  # [len_q, nheads, d]; 0 on unseen rows
     return out.contiguous(), lse
 
 
@@ -77,8 +94,10 @@ def varlen_attention_ref(
     kv_end: torch.Tensor | list[int] | int | None = None,
     softmax_scale: float | None = None,
     causal: bool = True,
+    compute_dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Varlen attention in float32 with a visible key range per sequence.
+    """Varlen attention in ``compute_dtype`` (float32 by default) with a visible key range per
+    sequence.
 
     Parameters
     ----------
@@ -88,11 +107,14 @@ def varlen_attention_ref(
     kv_end : sequence ``b`` sees ``k[cu_k[b] : cu_k[b] + min(kv_end[b], len_k[b])]``; an int
         applies to every sequence, ``None`` means all of its keys. Causal masking is
         bottom-right within that visible range.
+    compute_dtype : dtype of all math and of the results; differentiable in ``q``, ``k``, ``v``
+        (rows that see no key, keys no row sees and rows of ``k``/``v`` past ``cu_seqlens_k[-1]``
+        get zero gradient).
 
     Returns
     -------
-    out : float32 ``[total_q, nheads, headdim]``
-    lse : float32 ``[nheads, total_q]``
+    out : ``compute_dtype`` ``[total_q, nheads, headdim]``
+    lse : ``compute_dtype`` ``[nheads, total_q]``, natural log, ``-inf`` for rows that see no key
     """
     cu_q = [int(x) for x in cu_seqlens_q.tolist()]
     cu_k = [int(x) for x in cu_seqlens_k.tolist()]
@@ -104,8 +126,8 @@ def varlen_attention_ref(
     else:
         ends = [int(x) for x in (kv_end.tolist() if torch.is_tensor(kv_end) else kv_end)]
     nheads = q.shape[1]
-    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    lse = torch.full((nheads, q.shape[0]), float("-inf"), dtype=torch.float32, device=q.device)
+    out = torch.zeros(q.shape, dtype=compute_dtype, device=q.device)
+    lse = torch.full((nheads, q.shape[0]), float("-inf"), dtype=compute_dtype, device=q.device)
     for b in range(batch):
         q_b = q[cu_q[b] : cu_q[b + 1]]
         if q_b.shape[0] == 0:
@@ -113,7 +135,8 @@ def varlen_attention_ref(
         end = max(0, min(ends[b], cu_k[b + 1] - cu_k[b]))
         k_b = k[cu_k[b] : cu_k[b] + end]
         v_b = v[cu_k[b] : cu_k[b] + end]
-        o_b, lse_b = attention_ref(q_b, k_b, v_b, softmax_scale=softmax_scale, causal=causal)
+        o_b, lse_b = attention_ref(q_b, k_b, v_b, softmax_scale=softmax_scale, causal=causal,
+                                   compute_dtype=compute_dtype)
         out[cu_q[b] : cu_q[b + 1]] = o_b
         lse[:, cu_q[b] : cu_q[b + 1]] = lse_b
     return out, lse
@@ -122,16 +145,23 @@ def varlen_attention_ref(
 def dual_group_attention_ref(
     q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, max_kv_len_q0, max_kv_len_q1,
     *, softmax_scale: float | None = None, causal: bool = True,
+    compute_dtype: torch.dtype = torch.float32,
 ):
     """Reference for ``fused_zigzag_llama3_flash_attn_varlen_forward``: two independent varlen
     calls, group ``g`` seeing ``min(max_kv_len_qg, len_k)`` keys of each sequence.
 
-    Returns ``(out0, out1, lse0, lse1)`` in float32, LSE in ``[nheads, total_qg]``.
+    ``q0 [total_q0, nheads, d]``, ``q1 [total_q1, nheads, d]``, ``k, v [total_k, nheads_k, d]``,
+    ``cu_seqlens_*`` int32 ``[batch + 1]``, ``max_kv_len_q*`` an int or int32 ``[batch]``.
+
+    Returns ``(out0, out1, lse0, lse1)`` in ``compute_dtype`` (float32 by default; differentiable
+    in ``q0``, ``q1``, ``k``, ``v``), ``out_g [total_qg, nheads, d]``, LSE ``[nheads, total_qg]``.
     """
     out0, lse0 = varlen_attention_ref(q0, k, v, cu_seqlens_q0, cu_seqlens_k, kv_end=max_kv_len_q0,
-                                      softmax_scale=softmax_scale, causal=causal)
+                                      softmax_scale=softmax_scale, causal=causal,
+                                      compute_dtype=compute_dtype)
     out1, lse1 = varlen_attention_ref(q1, k, v, cu_seqlens_q1, cu_seqlens_k, kv_end=max_kv_len_q1,
-                                      softmax_scale=softmax_scale, causal=causal)
+                                      softmax_scale=softmax_scale, causal=causal,
+                                      compute_dtype=compute_dtype)
     return out0, out1, lse0, lse1
 
 

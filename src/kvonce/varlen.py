@@ -10,11 +10,15 @@ import dataclasses
 import torch
 
 from . import _validate as V
-from .kernels.configs import (DualGroupFwdConfig, device_info, get_dual_group_fwd_config,
+from .kernels.configs import (DualGroupBwdConfig, DualGroupFwdConfig, device_info,
+                              get_dual_group_bwd_config, get_dual_group_fwd_config,
                               interpreter_active)
+from .kernels.dual_group_bwd import launch_dual_group_bwd
 from .kernels.dual_group_fwd import launch_dual_group_fwd
 
-__all__ = ["fused_zigzag_llama3_flash_attn_varlen_forward", "dual_group_forward_into"]
+__all__ = ["fused_zigzag_llama3_flash_attn_varlen_forward",
+           "fused_zigzag_llama3_flash_attn_varlen_backward",
+           "fused_zigzag_llama3_flash_attn_varlen_func", "dual_group_forward_into"]
 
 
 def _capability(device: torch.device):
@@ -112,7 +116,7 @@ def fused_zigzag_llama3_flash_attn_varlen_forward(
         kv head ``h // (nheads // nheads_k)``). Last dims contiguous; other strides are free.
     cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k : int32 ``[batch + 1]`` on the inputs' device.
     max_seqlen_q0, max_seqlen_q1 : upper bounds of the groups' sequence lengths (size the grid).
-    max_seqlen_k : upper bound of the key lengths (accepted for flash-attn parity; unused).
+    max_seqlen_k : upper bound of the key lengths (unused by the forward; the backward's grid).
     max_kv_len_q0, max_kv_len_q1 : keys group ``g`` may see in each sequence: an int for every
         sequence, or an int32 tensor ``[batch]`` (needed when sequences differ in length, as in
         zigzag). Sequence ``b``'s group ``g`` sees ``k[cu_k[b] : cu_k[b] + min(max_kv_len_qg[b],
@@ -132,6 +136,15 @@ def fused_zigzag_llama3_flash_attn_varlen_forward(
     lse1 : float32 ``[nheads, total_q1]``
     A row that sees no key gets ``out = 0`` and ``lse = -inf``.
     """
+    return _dual_group_forward(q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k,
+                               max_seqlen_q0, max_seqlen_q1, max_seqlen_k, max_kv_len_q0,
+                               max_kv_len_q1, softmax_scale, causal, config, False)
+
+
+def _dual_group_forward(q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, max_seqlen_q0,
+                        max_seqlen_q1, max_seqlen_k, max_kv_len_q0, max_kv_len_q1, softmax_scale,
+                        causal, config, differentiable: bool):
+    """Checks, then the op (while compiling, or for autograd) or its implementation (eager)."""
     compiling = torch.compiler.is_compiling()
     signature = None if compiling else V.call_signature(
         q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, max_seqlen_q0, max_seqlen_q1,
@@ -150,14 +163,15 @@ def fused_zigzag_llama3_flash_attn_varlen_forward(
     scale = q0.shape[2] ** -0.5 if softmax_scale is None else float(softmax_scale)
     max_seqlen_q = max(max_seqlen_q0, max_seqlen_q1)
     kv_end0, kv_end1 = max_kv_len_q0, max_kv_len_q1
-    if compiling or isinstance(kv_end0, int) != isinstance(kv_end1, int):
+    use_op = compiling or differentiable
+    if use_op or isinstance(kv_end0, int) != isinstance(kv_end1, int):
         # Both ints go to the kernel as ints; otherwise both as int32 [batch] tensors.
         kv_end0 = _per_sequence(kv_end0, batch, device)
         kv_end1 = _per_sequence(kv_end1, batch, device)
-    if compiling:
+    if use_op:
         return torch.ops.kvonce.dual_group_fwd(
             q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1,
-            max_seqlen_q, scale, causal, *dataclasses.astuple(config))
+            max_seqlen_q, max_seqlen_k, scale, causal, *dataclasses.astuple(config))
     return _dual_group_fwd_impl(q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k,
                                 kv_end0, kv_end1, max_seqlen_q, scale, causal, config)
 
@@ -184,12 +198,13 @@ def _dual_group_fwd_impl(q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_
 def _dual_group_fwd_op(
     q0: torch.Tensor, q1: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     cu_seqlens_q0: torch.Tensor, cu_seqlens_q1: torch.Tensor, cu_seqlens_k: torch.Tensor,
-    kv_end0: torch.Tensor, kv_end1: torch.Tensor, max_seqlen_q: int, softmax_scale: float,
-    causal: bool, block_m: int, block_n: int, num_warps: int, num_stages: int,
-    kv_cache_modifier: str, int64_kv_offsets: bool,
+    kv_end0: torch.Tensor, kv_end1: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
+    softmax_scale: float, causal: bool, block_m: int, block_n: int, num_warps: int,
+    num_stages: int, kv_cache_modifier: str, int64_kv_offsets: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``fused_zigzag_llama3_flash_attn_varlen_forward`` after its checks, with int32 ``[batch]``
-    key ranges and the config's fields one by one: ``(out0, out1, lse0, lse1)``."""
+    key ranges and the config's fields one by one: ``(out0, out1, lse0, lse1)``. Differentiable
+    in q0, q1, k, v (``register_autograd`` below; ``max_seqlen_k`` sizes the backward's grid)."""
     config = DualGroupFwdConfig(block_m, block_n, num_warps, num_stages, kv_cache_modifier,
                                 int64_kv_offsets)
     return _dual_group_fwd_impl(q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k,
@@ -202,3 +217,204 @@ def _(q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1
     return (torch.empty_like(q0), torch.empty_like(q1),
             q0.new_empty((nheads, q0.shape[0]), dtype=torch.float32),
             q1.new_empty((nheads, q1.shape[0]), dtype=torch.float32))
+
+
+# ---------------------------------------------------------------------------------------------
+# Backward and autograd
+# ---------------------------------------------------------------------------------------------
+
+DKV_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _rows_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """The kernels read whole rows: a last dim with another stride (an expanded gradient, say)
+    is copied once; every other stride is honoured as it is."""
+    return t if t.numel() == 0 or t.stride(-1) == 1 else t.contiguous()
+
+
+def validate_backward_inputs(dout0, dout1, q0, q1, out0, out1, lse0, lse1, dkv_dtype) -> None:
+    """The backward's own checks (after the forward's): gradients and saved outputs shaped like
+    the queries, LSE float32 ``[nheads, total_q]``, a float ``dkv_dtype``."""
+    for g, (dout, q, out, lse) in enumerate(((dout0, q0, out0, lse0), (dout1, q1, out1, lse1))):
+        for name, t in ((f"dout{g}", dout), (f"out{g}", out)):
+            V.check_tensor(name, t, ndim=3, dtypes=V.ATTN_DTYPES)
+            if t.shape != q.shape:
+                raise ValueError(f"{name} must have q{g}'s shape {tuple(q.shape)}, got "
+                                 f"{tuple(t.shape)}")
+        V.check_same_dtype(**{f"q{g}": q, f"dout{g}": dout, f"out{g}": out})
+        V.check_tensor(f"lse{g}", lse, ndim=2, dtypes=(torch.float32,))
+        if lse.shape != (q.shape[1], q.shape[0]):
+            raise ValueError(f"lse{g} must be float32 [nheads, total_q{g}] = "
+                             f"{[q.shape[1], q.shape[0]]}, got {tuple(lse.shape)}")
+        V.check_same_device(**{f"q{g}": q, f"dout{g}": dout, f"out{g}": out, f"lse{g}": lse})
+    if dkv_dtype not in DKV_DTYPES:
+        raise TypeError(f"dkv_dtype must be one of float32, float16, bfloat16, got {dkv_dtype!r}")
+
+
+def fused_zigzag_llama3_flash_attn_varlen_backward(
+    dout0: torch.Tensor, dout1: torch.Tensor,
+    q0: torch.Tensor, q1: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    out0: torch.Tensor, out1: torch.Tensor, lse0: torch.Tensor, lse1: torch.Tensor,
+    cu_seqlens_q0: torch.Tensor, cu_seqlens_q1: torch.Tensor, cu_seqlens_k: torch.Tensor,
+    max_seqlen_q0: int, max_seqlen_q1: int, max_seqlen_k: int,
+    max_kv_len_q0: int | torch.Tensor, max_kv_len_q1: int | torch.Tensor,
+    softmax_scale: float | None = None, causal: bool = True, *,
+    dkv_dtype: torch.dtype = torch.float32,
+    config: DualGroupBwdConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Backward of ``fused_zigzag_llama3_flash_attn_varlen_forward`` (flash-attn's
+    ``_flash_attn_varlen_backward`` role): two kernels, each K/V tile loaded once for both groups.
+
+    Parameters
+    ----------
+    dout0, dout1 : gradients of ``out0 [total_q0, nheads, d]``, ``out1 [total_q1, nheads, d]``
+        (any strides; a non-contiguous last dim is copied once).
+    q0, q1, k, v, cu_seqlens_*, max_kv_len_*, softmax_scale, causal : the forward's.
+    out0, out1, lse0, lse1 : the forward's outputs (lse float32 ``[nheads, total_qg]``).
+    max_seqlen_q0, max_seqlen_q1 : bounds of the groups' lengths (size the dQ grid).
+    max_seqlen_k : bound of the key lengths (sizes the dK/dV grid; a smaller value is slower,
+        never wrong).
+    dkv_dtype : dtype of the returned dK/dV. They are accumulated in fp32 over both groups and
+        every q head of a KV head, and cast once.
+
+    Returns
+    -------
+    dq0 ``[total_q0, nheads, d]``, dq1 ``[total_q1, nheads, d]`` in q's dtype; dk, dv
+    ``[total_k, nheads_k, d]`` in ``dkv_dtype``. Rows that saw no key get dq = 0; keys no row
+    sees, and rows of no sequence (past ``cu_seqlens_k[-1]``), get dk = dv = 0.
+    """
+    dout0, dout1 = _rows_contiguous(dout0), _rows_contiguous(dout1)
+    out0, out1 = _rows_contiguous(out0), _rows_contiguous(out1)
+    compiling = torch.compiler.is_compiling()
+    signature = None if compiling else V.call_signature(
+        dout0, dout1, q0, q1, k, v, out0, out1, lse0, lse1, cu_seqlens_q0, cu_seqlens_q1,
+        cu_seqlens_k, max_seqlen_q0, max_seqlen_q1, max_seqlen_k, max_kv_len_q0, max_kv_len_q1,
+        dkv_dtype, config)
+    if _passed_checks.get(signature) is None:
+        validate_dual_group_inputs(q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k,
+                                   max_kv_len_q0, max_kv_len_q1)
+        validate_backward_inputs(dout0, dout1, q0, q1, out0, out1, lse0, lse1, dkv_dtype)
+        for name, x in (("max_seqlen_q0", max_seqlen_q0), ("max_seqlen_q1", max_seqlen_q1),
+                        ("max_seqlen_k", max_seqlen_k)):
+            V.check_nonnegative_int(name, x)
+        _passed_checks.add(signature)
+    batch = cu_seqlens_q0.shape[0] - 1
+    if config is None:
+        config = get_dual_group_bwd_config(_capability(q0.device), q0.shape[2])
+    scale = q0.shape[2] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    kv_end0, kv_end1 = max_kv_len_q0, max_kv_len_q1
+    if compiling or isinstance(kv_end0, int) != isinstance(kv_end1, int):
+        kv_end0 = _per_sequence(kv_end0, batch, q0.device)
+        kv_end1 = _per_sequence(kv_end1, batch, q0.device)
+    args = (dout0, dout1, q0, q1, k, v, out0, out1, lse0, lse1, cu_seqlens_q0, cu_seqlens_q1,
+            cu_seqlens_k, kv_end0, kv_end1, max(max_seqlen_q0, max_seqlen_q1), max_seqlen_k,
+            scale, causal, dkv_dtype)
+    if compiling:
+        return torch.ops.kvonce.dual_group_bwd(*args, *dataclasses.astuple(config))
+    return _dual_group_bwd_impl(*args, config)
+
+
+def _dual_group_bwd_impl(dout0, dout1, q0, q1, k, v, out0, out1, lse0, lse1, cu_seqlens_q0,
+                         cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1, max_seqlen_q, max_seqlen_k,
+                         softmax_scale, causal, dkv_dtype, config):
+    nheads = q0.shape[1]
+    dq0, dq1 = torch.empty_like(q0), torch.empty_like(q1)
+    dk = torch.empty(k.shape, dtype=dkv_dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=dkv_dtype, device=v.device)
+    # delta = rowsum(dO * O), filled by the dQ kernel for the dK/dV kernel.
+    delta0 = torch.empty((nheads, q0.shape[0]), dtype=torch.float32, device=q0.device)
+    delta1 = torch.empty((nheads, q1.shape[0]), dtype=torch.float32, device=q0.device)
+    launch_dual_group_bwd(
+        q0, q1, k, v, out0, out1, dout0, dout1, lse0, lse1, delta0, delta1, dq0, dq1, dk, dv,
+        cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1,
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale,
+        causal=causal, config=config)
+    return dq0, dq1, dk, dv
+
+
+@torch.library.custom_op("kvonce::dual_group_bwd", mutates_args=())
+def _dual_group_bwd_op(
+    dout0: torch.Tensor, dout1: torch.Tensor, q0: torch.Tensor, q1: torch.Tensor,
+    k: torch.Tensor, v: torch.Tensor, out0: torch.Tensor, out1: torch.Tensor,
+    lse0: torch.Tensor, lse1: torch.Tensor, cu_seqlens_q0: torch.Tensor,
+    cu_seqlens_q1: torch.Tensor, cu_seqlens_k: torch.Tensor, kv_end0: torch.Tensor,
+    kv_end1: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
+    causal: bool, dkv_dtype: torch.dtype, dq_block_m: int, dq_block_n: int, dq_num_warps: int,
+    dq_num_stages: int, dkdv_block_m: int, dkdv_block_n: int, dkdv_num_warps: int,
+    dkdv_num_stages: int, int64_kv_offsets: bool, atomic_dq: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``fused_zigzag_llama3_flash_attn_varlen_backward`` after its checks, with int32 ``[batch]``
+    key ranges and the config's fields one by one: ``(dq0, dq1, dk, dv)``."""
+    config = DualGroupBwdConfig(dq_block_m, dq_block_n, dq_num_warps, dq_num_stages,
+                                dkdv_block_m, dkdv_block_n, dkdv_num_warps, dkdv_num_stages,
+                                int64_kv_offsets, atomic_dq)
+    return _dual_group_bwd_impl(dout0, dout1, q0, q1, k, v, out0, out1, lse0, lse1,
+                                cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1,
+                                max_seqlen_q, max_seqlen_k, softmax_scale, causal, dkv_dtype,
+                                config)
+
+
+@_dual_group_bwd_op.register_fake
+def _(dout0, dout1, q0, q1, k, v, out0, out1, lse0, lse1, cu_seqlens_q0, cu_seqlens_q1,
+      cu_seqlens_k, kv_end0, kv_end1, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+      dkv_dtype, *config):
+    return (torch.empty_like(q0), torch.empty_like(q1), k.new_empty(k.shape, dtype=dkv_dtype),
+            v.new_empty(v.shape, dtype=dkv_dtype))
+
+
+def _fwd_setup_context(ctx, inputs, output):
+    (q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1, max_seqlen_q,
+     max_seqlen_k, softmax_scale, causal, *_) = inputs
+    out0, out1, lse0, lse1 = output
+    ctx.save_for_backward(q0, q1, k, v, out0, out1, lse0, lse1, cu_seqlens_q0, cu_seqlens_q1,
+                          cu_seqlens_k, kv_end0, kv_end1)
+    ctx.sizes = (max_seqlen_q, max_seqlen_k, softmax_scale, causal)
+    ctx.mark_non_differentiable(lse0, lse1)
+
+
+def _fwd_backward(ctx, dout0, dout1, _dlse0, _dlse1):
+    q0, q1, k, v, out0, out1, lse0, lse1, cu0, cu1, cuk, kv_end0, kv_end1 = ctx.saved_tensors
+    config = get_dual_group_bwd_config(_capability(q0.device), q0.shape[2])
+    dq0, dq1, dk, dv = torch.ops.kvonce.dual_group_bwd(
+        _rows_contiguous(dout0), _rows_contiguous(dout1), q0, q1, k, v, out0, out1, lse0, lse1,
+        cu0, cu1, cuk, kv_end0, kv_end1, *ctx.sizes, k.dtype, *dataclasses.astuple(config))
+    return (dq0, dq1, dk, dv) + (None,) * 15
+
+
+torch.library.register_autograd("kvonce::dual_group_fwd", _fwd_backward,
+                                setup_context=_fwd_setup_context)
+
+
+def fused_zigzag_llama3_flash_attn_varlen_func(
+    q0: torch.Tensor,
+    q1: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q0: torch.Tensor,
+    cu_seqlens_q1: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q0: int,
+    max_seqlen_q1: int,
+    max_seqlen_k: int,
+    max_kv_len_q0: int | torch.Tensor,
+    max_kv_len_q1: int | torch.Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = True,
+    *,
+    return_lse: bool = False,
+):
+    """``fused_zigzag_llama3_flash_attn_varlen_forward``, differentiable in q0, q1, k and v.
+
+    Same arguments and semantics (see the forward; ``max_seqlen_k`` must bound the key lengths:
+    it sizes the backward's grid). Returns ``(out0, out1)``, or ``(out0, out1, lse0, lse1)`` with
+    ``return_lse`` (lse float32 ``[nheads, total_qg]``, not differentiable). The backward is
+    ``fused_zigzag_llama3_flash_attn_varlen_backward``'s kernels, with dK/dV accumulated in fp32
+    and returned in k's dtype. Works under ``torch.compile(fullgraph=True)`` (one custom op each
+    way).
+    """
+    differentiable = torch.is_grad_enabled() and any(
+        t.requires_grad for t in (q0, q1, k, v) if isinstance(t, torch.Tensor))
+    out0, out1, lse0, lse1 = _dual_group_forward(
+        q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, max_seqlen_q0, max_seqlen_q1,
+        max_seqlen_k, max_kv_len_q0, max_kv_len_q1, softmax_scale, causal, None, differentiable)
+    return (out0, out1, lse0, lse1) if return_lse else (out0, out1)

@@ -1,6 +1,7 @@
 """Benchmark: fused dual-group forward vs the two-call zigzag llama3 path (CUDA only).
 
     python -m kvonce bench zigzag [--dtype bf16] [--out docs] [--sweep] [--profile CASE]
+                                  [--backward] [--no-docs]
 
 Kernel level: ``fused_zigzag_llama3_flash_attn_varlen_forward`` on contiguous K/V vs two calls of
 PyTorch's FA2 varlen forward on pre-sliced K/V. End to end: ``replace_execute_grouped_attention_
@@ -8,6 +9,13 @@ with_fused_varlen`` vs ``execute_grouped_attention`` (rearrange, slice, two FA2 
 Correctness is checked first (relative error vs the FA2 outputs). Times are
 ``triton.testing.do_bench`` medians in ms; TFLOP/s counts 4 * headdim FLOPs per visible
 (query, key) pair (the causal work actually needed), 1 TFLOP/s = 1e12 FLOP/s.
+
+``--backward`` (Llama-3-8B cases only): ``fused_zigzag_llama3_flash_attn_varlen_backward`` on the
+contiguous K/V vs two calls of PyTorch's FA2 varlen backward (``aten._flash_attention_backward``)
+on the pre-sliced K/V, without and with the index_add that combines the groups' dK/dV into one
+float32 dK/dV of the contiguous K/V; then forward + backward of each (kvonce also through
+autograd). Errors are relative norms of dQ0, dQ1, dK, dV against a float64 reference; the
+backward counts 2.5x the forward's FLOPs, forward + backward 3.5x.
 """
 from __future__ import annotations
 
@@ -88,13 +96,25 @@ def _cumsum(xs):
         yield total
 
 
+def _fused_args(case: Case, s: dict) -> tuple[tuple, tuple]:
+    """Kernel-level arguments of kvonce's dual-group ops: ``(q0, q1, k, v)`` and ``(cu_seqlens_q0,
+    cu_seqlens_q1, cu_seqlens_k, max_seqlen_q0, max_seqlen_q1, max_seqlen_k, max_kv_len_q0,
+    max_kv_len_q1)`` with k, v the contiguous K/V, cu_seqlens_k global and each group's key count
+    per sequence."""
+    w = case.world_size
+    kv_end = [(cu[1:] - cu[:-1]).to(torch.int32) for _, cu in s["slices"]]
+    tensors = (s["chunk_q"][0], s["chunk_q"][1], s["kv"][0], s["kv"][1])
+    meta = (s["chunk_cu"][0], s["chunk_cu"][1], s["cu"] * w, s["max_c"], s["max_c"],
+            s["max_c"] * 2 * w, kv_end[0], kv_end[1])
+    return tensors, meta
+
+
 def paths(case: Case, s: dict, config=None):
     """name -> zero-argument callable returning (out..., lse...) for correctness and timing."""
     w = case.world_size
     _, fa2 = varlen_attention_backend(s["q"].device)
     cu_kg = [cu for _, cu in s["slices"]]
-    kv_end = [(cu_kg[g][1:] - cu_kg[g][:-1]).to(torch.int32) for g in (0, 1)]
-    cu_k_global = s["cu"] * w
+    fused_tensors, fused_meta = _fused_args(case, s)
     common = (s["chunk_q"], s["chunk_cu"], s["chunk_idx"], s["kv_buffer"], s["slices"],
               case.nheads, case.head_dim, None, 0.0, True, (-1, -1), None, False, w, s["cu"])
     return {
@@ -102,9 +122,7 @@ def paths(case: Case, s: dict, config=None):
                                       s["chunk_cu"][g], cu_kg[g], s["max_c"], s["max_k"][g],
                                       case.head_dim ** -0.5, True) for g in (0, 1)],
         "fused_kernel": lambda: fused_zigzag_llama3_flash_attn_varlen_forward(
-            s["chunk_q"][0], s["chunk_q"][1], s["kv"][0], s["kv"][1], s["chunk_cu"][0],
-            s["chunk_cu"][1], cu_k_global, s["max_c"], s["max_c"], s["max_c"] * 2 * w,
-            kv_end[0], kv_end[1], config=config),
+            *fused_tensors, *fused_meta, config=config),
         "original_e2e": lambda: execute_grouped_attention(*common),
         "fused_e2e": lambda: replace_execute_grouped_attention_with_fused_varlen(
             *common, s["c0"], s["c1"], config=config),
@@ -195,6 +213,243 @@ def sweep(args) -> None:
                   f"{regs} regs {spills} spills  {cfg}")
 
 
+# ---------------------------------------------------------------------------------------------
+# Backward (--backward)
+# ---------------------------------------------------------------------------------------------
+
+BWD_FLOP_FACTOR = 2.5      # backward FLOPs per forward FLOP (S recomputed, then dP, dV, dQ, dK)
+FWD_BWD_FLOP_FACTOR = 3.5
+REF_MAX_SCORES = 1 << 28   # float64 score elements per reference chunk: 2 GiB, ~4 alive at peak
+
+
+def _fa2_forward(q, k, v, cu_q, cu_k, max_q, max_k, scale):
+    """PyTorch's FA2 varlen forward, causal, keeping what its backward takes:
+    ``(out, lse [nheads, total_q] float32, rng_state, unused)``."""
+    out, lse, rng_state, unused, _ = torch.ops.aten._flash_attention_forward(
+        q, k, v, cu_q, cu_k, max_q, max_k, 0.0, True, False, scale=scale)
+    return out, lse, rng_state, unused
+
+
+def _fa2_backward(dout, q, k, v, saved, cu_q, cu_k, max_q, max_k, scale):
+    """PyTorch's FA2 varlen backward, causal: ``(dq, dk, dv)`` in q's dtype, dk/dv shaped like k.
+
+    Schema: ``aten::_flash_attention_backward(grad_out, query, key, value, out, logsumexp,
+    cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, rng_state, unused, *, scale,
+    window_size_left, window_size_right)`` (older releases name the two RNG tensors
+    ``philox_seed, philox_offset``); ``saved`` is ``_fa2_forward``'s result."""
+    out, lse, rng_state, unused = saved
+    return torch.ops.aten._flash_attention_backward(
+        dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, 0.0, True, rng_state, unused,
+        scale=scale)
+
+
+def _fa2_groups(s: dict) -> list[tuple]:
+    """Per group, ``(q, k, v, cu_q, cu_k, max_q, max_k)`` of the two-call path (sliced K/V)."""
+    return [(s["chunk_q"][g], s["k_groups"][g], s["v_groups"][g], s["chunk_cu"][g],
+             s["slices"][g][1], s["max_c"], s["max_k"][g]) for g in (0, 1)]
+
+
+def _group_kv_rows(s: dict) -> list[torch.Tensor]:
+    """Per group, the row of the contiguous K/V that each row of its sliced K/V was cut from."""
+    device = s["kv"].device
+    return [torch.cat([torch.arange(a, b, device=device) for a, b in ranges])
+            for ranges, _ in s["slices"]]
+
+
+def _sum_group_dkv(grads, rows, kv_shape) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two groups' dK/dV (of their sliced K/V) added into float32 dK, dV of the contiguous
+    K/V: the step the two-call path needs to give one dK/dV, as the fused backward does."""
+    dkv = torch.zeros((2, *kv_shape), dtype=torch.float32, device=rows[0].device)
+    for (_, dk, dv), r in zip(grads, rows):
+        dkv[0].index_add_(0, r, dk.float())
+        dkv[1].index_add_(0, r, dv.float())
+    return dkv[0], dkv[1]
+
+
+def backward_paths(case: Case, s: dict, douts: list[torch.Tensor]) -> dict:
+    """name -> zero-argument callable returning ``(dq0, dq1, dk, dv)``: the backward alone (from
+    forward results computed once here) and forward + backward, kvonce and FA2 two calls."""
+    from .. import (fused_zigzag_llama3_flash_attn_varlen_backward as kvonce_backward,
+                    fused_zigzag_llama3_flash_attn_varlen_func as kvonce_func)
+
+    tensors, meta = _fused_args(case, s)
+    groups = _fa2_groups(s)
+    rows = _group_kv_rows(s)
+    kv_shape = s["kv"].shape[1:]
+    scale = case.head_dim ** -0.5
+
+    def fa2_forward():
+        return [_fa2_forward(*grp, scale) for grp in groups]
+
+    def fa2_backward(saved, combine):
+        grads = [_fa2_backward(dout, *grp[:3], sv, *grp[3:], scale)
+                 for dout, grp, sv in zip(douts, groups, saved)]
+        if not combine:
+            return grads
+        return (grads[0][0], grads[1][0], *_sum_group_dkv(grads, rows, kv_shape))
+
+    def kvonce_forward():
+        return fused_zigzag_llama3_flash_attn_varlen_forward(*tensors, *meta)
+
+    def kvonce_bwd(fwd, dkv_dtype=torch.float32):
+        return kvonce_backward(*douts, *tensors, *fwd, *meta, dkv_dtype=dkv_dtype)
+
+    leaves = [t.detach().requires_grad_() for t in tensors]
+
+    def kvonce_autograd():
+        outs = kvonce_func(*leaves, *meta)
+        return torch.autograd.grad(outs[:2], leaves, douts)
+
+    fa2_saved, kvonce_saved = fa2_forward(), kvonce_forward()
+    low = s["q"].dtype
+    return {
+        "fa2_bwd": lambda: fa2_backward(fa2_saved, combine=False),
+        "fa2_bwd_sum": lambda: fa2_backward(fa2_saved, combine=True),
+        "kvonce_bwd": lambda: kvonce_bwd(kvonce_saved),
+        "kvonce_bwd_lowp_dkv": lambda: kvonce_bwd(kvonce_saved, low),
+        "fa2_fwd_bwd": lambda: fa2_backward(fa2_forward(), combine=True),
+        "kvonce_fwd_bwd": lambda: kvonce_bwd(kvonce_forward()),
+        "kvonce_autograd": kvonce_autograd,
+    }
+
+
+def _attention_grads_f64(q, k, v, dout, scale: float, max_scores: int = REF_MAX_SCORES):
+    """float64 ``(dq, dk, dv)`` of one sequence's bottom-right causal attention, by autograd.
+
+    q, dout ``[len_q, nheads, d]``; k, v ``[len_k, nheads_k, d]`` with ``len_k >= len_q`` (every
+    row sees a key). Runs a chunk of q heads at a time so that the ``[heads, len_q, len_k]``
+    scores stay under ``max_scores`` elements (one head at least).
+    """
+    len_q, nheads, head_dim = q.shape
+    len_k, nheads_k = k.shape[0], k.shape[1]
+    if len_k < len_q:
+        raise ValueError(f"every row must see a key: len_k {len_k} < len_q {len_q}")
+    device = q.device
+    hidden = (torch.arange(len_k, device=device)[None, :]
+              > torch.arange(len_q, device=device)[:, None] + (len_k - len_q))
+    kh = k.transpose(0, 1).to(torch.float64, copy=True).requires_grad_()  # [nheads_k, len_k, d]
+    vh = v.transpose(0, 1).to(torch.float64, copy=True).requires_grad_()
+    dq = torch.empty((nheads, len_q, head_dim), dtype=torch.float64, device=device)
+    dk, dv = torch.zeros_like(kh), torch.zeros_like(vh)
+    step = max(1, max_scores // max(1, len_q * len_k))
+    for h0 in range(0, nheads, step):
+        h1 = min(nheads, h0 + step)
+        qh = q[:, h0:h1].transpose(0, 1).to(torch.float64, copy=True).requires_grad_()
+        kv_head = torch.arange(h0, h1, device=device) // (nheads // nheads_k)
+        scores = torch.matmul(qh * scale, kh[kv_head].transpose(1, 2))
+        scores = scores.masked_fill(hidden, -torch.inf)  # the matmul's result is freed here
+        out = torch.matmul(torch.softmax(scores, dim=-1), vh[kv_head])
+        del scores
+        g_q, g_k, g_v = torch.autograd.grad(out, (qh, kh, vh),
+                                            dout[:, h0:h1].transpose(0, 1).to(torch.float64))
+        dq[h0:h1] = g_q
+        dk += g_k
+        dv += g_v
+    return dq.transpose(0, 1), dk.transpose(0, 1), dv.transpose(0, 1)
+
+
+def dual_group_grads_f64(dout0, dout1, q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k,
+                         max_kv_len_q0, max_kv_len_q1, softmax_scale: float | None = None, *,
+                         max_scores: int = REF_MAX_SCORES):
+    """float64 reference ``(dq0, dq1, dk, dv)`` of the causal dual-group attention, in the
+    conventions of ``fused_zigzag_llama3_flash_attn_varlen_forward``: group ``g`` of sequence
+    ``b`` sees ``k[cu_k[b] : cu_k[b] + min(max_kv_len_qg[b], len_k[b])]`` (an int or an int
+    ``[batch]`` tensor), bottom-right causal; dk, dv sum both groups. Reads the metadata on the
+    host; loops over groups, sequences and head chunks (see ``_attention_grads_f64``)."""
+    scale = q0.shape[2] ** -0.5 if softmax_scale is None else softmax_scale
+    cu_k = [int(x) for x in cu_seqlens_k.tolist()]
+    dk = torch.zeros(k.shape, dtype=torch.float64, device=k.device)
+    dv = torch.zeros(v.shape, dtype=torch.float64, device=v.device)
+    dqs = []
+    for q, dout, cu_seqlens_q, kv_len in ((q0, dout0, cu_seqlens_q0, max_kv_len_q0),
+                                         (q1, dout1, cu_seqlens_q1, max_kv_len_q1)):
+        cu = [int(x) for x in cu_seqlens_q.tolist()]
+        ends = [kv_len] * (len(cu) - 1) if isinstance(kv_len, int) else kv_len.tolist()
+        dq = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
+        for b in range(len(cu) - 1):
+            if cu[b + 1] == cu[b]:
+                continue
+            k0 = cu_k[b]
+            k1 = k0 + min(int(ends[b]), cu_k[b + 1] - k0)
+            g_q, g_k, g_v = _attention_grads_f64(q[cu[b]:cu[b + 1]], k[k0:k1], v[k0:k1],
+                                                 dout[cu[b]:cu[b + 1]], scale, max_scores)
+            dq[cu[b]:cu[b + 1]] = g_q
+            dk[k0:k1] += g_k
+            dv[k0:k1] += g_v
+        dqs.append(dq)
+    return dqs[0], dqs[1], dk, dv
+
+
+def _rel64(a, ref):
+    return ((a.double() - ref).norm() / ref.norm().clamp_min(1e-300)).item()
+
+
+def check_backward(case: Case, s: dict, douts: list[torch.Tensor], p: dict) -> dict:
+    """tool -> relative norm errors of ``(dq0, dq1, dk, dv)`` against ``dual_group_grads_f64``
+    (FA2's dK/dV: both groups added in float32). NaN anywhere gives NaN."""
+    tensors, meta = _fused_args(case, s)
+    ref = dual_group_grads_f64(*douts, *tensors, *meta[:3], *meta[6:])
+    errs = {}
+    for tool, name in (("kvonce", "kvonce_bwd"),
+                       ("kvonce low-precision dK/dV", "kvonce_bwd_lowp_dkv"),
+                       ("kvonce autograd", "kvonce_autograd"), ("fa2 x2", "fa2_bwd_sum")):
+        errs[tool] = [_rel64(g, r) for g, r in zip(p[name](), ref)]
+    del ref
+    torch.cuda.empty_cache()
+    return errs
+
+
+def backward_cases(args) -> list[Case]:
+    """The Llama-3-8B cases, filtered by ``--only``."""
+    return [c for c in cases(args.dtype) if "llama3-8B" in c.name
+            and (not args.only or any(o in c.name for o in args.only.split(",")))]
+
+
+def run_backward(args) -> list[dict]:
+    """Per case: gradient errors (printed per tensor, the worst per tool in the row), then
+    times of the backward alone and of forward + backward."""
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    rows = []
+    for case in backward_cases(args):
+        torch.manual_seed(0)
+        s = setup(case, dtype)
+        douts = [torch.randn_like(q) for q in s["chunk_q"]]
+        p = backward_paths(case, s, douts)
+        errs = check_backward(case, s, douts, p)
+        for tool, e in errs.items():
+            print(f"  {case.name}, {tool}: rel err vs float64 dq0 {e[0]:.1e} dq1 {e[1]:.1e} "
+                  f"dk {e[2]:.1e} dv {e[3]:.1e}", flush=True)
+        t = {name: time_ms(fn) for name, fn in p.items()}
+        flops = s["flops"]
+        tf = lambda ms, factor: factor * flops / (ms * 1e-3) / 1e12  # noqa: E731
+        rows.append({
+            "case": case.name, "kvonce err": f"{max(errs['kvonce']):.1e}",
+            f"kvonce {args.dtype} dKV err": f"{max(errs['kvonce low-precision dK/dV']):.1e}",
+            "fa2 err": f"{max(errs['fa2 x2']):.1e}",
+            "fa2 x2 bwd ms": t["fa2_bwd"], "fa2 x2 bwd+sum ms": t["fa2_bwd_sum"],
+            "kvonce bwd ms": t["kvonce_bwd"],
+            f"kvonce {args.dtype} dKV bwd ms": t["kvonce_bwd_lowp_dkv"],
+            "bwd speedup": t["fa2_bwd_sum"] / t["kvonce_bwd"],
+            "fa2 bwd TFLOP/s": tf(t["fa2_bwd"], BWD_FLOP_FACTOR),
+            "kvonce bwd TFLOP/s": tf(t["kvonce_bwd"], BWD_FLOP_FACTOR),
+            "fa2 x2 fwd+bwd+sum ms": t["fa2_fwd_bwd"], "kvonce fwd+bwd ms": t["kvonce_fwd_bwd"],
+            "kvonce autograd ms": t["kvonce_autograd"],
+            "fwd+bwd speedup": t["fa2_fwd_bwd"] / t["kvonce_fwd_bwd"],
+            "fa2 fwd+bwd TFLOP/s": tf(t["fa2_fwd_bwd"], FWD_BWD_FLOP_FACTOR),
+            "kvonce fwd+bwd TFLOP/s": tf(t["kvonce_fwd_bwd"], FWD_BWD_FLOP_FACTOR),
+        })
+        print(report.format_rows(rows[-1:]), flush=True)
+        del s, p, douts  # before the next case's setup
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _append_docs(args, argv: list[str], title: str, rows: list[dict]) -> None:
+    command = "python -m kvonce bench zigzag " + " ".join(argv)
+    report.append_markdown(os.path.join(args.out, "benchmarks.md"), title, rows, command=command,
+                           dtype=args.dtype, date=datetime.date.today().isoformat())
+
+
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(prog="python -m kvonce bench zigzag")
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
@@ -202,6 +457,10 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--only", default="", help="comma-separated substrings of case names to run")
     ap.add_argument("--sweep", action="store_true", help="tune the launch config table")
     ap.add_argument("--profile", default="", help="run each path of one case once (for ncu)")
+    ap.add_argument("--backward", action="store_true",
+                    help="backward and forward + backward vs FA2 two calls (Llama-3-8B cases)")
+    ap.add_argument("--no-docs", action="store_true",
+                    help="print the table only: append nothing to benchmarks.md, write no plot")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench zigzag needs a CUDA GPU")
@@ -217,12 +476,18 @@ def main(argv: list[str]) -> None:
             torch.cuda.synchronize()
             torch.cuda.nvtx.range_pop()
         return
+    if args.backward:
+        rows = run_backward(args)
+        print()
+        print(report.format_rows(rows))
+        if not args.no_docs:
+            _append_docs(args, argv, "Zigzag dual-group backward", rows)
+        return
     rows = run(args)
     print()
     print(report.format_rows(rows))
-    command = "python -m kvonce bench zigzag " + " ".join(argv)
-    report.append_markdown(os.path.join(args.out, "benchmarks.md"), "Zigzag dual-group forward",
-                           rows, command=command, dtype=args.dtype,
-                           date=datetime.date.today().isoformat())
+    if args.no_docs:
+        return
+    _append_docs(args, argv, "Zigzag dual-group forward", rows)
     report.bar_plot(os.path.join(args.out, "zigzag_speedup.png"), rows, "case",
                     ["kernel speedup", "e2e speedup"], "speedup over the two-call path (x)")

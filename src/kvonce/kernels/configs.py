@@ -159,3 +159,60 @@ def get_paged_decode_config(capability: tuple[int, int] | None, head_dim: int) -
                     "conservative fallback (tune with `python -m kvonce bench decode --sweep`)",
                     capability)
     return _PAGED_DECODE_FALLBACK
+
+
+# ---------------------------------------------------------------------------------------------
+# Dual-group backward (kernels/dual_group_bwd.py)
+# ---------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class DualGroupBwdConfig:
+    """Launch configs of the backward's two kernels.
+
+    dq_*: ``_dual_group_bwd_dq_kernel`` (query rows per group per program x keys per tile; the
+    program holds both groups' q, dO and dQ). dkdv_*: ``_dual_group_bwd_dkdv_kernel`` (query rows
+    per step x keys per program; the program holds K, V, dK, dV of its key block).
+    atomic_dq: dQ from fp32 atomics in the dK/dV kernel (5 matmuls per tile pair instead of 7;
+    the dQ kernel then only computes delta) instead of from the dQ kernel.
+    """
+    dq_block_m: int
+    dq_block_n: int
+    dq_num_warps: int
+    dq_num_stages: int
+    dkdv_block_m: int
+    dkdv_block_n: int
+    dkdv_num_warps: int
+    dkdv_num_stages: int
+    int64_kv_offsets: bool = False
+    atomic_dq: bool = False
+
+
+# H100, triton 3.6, bf16, Llama-3-8B zigzag shape (world 8, rank 3, 32/8 heads; sweeps
+# 2026-11-23 with scripts/bwd_sweep.py, docs/notes.md): dQ 128 rows x 32 keys, 8 warps, 3 stages
+# (11.4 ms); dK/dV 64 rows x 128 keys, 8 warps, ONE stage (18.3 ms; 2 stages 22.6, 3 stages
+# slower still, 128 rows 3x slower: spills). Atomic dQ from the dK/dV kernel lost (35.4 vs
+# 29.9 ms: the atomics cost more than the two matmuls they save). d=32..96 reuse the d=128 row
+# (not timed); d=256 halves the tiles (correctness-tested, not timed).
+_DUAL_GROUP_BWD_TABLE: dict[tuple[int, int], dict[int, DualGroupBwdConfig]] = {
+    (9, 0): {hd: DualGroupBwdConfig(128, 32, 8, 3, 64, 128, 8, 1) for hd in (32, 64, 96, 128)}
+    | {256: DualGroupBwdConfig(64, 32, 8, 2, 32, 64, 8, 1)},
+}
+_BWD_INTERPRETER_CONFIG = DualGroupBwdConfig(32, 32, 4, 1, 32, 32, 4, 1)
+_BWD_FALLBACK = {hd: DualGroupBwdConfig(64, 32, 4, 2, 32, 64, 4, 2) for hd in (32, 64, 96, 128)}
+_BWD_FALLBACK[256] = DualGroupBwdConfig(32, 32, 4, 1, 32, 32, 4, 1)
+_bwd_warned: set = set()
+
+
+def get_dual_group_bwd_config(capability: tuple[int, int] | None, head_dim: int) -> DualGroupBwdConfig:
+    """Backward config for ``head_dim`` on a GPU of ``capability`` (None: the interpreter)."""
+    if capability is None or interpreter_active():
+        return _BWD_INTERPRETER_CONFIG
+    padded = 1 << (head_dim - 1).bit_length()
+    row = _DUAL_GROUP_BWD_TABLE.get(tuple(capability))
+    if row is not None and (head_dim in row or padded in row):
+        return row.get(head_dim, row.get(padded))
+    if capability not in _bwd_warned:
+        _bwd_warned.add(capability)
+        log.warning("kvonce: no tuned dual-group backward config for compute capability %s; "
+                    "using a conservative fallback", capability)
+    return _BWD_FALLBACK.get(head_dim, _BWD_FALLBACK[padded if padded in _BWD_FALLBACK else 128])

@@ -1,5 +1,5 @@
 """Zigzag llama3 context parallelism: the original two-call path and kvonce's fused replacement."""
-from .fused import replace_execute_grouped_attention_with_fused_varlen
+from .fused import fused_zigzag_backward, replace_execute_grouped_attention_with_fused_varlen
 from .grouped import execute_grouped_attention, varlen_attention_backend
 from .layout import (
     compute_kv_slices_for_groups,
@@ -16,4 +16,5 @@ __all__ = [
     "execute_grouped_attention",
     "varlen_attention_backend",
     "replace_execute_grouped_attention_with_fused_varlen",
+    "fused_zigzag_backward",
 ]

@@ -16,12 +16,15 @@ import dataclasses
 import torch
 
 from .. import _validate as V
-from ..kernels.configs import DualGroupFwdConfig, get_dual_group_fwd_config
+from ..kernels.configs import (DualGroupBwdConfig, DualGroupFwdConfig, get_dual_group_bwd_config,
+                              get_dual_group_fwd_config)
+from ..kernels.dual_group_bwd import launch_dual_group_bwd
 from ..kernels.dual_group_fwd import launch_dual_group_fwd
-from ..varlen import _capability, validate_dual_group_inputs
+from ..varlen import (_capability, _rows_contiguous, validate_backward_inputs,
+                      validate_dual_group_inputs)
 from .grouped import check_unsupported_features
 
-__all__ = ["replace_execute_grouped_attention_with_fused_varlen"]
+__all__ = ["replace_execute_grouped_attention_with_fused_varlen", "fused_zigzag_backward"]
 
 
 def replace_execute_grouped_attention_with_fused_varlen(
@@ -152,3 +155,102 @@ def _(q0, q1, kv_buffer, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, *scalars):
     total_q, nheads = q0.shape[0] + q1.shape[0], q0.shape[1]
     return (q0.new_empty((total_q, nheads, q0.shape[2])),
             q0.new_empty((nheads, total_q), dtype=torch.float32))
+
+
+# ---------------------------------------------------------------------------------------------
+# The backward twin
+# ---------------------------------------------------------------------------------------------
+
+def fused_zigzag_backward(
+    dout: torch.Tensor, q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+    kv_buffer: torch.Tensor, cu_seqlens_q: torch.Tensor, world_size: int, chunk_idx_0: int,
+    chunk_idx_1: int, softmax_scale: float | None = None, causal: bool = True, *,
+    max_seqlen_q: int | None = None, dkv_dtype: torch.dtype = torch.float32,
+    config: DualGroupBwdConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Backward of ``replace_execute_grouped_attention_with_fused_varlen`` for one rank: both
+    groups in two launches, reading the all-gathered K/V where it lies and writing dK/dV in the
+    same rank-major layout (ready for a reduce-scatter, no rearranging copy).
+
+    Parameters
+    ----------
+    dout, q, out : ``[total_local, nheads, d]`` in the rank's LOCAL order (sequence ``b`` holds
+        chunk ``chunk_idx_0`` then chunk ``chunk_idx_1``, ``c_b`` rows each); any strides.
+    lse : float32 ``[nheads, total_local]``, as the forward twin returns it.
+    kv_buffer : ``[2, world_size * total_local, nheads_k, d]``, the all-gathered K/V, rank-major.
+    cu_seqlens_q : int32 ``[batch + 1]``, LOCAL (each length ``2 * c_b``; K/V use the same).
+    max_seqlen_q : bound of ``c_b`` (sizes the grids); default ``total_local // 2``.
+    dkv_dtype : dtype of the returned dK/dV (accumulated in fp32 over both groups and the q heads
+        of each KV head, cast once).
+
+    Returns
+    -------
+    dq : ``[total_local, nheads, d]`` in local order, q's dtype.
+    dkv : ``[2, world_size * total_local, nheads_k, d]`` in ``dkv_dtype``, kv_buffer's layout:
+        this rank's queries' contribution to every key (0 where none of them looks).
+    """
+    dout, out = _rows_contiguous(dout), _rows_contiguous(out)
+    compiling = torch.compiler.is_compiling()
+    signature = None if compiling else V.call_signature(
+        dout, q, out, lse, kv_buffer, cu_seqlens_q, world_size, chunk_idx_0, chunk_idx_1,
+        softmax_scale, causal, max_seqlen_q, dkv_dtype, config)
+    if _passed_checks_bwd.get(signature) is None:
+        _check_arguments(q, q, cu_seqlens_q, cu_seqlens_q, kv_buffer, cu_seqlens_q, q.shape[1],
+                         q.shape[2], 0.0, (-1, -1), None, world_size, chunk_idx_0, chunk_idx_1)
+        validate_backward_inputs(dout, dout, q, q, out, out, lse, lse, dkv_dtype)
+        if max_seqlen_q is not None:
+            V.check_nonnegative_int("max_seqlen_q", max_seqlen_q)
+        _passed_checks_bwd.add(signature)
+    scale = q.shape[2] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    bound = q.shape[0] // 2 if max_seqlen_q is None else max_seqlen_q
+    if config is None:
+        config = get_dual_group_bwd_config(_capability(q.device), q.shape[2])
+    args = (dout, q, out, lse, kv_buffer, cu_seqlens_q, chunk_idx_0, chunk_idx_1, world_size,
+            bound, scale, causal, dkv_dtype)
+    if compiling:
+        return torch.ops.kvonce.dual_group_bwd_zigzag(*args, *dataclasses.astuple(config))
+    return _zigzag_bwd_impl(*args, config)
+
+
+_passed_checks_bwd = V.PassedChecks()
+
+
+def _zigzag_bwd_impl(dout, q, out, lse, kv_buffer, cu_seqlens_q, chunk_idx_0, chunk_idx_1,
+                     world_size, max_seqlen_q, softmax_scale, causal, dkv_dtype, config):
+    # Both groups of sequence b have c_b = len_b / 2 rows: cu // 2 is each group's cumulative
+    # count, and the kernel finds local rows at cu0[b] + cu1[b] (+ c_b for group 1).
+    cu_half = torch.div(cu_seqlens_q, 2, rounding_mode="floor")
+    dq = torch.empty_like(q)
+    dkv = torch.empty(kv_buffer.shape, dtype=dkv_dtype, device=kv_buffer.device)
+    delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
+    launch_dual_group_bwd(
+        q, q, kv_buffer[0], kv_buffer[1], out, out, dout, dout, lse, lse, delta, delta, dq, dq,
+        dkv[0], dkv[1], cu_half, cu_half, cu_seqlens_q, chunk_idx_0 + 1, chunk_idx_1 + 1,
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=2 * world_size * max_seqlen_q,
+        softmax_scale=softmax_scale, causal=causal, config=config,
+        zigzag_world_size=world_size, local_order=True)
+    return dq, dkv
+
+
+@torch.library.custom_op("kvonce::dual_group_bwd_zigzag", mutates_args=())
+def _zigzag_bwd_op(
+    dout: torch.Tensor, q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+    kv_buffer: torch.Tensor, cu_seqlens_q: torch.Tensor, chunk_idx_0: int, chunk_idx_1: int,
+    world_size: int, max_seqlen_q: int, softmax_scale: float, causal: bool,
+    dkv_dtype: torch.dtype, dq_block_m: int, dq_block_n: int, dq_num_warps: int,
+    dq_num_stages: int, dkdv_block_m: int, dkdv_block_n: int, dkdv_num_warps: int,
+    dkdv_num_stages: int, int64_kv_offsets: bool, atomic_dq: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``fused_zigzag_backward`` after its checks: ``(dq [total_local, nheads, d],
+    dkv [2, world_size * total_local, nheads_k, d])``."""
+    config = DualGroupBwdConfig(dq_block_m, dq_block_n, dq_num_warps, dq_num_stages,
+                                dkdv_block_m, dkdv_block_n, dkdv_num_warps, dkdv_num_stages,
+                                int64_kv_offsets, atomic_dq)
+    return _zigzag_bwd_impl(dout, q, out, lse, kv_buffer, cu_seqlens_q, chunk_idx_0, chunk_idx_1,
+                            world_size, max_seqlen_q, softmax_scale, causal, dkv_dtype, config)
+
+
+@_zigzag_bwd_op.register_fake
+def _(dout, q, out, lse, kv_buffer, cu_seqlens_q, chunk_idx_0, chunk_idx_1, world_size,
+      max_seqlen_q, softmax_scale, causal, dkv_dtype, *config):
+    return torch.empty_like(q), kv_buffer.new_empty(kv_buffer.shape, dtype=dkv_dtype)
