@@ -112,7 +112,7 @@ def _dual_op_args():
                                                   torch.cuda.get_device_capability(), 32)
     return (q0, q1, k, v, cu0, cu1, cuk, ends0, ends1, max(mq0, mq1), k.shape[0], 0.2, True,
             cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.kv_cache_modifier,
-            cfg.int64_kv_offsets)
+            cfg.int64_kv_offsets, cfg.tma)
 
 
 def _zigzag_op_args():
@@ -124,7 +124,7 @@ def _zigzag_op_args():
     return (q0, q1, z["kv_buffer"], cu0, cu1, z["cu_seqlens_k"], z["chunk_idx_0"],
             z["chunk_idx_1"], z["world_size"], q0.shape[0], 32 ** -0.5, True,
             cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.kv_cache_modifier,
-            cfg.int64_kv_offsets)
+            cfg.int64_kv_offsets, cfg.tma)
 
 
 def _merge_op_args():

@@ -200,13 +200,13 @@ def _dual_group_fwd_op(
     cu_seqlens_q0: torch.Tensor, cu_seqlens_q1: torch.Tensor, cu_seqlens_k: torch.Tensor,
     kv_end0: torch.Tensor, kv_end1: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
     softmax_scale: float, causal: bool, block_m: int, block_n: int, num_warps: int,
-    num_stages: int, kv_cache_modifier: str, int64_kv_offsets: bool,
+    num_stages: int, kv_cache_modifier: str, int64_kv_offsets: bool, tma: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``fused_zigzag_llama3_flash_attn_varlen_forward`` after its checks, with int32 ``[batch]``
     key ranges and the config's fields one by one: ``(out0, out1, lse0, lse1)``. Differentiable
     in q0, q1, k, v (``register_autograd`` below; ``max_seqlen_k`` sizes the backward's grid)."""
     config = DualGroupFwdConfig(block_m, block_n, num_warps, num_stages, kv_cache_modifier,
-                                int64_kv_offsets)
+                                int64_kv_offsets, tma)
     return _dual_group_fwd_impl(q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k,
                                 kv_end0, kv_end1, max_seqlen_q, softmax_scale, causal, config)
 
@@ -369,6 +369,7 @@ def _fwd_setup_context(ctx, inputs, output):
     ctx.save_for_backward(q0, q1, k, v, out0, out1, lse0, lse1, cu_seqlens_q0, cu_seqlens_q1,
                           cu_seqlens_k, kv_end0, kv_end1)
     ctx.sizes = (max_seqlen_q, max_seqlen_k, softmax_scale, causal)
+    ctx.num_inputs = len(inputs)
     ctx.mark_non_differentiable(lse0, lse1)
 
 
@@ -378,7 +379,7 @@ def _fwd_backward(ctx, dout0, dout1, _dlse0, _dlse1):
     dq0, dq1, dk, dv = torch.ops.kvonce.dual_group_bwd(
         _rows_contiguous(dout0), _rows_contiguous(dout1), q0, q1, k, v, out0, out1, lse0, lse1,
         cu0, cu1, cuk, kv_end0, kv_end1, *ctx.sizes, k.dtype, *dataclasses.astuple(config))
-    return (dq0, dq1, dk, dv) + (None,) * 15
+    return (dq0, dq1, dk, dv) + (None,) * (ctx.num_inputs - 4)
 
 
 torch.library.register_autograd("kvonce::dual_group_fwd", _fwd_backward,

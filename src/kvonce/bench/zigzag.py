@@ -180,10 +180,10 @@ def sweep(args) -> None:
     from ..kernels.configs import DualGroupFwdConfig
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-    configs = [DualGroupFwdConfig(bm, bn, nw, ns, cm)
+    configs = [DualGroupFwdConfig(bm, bn, nw, ns, tma=tma)
                for bm, bn, nw, ns in ((128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2),
-                                      (64, 64, 4, 3), (128, 32, 8, 3), (64, 128, 8, 3))
-               for cm in ("", ".cg")]
+                                      (128, 128, 8, 3), (64, 128, 4, 3), (64, 64, 4, 3))
+               for tma in (False, True)]
     for case in cases(args.dtype):
         if args.only and not any(o in case.name for o in args.only.split(",")):
             continue

@@ -21,6 +21,8 @@ class DualGroupFwdConfig:
     block_m: query rows per group per program (the program holds 2 * block_m rows of state).
     block_n: keys per tile. kv_cache_modifier: "" or ".cg" on K/V loads.
     int64_kv_offsets: force int64 K/V offsets (by default only when they can pass 2^31).
+    tma: unmasked K/V tiles of contiguous K/V through TMA tensor descriptors (Hopper); the zigzag
+    buffer and masked tiles keep pointer loads.
     """
     block_m: int
     block_n: int
@@ -28,6 +30,7 @@ class DualGroupFwdConfig:
     num_stages: int
     kv_cache_modifier: str = ""
     int64_kv_offsets: bool = False
+    tma: bool = False
 
 
 # (capability major, minor) -> head dim -> config. Filled from measurements only.

@@ -89,13 +89,23 @@ def _kv_rows(start_n, k_row0, chunk, rank_rows, world_size, BLOCK_N: tl.constexp
 
 
 @triton.jit
-def _load_kv_tile(K, V, start_n, kv_end, k_row0, chunk, rank_rows, world_size,
+def _load_kv_tile(K, V, Kd, Vd, kv_col, start_n, kv_end, k_row0, chunk, rank_rows, world_size,
                   stride_kn, stride_vn, offs_d, head_dim,
                   BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, KV_ZIGZAG: tl.constexpr,
-                  KV_CACHE: tl.constexpr):
+                  KV_CACHE: tl.constexpr, USE_DESC: tl.constexpr, MASKED: tl.constexpr):
     """K tile transposed ``[BLOCK_D, BLOCK_N]`` and V tile ``[BLOCK_N, BLOCK_D]``; keys at or past
-    ``kv_end`` read as 0 (and are masked out of the scores by the caller)."""
+    ``kv_end`` read as 0 (and are masked out of the scores by the caller).
+
+    ``USE_DESC`` (contiguous K/V): unmasked tiles, whose keys all lie inside the sequence, come
+    through the TMA descriptors ``Kd, Vd`` (2-D ``[rows, nheads_k * d]``, this head's columns
+    from ``kv_col``); masked tiles keep predicated pointer loads, so that no row of another
+    sequence (or padding) ever enters the math."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
+    if USE_DESC and not MASKED:
+        row = (k_row0 + start_n).to(tl.int32)
+        k = Kd.load([row, kv_col])
+        v = Vd.load([row, kv_col])
+        return offs_n, tl.trans(k), v
     rows = _kv_rows(start_n, k_row0, chunk, rank_rows, world_size, BLOCK_N, KV_ZIGZAG)
     in_range = offs_n < kv_end
     if EVEN_D:
@@ -113,14 +123,14 @@ def _load_kv_tile(K, V, start_n, kv_end, k_row0, chunk, rank_rows, world_size,
 
 @triton.jit
 def _attend_one(acc, m_i, l_i, q, lo, hi, qk_scale, offs_m, diag, kv_end,
-                K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
+                K, V, Kd, Vd, kv_col, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
                 MASKED: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
-                KV_ZIGZAG: tl.constexpr, KV_CACHE: tl.constexpr):
+                KV_ZIGZAG: tl.constexpr, KV_CACHE: tl.constexpr, USE_DESC: tl.constexpr):
     """Key tiles ``[lo, hi)`` (``lo`` a multiple of BLOCK_N) into one group's state."""
     for start_n in range(lo, hi, BLOCK_N):
-        offs_n, k_t, v = _load_kv_tile(K, V, start_n, kv_end, k_row0, chunk, rank_rows, world_size,
+        offs_n, k_t, v = _load_kv_tile(K, V, Kd, Vd, kv_col, start_n, kv_end, k_row0, chunk, rank_rows, world_size,
                                        stride_kn, stride_vn, offs_d, head_dim,
-                                       BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
+                                       BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE, USE_DESC, MASKED)
         acc, m_i, l_i = _online_update(acc, m_i, l_i, q, k_t, v, qk_scale, offs_m, offs_n,
                                        diag, kv_end, MASKED)
     return acc, m_i, l_i
@@ -128,32 +138,32 @@ def _attend_one(acc, m_i, l_i, q, lo, hi, qk_scale, offs_m, diag, kv_end,
 
 @triton.jit
 def _attend_alone(acc, m_i, l_i, q, lo, full, hi, qk_scale, offs_m, diag, kv_end,
-                  K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
+                  K, V, Kd, Vd, kv_col, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
                   BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, KV_ZIGZAG: tl.constexpr,
-                  KV_CACHE: tl.constexpr):
+                  KV_CACHE: tl.constexpr, USE_DESC: tl.constexpr):
     """One group's tiles past the shared range: ``[lo, full)`` unmasked, then ``[.., hi)`` masked."""
     split = tl.maximum(lo, full)
     acc, m_i, l_i = _attend_one(acc, m_i, l_i, q, lo, split, qk_scale, offs_m, diag, kv_end,
-                                K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn,
-                                offs_d, head_dim, False, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
+                                K, V, Kd, Vd, kv_col, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn,
+                                offs_d, head_dim, False, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE, USE_DESC)
     acc, m_i, l_i = _attend_one(acc, m_i, l_i, q, split, hi, qk_scale, offs_m, diag, kv_end,
-                                K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn,
-                                offs_d, head_dim, True, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
+                                K, V, Kd, Vd, kv_col, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn,
+                                offs_d, head_dim, True, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE, USE_DESC)
     return acc, m_i, l_i
 
 
 @triton.jit
 def _attend_two(acc0, m0, l0, q0, diag0, end0, acc1, m1, l1, q1, diag1, end1,
                 lo, hi, qk_scale, offs_m,
-                K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
+                K, V, Kd, Vd, kv_col, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
                 MASKED: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
-                KV_ZIGZAG: tl.constexpr, KV_CACHE: tl.constexpr):
+                KV_ZIGZAG: tl.constexpr, KV_CACHE: tl.constexpr, USE_DESC: tl.constexpr):
     """Key tiles ``[lo, hi)``: each tile loaded once, fed to both groups' states."""
     kv_end = tl.maximum(end0, end1)
     for start_n in range(lo, hi, BLOCK_N):
-        offs_n, k_t, v = _load_kv_tile(K, V, start_n, kv_end, k_row0, chunk, rank_rows, world_size,
+        offs_n, k_t, v = _load_kv_tile(K, V, Kd, Vd, kv_col, start_n, kv_end, k_row0, chunk, rank_rows, world_size,
                                        stride_kn, stride_vn, offs_d, head_dim,
-                                       BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
+                                       BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE, USE_DESC, MASKED)
         acc0, m0, l0 = _online_update(acc0, m0, l0, q0, k_t, v, qk_scale, offs_m, offs_n,
                                       diag0, end0, MASKED)
         acc1, m1, l1 = _online_update(acc1, m1, l1, q1, k_t, v, qk_scale, offs_m, offs_n,
@@ -221,6 +231,7 @@ def _store_group(Out, Lse, out_row0, head, acc, m_i, l_i, len_q, offs_m, offs_d,
 def _fused_dual_group_fwd_kernel_varlen(
     Q0, Q1,            # [total_q0, nheads, HEAD_DIM], [total_q1, nheads, HEAD_DIM]; last dim contiguous
     K, V,              # [rows, nheads_k, HEAD_DIM] (contiguous varlen, or the zigzag gathered buffer)
+    Kd, Vd,            # with USE_DESC: TMA descriptors of K, V as [rows, nheads_k * HEAD_DIM]
     Out0, Out1,        # [rows_o0, nheads, HEAD_DIM], [rows_o1, nheads, HEAD_DIM] (may be one tensor)
     Lse0, Lse1,        # float32 [nheads, rows_o0], [nheads, rows_o1]
     cu_seqlens_q0, cu_seqlens_q1,  # int32 [batch + 1]
@@ -239,7 +250,7 @@ def _fused_dual_group_fwd_kernel_varlen(
     IS_CAUSAL: tl.constexpr, KV_ZIGZAG: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     KV_CACHE: tl.constexpr, INT64_KV: tl.constexpr, KV_END_SCALAR: tl.constexpr,
-    KV_END_IN_CHUNKS: tl.constexpr, OUT_LOCAL_ORDER: tl.constexpr,
+    KV_END_IN_CHUNKS: tl.constexpr, OUT_LOCAL_ORDER: tl.constexpr, USE_DESC: tl.constexpr,
 ):
     # Grid (nheads, m-blocks, batch): heads vary fastest, so the q heads of one kv head run
     # together (FA2's m-blocks-fastest order measured the same, docs/notes.md). m-blocks are
@@ -248,6 +259,7 @@ def _fused_dual_group_fwd_kernel_varlen(
     start_m = tl.num_programs(1) - 1 - tl.program_id(1)
     seq = tl.program_id(2)
     kv_head = head // kv_group
+    kv_col = kv_head * BLOCK_D
 
     k_row0 = tl.load(cu_seqlens_k + seq)
     if INT64_KV:
@@ -301,28 +313,28 @@ def _fused_dual_group_fwd_kernel_varlen(
     acc0, m_0, l_0, acc1, m_1, l_1 = _attend_two(
         acc0, m_0, l_0, q0, diag0, end0, acc1, m_1, l_1, q1, diag1, end1,
         0, both_full, qk_scale, offs_m,
-        K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
-        False, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
+        K, V, Kd, Vd, kv_col, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
+        False, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE, USE_DESC)
     acc0, m_0, l_0, acc1, m_1, l_1 = _attend_two(
         acc0, m_0, l_0, q0, diag0, end0, acc1, m_1, l_1, q1, diag1, end1,
         both_full, shared_end, qk_scale, offs_m,
-        K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
-        True, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
+        K, V, Kd, Vd, kv_col, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
+        True, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE, USE_DESC)
 
     # Then each group alone past the shared range (for the shorter one these loops are empty).
     # Group 0 is finished and stored first: in zigzag it is the shorter group, and storing it frees
     # its accumulator and q registers for group 1's long tail.
     acc0, m_0, l_0 = _attend_alone(
         acc0, m_0, l_0, q0, shared_end, full0, hi0, qk_scale, offs_m, diag0, end0,
-        K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
-        BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
+        K, V, Kd, Vd, kv_col, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
+        BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE, USE_DESC)
     _store_group(Out0, Lse0, out_row0, head, acc0, m_0, l_0, len_q0, offs_m, offs_d,
                  head_dim, stride_o0m, stride_o0h, stride_lse0_h, EVEN_D)
 
     acc1, m_1, l_1 = _attend_alone(
         acc1, m_1, l_1, q1, shared_end, full1, hi1, qk_scale, offs_m, diag1, end1,
-        K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
-        BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE)
+        K, V, Kd, Vd, kv_col, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
+        BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE, USE_DESC)
     _store_group(Out1, Lse1, out_row1, head, acc1, m_1, l_1, len_q1, offs_m, offs_d,
                  head_dim, stride_o1m, stride_o1h, stride_lse1_h, EVEN_D)
 
@@ -363,20 +375,44 @@ def launch_dual_group_fwd(
     ints = (zigzag_rank_rows, max(zigzag_world_size, 1), *q0.stride()[:2], *q1.stride()[:2],
             *k.stride()[:2], *v.stride()[:2], *out0.stride()[:2], *out1.stride()[:2],
             lse0.stride(0), lse1.stride(0), head_dim, nheads // k.shape[1])
+    use_desc = _tma_ok(config, k, v, head_dim, block_d, zigzag_world_size)
     constexprs = dict(
         IS_CAUSAL=causal, KV_ZIGZAG=zigzag_world_size > 0,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_D=block_d,
         EVEN_D=block_d == head_dim, KV_CACHE=config.kv_cache_modifier,
         INT64_KV=config.int64_kv_offsets or _max_offset(k) >= 2**31 or _max_offset(v) >= 2**31,
         KV_END_SCALAR=kv_end_scalar, KV_END_IN_CHUNKS=zigzag_local_order,
-        OUT_LOCAL_ORDER=zigzag_local_order)
-    pointers = (q0, q1, k, v, out0, out1, lse0, lse1, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k)
+        OUT_LOCAL_ORDER=zigzag_local_order, USE_DESC=use_desc)
     ends = (kv_end0, kv_end1)
+    if use_desc:
+        # Descriptors are built per call (a few us of host time, nothing at these sizes) and
+        # launched through Triton's own path.
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        descs = [TensorDescriptor(t, [t.shape[0], t.shape[1] * head_dim], [t.stride(0), 1],
+                                  [config.block_n, block_d]) for t in (k, v)]
+        return _fused_dual_group_fwd_kernel_varlen[grid](
+            q0, q1, k, v, *descs, out0, out1, lse0, lse1, cu_seqlens_q0, cu_seqlens_q1,
+            cu_seqlens_k, *ends, out_start0, out_start1, softmax_scale, *ints, **constexprs,
+            num_warps=config.num_warps, num_stages=config.num_stages)
+    pointers = (q0, q1, k, v, out0, out1, lse0, lse1, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k)
     # Integer ends are specialized on by Triton like any int argument: part of the key.
     key = (q0.dtype, out0.dtype, ints, tuple(constexprs.values()), config.num_warps,
            config.num_stages, ends if kv_end_scalar else None,
            all_aligned(*pointers, out_start0, out_start1, *(() if kv_end_scalar else ends)))
-    args = (*pointers, *ends, out_start0, out_start1, softmax_scale, *ints)
+    args = (*pointers[:4], None, None, *pointers[4:], *ends, out_start0, out_start1,
+            softmax_scale, *ints)
     return launch(_fused_dual_group_fwd_kernel_varlen, key, grid, args, constexprs,
                   config.num_warps, config.num_stages,
                   q0.device.index if q0.device.type == "cuda" else -1)
+
+
+def _tma_ok(config, k, v, head_dim: int, block_d: int, zigzag_world_size: int) -> bool:
+    """TMA descriptors for K/V: asked for by the config, contiguous K/V (not the zigzag buffer),
+    a CUDA device, a power-of-two head dim, each row's heads back to back (``[rows, nheads_k * d]``
+    2-D view) and 16-byte aligned bases and row strides."""
+    if not config.tma or zigzag_world_size > 0 or k.device.type != "cuda" or head_dim != block_d:
+        return False
+    return all(t.shape[0] > 0 and t.stride(2) == 1 and t.stride(1) == head_dim
+               and t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
+               for t in (k, v))
