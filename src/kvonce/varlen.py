@@ -300,7 +300,8 @@ def fused_zigzag_llama3_flash_attn_varlen_backward(
         _passed_checks.add(signature)
     batch = cu_seqlens_q0.shape[0] - 1
     if config is None:
-        config = get_dual_group_bwd_config(_capability(q0.device), q0.shape[2])
+        config = get_dual_group_bwd_config(_capability(q0.device), q0.shape[2],
+                                           q0.element_size())
     scale = q0.shape[2] ** -0.5 if softmax_scale is None else float(softmax_scale)
     kv_end0, kv_end1 = max_kv_len_q0, max_kv_len_q1
     if compiling or isinstance(kv_end0, int) != isinstance(kv_end1, int):
@@ -375,7 +376,8 @@ def _fwd_setup_context(ctx, inputs, output):
 
 def _fwd_backward(ctx, dout0, dout1, _dlse0, _dlse1):
     q0, q1, k, v, out0, out1, lse0, lse1, cu0, cu1, cuk, kv_end0, kv_end1 = ctx.saved_tensors
-    config = get_dual_group_bwd_config(_capability(q0.device), q0.shape[2])
+    config = get_dual_group_bwd_config(_capability(q0.device), q0.shape[2],
+                                           q0.element_size())
     dq0, dq1, dk, dv = torch.ops.kvonce.dual_group_bwd(
         _rows_contiguous(dout0), _rows_contiguous(dout1), q0, q1, k, v, out0, out1, lse0, lse1,
         cu0, cu1, cuk, kv_end0, kv_end1, *ctx.sizes, k.dtype, *dataclasses.astuple(config))

@@ -206,10 +206,16 @@ _BWD_FALLBACK[256] = DualGroupBwdConfig(32, 32, 4, 1, 32, 32, 4, 1)
 _bwd_warned: set = set()
 
 
-def get_dual_group_bwd_config(capability: tuple[int, int] | None, head_dim: int) -> DualGroupBwdConfig:
-    """Backward config for ``head_dim`` on a GPU of ``capability`` (None: the interpreter)."""
+def get_dual_group_bwd_config(capability: tuple[int, int] | None, head_dim: int,
+                              element_size: int = 2) -> DualGroupBwdConfig:
+    """Backward config for ``head_dim`` on a GPU of ``capability`` (None: the interpreter).
+    fp32 inputs (``element_size`` 4, for tests) take small tiles: the fp16/bf16 rows' shared
+    memory would double past the limit."""
     if capability is None or interpreter_active():
         return _BWD_INTERPRETER_CONFIG
+    if element_size > 2:
+        return _BWD_INTERPRETER_CONFIG
+    head_dim = int(head_dim)  # a SymInt when the backward is traced with dynamic shapes
     padded = 1 << (head_dim - 1).bit_length()
     row = _DUAL_GROUP_BWD_TABLE.get(tuple(capability))
     if row is not None and (head_dim in row or padded in row):

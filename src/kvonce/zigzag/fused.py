@@ -204,7 +204,8 @@ def fused_zigzag_backward(
     scale = q.shape[2] ** -0.5 if softmax_scale is None else float(softmax_scale)
     bound = q.shape[0] // 2 if max_seqlen_q is None else max_seqlen_q
     if config is None:
-        config = get_dual_group_bwd_config(_capability(q.device), q.shape[2])
+        config = get_dual_group_bwd_config(_capability(q.device), q.shape[2],
+                                           q.element_size())
     args = (dout, q, out, lse, kv_buffer, cu_seqlens_q, chunk_idx_0, chunk_idx_1, world_size,
             bound, scale, causal, dkv_dtype)
     if compiling:
