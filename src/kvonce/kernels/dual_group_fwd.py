@@ -172,17 +172,19 @@ def _attend_two(acc0, m0, l0, q0, diag0, end0, acc1, m1, l1, q1, diag1, end1,
 
 
 @triton.jit
-def _group_block_setup(Q, cu_seqlens_q, kv_end_ptr, seq, len_k, start_m, head, stride_qm, stride_qh,
-                       offs_m, offs_d, head_dim,
+def _group_block_setup(Q, cu_seqlens_q, q_shift, kv_end_ptr, seq, len_k, start_m, head, stride_qm,
+                       stride_qh, offs_m, offs_d, head_dim,
                        IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        EVEN_D: tl.constexpr, KV_END_SCALAR: tl.constexpr):
     """Load one group's M-block of q and compute its key-range bounds.
 
     Returns ``q [BLOCK_M, BLOCK_D]``, ``len_q``, ``diag`` (row ``i`` sees key ``j <= i + diag``),
     ``kv_end`` (keys visible at all), ``full`` (tiles below it need no mask, a multiple of BLOCK_N)
-    and ``hi`` (no tile at or past it is needed)."""
+    and ``hi`` (no tile at or past it is needed). The M-block's q rows start at
+    ``cu_seqlens_q[seq] + q_shift``."""
     q_start = tl.load(cu_seqlens_q + seq)
     len_q = tl.load(cu_seqlens_q + seq + 1) - q_start
+    q_start += q_shift
     if KV_END_SCALAR:  # one int for every sequence (no per-sequence tensor to fill)
         kv_end = tl.minimum(tl.maximum(kv_end_ptr, 0), len_k)
     else:
@@ -251,6 +253,7 @@ def _fused_dual_group_fwd_kernel_varlen(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     KV_CACHE: tl.constexpr, INT64_KV: tl.constexpr, KV_END_SCALAR: tl.constexpr,
     KV_END_IN_CHUNKS: tl.constexpr, OUT_LOCAL_ORDER: tl.constexpr, USE_DESC: tl.constexpr,
+    Q_LOCAL_ORDER: tl.constexpr,
 ):
     # Grid (nheads, m-blocks, batch): heads vary fastest, so the q heads of one kv head run
     # together (FA2's m-blocks-fastest order measured the same, docs/notes.md). m-blocks are
@@ -277,11 +280,19 @@ def _fused_dual_group_fwd_kernel_varlen(
         kv_end1 = kv_end1 * chunk
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
+    if Q_LOCAL_ORDER:
+        # q of both groups in the rank's local order (as the outputs): group 0 of sequence b at
+        # cu_q0[b] + cu_q1[b], group 1 at cu_q0[b + 1] + cu_q1[b].
+        q_shift0 = tl.load(cu_seqlens_q1 + seq)
+        q_shift1 = tl.load(cu_seqlens_q0 + seq + 1)
+    else:
+        q_shift0 = 0
+        q_shift1 = 0
     q0, len_q0, diag0, end0, full0, hi0 = _group_block_setup(
-        Q0, cu_seqlens_q0, kv_end0, seq, len_k, start_m, head, stride_q0m, stride_q0h,
+        Q0, cu_seqlens_q0, q_shift0, kv_end0, seq, len_k, start_m, head, stride_q0m, stride_q0h,
         offs_m, offs_d, head_dim, IS_CAUSAL, BLOCK_M, BLOCK_N, EVEN_D, KV_END_SCALAR)
     q1, len_q1, diag1, end1, full1, hi1 = _group_block_setup(
-        Q1, cu_seqlens_q1, kv_end1, seq, len_k, start_m, head, stride_q1m, stride_q1h,
+        Q1, cu_seqlens_q1, q_shift1, kv_end1, seq, len_k, start_m, head, stride_q1m, stride_q1h,
         offs_m, offs_d, head_dim, IS_CAUSAL, BLOCK_M, BLOCK_N, EVEN_D, KV_END_SCALAR)
     if start_m * BLOCK_M >= tl.maximum(len_q0, len_q1):
         return
@@ -350,6 +361,7 @@ def launch_dual_group_fwd(
     cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1, out_start0, out_start1,
     *, max_seqlen_q: int, softmax_scale: float, causal: bool, config,
     zigzag_world_size: int = 0, zigzag_rank_rows: int = 0, zigzag_local_order: bool = False,
+    q_local_order: bool = False,
 ):
     """Launch ``_fused_dual_group_fwd_kernel_varlen``. All checks are the caller's (varlen.py).
     Returns Triton's compiled-kernel handle (registers, spills: for the config sweep), or None
@@ -362,7 +374,8 @@ def launch_dual_group_fwd(
     the LOCAL cumulative lengths. ``zigzag_local_order``: the rank's zigzag step in one launch
     with no metadata tensors: ``kv_end*`` are ints counting each sequence's chunks
     (``chunk_idx + 1``), ``out_start*`` are ignored and both groups are written in the rank's
-    local order (rows of sequence ``b`` from ``cu_q0[b] + cu_q1[b]``, group 0 first). Launched
+    local order (rows of sequence ``b`` from ``cu_q0[b] + cu_q1[b]``, group 0 first);
+    ``q_local_order`` (with it): q0 and q1 are that same local-order tensor too. Launched
     through ``_launch.launch`` (no per-call binding).
     """
     batch = cu_seqlens_q0.shape[0] - 1
@@ -382,7 +395,7 @@ def launch_dual_group_fwd(
         EVEN_D=block_d == head_dim, KV_CACHE=config.kv_cache_modifier,
         INT64_KV=config.int64_kv_offsets or _max_offset(k) >= 2**31 or _max_offset(v) >= 2**31,
         KV_END_SCALAR=kv_end_scalar, KV_END_IN_CHUNKS=zigzag_local_order,
-        OUT_LOCAL_ORDER=zigzag_local_order, USE_DESC=use_desc)
+        OUT_LOCAL_ORDER=zigzag_local_order, USE_DESC=use_desc, Q_LOCAL_ORDER=q_local_order)
     ends = (kv_end0, kv_end1)
     if use_desc:
         # Descriptors are built per call (a few us of host time, nothing at these sizes) and

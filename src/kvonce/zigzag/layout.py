@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 
 __all__ = [
+    "zigzag_shard",
+    "zigzag_unshard",
     "split_q_by_zigzag_chunk_index",
     "rearrange_kv_from_zigzag_to_contiguous",
     "zigzag_to_contiguous_index",
@@ -133,3 +135,54 @@ def compute_kv_slices_for_groups(
             cu.append(cu[-1] + needed)
         slices.append((ranges, torch.tensor(cu, dtype=torch.int32, device=cu_seqlens_k.device)))
     return slices
+
+
+
+def _local_to_global_index(cu_seqlens: torch.Tensor, world_size: int, rank: int,
+                           total_local: int) -> torch.Tensor:
+    """int64 ``[total_local]``: the global row of each of ``rank``'s local rows (device math)."""
+    cu = cu_seqlens.to(torch.int64)
+    cu_local = torch.div(cu, world_size, rounding_mode="floor")
+    rows = torch.arange(total_local, device=cu.device, dtype=torch.int64)
+    seq = (torch.searchsorted(cu_local, rows, right=True) - 1).clamp(0, cu.shape[0] - 2)
+    j = rows - cu_local[seq]                                    # position in the local sequence
+    c = torch.div(cu[seq + 1] - cu[seq], 2 * world_size, rounding_mode="floor")  # chunk length
+    late = j >= c
+    chunk = torch.where(late, 2 * world_size - 1 - rank, rank)
+    return cu[seq] + chunk * c + j - torch.where(late, c, 0)
+
+
+def zigzag_shard(x: torch.Tensor, cu_seqlens: torch.Tensor, world_size: int, rank: int,
+                 dim: int = 0) -> torch.Tensor:
+    """This rank's zigzag tokens of ``x`` (input ids, position ids, labels, hidden states...).
+
+    Parameters
+    ----------
+    x : any tensor whose ``dim`` runs over the packed GLOBAL tokens (``cu_seqlens[-1]`` of them).
+    cu_seqlens : int32 ``[batch + 1]``, GLOBAL; every length a multiple of ``2 * world_size``.
+
+    Returns
+    -------
+    ``x`` with ``dim`` cut to ``total // world_size`` rows: sequence after sequence, chunk ``rank``
+    then chunk ``2 * world_size - 1 - rank`` (a gather on the device; no host sync).
+    """
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    if x.shape[dim] % world_size != 0:
+        raise ValueError(f"x has {x.shape[dim]} tokens along dim {dim}, not a multiple of "
+                         f"world_size={world_size}")
+    index = _local_to_global_index(cu_seqlens, world_size, rank, x.shape[dim] // world_size)
+    return x.index_select(dim, index.to(x.device))
+
+
+def zigzag_unshard(x: torch.Tensor, cu_seqlens: torch.Tensor, world_size: int,
+                   dim: int = 0) -> torch.Tensor:
+    """Inverse of ``zigzag_shard`` over all ranks: ``x`` is every rank's local tensor concatenated
+    rank-major along ``dim`` (what ``all_gather_into_tensor`` gives); returns global order.
+    ``cu_seqlens`` int32 ``[batch + 1]`` GLOBAL."""
+    if x.shape[dim] % world_size != 0:
+        raise ValueError(f"x has {x.shape[dim]} tokens along dim {dim}, not a multiple of "
+                         f"world_size={world_size}")
+    cu_local = torch.div(cu_seqlens, world_size, rounding_mode="floor")
+    index = zigzag_to_contiguous_index(cu_local, world_size, x.shape[dim] // world_size)
+    return x.index_select(dim, index.to(x.device))
