@@ -47,7 +47,9 @@ def run_rank(rank: int, world: int, case: dict, device: str, group=None) -> dict
     lens = [2 * world * c for c in chunks]
     cu = _cu(lens, device)
     total = sum(lens)
-    Q, K, V, dO = (torch.randn(total, n, d, dtype=F64, device=device) for n in (h, hk, hk, h))
+    # Rounded to the test dtype first: the reference sees exactly the kernel's inputs.
+    Q, K, V, dO = (torch.randn(total, n, d, dtype=F64, device=device).to(dtype).to(F64)
+                   for n in (h, hk, hk, h))
     q, k, v, dout = (zigzag_shard(t, cu, world, rank).to(dtype) for t in (Q, K, V, dO))
     local_lens = [n // world for n in lens]
     cu_local = _cu(local_lens, device)

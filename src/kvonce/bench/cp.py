@@ -70,12 +70,12 @@ def _slowest(ms: float, world: int) -> float:
     return t.item()
 
 
-def _cp_step(q, k, v, cu_local, cu, max_local, stride, backward: bool, dout):
+def _cp_step(q, k, v, cu_local, cu, max_local, stride, backward: bool, dout, group=None):
     from ..zigzag import zigzag_llama3_flash_attn_varlen_func
 
     def fn():
         out = zigzag_llama3_flash_attn_varlen_func(q, k, v, cu_local, cu, max_local, max_local,
-                                                   stride)
+                                                   stride, group=group)
         if backward:
             out.backward(dout)
     return fn
@@ -92,8 +92,9 @@ def _fa2_step(q, k, v, cu, max_len, backward: bool, dout):
     return fn
 
 
-def _single_gpu(lens, iters: int) -> dict:
-    """Single-GPU ms of FA2 and kvonce (world 1) on the whole batch: fwd and fwd+bwd."""
+def _single_gpu(lens, iters: int, alone) -> dict:
+    """Single-GPU ms of FA2 and kvonce (world 1: the process group ``alone`` of this rank only)
+    on the whole batch: fwd and fwd+bwd."""
     torch.manual_seed(0)
     cu = _cu(lens, "cuda")
     total = sum(lens)
@@ -108,8 +109,8 @@ def _single_gpu(lens, iters: int) -> dict:
     for bwd in (False, True):
         tag = "fwd+bwd" if bwd else "fwd"
         res[f"fa2 {tag}"] = _time(_fa2_step(q, k_rep, v_rep, cu, max(lens), bwd, dout), iters)
-        res[f"kvonce {tag}"] = _time(_cp_step(*leaves, cu, cu, max(lens), HEADS_K, bwd, dout),
-                                    iters)
+        res[f"kvonce {tag}"] = _time(_cp_step(*leaves, cu, cu, max(lens), HEADS_K, bwd, dout,
+                                              alone), iters)
     return res
 
 
@@ -118,6 +119,8 @@ def _worker(rank: int, world: int, args) -> list[dict]:
 
     device = torch.device("cuda", rank)
     torch.cuda.set_device(device)
+    # Every rank takes part in creating each one-rank group (new_group is collective).
+    alone = [dist.new_group([r]) for r in range(world)][rank] if world > 1 else None
     rows = []
     strides = [s for s in (int(x) for x in args.strides.split(",")) if HEADS_K % s == 0]
     for name, lens in patterns(world).items():
@@ -131,7 +134,7 @@ def _worker(rank: int, world: int, args) -> list[dict]:
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
         local_lens = [n // world for n in lens]
         cu_local = _cu(local_lens, device)
-        single = _single_gpu(lens, args.iters) if rank == 0 else {}
+        single = _single_gpu(lens, args.iters, alone) if rank == 0 else {}
         row = {"pattern": name}
         for stride in strides:
             for bwd in (False, True):
