@@ -192,7 +192,11 @@ def _cp_bwd_impl(dout, q, k, v, out, lse, cu_seqlens, heads_k_stride, max_chunk,
     _wait(scatters[1])
     # [2, strides, T, stride, d] -> [T, nheads_k, d] per tensor, cast once.
     dkv_local = dkv_local.permute(0, 2, 1, 3, 4).reshape(2, total, nheads_k, head_dim)
-    return dq, dkv_local[0].to(k.dtype, copy=True), dkv_local[1].to(v.dtype, copy=True)
+    # (The reshape may stay a strided view: the cast writes fresh contiguous tensors, as the
+    # fake implementation says.)
+    contiguous = torch.contiguous_format
+    return (dq, dkv_local[0].to(k.dtype, copy=True, memory_format=contiguous),
+            dkv_local[1].to(v.dtype, copy=True, memory_format=contiguous))
 
 
 @torch.library.custom_op("kvonce::zigzag_cp_bwd", mutates_args=())
@@ -209,7 +213,8 @@ def _cp_bwd_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Te
 @_cp_bwd_op.register_fake
 def _(dout, q, k, v, out, lse, cu_seqlens, heads_k_stride, max_chunk, softmax_scale, causal,
       group_name):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    # dK/dV come back contiguous whatever k/v's strides (the real op reshapes a fresh buffer).
+    return (torch.empty_like(q), k.new_empty(k.shape), v.new_empty(v.shape))
 
 
 def _setup_context(ctx, inputs, output):
