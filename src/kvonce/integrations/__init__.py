@@ -1,0 +1,1 @@
+"""Adapters to the stacks users run; each imports its peer lazily."""
