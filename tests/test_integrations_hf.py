@@ -99,7 +99,8 @@ def _worker(rank, world, port, backend):
     try:
         base = _model().to(device)
         ref = reference_step(copy.deepcopy(base), device)
-        _compare(ref, cp_step(base, device, world, rank), 1e-4)
+        # fp32 throughout; on the GPU the kernels' fp32 dots run in TF32 (10-bit mantissa).
+        _compare(ref, cp_step(base, device, world, rank), 1e-4 if backend == "gloo" else 1e-2)
     finally:
         dist.destroy_process_group()
 

@@ -7,7 +7,8 @@ Llama-3-8B attention, 8192 tokens per GPU, 32/8 heads, d128, bf16, four varlen p
 Per pattern: forward and forward+backward iterations per second of
 ``zigzag_llama3_flash_attn_varlen_func`` at each ``heads_k_stride``, and the single-GPU baselines
 on the whole (unsharded) batch on rank 0: PyTorch's FA2 varlen (``aten._flash_attention_forward/
-_backward``) and kvonce's own kernel (the same function at world 1). Efficiency = CP iter/s /
+_backward``, GQA native) and kvonce's own kernel (the same function at world 1); and, in the same
+loop, the seed fork's algorithm (``_OriginalCP``: rearrange, two FA2 calls, bf16 dK/dV). Efficiency = CP iter/s /
 (single-GPU iter/s x world): 100% means the CP run is ``world`` times faster than one GPU.
 Times: CUDA-event medians over ``--iters`` iterations after warmup, the slowest rank's.
 """
@@ -81,6 +82,75 @@ def _cp_step(q, k, v, cu_local, cu, max_local, stride, backward: bool, dout, gro
     return fn
 
 
+class _OriginalCP(torch.autograd.Function):
+    """The seed fork's algorithm, for comparison (bench only): all-gather every KV head at once,
+    rearrange the buffer into contiguous order, slice it per group, two FA2 varlen calls, scatter
+    to local order; backward: two FA2 backward calls, the groups' dK/dV added in bf16 into a
+    contiguous buffer, mapped back to the gathered order and reduce-scattered in bf16. Its host
+    metadata (Python lists of key ranges) is built per call, as the original does."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_local, world, rank, group):
+        from ..zigzag import (compute_kv_slices_for_groups, split_q_by_zigzag_chunk_index,
+                              zigzag_to_contiguous_index)
+
+        total = q.shape[0]
+        gathered = torch.empty((2, world * total, *k.shape[1:]), dtype=k.dtype, device=k.device)
+        dist.all_gather_into_tensor(gathered[0], k.contiguous(), group=group)
+        dist.all_gather_into_tensor(gathered[1], v.contiguous(), group=group)
+        index = zigzag_to_contiguous_index(cu_local, world, total)
+        kv = gathered.index_select(1, index)
+        chunk_q, chunk_cu, chunk_idx = split_q_by_zigzag_chunk_index(q, cu_local, world, rank)
+        slices = compute_kv_slices_for_groups(cu_local, rank, 2 * world - 1 - rank, world,
+                                              chunk_cu)
+        out = torch.empty_like(q)
+        saved = []
+        for q_g, cu_q, idx, (ranges, cu_k) in zip(chunk_q, chunk_cu, chunk_idx, slices):
+            rows = torch.cat([torch.arange(a, b, device=q.device) for a, b in ranges])
+            k_g, v_g = kv[0, rows], kv[1, rows]
+            # Host maxima, as the original reads them (a sync per group).
+            max_q = int((cu_q[1:] - cu_q[:-1]).max()) if cu_q.numel() > 1 else 0
+            max_k = max((b - a for a, b in ranges), default=0)
+            o_g, lse_g, rng, unused, _ = torch.ops.aten._flash_attention_forward(
+                q_g, k_g, v_g, cu_q, cu_k, max_q, max_k, 0.0, True, False,
+                scale=HEAD_DIM ** -0.5)
+            out[idx] = o_g
+            saved.append((q_g, k_g, v_g, o_g, lse_g, rng, unused, cu_q, cu_k, max_q, max_k,
+                          rows, idx))
+        ctx.saved = saved
+        ctx.meta = (index, world, rank, group, k.shape)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        index, world, rank, group, k_shape = ctx.meta
+        dq = torch.empty_like(dout)
+        dkv = torch.zeros((2, world * k_shape[0], *k_shape[1:]), dtype=dout.dtype,
+                          device=dout.device)  # bf16 accumulation, as the original
+        for q_g, k_g, v_g, o_g, lse_g, rng, unused, cu_q, cu_k, mq, mk, rows, idx in ctx.saved:
+            dq_g, dk_g, dv_g = torch.ops.aten._flash_attention_backward(
+                dout[idx], q_g, k_g, v_g, o_g, lse_g, cu_q, cu_k, mq, mk, 0.0, True, rng,
+                unused, scale=HEAD_DIM ** -0.5)
+            dq[idx] = dq_g
+            dkv[0].index_add_(0, rows, dk_g)
+            dkv[1].index_add_(0, rows, dv_g)
+        in_buffer = torch.empty_like(dkv)
+        in_buffer[:, index] = dkv  # back to the gathered (rank-major) order
+        dk = torch.empty(k_shape, dtype=dout.dtype, device=dout.device)
+        dv = torch.empty_like(dk)
+        dist.reduce_scatter_tensor(dk, in_buffer[0], group=group)
+        dist.reduce_scatter_tensor(dv, in_buffer[1], group=group)
+        return dq, dk, dv, None, None, None, None
+
+
+def _original_step(q, k, v, cu_local, world, rank, backward: bool, dout):
+    def fn():
+        out = _OriginalCP.apply(q, k, v, cu_local, world, rank, None)
+        if backward:
+            out.backward(dout)
+    return fn
+
+
 def _fa2_step(q, k, v, cu, max_len, backward: bool, dout):
     def fn():
         out, lse, rng, unused, _ = torch.ops.aten._flash_attention_forward(
@@ -103,12 +173,10 @@ def _single_gpu(lens, iters: int, alone) -> dict:
             for _ in range(2))
     dout = torch.randn_like(q)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    g = HEADS // HEADS_K
-    k_rep, v_rep = (t.repeat_interleave(g, dim=1) for t in (k, v))  # FA2 here takes MHA
     res = {}
     for bwd in (False, True):
         tag = "fwd+bwd" if bwd else "fwd"
-        res[f"fa2 {tag}"] = _time(_fa2_step(q, k_rep, v_rep, cu, max(lens), bwd, dout), iters)
+        res[f"fa2 {tag}"] = _time(_fa2_step(q, k, v, cu, max(lens), bwd, dout), iters)
         res[f"kvonce {tag}"] = _time(_cp_step(*leaves, cu, cu, max(lens), HEADS_K, bwd, dout,
                                               alone), iters)
     return res
@@ -134,6 +202,7 @@ def _worker(rank: int, world: int, args) -> list[dict]:
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
         local_lens = [n // world for n in lens]
         cu_local = _cu(local_lens, device)
+        _agreement(name, q, k, v, dout, cu_local, cu, max(local_lens), world, rank)
         single = _single_gpu(lens, args.iters, alone) if rank == 0 else {}
         row = {"pattern": name}
         for stride in strides:
@@ -146,6 +215,13 @@ def _worker(rank: int, world: int, args) -> list[dict]:
                     row[f"s{stride} {tag} eff vs FA2 %"] = 100 * single[f"fa2 {tag}"] / (ms * world)
                     row[f"s{stride} {tag} eff vs kvonce %"] = (
                         100 * single[f"kvonce {tag}"] / (ms * world))
+        for bwd in (False, True):
+            tag = "fwd+bwd" if bwd else "fwd"
+            ms = _slowest(_time(_original_step(*leaves, cu_local, world, rank, bwd, dout),
+                                args.iters), world)
+            row[f"original {tag} it/s"] = 1e3 / ms
+        best = max(row[f"s{s} fwd+bwd it/s"] for s in strides)
+        row["best fwd+bwd / original"] = best / row["original fwd+bwd it/s"]
         if rank == 0:
             for key, ms in single.items():
                 row[f"1-GPU {key} it/s"] = 1e3 / ms
@@ -154,6 +230,28 @@ def _worker(rank: int, world: int, args) -> list[dict]:
         if args.trace and name == "1 x full":
             _trace(leaves, cu_local, cu, max(local_lens), strides[0], dout, args.trace, rank)
     return rows
+
+
+def _agreement(name, q, k, v, dout, cu_local, cu, max_local, world, rank) -> None:
+    """Print (rank 0) the relative differences of out, dq, dk, dv between kvonce's CP function and
+    the original path on the same inputs: both must compute the same attention."""
+    results = []
+    for step in ("kvonce", "original"):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        if step == "kvonce":
+            from ..zigzag import zigzag_llama3_flash_attn_varlen_func
+
+            out = zigzag_llama3_flash_attn_varlen_func(*leaves, cu_local, cu, max_local,
+                                                       max_local, HEADS_K)
+        else:
+            out = _OriginalCP.apply(*leaves, cu_local, world, rank, None)
+        out.backward(dout)
+        results.append([out.detach()] + [t.grad for t in leaves])
+    if rank == 0:
+        diffs = [((a.float() - b.float()).norm() / b.float().norm()).item()
+                 for a, b in zip(*results)]
+        print(f"{name}: kvonce vs original rel. diff out {diffs[0]:.1e} dq {diffs[1]:.1e} "
+              f"dk {diffs[2]:.1e} dv {diffs[3]:.1e}", flush=True)
 
 
 def _trace(leaves, cu_local, cu, max_local, stride, dout, out_dir, rank):
