@@ -102,8 +102,15 @@ def _gather_stride(k, v, s: int, stride: int, buf: torch.Tensor, group, world: i
             _all_gather(buf[1], v[:, heads].contiguous(), group, world)]
 
 
+def _kept_shape(q, k, heads_k_stride: int, world: int, keep_kv: bool) -> tuple[int, ...]:
+    """Shape of the gathered K/V the forward keeps for the backward (``(0,)``: none kept)."""
+    if not keep_kv:
+        return (0,)
+    return (k.shape[1] // heads_k_stride, 2, world * q.shape[0], heads_k_stride, k.shape[2])
+
+
 def _cp_fwd_impl(q, k, v, cu_seqlens, heads_k_stride, max_chunk, softmax_scale, causal,
-                 group_name):
+                 group_name, keep_kv):
     group, world, rank = _resolve(group_name)
     total, nheads, head_dim = q.shape
     nheads_k = k.shape[1]
@@ -113,14 +120,19 @@ def _cp_fwd_impl(q, k, v, cu_seqlens, heads_k_stride, max_chunk, softmax_scale, 
     cu_half = torch.div(cu_seqlens, 2, rounding_mode="floor")  # each group's cumulative rows
     config = get_dual_group_fwd_config(_capability(q.device), head_dim)
     n_strides = nheads_k // heads_k_stride
-    bufs = [torch.empty((2, world * total, heads_k_stride, head_dim), dtype=k.dtype,
-                        device=k.device) for _ in range(min(2, n_strides))]
+    kept = k.new_empty(_kept_shape(q, k, heads_k_stride, world, keep_kv))
+    if keep_kv:  # one buffer per stride, all kept for the backward
+        bufs = list(kept.unbind(0))
+    else:  # two buffers, alternating
+        bufs = [torch.empty((2, world * total, heads_k_stride, head_dim), dtype=k.dtype,
+                            device=k.device) for _ in range(min(2, n_strides))]
     works = _gather_stride(k, v, 0, heads_k_stride, bufs[0], group, world)
     for s in range(n_strides):
-        buf = bufs[s % 2]
+        buf = bufs[s % len(bufs)]
         _wait(works)
         if s + 1 < n_strides:  # the next stride's gather overlaps this stride's kernel
-            works = _gather_stride(k, v, s + 1, heads_k_stride, bufs[(s + 1) % 2], group, world)
+            works = _gather_stride(k, v, s + 1, heads_k_stride, bufs[(s + 1) % len(bufs)], group,
+                                   world)
         heads = slice(s * heads_k_stride * q_per_kv, (s + 1) * heads_k_stride * q_per_kv)
         q_s, out_s, lse_s = q[:, heads], out[:, heads], lse[heads]
         launch_dual_group_fwd(
@@ -128,28 +140,32 @@ def _cp_fwd_impl(q, k, v, cu_seqlens, heads_k_stride, max_chunk, softmax_scale, 
             rank + 1, 2 * world - rank, cu_half, cu_half, max_seqlen_q=max_chunk,
             softmax_scale=softmax_scale, causal=causal, config=config, zigzag_world_size=world,
             zigzag_rank_rows=total, zigzag_local_order=True, q_local_order=True)
-    return out, lse
+    return out, lse, kept
 
 
 @torch.library.custom_op("kvonce::zigzag_cp_fwd", mutates_args=())
 def _cp_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
                heads_k_stride: int, max_chunk: int, softmax_scale: float, causal: bool,
-               group_name: str) -> tuple[torch.Tensor, torch.Tensor]:
+               group_name: str, keep_kv: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Context-parallel zigzag attention forward of one rank: ``(out [T, nheads, d],
-    lse float32 [nheads, T])`` in local order. ``cu_seqlens`` LOCAL int32, ``max_chunk`` bounds
-    each sequence's chunk length (half its local length)."""
+    lse float32 [nheads, T], kept)`` in local order. ``cu_seqlens`` LOCAL int32, ``max_chunk``
+    bounds each sequence's chunk length (half its local length). ``kept``: with ``keep_kv`` the
+    gathered K/V of every stride ``[strides, 2, world * T, stride, d]`` (the backward then
+    gathers nothing), else an empty ``[0]``."""
     return _cp_fwd_impl(q, k, v, cu_seqlens, heads_k_stride, max_chunk, softmax_scale, causal,
-                        group_name)
+                        group_name, keep_kv)
 
 
 @_cp_fwd_op.register_fake
-def _(q, k, v, cu_seqlens, heads_k_stride, max_chunk, softmax_scale, causal, group_name):
-    return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+def _(q, k, v, cu_seqlens, heads_k_stride, max_chunk, softmax_scale, causal, group_name, keep_kv):
+    world = _resolve(group_name)[1]
+    return (torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32),
+            k.new_empty(_kept_shape(q, k, heads_k_stride, world, keep_kv)))
 
 
 # ------------------------------------------------------------------------------------ backward
-def _cp_bwd_impl(dout, q, k, v, out, lse, cu_seqlens, heads_k_stride, max_chunk, softmax_scale,
-                 causal, group_name):
+def _cp_bwd_impl(dout, q, k, v, out, lse, kept, cu_seqlens, heads_k_stride, max_chunk,
+                 softmax_scale, causal, group_name):
     group, world, rank = _resolve(group_name)
     total, nheads, head_dim = q.shape
     nheads_k = k.shape[1]
@@ -164,17 +180,21 @@ def _cp_bwd_impl(dout, q, k, v, out, lse, cu_seqlens, heads_k_stride, max_chunk,
     cu_half = torch.div(cu_seqlens, 2, rounding_mode="floor")
     config = get_dual_group_bwd_config(_capability(q.device), head_dim, q.element_size())
     n_bufs = min(2, n_strides)
-    bufs = [torch.empty((2, world * total, heads_k_stride, head_dim), dtype=k.dtype,
-                        device=k.device) for _ in range(n_bufs)]
+    if kept.numel() == 0:
+        bufs = [torch.empty((2, world * total, heads_k_stride, head_dim), dtype=k.dtype,
+                            device=k.device) for _ in range(n_bufs)]
+    else:  # the forward kept every stride's gathered K/V: nothing to gather
+        bufs = list(kept.unbind(0))
     dkv_bufs = [torch.empty((2, world * total, heads_k_stride, head_dim), dtype=torch.float32,
                             device=k.device) for _ in range(n_bufs)]
     scatters: list = [[], []]
-    works = _gather_stride(k, v, 0, heads_k_stride, bufs[0], group, world)
+    gather = kept.numel() == 0
+    works = _gather_stride(k, v, 0, heads_k_stride, bufs[0], group, world) if gather else []
     for s in range(n_strides):
-        buf, dkv = bufs[s % 2], dkv_bufs[s % 2]
+        buf, dkv = bufs[s % len(bufs)], dkv_bufs[s % 2]
         _wait(works)
         _wait(scatters[s % 2])  # the reduce-scatter of stride s - 2 read this dK/dV buffer
-        if s + 1 < n_strides:
+        if gather and s + 1 < n_strides:
             works = _gather_stride(k, v, s + 1, heads_k_stride, bufs[(s + 1) % 2], group, world)
         heads = slice(s * heads_k_stride * q_per_kv, (s + 1) * heads_k_stride * q_per_kv)
         q_s, out_s, dout_s = q[:, heads], out[:, heads], dout[:, heads]
@@ -201,34 +221,35 @@ def _cp_bwd_impl(dout, q, k, v, out, lse, cu_seqlens, heads_k_stride, max_chunk,
 
 @torch.library.custom_op("kvonce::zigzag_cp_bwd", mutates_args=())
 def _cp_bwd_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               out: torch.Tensor, lse: torch.Tensor, cu_seqlens: torch.Tensor,
+               out: torch.Tensor, lse: torch.Tensor, kept: torch.Tensor, cu_seqlens: torch.Tensor,
                heads_k_stride: int, max_chunk: int, softmax_scale: float, causal: bool,
                group_name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward of ``kvonce::zigzag_cp_fwd``: ``(dq, dk, dv)`` of this rank's local tokens, dK/dV
     summed over every rank's queries in fp32 and cast once."""
-    return _cp_bwd_impl(dout, q, k, v, out, lse, cu_seqlens, heads_k_stride, max_chunk,
+    return _cp_bwd_impl(dout, q, k, v, out, lse, kept, cu_seqlens, heads_k_stride, max_chunk,
                         softmax_scale, causal, group_name)
 
 
 @_cp_bwd_op.register_fake
-def _(dout, q, k, v, out, lse, cu_seqlens, heads_k_stride, max_chunk, softmax_scale, causal,
-      group_name):
+def _(dout, q, k, v, out, lse, kept, cu_seqlens, heads_k_stride, max_chunk, softmax_scale,
+      causal, group_name):
     # dK/dV come back contiguous whatever k/v's strides (the real op reshapes a fresh buffer).
     return (torch.empty_like(q), k.new_empty(k.shape), v.new_empty(v.shape))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, cu_seqlens, heads_k_stride, max_chunk, softmax_scale, causal, group_name = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens)
+    q, k, v, cu_seqlens, heads_k_stride, max_chunk, softmax_scale, causal, group_name, _ = inputs
+    out, lse, kept = output
+    ctx.save_for_backward(q, k, v, out, lse, kept, cu_seqlens)
     ctx.args = (heads_k_stride, max_chunk, softmax_scale, causal, group_name)
-    ctx.mark_non_differentiable(lse)
+    ctx.mark_non_differentiable(lse, kept)
 
 
-def _backward(ctx, dout, _dlse):
-    q, k, v, out, lse, cu_seqlens = ctx.saved_tensors
-    dq, dk, dv = torch.ops.kvonce.zigzag_cp_bwd(dout, q, k, v, out, lse, cu_seqlens, *ctx.args)
-    return dq, dk, dv, None, None, None, None, None, None
+def _backward(ctx, dout, _dlse, _dkept):
+    q, k, v, out, lse, kept, cu_seqlens = ctx.saved_tensors
+    dq, dk, dv = torch.ops.kvonce.zigzag_cp_bwd(dout, q, k, v, out, lse, kept, cu_seqlens,
+                                                *ctx.args)
+    return dq, dk, dv, None, None, None, None, None, None, None
 
 
 torch.library.register_autograd("kvonce::zigzag_cp_fwd", _backward, setup_context=_setup_context)
@@ -276,6 +297,8 @@ def zigzag_llama3_flash_attn_varlen_func(
     deterministic: bool = False,
     return_attn_probs: bool = False,
     group=None,
+    *,
+    keep_gathered_kv: bool = False,
 ):
     """Zigzag llama3 context-parallel varlen attention (ring-flash-attention's and the seed fork's
     signature): differentiable in q, k, v.
@@ -297,6 +320,9 @@ def zigzag_llama3_flash_attn_varlen_func(
         positions). deterministic : accepted (the backward has no atomics: always deterministic).
     dropout_p, window_size, alibi_slopes : must be 0.0, (-1, -1), None (NotImplementedError).
     group : the process group (default: WORLD; torch.distributed not initialized: world 1).
+    keep_gathered_kv : keep every stride's gathered K/V from the forward for the backward
+        (``world x`` the local K/V in memory, no all-gather in the backward). Default: gather
+        again in the backward (overlapped with its compute).
 
     Returns
     -------
@@ -307,15 +333,17 @@ def zigzag_llama3_flash_attn_varlen_func(
     _check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, heads_k_stride)
     scale = q.shape[2] ** -0.5 if softmax_scale is None else float(softmax_scale)
     max_chunk = min(max_seqlen_q, q.shape[0]) // 2
-    out, lse = torch.ops.kvonce.zigzag_cp_fwd(q, k, v, cu_seqlens_q, heads_k_stride, max_chunk,
-                                              scale, causal, _group_name(group))
+    out, lse, _ = torch.ops.kvonce.zigzag_cp_fwd(q, k, v, cu_seqlens_q, heads_k_stride, max_chunk,
+                                                 scale, causal, _group_name(group),
+                                                 keep_gathered_kv)
     return (out, lse, None) if return_attn_probs else out
 
 
 def zigzag_llama3_flash_attn_varlen_kvpacked_func(
     q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, heads_k_stride,
     local_k_slice=None, softmax_scale=None, dropout_p=0.0, causal=True, window_size=(-1, -1),
-    alibi_slopes=None, deterministic=False, return_attn_probs=False, group=None,
+    alibi_slopes=None, deterministic=False, return_attn_probs=False, group=None, *,
+    keep_gathered_kv=False,
 ):
     """``zigzag_llama3_flash_attn_varlen_func`` with ``kv [total_local, 2, nheads_k, d]``."""
     if not isinstance(kv, torch.Tensor) or kv.dim() != 4 or kv.shape[1] != 2:
@@ -324,13 +352,14 @@ def zigzag_llama3_flash_attn_varlen_kvpacked_func(
     return zigzag_llama3_flash_attn_varlen_func(
         q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         heads_k_stride, local_k_slice, softmax_scale, dropout_p, causal, window_size,
-        alibi_slopes, deterministic, return_attn_probs, group)
+        alibi_slopes, deterministic, return_attn_probs, group, keep_gathered_kv=keep_gathered_kv)
 
 
 def zigzag_llama3_flash_attn_varlen_qkvpacked_func(
     qkv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, heads_k_stride,
     local_k_slice=None, softmax_scale=None, dropout_p=0.0, causal=True, window_size=(-1, -1),
-    alibi_slopes=None, deterministic=False, return_attn_probs=False, group=None,
+    alibi_slopes=None, deterministic=False, return_attn_probs=False, group=None, *,
+    keep_gathered_kv=False,
 ):
     """``zigzag_llama3_flash_attn_varlen_func`` with ``qkv [total_local, 3, nheads, d]`` (MHA)."""
     if not isinstance(qkv, torch.Tensor) or qkv.dim() != 4 or qkv.shape[1] != 3:
@@ -339,4 +368,4 @@ def zigzag_llama3_flash_attn_varlen_qkvpacked_func(
     return zigzag_llama3_flash_attn_varlen_func(
         qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         heads_k_stride, local_k_slice, softmax_scale, dropout_p, causal, window_size,
-        alibi_slopes, deterministic, return_attn_probs, group)
+        alibi_slopes, deterministic, return_attn_probs, group, keep_gathered_kv=keep_gathered_kv)
