@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 import os
-import socket
+import tempfile
 
 import pytest
 import torch
@@ -90,12 +90,12 @@ def _compare(ref, got, limit):
         assert err < limit, f"grad of {name}: relative error {err:.3e}"
 
 
-def _worker(rank, world, port, backend):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _worker(rank, world, rdzv, backend):
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     if backend == "nccl":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, rank=rank, world_size=world)
+    # A file rendezvous (a fresh path per spawn): no TCP port to race for.
+    dist.init_process_group(backend, init_method=f"file://{rdzv}", rank=rank, world_size=world)
     try:
         base = _model().to(device)
         ref = reference_step(copy.deepcopy(base), device)
@@ -105,17 +105,19 @@ def _worker(rank, world, port, backend):
         dist.destroy_process_group()
 
 
-def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _rendezvous_file() -> str:
+    """A fresh path for ``init_method="file://..."`` (no TCP port to race for)."""
+    fd, path = tempfile.mkstemp(prefix="kvonce_rdzv_")
+    os.close(fd)
+    os.unlink(path)
+    return path
 
 
 @pytest.mark.skipif(HAS_CUDA and torch.cuda.device_count() < 2,
                     reason="on a GPU machine this runs on 2 GPUs with NCCL")
 def test_llama_training_step_two_processes():
     backend = "nccl" if HAS_CUDA else "gloo"
-    mp.spawn(_worker, args=(2, _port(), backend), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, _rendezvous_file(), backend), nprocs=2, join=True)
 
 
 def test_update_params_required():

@@ -8,7 +8,7 @@ real sizes (``test_nccl_two_gpus``).
 from __future__ import annotations
 
 import os
-import socket
+import tempfile
 
 import pytest
 import torch
@@ -123,18 +123,20 @@ def _assert_errors(errors: dict, dtype, rank: int, name: str) -> None:
         assert err < limit, f"{name} rank {rank}: {key} error {err:.3e} >= {limit}"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _rendezvous_file() -> str:
+    """A path that does not exist yet, for ``init_method="file://..."`` (removed by the store)."""
+    fd, path = tempfile.mkstemp(prefix="kvonce_rdzv_")
+    os.close(fd)
+    os.unlink(path)
+    return path
 
 
-def _spawned(rank: int, world: int, port: int, backend: str, cases: dict) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _spawned(rank: int, world: int, rdzv: str, backend: str, cases: dict) -> None:
     device = f"cuda:{rank}" if backend == "nccl" else "cpu"
     if backend == "nccl":
         torch.cuda.set_device(rank)
-    dist.init_process_group(backend, rank=rank, world_size=world)
+    # A file rendezvous (a fresh path per spawn): no TCP port to race for.
+    dist.init_process_group(backend, init_method=f"file://{rdzv}", rank=rank, world_size=world)
     try:
         for name, case in cases.items():
             _assert_errors(run_rank(rank, world, case, device), case["dtype"], rank, name)
@@ -143,7 +145,7 @@ def _spawned(rank: int, world: int, port: int, backend: str, cases: dict) -> Non
 
 
 def _spawn(world: int, backend: str, cases: dict) -> None:
-    mp.spawn(_spawned, args=(world, _free_port(), backend, cases), nprocs=world, join=True)
+    mp.spawn(_spawned, args=(world, _rendezvous_file(), backend, cases), nprocs=world, join=True)
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="CPU gloo test (the GPU run uses NCCL below)")
