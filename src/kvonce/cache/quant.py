@@ -1,0 +1,91 @@
+"""Quantized KV-cache formats: the definitions every kernel and test agrees on.
+
+| ``kv_format`` | data | scales |
+| --- | --- | --- |
+| ``"fp8_e4m3"`` | ``float8_e4m3fn [..., nheads_k, d]`` | float32 ``[nheads_k]`` per KV head, or 0-dim per tensor: fixed when the cache is created |
+| ``"int8"`` | ``int8 [..., nheads_k, d]``, symmetric | float32 ``[..., nheads_k]``: one per (token, KV head) |
+| ``"int4"`` | ``uint8 [..., nheads_k, d // 2]`` | fp16 ``[..., nheads_k, d // 32]``: one per 32 channels per token |
+
+- fp8: ``x_q = fp8(x / scale)`` (saturating at +-448); ``x = x_q * scale``. Without a given
+  scale, ``amax(|x|) / 448`` per KV head over every other dim (the scale a cache is created with).
+- int8: ``scale = amax(|x|) / 127`` over ``d`` per (token, head); ``x_q = round(x / scale)``.
+- int4: symmetric per group of 32 channels: ``scale = amax / 7``, ``q = round(x / scale)`` in
+  ``[-7, 7]``, stored as ``q + 8`` in 4 bits; channel ``2i`` in the low nibble of byte ``i``,
+  channel ``2i + 1`` in the high nibble. (Asymmetric with a zero point: not measured yet.)
+- An all-zero group gets the smallest positive scale (never 0 or NaN) and dequantizes to 0.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import _validate as V
+
+KV_FORMATS = ("fp8_e4m3", "int8", "int4")
+FP8_MAX = 448.0
+INT4_GROUP = 32
+_TINY = 2.0 ** -24  # fp16's smallest subnormal: int4 scales stay representable
+
+
+def _check_format(kv_format) -> None:
+    if kv_format not in KV_FORMATS:
+        raise ValueError(f"kv_format must be one of {KV_FORMATS}, got {kv_format!r}")
+
+
+def quantize_kv(x: torch.Tensor, kv_format: str, *, scale: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize K or V ``x [..., nheads_k, d]`` (fp16/bf16/fp32): whole caches or new tokens.
+
+    Returns ``(x_q, x_scale)`` as in the module table. ``scale``: only for ``"fp8_e4m3"`` (float32
+    ``[nheads_k]`` or 0-dim), to quantize new tokens with the cache's fixed scale; int8/int4 scales
+    are per token and always computed here.
+    """
+    _check_format(kv_format)
+    V.check_tensor("x", x, dtypes=V.ATTN_DTYPES)
+    if x.dim() < 2:
+        raise ValueError(f"x must be [..., nheads_k, d], got shape {tuple(x.shape)}")
+    nheads_k, d = x.shape[-2], x.shape[-1]
+    xf = x.float()
+    if kv_format == "fp8_e4m3":
+        if scale is None:
+            amax = xf.abs().transpose(0, -2).reshape(nheads_k, -1).amax(dim=1)
+            scale = torch.clamp(amax / FP8_MAX, min=_TINY)
+        else:
+            V.check_tensor("scale", scale, dtypes=(torch.float32,))
+            if scale.shape not in ((), (nheads_k,)):
+                raise ValueError(f"fp8 scale must be float32 [nheads_k] = [{nheads_k}] or 0-dim, "
+                                 f"got {tuple(scale.shape)}")
+        per_head = scale if scale.dim() == 0 else scale[:, None]
+        x_q = torch.clamp(xf / per_head, -FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+        return x_q, scale
+    if scale is not None:
+        raise ValueError(f"{kv_format} scales are per token and computed here: pass scale=None")
+    if kv_format == "int8":
+        s = torch.clamp(xf.abs().amax(dim=-1) / 127.0, min=_TINY)
+        x_q = torch.clamp(torch.round(xf / s[..., None]), -127, 127).to(torch.int8)
+        return x_q, s
+    if d % INT4_GROUP != 0:
+        raise ValueError(f"int4 needs a head dim that is a multiple of {INT4_GROUP}, got {d}")
+    groups = xf.reshape(*xf.shape[:-1], d // INT4_GROUP, INT4_GROUP)
+    s = torch.clamp(groups.abs().amax(dim=-1) / 7.0, min=_TINY).half()
+    q = torch.clamp(torch.round(groups / s.float()[..., None]), -7, 7).to(torch.int16) + 8
+    q = q.reshape(*xf.shape[:-1], d // 2, 2)
+    packed = (q[..., 0] | (q[..., 1] << 4)).to(torch.uint8)
+    return packed, s
+
+
+def dequantize_kv(x_q: torch.Tensor, x_scale: torch.Tensor, kv_format: str,
+                  dtype: torch.dtype = torch.float16) -> torch.Tensor:
+    """Inverse of ``quantize_kv``: ``x [..., nheads_k, d]`` in ``dtype`` (computed in float32)."""
+    _check_format(kv_format)
+    if kv_format == "fp8_e4m3":
+        V.check_tensor("x_q", x_q, dtypes=(torch.float8_e4m3fn,))
+        per_head = x_scale if x_scale.dim() == 0 else x_scale[:, None]
+        return (x_q.float() * per_head).to(dtype)
+    if kv_format == "int8":
+        V.check_tensor("x_q", x_q, dtypes=(torch.int8,))
+        return (x_q.float() * x_scale.float()[..., None]).to(dtype)
+    V.check_tensor("x_q", x_q, dtypes=(torch.uint8,))
+    b = x_q.to(torch.int16)
+    q = torch.stack([b & 15, b >> 4], dim=-1).reshape(*x_q.shape[:-1], x_q.shape[-1] * 2) - 8
+    groups = q.float().reshape(*q.shape[:-1], -1, INT4_GROUP)
+    return (groups * x_scale.float()[..., None]).reshape(q.shape).to(dtype)

@@ -1,0 +1,87 @@
+"""Quantized KV formats (``kvonce.cache.quant``): round-trip error bounds, layouts, scales, checks."""
+import pytest
+import torch
+from conftest import DEVICE
+
+from kvonce.cache import dequantize_kv, quantize_kv
+
+
+def _keys(*shape, outliers=False):
+    x = torch.randn(*shape, device=DEVICE)
+    if outliers:  # a few channels 10-30x larger, as real LLM keys have
+        x[..., 3] *= 30.0
+        x[..., 17] *= 10.0
+    return x.half()
+
+
+@pytest.mark.parametrize("outliers", [False, True])
+def test_int8_per_token_bound(outliers):
+    x = _keys(3, 16, 2, 64, outliers=outliers)
+    x_q, s = quantize_kv(x, "int8")
+    assert x_q.dtype == torch.int8 and x_q.shape == x.shape
+    assert s.dtype == torch.float32 and s.shape == x.shape[:-1]
+    err = (dequantize_kv(x_q, s, "int8", torch.float32) - x.float()).abs()
+    # Half a step of amax / 127 per (token, head), plus the fp32 rounding of the scale.
+    bound = x.float().abs().amax(-1, keepdim=True) / 254 * (1 + 1e-5)
+    assert (err <= bound).all()
+
+
+@pytest.mark.parametrize("outliers", [False, True])
+def test_int4_per_group_bound_and_layout(outliers):
+    x = _keys(2, 16, 2, 128, outliers=outliers)
+    x_q, s = quantize_kv(x, "int4")
+    assert x_q.dtype == torch.uint8 and x_q.shape == (2, 16, 2, 64)
+    assert s.dtype == torch.float16 and s.shape == (2, 16, 2, 4)
+    back = dequantize_kv(x_q, s, "int4", torch.float32)
+    groups = x.float().reshape(2, 16, 2, 4, 32)
+    # Half a step of scale = amax / 7 (the scale rounded to fp16: relative 2^-11 more).
+    step = s.float()[..., None]
+    assert ((back.reshape(groups.shape) - groups).abs() <= step / 2 + 8 * step * 2 ** -11).all()
+    # Nibble order: channel 2i low, 2i + 1 high, q + 8.
+    y = torch.zeros(1, 1, 32, device=DEVICE, dtype=torch.float16)
+    y[..., 0], y[..., 1] = 7.0, -7.0
+    y_q, y_s = quantize_kv(y, "int4")
+    assert y_s.item() == 1.0 and y_q[0, 0, 0].item() == (15 | (1 << 4))
+    assert y_q[0, 0, 1:].eq(8 | (8 << 4)).all()
+
+
+def test_fp8_per_head_scale_and_given_scale():
+    x = _keys(4, 16, 3, 64)
+    x_q, s = quantize_kv(x, "fp8_e4m3")
+    assert x_q.dtype == torch.float8_e4m3fn and s.shape == (3,) and s.dtype == torch.float32
+    back = dequantize_kv(x_q, s, "fp8_e4m3", torch.float32)
+    # e4m3: 3 mantissa bits, relative error <= 2^-4 in the normal range, plus the subnormal step.
+    err = (back - x.float()).abs()
+    assert (err <= x.float().abs() * 2 ** -4 + s[:, None] * 2 ** -9).all()
+    # New tokens with the cache's fixed scale (values past the range saturate, never inf/NaN).
+    new = _keys(1, 1, 3, 64) * 100
+    new_q, same = quantize_kv(new, "fp8_e4m3", scale=s)
+    assert same is s and torch.isfinite(new_q.float()).all()
+    per_tensor = torch.tensor(0.05, device=DEVICE)
+    t_q, _ = quantize_kv(x, "fp8_e4m3", scale=per_tensor)
+    assert torch.isfinite(dequantize_kv(t_q, per_tensor, "fp8_e4m3")).all()
+
+
+@pytest.mark.parametrize("kv_format", ["fp8_e4m3", "int8", "int4"])
+def test_zeros_stay_zero(kv_format):
+    x = torch.zeros(2, 4, 2, 64, device=DEVICE, dtype=torch.bfloat16)
+    x_q, s = quantize_kv(x, kv_format)
+    assert (s > 0).all() and torch.isfinite(s.float()).all()
+    assert dequantize_kv(x_q, s, kv_format, torch.float32).eq(0).all()
+
+
+def test_bad_arguments_raise():
+    x = _keys(2, 2, 64)
+    with pytest.raises(ValueError, match="kv_format"):
+        quantize_kv(x, "int2")
+    with pytest.raises(ValueError, match="per token"):
+        quantize_kv(x, "int8", scale=torch.ones(2, device=DEVICE))
+    with pytest.raises(ValueError, match="fp8 scale"):
+        quantize_kv(x, "fp8_e4m3", scale=torch.ones(3, device=DEVICE))
+    with pytest.raises(TypeError, match="scale"):
+        quantize_kv(x, "fp8_e4m3", scale=torch.ones(2, device=DEVICE, dtype=torch.float16))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quantize_kv(_keys(2, 2, 48), "int4")
+    with pytest.raises(TypeError, match="x_q"):
+        dequantize_kv(torch.zeros(2, 2, 32, dtype=torch.int8, device=DEVICE),
+                      torch.ones(2, 2, 1, device=DEVICE), "int4")
