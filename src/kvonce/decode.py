@@ -102,6 +102,80 @@ def _check_block_table_values(cache_seqlens, block_table, num_pages: int, page_s
         raise ValueError(f"block_table row {b} names a page outside [0, {num_pages})")
 
 
+# Quantized caches (kvonce.cache.quant): format -> (kernel code, cache dtype).
+_QUANT_FORMATS = {"fp8_e4m3": (1, torch.float8_e4m3fn), "int8": (2, torch.int8),
+                  "int4": (3, torch.uint8)}
+_QUANT_BY_DTYPE = {torch.float8_e4m3fn: "fp8_e4m3", torch.int8: "int8"}
+
+
+def resolve_kv_format(k_cache, kv_format) -> str | None:
+    """The cache's format: None for fp16/bf16/fp32 caches; fp8/int8 recognised from the dtype,
+    uint8 only with ``kv_format="int4"``."""
+    if kv_format is None:
+        if k_cache.dtype == torch.uint8:
+            raise ValueError("a uint8 cache needs kv_format='int4' (two 4-bit values a byte)")
+        return _QUANT_BY_DTYPE.get(k_cache.dtype)
+    if kv_format not in _QUANT_FORMATS:
+        raise ValueError(f"kv_format must be None or one of {tuple(_QUANT_FORMATS)}, "
+                         f"got {kv_format!r}")
+    if k_cache.dtype != _QUANT_FORMATS[kv_format][1]:
+        raise TypeError(f"kv_format={kv_format!r} needs a {_QUANT_FORMATS[kv_format][1]} cache, "
+                        f"got {k_cache.dtype}")
+    return kv_format
+
+
+def _validate_quantized(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale,
+                        kv_format: str) -> None:
+    """The checks of ``_validate_attention`` for a quantized cache, plus its scales'."""
+    V.check_tensor("q", q, ndim=4, dtypes=V.ATTN_DTYPES)
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        V.check_tensor(name, t, ndim=4, dtypes=(_QUANT_FORMATS[kv_format][1],))
+    V.check_tensor("cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,))
+    V.check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32,))
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, "
+                         f"got {tuple(v_cache.shape)}")
+    if k_cache.shape[1] not in PAGE_SIZES:
+        raise ValueError(f"k_cache: page size (dim 1) must be a power of two in 16..256, "
+                         f"got {k_cache.shape[1]}")
+    head_dim = q.shape[3]
+    stored = head_dim // 2 if kv_format == "int4" else head_dim
+    if k_cache.shape[3] != stored or (kv_format == "int4" and head_dim % 32 != 0):
+        raise ValueError(f"k_cache's last dim must be {stored} for q's head dim {head_dim} "
+                         f"({kv_format}), got {k_cache.shape[3]}")
+    V.check_head_dim("q", head_dim)
+    if q.shape[0] != block_table.shape[0] or cache_seqlens.shape[0] != block_table.shape[0]:
+        raise ValueError(f"q, cache_seqlens and block_table must share the batch: "
+                         f"{q.shape[0]}, {cache_seqlens.shape[0]}, {block_table.shape[0]}")
+    if q.shape[1] < 1:
+        raise ValueError(f"q must have q_len >= 1 (dim 1), got shape {tuple(q.shape)}")
+    V.check_gqa(q.shape[2], k_cache.shape[2])
+    V.check_last_dim_contiguous(q=q, k_cache=k_cache, v_cache=v_cache)
+    if block_table.numel() > 0 and block_table.stride(1) != 1:
+        raise ValueError("block_table must have a contiguous last dim")
+    nheads_k = k_cache.shape[2]
+    for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if scale is None:
+            raise ValueError(f"a {kv_format} cache needs {name}")
+        if kv_format == "fp8_e4m3":
+            V.check_tensor(name, scale, dtypes=(torch.float32,))
+            ok = scale.shape in ((), (nheads_k,))
+            want = f"float32 [{nheads_k}] (per KV head) or 0-dim"
+        elif kv_format == "int8":
+            V.check_tensor(name, scale, dtypes=(torch.float32, torch.float16))
+            ok = scale.shape == k_cache.shape[:3]
+            want = f"float32/fp16 {list(k_cache.shape[:3])} (per token and KV head)"
+        else:
+            V.check_tensor(name, scale, dtypes=(torch.float16,))
+            ok = scale.shape == (*k_cache.shape[:3], head_dim // 32) and scale.stride(-1) == 1
+            want = f"fp16 {[*k_cache.shape[:3], head_dim // 32]} (per 32 channels per token)"
+        if not ok:
+            raise ValueError(f"{name} must be {want}, got {tuple(scale.shape)}")
+    V.check_same_device(q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens,
+                        block_table=block_table, k_scale=k_scale, v_scale=v_scale)
+    _check_device_ok(q.device)
+
+
 def _validate_attention(q, k_cache, v_cache, cache_seqlens, block_table, num_splits) -> None:
     V.check_tensor("q", q, ndim=4, dtypes=V.ATTN_DTYPES)
     _validate_cache(k_cache, v_cache, cache_seqlens, block_table)
@@ -140,8 +214,19 @@ class PagedDecodePlan:
     def __init__(self, q, k_cache, v_cache, cache_seqlens, block_table, *,
                  softmax_scale: float | None = None, causal: bool = True, num_splits: int = 0,
                  check_block_table: bool = False, config: PagedDecodeConfig | None = None,
+                 kv_format: str | None = None, k_scale=None, v_scale=None,
                  _scratch_per_call: bool = False):
-        _validate_attention(q, k_cache, v_cache, cache_seqlens, block_table, num_splits)
+        self.kv_format = resolve_kv_format(k_cache, kv_format)
+        if self.kv_format is None:
+            if k_scale is not None or v_scale is not None:
+                raise ValueError("k_scale/v_scale are for quantized caches (fp8/int8/int4)")
+            _validate_attention(q, k_cache, v_cache, cache_seqlens, block_table, num_splits)
+        else:
+            _validate_quantized(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale,
+                                self.kv_format)
+            V.check_nonnegative_int("num_splits", num_splits)
+        self._kv_code = 0 if self.kv_format is None else _QUANT_FORMATS[self.kv_format][0]
+        self._kv_dtype = k_cache.dtype
         page_size = k_cache.shape[1]
         if check_block_table:
             _check_block_table_values(cache_seqlens, block_table, k_cache.shape[0], page_size)
@@ -169,7 +254,7 @@ class PagedDecodePlan:
     def _check_like_plan(self, q, k_cache, v_cache, cache_seqlens, block_table) -> None:
         if (q.shape != self._q_shape or k_cache.shape[1:] != self._kv_tail
                 or v_cache.shape != k_cache.shape or q.dtype != self._dtype
-                or k_cache.dtype != self._dtype or v_cache.dtype != self._dtype
+                or k_cache.dtype != self._kv_dtype or v_cache.dtype != self._kv_dtype
                 or q.device != self._device or block_table.shape[0] != self._batch
                 or cache_seqlens.shape != (self._batch,) or q.stride(-1) != 1
                 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1
@@ -180,15 +265,20 @@ class PagedDecodePlan:
                 f"{tuple(self._q_shape)} {self._dtype} on {self._device}, k_cache [*, "
                 f"{', '.join(map(str, self._kv_tail))}], unit last-dim strides): make a new plan")
 
-    def run(self, q, k_cache, v_cache, cache_seqlens, block_table, *, return_lse: bool = False):
-        """Attention for tensors shaped like the planned ones; returns like ``paged_attention``."""
+    def run(self, q, k_cache, v_cache, cache_seqlens, block_table, *, k_scale=None, v_scale=None,
+            return_lse: bool = False):
+        """Attention for tensors shaped like the planned ones; returns like ``paged_attention``.
+        A quantized cache takes this layer's ``k_scale``/``v_scale`` (shapes as planned)."""
+        if self._kv_code:
+            return self._run_quantized(q, k_cache, v_cache, cache_seqlens, block_table, k_scale,
+                                       v_scale, return_lse)
         if torch.compiler.is_compiling():
             self._check_like_plan(q, k_cache, v_cache, cache_seqlens, block_table)
             out, lse = self._run_op(q, k_cache, v_cache, cache_seqlens, block_table)
             return (out, lse) if return_lse else out
         layout = (q.stride(), k_cache.stride(), v_cache.stride(), block_table.stride(), return_lse)
         launch = self._launches.get(layout)
-        if launch is None or q.shape != self._q_shape or k_cache.dtype is not self._dtype:
+        if launch is None or q.shape != self._q_shape or k_cache.dtype is not self._kv_dtype:
             launch = self._bind(q, k_cache, v_cache, cache_seqlens, block_table, layout)
         elif (k_cache.shape[1:] != self._kv_tail or v_cache.shape != k_cache.shape
               or q.dtype is not self._dtype or v_cache.dtype is not self._dtype
@@ -201,6 +291,37 @@ class PagedDecodePlan:
             batch, q_len, nheads, _ = self._q_shape
             lse = _empty((batch, nheads, q_len), dtype=torch.float32, device=self._device)
         launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, *self._scratch())
+        return (out, lse) if return_lse else out
+
+    def _run_quantized(self, q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale,
+                       return_lse):
+        """Eager quantized decode: full checks on the first call of a stride layout (scales
+        included), then launches only."""
+        if torch.compiler.is_compiling():
+            raise NotImplementedError("quantized caches under torch.compile: not yet (issue 11)")
+        layout = (q.stride(), k_cache.stride(), v_cache.stride(), block_table.stride(),
+                  return_lse, None if k_scale is None else (k_scale.shape, k_scale.stride(),
+                                                            k_scale.dtype),
+                  None if v_scale is None else (v_scale.shape, v_scale.stride(), v_scale.dtype))
+        launch = self._launches.get(layout)
+        if (launch is None or q.shape != self._q_shape or k_cache.shape[1:] != self._kv_tail
+                or k_cache.dtype is not self._kv_dtype or q.dtype is not self._dtype):
+            _validate_quantized(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale,
+                                self.kv_format)
+            self._check_like_plan(q, k_cache, v_cache, cache_seqlens, block_table)
+            launch = PagedDecodeLaunch(q, k_cache, v_cache, block_table,
+                                       softmax_scale=self.softmax_scale, causal=self.causal,
+                                       num_splits=self.num_splits, config=self.config,
+                                       store_lse=return_lse, kv_format=self._kv_code,
+                                       k_scale=k_scale, v_scale=v_scale)
+            self._launches[layout] = launch
+        out = _empty(self._q_shape, dtype=self._dtype, device=self._device)
+        lse = None
+        if return_lse:
+            batch, q_len, nheads, _ = self._q_shape
+            lse = _empty((batch, nheads, q_len), dtype=torch.float32, device=self._device)
+        launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, *self._scratch(),
+               k_scale, v_scale)
         return (out, lse) if return_lse else out
 
     def _scratch(self):
@@ -255,6 +376,9 @@ def paged_attention(
     return_lse: bool = False,
     check_block_table: bool = False,
     config: PagedDecodeConfig | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    kv_format: str | None = None,
 ):
     """Attention of the newest ``q_len`` tokens of each sequence over its paged KV cache.
 
@@ -281,6 +405,9 @@ def paged_attention(
     check_block_table : validation mode, off by default: checks that every sequence's pages are in
         the table and name existing pages. It reads tensor values (a host sync; not capturable).
     config : launch-config override for experiments (kernels/configs.py).
+    k_scale, v_scale, kv_format : a quantized cache (``kvonce.cache.quant`` layouts, dequantized in
+        registers): fp8 e4m3 and int8 caches are recognised from their dtype, a uint8 cache needs
+        ``kv_format="int4"``; scales as ``quantize_kv`` returns them. Eager only for now.
 
     Returns
     -------
@@ -293,14 +420,19 @@ def paged_attention(
     signature = None
     if not (check_block_table or torch.compiler.is_compiling()):
         signature = V.call_signature(q, k_cache, v_cache, cache_seqlens, block_table,
-                                     softmax_scale, causal, num_splits, config)
+                                     softmax_scale, causal, num_splits, config, k_scale, v_scale,
+                                     kv_format)
     plan = _one_shot_plans.get(signature)
     if plan is None:
         plan = PagedDecodePlan(q, k_cache, v_cache, cache_seqlens, block_table,
                                softmax_scale=softmax_scale, causal=causal, num_splits=num_splits,
                                check_block_table=check_block_table, config=config,
+                               kv_format=kv_format, k_scale=k_scale, v_scale=v_scale,
                                _scratch_per_call=True)
         _one_shot_plans.add(signature, plan)
+    if plan.kv_format is not None:
+        return plan.run(q, k_cache, v_cache, cache_seqlens, block_table, k_scale=k_scale,
+                        v_scale=v_scale, return_lse=return_lse)
     return plan.run(q, k_cache, v_cache, cache_seqlens, block_table, return_lse=return_lse)
 
 

@@ -84,17 +84,74 @@ def _load_paged_kv_tile(K, V, bt_row, start_n, kv_end, stride_kp, stride_kt, str
 
 
 @triton.jit
+def _load_quant_kv_tile(K, V, KS, VS, bt_row, start_n, kv_end, stride_kp, stride_kt, stride_vp,
+                        stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst, offs_d,
+                        head_dim, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                        MASKED: tl.constexpr, KV_FORMAT: tl.constexpr):
+    """``_load_paged_kv_tile`` for a quantized cache (``kvonce.cache.quant``), dequantized to
+    float32 in registers: K transposed ``[BLOCK_D, BLOCK_N]``, V ``[BLOCK_N, BLOCK_D]``.
+
+    KV_FORMAT 1 = fp8 e4m3 (``KS``/``VS`` point at this KV head's scale), 2 = int8 (one scale per
+    token: ``page * stride_ksp + slot * stride_kst``), 3 = int4 (two channels a byte, channel 2i
+    in the low nibble, stored as q + 8; one fp16 scale per 32 channels per token)."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    in_range = offs_n < kv_end
+    if MASKED:
+        page = tl.load(bt_row + offs_n // PAGE_SIZE, mask=in_range, other=0)
+    else:
+        page = tl.load(bt_row + offs_n // PAGE_SIZE)
+        in_range = offs_n >= 0
+    slot = offs_n % PAGE_SIZE
+    k_rows = page.to(tl.int64) * stride_kp + slot * stride_kt
+    v_rows = page.to(tl.int64) * stride_vp + slot * stride_vt
+    d_ok = offs_d < head_dim
+    k_mask = in_range[None, :] & d_ok[:, None]
+    v_mask = in_range[:, None] & d_ok[None, :]
+    if KV_FORMAT == 3:
+        shift = (offs_d % 2) * 4
+        kb = tl.load(K + k_rows[None, :] + (offs_d // 2)[:, None], mask=k_mask, other=8)
+        vb = tl.load(V + v_rows[:, None] + (offs_d // 2)[None, :], mask=v_mask, other=8)
+        k_q = ((kb.to(tl.int32) >> shift[:, None]) & 15) - 8
+        v_q = ((vb.to(tl.int32) >> shift[None, :]) & 15) - 8
+        ks_rows = page.to(tl.int64) * stride_ksp + slot * stride_kst
+        vs_rows = page.to(tl.int64) * stride_vsp + slot * stride_vst
+        ks = tl.load(KS + ks_rows[None, :] + (offs_d // 32)[:, None], mask=k_mask, other=0.0)
+        vs = tl.load(VS + vs_rows[:, None] + (offs_d // 32)[None, :], mask=v_mask, other=0.0)
+        return offs_n, k_q.to(tl.float32) * ks.to(tl.float32), v_q.to(tl.float32) * vs.to(tl.float32)
+    k_t = tl.load(K + k_rows[None, :] + offs_d[:, None], mask=k_mask, other=0).to(tl.float32)
+    v = tl.load(V + v_rows[:, None] + offs_d[None, :], mask=v_mask, other=0).to(tl.float32)
+    if KV_FORMAT == 1:  # one scale per KV head
+        return offs_n, k_t * tl.load(KS), v * tl.load(VS)
+    ks = tl.load(KS + page.to(tl.int64) * stride_ksp + slot * stride_kst, mask=in_range, other=0.0)
+    vs = tl.load(VS + page.to(tl.int64) * stride_vsp + slot * stride_vst, mask=in_range, other=0.0)
+    return offs_n, k_t * ks.to(tl.float32)[None, :], v * vs.to(tl.float32)[:, None]
+
+
+@triton.jit
 def _attend_paged(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end,
-                  K, V, bt_row, stride_kp, stride_kt, stride_vp, stride_vt, offs_d, head_dim,
+                  K, V, KS, VS, bt_row, stride_kp, stride_kt, stride_vp, stride_vt, stride_ksp,
+                  stride_kst, stride_vsp, stride_vst, offs_d, head_dim,
                   MASKED: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                  EVEN_D: tl.constexpr, KV_CACHE: tl.constexpr, KV_EVICT: tl.constexpr):
+                  EVEN_D: tl.constexpr, KV_CACHE: tl.constexpr, KV_EVICT: tl.constexpr,
+                  KV_FORMAT: tl.constexpr):
     """Key tiles ``[lo, hi)`` (``lo`` a multiple of BLOCK_N) into one packed state: the one loop
-    of both the single-pass and the split-K path."""
+    of both the single-pass and the split-K path, and of every cache format (only the tile load
+    differs: quantized tiles are dequantized in registers, then fed to the same dots in q's
+    dtype)."""
     for start_n in range(lo, hi, BLOCK_N):
-        offs_n, k_t, v = _load_paged_kv_tile(K, V, bt_row, start_n, kv_end, stride_kp, stride_kt,
-                                             stride_vp, stride_vt, offs_d, head_dim,
-                                             PAGE_SIZE, BLOCK_N, EVEN_D, MASKED, KV_CACHE,
-                                             KV_EVICT)
+        if KV_FORMAT == 0:
+            offs_n, k_t, v = _load_paged_kv_tile(K, V, bt_row, start_n, kv_end, stride_kp,
+                                                 stride_kt, stride_vp, stride_vt, offs_d,
+                                                 head_dim, PAGE_SIZE, BLOCK_N, EVEN_D, MASKED,
+                                                 KV_CACHE, KV_EVICT)
+        else:
+            offs_n, k_t, v = _load_quant_kv_tile(K, V, KS, VS, bt_row, start_n, kv_end,
+                                                 stride_kp, stride_kt, stride_vp, stride_vt,
+                                                 stride_ksp, stride_kst, stride_vsp, stride_vst,
+                                                 offs_d, head_dim, PAGE_SIZE, BLOCK_N, MASKED,
+                                                 KV_FORMAT)
+            k_t = k_t.to(q.dtype)
+            v = v.to(q.dtype)
         acc, m_i, l_i = _online_update(acc, m_i, l_i, q, k_t, v, qk_scale, tok, offs_n,
                                        diag, kv_end, MASKED)
     return acc, m_i, l_i
@@ -104,6 +161,8 @@ def _attend_paged(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end,
 def _paged_decode_kernel(
     Q,                 # [batch, q_len, nheads, HEAD_DIM], last dim contiguous
     K, V,              # [num_pages, PAGE_SIZE, nheads_k, HEAD_DIM], last dim contiguous
+                       # (quantized: kvonce.cache.quant's layouts; int4 HEAD_DIM // 2 bytes)
+    KS, VS,            # quantized caches' scales (any pointer when KV_FORMAT is 0)
     Out,               # [batch, q_len, nheads, (S,) HEAD_DIM]: final (S = 1) or fp32 partials
     Lse,               # float32, indexed by (batch, token, head, split) strides
     cache_seqlens,     # int32 [batch]
@@ -114,13 +173,14 @@ def _paged_decode_kernel(
     sm_scale, q_len, num_splits, num_m_blocks, head_dim,
     stride_qb, stride_qt, stride_qh,
     stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+    stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh,
     stride_ob, stride_ot, stride_oh, stride_os,
     stride_lb, stride_lt, stride_lh, stride_ls,
     stride_btb,
     GROUP: tl.constexpr, IS_CAUSAL: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     STORE_LSE: tl.constexpr, SPLIT: tl.constexpr, MERGE_HERE: tl.constexpr,
-    KV_CACHE: tl.constexpr, KV_EVICT: tl.constexpr,
+    KV_CACHE: tl.constexpr, KV_EVICT: tl.constexpr, KV_FORMAT: tl.constexpr,
 ):
     # Grid: (num_splits * num_m_blocks, nheads_k, batch). Splits vary fastest so that the
     # programs of one sequence's KV head run side by side.
@@ -156,19 +216,23 @@ def _paged_decode_kernel(
 
     K += kv_head * stride_kh
     V += kv_head * stride_vh
+    KS += kv_head * stride_ksh
+    VS += kv_head * stride_vsh
     bt_row = block_table + seq.to(tl.int64) * stride_btb
     qk_scale = sm_scale * 1.4426950408889634
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc, m_i, l_i = _attend_paged(acc, m_i, l_i, q, lo, full, qk_scale, tok, diag, hi,
-                                  K, V, bt_row, stride_kp, stride_kt, stride_vp, stride_vt,
+                                  K, V, KS, VS, bt_row, stride_kp, stride_kt, stride_vp,
+                                  stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
                                   offs_d, head_dim, False, PAGE_SIZE, BLOCK_N, EVEN_D, KV_CACHE,
-                                  KV_EVICT)
+                                  KV_EVICT, KV_FORMAT)
     acc, m_i, l_i = _attend_paged(acc, m_i, l_i, q, full, hi, qk_scale, tok, diag, hi,
-                                  K, V, bt_row, stride_kp, stride_kt, stride_vp, stride_vt,
+                                  K, V, KS, VS, bt_row, stride_kp, stride_kt, stride_vp,
+                                  stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
                                   offs_d, head_dim, True, PAGE_SIZE, BLOCK_N, EVEN_D, KV_CACHE,
-                                  KV_EVICT)
+                                  KV_EVICT, KV_FORMAT)
 
     # out = acc / l (0 where no key was seen, e.g. an empty split), lse natural log (-inf there).
     seen = l_i > 0.0
@@ -353,6 +417,17 @@ def _merge_states_kernel(
     tl.store(Lse + row * stride_ln + head * stride_lh, lse)
 
 
+def _scale_strides(scale, kv_format: int) -> tuple[int, int, int]:
+    """(page, slot, KV head) strides of a quantized cache's scales: fp8 ``[nheads_k]`` or 0-dim
+    (one per head or per tensor), int8 ``[pages, page_size, nheads_k]``, int4 ``[pages,
+    page_size, nheads_k, d // 32]``; zeros for a plain cache."""
+    if kv_format == 0 or scale is None:
+        return (0, 0, 0)
+    if kv_format == 1:
+        return (0, 0, scale.stride(0) if scale.dim() == 1 else 0)
+    return tuple(scale.stride()[:3])
+
+
 def decode_row_blocks(nheads: int, nheads_k: int, q_len: int) -> tuple[int, int]:
     """``(BLOCK_M, M-blocks)`` of one (sequence, KV head): its ``nheads // nheads_k * q_len``
     packed rows, padded to >= 16 for tl.dot; past 64 rows the state no longer fits comfortably
@@ -377,7 +452,8 @@ class PagedDecodeLaunch:
     """
 
     def __init__(self, q, k_cache, v_cache, block_table, *, softmax_scale: float, causal: bool,
-                 num_splits: int, config, store_lse: bool):
+                 num_splits: int, config, store_lse: bool, kv_format: int = 0,
+                 k_scale=None, v_scale=None):
         batch, q_len, nheads, head_dim = q.shape
         page_size, nheads_k = k_cache.shape[1], k_cache.shape[2]
         group = nheads // nheads_k
@@ -395,16 +471,18 @@ class PagedDecodeLaunch:
             dst_l = (q_len * nheads * s, nheads * s, s, 1)
         self._ints = (
             q_len, num_splits, num_m_blocks, head_dim, *q.stride()[:3], *k_cache.stride()[:3],
-            *v_cache.stride()[:3], *dst_o, *dst_l, block_table.stride(0))
+            *v_cache.stride()[:3], *_scale_strides(k_scale, kv_format),
+            *_scale_strides(v_scale, kv_format), *dst_o, *dst_l, block_table.stride(0))
         self._scale = float(softmax_scale)
         self._grid = (num_splits * num_m_blocks, nheads_k, batch)
         self._constexprs = dict(
             GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, BLOCK_M=block_m,
             BLOCK_N=config.block_n, BLOCK_D=block_d, EVEN_D=block_d == head_dim,
             STORE_LSE=store_lse, SPLIT=num_splits > 1, MERGE_HERE=merge_here,
-            KV_CACHE=config.kv_cache_modifier, KV_EVICT=config.kv_eviction)
+            KV_CACHE=config.kv_cache_modifier, KV_EVICT=config.kv_eviction, KV_FORMAT=kv_format)
         self._warps = (config.num_warps, config.num_stages)
-        self._key = (q.dtype, k_cache.dtype, self._ints, tuple(self._constexprs.values()),
+        self._key = (q.dtype, k_cache.dtype, k_scale.dtype if k_scale is not None else None,
+                     self._ints, tuple(self._constexprs.values()),
                      self._warps)
         self._combine = None
         if num_splits > 1 and not merge_here:
@@ -418,7 +496,7 @@ class PagedDecodeLaunch:
                              ints, constexprs, warps)
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, out, lse,
-                 o_part=None, lse_part=None, arrivals=None) -> None:
+                 o_part=None, lse_part=None, arrivals=None, k_scale=None, v_scale=None) -> None:
         if self.batch == 0:
             return
         if lse is None:  # never dereferenced (STORE_LSE is off): any pointer will do
@@ -427,10 +505,12 @@ class PagedDecodeLaunch:
             dst_o, dst_l, final_o, final_l = o_part, lse_part, out, lse
         else:  # the split-K arguments are never dereferenced
             dst_o, dst_l, final_o, final_l, arrivals = out, lse, out, lse, cache_seqlens
-        aligned = all_aligned(q, k_cache, v_cache, cache_seqlens, block_table)
+        if k_scale is None:  # plain cache: never dereferenced
+            k_scale = v_scale = cache_seqlens
+        aligned = all_aligned(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale)
         launch(_paged_decode_kernel, (self._key, aligned), self._grid,
-               (q, k_cache, v_cache, dst_o, dst_l, cache_seqlens, block_table, final_o, final_l,
-                arrivals, self._scale, *self._ints),
+               (q, k_cache, v_cache, k_scale, v_scale, dst_o, dst_l, cache_seqlens, block_table,
+                final_o, final_l, arrivals, self._scale, *self._ints),
                self._constexprs, *self._warps, self.device_index)
         if self._combine is not None:
             key, grid, ints, constexprs, warps = self._combine

@@ -1,0 +1,99 @@
+"""Paged decode over quantized caches (fp8 e4m3, int8, int4) against the reference on the
+dequantized cache: the kernel's in-register dequantization must equal ``dequantize_kv``'s.
+
+CPU (interpreter): int8 and int4, fp16/fp32 queries (the interpreter cannot load fp8).
+CUDA: all three formats, fp16/bf16, real sizes.
+"""
+import pytest
+import torch
+from conftest import DEVICE, DTYPES, HAS_CUDA
+
+import kvonce
+from kvonce.reference import paged_attention_ref
+
+FORMATS = ("fp8_e4m3", "int8", "int4") if HAS_CUDA else ("int8", "int4")
+
+
+def _case(batch, q_len, heads, heads_k, head_dim, page, lens, dtype, seed=0):
+    torch.manual_seed(seed)
+    pages_per_seq = max(1, -(-max(lens) // page))
+    num_pages = batch * pages_per_seq + 3
+    q = torch.randn(batch, q_len, heads, head_dim, device=DEVICE).to(dtype)
+    k = torch.randn(num_pages, page, heads_k, head_dim, device=DEVICE).to(dtype)
+    v = torch.randn(num_pages, page, heads_k, head_dim, device=DEVICE).to(dtype)
+    k[..., 5] *= 20.0  # a channel of outliers, as real keys have
+    table = torch.randperm(num_pages, device=DEVICE)[:batch * pages_per_seq]
+    table = table.reshape(batch, pages_per_seq).to(torch.int32)
+    return q, k, v, torch.tensor(lens, dtype=torch.int32, device=DEVICE), table
+
+
+def _quantized(k, v, fmt):
+    kq, ks = kvonce.quantize_kv(k, fmt)
+    vq, vs = kvonce.quantize_kv(v, fmt)
+    return kq, ks, vq, vs, kvonce.dequantize_kv(kq, ks, fmt, torch.float32), \
+        kvonce.dequantize_kv(vq, vs, fmt, torch.float32)
+
+
+def _check(out, ref, dtype):
+    assert not torch.isnan(out).any()
+    rel = ((out.float() - ref).norm() / ref.norm().clamp_min(1e-6)).item()
+    assert rel < (1e-4 if dtype == torch.float32 else 2e-2), f"relative error {rel:.3e}"
+
+
+SHAPES = ([(3, 1, 4, 2, 64, 16, [37, 0, 64]), (2, 3, 8, 2, 96, 32, [70, 5])] if not HAS_CUDA else
+          [(16, 1, 32, 8, 128, 16, [4096] * 15 + [17]), (4, 4, 12, 2, 128, 64, [900, 0, 3, 2048]),
+           (2, 1, 8, 8, 96, 16, [513, 1000])])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("shape", range(len(SHAPES)))
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.usefixtures("poison_empty")
+def test_quantized_decode_matches_dequantized_reference(fmt, shape, num_splits):
+    batch, q_len, heads, heads_k, head_dim, page, lens = SHAPES[shape]
+    dtype = DTYPES[0]
+    q, k, v, seqlens, table = _case(batch, q_len, heads, heads_k, head_dim, page, lens, dtype)
+    kq, ks, vq, vs, kd, vd = _quantized(k, v, fmt)
+    ref, ref_lse = paged_attention_ref(q.float(), kd, vd, seqlens, table)
+    out, lse = kvonce.paged_attention(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
+                                      kv_format="int4" if fmt == "int4" else None,
+                                      num_splits=num_splits, return_lse=True)
+    _check(out, ref, dtype)
+    fin = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), fin)
+    assert (lse[fin] - ref_lse[fin]).abs().max() < 1e-2
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_one_plan_serves_layers_with_their_own_scales(fmt):
+    q, k, v, seqlens, table = _case(2, 1, 4, 2, 64, 16, [40, 17], DTYPES[0])
+    plan = None
+    for layer in range(2):
+        kl, vl = k * (1 + layer), v * (2 - layer)  # other values, other scales
+        kq, ks, vq, vs, kd, vd = _quantized(kl, vl, fmt)
+        if plan is None:
+            plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
+                                          kv_format="int4" if fmt == "int4" else None)
+        out = plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs)
+        _check(out, paged_attention_ref(q.float(), kd, vd, seqlens, table)[0], q.dtype)
+
+
+def test_quantized_arguments_are_checked_before_launch():
+    q, k, v, seqlens, table = _case(2, 1, 4, 2, 64, 16, [40, 17], DTYPES[0])
+    kq, ks, vq, vs, _, _ = _quantized(k, v, "int8")
+    with pytest.raises(ValueError, match="needs v_scale"):
+        kvonce.paged_attention(q, kq, vq, seqlens, table, k_scale=ks)
+    with pytest.raises(ValueError, match="k_scale must be"):
+        kvonce.paged_attention(q, kq, vq, seqlens, table, k_scale=ks[:, :, :1], v_scale=vs)
+    with pytest.raises(TypeError, match="needs a torch.uint8 cache"):
+        kvonce.paged_attention(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
+                               kv_format="int4")
+    k4, ks4 = kvonce.quantize_kv(k, "int4")
+    v4, vs4 = kvonce.quantize_kv(v, "int4")
+    with pytest.raises(ValueError, match="kv_format='int4'"):
+        kvonce.paged_attention(q, k4, v4, seqlens, table, k_scale=ks4, v_scale=vs4)
+    with pytest.raises(TypeError, match="k_scale"):
+        kvonce.paged_attention(q, k4, v4, seqlens, table, k_scale=ks4.float(), v_scale=vs4,
+                               kv_format="int4")
+    with pytest.raises(ValueError, match="quantized caches"):
+        kvonce.paged_attention(q, k, v, seqlens, table, k_scale=ks, v_scale=vs)
