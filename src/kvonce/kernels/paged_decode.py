@@ -118,8 +118,11 @@ def _load_quant_kv_tile(K, V, KS, VS, bt_row, start_n, kv_end, stride_kp, stride
         ks = tl.load(KS + ks_rows[None, :] + (offs_d // 32)[:, None], mask=k_mask, other=0.0)
         vs = tl.load(VS + vs_rows[:, None] + (offs_d // 32)[None, :], mask=v_mask, other=0.0)
         return offs_n, k_q.to(tl.float32) * ks.to(tl.float32), v_q.to(tl.float32) * vs.to(tl.float32)
-    k_t = tl.load(K + k_rows[None, :] + offs_d[:, None], mask=k_mask, other=0).to(tl.float32)
-    v = tl.load(V + v_rows[:, None] + offs_d[None, :], mask=v_mask, other=0).to(tl.float32)
+    # No `other` (an fp8 load cannot take one): masked lanes are zeroed after the conversion.
+    k_t = tl.where(k_mask, tl.load(K + k_rows[None, :] + offs_d[:, None], mask=k_mask)
+                   .to(tl.float32), 0.0)
+    v = tl.where(v_mask, tl.load(V + v_rows[:, None] + offs_d[None, :], mask=v_mask)
+                 .to(tl.float32), 0.0)
     if KV_FORMAT == 1:  # one scale per KV head
         return offs_n, k_t * tl.load(KS), v * tl.load(VS)
     ks = tl.load(KS + page.to(tl.int64) * stride_ksp + slot * stride_kst, mask=in_range, other=0.0)
