@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .dual_group_fwd import _kv_rows, _max_offset
+from .dual_group_fwd import _key_bounds, _kv_rows, _max_offset
 from ._launch import next_pow2
 
 LOG2E = 1.4426950408889634
@@ -175,26 +175,6 @@ def _dq_tiles(dq0, q0, do0, lse0, delta0, diag0, end0, dq1, q1, do1, lse1, delta
             dq1 = _dq_update(dq1, q1, do1, lse1, delta1, k_t, v_t, qk_scale, offs_m, offs_n,
                              diag1, end1, MASKED)
     return dq0, dq1
-
-
-@triton.jit
-def _key_bounds(len_q, kv_end, m0, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr):
-    """For the M-block of rows ``[m0, m0 + BLOCK_M)``: ``diag`` (row ``i`` sees key
-    ``j <= i + diag``), ``full`` (tiles below it need no mask, a multiple of BLOCK_N) and ``hi``
-    (no tile at or past it is needed). The forward's bounds."""
-    rows_end = tl.minimum(m0 + BLOCK_M, len_q)
-    if IS_CAUSAL:
-        diag = kv_end - len_q
-        hi = tl.minimum(kv_end, rows_end + diag)
-        full = tl.minimum(kv_end, m0 + diag + 1)
-    else:
-        diag = kv_end
-        hi = kv_end
-        full = kv_end
-    hi = tl.where(rows_end > m0, tl.maximum(hi, 0), 0)
-    full = (tl.minimum(tl.maximum(full, 0), hi) // BLOCK_N) * BLOCK_N
-    return diag, full, hi
 
 
 @triton.jit

@@ -172,6 +172,26 @@ def _attend_two(acc0, m0, l0, q0, diag0, end0, acc1, m1, l1, q1, diag1, end1,
 
 
 @triton.jit
+def _key_bounds(len_q, kv_end, m0, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr):
+    """For the M-block of rows ``[m0, m0 + BLOCK_M)``: ``diag`` (row ``i`` sees key
+    ``j <= i + diag``), ``full`` (tiles below it need no mask, a multiple of BLOCK_N) and ``hi``
+    (no tile at or past it is needed). Shared by the forward and the backward's dQ kernel."""
+    rows_end = tl.minimum(m0 + BLOCK_M, len_q)
+    if IS_CAUSAL:
+        diag = kv_end - len_q
+        hi = tl.minimum(kv_end, rows_end + diag)
+        full = tl.minimum(kv_end, m0 + diag + 1)
+    else:
+        diag = kv_end
+        hi = kv_end
+        full = kv_end
+    hi = tl.where(rows_end > m0, tl.maximum(hi, 0), 0)
+    full = (tl.minimum(tl.maximum(full, 0), hi) // BLOCK_N) * BLOCK_N
+    return diag, full, hi
+
+
+@triton.jit
 def _group_block_setup(Q, cu_seqlens_q, q_shift, kv_end_ptr, seq, len_k, start_m, head, stride_qm,
                        stride_qh, offs_m, offs_d, head_dim,
                        IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -189,18 +209,7 @@ def _group_block_setup(Q, cu_seqlens_q, q_shift, kv_end_ptr, seq, len_k, start_m
         kv_end = tl.minimum(tl.maximum(kv_end_ptr, 0), len_k)
     else:
         kv_end = tl.minimum(tl.maximum(tl.load(kv_end_ptr + seq), 0), len_k)
-    m0 = start_m * BLOCK_M
-    rows_end = tl.minimum(m0 + BLOCK_M, len_q)
-    if IS_CAUSAL:
-        diag = kv_end - len_q
-        hi = tl.minimum(kv_end, rows_end + diag)
-        full = tl.minimum(kv_end, m0 + diag + 1)
-    else:
-        diag = kv_end
-        hi = kv_end
-        full = kv_end
-    hi = tl.where(rows_end > m0, tl.maximum(hi, 0), 0)
-    full = (tl.minimum(tl.maximum(full, 0), hi) // BLOCK_N) * BLOCK_N
+    diag, full, hi = _key_bounds(len_q, kv_end, start_m * BLOCK_M, IS_CAUSAL, BLOCK_M, BLOCK_N)
     row_ok = offs_m < len_q
     q_ptrs = Q + (q_start + offs_m).to(tl.int64)[:, None] * stride_qm + head * stride_qh + offs_d[None, :]
     if EVEN_D:
