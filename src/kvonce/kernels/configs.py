@@ -56,6 +56,24 @@ _FALLBACK = {hd: DualGroupFwdConfig(64, 32 if hd > 128 else 64, 4, 2) for hd in 
 _warned: set = set()
 
 
+def _table_row(table: dict, capability, head_dim: int):
+    """The table's config for ``head_dim`` (or its power-of-two padding) at ``capability``; None
+    when the GPU or the head dim has no tuned row."""
+    head_dim = int(head_dim)  # a SymInt when a backward is traced with dynamic shapes
+    row = table.get(tuple(capability))
+    if row is None:
+        return None
+    return row.get(head_dim, row.get(1 << (head_dim - 1).bit_length()))
+
+
+def _warn_untuned(warned: set, family: str, capability, tune: str) -> None:
+    """Log once per GPU that ``family`` runs a conservative fallback config."""
+    if capability not in warned:
+        warned.add(capability)
+        log.warning("kvonce: no tuned %s config for compute capability %s; using a conservative "
+                    "fallback%s", family, capability, tune)
+
+
 def interpreter_active() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -83,15 +101,12 @@ def get_dual_group_fwd_config(capability: tuple[int, int] | None, head_dim: int)
     """Config for ``head_dim`` on a GPU of ``capability`` (None: the Triton interpreter)."""
     if capability is None or interpreter_active():
         return _INTERPRETER_CONFIG
+    config = _table_row(_DUAL_GROUP_FWD_TABLE, capability, head_dim)
+    if config is not None:
+        return config
+    _warn_untuned(_warned, "dual-group", capability,
+                  " (tune with `python -m kvonce bench zigzag --sweep`)")
     padded = 1 << (head_dim - 1).bit_length()
-    row = _DUAL_GROUP_FWD_TABLE.get(tuple(capability))
-    if row is not None and (head_dim in row or padded in row):
-        return row.get(head_dim, row.get(padded))
-    if capability not in _warned:
-        _warned.add(capability)
-        log.warning("kvonce: no tuned dual-group config for compute capability %s; using a "
-                    "conservative fallback (tune with `python -m kvonce bench zigzag --sweep`)",
-                    capability)
     return _FALLBACK.get(head_dim, _FALLBACK[padded if padded in _FALLBACK else 128])
 
 
@@ -152,15 +167,11 @@ def get_paged_decode_config(capability: tuple[int, int] | None, head_dim: int) -
     """Config for ``head_dim`` on a GPU of ``capability`` (None: the Triton interpreter)."""
     if capability is None or interpreter_active():
         return _PAGED_DECODE_INTERPRETER
-    padded = 1 << (head_dim - 1).bit_length()
-    row = _PAGED_DECODE_TABLE.get(tuple(capability))
-    if row is not None and (head_dim in row or padded in row):
-        return row.get(head_dim, row.get(padded))
-    if capability not in _paged_warned:
-        _paged_warned.add(capability)
-        log.warning("kvonce: no tuned paged-decode config for compute capability %s; using a "
-                    "conservative fallback (tune with `python -m kvonce bench decode --sweep`)",
-                    capability)
+    config = _table_row(_PAGED_DECODE_TABLE, capability, head_dim)
+    if config is not None:
+        return config
+    _warn_untuned(_paged_warned, "paged-decode", capability,
+                  " (tune with `python -m kvonce bench decode --sweep`)")
     return _PAGED_DECODE_FALLBACK
 
 
@@ -215,13 +226,9 @@ def get_dual_group_bwd_config(capability: tuple[int, int] | None, head_dim: int,
         return _BWD_INTERPRETER_CONFIG
     if element_size > 2:
         return _BWD_INTERPRETER_CONFIG
-    head_dim = int(head_dim)  # a SymInt when the backward is traced with dynamic shapes
-    padded = 1 << (head_dim - 1).bit_length()
-    row = _DUAL_GROUP_BWD_TABLE.get(tuple(capability))
-    if row is not None and (head_dim in row or padded in row):
-        return row.get(head_dim, row.get(padded))
-    if capability not in _bwd_warned:
-        _bwd_warned.add(capability)
-        log.warning("kvonce: no tuned dual-group backward config for compute capability %s; "
-                    "using a conservative fallback", capability)
-    return _BWD_FALLBACK.get(head_dim, _BWD_FALLBACK[padded if padded in _BWD_FALLBACK else 128])
+    config = _table_row(_DUAL_GROUP_BWD_TABLE, capability, head_dim)
+    if config is not None:
+        return config
+    _warn_untuned(_bwd_warned, "dual-group backward", capability, "")
+    padded = 1 << (int(head_dim) - 1).bit_length()
+    return _BWD_FALLBACK.get(int(head_dim), _BWD_FALLBACK[padded if padded in _BWD_FALLBACK else 128])

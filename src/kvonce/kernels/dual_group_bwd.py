@@ -178,6 +178,24 @@ def _dq_tiles(dq0, q0, do0, lse0, delta0, diag0, end0, dq1, q1, do1, lse1, delta
 
 
 @triton.jit
+def _dq_alone(dq, q, do, lse, delta, diag, end, lo, full, hi, qk_scale, offs_m,
+              K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
+              BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, KV_ZIGZAG: tl.constexpr):
+    """One group's tiles past the shared range: ``[lo, full)`` unmasked, then ``[.., hi)`` masked
+    (the forward's ``_attend_alone``)."""
+    split = tl.maximum(lo, full)
+    dq, _ = _dq_tiles(dq, q, do, lse, delta, diag, end, dq, q, do, lse, delta, diag, end,
+                      lo, split, qk_scale, offs_m, K, V, k_row0, chunk, rank_rows, world_size,
+                      stride_kn, stride_vn, offs_d, head_dim, False, False, BLOCK_N, EVEN_D,
+                      KV_ZIGZAG)
+    dq, _ = _dq_tiles(dq, q, do, lse, delta, diag, end, dq, q, do, lse, delta, diag, end,
+                      split, hi, qk_scale, offs_m, K, V, k_row0, chunk, rank_rows, world_size,
+                      stride_kn, stride_vn, offs_d, head_dim, False, True, BLOCK_N, EVEN_D,
+                      KV_ZIGZAG)
+    return dq
+
+
+@triton.jit
 def _group_delta(O, DO, Delta, row0, offs_m, len_q, head, stride_om, stride_oh, stride_dom,
                  stride_doh, stride_delta_h, offs_d, head_dim, EVEN_D: tl.constexpr):
     """``delta = rowsum(dO * O)`` in fp32 for one group's M-block, stored for the dK/dV kernel."""
@@ -279,26 +297,14 @@ def _dual_group_bwd_dq_kernel(
                          offs_m, K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn,
                          offs_d, head_dim, True, True, BLOCK_N, EVEN_D, KV_ZIGZAG)
     # Group 0 alone (unmasked then masked), stored; then group 1 alone.
-    split0 = tl.maximum(shared_end, full0)
-    dq0, _ = _dq_tiles(dq0, q0, do0, lse0, delta0, diag0, end0,
-                       dq0, q0, do0, lse0, delta0, diag0, end0, shared_end, split0, qk_scale,
-                       offs_m, K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn,
-                       offs_d, head_dim, False, False, BLOCK_N, EVEN_D, KV_ZIGZAG)
-    dq0, _ = _dq_tiles(dq0, q0, do0, lse0, delta0, diag0, end0,
-                       dq0, q0, do0, lse0, delta0, diag0, end0, split0, hi0, qk_scale,
-                       offs_m, K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn,
-                       offs_d, head_dim, False, True, BLOCK_N, EVEN_D, KV_ZIGZAG)
+    dq0 = _dq_alone(dq0, q0, do0, lse0, delta0, diag0, end0, shared_end, full0, hi0, qk_scale,
+                    offs_m, K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn,
+                    offs_d, head_dim, BLOCK_N, EVEN_D, KV_ZIGZAG)
     _store_dq(DQ0, dq0, row0, offs_m, len0, head, stride_dq0m, stride_dq0h, offs_d, head_dim,
               sm_scale)
-    split1 = tl.maximum(shared_end, full1)
-    dq1, _ = _dq_tiles(dq1, q1, do1, lse1, delta1, diag1, end1,
-                       dq1, q1, do1, lse1, delta1, diag1, end1, shared_end, split1, qk_scale,
-                       offs_m, K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn,
-                       offs_d, head_dim, False, False, BLOCK_N, EVEN_D, KV_ZIGZAG)
-    dq1, _ = _dq_tiles(dq1, q1, do1, lse1, delta1, diag1, end1,
-                       dq1, q1, do1, lse1, delta1, diag1, end1, split1, hi1, qk_scale,
-                       offs_m, K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn,
-                       offs_d, head_dim, False, True, BLOCK_N, EVEN_D, KV_ZIGZAG)
+    dq1 = _dq_alone(dq1, q1, do1, lse1, delta1, diag1, end1, shared_end, full1, hi1, qk_scale,
+                    offs_m, K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn,
+                    offs_d, head_dim, BLOCK_N, EVEN_D, KV_ZIGZAG)
     _store_dq(DQ1, dq1, row1, offs_m, len1, head, stride_dq1m, stride_dq1h, offs_d, head_dim,
               sm_scale)
 
