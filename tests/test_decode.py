@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import kvonce.decode as decode
-from kvonce.decode import (append_paged_kv, flash_attn_with_kvcache, merge_attention_states,
+from kvonce import append_paged_kv
+from kvonce.decode import (flash_attn_with_kvcache, merge_attention_states,
                            paged_attention)
 from kvonce.kernels.configs import interpreter_active
 from kvonce.reference import (attention_ref, merge_attention_states_ref, paged_attention_ref,

@@ -3,7 +3,8 @@ from .varlen import (fused_zigzag_llama3_flash_attn_varlen_backward,
                      fused_zigzag_llama3_flash_attn_varlen_forward,
                      fused_zigzag_llama3_flash_attn_varlen_func)
 from .cache import dequantize_kv, quantize_kv
-from .decode import (PagedDecodePlan, append_paged_kv, flash_attn_with_kvcache,
+from .cache.append import append_paged_kv
+from .decode import (PagedDecodePlan, flash_attn_with_kvcache,
                      merge_attention_states, paged_attention)
 
 __all__ = ["fused_zigzag_llama3_flash_attn_varlen_forward",

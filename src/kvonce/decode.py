@@ -15,10 +15,9 @@ import torch
 from . import _validate as V
 from .kernels.configs import (PagedDecodeConfig, device_info, get_paged_decode_config,
                               interpreter_active)
-from .kernels.paged_decode import (PagedDecodeLaunch, decode_row_blocks, launch_append_paged_kv,
-                                   launch_merge_states)
+from .kernels.paged_decode import PagedDecodeLaunch, decode_row_blocks, launch_merge_states
 
-__all__ = ["paged_attention", "PagedDecodePlan", "append_paged_kv", "merge_attention_states",
+__all__ = ["paged_attention", "PagedDecodePlan", "merge_attention_states",
            "flash_attn_with_kvcache", "choose_num_splits"]
 
 PAGE_SIZES = tuple(1 << i for i in range(4, 9))  # 16 .. 256
@@ -444,46 +443,6 @@ def paged_attention(
 _one_shot_plans = V.PassedChecks()
 
 
-def append_paged_kv(
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    cache_seqlens: torch.Tensor,
-    block_table: torch.Tensor,
-    *,
-    check_block_table: bool = False,
-) -> None:
-    """Write new tokens' K/V into their pages, in place.
-
-    ``k, v [batch, new_len, nheads_k, headdim]``; token ``i`` of sequence ``b`` goes to position
-    ``cache_seqlens[b] + i``. Like flash-attn, ``cache_seqlens`` is left as it is (the caller
-    advances it). Positions are computed on the device (no host sync; capturable); that the table
-    has pages for them is the caller's contract, checked only with ``check_block_table`` (syncs).
-    """
-    _validate_cache(k_cache, v_cache, cache_seqlens, block_table)
-    V.check_tensor("k", k, ndim=4, dtypes=V.ATTN_DTYPES)
-    V.check_tensor("v", v, ndim=4, dtypes=V.ATTN_DTYPES)
-    V.check_same_device(k=k, v=v, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens,
-                        block_table=block_table)
-    V.check_same_dtype(k=k, v=v, k_cache=k_cache)
-    if v.shape != k.shape:
-        raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
-    batch, new_len = k.shape[0], k.shape[1]
-    if batch != block_table.shape[0] or k.shape[2:] != k_cache.shape[2:]:
-        raise ValueError(f"k must have shape [{block_table.shape[0]}, new_len, "
-                         f"{k_cache.shape[2]}, {k_cache.shape[3]}], got {tuple(k.shape)}")
-    page_size = k_cache.shape[1]
-    if check_block_table:
-        _check_block_table_values(cache_seqlens, block_table, k_cache.shape[0], page_size, new_len)
-    if new_len == 0 or batch == 0:
-        return
-    if torch.compiler.is_compiling():
-        torch.ops.kvonce.append_paged_kv(k, v, k_cache, v_cache, cache_seqlens, block_table)
-    else:
-        _append_paged_kv_impl(k, v, k_cache, v_cache, cache_seqlens, block_table)
-
-
 def merge_attention_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor,
                            lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """LSE-weighted merge of two partial attention results over disjoint key sets.
@@ -561,6 +520,8 @@ def flash_attn_with_kvcache(
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
     seqlens = cache_seqlens
     if k is not None:
+        from .cache.append import append_paged_kv  # (cache.append imports this module)
+
         append_paged_kv(k, v, k_cache, v_cache, cache_seqlens, block_table)
         seqlens = cache_seqlens + k.shape[1]  # a device op: no sync
     return paged_attention(q, k_cache, v_cache, seqlens, block_table, softmax_scale=softmax_scale,
@@ -654,22 +615,3 @@ def _merge_attention_states_op(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torc
 @_merge_attention_states_op.register_fake
 def _(o_a, lse_a, o_b, lse_b):
     return torch.empty_like(o_a), torch.empty_like(lse_a)
-
-
-def _append_paged_kv_impl(k, v, k_cache, v_cache, cache_seqlens, block_table) -> None:
-    # One launch; plain PyTorch needed two gathers and an indexed store per cache (99 us of host
-    # time per call on the lent H100, docs/benchmarks.md 2026-11-23).
-    launch_append_paged_kv(k, v, k_cache, v_cache, cache_seqlens, block_table)
-
-
-@torch.library.custom_op("kvonce::append_paged_kv", mutates_args=("k_cache", "v_cache"))
-def _append_paged_kv_op(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                        v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
-                        block_table: torch.Tensor) -> None:
-    """``append_paged_kv`` after its checks: writes into ``k_cache`` and ``v_cache``."""
-    _append_paged_kv_impl(k, v, k_cache, v_cache, cache_seqlens, block_table)
-
-
-@_append_paged_kv_op.register_fake
-def _(k, v, k_cache, v_cache, cache_seqlens, block_table):
-    return None

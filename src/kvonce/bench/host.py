@@ -39,7 +39,8 @@ import torch
 import triton
 import triton.testing
 
-from ..decode import (PagedDecodePlan, append_paged_kv, flash_attn_with_kvcache,
+from ..cache.append import append_paged_kv
+from ..decode import (PagedDecodePlan, flash_attn_with_kvcache,
                       merge_attention_states, paged_attention)
 from ..reference import dual_group_attention_ref, merge_attention_states_ref
 from ..varlen import fused_zigzag_llama3_flash_attn_varlen_forward
