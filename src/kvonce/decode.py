@@ -208,14 +208,21 @@ class PagedDecodePlan:
     once per stride layout: ``kernels/_launch.py``); under ``torch.compile`` it calls the
     ``torch.ops.kvonce.paged_decode`` / ``paged_decode_split`` custom ops, which run the same
     kernels (the op dispatch costs ~16 us of host time per call, docs/notes.md).
+
+    ``shared_prefix="auto"`` (the tree read from the block table on the host, here) or
+    ``[(seq_ids, num_pages), ...]`` plans the shared-prefix cascade (``kvonce.prefix``; plain
+    fp16/bf16/fp32 caches) where ``cascade`` ("auto": a cost model; True / False) says so;
+    ``uses_cascade`` tells which; ``run`` returns the same either way.
     """
 
     def __init__(self, q, k_cache, v_cache, cache_seqlens, block_table, *,
                  softmax_scale: float | None = None, causal: bool = True, num_splits: int = 0,
                  check_block_table: bool = False, config: PagedDecodeConfig | None = None,
                  kv_format: str | None = None, k_scale=None, v_scale=None,
-                 _scratch_per_call: bool = False):
+                 shared_prefix=None, cascade="auto", _scratch_per_call: bool = False):
         self.kv_format = resolve_kv_format(k_cache, kv_format)
+        if shared_prefix is not None and self.kv_format is not None:
+            raise NotImplementedError("shared_prefix with a quantized cache: not yet")
         if self.kv_format is None:
             if k_scale is not None or v_scale is not None:
                 raise ValueError("k_scale/v_scale are for quantized caches (fp8/int8/int4)")
@@ -231,7 +238,17 @@ class PagedDecodePlan:
             _check_block_table_values(cache_seqlens, block_table, k_cache.shape[0], page_size)
         batch, q_len, nheads, head_dim = q.shape
         capability, num_sms = device_info(q.device)
-        self.config = config or get_paged_decode_config(capability, head_dim)
+        self.config = config or get_paged_decode_config(capability, head_dim, self.kv_format)
+        # Shared-prefix cascade (kvonce.prefix): None unless asked for and paying; a forced
+        # num_splits applies to its suffix decode.
+        self._cascade = None
+        if shared_prefix is not None:
+            from .prefix import plan_cascade  # (kvonce.prefix imports this module)
+
+            self._cascade = plan_cascade(self, q, k_cache, v_cache, cache_seqlens, block_table,
+                                         shared_prefix, cascade=cascade, num_splits=num_splits,
+                                         check=check_block_table)
+        self.uses_cascade = self._cascade is not None
         if num_splits == 0:
             num_splits = choose_num_splits(batch, k_cache.shape[2],
                                            block_table.shape[1] * page_size, num_sms, self.config)
@@ -268,6 +285,9 @@ class PagedDecodePlan:
             return_lse: bool = False):
         """Attention for tensors shaped like the planned ones; returns like ``paged_attention``.
         A quantized cache takes this layer's ``k_scale``/``v_scale`` (shapes as planned)."""
+        if self._cascade is not None:
+            return self._cascade.run(q, k_cache, v_cache, cache_seqlens, block_table,
+                                     return_lse=return_lse)
         if self._kv_code:
             return self._run_quantized(q, k_cache, v_cache, cache_seqlens, block_table, k_scale,
                                        v_scale, return_lse)
@@ -297,7 +317,12 @@ class PagedDecodePlan:
         """Eager quantized decode: full checks on the first call of a stride layout (scales
         included), then launches only."""
         if torch.compiler.is_compiling():
-            raise NotImplementedError("quantized caches under torch.compile: not yet (issue 11)")
+            _validate_quantized(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale,
+                                self.kv_format)
+            self._check_like_plan(q, k_cache, v_cache, cache_seqlens, block_table)
+            out, lse = self._run_op(q, k_cache, v_cache, cache_seqlens, block_table, k_scale,
+                                    v_scale)
+            return (out, lse) if return_lse else out
         layout = (q.stride(), k_cache.stride(), v_cache.stride(), block_table.stride(),
                   return_lse, None if k_scale is None else (k_scale.shape, k_scale.stride(),
                                                             k_scale.dtype),
@@ -351,10 +376,12 @@ class PagedDecodePlan:
         self._launches[layout] = launch
         return launch
 
-    def _run_op(self, q, k_cache, v_cache, cache_seqlens, block_table):
+    def _run_op(self, q, k_cache, v_cache, cache_seqlens, block_table, k_scale=None,
+                v_scale=None):
         c = self.config
         launch_fields = (self.softmax_scale, self.causal, c.block_n, c.num_warps, c.num_stages,
-                         c.kv_cache_modifier, c.kv_eviction, c.max_merged_splits)
+                         c.kv_cache_modifier, c.kv_eviction, c.max_merged_splits, k_scale,
+                         v_scale, self._kv_code)
         if self.num_splits == 1:
             return torch.ops.kvonce.paged_decode(q, k_cache, v_cache, cache_seqlens, block_table,
                                                  *launch_fields)
@@ -406,7 +433,7 @@ def paged_attention(
     config : launch-config override for experiments (kernels/configs.py).
     k_scale, v_scale, kv_format : a quantized cache (``kvonce.cache.quant`` layouts, dequantized in
         registers): fp8 e4m3 and int8 caches are recognised from their dtype, a uint8 cache needs
-        ``kv_format="int4"``; scales as ``quantize_kv`` returns them. Eager only for now.
+        ``kv_format="int4"``; scales as ``quantize_kv`` returns them.
 
     Returns
     -------
@@ -543,14 +570,17 @@ def _decode_outputs(q: torch.Tensor, alloc) -> tuple[torch.Tensor, torch.Tensor]
 
 def _paged_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, o_part, lse_part,
                        arrivals, softmax_scale, causal, block_n, num_warps, num_stages,
-                       kv_cache_modifier, kv_eviction, max_merged_splits):
+                       kv_cache_modifier, kv_eviction, max_merged_splits, k_scale, v_scale,
+                       kv_format):
     config = PagedDecodeConfig(block_n, num_warps, num_stages, kv_cache_modifier=kv_cache_modifier,
                                kv_eviction=kv_eviction, max_merged_splits=max_merged_splits)
     out, lse = _decode_outputs(q, _empty)
     num_splits = 1 if o_part is None else o_part.shape[3]
     PagedDecodeLaunch(q, k_cache, v_cache, block_table, softmax_scale=softmax_scale,
-                      causal=causal, num_splits=num_splits, config=config, store_lse=True)(
-        q, k_cache, v_cache, cache_seqlens, block_table, out, lse, o_part, lse_part, arrivals)
+                      causal=causal, num_splits=num_splits, config=config, store_lse=True,
+                      kv_format=kv_format, k_scale=k_scale, v_scale=v_scale)(
+        q, k_cache, v_cache, cache_seqlens, block_table, out, lse, o_part, lse_part, arrivals,
+        k_scale, v_scale)
     return out, lse
 
 
@@ -558,14 +588,17 @@ def _paged_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, o_part, 
 def _paged_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      cache_seqlens: torch.Tensor, block_table: torch.Tensor, softmax_scale: float,
                      causal: bool, block_n: int, num_warps: int, num_stages: int,
-                     kv_cache_modifier: str, kv_eviction: str, max_merged_splits: int
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+                     kv_cache_modifier: str, kv_eviction: str, max_merged_splits: int,
+                     k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+                     kv_format: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Single-pass paged decode (``PagedDecodePlan.run`` with ``num_splits == 1``): ``(out
     [batch, q_len, nheads, d], lse float32 [batch, nheads, q_len])``; the config's launch fields
-    are passed one by one (a dataclass cannot be an op argument)."""
+    are passed one by one (a dataclass cannot be an op argument). A quantized cache comes with
+    its scales and its kernel format code (``_QUANT_FORMATS``)."""
     return _paged_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, None, None, None,
                               softmax_scale, causal, block_n, num_warps, num_stages,
-                              kv_cache_modifier, kv_eviction, max_merged_splits)
+                              kv_cache_modifier, kv_eviction, max_merged_splits, k_scale,
+                              v_scale, kv_format)
 
 
 @_paged_decode_op.register_fake
@@ -580,7 +613,9 @@ def _paged_decode_split_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            o_part: torch.Tensor, lse_part: torch.Tensor, arrivals: torch.Tensor,
                            softmax_scale: float,
                            causal: bool, block_n: int, num_warps: int, num_stages: int,
-                           kv_cache_modifier: str, kv_eviction: str, max_merged_splits: int
+                           kv_cache_modifier: str, kv_eviction: str, max_merged_splits: int,
+                           k_scale: torch.Tensor | None = None,
+                           v_scale: torch.Tensor | None = None, kv_format: int = 0
                            ) -> tuple[torch.Tensor, torch.Tensor]:
     """Split-K paged decode and its merge (in the same launch up to ``max_merged_splits``
     splits, else a combine launch); ``o_part`` float32 ``[batch, q_len,
@@ -589,7 +624,8 @@ def _paged_decode_split_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     mutated; the arrival counts end at zero again)."""
     return _paged_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, o_part, lse_part,
                               arrivals, softmax_scale, causal, block_n, num_warps, num_stages,
-                              kv_cache_modifier, kv_eviction, max_merged_splits)
+                              kv_cache_modifier, kv_eviction, max_merged_splits, k_scale,
+                              v_scale, kv_format)
 
 
 @_paged_decode_split_op.register_fake

@@ -163,16 +163,91 @@ _PAGED_DECODE_FALLBACK = PagedDecodeConfig(32, 4, 2)
 _paged_warned: set = set()
 
 
-def get_paged_decode_config(capability: tuple[int, int] | None, head_dim: int) -> PagedDecodeConfig:
-    """Config for ``head_dim`` on a GPU of ``capability`` (None: the Triton interpreter)."""
+# Quantized caches, (capability, kv_format) -> head dim -> config. From
+# scripts/quant_decode_sweep.py on the lent H100, 2026-11-23 (docs/notes.md), GQA 32/8 d128 at
+# (16, 4096), (64, 8192), (1, 131072): int8 led with 128-key tiles, 4 warps, 2 stages at all three
+# (64 x 8192: 465 us vs 806 with 64-key tiles); fp8 with 128 keys and 3 stages at 64 x 8192 (534
+# vs 666 us), 64-key tiles at the other two (within 1% of 128: not swept apart); int4 with 64-key
+# tiles, 4 warps, 2 stages. Other head dims use the fp16 row.
+_PAGED_DECODE_QUANT_TABLE: dict[tuple[tuple[int, int], str], dict[int, PagedDecodeConfig]] = {
+    ((9, 0), "int8"): {128: PagedDecodeConfig(128, 4, 2)},
+    ((9, 0), "fp8_e4m3"): {128: PagedDecodeConfig(128, 4, 3)},
+    ((9, 0), "int4"): {128: PagedDecodeConfig(64, 4, 2)},
+}
+
+
+def get_paged_decode_config(capability: tuple[int, int] | None, head_dim: int,
+                            kv_format: str | None = None) -> PagedDecodeConfig:
+    """Config for ``head_dim`` (and a quantized cache's ``kv_format``) on a GPU of
+    ``capability`` (None: the Triton interpreter)."""
     if capability is None or interpreter_active():
         return _PAGED_DECODE_INTERPRETER
+    if kv_format is not None:
+        row = _PAGED_DECODE_QUANT_TABLE.get((tuple(capability), kv_format), {})
+        if head_dim in row:
+            return row[head_dim]
     config = _table_row(_PAGED_DECODE_TABLE, capability, head_dim)
     if config is not None:
         return config
     _warn_untuned(_paged_warned, "paged-decode", capability,
                   " (tune with `python -m kvonce bench decode --sweep`)")
     return _PAGED_DECODE_FALLBACK
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared-prefix decode, chunk-first phase (kernels/prefix_decode.py)
+# ---------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class PrefixDecodeConfig:
+    """Launch config of ``_prefix_chunk_kernel`` (one program per tree node x KV head x M-block of
+    the node's packed rows x key chunk).
+
+    block_m: the most packed rows per program (the launch takes the next power of two of the
+        largest node's rows, at least 16, at most this). block_n: keys per K/V tile.
+    num_warps: with ``block_m`` rows; smaller row blocks run 4 warps.
+    programs_per_sm: the shared runs are cut into key chunks until the node programs reach about
+        this many per SM (a single 32k-token run is otherwise one program per KV head and
+        M-block); no chunk shorter than ``min_keys_per_split`` keys, at most
+        ``max_splits_per_node`` chunks per node (each chunk adds a float32 partial per row).
+    """
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    programs_per_sm: float = 2.0
+    min_keys_per_split: int = 1024
+    max_splits_per_node: int = 32
+    kv_cache_modifier: str = ""
+    kv_eviction: str = ""
+
+
+# NOT MEASURED: starting points from the dual-group forward's Hopper row (128 x 64 tiles, 8 warps,
+# 3 stages: the same loop, q rows against paged K/V tiles) until `python -m kvonce bench prefix`
+# has been swept on the H100. d=256 halves the tiles for shared memory.
+_PREFIX_DECODE_TABLE: dict[tuple[int, int], dict[int, PrefixDecodeConfig]] = {
+    (9, 0): {hd: PrefixDecodeConfig(128, 64, 8, 3) for hd in (32, 64, 96, 128)}
+    | {256: PrefixDecodeConfig(64, 32, 4, 2)},
+}
+# Interpreter: 32-row blocks and 16-key tiles, so that tiny trees still take several M-blocks and
+# cross tile and page borders.
+_PREFIX_DECODE_INTERPRETER = PrefixDecodeConfig(32, 16, 4, 1, programs_per_sm=1.0,
+                                                min_keys_per_split=16, max_splits_per_node=8)
+_PREFIX_DECODE_FALLBACK = PrefixDecodeConfig(64, 32, 4, 2)
+_prefix_warned: set = set()
+
+
+def get_prefix_decode_config(capability: tuple[int, int] | None,
+                             head_dim: int) -> PrefixDecodeConfig:
+    """Config for ``head_dim`` on a GPU of ``capability`` (None: the Triton interpreter)."""
+    if capability is None or interpreter_active():
+        return _PREFIX_DECODE_INTERPRETER
+    config = _table_row(_PREFIX_DECODE_TABLE, capability, head_dim)
+    if config is not None:
+        return config
+    _warn_untuned(_prefix_warned, "shared-prefix decode", capability,
+                  " (tune with `python -m kvonce bench prefix`)")
+    return _PREFIX_DECODE_FALLBACK
 
 
 # ---------------------------------------------------------------------------------------------

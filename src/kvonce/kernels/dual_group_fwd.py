@@ -33,14 +33,21 @@ from ._launch import all_aligned, launch, next_pow2
 
 @triton.jit
 def _online_update(acc, m_i, l_i, q, k_t, v, qk_scale, offs_m, offs_n, diag, kv_end,
-                   MASKED: tl.constexpr):
+                   MASKED: tl.constexpr, k_scale=1.0, v_scale=1.0,
+                   KEY_SCALES: tl.constexpr = False):
     """One key tile into one online-softmax state (base 2).
 
     acc [BLOCK_M, BLOCK_D] fp32, m_i/l_i [BLOCK_M] fp32, q [BLOCK_M, BLOCK_D],
     k_t [BLOCK_D, BLOCK_N] (K transposed), v [BLOCK_N, BLOCK_D].
     Row ``i`` sees key ``j`` iff ``j <= i + diag`` and ``j < kv_end``.
+    With KEY_SCALES, ``k_scale``/``v_scale [BLOCK_N]`` (fp32) are per-key dequantization scales
+    of a quantized K/V tile, applied to the scores' and the probabilities' columns (BLOCK_M x
+    BLOCK_N multiplies instead of BLOCK_D x BLOCK_N on the tiles). (A flag, not ``is None``: a
+    None default reaches a nested jit function as a constexpr, which ``is not None``.)
     """
     qk = tl.dot(q, k_t)
+    if KEY_SCALES:
+        qk = qk * k_scale[None, :]
     if MASKED:
         visible = (offs_n[None, :] <= offs_m[:, None] + diag) & (offs_n[None, :] < kv_end)
         qk = tl.where(visible, qk * qk_scale, float("-inf"))
@@ -55,7 +62,10 @@ def _online_update(acc, m_i, l_i, q, k_t, v, qk_scale, offs_m, offs_n, diag, kv_
         p = tl.math.exp2(qk * qk_scale - m_sub[:, None])
     alpha = tl.math.exp2(m_i - m_sub)
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    if KEY_SCALES:
+        acc = acc * alpha[:, None] + tl.dot((p * v_scale[None, :]).to(v.dtype), v)
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return acc, m_new, l_i
 
 

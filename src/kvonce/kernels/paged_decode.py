@@ -84,50 +84,106 @@ def _load_paged_kv_tile(K, V, bt_row, start_n, kv_end, stride_kp, stride_kt, str
 
 
 @triton.jit
+def _ints_to(x, dtype: tl.constexpr):
+    """int8 values to ``dtype`` exactly. For fp16 through the bit pattern (an integer add and a
+    subtract instead of an int->float conversion, which is quarter rate on the SM): ``0x6400`` is
+    1024.0, where the fp16 ulp is 1, so bits ``0x6400 + (x + 128)`` are ``1152 + x``."""
+    if dtype == tl.float16:
+        y = (x.to(tl.int16) + 0x6480).to(tl.float16, bitcast=True) - 1152.0
+    else:
+        y = x.to(tl.float32).to(dtype)
+    return y
+
+
+@triton.jit
 def _load_quant_kv_tile(K, V, KS, VS, bt_row, start_n, kv_end, stride_kp, stride_kt, stride_vp,
                         stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst, offs_d,
-                        head_dim, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                        MASKED: tl.constexpr, KV_FORMAT: tl.constexpr):
-    """``_load_paged_kv_tile`` for a quantized cache (``kvonce.cache.quant``), dequantized to
-    float32 in registers: K transposed ``[BLOCK_D, BLOCK_N]``, V ``[BLOCK_N, BLOCK_D]``.
+                        head_dim, dtype: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr,
+                        KV_FORMAT: tl.constexpr):
+    """``_load_paged_kv_tile`` for a quantized cache (``kvonce.cache.quant``): K transposed
+    ``[BLOCK_D, BLOCK_N]`` and V ``[BLOCK_N, BLOCK_D]`` in ``dtype`` (q's).
 
-    KV_FORMAT 1 = fp8 e4m3 (``KS``/``VS`` point at this KV head's scale), 2 = int8 (one scale per
-    token: ``page * stride_ksp + slot * stride_kst``), 3 = int4 (two channels a byte, channel 2i
-    in the low nibble, stored as q + 8; one fp16 scale per 32 channels per token)."""
+    KV_FORMAT 1 = fp8 e4m3: the tile is converted as stored; its per-head scales are the
+    kernel's (folded into the softmax scale and the output). 2 = int8: converted as stored (exact
+    in fp16/bf16); its per-key scales (``_load_key_scales``) are applied to the
+    ``[BLOCK_M, BLOCK_N]`` scores and probabilities instead of the ``[BLOCK_D, BLOCK_N]`` tiles. 3 = int4: one byte load per two
+    channels (channel 2i in the low nibble, stored as q + 8), split in registers, times one fp16
+    scale per 32 channels of each key (per element: the scale varies along d)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     in_range = offs_n < kv_end
     if MASKED:
         page = tl.load(bt_row + offs_n // PAGE_SIZE, mask=in_range, other=0)
     else:
         page = tl.load(bt_row + offs_n // PAGE_SIZE)
-        in_range = offs_n >= 0
     slot = offs_n % PAGE_SIZE
     k_rows = page.to(tl.int64) * stride_kp + slot * stride_kt
     v_rows = page.to(tl.int64) * stride_vp + slot * stride_vt
-    d_ok = offs_d < head_dim
-    k_mask = in_range[None, :] & d_ok[:, None]
-    v_mask = in_range[:, None] & d_ok[None, :]
+    # One return at the end: code after a return under a constexpr `if` is still compiled.
     if KV_FORMAT == 3:
-        shift = (offs_d % 2) * 4
-        kb = tl.load(K + k_rows[None, :] + (offs_d // 2)[:, None], mask=k_mask, other=8)
-        vb = tl.load(V + v_rows[:, None] + (offs_d // 2)[None, :], mask=v_mask, other=8)
-        k_q = ((kb.to(tl.int32) >> shift[:, None]) & 15) - 8
-        v_q = ((vb.to(tl.int32) >> shift[None, :]) & 15) - 8
+        # [keys, d/2] bytes, contiguous along d: both caches loaded in V's orientation.
+        offs_b = tl.arange(0, BLOCK_D // 2)
+        offs_g = tl.arange(0, BLOCK_D // 32)
+        b_ok = offs_b[None, :] < head_dim // 2
+        g_ok = offs_g[None, :] < head_dim // 32
+        if MASKED:
+            b_ok = b_ok & in_range[:, None]
+            g_ok = g_ok & in_range[:, None]
+        kb = tl.load(K + k_rows[:, None] + offs_b[None, :], mask=b_ok, other=8).to(tl.int16)
+        vb = tl.load(V + v_rows[:, None] + offs_b[None, :], mask=b_ok, other=8).to(tl.int16)
         ks_rows = page.to(tl.int64) * stride_ksp + slot * stride_kst
         vs_rows = page.to(tl.int64) * stride_vsp + slot * stride_vst
-        ks = tl.load(KS + ks_rows[None, :] + (offs_d // 32)[:, None], mask=k_mask, other=0.0)
-        vs = tl.load(VS + vs_rows[:, None] + (offs_d // 32)[None, :], mask=v_mask, other=0.0)
-        return offs_n, k_q.to(tl.float32) * ks.to(tl.float32), v_q.to(tl.float32) * vs.to(tl.float32)
-    # No `other` (an fp8 load cannot take one): masked lanes are zeroed after the conversion.
-    k_t = tl.where(k_mask, tl.load(K + k_rows[None, :] + offs_d[:, None], mask=k_mask)
-                   .to(tl.float32), 0.0)
-    v = tl.where(v_mask, tl.load(V + v_rows[:, None] + offs_d[None, :], mask=v_mask)
-                 .to(tl.float32), 0.0)
-    if KV_FORMAT == 1:  # one scale per KV head
-        return offs_n, k_t * tl.load(KS), v * tl.load(VS)
-    ks = tl.load(KS + page.to(tl.int64) * stride_ksp + slot * stride_kst, mask=in_range, other=0.0)
-    vs = tl.load(VS + page.to(tl.int64) * stride_vsp + slot * stride_vst, mask=in_range, other=0.0)
-    return offs_n, k_t * ks.to(tl.float32)[None, :], v * vs.to(tl.float32)[:, None]
+        ks = tl.load(KS + ks_rows[:, None] + offs_g[None, :], mask=g_ok, other=0.0)
+        vs = tl.load(VS + vs_rows[:, None] + offs_g[None, :], mask=g_ok, other=0.0)
+        k_t = tl.trans(_int4_tile(kb, ks, dtype, BLOCK_N, BLOCK_D))
+        v = _int4_tile(vb, vs, dtype, BLOCK_N, BLOCK_D)
+    else:
+        d_ok = offs_d < head_dim
+        if MASKED:
+            k_mask = in_range[None, :] & d_ok[:, None]
+            v_mask = in_range[:, None] & d_ok[None, :]
+        else:
+            k_mask = d_ok[:, None]
+            v_mask = d_ok[None, :]
+        k_ptrs = K + k_rows[None, :] + offs_d[:, None]
+        v_ptrs = V + v_rows[:, None] + offs_d[None, :]
+        if KV_FORMAT == 1:
+            # No `other` (an fp8 load cannot take one): masked lanes are zeroed after the
+            # conversion.
+            k_t = tl.where(k_mask, tl.load(k_ptrs, mask=k_mask).to(dtype), 0.0).to(dtype)
+            v = tl.where(v_mask, tl.load(v_ptrs, mask=v_mask).to(dtype), 0.0).to(dtype)
+        else:
+            k_t = _ints_to(tl.load(k_ptrs, mask=k_mask, other=0), dtype)
+            v = _ints_to(tl.load(v_ptrs, mask=v_mask, other=0), dtype)
+    return offs_n, k_t, v
+
+
+@triton.jit
+def _load_key_scales(KS, VS, bt_row, offs_n, kv_end, stride_ksp, stride_kst, stride_vsp,
+                     stride_vst, PAGE_SIZE: tl.constexpr):
+    """int8's per-key K and V scales of key positions ``offs_n``, float32 ``[BLOCK_N]`` (0 past
+    ``kv_end``). The block-table entries are the tile load's, so they come from L1."""
+    in_range = offs_n < kv_end
+    page = tl.load(bt_row + offs_n // PAGE_SIZE, mask=in_range, other=0).to(tl.int64)
+    slot = offs_n % PAGE_SIZE
+    ks = tl.load(KS + page * stride_ksp + slot * stride_kst, mask=in_range, other=0.0)
+    vs = tl.load(VS + page * stride_vsp + slot * stride_vst, mask=in_range, other=0.0)
+    return ks.to(tl.float32), vs.to(tl.float32)
+
+
+@triton.jit
+def _int4_tile(packed, scale, dtype: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """``packed`` int16 ``[BLOCK_N, BLOCK_D // 2]`` bytes (two q + 8 nibbles each, channel 2i
+    low) and fp16 ``scale [BLOCK_N, BLOCK_D // 32]`` -> ``[BLOCK_N, BLOCK_D]`` values in ``dtype``,
+    each ``(nibble - 8) * scale`` rounded once (as ``dequantize_kv`` to that dtype)."""
+    q = tl.reshape(tl.join(packed & 15, packed >> 4), [BLOCK_N, BLOCK_D])
+    s = tl.reshape(tl.broadcast_to(scale[:, :, None], [BLOCK_N, BLOCK_D // 32, 32]),
+                   [BLOCK_N, BLOCK_D])
+    if dtype == tl.float16:  # (1024 + nibble) - 1032: exact; the fp16 product rounds once
+        x = ((q + 0x6400).to(tl.float16, bitcast=True) - 1032.0) * s
+    else:
+        x = ((q - 8).to(tl.float32) * s.to(tl.float32)).to(dtype)
+    return x
 
 
 @triton.jit
@@ -135,12 +191,12 @@ def _attend_paged(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end,
                   K, V, KS, VS, bt_row, stride_kp, stride_kt, stride_vp, stride_vt, stride_ksp,
                   stride_kst, stride_vsp, stride_vst, offs_d, head_dim,
                   MASKED: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                  EVEN_D: tl.constexpr, KV_CACHE: tl.constexpr, KV_EVICT: tl.constexpr,
-                  KV_FORMAT: tl.constexpr):
+                  BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, KV_CACHE: tl.constexpr,
+                  KV_EVICT: tl.constexpr, KV_FORMAT: tl.constexpr):
     """Key tiles ``[lo, hi)`` (``lo`` a multiple of BLOCK_N) into one packed state: the one loop
     of both the single-pass and the split-K path, and of every cache format (only the tile load
-    differs: quantized tiles are dequantized in registers, then fed to the same dots in q's
-    dtype)."""
+    differs: quantized tiles come in q's dtype, with int8's per-key scales applied to the scores
+    and probabilities by ``_online_update``)."""
     for start_n in range(lo, hi, BLOCK_N):
         if KV_FORMAT == 0:
             offs_n, k_t, v = _load_paged_kv_tile(K, V, bt_row, start_n, kv_end, stride_kp,
@@ -148,15 +204,18 @@ def _attend_paged(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end,
                                                  head_dim, PAGE_SIZE, BLOCK_N, EVEN_D, MASKED,
                                                  KV_CACHE, KV_EVICT)
         else:
-            offs_n, k_t, v = _load_quant_kv_tile(K, V, KS, VS, bt_row, start_n, kv_end,
-                                                 stride_kp, stride_kt, stride_vp, stride_vt,
-                                                 stride_ksp, stride_kst, stride_vsp, stride_vst,
-                                                 offs_d, head_dim, PAGE_SIZE, BLOCK_N, MASKED,
-                                                 KV_FORMAT)
-            k_t = k_t.to(q.dtype)
-            v = v.to(q.dtype)
-        acc, m_i, l_i = _online_update(acc, m_i, l_i, q, k_t, v, qk_scale, tok, offs_n,
-                                       diag, kv_end, MASKED)
+            offs_n, k_t, v = _load_quant_kv_tile(
+                K, V, KS, VS, bt_row, start_n, kv_end, stride_kp, stride_kt, stride_vp,
+                stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst, offs_d, head_dim,
+                q.dtype, PAGE_SIZE, BLOCK_N, BLOCK_D, MASKED, KV_FORMAT)
+        if KV_FORMAT == 2:
+            k_scale, v_scale = _load_key_scales(KS, VS, bt_row, offs_n, kv_end, stride_ksp,
+                                                stride_kst, stride_vsp, stride_vst, PAGE_SIZE)
+            acc, m_i, l_i = _online_update(acc, m_i, l_i, q, k_t, v, qk_scale, tok, offs_n,
+                                           diag, kv_end, MASKED, k_scale, v_scale, True)
+        else:
+            acc, m_i, l_i = _online_update(acc, m_i, l_i, q, k_t, v, qk_scale, tok, offs_n,
+                                           diag, kv_end, MASKED)
     return acc, m_i, l_i
 
 
@@ -223,20 +282,24 @@ def _paged_decode_kernel(
     VS += kv_head * stride_vsh
     bt_row = block_table + seq.to(tl.int64) * stride_btb
     qk_scale = sm_scale * 1.4426950408889634
+    if KV_FORMAT == 1:  # fp8's per-head K scale multiplies every score of this KV head
+        qk_scale = qk_scale * tl.load(KS)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc, m_i, l_i = _attend_paged(acc, m_i, l_i, q, lo, full, qk_scale, tok, diag, hi,
                                   K, V, KS, VS, bt_row, stride_kp, stride_kt, stride_vp,
                                   stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
-                                  offs_d, head_dim, False, PAGE_SIZE, BLOCK_N, EVEN_D, KV_CACHE,
-                                  KV_EVICT, KV_FORMAT)
+                                  offs_d, head_dim, False, PAGE_SIZE, BLOCK_N, BLOCK_D, EVEN_D,
+                                  KV_CACHE, KV_EVICT, KV_FORMAT)
     acc, m_i, l_i = _attend_paged(acc, m_i, l_i, q, full, hi, qk_scale, tok, diag, hi,
                                   K, V, KS, VS, bt_row, stride_kp, stride_kt, stride_vp,
                                   stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
-                                  offs_d, head_dim, True, PAGE_SIZE, BLOCK_N, EVEN_D, KV_CACHE,
-                                  KV_EVICT, KV_FORMAT)
+                                  offs_d, head_dim, True, PAGE_SIZE, BLOCK_N, BLOCK_D, EVEN_D,
+                                  KV_CACHE, KV_EVICT, KV_FORMAT)
 
+    if KV_FORMAT == 1:  # and its V scale every output row
+        acc = acc * tl.load(VS)
     # out = acc / l (0 where no key was seen, e.g. an empty split), lse natural log (-inf there).
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]

@@ -1,0 +1,83 @@
+"""Launch-config sweep of the quantized paged decode (CUDA), CUDA-graph timing.
+
+    PYTHONPATH=src python scripts/quant_decode_sweep.py [--formats int8,int4] [--quick]
+
+GQA 32/8, d128, page 16, random page order, q_len 1, fp16 queries, the issue's three shapes.
+For each format and shape: every (block_n, num_warps, num_stages) in the grid through
+``PagedDecodePlan(config=...)`` (split count auto), replayed in a CUDA graph (do_bench median);
+prints the best configs and their speedup over the fp16 cache with its own tuned config.
+"""
+import argparse
+import dataclasses
+import itertools
+
+import torch
+import triton.testing
+
+import kvonce
+from kvonce.kernels.configs import get_paged_decode_config
+
+SHAPES = [(16, 4096), (64, 8192), (1, 131072)]
+
+
+def graph_us(fn):
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return 1e3 * triton.testing.do_bench(g.replay, warmup=10, rep=60, return_mode="median")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--formats", default="fp8_e4m3,int8,int4")
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args()
+    base_cfg = get_paged_decode_config(torch.cuda.get_device_capability(), 128)
+    grid = list(itertools.product((32, 64, 128), (4, 8), (2, 3, 4)))
+    if args.quick:
+        grid = list(itertools.product((64, 128), (4, 8), (2, 3)))
+    print("| batch x len | format | best (block_n, warps, stages) | us | 2nd | 3rd | default us |"
+          " fp16 us | speedup |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for batch, length in SHAPES:
+        torch.manual_seed(0)
+        pages = batch * length // 16
+        q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.float16)
+        k = torch.randn(pages, 16, 8, 128, device="cuda", dtype=torch.float16)
+        v = torch.randn_like(k)
+        table = torch.randperm(pages, device="cuda").reshape(batch, -1).to(torch.int32)
+        seqlens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
+        plan = kvonce.PagedDecodePlan(q, k, v, seqlens, table)
+        fp16_us = graph_us(lambda: plan.run(q, k, v, seqlens, table))
+        for fmt in args.formats.split(","):
+            kq, ks = kvonce.quantize_kv(k, fmt)
+            vq, vs = kvonce.quantize_kv(v, fmt)
+            res = []
+            for bn, w, st in grid:
+                cfg = dataclasses.replace(base_cfg, block_n=bn, num_warps=w, num_stages=st)
+                try:
+                    pl = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks,
+                                                v_scale=vs, config=cfg,
+                                                kv_format="int4" if fmt == "int4" else None)
+                    us = graph_us(lambda: pl.run(q, kq, vq, seqlens, table, k_scale=ks,
+                                                 v_scale=vs))
+                except Exception as exc:  # noqa: BLE001 (out of shared memory etc.)
+                    print(f"  {fmt} {bn},{w},{st}: {type(exc).__name__}"[:120])
+                    continue
+                res.append((us, (bn, w, st)))
+            res.sort()
+            pl = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
+                                        kv_format="int4" if fmt == "int4" else None)
+            default_us = graph_us(lambda: pl.run(q, kq, vq, seqlens, table, k_scale=ks,
+                                                 v_scale=vs))
+            top = [f"{c} {u:.1f}" for u, c in res[1:3]]
+            print(f"| {batch} x {length} | {fmt} | {res[0][1]} | {res[0][0]:.1f} | "
+                  f"{' | '.join(top)} | {default_us:.1f} | {fp16_us:.1f} | "
+                  f"{fp16_us / res[0][0]:.2f} |", flush=True)
+        del k, v
+
+
+if __name__ == "__main__":
+    main()
