@@ -37,7 +37,7 @@ def main():
     base_cfg = get_paged_decode_config(torch.cuda.get_device_capability(), 128)
     grid = list(itertools.product((32, 64, 128), (4, 8), (2, 3, 4)))
     if args.quick:
-        grid = list(itertools.product((64, 128), (4, 8), (2, 3)))
+        grid = list(itertools.product((128, 256), (4, 8), (2, 3)))
     print("| batch x len | format | best (block_n, warps, stages) | us | 2nd | 3rd | default us |"
           " fp16 us | speedup |")
     print("|---|---|---|---|---|---|---|---|---|")

@@ -87,7 +87,8 @@ def _load_paged_kv_tile(K, V, bt_row, start_n, kv_end, stride_kp, stride_kt, str
 def _ints_to(x, dtype: tl.constexpr):
     """int8 values to ``dtype`` exactly. For fp16 through the bit pattern (an integer add and a
     subtract instead of an int->float conversion, which is quarter rate on the SM): ``0x6400`` is
-    1024.0, where the fp16 ulp is 1, so bits ``0x6400 + (x + 128)`` are ``1152 + x``."""
+    1024.0, where the fp16 ulp is 1, so bits ``0x6400 + (x + 128)`` are ``1152 + x``. Measured
+    15-18% faster int8 decode than ``x.to(tl.float16)`` (H100, docs/notes.md)."""
     if dtype == tl.float16:
         y = (x.to(tl.int16) + 0x6480).to(tl.float16, bitcast=True) - 1152.0
     else:
