@@ -137,7 +137,8 @@ def _merge_op_args():
 
 def _append_op_args():
     q, k_cache, v_cache, seqlens, table = paged_inputs()
-    return (randn(2, 3, 2, 32), randn(2, 3, 2, 32), k_cache, v_cache, seqlens, table)
+    return (randn(2, 3, 2, 32), randn(2, 3, 2, 32), k_cache, v_cache, seqlens, table, None, None,
+            0)  # plain cache: no scales, kv_format code 0 (quantized: tests/test_append_quant.py)
 
 
 OP_CASES = {
@@ -165,7 +166,7 @@ def test_append_op_declares_its_mutation():
     """An undeclared mutation is silently dropped by the compiler: the schema must say so."""
     schema = torch.ops.kvonce.append_paged_kv.default._schema
     mutated = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
-    assert mutated == {"k_cache", "v_cache"}
+    assert mutated == {"k_cache", "v_cache", "k_scale", "v_scale"}  # int8/int4 scales: written
     schema = torch.ops.kvonce.paged_decode_split.default._schema
     mutated = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
     assert mutated == {"o_part", "lse_part", "arrivals"}

@@ -1,11 +1,15 @@
-"""``append_paged_kv``: new tokens' K/V into their pages, one launch (kernels/paged_append.py)."""
+"""``append_paged_kv``: new tokens' K/V into their pages, quantizing for a quantized cache, one
+launch (kernels/paged_append.py)."""
 from __future__ import annotations
 
 import torch
 
 from .. import _validate as V
-from ..decode import _check_block_table_values, _validate_cache
+from ..decode import (_QUANT_FORMATS, _check_block_table_values, _check_device_ok,
+                      _validate_cache, PAGE_SIZES, resolve_kv_format)
+from ..kernels.configs import interpreter_active
 from ..kernels.paged_append import launch_append_paged_kv
+from .quant import INT4_GROUP
 
 __all__ = ["append_paged_kv"]
 
@@ -18,52 +22,177 @@ def append_paged_kv(
     cache_seqlens: torch.Tensor,
     block_table: torch.Tensor,
     *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    kv_format: str | None = None,
     check_block_table: bool = False,
 ) -> None:
-    """Write new tokens' K/V into their pages, in place.
+    """Write new tokens' K/V into their pages, in place, quantizing them for a quantized cache.
 
-    ``k, v [batch, new_len, nheads_k, headdim]``; token ``i`` of sequence ``b`` goes to position
-    ``cache_seqlens[b] + i``. Like flash-attn, ``cache_seqlens`` is left as it is (the caller
-    advances it). Positions are computed on the device (no host sync; capturable); that the table
-    has pages for them is the caller's contract, checked only with ``check_block_table`` (syncs).
+    Parameters
+    ----------
+    k, v : ``[batch, new_len, nheads_k, headdim]``, last dim contiguous. A plain cache takes its
+        own dtype (fp16/bf16/fp32); a quantized one any of fp16/bf16/fp32 (k and v alike).
+    k_cache, v_cache : ``[num_pages, page_size, nheads_k, headdim]`` (int4: ``headdim // 2``
+        bytes), ``kvonce.cache.quant``'s layouts: fp16/bf16/fp32 (plain), float8_e4m3fn, int8, or
+        uint8 with ``kv_format="int4"``.
+    cache_seqlens : int32 ``[batch]``; token ``i`` of sequence ``b`` goes to position
+        ``cache_seqlens[b] + i``. Like flash-attn, ``cache_seqlens`` is left as it is (the caller
+        advances it).
+    block_table : int32 ``[batch, max_pages]``, pages in any order.
+    k_scale, v_scale : a quantized cache's scales, as ``quantize_kv`` returns them. fp8: float32
+        ``[nheads_k]`` or 0-dim, fixed when the cache was made, READ here. int8: float32 or fp16
+        ``[num_pages, page_size, nheads_k]``; int4: fp16 ``[num_pages, page_size, nheads_k,
+        headdim // 32]``, last dim contiguous: WRITTEN here for the new tokens' slots.
+    kv_format : None (recognised from the cache dtype: fp8 and int8) or ``"fp8_e4m3"``,
+        ``"int8"``, ``"int4"`` (needed for a uint8 cache).
+    check_block_table : validation mode: the table has existing pages for every new position
+        (reads tensor values: a host sync).
+
+    The stored bytes and scales are ``quantize_kv``'s for the same tokens (fp8 with the cache's
+    ``scale``); an fp16 int8 scale is ``quantize_kv``'s float32 scale rounded to fp16 (what copying
+    it into an fp16 tensor stores), the values quantized with the float32 one. Positions are
+    computed on the device (no host sync; CUDA-graph capturable); that the table has pages for
+    them is the caller's contract. Every argument is checked before anything is written.
     """
-    _validate_cache(k_cache, v_cache, cache_seqlens, block_table)
-    V.check_tensor("k", k, ndim=4, dtypes=V.ATTN_DTYPES)
-    V.check_tensor("v", v, ndim=4, dtypes=V.ATTN_DTYPES)
-    V.check_same_device(k=k, v=v, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens,
-                        block_table=block_table)
-    V.check_same_dtype(k=k, v=v, k_cache=k_cache)
-    if v.shape != k.shape:
-        raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
+    signature = None
+    if not torch.compiler.is_compiling():
+        signature = V.call_signature(k, v, k_cache, v_cache, cache_seqlens, block_table, k_scale,
+                                     v_scale, kv_format)
+    passed = _passed_checks.get(signature)
+    if passed is None:
+        passed = (_validate_append(k, v, k_cache, v_cache, cache_seqlens, block_table, k_scale,
+                                   v_scale, kv_format),)
+        _passed_checks.add(signature, passed)
+    fmt = passed[0]
     batch, new_len = k.shape[0], k.shape[1]
-    if batch != block_table.shape[0] or k.shape[2:] != k_cache.shape[2:]:
-        raise ValueError(f"k must have shape [{block_table.shape[0]}, new_len, "
-                         f"{k_cache.shape[2]}, {k_cache.shape[3]}], got {tuple(k.shape)}")
-    page_size = k_cache.shape[1]
     if check_block_table:
-        _check_block_table_values(cache_seqlens, block_table, k_cache.shape[0], page_size, new_len)
+        _check_block_table_values(cache_seqlens, block_table, k_cache.shape[0], k_cache.shape[1],
+                                  new_len)
     if new_len == 0 or batch == 0:
         return
+    code = 0 if fmt is None else _QUANT_FORMATS[fmt][0]
     if torch.compiler.is_compiling():
-        torch.ops.kvonce.append_paged_kv(k, v, k_cache, v_cache, cache_seqlens, block_table)
+        torch.ops.kvonce.append_paged_kv(k, v, k_cache, v_cache, cache_seqlens, block_table,
+                                         k_scale, v_scale, code)
     else:
-        _append_paged_kv_impl(k, v, k_cache, v_cache, cache_seqlens, block_table)
+        _append_paged_kv_impl(k, v, k_cache, v_cache, cache_seqlens, block_table, k_scale,
+                              v_scale, code)
 
 
-def _append_paged_kv_impl(k, v, k_cache, v_cache, cache_seqlens, block_table) -> None:
+# Signatures (shapes, strides, dtypes, devices, scalars: everything the checks read, never
+# tensor values) of calls whose checks passed, with the cache format they found: a repeat skips
+# the checks (~17-24 us of host time, ~8 us for the signature; CPU host, torch 2.13), as
+# paged_attention's one-shot calls do.
+_passed_checks = V.PassedChecks()
+
+
+def _validate_append(k, v, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale,
+                     kv_format) -> str | None:
+    """Every check, before any launch; returns the cache's format (None: plain)."""
+    V.check_tensor("k", k, ndim=4, dtypes=V.ATTN_DTYPES)
+    V.check_tensor("v", v, ndim=4, dtypes=V.ATTN_DTYPES)
+    V.check_tensor("k_cache", k_cache, ndim=4)
+    fmt = resolve_kv_format(k_cache, kv_format)
+    if fmt is None:
+        if k_scale is not None or v_scale is not None:
+            raise ValueError("k_scale/v_scale are for quantized caches (fp8/int8/int4), "
+                             f"got a {k_cache.dtype} cache")
+        _validate_cache(k_cache, v_cache, cache_seqlens, block_table)
+        V.check_same_dtype(k=k, v=v, k_cache=k_cache)
+    else:
+        _validate_quantized_cache(k_cache, v_cache, cache_seqlens, block_table, fmt)
+        V.check_same_dtype(k=k, v=v)
+    V.check_same_device(k=k, v=v, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens,
+                        block_table=block_table)
+    if v.shape != k.shape:
+        raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
+    head_dim = k.shape[3]
+    stored = head_dim // 2 if fmt == "int4" else head_dim
+    if (k.shape[0] != block_table.shape[0] or k.shape[2] != k_cache.shape[2]
+            or k_cache.shape[3] != stored):
+        want = k_cache.shape[3] * 2 if fmt == "int4" else k_cache.shape[3]
+        raise ValueError(f"k must have shape [{block_table.shape[0]}, new_len, "
+                         f"{k_cache.shape[2]}, {want}] for this cache, got {tuple(k.shape)}")
+    if fmt == "int4" and head_dim % INT4_GROUP != 0:
+        raise ValueError(f"int4 needs a head dim that is a multiple of {INT4_GROUP}, "
+                         f"got {head_dim}")
+    V.check_head_dim("k", head_dim)
+    V.check_last_dim_contiguous(k=k, v=v)
+    if fmt is not None:
+        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+            _check_scale(name, scale, fmt, k_cache.shape, head_dim)
+        V.check_same_device(k=k, k_scale=k_scale, v_scale=v_scale)
+    _check_device_ok(k.device)
+    return fmt
+
+
+def _validate_quantized_cache(k_cache, v_cache, cache_seqlens, block_table, fmt: str) -> None:
+    """``_validate_cache`` for a quantized cache (its dtype is the format's)."""
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        V.check_tensor(name, t, ndim=4, dtypes=(_QUANT_FORMATS[fmt][1],))
+    V.check_tensor("cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,))
+    V.check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32,))
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, "
+                         f"got {tuple(v_cache.shape)}")
+    if k_cache.shape[1] not in PAGE_SIZES:
+        raise ValueError(f"k_cache: page size (dim 1) must be a power of two in 16..256, "
+                         f"got {k_cache.shape[1]}")
+    if cache_seqlens.shape[0] != block_table.shape[0]:
+        raise ValueError(f"cache_seqlens must have shape [{block_table.shape[0]}] (block_table's "
+                         f"batch), got {tuple(cache_seqlens.shape)}")
+    if block_table.numel() > 0 and block_table.stride(1) != 1:
+        raise ValueError(f"block_table must have a contiguous last dim, got strides "
+                         f"{tuple(block_table.stride())}")
+    V.check_last_dim_contiguous(k_cache=k_cache, v_cache=v_cache)
+
+
+def _check_scale(name: str, scale, fmt: str, cache_shape, head_dim: int) -> None:
+    """A quantized cache's scale tensor: dtype and shape per ``kvonce.cache.quant``'s table (as
+    decode's ``_validate_quantized`` checks them)."""
+    if scale is None:
+        raise ValueError(f"a {fmt} cache needs {name}")
+    nheads_k = cache_shape[2]
+    if fmt == "fp8_e4m3":
+        V.check_tensor(name, scale, dtypes=(torch.float32,))
+        ok = scale.shape in ((), (nheads_k,))
+        want = f"float32 [{nheads_k}] (per KV head) or 0-dim"
+    elif fmt == "int8":
+        V.check_tensor(name, scale, dtypes=(torch.float32, torch.float16))
+        ok = scale.shape == cache_shape[:3]
+        want = f"float32/fp16 {list(cache_shape[:3])} (per token and KV head)"
+    else:
+        V.check_tensor(name, scale, dtypes=(torch.float16,))
+        ok = scale.shape == (*cache_shape[:3], head_dim // INT4_GROUP) and scale.stride(-1) == 1
+        want = (f"fp16 {[*cache_shape[:3], head_dim // INT4_GROUP]} (per 32 channels per token, "
+                "last dim contiguous)")
+    if not ok:
+        raise ValueError(f"{name} must be {want}, got {tuple(scale.shape)}")
+
+
+def _append_paged_kv_impl(k, v, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale,
+                          kv_format: int) -> None:
     # One launch; plain PyTorch needed two gathers and an indexed store per cache (99 us of host
-    # time per call on the lent H100, docs/benchmarks.md 2026-11-23).
-    launch_append_paged_kv(k, v, k_cache, v_cache, cache_seqlens, block_table)
+    # time per call on the lent H100, docs/benchmarks.md 2026-11-23), and a quantized cache a
+    # quantize_kv pass before them.
+    launch_append_paged_kv(k, v, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale,
+                           kv_format, fp8_round=kv_format == 1 and interpreter_active())
 
 
-@torch.library.custom_op("kvonce::append_paged_kv", mutates_args=("k_cache", "v_cache"))
+@torch.library.custom_op("kvonce::append_paged_kv",
+                         mutates_args=("k_cache", "v_cache", "k_scale", "v_scale"))
 def _append_paged_kv_op(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                         v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
-                        block_table: torch.Tensor) -> None:
-    """``append_paged_kv`` after its checks: writes into ``k_cache`` and ``v_cache``."""
-    _append_paged_kv_impl(k, v, k_cache, v_cache, cache_seqlens, block_table)
+                        block_table: torch.Tensor, k_scale: torch.Tensor | None,
+                        v_scale: torch.Tensor | None, kv_format: int) -> None:
+    """``append_paged_kv`` after its checks: writes into ``k_cache`` and ``v_cache`` and, for
+    int8/int4 caches (``kv_format`` 2/3, decode's codes), their scales (fp8's are only read, but
+    one schema serves every format, so they are declared mutated)."""
+    _append_paged_kv_impl(k, v, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale,
+                          kv_format)
 
 
 @_append_paged_kv_op.register_fake
-def _(k, v, k_cache, v_cache, cache_seqlens, block_table):
+def _(k, v, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, kv_format):
     return None

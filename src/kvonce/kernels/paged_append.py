@@ -1,26 +1,128 @@
-"""Appending new tokens' K/V to a paged cache: one program per (new token, sequence)."""
+"""Appending new tokens' K/V to a paged cache: one program per (new token, sequence), quantizing
+in registers for a quantized cache (``kvonce.cache.quant``'s formats), so data and scales are
+stored by the same launch (no fp16 staging copy, no second pass).
+
+Each program computes exactly ``quantize_kv``'s arithmetic, in float32 with IEEE-rounded division
+(``div_rn``: Triton's ``/`` on fp32 is ``div.full.f32``, up to 2 ulp off, which would move
+round-half ties), so the bytes equal ``quantize_kv``'s for the same tokens:
+
+    KV_FORMAT 1 fp8 e4m3: y = clamp(x / scale[head], +-448), stored as fp8 (round to nearest even)
+    KV_FORMAT 2 int8:     s = max(amax_d |x| / 127, 2^-24); q = clamp(rint(x / s), +-127)
+    KV_FORMAT 3 int4:     per 32 channels s = fp16(max(amax / 7, 2^-24)) (rounded BEFORE dividing);
+                          q = clamp(rint(x / s), +-7) + 8; channel 2i low nibble, 2i + 1 high
+
+``rint`` is round half to even (``torch.round``), done on the fraction of ``|y|`` (exact):
+``.to(tl.int8)`` truncates, ``libdevice.rint`` does not run under the interpreter, and
+``floor(y + 0.5)`` alone is wrong where ``y + 0.5`` rounds (0.49999997 -> 1).
+"""
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
 from ._launch import all_aligned, launch, next_pow2
+from .paged_decode import _scale_strides  # the decode kernel reads the same scale layouts
+
+# Globals a @triton.jit function reads must be constexpr (compiled; the interpreter does not care).
+FP8_MAX = tl.constexpr(448.0)
+TINY = tl.constexpr(5.960464477539063e-08)  # 2^-24, quant.py's _TINY: the smallest scale
+
+
+@triton.jit
+def _rint(y):
+    """fp32 ``y`` (``|y| < 2^22``) to the nearest integer, ties to even, as fp32; exact."""
+    a = tl.abs(y)
+    r = tl.floor(a)
+    frac = a - r  # exact for a >= 0: the bits below the units
+    odd = (r - 2.0 * tl.floor(r * 0.5)) == 1.0
+    r = tl.where((frac > 0.5) | ((frac == 0.5) & odd), r + 1.0, r)
+    return tl.where(y < 0, -r, r)
+
+
+@triton.jit
+def _round_to_e4m3_grid(y):
+    """fp32 ``y`` (``|y| <= 448``) rounded to the nearest e4m3 value, ties to even, kept in fp32.
+
+    Interpreter only: there ``.to(tl.float8e4nv)`` drops rounding carries and does not saturate
+    (triton 3.6), but converts values already on the grid exactly. The grid: 3 mantissa bits for
+    normals (``|y| >= 2^-6``), multiples of ``2^-9`` below. Compiled, the cast itself rounds
+    (cvt.rn.satfinite) and this step is off."""
+    bits = y.to(tl.int32, bitcast=True)
+    e = tl.maximum(((bits >> 23) & 0xFF) - 127, -6)  # the exponent, subnormals' floor
+    quantum = ((e - 3 + 127) << 23).to(tl.float32, bitcast=True)
+    inv_quantum = ((127 - e + 3) << 23).to(tl.float32, bitcast=True)
+    r = _rint(tl.abs(y) * inv_quantum) * quantum  # powers of two: exact
+    # y's sign bit on the rounded magnitude: tiny negatives become -0.0, as torch's cast makes
+    # them (``-r`` is ``0 - r`` in Triton, +0.0 for r = 0).
+    return (r.to(tl.int32, bitcast=True) | ((bits >> 31) << 31)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _store_token_row(x, Cache, Scale, dst, scale_dst, offs_h, h_ok, head_dim, stride_ch,
+                     stride_sh, KV_FORMAT: tl.constexpr, FP8_ROUND: tl.constexpr,
+                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Store one token's K (or V) rows ``x`` float32 ``[BLOCK_H, BLOCK_D]`` (padding lanes 0) at
+    ``Cache + dst`` (its page slot), quantized per ``KV_FORMAT``; int8/int4 also store their
+    scales at ``Scale + scale_dst``, fp8 reads its per-head scales at ``Scale``."""
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = h_ok[:, None] & (offs_d[None, :] < head_dim)
+    rows = dst + offs_h[:, None].to(tl.int64) * stride_ch
+    if KV_FORMAT == 0:
+        tl.store(Cache + rows + offs_d[None, :], x.to(Cache.dtype.element_ty), mask=d_ok)
+    elif KV_FORMAT == 1:
+        s = tl.load(Scale + offs_h * stride_sh, mask=h_ok, other=1.0)
+        y = tl.math.div_rn(x, tl.broadcast_to(s[:, None], [BLOCK_H, BLOCK_D]))
+        y = tl.minimum(tl.maximum(y, -FP8_MAX), FP8_MAX)
+        if FP8_ROUND:
+            y = _round_to_e4m3_grid(y)
+        tl.store(Cache + rows + offs_d[None, :], y.to(tl.float8e4nv), mask=d_ok)
+    elif KV_FORMAT == 2:
+        amax = tl.max(tl.abs(x), axis=1)
+        s = tl.maximum(tl.math.div_rn(amax, tl.full([BLOCK_H], 127.0, tl.float32)), TINY)
+        q = _rint(tl.math.div_rn(x, tl.broadcast_to(s[:, None], [BLOCK_H, BLOCK_D])))
+        q = tl.minimum(tl.maximum(q, -127.0), 127.0)
+        tl.store(Cache + rows + offs_d[None, :], q.to(tl.int8), mask=d_ok)
+        # An fp16 scale tensor stores the float32 scale rounded (quantize_kv's, copied in).
+        tl.store(Scale + scale_dst + offs_h * stride_sh, s.to(Scale.dtype.element_ty), mask=h_ok)
+    else:
+        G: tl.constexpr = BLOCK_D // 32
+        g = tl.reshape(x, [BLOCK_H, G, 32])
+        amax = tl.max(tl.abs(g), axis=2)
+        s = tl.maximum(tl.math.div_rn(amax, tl.full([BLOCK_H, G], 7.0, tl.float32)), TINY)
+        s = s.to(tl.float16)  # rounded before dividing: the stored scale is the one used
+        q = _rint(tl.math.div_rn(g, tl.broadcast_to(s.to(tl.float32)[:, :, None],
+                                                      [BLOCK_H, G, 32])))
+        q = (tl.minimum(tl.maximum(q, -7.0), 7.0) + 8.0).to(tl.int32)
+        lo, hi = tl.split(tl.reshape(q, [BLOCK_H, BLOCK_D // 2, 2]))  # channels 2i, 2i + 1
+        offs_b = tl.arange(0, BLOCK_D // 2)
+        tl.store(Cache + rows + offs_b[None, :], (lo | (hi << 4)).to(tl.uint8),
+                 mask=h_ok[:, None] & (offs_b[None, :] < head_dim // 2))
+        offs_g = tl.arange(0, G)
+        tl.store(Scale + scale_dst + offs_h[:, None] * stride_sh + offs_g[None, :], s,
+                 mask=h_ok[:, None] & (offs_g[None, :] < head_dim // 32))
 
 
 @triton.jit
 def _append_paged_kv_kernel(
     K, V,              # new tokens [batch, new_len, nheads_k, HEAD_DIM], last dim contiguous
-    KCache, VCache,    # [num_pages, PAGE_SIZE, nheads_k, HEAD_DIM], last dim contiguous
+    KCache, VCache,    # [num_pages, PAGE_SIZE, nheads_k, HEAD_DIM (int4: HEAD_DIM // 2 bytes)],
+                       # last dim contiguous
+    KS, VS,            # quantized caches' scales (kvonce.cache.quant; any pointer when plain):
+                       # fp8 [nheads_k] or 0-dim (read), int8 [num_pages, PAGE_SIZE, nheads_k],
+                       # int4 [num_pages, PAGE_SIZE, nheads_k, HEAD_DIM // 32] (written)
     cache_seqlens,     # int32 [batch]: token i of sequence b goes to position cache_seqlens[b] + i
     block_table,       # int32 [batch, max_pages]
     nheads_k, head_dim,
     stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     stride_cp, stride_ct, stride_ch, stride_vcp, stride_vct, stride_vch,
+    stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh,
     stride_btb,
     PAGE_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    KV_FORMAT: tl.constexpr, FP8_ROUND: tl.constexpr,
 ):
     """One program per (new token, sequence): its K and V rows (all KV heads) into their page
-    slot. Positions come from ``cache_seqlens`` on the device (no host sync)."""
+    slot, quantized there for a quantized cache (module docstring). Positions come from
+    ``cache_seqlens`` on the device (no host sync)."""
     tok = tl.program_id(0)
     seq = tl.program_id(1).to(tl.int64)
     pos = tl.load(cache_seqlens + seq) + tok
@@ -28,30 +130,43 @@ def _append_paged_kv_kernel(
     slot = pos % PAGE_SIZE
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
-    mask = (offs_h[:, None] < nheads_k) & (offs_d[None, :] < head_dim)
-    src = offs_h[:, None] * stride_kh + offs_d[None, :]
-    k = tl.load(K + seq * stride_kb + tok * stride_kt + src, mask=mask)
-    v = tl.load(V + seq * stride_vb + tok * stride_vt
-                + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask)
-    tl.store(KCache + page * stride_cp + slot * stride_ct + offs_h[:, None] * stride_ch
-             + offs_d[None, :], k, mask=mask)
-    tl.store(VCache + page * stride_vcp + slot * stride_vct + offs_h[:, None] * stride_vch
-             + offs_d[None, :], v, mask=mask)
+    h_ok = offs_h < nheads_k
+    mask = h_ok[:, None] & (offs_d[None, :] < head_dim)
+    k = tl.load(K + seq * stride_kb + tok * stride_kt + offs_h[:, None] * stride_kh
+                + offs_d[None, :], mask=mask, other=0.0)
+    v = tl.load(V + seq * stride_vb + tok * stride_vt + offs_h[:, None] * stride_vh
+                + offs_d[None, :], mask=mask, other=0.0)
+    if KV_FORMAT != 0:  # quantize_kv works in float32 (exact from fp16/bf16)
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    _store_token_row(k, KCache, KS, page * stride_cp + slot * stride_ct,
+                     page * stride_ksp + slot * stride_kst, offs_h, h_ok, head_dim, stride_ch,
+                     stride_ksh, KV_FORMAT, FP8_ROUND, BLOCK_H, BLOCK_D)
+    _store_token_row(v, VCache, VS, page * stride_vcp + slot * stride_vct,
+                     page * stride_vsp + slot * stride_vst, offs_h, h_ok, head_dim, stride_vch,
+                     stride_vsh, KV_FORMAT, FP8_ROUND, BLOCK_H, BLOCK_D)
 
 
-def launch_append_paged_kv(k, v, k_cache, v_cache, cache_seqlens, block_table) -> None:
-    """Write ``k, v [batch, new_len, nheads_k, d]`` into their pages (checks are the caller's):
-    one launch instead of the gathers and indexed stores of plain PyTorch."""
+def launch_append_paged_kv(k, v, k_cache, v_cache, cache_seqlens, block_table, k_scale=None,
+                           v_scale=None, kv_format: int = 0, fp8_round: bool = False) -> None:
+    """Write ``k, v [batch, new_len, nheads_k, d]`` into their pages, quantized per
+    ``kv_format`` (0 plain, 1 fp8 e4m3, 2 int8, 3 int4; decode's codes), scales as
+    ``quantize_kv`` returns them. Checks are the caller's. ``fp8_round``: the interpreter's
+    rounding step (``_round_to_e4m3_grid``), for the CPU interpreter only."""
     batch, new_len, nheads_k, head_dim = k.shape
     if batch == 0 or new_len == 0:
         return
+    if kv_format == 0:  # never dereferenced
+        k_scale = v_scale = cache_seqlens
     ints = (nheads_k, head_dim, *k.stride()[:3], *v.stride()[:3], *k_cache.stride()[:3],
-            *v_cache.stride()[:3], block_table.stride(0))
+            *v_cache.stride()[:3], *_scale_strides(k_scale, kv_format),
+            *_scale_strides(v_scale, kv_format), block_table.stride(0))
     constexprs = dict(PAGE_SIZE=k_cache.shape[1], BLOCK_H=next_pow2(nheads_k),
-                      BLOCK_D=next_pow2(head_dim))
-    key = (k.dtype, ints, tuple(constexprs.values()),
-           all_aligned(k, v, k_cache, v_cache, cache_seqlens, block_table))
+                      BLOCK_D=max(32, next_pow2(head_dim)), KV_FORMAT=kv_format,
+                      FP8_ROUND=bool(fp8_round and kv_format == 1))
+    key = (k.dtype, k_cache.dtype, k_scale.dtype, v_scale.dtype, ints, tuple(constexprs.values()),
+           all_aligned(k, v, k_cache, v_cache, k_scale, v_scale, cache_seqlens, block_table))
     launch(_append_paged_kv_kernel, key, (new_len, batch, 1),
-           (k, v, k_cache, v_cache, cache_seqlens, block_table, *ints), constexprs,
-           4 if nheads_k * head_dim >= 1024 else 1, 1,
+           (k, v, k_cache, v_cache, k_scale, v_scale, cache_seqlens, block_table, *ints),
+           constexprs, 4 if nheads_k * head_dim >= 1024 else 1, 1,
            k.device.index if k.device.type == "cuda" else -1)
