@@ -1,0 +1,332 @@
+"""Benchmark: paged decode over quantized KV caches, and the quantizing append (CUDA only).
+
+    python -m kvonce bench quant [--shapes 16x4096,64x8192] [--no-peers] [--rep MS]
+                                 [--md docs/benchmarks.md] [--json PATH] [--plot PATH]
+
+Cases (issue 11): (batch, seqlen) in (16, 4096), (64, 8192), (1, 131072), at GQA 32/8 and MHA
+12/12, head dim 128, page size 16 with pages in random order, q_len 1, fp16 queries. One row per
+implementation:
+- ``kvonce fp16 / fp8_e4m3 / int8 / int4``: ``PagedDecodePlan.run`` (plan made beforehand) over
+  the cache in that format (``kvonce.quantize_kv`` of the same fp16 K/V; fp8 per KV head).
+- ``flashinfer fp16 / fp8``: ``BatchDecodeWithPagedKVCacheWrapper`` (NHD, page 16,
+  ``use_tensor_cores=True``), when ``import flashinfer`` works; fp8 with one scale per tensor
+  (its API takes ``k_scale``/``v_scale`` floats; it multiplies the output by ``v_scale`` in a
+  separate kernel, which its time includes).
+Columns:
+- ``graph_us``: the call captured in a CUDA graph (``do_bench_cudagraph`` median: kernels only);
+  ``eager_us``: the eager call (``do_bench`` median, L2 flushed), host launch path included.
+- ``GB/s``: bytes actually read per call (K/V data plus scales; GB = 1e9 B) over ``graph_us``.
+- ``x_graph``, ``x_eager``: speedup over kvonce fp16 at the same shape.
+- ``err_fp16``: ``||out - out_fp16|| / ||out_fp16||`` against kvonce's fp16-cache output (the
+  format's error). ``err_ref``: against the float32 reference over the cache as stored (fp16, or
+  dequantized to fp16 for a quantized format: the kernel's own error; CORRECTNESS is printed
+  when it passes 2e-2). Correctness comes first: both are computed before any timing.
+- ``app_graph_us``, ``app_eager_us``, ``app_ns_tok``: ``append_paged_kv`` of one new token per
+  sequence into that cache (quantizing it: data and scales in one launch), graph and eager, and
+  the graph time per appended token (ns).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import sys
+
+import torch
+
+from . import report
+
+SHAPES = ((16, 4096), (64, 8192), (1, 131072))
+HEADS = ((32, 8, "GQA 32/8"), (12, 12, "MHA 12/12"))
+HEAD_DIM = 128
+PAGE = 16
+FORMATS = (None, "fp8_e4m3", "int8", "int4")  # None: the fp16 cache
+REF_TOL = 2e-2  # err_ref above this: a kernel bug, not format error
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    batch: int
+    seqlen: int
+    nheads: int
+    nheads_k: int
+    label: str
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seqlen
+
+
+def bytes_read(case: Case, fmt: str | None, *, per_tensor_scale: bool = False) -> int:
+    """K/V bytes a decode call reads: data plus scales (both caches). fp16 2 B a value, fp8/int8
+    1 B, int4 half a byte; scales: int8 one float32 per (token, KV head), int4 one fp16 per 32
+    channels per token, fp8 one float32 per KV head (or per tensor)."""
+    values = case.tokens * case.nheads_k * HEAD_DIM
+    if fmt is None:
+        data, scales = 2 * values, 0
+    elif fmt == "fp8_e4m3":
+        data, scales = values, 4 * (1 if per_tensor_scale else case.nheads_k)
+    elif fmt == "int8":
+        data, scales = values, 4 * case.tokens * case.nheads_k
+    elif fmt == "int4":
+        data, scales = values // 2, 2 * case.tokens * case.nheads_k * (HEAD_DIM // 32)
+    else:
+        raise ValueError(f"unknown format {fmt!r}")
+    return 2 * (data + scales)
+
+
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """``"16x4096,64x8192"`` -> ``[(16, 4096), (64, 8192)]`` ('' = every declared shape)."""
+    if not text:
+        return list(SHAPES)
+    shapes = []
+    for item in text.split(","):
+        try:
+            batch, seqlen = (int(x) for x in item.lower().split("x"))
+        except ValueError:
+            raise SystemExit(f"--shapes: expected BATCHxSEQLEN items, got {item!r}") from None
+        if batch < 1 or seqlen < PAGE or seqlen % PAGE:
+            raise SystemExit(f"--shapes: {item!r}: batch >= 1 and seqlen a multiple of {PAGE}")
+        shapes.append((batch, seqlen))
+    return shapes
+
+
+def rel_err(a, b) -> float:
+    a, b = a.float(), b.float()
+    return ((a - b).norm() / b.norm()).item()
+
+
+def make_inputs(case: Case, seed: int = 0):
+    """fp16 K/V caches in random page order, the block table, lengths and fp16 queries."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    pages_per_seq = case.seqlen // PAGE
+    num_pages = case.batch * pages_per_seq
+    shape = (num_pages, PAGE, case.nheads_k, HEAD_DIM)
+    k = torch.randn(shape, generator=g, device="cuda", dtype=torch.float16)
+    v = torch.randn(shape, generator=g, device="cuda", dtype=torch.float16)
+    perm = torch.randperm(num_pages, generator=g, device="cuda").to(torch.int32)
+    table = perm.view(case.batch, pages_per_seq).contiguous()
+    seqlens = torch.full((case.batch,), case.seqlen, dtype=torch.int32, device="cuda")
+    q = torch.randn((case.batch, 1, case.nheads, HEAD_DIM), generator=g, device="cuda",
+                    dtype=torch.float16)
+    return q, k, v, seqlens, table
+
+
+def _timers(rep: int):
+    import triton.testing
+
+    eager = lambda fn: 1e3 * triton.testing.do_bench(fn, warmup=25, rep=rep,
+                                                     return_mode="median")
+    graph = lambda fn: 1e3 * triton.testing.do_bench_cudagraph(fn, rep=rep,
+                                                               return_mode="median")
+    return eager, graph
+
+
+def _timed(row: dict, prefix: str, fn, eager, graph) -> None:
+    """``row[prefix + "graph_us"]`` and ``row[prefix + "eager_us"]``; a failing capture or call is
+    printed and left as '-' (the rest of the run goes on)."""
+    for kind, timer in (("graph", graph), ("eager", eager)):
+        try:
+            row[f"{prefix}{kind}_us"] = timer(fn)
+        except Exception as exc:  # reported, not hidden
+            print(f"  {row['impl']} {prefix}{kind}: {type(exc).__name__}: {exc}"[:300],
+                  flush=True)
+            row[f"{prefix}{kind}_us"] = "-"
+
+
+def kvonce_rows(case: Case, q, k, v, seqlens, table, eager, graph
+                ) -> tuple[list[dict], torch.Tensor]:
+    """kvonce's four cache formats (errors first, then decode and append times), and the fp16
+    cache's output (the base of every ``err_fp16``)."""
+    import kvonce
+    from ..reference import paged_attention_ref
+
+    rows = []
+    # Appends write the last slot of every sequence (its page exists); the fp16 cache is the
+    # other formats' source, so its slots are restored after timing.
+    append_at = seqlens - 1
+    pos = append_at.long()
+    last_page = table.long()[torch.arange(case.batch, device=q.device), pos // PAGE]
+    last_slot = pos % PAGE
+    saved = (k[last_page, last_slot].clone(), v[last_page, last_slot].clone())
+    k_new = torch.randn(case.batch, 1, case.nheads_k, HEAD_DIM, device=q.device,
+                        dtype=torch.float16)
+    v_new = torch.randn_like(k_new)
+    base_out = None
+    for fmt in FORMATS:
+        row = {"impl": f"kvonce {fmt or 'fp16'}", "fmt": fmt}
+        if fmt is None:
+            kc, vc, ks, vs = k, v, None, None
+        else:
+            kc, ks = kvonce.quantize_kv(k, fmt)
+            vc, vs = kvonce.quantize_kv(v, fmt)
+        kv_format = "int4" if fmt == "int4" else None
+        plan = kvonce.PagedDecodePlan(q, kc, vc, seqlens, table, k_scale=ks, v_scale=vs,
+                                      kv_format=kv_format)
+        if fmt is None:
+            run = lambda: plan.run(q, kc, vc, seqlens, table)
+        else:
+            run = lambda: plan.run(q, kc, vc, seqlens, table, k_scale=ks, v_scale=vs)
+        out = run()
+        if fmt is None:
+            base_out = out
+            kd, vd = k, v
+        else:
+            kd = kvonce.dequantize_kv(kc, ks, fmt, torch.float16)
+            vd = kvonce.dequantize_kv(vc, vs, fmt, torch.float16)
+        ref, _ = paged_attention_ref(q, kd, vd, seqlens, table)
+        del kd, vd
+        row["err_fp16"] = rel_err(out, base_out)
+        row["err_ref"] = rel_err(out, ref)
+        row["bytes"] = bytes_read(case, fmt)
+        _timed(row, "", run, eager, graph)
+        append = lambda: kvonce.append_paged_kv(k_new, v_new, kc, vc, append_at, table,
+                                                k_scale=ks, v_scale=vs, kv_format=kv_format)
+        _timed(row, "app_", append, eager, graph)
+        if fmt is None:
+            k[last_page, last_slot], v[last_page, last_slot] = saved
+        rows.append(row)
+        del plan, run, append, out
+        if fmt is not None:
+            del kc, vc, ks, vs
+        torch.cuda.empty_cache()
+    return rows, base_out
+
+
+def flashinfer_rows(case: Case, q, k, v, seqlens, table, base_out, eager, graph) -> list[dict]:
+    """FlashInfer's fp16 and fp8 paged decode on the same pages (tensor-core path); [] if absent."""
+    try:
+        import flashinfer
+    except Exception as exc:  # absent or broken: reported as absent
+        print(f"  flashinfer unavailable: {type(exc).__name__}: {exc}"[:200], flush=True)
+        return []
+    import kvonce
+
+    batch, pages = table.shape
+    indptr = torch.arange(0, batch + 1, device=q.device, dtype=torch.int32) * pages
+    indices = table.reshape(-1)
+    last = torch.full((batch,), PAGE, dtype=torch.int32, device=q.device)
+    workspace = torch.zeros(256 << 20, dtype=torch.uint8, device=q.device)
+    q3 = q[:, 0].contiguous()
+    rows = []
+    for fmt in (None, "fp8_e4m3"):
+        row = {"impl": f"flashinfer {'fp8' if fmt else 'fp16'}", "fmt": fmt}
+        try:
+            if fmt is None:
+                kc, vc, scales = k, v, {}
+            else:  # FlashInfer takes one float scale per tensor
+                k_amax = k.abs().amax().float()
+                v_amax = v.abs().amax().float()
+                kc, ks = kvonce.quantize_kv(k, fmt, scale=(k_amax / 448.0).reshape(()))
+                vc, vs = kvonce.quantize_kv(v, fmt, scale=(v_amax / 448.0).reshape(()))
+                scales = {"k_scale": float(ks), "v_scale": float(vs)}  # sync-ok: setup
+            wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD",
+                                                                    use_tensor_cores=True)
+            wrapper.plan(indptr, indices, last, case.nheads, case.nheads_k, HEAD_DIM, PAGE,
+                         q_data_type=torch.float16, kv_data_type=kc.dtype)
+            run = lambda: wrapper.run(q3, (kc, vc), **scales)
+            out = run()[:, None]
+            row["err_fp16"] = rel_err(out, base_out)
+            row["err_ref"] = "-"
+            row["bytes"] = bytes_read(case, fmt, per_tensor_scale=True)
+        except Exception as exc:  # one failing peer does not stop the run
+            print(f"  {row['impl']} failed: {type(exc).__name__}: {exc}"[:300], flush=True)
+            continue
+        _timed(row, "", run, eager, graph)
+        row["app_graph_us"] = row["app_eager_us"] = "-"
+        rows.append(row)
+        del run, wrapper
+        torch.cuda.empty_cache()
+    return rows
+
+
+def summarize(case: Case, rows: list[dict]) -> list[dict]:
+    """Table rows for one case from measured ones (``graph_us``, ``eager_us``, ``bytes``, errors,
+    append times): GB/s, speedups over kvonce fp16 and ns per appended token; '-' where a
+    measurement is missing."""
+    num = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)
+    base = next((r for r in rows if r["impl"] == "kvonce fp16"), {})
+    out = []
+    for r in rows:
+        g, e = r.get("graph_us", "-"), r.get("eager_us", "-")
+        ratio = lambda a, b: round(a / b, 2) if num(a) and num(b) and b > 0 else "-"
+        app_g = r.get("app_graph_us", "-")
+        out.append({
+            "heads": case.label, "batch x len": f"{case.batch} x {case.seqlen}",
+            "impl": r["impl"],
+            "graph_us": round(g, 1) if num(g) else "-",
+            "eager_us": round(e, 1) if num(e) else "-",
+            "GB/s": round(r["bytes"] / g / 1e3) if num(g) and g > 0 else "-",
+            "x_graph": ratio(base.get("graph_us"), g),
+            "x_eager": ratio(base.get("eager_us"), e),
+            "err_fp16": f"{r['err_fp16']:.1e}" if num(r.get("err_fp16")) else "-",
+            "err_ref": f"{r['err_ref']:.1e}" if num(r.get("err_ref")) else "-",
+            "app_graph_us": round(app_g, 1) if num(app_g) else "-",
+            "app_eager_us": round(r["app_eager_us"], 1) if num(r.get("app_eager_us")) else "-",
+            "app_ns_tok": round(1e3 * app_g / case.batch, 1) if num(app_g) else "-",
+        })
+    return out
+
+
+def correctness_failures(rows: list[dict]) -> list[str]:
+    """kvonce rows whose output is further than REF_TOL from the reference over the cache as
+    stored (a kernel error: format error is ``err_fp16``)."""
+    return [f"{r['heads']} {r['batch x len']} {r['impl']}: err_ref {r['err_ref']}"
+            for r in rows if r["err_ref"] != "-" and float(r["err_ref"]) > REF_TOL]
+
+
+def run_case(case: Case, *, peers: bool, rep: int) -> list[dict]:
+    eager, graph = _timers(rep)
+    q, k, v, seqlens, table = make_inputs(case)
+    measured, base_out = kvonce_rows(case, q, k, v, seqlens, table, eager, graph)
+    if peers:
+        measured += flashinfer_rows(case, q, k, v, seqlens, table, base_out, eager, graph)
+    del q, k, v, base_out
+    torch.cuda.empty_cache()
+    return summarize(case, measured)
+
+
+def main(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(prog="python -m kvonce bench quant")
+    p.add_argument("--shapes", default="", help="only these BATCHxSEQLEN, comma-separated")
+    p.add_argument("--no-peers", action="store_true", help="skip FlashInfer")
+    p.add_argument("--rep", type=int, default=100, help="do_bench time per measurement (ms)")
+    p.add_argument("--md", default="docs/benchmarks.md", help="append the table here ('' = no)")
+    p.add_argument("--json", default="", help="also dump the rows as JSON here")
+    p.add_argument("--plot", default="docs/bench_quant.png", help="PNG plot path ('' = no)")
+    args = p.parse_args(argv)
+    shapes = parse_shapes(args.shapes)
+    if not torch.cuda.is_available():
+        raise SystemExit("bench quant needs a CUDA GPU")
+    print(report.environment(), flush=True)
+    rows = []
+    for nheads, nheads_k, label in HEADS:
+        for batch, seqlen in shapes:
+            case = Case(batch, seqlen, nheads, nheads_k, label)
+            case_rows = run_case(case, peers=not args.no_peers, rep=args.rep)
+            print(report.format_rows(case_rows), flush=True)
+            rows += case_rows
+    bad = correctness_failures(rows)
+    if bad:
+        print(f"CORRECTNESS: {len(bad)} rows over {REF_TOL} relative error vs the reference:\n  "
+              + "\n  ".join(bad), flush=True)
+    print(report.format_rows(rows, fmt="github"))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    command = ("python -m kvonce bench quant " + " ".join(argv)).strip()
+    if args.md:
+        report.append_markdown(args.md, "Quantized paged decode and append", rows,
+                               command=command, dtype="fp16 queries",
+                               date=datetime.date.today().isoformat())
+    if args.plot:
+        plot_rows = [dict(r, case=f"{r['heads']} {r['batch x len']} {r['impl']}") for r in rows
+                     if isinstance(r["x_graph"], float)]
+        if plot_rows:
+            report.bar_plot(args.plot, plot_rows, "case", ["x_graph"],
+                            "speedup over kvonce fp16 (CUDA graph)")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
