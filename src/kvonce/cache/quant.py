@@ -26,6 +26,13 @@ INT4_GROUP = 32
 _TINY = 2.0 ** -24  # fp16's smallest subnormal: int4 scales stay representable
 
 
+def _const(value: float, like: torch.Tensor) -> torch.Tensor:
+    """A 0-dim float32 tensor on ``like``'s device. Dividing by it is an IEEE division everywhere;
+    dividing a CUDA tensor by a Python number multiplies by its reciprocal instead (1 ulp off at
+    times), which made the GPU's scales differ from the CPU's and from the kernels'."""
+    return torch.full((), value, dtype=torch.float32, device=like.device)
+
+
 def _check_format(kv_format) -> None:
     if kv_format not in KV_FORMATS:
         raise ValueError(f"kv_format must be one of {KV_FORMATS}, got {kv_format!r}")
@@ -48,7 +55,7 @@ def quantize_kv(x: torch.Tensor, kv_format: str, *, scale: torch.Tensor | None =
     if kv_format == "fp8_e4m3":
         if scale is None:
             amax = xf.abs().transpose(0, -2).reshape(nheads_k, -1).amax(dim=1)
-            scale = torch.clamp(amax / FP8_MAX, min=_TINY)
+            scale = torch.clamp(amax / _const(FP8_MAX, x), min=_TINY)
         else:
             V.check_tensor("scale", scale, dtypes=(torch.float32,))
             if scale.shape not in ((), (nheads_k,)):
@@ -60,13 +67,13 @@ def quantize_kv(x: torch.Tensor, kv_format: str, *, scale: torch.Tensor | None =
     if scale is not None:
         raise ValueError(f"{kv_format} scales are per token and computed here: pass scale=None")
     if kv_format == "int8":
-        s = torch.clamp(xf.abs().amax(dim=-1) / 127.0, min=_TINY)
+        s = torch.clamp(xf.abs().amax(dim=-1) / _const(127.0, x), min=_TINY)
         x_q = torch.clamp(torch.round(xf / s[..., None]), -127, 127).to(torch.int8)
         return x_q, s
     if d % INT4_GROUP != 0:
         raise ValueError(f"int4 needs a head dim that is a multiple of {INT4_GROUP}, got {d}")
     groups = xf.reshape(*xf.shape[:-1], d // INT4_GROUP, INT4_GROUP)
-    s = torch.clamp(groups.abs().amax(dim=-1) / 7.0, min=_TINY).half()
+    s = torch.clamp(groups.abs().amax(dim=-1) / _const(7.0, x), min=_TINY).half()
     q = torch.clamp(torch.round(groups / s.float()[..., None]), -7, 7).to(torch.int16) + 8
     q = q.reshape(*xf.shape[:-1], d // 2, 2)
     packed = (q[..., 0] | (q[..., 1] << 4)).to(torch.uint8)
