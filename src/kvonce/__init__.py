@@ -6,9 +6,10 @@ from .cache import dequantize_kv, quantize_kv
 from .cache.append import append_paged_kv
 from .decode import (PagedDecodePlan, flash_attn_with_kvcache,
                      merge_attention_states, paged_attention)
+from .prefix import find_shared_prefixes
 
 __all__ = ["fused_zigzag_llama3_flash_attn_varlen_forward",
            "fused_zigzag_llama3_flash_attn_varlen_backward", "fused_zigzag_llama3_flash_attn_varlen_func",
            "paged_attention", "PagedDecodePlan", "append_paged_kv", "merge_attention_states", "flash_attn_with_kvcache",
-           "quantize_kv", "dequantize_kv"]
+           "quantize_kv", "dequantize_kv", "find_shared_prefixes"]
 __version__ = "0.1.0"

@@ -216,7 +216,7 @@ class PrefixDecodeConfig:
     num_warps: int
     num_stages: int
     programs_per_sm: float = 2.0
-    min_keys_per_split: int = 1024
+    min_keys_per_split: int = 512
     max_splits_per_node: int = 32
     kv_cache_modifier: str = ""
     kv_eviction: str = ""
