@@ -180,6 +180,10 @@ SWEEP_CONFIGS = [
     PrefixDecodeConfig(128, 64, 8, 3, programs_per_sm=1.0),
     PrefixDecodeConfig(128, 64, 8, 3, programs_per_sm=4.0, min_keys_per_split=256),
     PrefixDecodeConfig(128, 64, 8, 3, min_keys_per_split=1024),
+    PrefixDecodeConfig(128, 128, 8, 3),
+    PrefixDecodeConfig(64, 128, 4, 2),
+    PrefixDecodeConfig(128, 64, 4, 3),
+    PrefixDecodeConfig(128, 32, 4, 3),
 ]
 
 

@@ -222,11 +222,13 @@ class PrefixDecodeConfig:
     kv_eviction: str = ""
 
 
-# NOT MEASURED: starting points from the dual-group forward's Hopper row (128 x 64 tiles, 8 warps,
-# 3 stages: the same loop, q rows against paged K/V tiles) until `python -m kvonce bench prefix`
-# has been swept on the H100. d=256 halves the tiles for shared memory.
+# Hopper d=128 from `python -m kvonce bench prefix --sweep` on the lent H100, 2026-11-23
+# (docs/notes.md): 128 rows x 128-key tiles, 8 warps, 3 stages was the fastest or within 2% of it
+# at the four large rows (GQA 32/8 (64, 32768, 256): 168 us vs 231 with 64-key tiles, 308 with
+# 32; 64-row blocks 280-322). d=32/64/96 reuse it and d=256 halves the tiles for shared memory:
+# NOT swept.
 _PREFIX_DECODE_TABLE: dict[tuple[int, int], dict[int, PrefixDecodeConfig]] = {
-    (9, 0): {hd: PrefixDecodeConfig(128, 64, 8, 3) for hd in (32, 64, 96, 128)}
+    (9, 0): {hd: PrefixDecodeConfig(128, 128, 8, 3) for hd in (32, 64, 96, 128)}
     | {256: PrefixDecodeConfig(64, 32, 4, 2)},
 }
 # Interpreter: 32-row blocks and 16-key tiles, so that tiny trees still take several M-blocks and
