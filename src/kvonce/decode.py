@@ -123,12 +123,10 @@ def resolve_kv_format(k_cache, kv_format) -> str | None:
     return kv_format
 
 
-def _validate_quantized(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale,
-                        kv_format: str) -> None:
-    """The checks of ``_validate_attention`` for a quantized cache, plus its scales'."""
-    V.check_tensor("q", q, ndim=4, dtypes=V.ATTN_DTYPES)
+def _validate_quantized_cache(k_cache, v_cache, cache_seqlens, block_table, fmt: str) -> None:
+    """``_validate_cache`` for a quantized cache (its dtype is the format's): decode and append."""
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        V.check_tensor(name, t, ndim=4, dtypes=(_QUANT_FORMATS[kv_format][1],))
+        V.check_tensor(name, t, ndim=4, dtypes=(_QUANT_FORMATS[fmt][1],))
     V.check_tensor("cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,))
     V.check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32,))
     if v_cache.shape != k_cache.shape:
@@ -137,39 +135,58 @@ def _validate_quantized(q, k_cache, v_cache, cache_seqlens, block_table, k_scale
     if k_cache.shape[1] not in PAGE_SIZES:
         raise ValueError(f"k_cache: page size (dim 1) must be a power of two in 16..256, "
                          f"got {k_cache.shape[1]}")
+    if cache_seqlens.shape[0] != block_table.shape[0]:
+        raise ValueError(f"cache_seqlens must have shape [{block_table.shape[0]}] (block_table's "
+                         f"batch), got {tuple(cache_seqlens.shape)}")
+    if block_table.numel() > 0 and block_table.stride(1) != 1:
+        raise ValueError(f"block_table must have a contiguous last dim, got strides "
+                         f"{tuple(block_table.stride())}")
+    V.check_last_dim_contiguous(k_cache=k_cache, v_cache=v_cache)
+
+
+def _check_scale(name: str, scale, fmt: str, cache_shape, head_dim: int) -> None:
+    """A quantized cache's scale tensor: dtype and shape per ``kvonce.cache.quant``'s table
+    (decode and append)."""
+    if scale is None:
+        raise ValueError(f"a {fmt} cache needs {name}")
+    nheads_k = cache_shape[2]
+    if fmt == "fp8_e4m3":
+        V.check_tensor(name, scale, dtypes=(torch.float32,))
+        ok = scale.shape in ((), (nheads_k,))
+        want = f"float32 [{nheads_k}] (per KV head) or 0-dim"
+    elif fmt == "int8":
+        V.check_tensor(name, scale, dtypes=(torch.float32, torch.float16))
+        ok = scale.shape == cache_shape[:3]
+        want = f"float32/fp16 {list(cache_shape[:3])} (per token and KV head)"
+    else:
+        V.check_tensor(name, scale, dtypes=(torch.float16,))
+        ok = scale.shape == (*cache_shape[:3], head_dim // 32) and scale.stride(-1) == 1
+        want = (f"fp16 {[*cache_shape[:3], head_dim // 32]} (per 32 channels per token, "
+                "last dim contiguous)")
+    if not ok:
+        raise ValueError(f"{name} must be {want}, got {tuple(scale.shape)}")
+
+
+def _validate_quantized(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale,
+                        kv_format: str) -> None:
+    """The checks of ``_validate_attention`` for a quantized cache, plus its scales'."""
+    V.check_tensor("q", q, ndim=4, dtypes=V.ATTN_DTYPES)
+    _validate_quantized_cache(k_cache, v_cache, cache_seqlens, block_table, kv_format)
     head_dim = q.shape[3]
     stored = head_dim // 2 if kv_format == "int4" else head_dim
     if k_cache.shape[3] != stored or (kv_format == "int4" and head_dim % 32 != 0):
         raise ValueError(f"k_cache's last dim must be {stored} for q's head dim {head_dim} "
                          f"({kv_format}), got {k_cache.shape[3]}")
     V.check_head_dim("q", head_dim)
-    if q.shape[0] != block_table.shape[0] or cache_seqlens.shape[0] != block_table.shape[0]:
+    if q.shape[0] != block_table.shape[0]:
         raise ValueError(f"q, cache_seqlens and block_table must share the batch: "
                          f"{q.shape[0]}, {cache_seqlens.shape[0]}, {block_table.shape[0]}")
     if q.shape[1] < 1:
         raise ValueError(f"q must have q_len >= 1 (dim 1), got shape {tuple(q.shape)}")
     V.check_gqa(q.shape[2], k_cache.shape[2])
-    V.check_last_dim_contiguous(q=q, k_cache=k_cache, v_cache=v_cache)
-    if block_table.numel() > 0 and block_table.stride(1) != 1:
-        raise ValueError("block_table must have a contiguous last dim")
-    nheads_k = k_cache.shape[2]
+    V.check_last_dim_contiguous(q=q)
     for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
-        if scale is None:
-            raise ValueError(f"a {kv_format} cache needs {name}")
-        if kv_format == "fp8_e4m3":
-            V.check_tensor(name, scale, dtypes=(torch.float32,))
-            ok = scale.shape in ((), (nheads_k,))
-            want = f"float32 [{nheads_k}] (per KV head) or 0-dim"
-        elif kv_format == "int8":
-            V.check_tensor(name, scale, dtypes=(torch.float32, torch.float16))
-            ok = scale.shape == k_cache.shape[:3]
-            want = f"float32/fp16 {list(k_cache.shape[:3])} (per token and KV head)"
-        else:
-            V.check_tensor(name, scale, dtypes=(torch.float16,))
-            ok = scale.shape == (*k_cache.shape[:3], head_dim // 32) and scale.stride(-1) == 1
-            want = f"fp16 {[*k_cache.shape[:3], head_dim // 32]} (per 32 channels per token)"
-        if not ok:
-            raise ValueError(f"{name} must be {want}, got {tuple(scale.shape)}")
+        _check_scale(name, scale, kv_format, k_cache.shape, head_dim)
     V.check_same_device(q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens,
                         block_table=block_table, k_scale=k_scale, v_scale=v_scale)
     _check_device_ok(q.device)

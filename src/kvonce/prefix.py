@@ -71,8 +71,8 @@ def find_shared_prefixes(block_table: torch.Tensor, cache_seqlens: torch.Tensor,
     ``[(seq_ids, num_pages), ...]``: ``seq_ids`` sorted int32 CPU tensors; a group comes before
     the groups inside it. The format ``PagedDecodePlan(shared_prefix=...)`` takes.
     """
-    table = block_table.detach().cpu().numpy()
-    lens = cache_seqlens.detach().cpu().numpy().astype(np.int64)
+    table = block_table.detach().cpu().numpy()  # sync-ok: plan time, once per step (issue 12)
+    lens = cache_seqlens.detach().cpu().numpy().astype(np.int64)  # sync-ok: plan time
     batch, max_pages = table.shape
     full = np.minimum(np.maximum(lens, 0) // int(page_size), max_pages)
     found = []
@@ -126,7 +126,7 @@ def _nodes_from_groups(groups, batch: int, max_pages: int) -> list[PrefixNode]:
         if not 1 <= num_pages <= max_pages:
             raise ValueError(f"shared_prefix[{i}]: num_pages must be in [1, {max_pages}] "
                              f"(block_table's columns), got {num_pages}")
-        members = sorted(int(b) for b in ids.tolist())
+        members = sorted(int(b) for b in ids.tolist())  # sync-ok: plan time (caller's tree)
         if not members:
             raise ValueError(f"shared_prefix[{i}]: seq_ids is empty")
         if members[0] < 0 or members[-1] >= batch:

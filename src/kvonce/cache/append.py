@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from .. import _validate as V
-from ..decode import (_QUANT_FORMATS, _check_block_table_values, _check_device_ok,
-                      _validate_cache, PAGE_SIZES, resolve_kv_format)
+from ..decode import (_QUANT_FORMATS, _check_block_table_values, _check_device_ok, _check_scale,
+                      _validate_cache, _validate_quantized_cache, resolve_kv_format)
 from ..kernels.configs import interpreter_active
 from ..kernels.paged_append import launch_append_paged_kv
 from .quant import INT4_GROUP
@@ -125,50 +125,6 @@ def _validate_append(k, v, k_cache, v_cache, cache_seqlens, block_table, k_scale
         V.check_same_device(k=k, k_scale=k_scale, v_scale=v_scale)
     _check_device_ok(k.device)
     return fmt
-
-
-def _validate_quantized_cache(k_cache, v_cache, cache_seqlens, block_table, fmt: str) -> None:
-    """``_validate_cache`` for a quantized cache (its dtype is the format's)."""
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        V.check_tensor(name, t, ndim=4, dtypes=(_QUANT_FORMATS[fmt][1],))
-    V.check_tensor("cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,))
-    V.check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32,))
-    if v_cache.shape != k_cache.shape:
-        raise ValueError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, "
-                         f"got {tuple(v_cache.shape)}")
-    if k_cache.shape[1] not in PAGE_SIZES:
-        raise ValueError(f"k_cache: page size (dim 1) must be a power of two in 16..256, "
-                         f"got {k_cache.shape[1]}")
-    if cache_seqlens.shape[0] != block_table.shape[0]:
-        raise ValueError(f"cache_seqlens must have shape [{block_table.shape[0]}] (block_table's "
-                         f"batch), got {tuple(cache_seqlens.shape)}")
-    if block_table.numel() > 0 and block_table.stride(1) != 1:
-        raise ValueError(f"block_table must have a contiguous last dim, got strides "
-                         f"{tuple(block_table.stride())}")
-    V.check_last_dim_contiguous(k_cache=k_cache, v_cache=v_cache)
-
-
-def _check_scale(name: str, scale, fmt: str, cache_shape, head_dim: int) -> None:
-    """A quantized cache's scale tensor: dtype and shape per ``kvonce.cache.quant``'s table (as
-    decode's ``_validate_quantized`` checks them)."""
-    if scale is None:
-        raise ValueError(f"a {fmt} cache needs {name}")
-    nheads_k = cache_shape[2]
-    if fmt == "fp8_e4m3":
-        V.check_tensor(name, scale, dtypes=(torch.float32,))
-        ok = scale.shape in ((), (nheads_k,))
-        want = f"float32 [{nheads_k}] (per KV head) or 0-dim"
-    elif fmt == "int8":
-        V.check_tensor(name, scale, dtypes=(torch.float32, torch.float16))
-        ok = scale.shape == cache_shape[:3]
-        want = f"float32/fp16 {list(cache_shape[:3])} (per token and KV head)"
-    else:
-        V.check_tensor(name, scale, dtypes=(torch.float16,))
-        ok = scale.shape == (*cache_shape[:3], head_dim // INT4_GROUP) and scale.stride(-1) == 1
-        want = (f"fp16 {[*cache_shape[:3], head_dim // INT4_GROUP]} (per 32 channels per token, "
-                "last dim contiguous)")
-    if not ok:
-        raise ValueError(f"{name} must be {want}, got {tuple(scale.shape)}")
 
 
 def _append_paged_kv_impl(k, v, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale,
