@@ -42,7 +42,9 @@ import triton.testing
 from ..cache.append import append_paged_kv
 from ..decode import (PagedDecodePlan, flash_attn_with_kvcache,
                       merge_attention_states, paged_attention)
-from ..reference import dual_group_attention_ref, merge_attention_states_ref
+from ..cache.quant import dequantize_kv, quantize_kv
+from ..reference import (dual_group_attention_ref, merge_attention_states_ref,
+                         paged_attention_ref)
 from ..varlen import fused_zigzag_llama3_flash_attn_varlen_forward
 from ..zigzag import (compute_kv_slices_for_groups, rearrange_kv_from_zigzag_to_contiguous,
                       replace_execute_grouped_attention_with_fused_varlen,
@@ -132,6 +134,33 @@ def decode_cases(case: Case) -> list[Entry]:
                       lambda: append_paged_kv(k_new, v_new, k_app, v_app, last, block_table),
                       lambda _: max(rel_err(k_app[page, slot], k_new[:, 0]),
                                     rel_err(v_app[page, slot], v_new[:, 0]))))
+    # Quantized cache (int8) and its quantizing append; the shared-prefix cascade (every
+    # sequence's first half of pages shared, forced on so that its three launches are timed).
+    kq, ks = quantize_kv(k_cache, "int8")
+    vq, vs = quantize_kv(v_cache, "int8")
+    qargs = (q, kq, vq, seqlens, block_table)
+    quant = PagedDecodePlan(*qargs, k_scale=ks, v_scale=vs)
+    quant_ref = paged_attention_ref(q.float(), dequantize_kv(kq, ks, "int8", torch.float32),
+                                    dequantize_kv(vq, vs, "int8", torch.float32), seqlens,
+                                    block_table)[0]
+    rows.append(Entry("PagedDecodePlan.run int8 cache", shape,
+                      lambda: quant.run(*qargs, k_scale=ks, v_scale=vs),
+                      lambda r: rel_err(r, quant_ref)))
+    kq_app, ks_app, vq_app, vs_app = kq.clone(), ks.clone(), vq.clone(), vs.clone()
+    rows.append(Entry("append_paged_kv int8 cache", f"{case.batch}x1 {case.label}",
+                      lambda: append_paged_kv(k_new, v_new, kq_app, vq_app, last, block_table,
+                                              k_scale=ks_app, v_scale=vs_app),
+                      lambda _: rel_err(dequantize_kv(kq_app[page, slot], ks_app[page, slot],
+                                                      "int8", torch.float32), k_new[:, 0])))
+    shared_table = block_table.clone()
+    half = block_table.shape[1] // 2
+    shared_table[:, :half] = block_table[0, :half]
+    sargs = (q, k_cache, v_cache, seqlens, shared_table)
+    cascade = PagedDecodePlan(*sargs, shared_prefix="auto", cascade=True)
+    plain_shared = PagedDecodePlan(*sargs)
+    shared_ref = plain_shared.run(*sargs)
+    rows.append(Entry("PagedDecodePlan.run shared_prefix (cascade)", shape,
+                      lambda: cascade.run(*sargs), lambda r: rel_err(r, shared_ref)))
     fi = _flashinfer_runner(*args, case)
     rows.append(Entry("flashinfer BatchDecode...Wrapper.run", shape, fi,
                       lambda r: vs_sdpa(r[:, None])))
