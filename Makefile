@@ -8,7 +8,15 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/
 # numpy < 2.4 because the triton 3.6 interpreter breaks on numpy >= 2.4 in loops with runtime bounds.
 CPU_PINS := torch==2.13.0 triton==3.6.0 "numpy<=2.3.5"
 
-.PHONY: venv test demo gpu-test bench clean
+# The oldest releases pyproject.toml claims (`make test-oldest`: the CPU suite against them, in
+# its own venv). PyPI's Linux torch wheels bring their CUDA libraries (~6 GB installed); where
+# download.pytorch.org is reachable, OLDEST_INDEX="--index-url https://download.pytorch.org/whl/cpu
+# --extra-index-url https://pypi.org/simple" takes the CPU build instead.
+OLDEST_PINS  := torch==2.8.0 triton==3.4.0 "numpy<=2.3.5"
+OLDEST_VENV  ?= .venv-oldest
+OLDEST_INDEX ?=
+
+.PHONY: venv test test-oldest demo gpu-test gpu-test-full gpu-test-part bench clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -24,6 +32,13 @@ venv: $(STAMP)
 test: $(STAMP)
 	TRITON_INTERPRET=1 $(PY) -m pytest -q -ra tests
 
+test-oldest:
+	python3 -m venv $(OLDEST_VENV)
+	$(OLDEST_VENV)/bin/python -m pip install -q $(OLDEST_INDEX) $(OLDEST_PINS)
+	$(OLDEST_VENV)/bin/python -m pip install -q -e ".[test]"
+	$(OLDEST_VENV)/bin/python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+	TRITON_INTERPRET=1 $(OLDEST_VENV)/bin/python -m pytest -q -ra tests
+
 demo: $(STAMP)
 ifeq ($(HAS_GPU),1)
 	$(PY) -m kvonce demo
@@ -32,11 +47,20 @@ else
 endif
 
 # On a CUDA machine with torch and triton already installed (the lent GPU): no venv, no pip.
+# gpu-test: the fast tier (tests/_tiers.py: every test function, each parameter value once,
+# cheapest cases first; <= 5 min on the H100). gpu-test-full: every case, in parts of < 10 min
+# each (scripts/gpu_test_parts.py prints the parts and their times); PART=n runs one.
 gpu-test:
-	PYTHONPATH=src python3 -m pytest -q -ra tests
+	KVONCE_TEST_TIER=fast PYTHONPATH=src python3 -m pytest -q -ra tests
+
+gpu-test-full:
+	PYTHONPATH=src python3 scripts/gpu_test_parts.py
+
+gpu-test-part:
+	PYTHONPATH=src python3 scripts/gpu_test_parts.py --part $(PART)
 
 bench:
 	PYTHONPATH=src python3 -m kvonce bench zigzag
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(OLDEST_VENV) .pytest_cache .hypothesis

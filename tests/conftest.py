@@ -1,9 +1,15 @@
 """Device selection: CUDA when present (real sizes, fp16 + bf16), else the Triton interpreter on
 CPU (small sizes, fp16 + fp32: the interpreter's bf16 tl.dot is wrong in triton 3.6)."""
+import datetime
 import os
+import shutil
+import tempfile
 
-import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from _tiers import (FAST, pytest_collection_modifyitems, pytest_report_header,  # noqa: F401
+                    pytest_runtest_logreport)
 
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
@@ -14,17 +20,78 @@ DEVICE = "cuda" if HAS_CUDA else "cpu"
 DTYPES = (torch.float16, torch.bfloat16) if HAS_CUDA else (torch.float16, torch.float32)
 
 
-@pytest.fixture
-def poison_empty(monkeypatch):
-    """While active, torch.empty / empty_like return NaN-filled floating tensors, so any output
-    element a kernel forgets to write fails the comparison."""
-    real_empty, real_empty_like = torch.empty, torch.empty_like
+def hypothesis_examples(cpu: int, gpu: int) -> int:
+    """``max_examples`` for a hypothesis test: ``cpu`` under the interpreter; on a GPU ``gpu``,
+    or 4 in the fast tier (``make gpu-test``: one draw of each kind, not a search)."""
+    if not HAS_CUDA:
+        return cpu
+    return min(gpu, 4) if FAST else gpu
 
-    def _poison(t):
-        if t.is_floating_point():
-            t.fill_(float("nan"))
-        return t
 
-    monkeypatch.setattr(torch, "empty", lambda *a, **k: _poison(real_empty(*a, **k)))
-    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: _poison(real_empty_like(*a, **k)))
-    yield
+class _PoisonEmpty:
+    """``with poison_empty: out = kvonce_call(...)``: while the block runs, ``torch.empty`` /
+    ``torch.empty_like`` and ``kvonce.decode._empty`` (decode's allocator, bound at import, so
+    patching ``torch.empty`` alone misses it) return NaN-filled floating tensors, so any output
+    element a kernel forgets to write fails the comparison. Wrap only the kvonce calls under test:
+    references and torch internals outside the block allocate normally. Reusable and nestable."""
+
+    def __init__(self):
+        self._saved = []
+
+    @staticmethod
+    def _nan(t):
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    def __enter__(self):
+        import torch._dynamo.trace_rules as trace_rules
+
+        import kvonce.decode as decode
+
+        # dynamo builds its table of torch functions once, on first use: built inside the block
+        # it would record the stand-in, and every later torch.compile in the process fails on
+        # torch.empty (test_ops.py did once). Make sure it exists first (cached after that).
+        trace_rules.get_torch_obj_rule_map()
+        self._saved.append((torch.empty, torch.empty_like, decode._empty))
+        empty, empty_like = torch.empty, torch.empty_like
+        torch.empty = lambda *a, **k: self._nan(empty(*a, **k))
+        torch.empty_like = lambda *a, **k: self._nan(empty_like(*a, **k))
+        decode._empty = torch.empty
+        return self
+
+    def __exit__(self, *exc):
+        import kvonce.decode as decode
+
+        torch.empty, torch.empty_like, decode._empty = self._saved.pop()
+
+
+poison_empty = _PoisonEmpty()
+
+
+# Long enough for the slowest rank under the interpreter on a loaded CPU (imports before the
+# rendezvous, a reference between collectives), short enough that a hang fails the test.
+PROCESS_GROUP_TIMEOUT = datetime.timedelta(minutes=5)
+
+
+def _rank_main(rank, fn, world, backend, store, args):
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=PROCESS_GROUP_TIMEOUT)
+    try:
+        fn(rank, world, backend, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn_process_group(fn, world: int, backend: str, *args) -> None:
+    """Run ``fn(rank, world, backend, *args)`` in ``world`` spawned processes joined in one
+    process group. The rendezvous is a FileStore in a fresh private directory (mkdtemp: mode
+    0700, a new name), removed after the join: no TCP port picked by one process and bound by
+    another later (another process could take it between), and no store file another process
+    or an earlier failed run could create, hold or leave behind."""
+    rdzv_dir = tempfile.mkdtemp(prefix="kvonce_rdzv_")
+    try:
+        mp.spawn(_rank_main, args=(fn, world, backend, os.path.join(rdzv_dir, "store"), args),
+                 nprocs=world, join=True)
+    finally:
+        shutil.rmtree(rdzv_dir, ignore_errors=True)

@@ -11,7 +11,7 @@ Inductor and a CUDA-graph replay.
 """
 import pytest
 import torch
-from conftest import DEVICE, DTYPES, HAS_CUDA
+from conftest import DEVICE, DTYPES, HAS_CUDA, poison_empty
 
 import kvonce
 from kvonce.reference import paged_attention_ref
@@ -166,7 +166,6 @@ ATTEND = ((3, 4, 2, 64, 16, [0, 19, 7]) if not HAS_CUDA else
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.usefixtures("poison_empty")
 def test_quantize_on_append_then_attend_equals_quantizing_the_whole_cache(fmt):
     """A cache filled by several appends (a prompt chunk, then 1-2 tokens a step, unequal
     lengths) holds the bytes of quantize_kv over the whole dense K/V, and decode over it equals
@@ -206,16 +205,19 @@ def test_quantize_on_append_then_attend_equals_quantizing_the_whole_cache(fmt):
     rows = torch.arange(batch, device=DEVICE)[:, None]
     gather = lambda x, n: x[rows, seqlens.long()[:, None] + torch.arange(n, device=DEVICE)]
     for n in steps:
-        kvonce.append_paged_kv(gather(k, n), gather(v, n), kc, vc, seqlens, table, k_scale=ks,
-                               v_scale=vs, kv_format="int4" if fmt == "int4" else None)
+        with poison_empty:
+            kvonce.append_paged_kv(gather(k, n), gather(v, n), kc, vc, seqlens, table,
+                                   k_scale=ks, v_scale=vs,
+                                   kv_format="int4" if fmt == "int4" else None)
         seqlens += n
     assert seqlens.tolist() == lens
     for got, want, what in ((kc, kc_ref, "k_cache"), (vc, vc_ref, "v_cache"), (ks, ks_ref, "k_scale"),
                             (vs, vs_ref, "v_scale")):
         _assert_bytes_equal(got, want, what)
     q = torch.randn(batch, 1, nheads, head_dim, device=DEVICE).to(dtype)
-    out = kvonce.paged_attention(q, kc, vc, seqlens, table, k_scale=ks, v_scale=vs,
-                                 kv_format="int4" if fmt == "int4" else None)
+    with poison_empty:
+        out = kvonce.paged_attention(q, kc, vc, seqlens, table, k_scale=ks, v_scale=vs,
+                                     kv_format="int4" if fmt == "int4" else None)
     kd = kvonce.dequantize_kv(kc_ref, ks_ref, fmt, torch.float32)
     vd = kvonce.dequantize_kv(vc_ref, vs_ref, fmt, torch.float32)
     ref, _ = paged_attention_ref(q.float(), kd, vd, seqlens, table)

@@ -2,13 +2,14 @@
 
 On CPU these run under the Triton interpreter (TRITON_INTERPRET=1) with fp16/fp32 only (the
 interpreter's bf16 tl.dot is wrong) and small shapes; GPU-only tests (bf16, real sizes, CUDA-graph
-capture) are marked. Every kernel output and scratch buffer is allocated NaN-filled, so an element
-the kernels fail to write shows up as a NaN in the comparison.
+capture) are marked. Each kvonce call runs under ``poison_empty``: its outputs and scratch buffers
+are allocated NaN-filled, so an element the kernels fail to write shows up as a NaN.
 """
 from __future__ import annotations
 
 import pytest
 import torch
+from conftest import poison_empty
 
 import kvonce.decode as decode
 from kvonce import append_paged_kv
@@ -31,14 +32,6 @@ LSE_TOL = 5e-3 if CUDA else 1e-3
 SPLIT_TOL = 2e-4 if CUDA else 1e-5
 
 
-@pytest.fixture(autouse=True)
-def nan_poisoned_buffers(monkeypatch):
-    def empty_nan(*shape, dtype=None, device=None, **kw):
-        t = torch.empty(*shape, dtype=dtype, device=device, **kw)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-    monkeypatch.setattr(decode, "_empty", empty_nan)
-
-
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     out, ref = out.float(), ref.float()
     assert not torch.isnan(out).any(), "output has NaNs (an element was not written)"
@@ -51,6 +44,32 @@ def lse_err(lse: torch.Tensor, ref: torch.Tensor) -> float:
     assert torch.equal(torch.isneginf(lse), torch.isneginf(ref)), "-inf rows differ"
     finite = torch.isfinite(ref)
     return (lse[finite] - ref[finite].to(lse.device)).abs().max().item() if finite.any() else 0.0
+
+
+def test_poison_empty_is_scoped_and_catches_unwritten_elements():
+    """The harness itself: inside ``with poison_empty`` (nested too) torch.empty / empty_like and
+    decode's allocator give NaN-filled floats, integer tensors untouched; after it the real
+    functions are back; and a row a (deliberately wrong) kernel leaves unwritten fails rel_err."""
+    real = (torch.empty, torch.empty_like, decode._empty)
+    x = torch.randn(4, 3, device=DEVICE)
+
+    def forgets_last_row(x):
+        out = decode._empty(x.shape, dtype=x.dtype, device=x.device)
+        out[:-1] = x[:-1]
+        return out
+
+    with poison_empty:
+        assert torch.isnan(torch.empty(3, device=DEVICE)).all()
+        assert torch.isnan(torch.empty_like(x)).all()
+        assert torch.empty(3, dtype=torch.int32, device=DEVICE).dtype == torch.int32
+        with poison_empty:
+            assert torch.isnan(decode._empty((2, 2), device=DEVICE)).all()
+        assert torch.isnan(decode._empty((2, 2), device=DEVICE)).all()
+        out = forgets_last_row(x)
+    assert (torch.empty, torch.empty_like, decode._empty) == real
+    assert torch.equal(out[:-1], x[:-1]) and torch.isnan(out[-1]).all()
+    with pytest.raises(AssertionError, match="an element was not written"):
+        rel_err(out, x)
 
 
 def make_paged(lens, *, page_size, nheads_k, head_dim, dtype, spare_pages=2, seed=0):
@@ -103,8 +122,9 @@ def test_against_references(dtype, page_size, head_dim, nheads, nheads_k):
     sdpa_o = paged_attention_sdpa_ref(q, k_cache, v_cache, seqlens, table)
     assert rel_err(sdpa_o, ref_o) < 1e-5
     for num_splits in (1, 3, 0):
-        out, lse = paged_attention(q, k_cache, v_cache, seqlens, table, num_splits=num_splits,
-                                   return_lse=True)
+        with poison_empty:
+            out, lse = paged_attention(q, k_cache, v_cache, seqlens, table,
+                                       num_splits=num_splits, return_lse=True)
         assert out.dtype == dtype and out.shape == q.shape
         assert lse.dtype == torch.float32 and lse.shape == (len(lens), nheads, 1)
         err = rel_err(out, ref_o)
@@ -120,12 +140,14 @@ def test_forced_num_splits_1_to_16_agree():
                                                   dtype=dtype)
     q = make_q(4, 2, 4, 32, dtype)
     ref_o, ref_lse = paged_attention_ref(q, k_cache, v_cache, seqlens, table)
-    base, base_lse = paged_attention(q, k_cache, v_cache, seqlens, table, num_splits=1,
-                                     return_lse=True)
+    with poison_empty:
+        base, base_lse = paged_attention(q, k_cache, v_cache, seqlens, table, num_splits=1,
+                                         return_lse=True)
     assert rel_err(base, ref_o) < TOL[dtype]
     for s in range(2, 17):
-        out, lse = paged_attention(q, k_cache, v_cache, seqlens, table, num_splits=s,
-                                   return_lse=True)
+        with poison_empty:
+            out, lse = paged_attention(q, k_cache, v_cache, seqlens, table, num_splits=s,
+                                       return_lse=True)
         assert rel_err(out, base) < SPLIT_TOL, f"num_splits={s} differs from num_splits=1"
         assert lse_err(lse, base_lse) < 10 * SPLIT_TOL, f"num_splits={s}: lse differs"
 
@@ -142,8 +164,9 @@ def test_q_len(q_len, causal):
     ref_o, ref_lse = paged_attention_ref(q, k_cache, v_cache, seqlens, table, causal=causal)
     sdpa_o = paged_attention_sdpa_ref(q, k_cache, v_cache, seqlens, table, causal=causal)
     for num_splits in (1, 2):
-        out, lse = paged_attention(q, k_cache, v_cache, seqlens, table, causal=causal,
-                                   num_splits=num_splits, return_lse=True)
+        with poison_empty:
+            out, lse = paged_attention(q, k_cache, v_cache, seqlens, table, causal=causal,
+                                       num_splits=num_splits, return_lse=True)
         assert rel_err(out, ref_o) < TOL[dtype]
         assert rel_err(out, sdpa_o) < TOL[dtype]
         assert lse_err(lse, ref_lse) < LSE_TOL
@@ -158,7 +181,9 @@ def test_softmax_scale_and_strided_q():
     q_big = make_q(2, 1, 4, 128, dtype)
     q = q_big[..., :64]  # strided over heads and tokens, unit last-dim stride
     ref_o, _ = paged_attention_ref(q, k_cache, v_cache, seqlens, table, softmax_scale=0.3)
-    out = paged_attention(q, k_cache, v_cache, seqlens, table, softmax_scale=0.3, num_splits=2)
+    with poison_empty:
+        out = paged_attention(q, k_cache, v_cache, seqlens, table, softmax_scale=0.3,
+                              num_splits=2)
     assert rel_err(out, ref_o) < TOL[dtype]
 
 
@@ -184,15 +209,19 @@ def test_append_then_attend(new_len):
         v_old = v_cache[pages].reshape(-1, 2, 64)[:n]
         dense.append((torch.cat([k_old, k_new[b]]), torch.cat([v_old, v_new[b]])))
     kc2, vc2 = k_cache.clone(), v_cache.clone()
-    append_paged_kv(k_new, v_new, k_cache, v_cache, seqlens, table)
+    with poison_empty:
+        append_paged_kv(k_new, v_new, k_cache, v_cache, seqlens, table)
     assert seqlens.tolist() == lens, "append must not advance cache_seqlens"
-    out = paged_attention(q, k_cache, v_cache, seqlens + new_len, table)
+    with poison_empty:
+        out = paged_attention(q, k_cache, v_cache, seqlens + new_len, table)
     for b in range(3):
         ref_o, _ = attention_ref(q[b], *dense[b])
         assert rel_err(out[b], ref_o) < TOL[dtype]
     # The same through the flash-attn wrapper (append + attend in one call).
-    out2, lse2 = flash_attn_with_kvcache(q, kc2, vc2, k=k_new, v=v_new, cache_seqlens=seqlens,
-                                         block_table=table, causal=True, return_softmax_lse=True)
+    with poison_empty:
+        out2, lse2 = flash_attn_with_kvcache(q, kc2, vc2, k=k_new, v=v_new, cache_seqlens=seqlens,
+                                             block_table=table, causal=True,
+                                             return_softmax_lse=True)
     assert torch.equal(kc2, k_cache) and torch.equal(vc2, v_cache)
     assert torch.equal(out2, out)
     assert lse2.shape == (3, 4, new_len)
@@ -213,7 +242,8 @@ def test_append_writes_exactly_its_slots(nheads_k, head_dim, page_size):
     page = torch.gather(table.long(), 1, pos // page_size)
     want_k[page, pos % page_size] = k_new
     want_v[page, pos % page_size] = v_new
-    append_paged_kv(k_new, v_new, k_cache, v_cache, seqlens, table)
+    with poison_empty:
+        append_paged_kv(k_new, v_new, k_cache, v_cache, seqlens, table)
     assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
 
 
@@ -232,7 +262,8 @@ def test_merge_attention_states(dtype):
     lse_a[0, 0] = float("-inf")                      # a empty: b comes back as it is
     lse_b[1, 2] = float("-inf")                      # b empty
     lse_a[2, 1] = lse_b[2, 1] = float("-inf")        # both empty: (0, -inf)
-    o, lse = merge_attention_states(o_a, lse_a, o_b, lse_b)
+    with poison_empty:
+        o, lse = merge_attention_states(o_a, lse_a, o_b, lse_b)
     ref_o, ref_lse = merge_attention_states_ref(o_a, lse_a, o_b, lse_b)
     assert o.dtype == dtype and lse.dtype == torch.float32
     assert rel_err(o, ref_o) < TOL[dtype]
@@ -251,14 +282,16 @@ def test_merge_of_two_halves_equals_whole():
     whole, _ = paged_attention_ref(q, k_cache, v_cache, seqlens, table)
     # First part: the first 20 keys. Second part: keys 20..44, as a sequence of 25 keys whose
     # table starts 20 keys in (page 1 offset 4 is not page aligned, so use the reference).
-    o1, l1 = paged_attention(q, k_cache, v_cache, torch.full_like(seqlens, 20), table,
-                             causal=False, return_lse=True)
+    with poison_empty:
+        o1, l1 = paged_attention(q, k_cache, v_cache, torch.full_like(seqlens, 20), table,
+                                 causal=False, return_lse=True)
     ks = [k_cache[table[b].long()].reshape(-1, 2, 64)[20:45] for b in range(2)]
     vs = [v_cache[table[b].long()].reshape(-1, 2, 64)[20:45] for b in range(2)]
     parts = [attention_ref(q[b], ks[b], vs[b], causal=False) for b in range(2)]
     o2 = torch.stack([p[0] for p in parts])            # [2, 1, 4, 64]
     l2 = torch.stack([p[1] for p in parts])            # [2, 4, 1]
-    o, _ = merge_attention_states(o1[:, 0], l1[..., 0], o2[:, 0].contiguous(), l2[..., 0])
+    with poison_empty:
+        o, _ = merge_attention_states(o1[:, 0], l1[..., 0], o2[:, 0].contiguous(), l2[..., 0])
     assert rel_err(o, whole[:, 0]) < TOL[dtype]
 
 
@@ -353,10 +386,12 @@ def test_flash_attn_wrapper_unsupported(kwargs, name):
 
 def test_flash_attn_wrapper_defaults_match():
     a = _good()
-    out = flash_attn_with_kvcache(a["q"], a["k_cache"], a["v_cache"], cache_seqlens=20,
-                                  block_table=a["block_table"])
-    ref = paged_attention(a["q"], a["k_cache"], a["v_cache"],
-                          torch.full_like(a["cache_seqlens"], 20), a["block_table"], causal=False)
+    with poison_empty:
+        out = flash_attn_with_kvcache(a["q"], a["k_cache"], a["v_cache"], cache_seqlens=20,
+                                      block_table=a["block_table"])
+        ref = paged_attention(a["q"], a["k_cache"], a["v_cache"],
+                              torch.full_like(a["cache_seqlens"], 20), a["block_table"],
+                              causal=False)
     assert torch.equal(out, ref)
 
 
@@ -391,8 +426,9 @@ def test_gpu_real_sizes(dtype, nheads, nheads_k, head_dim, page_size):
         ref_o, ref_lse = paged_attention_ref(q, k_cache, v_cache, seqlens, table)
         sdpa_o = paged_attention_sdpa_ref(q, k_cache, v_cache, seqlens, table)
         for num_splits in (0, 1, 7):
-            out, lse = paged_attention(q, k_cache, v_cache, seqlens, table, num_splits=num_splits,
-                                       return_lse=True)
+            with poison_empty:
+                out, lse = paged_attention(q, k_cache, v_cache, seqlens, table,
+                                           num_splits=num_splits, return_lse=True)
             assert rel_err(out, ref_o) < TOL[dtype], f"q_len={q_len} num_splits={num_splits}"
             assert rel_err(out, sdpa_o) < TOL[dtype]
             assert lse_err(lse, ref_lse) < 2e-2
@@ -409,8 +445,9 @@ def test_cuda_graph_capture_replay_equals_eager():
     k_new = torch.randn((4, 1, 8, 128), generator=g).to(dtype).cuda()
     v_new = torch.randn((4, 1, 8, 128), generator=g).to(dtype).cuda()
     kc_eager, vc_eager = k_cache.clone(), v_cache.clone()
-    eager = flash_attn_with_kvcache(q, kc_eager, vc_eager, k=k_new, v=v_new, cache_seqlens=seqlens,
-                                    block_table=table, causal=True)
+    with poison_empty:
+        eager = flash_attn_with_kvcache(q, kc_eager, vc_eager, k=k_new, v=v_new,
+                                        cache_seqlens=seqlens, block_table=table, causal=True)
     torch.cuda.synchronize()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -419,7 +456,7 @@ def test_cuda_graph_capture_replay_equals_eager():
                                 cache_seqlens=seqlens, block_table=table, causal=True)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph), poison_empty:  # the NaN fill is captured too
         captured = flash_attn_with_kvcache(q, k_cache, v_cache, k=k_new, v=v_new,
                                            cache_seqlens=seqlens, block_table=table, causal=True)
     graph.replay()
@@ -431,7 +468,8 @@ def test_cuda_graph_capture_replay_equals_eager():
     q.normal_()
     graph.replay()
     torch.cuda.synchronize()
-    again = paged_attention(q, k_cache, v_cache, seqlens + 1, table, causal=True)
+    with poison_empty:
+        again = paged_attention(q, k_cache, v_cache, seqlens + 1, table, causal=True)
     assert torch.equal(captured, again)
 
 
@@ -440,11 +478,14 @@ def test_plan_run_reused_across_values():
     k_cache, v_cache, seqlens, table = make_paged([40, 7], page_size=16, nheads_k=2, head_dim=64,
                                                   dtype=dtype)
     q = make_q(2, 1, 4, 64, dtype)
-    plan = decode.PagedDecodePlan(q, k_cache, v_cache, seqlens, table, num_splits=3)
+    with poison_empty:
+        plan = decode.PagedDecodePlan(q, k_cache, v_cache, seqlens, table, num_splits=3)
     for lens in ([40, 7], [1, 48], [33, 16]):
         seqlens.copy_(torch.tensor(lens, dtype=torch.int32))
         q2 = make_q(2, 1, 4, 64, dtype, seed=sum(lens))
         ref_o, _ = paged_attention_ref(q2, k_cache, v_cache, seqlens, table)
-        assert rel_err(plan.run(q2, k_cache, v_cache, seqlens, table), ref_o) < TOL[dtype]
+        with poison_empty:
+            out = plan.run(q2, k_cache, v_cache, seqlens, table)
+        assert rel_err(out, ref_o) < TOL[dtype]
     with pytest.raises(ValueError, match="differ from the plan"):
         plan.run(make_q(2, 2, 4, 64, dtype), k_cache, v_cache, seqlens, table)

@@ -5,14 +5,11 @@ time)."""
 from __future__ import annotations
 
 import copy
-import os
-import tempfile
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from conftest import HAS_CUDA
+from conftest import HAS_CUDA, spawn_process_group
 
 transformers = pytest.importorskip("transformers")
 
@@ -67,7 +64,7 @@ def cp_step(model, device, world, rank, group=None):
     kv_hf.register()
     model.set_attn_implementation(kv_hf.NAME)
     ids, pos, labels, cu = _batch(device)
-    kv_hf.update_zigzag_params(cu, group)
+    kv_hf.update_zigzag_params(cu, group, check_lengths=True)
     ids_l, pos_l, labels_l = (zigzag_shard(t, cu, world, rank) for t in (ids, pos, labels))
     logits = model(ids_l[None], position_ids=pos_l[None]).logits[0]
     loss = _loss(logits, labels_l)
@@ -90,34 +87,29 @@ def _compare(ref, got, limit):
         assert err < limit, f"grad of {name}: relative error {err:.3e}"
 
 
-def _worker(rank, world, rdzv, backend):
+def _worker(rank, world, backend):
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
-    if backend == "nccl":
-        torch.cuda.set_device(device)
-    # A file rendezvous (a fresh path per spawn): no TCP port to race for.
-    dist.init_process_group(backend, init_method=f"file://{rdzv}", rank=rank, world_size=world)
-    try:
-        base = _model().to(device)
-        ref = reference_step(copy.deepcopy(base), device)
-        # fp32 throughout; on the GPU the kernels' fp32 dots run in TF32 (10-bit mantissa).
-        _compare(ref, cp_step(base, device, world, rank), 1e-4 if backend == "gloo" else 1e-2)
-    finally:
-        dist.destroy_process_group()
-
-
-def _rendezvous_file() -> str:
-    """A fresh path for ``init_method="file://..."`` (no TCP port to race for)."""
-    fd, path = tempfile.mkstemp(prefix="kvonce_rdzv_")
-    os.close(fd)
-    os.unlink(path)
-    return path
+    base = _model().to(device)
+    ref = reference_step(copy.deepcopy(base), device)
+    # fp32 throughout; on the GPU the kernels' fp32 dots run in TF32 (10-bit mantissa).
+    _compare(ref, cp_step(base, device, world, rank), 1e-4 if backend == "gloo" else 1e-2)
 
 
 @pytest.mark.skipif(HAS_CUDA and torch.cuda.device_count() < 2,
                     reason="on a GPU machine this runs on 2 GPUs with NCCL")
 def test_llama_training_step_two_processes():
-    backend = "nccl" if HAS_CUDA else "gloo"
-    mp.spawn(_worker, args=(2, _rendezvous_file(), backend), nprocs=2, join=True)
+    spawn_process_group(_worker, 2, "nccl" if HAS_CUDA else "gloo")
+
+
+def test_update_params_check_lengths():
+    """Validation mode (world 1 here: lengths must be even); off by default."""
+    import kvonce.integrations.hf as kv_hf
+
+    cu = torch.tensor([0, 8, 11], dtype=torch.int32)
+    with pytest.raises(ValueError, match="sequence 1 has global length 3, not a multiple of 2"):
+        kv_hf.update_zigzag_params(cu, check_lengths=True)
+    kv_hf.update_zigzag_params(cu)
+    kv_hf._params = None
 
 
 def test_update_params_required():

@@ -2,19 +2,19 @@
 the same block table and the float32 reference.
 
 The cascade is forced on (``cascade=True``): small shapes would otherwise pick plain decode and
-leave it untested. Every kernel output and scratch buffer is allocated NaN-filled, so an element
-the kernels fail to write shows up as a NaN. On CPU under the Triton interpreter: tiny shapes
-(head dim 32/64, a few pages); GPU-only tests (bf16, real sizes, CUDA graphs) are marked.
+leave it untested. Plans and runs are built under ``poison_empty``: every kernel output and
+scratch buffer is allocated NaN-filled, so an element the kernels fail to write shows up as a NaN.
+On CPU under the Triton interpreter: tiny shapes (head dim 32/64, a few pages); GPU-only tests
+(bf16, real sizes, CUDA graphs) are marked.
 """
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
-from conftest import DEVICE, HAS_CUDA
+from conftest import DEVICE, HAS_CUDA, poison_empty
 
 import kvonce
-import kvonce.decode as decode
 import kvonce.prefix as prefix
 from kvonce.kernels.configs import PrefixDecodeConfig, interpreter_active
 from kvonce.reference import paged_attention_ref
@@ -27,14 +27,6 @@ LSE_TOL = 5e-3 if HAS_CUDA else 1e-3
 # Cascade vs plain decode: the same math in another order (partials merged in float32).
 PLAIN_TOL = {torch.float32: 1e-3 if HAS_CUDA else 2e-5, torch.float16: 2e-3,
              torch.bfloat16: 1.6e-2}
-
-
-@pytest.fixture(autouse=True)
-def nan_poisoned_buffers(monkeypatch):
-    def empty_nan(*shape, dtype=None, device=None, **kw):
-        t = torch.empty(*shape, dtype=dtype, device=device, **kw)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-    monkeypatch.setattr(decode, "_empty", empty_nan)
 
 
 def rel_err(out, ref) -> float:
@@ -119,12 +111,13 @@ def make_inputs(table, lens, num_pages, *, q_len, nheads, nheads_k, head_dim, pa
 
 def check_against_plain(q, k_cache, v_cache, seqlens, table, *, causal=True, **plan_kw):
     """The forced cascade equals plain decode (and the reference); returns the plan."""
-    plan = kvonce.PagedDecodePlan(q, k_cache, v_cache, seqlens, table, causal=causal,
-                                  cascade=True, **plan_kw)
+    with poison_empty:
+        plan = kvonce.PagedDecodePlan(q, k_cache, v_cache, seqlens, table, causal=causal,
+                                      cascade=True, **plan_kw)
+        out, lse = plan.run(q, k_cache, v_cache, seqlens, table, return_lse=True)
+        plain, plain_lse = kvonce.paged_attention(q, k_cache, v_cache, seqlens, table,
+                                                  causal=causal, return_lse=True)
     assert plan.uses_cascade
-    out, lse = plan.run(q, k_cache, v_cache, seqlens, table, return_lse=True)
-    plain, plain_lse = kvonce.paged_attention(q, k_cache, v_cache, seqlens, table, causal=causal,
-                                              return_lse=True)
     ref, ref_lse = paged_attention_ref(q, k_cache, v_cache, seqlens, table, causal=causal)
     assert out.shape == q.shape and out.dtype == q.dtype and lse.shape == plain_lse.shape
     assert rel_err(out, plain) < PLAIN_TOL[q.dtype], f"vs plain decode: {rel_err(out, plain):.2e}"
@@ -191,7 +184,8 @@ def test_group_longer_than_a_member():
     plan = check_against_plain(*inputs, shared_prefix=[(torch.tensor([0, 1, 2],
                                                                      dtype=torch.int32), 4)])
     assert plan._cascade.suffix_seqlens.tolist() == [6, 0, 0]
-    out, lse = plan.run(*inputs, return_lse=True)
+    with poison_empty:
+        out, lse = plan.run(*inputs, return_lse=True)
     assert torch.isneginf(lse[2, :, :2]).all() and (out[2, :2] == 0).all()
 
 
@@ -219,16 +213,18 @@ def test_plan_reused_across_layers_and_lengths():
     q, k_cache, v_cache, seqlens, table = make_inputs(table, lens, num_pages, q_len=1, nheads=4,
                                                       nheads_k=2, head_dim=32, page_size=16,
                                                       dtype=dtype)
-    plan = kvonce.PagedDecodePlan(q, k_cache, v_cache, seqlens, table, shared_prefix="auto",
-                                  cascade=True)
+    with poison_empty:
+        plan = kvonce.PagedDecodePlan(q, k_cache, v_cache, seqlens, table, shared_prefix="auto",
+                                      cascade=True)
     for layer in range(2):
         q.normal_()
         k_cache.normal_()
         if layer == 1:  # one more token where a sequence has room in its table
             room = table.shape[1] * 16
             seqlens.copy_(torch.clamp(seqlens + 1, max=room))
-        out = plan.run(q, k_cache, v_cache, seqlens, table)
-        plain = kvonce.paged_attention(q, k_cache, v_cache, seqlens, table)
+        with poison_empty:
+            out = plan.run(q, k_cache, v_cache, seqlens, table)
+            plain = kvonce.paged_attention(q, k_cache, v_cache, seqlens, table)
         assert rel_err(out, plain) < PLAIN_TOL[dtype]
     with pytest.raises(ValueError, match="differ from the plan"):
         plan.run(q[:, :1].repeat(1, 2, 1, 1), k_cache, v_cache, seqlens, table)
@@ -385,7 +381,8 @@ def _small_cascade_plan():
     table, lens, _, num_pages = random_tree(41, 4, 16, max_depth=1)
     inputs = make_inputs(table, lens, num_pages, q_len=2, nheads=4, nheads_k=2, head_dim=32,
                          page_size=16, dtype=torch.float16)
-    plan = kvonce.PagedDecodePlan(*inputs, shared_prefix="auto", cascade=True)
+    with poison_empty:
+        plan = kvonce.PagedDecodePlan(*inputs, shared_prefix="auto", cascade=True)
     assert plan.uses_cascade
     return plan, inputs
 
@@ -412,7 +409,8 @@ def test_compile_fullgraph(backend):
     def step(q, k_cache, v_cache, seqlens, table):
         return plan.run(q, k_cache, v_cache, seqlens, table, return_lse=True)
 
-    eager = step(*inputs)
+    with poison_empty:
+        eager = step(*inputs)
     torch._dynamo.reset()
     out, lse = torch.compile(step, fullgraph=True, backend=backend)(*inputs)
     assert torch.equal(out, eager[0]) and torch.equal(lse, eager[1])
@@ -452,11 +450,12 @@ def test_cuda_graph_capture_replay_equals_eager():
     q, k_cache, v_cache, seqlens, table = make_inputs(table, lens, num_pages, q_len=1, nheads=32,
                                                       nheads_k=8, head_dim=128, page_size=16,
                                                       dtype=torch.bfloat16)
-    plan = kvonce.PagedDecodePlan(q, k_cache, v_cache, seqlens, table, shared_prefix="auto",
-                                  cascade=True)
-    eager = plan.run(q, k_cache, v_cache, seqlens, table).clone()
+    with poison_empty:
+        plan = kvonce.PagedDecodePlan(q, k_cache, v_cache, seqlens, table, shared_prefix="auto",
+                                      cascade=True)
+        eager = plan.run(q, k_cache, v_cache, seqlens, table).clone()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph), poison_empty:  # the NaN fill is captured too
         captured = plan.run(q, k_cache, v_cache, seqlens, table)
     graph.replay()
     torch.cuda.synchronize()
@@ -465,5 +464,6 @@ def test_cuda_graph_capture_replay_equals_eager():
     seqlens.add_(1)  # the own pages have room: lengths are read on the device
     graph.replay()
     torch.cuda.synchronize()
-    plain = kvonce.paged_attention(q, k_cache, v_cache, seqlens, table)
+    with poison_empty:
+        plain = kvonce.paged_attention(q, k_cache, v_cache, seqlens, table)
     assert rel_err(captured, plain) < PLAIN_TOL[torch.bfloat16]

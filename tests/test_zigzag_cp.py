@@ -7,14 +7,10 @@ real sizes (``test_nccl_two_gpus``).
 """
 from __future__ import annotations
 
-import os
-import tempfile
-
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-from conftest import DEVICE, HAS_CUDA
+from conftest import DEVICE, HAS_CUDA, spawn_process_group
+from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
 
 from kvonce.reference import varlen_attention_ref
 from kvonce.zigzag import (zigzag_llama3_flash_attn_varlen_func,
@@ -56,22 +52,24 @@ def run_rank(rank: int, world: int, case: dict, device: str, group=None) -> dict
     max_local = max(local_lens, default=0)
     packing = case.get("packing", "none")
     stride = case["heads_k_stride"]
+    check = case.get("check_lengths", False)
     if packing == "kv":
         kv = torch.stack([k, v], dim=1).requires_grad_()
         out, lse, _ = zigzag_llama3_flash_attn_varlen_kvpacked_func(
             q.requires_grad_(), kv, cu_local, cu, max_local, max(lens), stride,
-            return_attn_probs=True, group=group)
+            return_attn_probs=True, group=group, check_lengths=check)
     elif packing == "qkv":
         qkv = torch.stack([q, k, v], dim=1).requires_grad_()
         out, lse, _ = zigzag_llama3_flash_attn_varlen_qkvpacked_func(
-            qkv, cu_local, cu, max_local, max(lens), stride, return_attn_probs=True, group=group)
+            qkv, cu_local, cu, max_local, max(lens), stride, return_attn_probs=True, group=group,
+            check_lengths=check)
     else:
         for t in (q, k, v):
             t.requires_grad_()
         out, lse, _ = zigzag_llama3_flash_attn_varlen_func(
             q, k, v, cu_local, cu, max_local, max(lens), stride, return_attn_probs=True,
             causal=case.get("causal", True), group=group,
-            keep_gathered_kv=case.get("keep_kv", False))
+            keep_gathered_kv=case.get("keep_kv", False), check_lengths=check)
     out.backward(dout)
     if packing == "kv":
         dq, dk, dv = q.grad, kv.grad[:, 0], kv.grad[:, 1]
@@ -101,14 +99,15 @@ def run_rank(rank: int, world: int, case: dict, device: str, group=None) -> dict
 
 
 # Tiny shapes for the interpreter: chunks of 3, 5, 0 and 2 tokens (an empty sequence, lengths
-# shorter than a tile), GQA 4/2, head dim 32.
+# shorter than a tile), GQA 4/2, head dim 32. check_lengths: good lengths pass the validation
+# mode (gqa_stride1 runs at every world size, kvpacked through the packed wrapper).
 CPU_CASES = {
     "gqa_stride1": dict(chunks=(3, 5, 0, 2), heads=4, heads_k=2, head_dim=32, heads_k_stride=1,
-                        dtype=torch.float32),
+                        dtype=torch.float32, check_lengths=True),
     "gqa_stride_all": dict(chunks=(3, 5, 0, 2), heads=4, heads_k=2, head_dim=32,
                            heads_k_stride=2, dtype=torch.float32),
     "kvpacked": dict(chunks=(4, 1), heads=4, heads_k=2, head_dim=32, heads_k_stride=1,
-                     dtype=torch.float32, packing="kv"),
+                     dtype=torch.float32, packing="kv", check_lengths=True),
     "keep_gathered_kv": dict(chunks=(3, 0, 6), heads=4, heads_k=2, head_dim=32, heads_k_stride=1,
                              dtype=torch.float32, keep_kv=True),
     "qkvpacked": dict(chunks=(4, 1), heads=2, heads_k=2, head_dim=32, heads_k_stride=1,
@@ -123,29 +122,35 @@ def _assert_errors(errors: dict, dtype, rank: int, name: str) -> None:
         assert err < limit, f"{name} rank {rank}: {key} error {err:.3e} >= {limit}"
 
 
-def _rendezvous_file() -> str:
-    """A path that does not exist yet, for ``init_method="file://..."`` (removed by the store)."""
-    fd, path = tempfile.mkstemp(prefix="kvonce_rdzv_")
-    os.close(fd)
-    os.unlink(path)
-    return path
+def assert_bad_lengths_raise(world: int, device: str) -> None:
+    """check_lengths=True on this world size: a global length that is a multiple of ``world``
+    (of 2 at world 2) but not of ``2 * world``, and local lengths other than global // world,
+    raise ValueError naming the sequence before any launch or collective."""
+    q = torch.randn(9, 2, 32, device=device)
+    k = torch.randn(9, 1, 32, device=device)
+    lens = [6 * world, 3 * world]  # local 6, 3
+    with pytest.raises(ValueError, match=rf"cu_seqlens_k: sequence 1 has global length "
+                                         rf"{3 * world}, not a multiple of 2 \* world_size = "
+                                         rf"{2 * world}"):
+        zigzag_llama3_flash_attn_varlen_func(q, k, k, _cu([6, 3], device), _cu(lens, device), 6,
+                                             max(lens), 1, check_lengths=True)
+    lens = [6 * world, 2 * world]  # local 6, 2; given 6, 3
+    with pytest.raises(ValueError, match=rf"cu_seqlens_q: sequence 1 has local length 3, "
+                                         rf"expected .* // world_size {world} = 2"):
+        zigzag_llama3_flash_attn_varlen_kvpacked_func(
+            q, torch.stack([k, k], dim=1), _cu([6, 3], device), _cu(lens, device), 6, max(lens),
+            1, check_lengths=True)
 
 
-def _spawned(rank: int, world: int, rdzv: str, backend: str, cases: dict) -> None:
+def _spawned(rank: int, world: int, backend: str, cases: dict) -> None:
     device = f"cuda:{rank}" if backend == "nccl" else "cpu"
-    if backend == "nccl":
-        torch.cuda.set_device(rank)
-    # A file rendezvous (a fresh path per spawn): no TCP port to race for.
-    dist.init_process_group(backend, init_method=f"file://{rdzv}", rank=rank, world_size=world)
-    try:
-        for name, case in cases.items():
-            _assert_errors(run_rank(rank, world, case, device), case["dtype"], rank, name)
-    finally:
-        dist.destroy_process_group()
+    assert_bad_lengths_raise(world, device)
+    for name, case in cases.items():
+        _assert_errors(run_rank(rank, world, case, device), case["dtype"], rank, name)
 
 
 def _spawn(world: int, backend: str, cases: dict) -> None:
-    mp.spawn(_spawned, args=(world, _rendezvous_file(), backend, cases), nprocs=world, join=True)
+    spawn_process_group(_spawned, world, backend, cases)
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="CPU gloo test (the GPU run uses NCCL below)")
@@ -178,6 +183,26 @@ def test_nccl_two_gpus():
              "bf16_stride_all": dict(chunks=(1024, 100), heads=8, heads_k=2, head_dim=128,
                                      heads_k_stride=2, dtype=torch.bfloat16)}
     _spawn(2, "nccl", cases)
+
+
+def test_check_lengths_world_one():
+    """World 1 (no process group): odd global lengths and cu_seqlens_q != cu_seqlens_k raise;
+    the multiple-of-2 * world rule at world > 1 is checked in every spawned rank."""
+    assert_bad_lengths_raise(1, DEVICE)
+
+
+def test_check_lengths_off_by_default_reads_no_values():
+    """The default reads no tensor values (no host sync): the call runs on fake tensors, which
+    hold none, even with lengths the check would reject; check_lengths=True needs the values."""
+    mode = FakeTensorMode()
+    q, k = (mode.from_tensor(torch.randn(9, n, 32, device=DEVICE)) for n in (2, 1))
+    cu_local, cu = (mode.from_tensor(_cu(lens, DEVICE)) for lens in ([6, 3], [12, 3]))
+    with mode:
+        out = zigzag_llama3_flash_attn_varlen_func(q, k, k, cu_local, cu, 6, 12, 1)
+        assert out.shape == q.shape
+        with pytest.raises(DataDependentOutputException):
+            zigzag_llama3_flash_attn_varlen_func(q, k, k, cu_local, cu, 6, 12, 1,
+                                                 check_lengths=True)
 
 
 def test_shard_unshard_roundtrip():

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from . import _validate as V
+from ._dispatch import like_inputs, require_values, use_op
 from .kernels.configs import (PagedDecodeConfig, device_info, get_paged_decode_config,
                               interpreter_active)
 from .kernels.paged_decode import PagedDecodeLaunch, decode_row_blocks, launch_merge_states
@@ -51,7 +52,9 @@ def choose_num_splits(batch: int, nheads_k: int, max_keys: int, num_sms: int,
 
 
 def _check_device_ok(device: torch.device) -> None:
-    if device.type != "cuda" and not interpreter_active():
+    # meta tensors always take the custom op (_dispatch.use_op), whose fake implementation serves
+    # them: nothing launches.
+    if device.type not in ("cuda", "meta") and not interpreter_active():
         raise ValueError(f"inputs are on {device}: the Triton kernel needs a CUDA device "
                          "(or TRITON_INTERPRET=1 for the CPU interpreter)")
 
@@ -86,6 +89,7 @@ def _check_block_table_values(cache_seqlens, block_table, num_pages: int, page_s
                               extra: int = 0) -> None:
     """Validation mode (host sync): every sequence's ``cache_seqlens + extra`` positions have pages
     in the table, and those entries name existing pages."""
+    require_values("check_block_table=True", cache_seqlens=cache_seqlens, block_table=block_table)
     need = (cache_seqlens.long() + extra + page_size - 1) // page_size
     if bool((cache_seqlens < 0).any()):
         raise ValueError("cache_seqlens has negative entries")
@@ -222,9 +226,12 @@ class PagedDecodePlan:
     one plan serves one stream.
 
     Eager ``run`` launches the kernels directly through Triton's C launcher (the launch is bound
-    once per stride layout: ``kernels/_launch.py``); under ``torch.compile`` it calls the
+    once per stride layout: ``kernels/_launch.py``); under ``torch.compile``, a dispatch or
+    function mode, or with fake/meta/subclass tensors (``kvonce._dispatch.use_op``) it calls the
     ``torch.ops.kvonce.paged_decode`` / ``paged_decode_split`` custom ops, which run the same
-    kernels (the op dispatch costs ~16 us of host time per call, docs/notes.md).
+    kernels (the op dispatch costs ~16 us of host time per call, docs/notes.md). A plan made from
+    real tensors also runs fake ones of the same shapes (its scratch is converted to the inputs'
+    fake mode); meta inputs need a plan made from meta tensors.
 
     ``shared_prefix="auto"`` (the tree read from the block table on the host, here) or
     ``[(seq_ids, num_pages), ...]`` plans the shared-prefix cascade (``kvonce.prefix``; plain
@@ -308,7 +315,7 @@ class PagedDecodePlan:
         if self._kv_code:
             return self._run_quantized(q, k_cache, v_cache, cache_seqlens, block_table, k_scale,
                                        v_scale, return_lse)
-        if torch.compiler.is_compiling():
+        if use_op(q, k_cache, v_cache, cache_seqlens, block_table):
             self._check_like_plan(q, k_cache, v_cache, cache_seqlens, block_table)
             out, lse = self._run_op(q, k_cache, v_cache, cache_seqlens, block_table)
             return (out, lse) if return_lse else out
@@ -333,7 +340,7 @@ class PagedDecodePlan:
                        return_lse):
         """Eager quantized decode: full checks on the first call of a stride layout (scales
         included), then launches only."""
-        if torch.compiler.is_compiling():
+        if use_op(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale):
             _validate_quantized(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale,
                                 self.kv_format)
             self._check_like_plan(q, k_cache, v_cache, cache_seqlens, block_table)
@@ -403,7 +410,8 @@ class PagedDecodePlan:
             return torch.ops.kvonce.paged_decode(q, k_cache, v_cache, cache_seqlens, block_table,
                                                  *launch_fields)
         return torch.ops.kvonce.paged_decode_split(q, k_cache, v_cache, cache_seqlens,
-                                                   block_table, *self._scratch(), *launch_fields)
+                                                   block_table, *like_inputs(q, *self._scratch()),
+                                                   *launch_fields)
 
 
 def paged_attention(
@@ -516,7 +524,7 @@ def merge_attention_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Te
                              f"got {tuple(t.shape)}")
     V.check_last_dim_contiguous(o_a=o_a, o_b=o_b)
     _check_device_ok(device)
-    if torch.compiler.is_compiling():
+    if use_op(o_a, lse_a, o_b, lse_b):
         return torch.ops.kvonce.merge_attention_states(o_a, lse_a, o_b, lse_b)
     return _merge_attention_states_impl(o_a, lse_a, o_b, lse_b)
 
@@ -575,8 +583,10 @@ def flash_attn_with_kvcache(
 # ------------------------------------------------------------------------------------------------
 # torch.library custom ops: what torch.compile records, opaque to Inductor (which would otherwise
 # re-compile our Triton code and fail), with fake implementations giving shapes and dtypes only.
-# The public functions above check their arguments and call these ops while compiling; eager
-# calls run the same implementations without the op dispatch (~16 us of host time per call).
+# The public functions above check their arguments and call these ops where _dispatch.use_op says
+# (compiling, a dispatch or function mode active, fake/meta/subclass tensors); plain eager calls
+# run the same implementations without the op dispatch (~16 us of host time per call). FLOP
+# formulas for FlopCounterMode: kvonce/flops.py.
 # ------------------------------------------------------------------------------------------------
 
 def _decode_outputs(q: torch.Tensor, alloc) -> tuple[torch.Tensor, torch.Tensor]:

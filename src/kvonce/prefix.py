@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from . import decode as _decode
+from ._dispatch import like_inputs, require_values, use_op
 from .kernels._launch import next_pow2
 from .kernels.configs import PrefixDecodeConfig, device_info, get_prefix_decode_config
 from .kernels.configs import PagedDecodeConfig
@@ -70,7 +71,11 @@ def find_shared_prefixes(block_table: torch.Tensor, cache_seqlens: torch.Tensor,
     -------
     ``[(seq_ids, num_pages), ...]``: ``seq_ids`` sorted int32 CPU tensors; a group comes before
     the groups inside it. The format ``PagedDecodePlan(shared_prefix=...)`` takes.
+
+    Raises ``ValueError`` for fake or meta tensors (no values to read: make the plan eagerly).
     """
+    require_values("find_shared_prefixes (shared_prefix='auto')", block_table=block_table,
+                   cache_seqlens=cache_seqlens)
     table = block_table.detach().cpu().numpy()  # sync-ok: plan time, once per step (issue 12)
     lens = cache_seqlens.detach().cpu().numpy().astype(np.int64)  # sync-ok: plan time
     batch, max_pages = table.shape
@@ -126,6 +131,7 @@ def _nodes_from_groups(groups, batch: int, max_pages: int) -> list[PrefixNode]:
         if not 1 <= num_pages <= max_pages:
             raise ValueError(f"shared_prefix[{i}]: num_pages must be in [1, {max_pages}] "
                              f"(block_table's columns), got {num_pages}")
+        require_values(f"shared_prefix[{i}]", seq_ids=ids)
         members = sorted(int(b) for b in ids.tolist())  # sync-ok: plan time (caller's tree)
         if not members:
             raise ValueError(f"shared_prefix[{i}]: seq_ids is empty")
@@ -152,6 +158,7 @@ def _nodes_from_groups(groups, batch: int, max_pages: int) -> list[PrefixNode]:
 
 def _check_group_values(nodes: list[PrefixNode], block_table: torch.Tensor) -> None:
     """Validation mode (host sync): every group's rows agree on its columns."""
+    require_values("check_block_table=True", block_table=block_table)
     for node in nodes:
         idx = torch.tensor(node.members, dtype=torch.long, device=block_table.device)
         rows = block_table[idx, :node.hi]
@@ -378,8 +385,9 @@ class CascadePlan:
                              store_lse=return_lse)
 
     def run(self, q, k_cache, v_cache, cache_seqlens, block_table, *, return_lse: bool = False):
-        """``PagedDecodePlan.run`` on the cascade path: same arguments, same results."""
-        if torch.compiler.is_compiling():
+        """``PagedDecodePlan.run`` on the cascade path: same arguments, same results (through
+        the custom op where ``kvonce._dispatch.use_op`` says)."""
+        if use_op(q, k_cache, v_cache, cache_seqlens, block_table):
             self._check(q, k_cache, v_cache, cache_seqlens, block_table)
             out, lse = self._run_op(q, k_cache, v_cache, cache_seqlens, block_table)
             return (out, lse) if return_lse else out
@@ -403,12 +411,14 @@ class CascadePlan:
     def _run_op(self, q, k_cache, v_cache, cache_seqlens, block_table):
         b, c = self._base, self.config
         d = b.config
+        # The plan's metadata and scratch in the inputs' fake mode, if they are fake.
+        plan_tensors = like_inputs(q, self.work, self.members, self.prefix_pages, self.o_part,
+                                   self.lse_part, self.suffix_table, self.suffix_seqlens)
         return torch.ops.kvonce.prefix_decode(
-            q, k_cache, v_cache, cache_seqlens, block_table, self.work, self.members,
-            self.prefix_pages, self.o_part, self.lse_part, self.suffix_table, self.suffix_seqlens,
-            b.softmax_scale, b.causal, self.suffix_splits, self.layout.block_m, c.block_n,
-            c.num_warps, c.num_stages, c.kv_cache_modifier, c.kv_eviction, d.block_n,
-            d.num_warps, d.num_stages, d.kv_cache_modifier, d.kv_eviction)
+            q, k_cache, v_cache, cache_seqlens, block_table, *plan_tensors, b.softmax_scale,
+            b.causal, self.suffix_splits, self.layout.block_m, c.block_n, c.num_warps,
+            c.num_stages, c.kv_cache_modifier, c.kv_eviction, d.block_n, d.num_warps,
+            d.num_stages, d.kv_cache_modifier, d.kv_eviction)
 
 
 def _prefix_pages(nodes: list[PrefixNode], batch: int) -> np.ndarray:
@@ -481,7 +491,8 @@ def plan_cascade(base, q, k_cache, v_cache, cache_seqlens, block_table, shared_p
 
 
 # ------------------------------------------------------------------------------------------------
-# torch.library custom op (what torch.compile records; the eager path launches directly)
+# torch.library custom op (what torch.compile and dispatch modes see; the plain eager path
+# launches directly)
 # ------------------------------------------------------------------------------------------------
 
 @torch.library.custom_op("kvonce::prefix_decode",

@@ -10,6 +10,7 @@ import dataclasses
 import torch
 
 from . import _validate as V
+from ._dispatch import use_op
 from .kernels.configs import (DualGroupBwdConfig, DualGroupFwdConfig, device_info,
                               get_dual_group_bwd_config, get_dual_group_fwd_config,
                               interpreter_active)
@@ -31,6 +32,11 @@ def _per_sequence(x, batch: int, device: torch.device) -> torch.Tensor:
     if isinstance(x, int):
         return torch.full((batch,), x, dtype=torch.int32, device=device)
     return x
+
+
+def _tensor_or_none(x):
+    """A per-sequence ``max_kv_len`` tensor, or None for an int (``use_op`` skips None)."""
+    return None if isinstance(x, int) else x
 
 
 # Call signatures whose checks passed (shapes, strides, dtypes, devices, ints: never values):
@@ -61,7 +67,9 @@ def validate_dual_group_inputs(q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_se
     V.check_last_dim_contiguous(q0=q0, q1=q1, k=k, v=v)
     V.check_int_or_per_sequence("max_kv_len_q0", max_kv_len_q0, batch, device)
     V.check_int_or_per_sequence("max_kv_len_q1", max_kv_len_q1, batch, device)
-    if device.type != "cuda" and not interpreter_active():
+    # meta tensors always take the custom op (_dispatch.use_op), whose fake implementation
+    # serves them: nothing launches.
+    if device.type not in ("cuda", "meta") and not interpreter_active():
         raise ValueError(f"inputs are on {device}: the Triton kernel needs a CUDA device "
                          "(or TRITON_INTERPRET=1 for the CPU interpreter)")
     return batch
@@ -144,7 +152,8 @@ def fused_zigzag_llama3_flash_attn_varlen_forward(
 def _dual_group_forward(q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, max_seqlen_q0,
                         max_seqlen_q1, max_seqlen_k, max_kv_len_q0, max_kv_len_q1, softmax_scale,
                         causal, config, differentiable: bool):
-    """Checks, then the op (while compiling, or for autograd) or its implementation (eager)."""
+    """Checks, then the op (for autograd, and where ``_dispatch.use_op`` says: compiling, a
+    dispatch or function mode, fake/meta/subclass tensors) or its implementation (plain eager)."""
     compiling = torch.compiler.is_compiling()
     signature = None if compiling else V.call_signature(
         q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, max_seqlen_q0, max_seqlen_q1,
@@ -163,12 +172,14 @@ def _dual_group_forward(q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k
     scale = q0.shape[2] ** -0.5 if softmax_scale is None else float(softmax_scale)
     max_seqlen_q = max(max_seqlen_q0, max_seqlen_q1)
     kv_end0, kv_end1 = max_kv_len_q0, max_kv_len_q1
-    use_op = compiling or differentiable
-    if use_op or isinstance(kv_end0, int) != isinstance(kv_end1, int):
+    routed = compiling or differentiable or use_op(
+        q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, _tensor_or_none(kv_end0),
+        _tensor_or_none(kv_end1))
+    if routed or isinstance(kv_end0, int) != isinstance(kv_end1, int):
         # Both ints go to the kernel as ints; otherwise both as int32 [batch] tensors.
         kv_end0 = _per_sequence(kv_end0, batch, device)
         kv_end1 = _per_sequence(kv_end1, batch, device)
-    if use_op:
+    if routed:
         return torch.ops.kvonce.dual_group_fwd(
             q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1,
             max_seqlen_q, max_seqlen_k, scale, causal, *dataclasses.astuple(config))
@@ -192,7 +203,8 @@ def _dual_group_fwd_impl(q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_
 
 
 # torch.library custom op: what torch.compile records (opaque to Inductor, fake shapes below).
-# The public function checks its arguments and calls it while compiling; eager calls run the
+# The public function checks its arguments and calls it for autograd and where _dispatch.use_op
+# says (compiling, dispatch/function modes, fake or meta tensors); plain eager calls run the
 # implementation directly (the op dispatch costs ~16 us of host time, docs/notes.md).
 @torch.library.custom_op("kvonce::dual_group_fwd", mutates_args=())
 def _dual_group_fwd_op(
@@ -304,13 +316,16 @@ def fused_zigzag_llama3_flash_attn_varlen_backward(
                                            q0.element_size())
     scale = q0.shape[2] ** -0.5 if softmax_scale is None else float(softmax_scale)
     kv_end0, kv_end1 = max_kv_len_q0, max_kv_len_q1
-    if compiling or isinstance(kv_end0, int) != isinstance(kv_end1, int):
+    routed = compiling or use_op(
+        dout0, dout1, q0, q1, k, v, out0, out1, lse0, lse1, cu_seqlens_q0, cu_seqlens_q1,
+        cu_seqlens_k, _tensor_or_none(kv_end0), _tensor_or_none(kv_end1))
+    if routed or isinstance(kv_end0, int) != isinstance(kv_end1, int):
         kv_end0 = _per_sequence(kv_end0, batch, q0.device)
         kv_end1 = _per_sequence(kv_end1, batch, q0.device)
     args = (dout0, dout1, q0, q1, k, v, out0, out1, lse0, lse1, cu_seqlens_q0, cu_seqlens_q1,
             cu_seqlens_k, kv_end0, kv_end1, max(max_seqlen_q0, max_seqlen_q1), max_seqlen_k,
             scale, causal, dkv_dtype)
-    if compiling:
+    if routed:
         return torch.ops.kvonce.dual_group_bwd(*args, *dataclasses.astuple(config))
     return _dual_group_bwd_impl(*args, config)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import _validate as V
+from .._dispatch import use_op
 from ..decode import (_QUANT_FORMATS, _check_block_table_values, _check_device_ok, _check_scale,
                       _validate_cache, _validate_quantized_cache, resolve_kv_format)
 from ..kernels.configs import interpreter_active
@@ -72,7 +73,9 @@ def append_paged_kv(
     if new_len == 0 or batch == 0:
         return
     code = 0 if fmt is None else _QUANT_FORMATS[fmt][0]
-    if torch.compiler.is_compiling():
+    # The op (declaring the caches and scales mutated) where _dispatch.use_op says: compiling, a
+    # dispatch or function mode, fake/meta/subclass tensors; plain eager calls launch directly.
+    if use_op(k, v, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale):
         torch.ops.kvonce.append_paged_kv(k, v, k_cache, v_cache, cache_seqlens, block_table,
                                          k_scale, v_scale, code)
     else:

@@ -19,6 +19,7 @@ import dataclasses
 import torch
 
 from ..zigzag import zigzag_llama3_flash_attn_varlen_func
+from ..zigzag.cp import _check_zigzag_lengths
 
 NAME = "kvonce_zigzag"
 
@@ -39,16 +40,21 @@ _params: ZigzagParams | None = None
 
 def update_zigzag_params(cu_seqlens_global: torch.Tensor, group=None, *,
                          max_seqlen_global: int | None = None,
-                         heads_k_stride: int | None = None) -> ZigzagParams:
+                         heads_k_stride: int | None = None,
+                         check_lengths: bool = False) -> ZigzagParams:
     """Set the packed batch every attention layer of this step uses.
 
     ``cu_seqlens_global``: int32 ``[batch + 1]`` on the model's device, every length a multiple of
-    ``2 * world_size``. ``max_seqlen_global``: the longest sequence; when omitted it is read from
-    the tensor (one host sync per step, here, never in the layers).
+    ``2 * world_size`` (other lengths give wrong results silently). ``max_seqlen_global``: the
+    longest sequence; when omitted it is read from the tensor (one host sync per step, here, never
+    in the layers). ``check_lengths``: validation mode (a host sync, off by default), raises
+    ValueError naming the first sequence whose length is not a multiple of ``2 * world_size``.
     """
     import torch.distributed as dist
 
     world = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+    if check_lengths:
+        _check_zigzag_lengths(cu_seqlens_global, world)
     if max_seqlen_global is None:
         lengths = cu_seqlens_global[1:] - cu_seqlens_global[:-1]
         max_seqlen_global = int(lengths.max()) if lengths.numel() else 0  # sync-ok: once a step

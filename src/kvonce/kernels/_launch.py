@@ -10,7 +10,10 @@ bit, and ``launch`` looks the compiled kernel up in a dict and calls its C launc
 
 The first launch of a key goes through ``kernel[grid]`` (which compiles or finds the kernel in
 Triton's own cache) and keeps the ``CompiledKernel`` it returns. Under the Triton interpreter,
-or while a Triton launch hook is installed (profilers), every launch takes Triton's path.
+while a Triton launch hook is installed (profilers), and on a Triton release the direct path was
+not written and tested for (``CACHED_LAUNCH_VERSIONS``: ``CompiledKernel.run``'s argument list
+and the specialization rules are private and change between releases), every launch takes
+Triton's path.
 
 The caller's contract: ``key`` must determine every specialization Triton would derive from the
 runtime arguments: include each integer argument's value (or at least ``== 1`` and ``% 16``),
@@ -24,6 +27,19 @@ import triton
 from .configs import interpreter_active
 
 _compiled: dict = {}
+
+# Triton releases (major, minor) whose ``CompiledKernel.run`` argument list and specialization
+# rules the direct path follows; tested on the lent H100 with triton 3.6.0 (tests/test_launch.py).
+CACHED_LAUNCH_VERSIONS = ((3, 6),)
+
+
+def _release(version: str) -> tuple[int, int]:
+    major, minor = version.split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+# Module state rather than a constant so a test can force Triton's own launch on a 3.6 GPU.
+cached_launch_enabled = _release(triton.__version__) in CACHED_LAUNCH_VERSIONS
 
 
 def _knob_hooks_active() -> bool:
@@ -62,9 +78,9 @@ def launch(kernel, key, grid: tuple[int, int, int], args: tuple, constexprs: dic
     the interpreter): its ``n_regs`` and ``n_spills`` feed the config sweeps.
     """
     compiled = _compiled.get((kernel, key, device_index))
-    if compiled is None or _knob_hooks_active():
+    if compiled is None or not cached_launch_enabled or _knob_hooks_active():
         compiled = kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
-        if not interpreter_active() and not _knob_hooks_active():
+        if cached_launch_enabled and not interpreter_active() and not _knob_hooks_active():
             tail = tuple(constexprs[name] for name in kernel.arg_names[len(args):])
             _compiled[(kernel, key, device_index)] = (compiled, tail)
         return compiled

@@ -279,6 +279,27 @@ def _check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, heads_k_stride) ->
                          "(or TRITON_INTERPRET=1 for the CPU interpreter)")
 
 
+def _check_zigzag_lengths(cu_seqlens_k: torch.Tensor, world: int,
+                         cu_seqlens_q: torch.Tensor | None = None) -> None:
+    """Validation mode (reads the tensors: a host sync). Every GLOBAL length in ``cu_seqlens_k``
+    must be a multiple of ``2 * world`` (the zigzag chunks; any other length gives wrong results
+    silently), and with ``cu_seqlens_q`` every LOCAL length must be the global one // ``world``.
+    Raises ValueError naming the first bad sequence."""
+    if cu_seqlens_q is None:
+        cu_k, cu_q = cu_seqlens_k.tolist(), None  # sync-ok: check_lengths (validation mode)
+    else:  # one transfer for both
+        cu_q, cu_k = torch.stack([cu_seqlens_q, cu_seqlens_k]).tolist()  # sync-ok: check_lengths
+    for b in range(len(cu_k) - 1):
+        n = cu_k[b + 1] - cu_k[b]
+        if n % (2 * world) != 0:
+            raise ValueError(f"cu_seqlens_k: sequence {b} has global length {n}, not a multiple "
+                             f"of 2 * world_size = {2 * world}")
+        local = None if cu_q is None else cu_q[b + 1] - cu_q[b]
+        if local is not None and local != n // world:
+            raise ValueError(f"cu_seqlens_q: sequence {b} has local length {local}, expected its "
+                             f"global length {n} // world_size {world} = {n // world}")
+
+
 def zigzag_llama3_flash_attn_varlen_func(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -299,6 +320,7 @@ def zigzag_llama3_flash_attn_varlen_func(
     group=None,
     *,
     keep_gathered_kv: bool = False,
+    check_lengths: bool = False,
 ):
     """Zigzag llama3 context-parallel varlen attention (ring-flash-attention's and the seed fork's
     signature): differentiable in q, k, v.
@@ -309,7 +331,9 @@ def zigzag_llama3_flash_attn_varlen_func(
         tokens (sequence ``b`` holds chunk ``rank`` then chunk ``2 * world - 1 - rank``).
     cu_seqlens_q : int32 ``[batch + 1]``, LOCAL cumulative lengths (each local length even).
     cu_seqlens_k : int32 ``[batch + 1]``, GLOBAL (every global length a multiple of
-        ``2 * world``). Checked for shape only: the key ranges come from ``cu_seqlens_q``.
+        ``2 * world``, and ``cu_seqlens_q == cu_seqlens_k // world``: other lengths give wrong
+        results silently). Checked for shape only unless ``check_lengths``: the key ranges come
+        from ``cu_seqlens_q``.
     max_seqlen_q : bound of the LOCAL lengths (sizes the grids; a larger value is only slower).
     max_seqlen_k : accepted for parity (unused).
     heads_k_stride : KV heads gathered and computed per step (must divide ``nheads_k``): smaller
@@ -323,6 +347,10 @@ def zigzag_llama3_flash_attn_varlen_func(
     keep_gathered_kv : keep every stride's gathered K/V from the forward for the backward
         (``world x`` the local K/V in memory, no all-gather in the backward). Default: gather
         again in the backward (overlapped with its compute).
+    check_lengths : validation mode, off by default because it reads ``cu_seqlens_q`` and
+        ``cu_seqlens_k`` on the host (a sync; not capturable, a graph break under torch.compile):
+        raises ValueError naming the first sequence whose global length is not a multiple of
+        ``2 * world`` or whose local length is not the global one // ``world``.
 
     Returns
     -------
@@ -331,11 +359,13 @@ def zigzag_llama3_flash_attn_varlen_func(
     """
     check_unsupported_features(dropout_p, window_size, alibi_slopes)
     _check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, heads_k_stride)
+    group_name = _group_name(group)
+    if check_lengths:
+        _check_zigzag_lengths(cu_seqlens_k, _resolve(group_name)[1], cu_seqlens_q)
     scale = q.shape[2] ** -0.5 if softmax_scale is None else float(softmax_scale)
     max_chunk = min(max_seqlen_q, q.shape[0]) // 2
     out, lse, _ = torch.ops.kvonce.zigzag_cp_fwd(q, k, v, cu_seqlens_q, heads_k_stride, max_chunk,
-                                                 scale, causal, _group_name(group),
-                                                 keep_gathered_kv)
+                                                 scale, causal, group_name, keep_gathered_kv)
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -343,7 +373,7 @@ def zigzag_llama3_flash_attn_varlen_kvpacked_func(
     q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, heads_k_stride,
     local_k_slice=None, softmax_scale=None, dropout_p=0.0, causal=True, window_size=(-1, -1),
     alibi_slopes=None, deterministic=False, return_attn_probs=False, group=None, *,
-    keep_gathered_kv=False,
+    keep_gathered_kv=False, check_lengths=False,
 ):
     """``zigzag_llama3_flash_attn_varlen_func`` with ``kv [total_local, 2, nheads_k, d]``."""
     if not isinstance(kv, torch.Tensor) or kv.dim() != 4 or kv.shape[1] != 2:
@@ -352,14 +382,15 @@ def zigzag_llama3_flash_attn_varlen_kvpacked_func(
     return zigzag_llama3_flash_attn_varlen_func(
         q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         heads_k_stride, local_k_slice, softmax_scale, dropout_p, causal, window_size,
-        alibi_slopes, deterministic, return_attn_probs, group, keep_gathered_kv=keep_gathered_kv)
+        alibi_slopes, deterministic, return_attn_probs, group, keep_gathered_kv=keep_gathered_kv,
+        check_lengths=check_lengths)
 
 
 def zigzag_llama3_flash_attn_varlen_qkvpacked_func(
     qkv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, heads_k_stride,
     local_k_slice=None, softmax_scale=None, dropout_p=0.0, causal=True, window_size=(-1, -1),
     alibi_slopes=None, deterministic=False, return_attn_probs=False, group=None, *,
-    keep_gathered_kv=False,
+    keep_gathered_kv=False, check_lengths=False,
 ):
     """``zigzag_llama3_flash_attn_varlen_func`` with ``qkv [total_local, 3, nheads, d]`` (MHA)."""
     if not isinstance(qkv, torch.Tensor) or qkv.dim() != 4 or qkv.shape[1] != 3:
@@ -368,4 +399,5 @@ def zigzag_llama3_flash_attn_varlen_qkvpacked_func(
     return zigzag_llama3_flash_attn_varlen_func(
         qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         heads_k_stride, local_k_slice, softmax_scale, dropout_p, causal, window_size,
-        alibi_slopes, deterministic, return_attn_probs, group, keep_gathered_kv=keep_gathered_kv)
+        alibi_slopes, deterministic, return_attn_probs, group, keep_gathered_kv=keep_gathered_kv,
+        check_lengths=check_lengths)

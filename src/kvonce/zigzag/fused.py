@@ -16,6 +16,7 @@ import dataclasses
 import torch
 
 from .. import _validate as V
+from .._dispatch import use_op
 from ..kernels.configs import (DualGroupBwdConfig, DualGroupFwdConfig, get_dual_group_bwd_config,
                               get_dual_group_fwd_config)
 from ..kernels.dual_group_bwd import launch_dual_group_bwd
@@ -76,7 +77,7 @@ def replace_execute_grouped_attention_with_fused_varlen(
     if config is None:
         config = get_dual_group_fwd_config(_capability(q0.device), head_dim)
     fields = (chunk_idx_0, chunk_idx_1, world_size, bound, scale, causal)
-    if compiling:
+    if compiling or use_op(q0, q1, kv_buffer, cu_q0, cu_q1, cu_seqlens_k):
         out, lse = torch.ops.kvonce.dual_group_fwd_zigzag(
             q0, q1, kv_buffer, cu_q0, cu_q1, cu_seqlens_k, *fields, *dataclasses.astuple(config))
     else:
@@ -131,8 +132,9 @@ def _zigzag_fwd_impl(q0, q1, kv_buffer, cu_q0, cu_q1, cu_seqlens_k, chunk_idx_0,
     return out, lse
 
 
-# torch.library custom op (opaque to torch.compile; eager calls skip the dispatch): one output
-# for both groups, allocated inside, since an op may not take the same tensor twice as mutated.
+# torch.library custom op (opaque to torch.compile; plain eager calls skip the dispatch, see
+# _dispatch.use_op for when it is taken): one output for both groups, allocated inside, since an
+# op may not take the same tensor twice as mutated.
 @torch.library.custom_op("kvonce::dual_group_fwd_zigzag", mutates_args=())
 def _zigzag_fwd_op(
     q0: torch.Tensor, q1: torch.Tensor, kv_buffer: torch.Tensor, cu_seqlens_q0: torch.Tensor,
@@ -208,7 +210,7 @@ def fused_zigzag_backward(
                                            q.element_size())
     args = (dout, q, out, lse, kv_buffer, cu_seqlens_q, chunk_idx_0, chunk_idx_1, world_size,
             bound, scale, causal, dkv_dtype)
-    if compiling:
+    if compiling or use_op(dout, q, out, lse, kv_buffer, cu_seqlens_q):
         return torch.ops.kvonce.dual_group_bwd_zigzag(*args, *dataclasses.astuple(config))
     return _zigzag_bwd_impl(*args, config)
 

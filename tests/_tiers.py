@@ -1,0 +1,100 @@
+"""Test tiers: the fast GPU tier keeps, of each test function, the fewest cases that still take
+every value of every parameter once ("each-choice" coverage), preferring cheap cases.
+
+``KVONCE_TEST_TIER=fast`` selects it (``make gpu-test``); unset, every collected case runs
+(``make gpu-test-full``, and the CPU suite in CI). A test function without parameters is one
+behaviour and always runs. The cost of a case comes from ``tests/gpu_durations.json`` (seconds per
+test id, written by ``scripts/gpu_test_parts.py`` from a full GPU run), 1 s where it has none, so
+the tier follows the measured suite instead of a hand-kept list that goes stale.
+
+Hooks are re-exported by conftest.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+TIER = os.environ.get("KVONCE_TEST_TIER", "full")
+if TIER not in ("fast", "full"):
+    raise ValueError(f"KVONCE_TEST_TIER must be 'fast' or 'full', got {TIER!r}")
+FAST = TIER == "fast"
+DURATIONS_FILE = Path(__file__).with_name("gpu_durations.json")
+_DEFAULT_COST = 1.0
+
+
+def _load_durations() -> dict[str, float]:
+    try:
+        return json.loads(DURATIONS_FILE.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _choices(item) -> frozenset:
+    """The (parameter, value) pairs a case exercises; values by their id in the test's name."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is None:
+        return frozenset()
+    return frozenset((name, repr(value)) for name, value in callspec.params.items())
+
+
+def each_choice(items: list, cost) -> list:
+    """Greedy weighted set cover: until every (parameter, value) pair of ``items`` is taken,
+    keep the case with the most new pairs per second of cost. Keeps collection order."""
+    uncovered = set().union(*(_choices(i) for i in items))
+    if not uncovered:
+        return list(items)
+    kept = set()
+    while uncovered:
+        best = max((i for i in range(len(items)) if i not in kept),
+                   key=lambda i: (len(_choices(items[i]) & uncovered) / max(cost(items[i]), 1e-3),
+                                  -i))
+        kept.add(best)
+        uncovered -= _choices(items[best])
+    return [items[i] for i in sorted(kept)]
+
+
+def select_fast_tier(items: list) -> tuple[list, list]:
+    """(kept, deselected) for the fast tier."""
+    durations = _load_durations()
+    cost = lambda item: durations.get(item.nodeid, _DEFAULT_COST)  # noqa: E731
+    by_function: dict = {}
+    for item in items:
+        by_function.setdefault((item.fspath, item.originalname), []).append(item)
+    kept = set()
+    for group in by_function.values():
+        kept.update(id(i) for i in each_choice(group, cost))
+    return ([i for i in items if id(i) in kept], [i for i in items if id(i) not in kept])
+
+
+def pytest_collection_modifyitems(config, items):
+    if not FAST:
+        return
+    kept, deselected = select_fast_tier(items)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
+
+
+def pytest_report_header(config):
+    return f"kvonce test tier: {TIER}"
+
+
+# Per-test durations (setup + call + teardown), one JSON line per test as it finishes, so a run
+# cut off by a time limit still leaves what it measured: ``KVONCE_DURATIONS_OUT=path``.
+_DURATIONS_OUT = os.environ.get("KVONCE_DURATIONS_OUT")
+_spent: dict[str, list] = {}
+
+
+def pytest_runtest_logreport(report):
+    if not _DURATIONS_OUT:
+        return
+    spent = _spent.setdefault(report.nodeid, [0.0, "passed"])
+    spent[0] += report.duration
+    if report.outcome != "passed" and spent[1] == "passed":
+        spent[1] = report.outcome
+    if report.when == "teardown":
+        seconds, outcome = _spent.pop(report.nodeid)
+        with open(_DURATIONS_OUT, "a") as f:
+            f.write(json.dumps({"nodeid": report.nodeid, "seconds": round(seconds, 3),
+                                "outcome": outcome}) + "\n")

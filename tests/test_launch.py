@@ -1,0 +1,90 @@
+"""kernels/_launch.py: the direct launch (Triton 3.6's C launcher, cached per specialization key)
+and its two ways back to Triton's own launch: a Triton release it was not written for, and an
+installed launch hook (profilers). The GPU tests run the same calls both ways and compare bit for
+bit; under the interpreter every launch is Triton's anyway, so only the version rule runs there.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+from conftest import HAS_CUDA
+from test_decode import make_paged
+
+import kvonce.kernels._launch as L
+from kvonce import PagedDecodePlan, append_paged_kv, fused_zigzag_llama3_flash_attn_varlen_forward
+
+gpu_only = pytest.mark.skipif(not HAS_CUDA, reason="the direct launch exists only on a CUDA GPU")
+
+
+@pytest.mark.parametrize("version, release", [("3.6.0", (3, 6)), ("3.6.1+git0a1b2c3", (3, 6)),
+                                              ("3.10.0", (3, 10)), ("3.7.0rc1", (3, 7)),
+                                              ("3.4.0", (3, 4))])
+def test_release_parsing(version, release):
+    assert L._release(version) == release
+
+
+def test_cached_launch_only_on_tested_releases():
+    expected = L._release(triton.__version__) in L.CACHED_LAUNCH_VERSIONS
+    assert L.cached_launch_enabled == expected
+    assert L._release("3.5.1") not in L.CACHED_LAUNCH_VERSIONS
+
+
+def _decode_and_append():
+    """One decode plan run, one append, one dual-group forward: every launch wrapper kind."""
+    dtype = torch.float16
+    lens = [300, 17, 1024]
+    k_cache, v_cache, seqlens, table = make_paged(lens, page_size=16, nheads_k=2, head_dim=128,
+                                                  dtype=dtype)
+    q = torch.randn(len(lens), 1, 8, 128, dtype=dtype, device="cuda")
+    plan = PagedDecodePlan(q, k_cache, v_cache, seqlens, table, num_splits=2)
+    k_new = torch.randn(len(lens), 1, 2, 128, dtype=dtype, device="cuda")
+    append_paged_kv(k_new, k_new.clone(), k_cache, v_cache, seqlens, table)
+    decoded = plan.run(q, k_cache, v_cache, seqlens + 1, table)
+    cu = torch.tensor([0, 192, 320], dtype=torch.int32, device="cuda")
+    q0, q1 = (torch.randn(320, 8, 128, dtype=dtype, device="cuda") for _ in range(2))
+    k, v = (torch.randn(320, 2, 128, dtype=dtype, device="cuda") for _ in range(2))
+    fused = fused_zigzag_llama3_flash_attn_varlen_forward(q0, q1, k, v, cu, cu, cu, 192, 192, 192,
+                                                          64, 192)
+    return (decoded, k_cache.clone(), *fused)
+
+
+def _same_inputs(fn):
+    torch.manual_seed(0)
+    return fn()
+
+
+@gpu_only
+def test_triton_launch_when_the_release_is_untested(monkeypatch):
+    """``cached_launch_enabled = False`` (what a release outside CACHED_LAUNCH_VERSIONS gets):
+    every launch goes through ``kernel[grid]``, nothing is cached, results are bit-identical."""
+    direct = _same_inputs(_decode_and_append)
+    monkeypatch.setattr(L, "cached_launch_enabled", False)
+    monkeypatch.setattr(L, "_compiled", {})
+    via_triton = _same_inputs(_decode_and_append)
+    assert L._compiled == {}
+    for a, b in zip(direct, via_triton):
+        assert torch.equal(a, b)
+
+
+@gpu_only
+def test_launch_hook_sends_every_launch_through_triton():
+    """A profiler's launch hook must see kvonce's launches: with one installed, launches that
+    were cached before go through Triton (the hook is called) and give the same results."""
+    if not hasattr(getattr(triton, "knobs", None), "runtime"):
+        pytest.skip(f"triton {triton.__version__} has no triton.knobs launch hooks")
+    direct = _same_inputs(_decode_and_append)  # warm: every key cached
+    assert L._compiled
+    seen = []
+    hook = lambda metadata: seen.append(metadata)  # noqa: E731
+    hooks = triton.knobs.runtime.launch_enter_hook
+    hooks.add(hook)
+    try:
+        assert L._knob_hooks_active()
+        hooked = _same_inputs(_decode_and_append)
+    finally:
+        hooks.remove(hook)
+    assert not L._knob_hooks_active()
+    assert len(seen) >= 3  # decode (and its merge), append, dual-group forward
+    for a, b in zip(direct, hooked):
+        assert torch.equal(a, b)
