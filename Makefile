@@ -47,17 +47,19 @@ else
 endif
 
 # On a CUDA machine with torch and triton already installed (the lent GPU): no venv, no pip.
-# gpu-test: the fast tier (tests/_tiers.py: every test function, each parameter value once,
-# cheapest cases first; <= 5 min on the H100). gpu-test-full: every case, in parts of < 10 min
-# each (scripts/gpu_test_parts.py prints the parts and their times); PART=n runs one.
+# gpu-test: the fast tier (tests/_tiers.py: every test function, each behaviour value once,
+# cheapest cases first). gpu-test-full: every case, part after part. Each part runs as JOBS pytest
+# processes sharing the GPU (scripts/gpu_test_parts.py prints the parts and their times);
+# PART=n runs one part. Times on the lent H100: docs/benchmarks.md, "GPU test tiers".
+JOBS ?= 4
 gpu-test:
-	KVONCE_TEST_TIER=fast PYTHONPATH=src python3 -m pytest -q -ra tests
+	python3 scripts/gpu_test_parts.py --tier fast --jobs $(JOBS)
 
 gpu-test-full:
-	PYTHONPATH=src python3 scripts/gpu_test_parts.py
+	python3 scripts/gpu_test_parts.py --jobs $(JOBS)
 
 gpu-test-part:
-	PYTHONPATH=src python3 scripts/gpu_test_parts.py --part $(PART)
+	python3 scripts/gpu_test_parts.py --part $(PART) --jobs $(JOBS)
 
 bench:
 	PYTHONPATH=src python3 -m kvonce bench zigzag

@@ -1,12 +1,19 @@
-"""The whole GPU test suite in parts that each finish within 10 minutes on the lent H100
-(`make gpu-test-full`, or `make gpu-test-part PART=n` for one part).
+"""The GPU test suite in tiers and parts, each part as ``--jobs`` pytest processes sharing the GPU.
 
-Prints the parts, then one row per part run: tests passed/failed/skipped and wall seconds.
+    make gpu-test            # --tier fast: every test function, each behaviour value once
+    make gpu-test-full       # every case, part after part (each well under 10 minutes)
+    make gpu-test-part PART=2
+
+Prints the parts, then one row per part: tests passed/failed/skipped, wall seconds, the slowest
+shard's seconds. The shards split a part's selected cases by their measured costs
+(tests/_tiers.py, ``KVONCE_TEST_SHARD``); most of the suite's time is Triton compiling kernels and
+float64 references on the host, which separate processes overlap (the lent H100 has 16 cores).
 ``--update-durations`` merges the measured seconds per test into tests/gpu_durations.json, which
-the fast tier (`make gpu-test`, tests/_tiers.py) reads to prefer cheap cases.
+the fast tier and the shards read.
 
 Run on a CUDA machine with torch and triton installed, from the repository root:
-    PYTHONPATH=src python3 scripts/gpu_test_parts.py [--part 1 [--part 2]] [--update-durations]
+    python3 scripts/gpu_test_parts.py [--tier fast|full] [--part N ...] [--jobs N]
+                                      [--update-durations] [-- extra pytest arguments]
 """
 from __future__ import annotations
 
@@ -22,60 +29,86 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DURATIONS = ROOT / "tests" / "gpu_durations.json"
 
-# Test modules per part, balanced by the measured full-suite times (docs/benchmarks.md,
-# "GPU test tiers"); each part must stay well under the device's 10-minute command limit.
+# Test modules per part, balanced by the full suite's one-process times on the lent H100
+# (docs/benchmarks.md, "GPU test tiers"): each part stays under the device's 10-minute command
+# limit even with --jobs 1. Modules in no part join the last one, so none is ever missed.
 PARTS: dict[int, list[str]] = {
     1: ["tests/test_dual_group_backward.py"],
     2: ["tests/test_fused_dual_group_flash_attn_varlen.py", "tests/test_ops.py",
-        "tests/test_zigzag_cp.py", "tests/test_integrations_hf.py"],
-    3: ["tests/test_decode.py", "tests/test_decode_quant.py", "tests/test_append_quant.py",
-        "tests/test_quant.py", "tests/test_prefix_decode.py"],
+        "tests/test_zigzag_cp.py", "tests/test_integrations_hf.py", "tests/test_decode.py"],
+    3: ["tests/test_decode_quant.py", "tests/test_append_quant.py", "tests/test_quant.py",
+        "tests/test_prefix_decode.py", "tests/test_dispatch_modes.py", "tests/test_launch.py"],
 }
 
 
-def unassigned() -> list[str]:
-    """Test modules in no part (the newest ones go to the last part, so none is ever missed)."""
-    assigned = {m for mods in PARTS.values() for m in mods}
-    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py")
-                  if str(p.relative_to(ROOT)) not in assigned)
+def all_parts() -> dict[int, list[str]]:
+    parts = {k: list(v) for k, v in PARTS.items()}
+    assigned = {m for mods in parts.values() for m in mods}
+    parts[max(parts)] += sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py")
+                                if str(p.relative_to(ROOT)) not in assigned)
+    return parts
 
 
-def run_part(modules: list[str], extra: list[str]) -> tuple[dict, float, int]:
-    fd, log = tempfile.mkstemp(suffix=".jsonl")
-    os.close(fd)
-    env = dict(os.environ, KVONCE_DURATIONS_OUT=log, PYTHONPATH=str(ROOT / "src"))
+def run_part(modules: list[str], tier: str, jobs: int, extra: list[str]):
+    """``jobs`` pytest processes, one shard each; returns (rows by test id, wall, slowest shard,
+    worst exit code). Exit code 5 (a shard with no tests) counts as success."""
+    logs, procs = [], []
     start = time.perf_counter()
-    rc = subprocess.call([sys.executable, "-m", "pytest", "-q", "-ra", *extra, *modules],
-                         cwd=ROOT, env=env)
+    for index in range(jobs):
+        fd, log = tempfile.mkstemp(suffix=".jsonl")
+        os.close(fd)
+        logs.append(log)
+        env = dict(os.environ, KVONCE_DURATIONS_OUT=log, KVONCE_TEST_TIER=tier,
+                   PYTHONPATH=str(ROOT / "src"))
+        if jobs > 1:
+            env["KVONCE_TEST_SHARD"] = f"{index}/{jobs}"
+        cmd = [sys.executable, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", *extra,
+               *modules]
+        procs.append((subprocess.Popen(cmd, cwd=ROOT, env=env), time.perf_counter()))
+    shard_walls, worst = [], 0
+    for proc, began in procs:
+        rc = proc.wait()
+        shard_walls.append(time.perf_counter() - began)
+        worst = worst or (0 if rc == 5 else rc)
     wall = time.perf_counter() - start
-    rows = [json.loads(line) for line in Path(log).read_text().splitlines()]
-    os.unlink(log)
-    return {r["nodeid"]: r for r in rows}, wall, rc
+    rows = {}
+    for log in logs:
+        rows.update({r["nodeid"]: r for r in map(json.loads, Path(log).read_text().splitlines())})
+        os.unlink(log)
+    return rows, wall, max(shard_walls), worst
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", type=int, action="append", help="part number (repeatable)")
+    ap.add_argument("--tier", choices=("fast", "full"), default="full")
+    ap.add_argument("--part", type=int, action="append",
+                    help="part number (repeatable); default: every part")
+    ap.add_argument("--all-in-one", action="store_true",
+                    help="every module as one part (the fast tier's default)")
+    ap.add_argument("--jobs", type=int, default=4, help="pytest processes per part (default 4)")
     ap.add_argument("--update-durations", action="store_true")
     ap.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = ap.parse_args()
-    parts = {k: list(v) for k, v in PARTS.items()}
-    parts[max(parts)] += unassigned()
+    parts = all_parts()
+    if args.all_in_one or (args.tier == "fast" and not args.part):
+        parts = {0: [m for mods in parts.values() for m in mods]}
     for k, mods in parts.items():
-        print(f"part {k}: {' '.join(mods)}")
+        print(f"part {k}: {' '.join(mods)}", flush=True)
     chosen = args.part or sorted(parts)
     summary, measured, worst = [], {}, 0
     for k in chosen:
         if k not in parts:
             ap.error(f"--part must be one of {sorted(parts)}, got {k}")
-        rows, wall, rc = run_part(parts[k], args.pytest_args)
+        rows, wall, slowest, rc = run_part(parts[k], args.tier, args.jobs, args.pytest_args)
         measured.update({n: r["seconds"] for n, r in rows.items()})
         count = lambda o: sum(r["outcome"] == o for r in rows.values())  # noqa: E731
-        summary.append((k, count("passed"), count("failed"), count("skipped"), wall, rc))
+        summary.append((k, count("passed"), count("failed"), count("skipped"), wall, slowest, rc))
         worst = worst or rc
-    print(f"\n{'part':>4} {'passed':>7} {'failed':>7} {'skipped':>8} {'seconds':>8} {'exit':>5}")
-    for k, p, f, s, wall, rc in summary:
-        print(f"{k:>4} {p:>7} {f:>7} {s:>8} {wall:>8.1f} {rc:>5}")
+    print(f"\ntier {args.tier}, {args.jobs} jobs per part")
+    print(f"{'part':>4} {'passed':>7} {'failed':>7} {'skipped':>8} {'wall s':>7} "
+          f"{'slowest shard s':>16} {'exit':>5}")
+    for k, p, f, s, wall, slowest, rc in summary:
+        print(f"{k:>4} {p:>7} {f:>7} {s:>8} {wall:>7.1f} {slowest:>16.1f} {rc:>5}")
     if args.update_durations and measured:
         known = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
         known.update(measured)

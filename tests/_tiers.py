@@ -1,11 +1,22 @@
-"""Test tiers: the fast GPU tier keeps, of each test function, the fewest cases that still take
-every value of every parameter once ("each-choice" coverage), preferring cheap cases.
+"""Test tiers and shards.
+
+The fast GPU tier keeps, of each test function, the fewest cases that still take every value of
+every behaviour parameter once ("each-choice" coverage: every dtype, head dim, GQA ratio, page
+size, split count, format, compile backend... once, not every combination), preferring cheap
+cases. Parameters that only pick an instance of the same behaviour (``INSTANCE_PARAMS``: which
+rank of which world, a seed, a batch) are not covered value by value. A test function without
+parameters is one behaviour and always runs.
 
 ``KVONCE_TEST_TIER=fast`` selects it (``make gpu-test``); unset, every collected case runs
-(``make gpu-test-full``, and the CPU suite in CI). A test function without parameters is one
-behaviour and always runs. The cost of a case comes from ``tests/gpu_durations.json`` (seconds per
-test id, written by ``scripts/gpu_test_parts.py`` from a full GPU run), 1 s where it has none, so
-the tier follows the measured suite instead of a hand-kept list that goes stale.
+(``make gpu-test-full``, and the CPU suite in CI). The cost of a case comes from
+``tests/gpu_durations.json`` (seconds per test id on the lent H100, merged by
+``scripts/gpu_test_parts.py --update-durations``), 1 s where it has none, so the tier follows the
+measured suite instead of a hand-kept list that goes stale.
+
+``KVONCE_TEST_SHARD=i/n`` keeps shard ``i`` (0-based) of ``n`` of the selected cases, balanced by
+the same costs (largest first onto the least loaded shard), so ``n`` pytest processes share one
+GPU; every process computes the same assignment. Most of the GPU suite's time is Triton
+compiling and float64 references on the host, which parallel processes overlap.
 
 Hooks are re-exported by conftest.py.
 """
@@ -21,6 +32,9 @@ if TIER not in ("fast", "full"):
 FAST = TIER == "fast"
 DURATIONS_FILE = Path(__file__).with_name("gpu_durations.json")
 _DEFAULT_COST = 1.0
+# Parameters that choose an instance, not a behaviour (see the module docstring).
+INSTANCE_PARAMS = frozenset({"world", "rank", "seed", "batch", "new_len"})
+_SHARD = os.environ.get("KVONCE_TEST_SHARD")
 
 
 def _load_durations() -> dict[str, float]:
@@ -35,7 +49,8 @@ def _choices(item) -> frozenset:
     callspec = getattr(item, "callspec", None)
     if callspec is None:
         return frozenset()
-    return frozenset((name, repr(value)) for name, value in callspec.params.items())
+    return frozenset((name, repr(value)) for name, value in callspec.params.items()
+                     if name not in INSTANCE_PARAMS)
 
 
 def each_choice(items: list, cost) -> list:
@@ -67,17 +82,41 @@ def select_fast_tier(items: list) -> tuple[list, list]:
     return ([i for i in items if id(i) in kept], [i for i in items if id(i) not in kept])
 
 
+def shard_of(items: list, index: int, count: int) -> list:
+    """Shard ``index`` of ``count``: longest-processing-time-first onto the least loaded shard
+    (ties to the lowest index); collection order kept within the shard."""
+    durations = _load_durations()
+    load = [0.0] * count
+    owner = {}
+    for item in sorted(items, key=lambda i: -durations.get(i.nodeid, _DEFAULT_COST)):
+        target = min(range(count), key=lambda s: (load[s], s))
+        load[target] += durations.get(item.nodeid, _DEFAULT_COST)
+        owner[id(item)] = target
+    return [i for i in items if owner[id(i)] == index]
+
+
+def _parse_shard(text: str) -> tuple[int, int]:
+    try:
+        index, count = (int(x) for x in text.split("/"))
+    except ValueError:
+        index, count = -1, 0
+    if not 0 <= index < count:
+        raise ValueError(f"KVONCE_TEST_SHARD must be 'i/n' with 0 <= i < n, got {text!r}")
+    return index, count
+
+
 def pytest_collection_modifyitems(config, items):
-    if not FAST:
-        return
-    kept, deselected = select_fast_tier(items)
-    if deselected:
-        config.hook.pytest_deselected(items=deselected)
+    kept = select_fast_tier(items)[0] if FAST else list(items)
+    if _SHARD:
+        kept = shard_of(kept, *_parse_shard(_SHARD))
+    if len(kept) < len(items):
+        chosen = {id(i) for i in kept}
+        config.hook.pytest_deselected(items=[i for i in items if id(i) not in chosen])
         items[:] = kept
 
 
 def pytest_report_header(config):
-    return f"kvonce test tier: {TIER}"
+    return f"kvonce test tier: {TIER}" + (f", shard {_SHARD}" if _SHARD else "")
 
 
 # Per-test durations (setup + call + teardown), one JSON line per test as it finishes, so a run

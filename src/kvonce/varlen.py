@@ -5,7 +5,6 @@ K/V in a single launch: every K/V tile is read from memory once and applied to b
 """
 from __future__ import annotations
 
-import dataclasses
 
 import torch
 
@@ -13,7 +12,7 @@ from . import _validate as V
 from ._dispatch import use_op
 from .kernels.configs import (DualGroupBwdConfig, DualGroupFwdConfig, device_info,
                               get_dual_group_bwd_config, get_dual_group_fwd_config,
-                              interpreter_active)
+                              interpreter_active, op_fields)
 from .kernels.dual_group_bwd import launch_dual_group_bwd
 from .kernels.dual_group_fwd import launch_dual_group_fwd
 
@@ -182,7 +181,7 @@ def _dual_group_forward(q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k
     if routed:
         return torch.ops.kvonce.dual_group_fwd(
             q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1,
-            max_seqlen_q, max_seqlen_k, scale, causal, *dataclasses.astuple(config))
+            max_seqlen_q, max_seqlen_k, scale, causal, *op_fields(config))
     return _dual_group_fwd_impl(q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k,
                                 kv_end0, kv_end1, max_seqlen_q, scale, causal, config)
 
@@ -326,7 +325,7 @@ def fused_zigzag_llama3_flash_attn_varlen_backward(
             cu_seqlens_k, kv_end0, kv_end1, max(max_seqlen_q0, max_seqlen_q1), max_seqlen_k,
             scale, causal, dkv_dtype)
     if routed:
-        return torch.ops.kvonce.dual_group_bwd(*args, *dataclasses.astuple(config))
+        return torch.ops.kvonce.dual_group_bwd(*args, *op_fields(config))
     return _dual_group_bwd_impl(*args, config)
 
 
@@ -395,7 +394,7 @@ def _fwd_backward(ctx, dout0, dout1, _dlse0, _dlse1):
                                            q0.element_size())
     dq0, dq1, dk, dv = torch.ops.kvonce.dual_group_bwd(
         _rows_contiguous(dout0), _rows_contiguous(dout1), q0, q1, k, v, out0, out1, lse0, lse1,
-        cu0, cu1, cuk, kv_end0, kv_end1, *ctx.sizes, k.dtype, *dataclasses.astuple(config))
+        cu0, cu1, cuk, kv_end0, kv_end1, *ctx.sizes, k.dtype, *op_fields(config))
     return (dq0, dq1, dk, dv) + (None,) * (ctx.num_inputs - 4)
 
 

@@ -8,8 +8,12 @@ Each callable is warmed up (20 calls, then a sync); then, ``--rounds`` times (15
 ``--calls`` times (100) with no sync in between, and divide the host time (``perf_counter``) by
 the calls. The shapes are small: the launch queue never fills, the GPU never holds the host back.
 Decode rows: 12 q / 2 KV heads, batch 64, seqlen 1024 (``--shapes``: others), head dim 128,
-fp16, page size 16, pages in random order (bench/decode.py's inputs). Dual-group rows: one
-sequence of 1024 local tokens, world 4, rank 0, 32 q / 8 KV heads. Columns:
+fp16, page size 16, pages in random order (bench/decode.py's inputs); quantized-cache rows
+(int8, fp8 e4m3, int4) on the same cache quantized. Dual-group rows (forward, backward, the
+zigzag twins, the autograd function's forward + backward): one sequence of 1024 local tokens,
+world 4, rank 0, 32 q / 8 KV heads. Context-parallel rows: ``zigzag_llama3_flash_attn_varlen_func``
+with no process group (world 1), one sequence of 4096 tokens, forward and forward + backward.
+Columns:
 - ``name``, ``shape``: the callable and its shape
 - ``host_us_median``, ``host_us_min``: host microseconds per call, median and min over the rounds
 - ``gpu_us``: device time per call (us): the call captured in a CUDA graph and replayed
@@ -20,7 +24,8 @@ sequence of 1024 local tokens, world 4, rank 0, 32 q / 8 KV heads. Columns:
   F.scaled_dot_product_attention on a dense copy of the cache; merge vs
   reference.merge_attention_states_ref; append: the written cache slots vs the new K/V; the
   dual-group forward and the zigzag replacement vs reference.dual_group_attention_ref (float32
-  loops, cheap at this shape); ``-``: nothing to compare (the empty kernels)
+  loops, cheap at this shape), backward rows' dQ (and dK) vs autograd through it; the CP rows vs
+  reference.varlen_attention_ref; ``-``: nothing to compare (the empty kernels)
 Floors: empty ``@triton.jit`` kernels of 2 and 37 arguments launched on one program (Triton's own
 launch path). FlashInfer's ``BatchDecodeWithPagedKVCacheWrapper.run`` (planned beforehand) is the
 peer; ``absent`` when ``import flashinfer`` fails.
@@ -44,11 +49,14 @@ from ..decode import (PagedDecodePlan, flash_attn_with_kvcache,
                       merge_attention_states, paged_attention)
 from ..cache.quant import dequantize_kv, quantize_kv
 from ..reference import (dual_group_attention_ref, merge_attention_states_ref,
-                         paged_attention_ref)
-from ..varlen import fused_zigzag_llama3_flash_attn_varlen_forward
-from ..zigzag import (compute_kv_slices_for_groups, rearrange_kv_from_zigzag_to_contiguous,
+                         paged_attention_ref, varlen_attention_ref)
+from ..varlen import (fused_zigzag_llama3_flash_attn_varlen_backward,
+                      fused_zigzag_llama3_flash_attn_varlen_forward,
+                      fused_zigzag_llama3_flash_attn_varlen_func)
+from ..zigzag import (compute_kv_slices_for_groups, fused_zigzag_backward,
+                      rearrange_kv_from_zigzag_to_contiguous,
                       replace_execute_grouped_attention_with_fused_varlen,
-                      split_q_by_zigzag_chunk_index)
+                      split_q_by_zigzag_chunk_index, zigzag_llama3_flash_attn_varlen_func)
 from . import report
 from .decode import HEAD_DIM, PAGE, Case, _flashinfer_runner, make_inputs, rel_err
 
@@ -146,6 +154,8 @@ def decode_cases(case: Case) -> list[Entry]:
     rows.append(Entry("PagedDecodePlan.run int8 cache", shape,
                       lambda: quant.run(*qargs, k_scale=ks, v_scale=vs),
                       lambda r: rel_err(r, quant_ref)))
+    rows += [_quantized_decode_row(fmt, q, k_cache, v_cache, seqlens, block_table, shape)
+             for fmt in ("fp8_e4m3", "int4")]
     kq_app, ks_app, vq_app, vs_app = kq.clone(), ks.clone(), vq.clone(), vs.clone()
     rows.append(Entry("append_paged_kv int8 cache", f"{case.batch}x1 {case.label}",
                       lambda: append_paged_kv(k_new, v_new, kq_app, vq_app, last, block_table,
@@ -167,13 +177,30 @@ def decode_cases(case: Case) -> list[Entry]:
     return rows
 
 
+def _quantized_decode_row(fmt: str, q, k_cache, v_cache, seqlens, block_table, shape) -> Entry:
+    """``PagedDecodePlan.run`` on a cache quantized to ``fmt``, checked against the float32
+    reference on the dequantized cache."""
+    kq, ks = quantize_kv(k_cache, fmt)
+    vq, vs = quantize_kv(v_cache, fmt)
+    args = (q, kq, vq, seqlens, block_table)
+    plan = PagedDecodePlan(*args, k_scale=ks, v_scale=vs, kv_format=fmt)
+    ref = paged_attention_ref(q.float(), dequantize_kv(kq, ks, fmt, torch.float32),
+                              dequantize_kv(vq, vs, fmt, torch.float32), seqlens, block_table)[0]
+    return Entry(f"PagedDecodePlan.run {fmt} cache", shape,
+                 lambda: plan.run(*args, k_scale=ks, v_scale=vs), lambda r: rel_err(r, ref))
+
+
+def _grads(outputs, inputs, douts) -> tuple:
+    return torch.autograd.grad(outputs, inputs, douts)
+
+
 def zigzag_cases(world: int = 4, rank: int = 0, local: int = 1024, nheads: int = 32,
                  nheads_k: int = 8) -> list[Entry]:
     """The dual-group forward and the zigzag replacement on one rank's share of one sequence."""
     cu = torch.tensor([0, local], dtype=torch.int32, device="cuda")
     kv_buffer = _randn(2, world * local, nheads_k, HEAD_DIM)
-    chunk_q, chunk_cu, chunk_idx = split_q_by_zigzag_chunk_index(
-        _randn(local, nheads, HEAD_DIM), cu, world, rank)
+    local_q = _randn(local, nheads, HEAD_DIM)
+    chunk_q, chunk_cu, chunk_idx = split_q_by_zigzag_chunk_index(local_q, cu, world, rank)
     c0, c1 = rank, 2 * world - 1 - rank
     slices = compute_kv_slices_for_groups(cu, c0, c1, world, chunk_cu)
     kv = rearrange_kv_from_zigzag_to_contiguous(kv_buffer, world, cu)  # global order
@@ -186,14 +213,69 @@ def zigzag_cases(world: int = 4, rank: int = 0, local: int = 1024, nheads: int =
     zz_args = (chunk_q, chunk_cu, chunk_idx, kv_buffer, slices, nheads, HEAD_DIM, None, 0.0, True,
                (-1, -1), None, False, world, cu, c0, c1)
     shape = f"w{world} r{rank} 1x{local} {nheads}/{nheads_k}"
+    fwd_args = (q0, q1, kv[0], kv[1], cu0, cu1, cu_k, c, c, world * local, kv_end0, kv_end1)
+    out0, out1, lse0, lse1 = fused_zigzag_llama3_flash_attn_varlen_forward(*fwd_args)
+    # Backward rows: gradients of the float32 reference for the same output gradients.
+    dout0, dout1 = torch.randn_like(out0), torch.randn_like(out1)
+    leaves = [t.detach().float().requires_grad_() for t in (q0, q1, kv[0], kv[1])]
+    r0, r1, _, _ = dual_group_attention_ref(*leaves, cu0, cu1, cu_k, kv_end0, kv_end1)
+    dq0_ref, dq1_ref, dk_ref, _ = _grads((r0, r1), leaves, (dout0.float(), dout1.float()))
+    bwd_args = (dout0, dout1, q0, q1, kv[0], kv[1], out0, out1, lse0, lse1, cu0, cu1, cu_k, c, c,
+                world * local, kv_end0, kv_end1)
+    local_out, local_lse, _ = replace_execute_grouped_attention_with_fused_varlen(*zz_args)
+    local_dout = torch.cat([dout0, dout1])  # local order of one sequence: group 0, then 1
+    trainable = [t.detach().clone().requires_grad_() for t in (q0, q1, kv[0], kv[1])]
+
+    def forward_backward():
+        o0, o1 = fused_zigzag_llama3_flash_attn_varlen_func(*trainable, cu0, cu1, cu_k, c, c,
+                                                            world * local, kv_end0, kv_end1)
+        return _grads((o0, o1), trainable, (dout0, dout1))
+
     return [
         Entry("fused_zigzag_llama3_flash_attn_varlen_forward", shape,
-              lambda: fused_zigzag_llama3_flash_attn_varlen_forward(
-                  q0, q1, kv[0], kv[1], cu0, cu1, cu_k, c, c, world * local, kv_end0, kv_end1),
+              lambda: fused_zigzag_llama3_flash_attn_varlen_forward(*fwd_args),
               lambda r: max(rel_err(r[0], ref0), rel_err(r[1], ref1))),
         Entry("replace_execute_grouped_attention_with_fused_varlen", shape,
               lambda: replace_execute_grouped_attention_with_fused_varlen(*zz_args),
               lambda r: rel_err(r[0], torch.cat([ref0, ref1]))),  # local order: group 0, 1
+        Entry("fused_zigzag_llama3_flash_attn_varlen_backward", shape,
+              lambda: fused_zigzag_llama3_flash_attn_varlen_backward(*bwd_args),
+              lambda r: max(rel_err(r[0], dq0_ref), rel_err(r[1], dq1_ref),
+                            rel_err(r[2], dk_ref))),
+        Entry("zigzag.fused_zigzag_backward", shape,
+              lambda: fused_zigzag_backward(local_dout, local_q, local_out, local_lse, kv_buffer,
+                                            cu, world, c0, c1),
+              lambda r: rel_err(r[0], torch.cat([dq0_ref, dq1_ref]))),
+        Entry("fused_..._varlen_func fwd + autograd bwd", shape, forward_backward,
+              lambda r: max(rel_err(r[0], dq0_ref), rel_err(r[2], dk_ref))),
+    ]
+
+
+def cp_cases(tokens: int = 4096, nheads: int = 32, nheads_k: int = 8) -> list[Entry]:
+    """``zigzag_llama3_flash_attn_varlen_func`` with no process group (world 1: its all-gather and
+    reduce-scatter are skipped, the op pair and its checks are not), forward and forward +
+    autograd backward, against the float32 reference."""
+    cu = torch.tensor([0, tokens], dtype=torch.int32, device="cuda")
+    q = _randn(tokens, nheads, HEAD_DIM)
+    k, v = _randn(tokens, nheads_k, HEAD_DIM), _randn(tokens, nheads_k, HEAD_DIM)
+    dout = torch.randn_like(q)
+    leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    ref, _ = varlen_attention_ref(*leaves, cu, cu, causal=True)
+    dq_ref, dk_ref, _ = _grads(ref, leaves, dout.float())
+    trainable = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    args = (cu, cu, tokens, tokens, nheads_k)
+    shape = f"w1 1x{tokens} {nheads}/{nheads_k}"
+
+    def forward_backward():
+        out = zigzag_llama3_flash_attn_varlen_func(*trainable, *args)
+        return _grads(out, trainable, dout)
+
+    return [
+        Entry("zigzag_llama3_flash_attn_varlen_func (CP, world 1)", shape,
+              lambda: zigzag_llama3_flash_attn_varlen_func(q, k, v, *args),
+              lambda r: rel_err(r, ref)),
+        Entry("CP func fwd + autograd bwd (world 1)", shape, forward_backward,
+              lambda r: max(rel_err(r[0], dq_ref), rel_err(r[1], dk_ref))),
     ]
 
 
@@ -220,7 +302,7 @@ def cases(args) -> list[Entry]:
     rows = []
     for text in args.shapes.split(","):
         rows += decode_cases(parse_shape(text))
-    return rows + zigzag_cases() + launch_floor_cases()
+    return rows + zigzag_cases() + cp_cases() + launch_floor_cases()
 
 
 def host_us(fn, rounds: int, calls: int) -> tuple[float, float]:

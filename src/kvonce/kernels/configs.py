@@ -14,6 +14,13 @@ import os
 log = logging.getLogger("kvonce")
 
 
+def op_fields(config) -> tuple:
+    """A config's fields in declaration order, as custom-op arguments (an op cannot take a
+    dataclass). Not ``dataclasses.astuple``: it deep-copies every field, which Dynamo in torch 2.8
+    refuses to trace (``copy.deepcopy``), breaking torch.compile of the public functions."""
+    return tuple(getattr(config, f.name) for f in dataclasses.fields(config))
+
+
 @dataclasses.dataclass(frozen=True)
 class DualGroupFwdConfig:
     """Launch config of ``_fused_dual_group_fwd_kernel_varlen``.

@@ -11,14 +11,13 @@
 """
 from __future__ import annotations
 
-import dataclasses
 
 import torch
 
 from .. import _validate as V
 from .._dispatch import use_op
 from ..kernels.configs import (DualGroupBwdConfig, DualGroupFwdConfig, get_dual_group_bwd_config,
-                              get_dual_group_fwd_config)
+                              get_dual_group_fwd_config, op_fields)
 from ..kernels.dual_group_bwd import launch_dual_group_bwd
 from ..kernels.dual_group_fwd import launch_dual_group_fwd
 from ..varlen import (_capability, _rows_contiguous, validate_backward_inputs,
@@ -79,7 +78,7 @@ def replace_execute_grouped_attention_with_fused_varlen(
     fields = (chunk_idx_0, chunk_idx_1, world_size, bound, scale, causal)
     if compiling or use_op(q0, q1, kv_buffer, cu_q0, cu_q1, cu_seqlens_k):
         out, lse = torch.ops.kvonce.dual_group_fwd_zigzag(
-            q0, q1, kv_buffer, cu_q0, cu_q1, cu_seqlens_k, *fields, *dataclasses.astuple(config))
+            q0, q1, kv_buffer, cu_q0, cu_q1, cu_seqlens_k, *fields, *op_fields(config))
     else:
         out, lse = _zigzag_fwd_impl(q0, q1, kv_buffer, cu_q0, cu_q1, cu_seqlens_k, *fields, config)
     chunk_info = {
@@ -211,7 +210,7 @@ def fused_zigzag_backward(
     args = (dout, q, out, lse, kv_buffer, cu_seqlens_q, chunk_idx_0, chunk_idx_1, world_size,
             bound, scale, causal, dkv_dtype)
     if compiling or use_op(dout, q, out, lse, kv_buffer, cu_seqlens_q):
-        return torch.ops.kvonce.dual_group_bwd_zigzag(*args, *dataclasses.astuple(config))
+        return torch.ops.kvonce.dual_group_bwd_zigzag(*args, *op_fields(config))
     return _zigzag_bwd_impl(*args, config)
 
 
