@@ -57,8 +57,11 @@ def each_choice(items: list, cost) -> list:
     """Greedy weighted set cover: until every (parameter, value) pair of ``items`` is taken,
     keep the case with the most new pairs per second of cost. Keeps collection order."""
     uncovered = set().union(*(_choices(i) for i in items))
-    if not uncovered:
-        return list(items)
+    if not uncovered:  # no parameters, or instance parameters only: the cheapest case
+        parametrized = [i for i in range(len(items)) if getattr(items[i], "callspec", None)]
+        if len(parametrized) < len(items) or not parametrized:
+            return list(items)
+        return [min(items, key=cost)]
     kept = set()
     while uncovered:
         best = max((i for i in range(len(items)) if i not in kept),
