@@ -1,6 +1,8 @@
 """Sweep the dual-group backward's two launch configs at the Llama-3-8B zigzag shapes (CUDA).
 
     PYTHONPATH=src python scripts/bwd_sweep.py [--only r3] [--dq 64,64,8,3 ...] [--dkdv 64,128,8,3 ...]
+    ncu --kernel-name regex:dkdv --launch-skip 1 --launch-count 1 --section ... \
+        python3 scripts/bwd_sweep.py --once --dkdv 64,128,8,1,a   # one config, run twice untimed
 
 Times the whole backward (dQ kernel, then dK/dV kernel) per (dq config, dkdv config) pair with
 ``triton.testing.do_bench`` medians; reports registers/spills are not available through the
@@ -55,6 +57,8 @@ def main() -> None:
     ap.add_argument("--dkdv", nargs="*", default=["64,128,8,2", "128,128,8,2", "64,128,8,1",
                                                   "64,128,8,2,a", "64,128,8,3,a", "32,128,8,2,a",
                                                   "128,128,8,2,a", "64,64,4,2,a"])
+    ap.add_argument("--once", action="store_true",
+                    help="run each config twice, untimed (under Nsight Compute), then stop")
     args = ap.parse_args()
     for case in cases("bf16"):
         if not any(o in case.name for o in args.only.split(",")) or "llama" not in case.name:
@@ -73,6 +77,12 @@ def main() -> None:
 
             def fn(cfg=cfg):
                 return backward(dout0, dout1, *tensors, out0, out1, lse0, lse1, *meta, config=cfg)
+            if args.once:
+                fn()
+                fn()
+                torch.cuda.synchronize()
+                print(f"{case.name} {cfg}: ran twice", flush=True)
+                continue
             try:
                 fn()
                 ms = triton.testing.do_bench(fn, warmup=5, rep=300, return_mode="median")
@@ -82,6 +92,8 @@ def main() -> None:
             results.append((ms, cfg))
             print(f"{case.name} dq={dq} dkdv={dkdv}: {ms:.2f} ms {flops / ms / 1e9:.0f} TFLOP/s",
                   flush=True)
+        if args.once:
+            return
         results.sort(key=lambda r: r[0])
         print("best:", results[:3])
         for ms, cfg in results[:1] + [r for r in results if r[1].atomic_dq][:1]:
