@@ -23,18 +23,14 @@ from kvonce.kernels.configs import DualGroupBwdConfig
 
 
 def _cfgs(specs):
-    """"64,128,8,2" -> (64, 128, 8, 2); trailing flags (dK/dV specs): ",a" atomic dQ, ",r" the
-    rows-first orientation (``dkdv_rows_first``), e.g. "64,128,8,1,a,r"."""
-    out = []
-    for spec in specs:
-        parts = spec.split(",")
-        out.append(tuple(int(x) for x in parts[:4]) + tuple(sorted(set(parts[4:]))))
-    return out
+    """"64,128,8,2" -> (64, 128, 8, 2); a trailing ",a" (dK/dV specs) -> atomic dQ."""
+    return [tuple(int(x) for x in s.split(",") if x != "a") + (("a",) if s.endswith(",a") else ())
+            for s in specs]
 
 
 def _config(dq, dkdv) -> DualGroupBwdConfig:
-    return DualGroupBwdConfig(*dq, *dkdv[:4], atomic_dq="a" in dkdv[4:],
-                              dkdv_rows_first="r" in dkdv[4:])
+    atomic = dkdv[-1] == "a"
+    return DualGroupBwdConfig(*dq, *dkdv[:4], atomic_dq=atomic)
 
 
 def _kernel_times(fn) -> str:
@@ -75,7 +71,7 @@ def main() -> None:
         flops = 2.5 * s["flops"]
         results = []
         for dq, dkdv in itertools.product(_cfgs(args.dq), _cfgs(args.dkdv)):
-            if "a" in dkdv[4:] and dq != _cfgs(args.dq)[0]:
+            if dkdv[-1] == "a" and dq != _cfgs(args.dq)[0]:
                 continue  # with atomics the dQ kernel only computes delta: one config is enough
             cfg = _config(dq, dkdv)
 

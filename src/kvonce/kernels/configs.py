@@ -272,8 +272,6 @@ class DualGroupBwdConfig:
     per step x keys per program; the program holds K, V, dK, dV of its key block).
     atomic_dq: dQ from fp32 atomics in the dK/dV kernel (5 matmuls per tile pair instead of 7;
     the dQ kernel then only computes delta) instead of from the dQ kernel.
-    dkdv_rows_first: the dK/dV kernel computes ``S = Q K^T`` (rows x keys) instead of
-    ``S^T = K Q^T``, so K and V are only second dot operands (kernels/dual_group_bwd.py).
     """
     dq_block_m: int
     dq_block_n: int
@@ -285,7 +283,6 @@ class DualGroupBwdConfig:
     dkdv_num_stages: int
     int64_kv_offsets: bool = False
     atomic_dq: bool = False
-    dkdv_rows_first: bool = False
 
 
 # H100, triton 3.6, bf16, Llama-3-8B zigzag shape (world 8, rank 3, 32/8 heads; sweeps

@@ -314,50 +314,30 @@ def _dkdv_rows(dk, dv, k, v, Q, DO, Lse, Delta, DQA, row0, len_q, head, lo, hi, 
                kv_end, qk_scale, sm_scale, stride_qm, stride_qh, stride_dom, stride_doh,
                stride_lse_h, stride_delta_h, stride_dqam, stride_dqah, offs_d, head_dim,
                MASKED: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_D: tl.constexpr,
-               ATOMIC_DQ: tl.constexpr, ROWS_FIRST: tl.constexpr):
+               ATOMIC_DQ: tl.constexpr):
     """Query rows ``[lo, hi)`` of one group and q head into the tile's dK/dV accumulators.
 
     dk/dv [BLOCK_N, BLOCK_D] fp32 (dk unscaled), k/v [BLOCK_N, BLOCK_D]. Row ``i`` sees key
-    ``j`` iff ``j <= i + diag`` and ``j < kv_end``. ``ATOMIC_DQ``: also add this tile's
-    ``scale * dS K`` to the fp32 dQ accumulator ``DQA``.
-
-    Two orientations of the same five products. Keys first (``S^T = K Q^T``, keys x rows): K and
-    V are the dots' first operands. ``ROWS_FIRST`` (``S = Q K^T``, rows x keys, FA2's): K and V
-    are only ever second operands, which Hopper's wgmma reads from shared memory, so the
-    loop-invariant tiles need not also stay in registers (the keys-first atomic variant spills
-    at 255 registers, docs/notes.md); P and dS are transposed for dV and dK instead."""
+    ``j`` iff ``j <= i + diag`` and ``j < kv_end``; computed transposed (keys x rows).
+    ``ATOMIC_DQ``: also add this tile's ``scale * dS K`` to the fp32 dQ accumulator ``DQA``."""
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
+        q_t = _load_rows(Q, row0, offs_m, len_q, head, stride_qm, stride_qh, offs_d, head_dim,
+                         EVEN_D, True)
         do = _load_rows(DO, row0, offs_m, len_q, head, stride_dom, stride_doh, offs_d, head_dim,
                         EVEN_D, False)
         lse = _load_lse2(Lse, row0, offs_m, len_q, head, stride_lse_h)
         delta = tl.load(Delta + head * stride_delta_h + (row0 + offs_m).to(tl.int64),
                         mask=offs_m < len_q, other=0.0)
-        if ROWS_FIRST:
-            q = _load_rows(Q, row0, offs_m, len_q, head, stride_qm, stride_qh, offs_d, head_dim,
-                           EVEN_D, False)
-            p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse[:, None])
-            if MASKED:
-                visible = (offs_n[None, :] <= offs_m[:, None] + diag) & (offs_n[None, :] < kv_end)
-                p = tl.where(visible, p, 0.0)
-            dv += tl.dot(tl.trans(p.to(do.dtype)), do)
-            ds = p * (tl.dot(do, tl.trans(v)) - delta[:, None])
-            dk += tl.dot(tl.trans(ds.to(q.dtype)), q)
-            if ATOMIC_DQ:
-                dq = tl.dot((ds * sm_scale).to(k.dtype), k)
-        else:
-            q_t = _load_rows(Q, row0, offs_m, len_q, head, stride_qm, stride_qh, offs_d,
-                             head_dim, EVEN_D, True)
-            p_t = tl.math.exp2(tl.dot(k, q_t) * qk_scale - lse[None, :])
-            if MASKED:
-                visible = (offs_n[:, None] <= offs_m[None, :] + diag) & (offs_n[:, None] < kv_end)
-                p_t = tl.where(visible, p_t, 0.0)
-            dv += tl.dot(p_t.to(do.dtype), do)
-            ds_t = p_t * (tl.dot(v, tl.trans(do)) - delta[None, :])
-            dk += tl.dot(ds_t.to(q_t.dtype), tl.trans(q_t))
-            if ATOMIC_DQ:
-                dq = tl.dot(tl.trans(ds_t * sm_scale).to(k.dtype), k)
+        p_t = tl.math.exp2(tl.dot(k, q_t) * qk_scale - lse[None, :])
+        if MASKED:
+            visible = (offs_n[:, None] <= offs_m[None, :] + diag) & (offs_n[:, None] < kv_end)
+            p_t = tl.where(visible, p_t, 0.0)
+        dv += tl.dot(p_t.to(do.dtype), do)
+        ds_t = p_t * (tl.dot(v, tl.trans(do)) - delta[None, :])
+        dk += tl.dot(ds_t.to(q_t.dtype), tl.trans(q_t))
         if ATOMIC_DQ:
+            dq = tl.dot(tl.trans(ds_t * sm_scale).to(k.dtype), k)
             rows = (row0 + offs_m).to(tl.int64)
             tl.atomic_add(DQA + rows[:, None] * stride_dqam + head * stride_dqah + offs_d[None, :],
                           dq, mask=(offs_m < len_q)[:, None] & (offs_d[None, :] < head_dim),
@@ -370,7 +350,7 @@ def _dkdv_group(dk, dv, k, v, Q, DO, Lse, Delta, DQA, row0, len_q, kv_end, head,
                 qk_scale, sm_scale, stride_qm, stride_qh, stride_dom, stride_doh, stride_lse_h,
                 stride_delta_h, stride_dqam, stride_dqah, offs_d, head_dim,
                 IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                EVEN_D: tl.constexpr, ATOMIC_DQ: tl.constexpr, ROWS_FIRST: tl.constexpr):
+                EVEN_D: tl.constexpr, ATOMIC_DQ: tl.constexpr):
     """One group's rows that see keys ``[n0, n0 + BLOCK_N)``: masked M-blocks (the diagonal, or
     every block when the tile crosses ``kv_end``), then the unmasked ones."""
     if IS_CAUSAL:
@@ -388,13 +368,11 @@ def _dkdv_group(dk, dv, k, v, Q, DO, Lse, Delta, DQA, row0, len_q, kv_end, head,
     dk, dv = _dkdv_rows(dk, dv, k, v, Q, DO, Lse, Delta, DQA, row0, len_q, head, lo, full,
                         offs_n, diag, kv_end, qk_scale, sm_scale, stride_qm, stride_qh,
                         stride_dom, stride_doh, stride_lse_h, stride_delta_h, stride_dqam,
-                        stride_dqah, offs_d, head_dim, True, BLOCK_M, EVEN_D, ATOMIC_DQ,
-                        ROWS_FIRST)
+                        stride_dqah, offs_d, head_dim, True, BLOCK_M, EVEN_D, ATOMIC_DQ)
     dk, dv = _dkdv_rows(dk, dv, k, v, Q, DO, Lse, Delta, DQA, row0, len_q, head, full, hi,
                         offs_n, diag, kv_end, qk_scale, sm_scale, stride_qm, stride_qh,
                         stride_dom, stride_doh, stride_lse_h, stride_delta_h, stride_dqam,
-                        stride_dqah, offs_d, head_dim, False, BLOCK_M, EVEN_D, ATOMIC_DQ,
-                        ROWS_FIRST)
+                        stride_dqah, offs_d, head_dim, False, BLOCK_M, EVEN_D, ATOMIC_DQ)
     return dk, dv
 
 
@@ -411,7 +389,7 @@ def _dual_group_bwd_dkdv_kernel(
     IS_CAUSAL: tl.constexpr, KV_ZIGZAG: tl.constexpr, LOCAL_ORDER: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     INT64_KV: tl.constexpr, KV_END_SCALAR: tl.constexpr, KV_END_IN_CHUNKS: tl.constexpr,
-    ATOMIC_DQ: tl.constexpr, ROWS_FIRST: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr,
 ):
     """Grid ``(key blocks, nheads_k, batch + 1)``: key blocks fastest, so the programs that
     stream the same q heads' rows run together (L2 reuse). The last slice zeroes the K/V rows
@@ -454,12 +432,12 @@ def _dual_group_bwd_dkdv_kernel(
                                  head, n0, offs_n, qk_scale, sm_scale, stride_q0m, stride_q0h,
                                  stride_do0m, stride_do0h, stride_lse0_h, stride_delta0_h,
                                  stride_dqa0m, stride_dqa0h, offs_d, head_dim,
-                                 IS_CAUSAL, BLOCK_M, BLOCK_N, EVEN_D, ATOMIC_DQ, ROWS_FIRST)
+                                 IS_CAUSAL, BLOCK_M, BLOCK_N, EVEN_D, ATOMIC_DQ)
             dk, dv = _dkdv_group(dk, dv, k, v, Q1, DO1, Lse1, Delta1, DQA1, row1, len1, end1,
                                  head, n0, offs_n, qk_scale, sm_scale, stride_q1m, stride_q1h,
                                  stride_do1m, stride_do1h, stride_lse1_h, stride_delta1_h,
                                  stride_dqa1m, stride_dqa1h, offs_d, head_dim,
-                                 IS_CAUSAL, BLOCK_M, BLOCK_N, EVEN_D, ATOMIC_DQ, ROWS_FIRST)
+                                 IS_CAUSAL, BLOCK_M, BLOCK_N, EVEN_D, ATOMIC_DQ)
         mask = in_range[:, None] & (offs_d[None, :] < head_dim)
         tl.store(DK + rows[:, None] * stride_dkn + offs_d[None, :],
                  (dk * sm_scale).to(DK.dtype.element_ty), mask=mask)
@@ -521,8 +499,7 @@ def launch_dual_group_bwd(
         *dout0.stride()[:2], *dout1.stride()[:2], *dk.stride()[:2], *dv.stride()[:2],
         lse0.stride(0), lse1.stride(0), delta0.stride(0), delta1.stride(0),
         *_row_strides(dqa0), *_row_strides(dqa1), head_dim, nheads // nheads_k,
-        BLOCK_M=config.dkdv_block_m, BLOCK_N=config.dkdv_block_n, ATOMIC_DQ=atomic,
-        ROWS_FIRST=config.dkdv_rows_first, **common,
+        BLOCK_M=config.dkdv_block_m, BLOCK_N=config.dkdv_block_n, ATOMIC_DQ=atomic, **common,
         num_warps=config.dkdv_num_warps, num_stages=config.dkdv_num_stages)
     if atomic:
         dq0.copy_(dqa0)
