@@ -274,7 +274,8 @@ def _check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, heads_k_stride) ->
             or heads_k_stride < 1 or k.shape[1] % heads_k_stride != 0):
         raise ValueError(f"heads_k_stride must be a positive divisor of nheads_k={k.shape[1]}, "
                          f"got {heads_k_stride!r}")
-    if q.device.type != "cuda" and not interpreter_active():
+    # meta tensors: the function always calls its op, whose fake implementation serves them.
+    if q.device.type not in ("cuda", "meta") and not interpreter_active():
         raise ValueError(f"inputs are on {q.device}: the Triton kernels need a CUDA device "
                          "(or TRITON_INTERPRET=1 for the CPU interpreter)")
 
