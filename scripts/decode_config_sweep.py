@@ -6,7 +6,7 @@ import torch
 import triton.testing
 
 from kvonce.bench.decode import Case, make_inputs
-from kvonce.decode import PagedDecodePlan
+from kvonce.paged import PagedDecodePlan
 from kvonce.kernels.configs import get_paged_decode_config
 
 base = get_paged_decode_config(torch.cuda.get_device_capability(), 128)

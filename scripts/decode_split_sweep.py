@@ -9,7 +9,7 @@ import torch
 import triton.testing
 
 from kvonce.bench.decode import HEADS, SHAPES, Case, make_inputs
-from kvonce.decode import PagedDecodePlan
+from kvonce.paged import PagedDecodePlan
 from kvonce.kernels.configs import get_paged_decode_config
 
 cfg = get_paged_decode_config(torch.cuda.get_device_capability(), 128)

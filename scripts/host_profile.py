@@ -8,7 +8,7 @@ import torch
 import triton
 
 from kvonce.bench.decode import Case, make_inputs
-from kvonce.decode import PagedDecodePlan
+from kvonce.paged import PagedDecodePlan
 from kvonce.kernels import _launch
 
 

@@ -1,6 +1,6 @@
 """Accuracy of the quantized KV formats: relative error of the decode output (and of the LSE)
 against the fp16 cache, on random keys and on keys with per-channel outliers (a few channels
-10-30x larger, as real LLM keys have). Pure PyTorch (kvonce.reference + kvonce.cache.quant: the
+10-30x larger, as real LLM keys have). Pure PyTorch (kvonce.reference + kvonce.paged.quant: the
 kernels match ``dequantize_kv`` to fp32 rounding, tests/test_decode_quant.py), so it runs on CPU.
 
     PYTHONPATH=src python scripts/quant_accuracy.py

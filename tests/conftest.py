@@ -30,9 +30,10 @@ def hypothesis_examples(cpu: int, gpu: int) -> int:
 
 class _PoisonEmpty:
     """``with poison_empty: out = kvonce_call(...)``: while the block runs, ``torch.empty`` /
-    ``torch.empty_like`` and ``kvonce.decode._empty`` (decode's allocator, bound at import, so
-    patching ``torch.empty`` alone misses it) return NaN-filled floating tensors, so any output
-    element a kernel forgets to write fails the comparison. Wrap only the kvonce calls under test:
+    ``torch.empty_like`` and ``kvonce.paged._alloc.allocator.empty`` (the paged package's one
+    allocator of outputs and scratch, bound to ``torch.empty`` at import, so patching
+    ``torch.empty`` alone misses it) return NaN-filled floating tensors, so any output element a
+    kernel forgets to write fails the comparison. Wrap only the kvonce calls under test:
     references and torch internals outside the block allocate normally. Reusable and nestable."""
 
     def __init__(self):
@@ -45,23 +46,23 @@ class _PoisonEmpty:
     def __enter__(self):
         import torch._dynamo.trace_rules as trace_rules
 
-        import kvonce.decode as decode
+        from kvonce.paged._alloc import allocator
 
         # dynamo builds its table of torch functions once, on first use: built inside the block
         # it would record the stand-in, and every later torch.compile in the process fails on
         # torch.empty (test_ops.py did once). Make sure it exists first (cached after that).
         trace_rules.get_torch_obj_rule_map()
-        self._saved.append((torch.empty, torch.empty_like, decode._empty))
+        self._saved.append((torch.empty, torch.empty_like, allocator.empty))
         empty, empty_like = torch.empty, torch.empty_like
         torch.empty = lambda *a, **k: self._nan(empty(*a, **k))
         torch.empty_like = lambda *a, **k: self._nan(empty_like(*a, **k))
-        decode._empty = torch.empty
+        allocator.empty = torch.empty
         return self
 
     def __exit__(self, *exc):
-        import kvonce.decode as decode
+        from kvonce.paged._alloc import allocator
 
-        torch.empty, torch.empty_like, decode._empty = self._saved.pop()
+        torch.empty, torch.empty_like, allocator.empty = self._saved.pop()
 
 
 poison_empty = _PoisonEmpty()

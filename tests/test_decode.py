@@ -1,4 +1,4 @@
-"""Paged decode (kvonce.decode) against the float32 references.
+"""Paged decode (kvonce.paged) against the float32 references.
 
 On CPU these run under the Triton interpreter (TRITON_INTERPRET=1) with fp16/fp32 only (the
 interpreter's bf16 tl.dot is wrong) and small shapes; GPU-only tests (bf16, real sizes, CUDA-graph
@@ -11,10 +11,11 @@ import pytest
 import torch
 from conftest import poison_empty
 
-import kvonce.decode as decode
+import kvonce.paged.decode as decode
 from kvonce import append_paged_kv
-from kvonce.decode import (flash_attn_with_kvcache, merge_attention_states,
-                           paged_attention)
+from kvonce.paged import flash_attn_with_kvcache, merge_attention_states, paged_attention
+from kvonce.paged._alloc import allocator
+from kvonce.paged.splits import MAX_SPLITS
 from kvonce.kernels.configs import interpreter_active
 from kvonce.reference import (attention_ref, merge_attention_states_ref, paged_attention_ref,
                               paged_attention_sdpa_ref)
@@ -48,13 +49,14 @@ def lse_err(lse: torch.Tensor, ref: torch.Tensor) -> float:
 
 def test_poison_empty_is_scoped_and_catches_unwritten_elements():
     """The harness itself: inside ``with poison_empty`` (nested too) torch.empty / empty_like and
-    decode's allocator give NaN-filled floats, integer tensors untouched; after it the real
-    functions are back; and a row a (deliberately wrong) kernel leaves unwritten fails rel_err."""
-    real = (torch.empty, torch.empty_like, decode._empty)
+    the paged package's allocator give NaN-filled floats, integer tensors untouched; after it the
+    real functions are back; and a row a (deliberately wrong) kernel leaves unwritten fails
+    rel_err."""
+    real = (torch.empty, torch.empty_like, allocator.empty)
     x = torch.randn(4, 3, device=DEVICE)
 
     def forgets_last_row(x):
-        out = decode._empty(x.shape, dtype=x.dtype, device=x.device)
+        out = allocator.empty(x.shape, dtype=x.dtype, device=x.device)
         out[:-1] = x[:-1]
         return out
 
@@ -63,10 +65,10 @@ def test_poison_empty_is_scoped_and_catches_unwritten_elements():
         assert torch.isnan(torch.empty_like(x)).all()
         assert torch.empty(3, dtype=torch.int32, device=DEVICE).dtype == torch.int32
         with poison_empty:
-            assert torch.isnan(decode._empty((2, 2), device=DEVICE)).all()
-        assert torch.isnan(decode._empty((2, 2), device=DEVICE)).all()
+            assert torch.isnan(allocator.empty((2, 2), device=DEVICE)).all()
+        assert torch.isnan(allocator.empty((2, 2), device=DEVICE)).all()
         out = forgets_last_row(x)
-    assert (torch.empty, torch.empty_like, decode._empty) == real
+    assert (torch.empty, torch.empty_like, allocator.empty) == real
     assert torch.equal(out[:-1], x[:-1]) and torch.isnan(out[-1]).all()
     with pytest.raises(AssertionError, match="an element was not written"):
         rel_err(out, x)
@@ -399,7 +401,7 @@ def test_num_splits_auto_reads_shapes_only():
     from kvonce.kernels.configs import _PAGED_DECODE_TABLE
     cfg = _PAGED_DECODE_TABLE[(9, 0)][128]  # the Hopper row, also under the interpreter
     s = decode.choose_num_splits(1, 8, 131072, 132, cfg)
-    assert 1 < s <= decode.MAX_SPLITS
+    assert 1 < s <= MAX_SPLITS
     assert decode.choose_num_splits(256, 12, 256, 132, cfg) == 1
     assert decode.choose_num_splits(1, 1, 16, 132, cfg) == 1
     assert decode.choose_num_splits(32, 8, 2048, 132, cfg) == 1   # 256 programs: no split

@@ -103,13 +103,14 @@ def test_quantized_arguments_are_checked_before_launch():
 # ------------------------------------------------------------------------------------------------
 
 def _op_args(fmt, split):
-    import kvonce.decode as decode
+    import kvonce.paged.decode as decode
+    from kvonce.paged.checks import QUANT_FORMATS
     q, k, v, seqlens, table = _case(2, 2, 4, 2, 64, 16, [37, 50], DTYPES[0])
     kq, ks, vq, vs, _, _ = _quantized(k, v, fmt)
     c = decode.get_paged_decode_config(
         torch.cuda.get_device_capability() if HAS_CUDA else None, 64)
     fields = (64 ** -0.5, True, c.block_n, c.num_warps, c.num_stages, c.kv_cache_modifier,
-              c.kv_eviction, c.max_merged_splits, ks, vs, decode._QUANT_FORMATS[fmt][0])
+              c.kv_eviction, c.max_merged_splits, ks, vs, QUANT_FORMATS[fmt][0])
     if not split:
         return torch.ops.kvonce.paged_decode, (q, kq, vq, seqlens, table, *fields)
     s = 3

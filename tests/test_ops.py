@@ -14,7 +14,7 @@ import torch
 from conftest import DEVICE, HAS_CUDA
 
 import kvonce
-import kvonce.decode as decode
+import kvonce.paged.decode as decode
 from kvonce.kernels import _launch
 from kvonce.kernels.configs import interpreter_active
 from kvonce.kernels.paged_decode import _paged_decode_kernel

@@ -1,5 +1,5 @@
-"""Shared-prefix decode (kvonce.prefix, kernels/prefix_decode.py) against plain paged decode over
-the same block table and the float32 reference.
+"""Shared-prefix decode (kvonce.paged.prefix, kernels/prefix_decode.py) against plain paged decode
+over the same block table and the float32 reference.
 
 The cascade is forced on (``cascade=True``): small shapes would otherwise pick plain decode and
 leave it untested. Plans and runs are built under ``poison_empty``: every kernel output and
@@ -15,7 +15,8 @@ import torch
 from conftest import DEVICE, HAS_CUDA, poison_empty
 
 import kvonce
-import kvonce.prefix as prefix
+import kvonce.paged.prefix as prefix
+import kvonce.paged.prefix_tree as tree
 from kvonce.kernels.configs import PrefixDecodeConfig, interpreter_active
 from kvonce.reference import paged_attention_ref
 
@@ -254,7 +255,7 @@ def test_find_shared_prefixes_hand_built():
     ], dtype=torch.int32)
     lens = torch.tensor([5 * p, 4 * p + 1, 3 * p + 9, 4 * p, 2 * p, 2 * p, p + 3],
                         dtype=torch.int32)
-    assert _groups(prefix.find_shared_prefixes(table, lens, p)) == [
+    assert _groups(tree.find_shared_prefixes(table, lens, p)) == [
         ((0, 1, 2, 3), 2), ((0, 1), 4), ((2, 3), 3), ((5, 6), 1)]
 
 
@@ -265,11 +266,11 @@ def test_find_shared_prefixes_full_used_pages_only():
     # seq 2's page 3 (column 2) is partly filled: not shared by it; the zero padding columns are
     # identical but past every sequence's pages: never shared.
     lens = torch.tensor([3 * p, 3 * p, 2 * p + 5, 10], dtype=torch.int32)
-    assert _groups(prefix.find_shared_prefixes(table, lens, p)) == [((0, 1, 2), 2), ((0, 1), 3)]
+    assert _groups(tree.find_shared_prefixes(table, lens, p)) == [((0, 1, 2), 2), ((0, 1), 3)]
     # Nothing shared: an empty tree, and plain decode even when forced.
     table[1, 0] = 9
     table[2, 0] = 8
-    assert prefix.find_shared_prefixes(table, lens, p) == []
+    assert tree.find_shared_prefixes(table, lens, p) == []
     q = torch.randn(4, 1, 2, 32, dtype=torch.float16, device=DEVICE)
     cache = torch.randn(10, p, 2, 32, dtype=torch.float16, device=DEVICE)
     plan = kvonce.PagedDecodePlan(q, cache, cache, lens.to(DEVICE), table.to(DEVICE),
@@ -296,17 +297,17 @@ def test_cost_model_at_the_issue_shapes():
     kw = dict(page_size=16, kv_elem=2, suffix_splits=1, num_sms=132,
               config=PrefixDecodeConfig(128, 64, 8, 3), force=False,
               model=prefix.DEFAULT_COST_MODEL)
-    big = [prefix.PrefixNode(tuple(range(64)), 0, 2048, -1)]
+    big = [tree.PrefixNode(tuple(range(64)), 0, 2048, -1)]
     assert prefix._select_nodes(big, shape=(64, 1, 32, 8, 128), **kw) == big
-    tiny = [prefix.PrefixNode((0, 1), 0, 1, -1)]
+    tiny = [tree.PrefixNode((0, 1), 0, 1, -1)]
     assert prefix._select_nodes(tiny, shape=(2, 1, 32, 8, 128), **kw) == []
 
 
 def test_dropped_node_pages_go_to_its_children():
     """A node that does not pay (two sequences, one page: its partials cost more than the page
     it saves) hands its pages to its kept child, whose lo moves down."""
-    nodes = [prefix.PrefixNode((0, 1), 0, 1, -1), prefix.PrefixNode((0, 1), 1, 40, 0),
-             prefix.PrefixNode((2, 3), 0, 1, -1)]
+    nodes = [tree.PrefixNode((0, 1), 0, 1, -1), tree.PrefixNode((0, 1), 1, 40, 0),
+             tree.PrefixNode((2, 3), 0, 1, -1)]
     model = prefix.CascadeCostModel(launch_s=0.0, reread_bytes_per_s=3.0e12)
     kw = dict(shape=(4, 1, 8, 2, 128), page_size=16, kv_elem=2, suffix_splits=1, num_sms=132,
               config=PrefixDecodeConfig(128, 64, 8, 3))

@@ -1,9 +1,9 @@
-"""Quantized KV formats (``kvonce.cache.quant``): round-trip error bounds, layouts, scales, checks."""
+"""Quantized KV formats (``kvonce.paged.quant``): round-trip error bounds, layouts, scales, checks."""
 import pytest
 import torch
 from conftest import DEVICE
 
-from kvonce.cache import dequantize_kv, quantize_kv
+from kvonce.paged.quant import dequantize_kv, quantize_kv
 
 
 def _keys(*shape, outliers=False):

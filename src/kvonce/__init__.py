@@ -2,11 +2,8 @@
 from .varlen import (fused_zigzag_llama3_flash_attn_varlen_backward,
                      fused_zigzag_llama3_flash_attn_varlen_forward,
                      fused_zigzag_llama3_flash_attn_varlen_func)
-from .cache import dequantize_kv, quantize_kv
-from .cache.append import append_paged_kv
-from .decode import (PagedDecodePlan, flash_attn_with_kvcache,
-                     merge_attention_states, paged_attention)
-from .prefix import find_shared_prefixes
+from .paged import (PagedDecodePlan, append_paged_kv, dequantize_kv, find_shared_prefixes,
+                    flash_attn_with_kvcache, merge_attention_states, paged_attention, quantize_kv)
 from . import flops  # noqa: E402  (after the ops exist: registers their FlopCounterMode formulas)
 
 __all__ = ["fused_zigzag_llama3_flash_attn_varlen_forward",

@@ -23,8 +23,8 @@ from __future__ import annotations
 import torch
 from torch.utils.flop_counter import register_flop_formula
 
-from . import decode as _decode  # noqa: F401  (registers paged_decode, paged_decode_split)
-from . import prefix as _prefix  # noqa: F401  (registers prefix_decode)
+from .paged import decode as _decode  # noqa: F401  (registers paged_decode, paged_decode_split)
+from .paged import prefix as _prefix  # noqa: F401  (registers prefix_decode)
 from . import varlen as _varlen  # noqa: F401  (registers dual_group_fwd, dual_group_bwd)
 from ._dispatch import values_readable
 from .zigzag import cp as _cp
@@ -181,7 +181,7 @@ def zigzag_cp_bwd_flops(dout, q, k, v, out, lse, kept, cu_seqlens, heads_k_strid
 
 
 # ------------------------------------------------------------------------------------------------
-# Paged decode (kvonce.decode, kvonce.prefix)
+# Paged decode (kvonce.paged.decode, kvonce.paged.prefix)
 # ------------------------------------------------------------------------------------------------
 
 def _decode_flops(q, k_cache, cache_seqlens, block_table, causal) -> int:

@@ -166,7 +166,7 @@ def dual_group_attention_ref(
 
 
 # ---------------------------------------------------------------------------------------------
-# Paged KV-cache decode (kvonce.decode)
+# Paged KV-cache decode (kvonce.paged.decode)
 # ---------------------------------------------------------------------------------------------
 
 def _gather_pages(cache: torch.Tensor, block_table_row: torch.Tensor, length: int) -> torch.Tensor:

@@ -26,8 +26,8 @@ import sys
 
 import torch
 
-from ..decode import PagedDecodePlan, choose_num_splits, paged_attention
 from ..kernels.configs import PagedDecodeConfig, get_paged_decode_config
+from ..paged.decode import PagedDecodePlan, choose_num_splits, paged_attention
 from ..reference import paged_attention_ref
 from . import report
 

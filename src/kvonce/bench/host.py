@@ -44,10 +44,8 @@ import torch
 import triton
 import triton.testing
 
-from ..cache.append import append_paged_kv
-from ..decode import (PagedDecodePlan, flash_attn_with_kvcache,
-                      merge_attention_states, paged_attention)
-from ..cache.quant import dequantize_kv, quantize_kv
+from ..paged import (PagedDecodePlan, append_paged_kv, dequantize_kv, flash_attn_with_kvcache,
+                     merge_attention_states, paged_attention, quantize_kv)
 from ..reference import (dual_group_attention_ref, merge_attention_states_ref,
                          paged_attention_ref, varlen_attention_ref)
 from ..varlen import (fused_zigzag_llama3_flash_attn_varlen_backward,

@@ -39,10 +39,11 @@ import sys
 
 import torch
 
-from ..decode import PagedDecodePlan, choose_num_splits
 from ..kernels.configs import (PrefixDecodeConfig, get_paged_decode_config,
                                get_prefix_decode_config)
-from .. import prefix as P
+from ..paged import prefix as P
+from ..paged.decode import PagedDecodePlan, choose_num_splits
+from ..paged.prefix_tree import find_shared_prefixes, nodes_from_groups
 from . import report
 
 HEAD_DIM = 128
@@ -105,8 +106,7 @@ def make_inputs(case: Case, dtype=torch.float16, seed: int = 0):
 def plan_summary(case: Case, capability=H100[0], num_sms=H100[1]) -> dict:
     """The tree, layout and cost-model estimates of a case, on the CPU (``--plan-only``)."""
     table, seqlens, _ = block_table(case)
-    nodes = P._nodes_from_groups(P.find_shared_prefixes(table, seqlens, PAGE), case.n,
-                                 table.shape[1])
+    nodes = nodes_from_groups(find_shared_prefixes(table, seqlens, PAGE), case.n, table.shape[1])
     config = get_prefix_decode_config(capability, HEAD_DIM)
     dec = get_paged_decode_config(capability, HEAD_DIM)
     model = P.DEFAULT_COST_MODEL

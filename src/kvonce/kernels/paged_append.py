@@ -1,5 +1,5 @@
 """Appending new tokens' K/V to a paged cache: one program per (new token, sequence), quantizing
-in registers for a quantized cache (``kvonce.cache.quant``'s formats), so data and scales are
+in registers for a quantized cache (``kvonce.paged.quant``'s formats), so data and scales are
 stored by the same launch (no fp16 staging copy, no second pass).
 
 Each program computes exactly ``quantize_kv``'s arithmetic, in float32 with IEEE-rounded division
@@ -107,7 +107,7 @@ def _append_paged_kv_kernel(
     K, V,              # new tokens [batch, new_len, nheads_k, HEAD_DIM], last dim contiguous
     KCache, VCache,    # [num_pages, PAGE_SIZE, nheads_k, HEAD_DIM (int4: HEAD_DIM // 2 bytes)],
                        # last dim contiguous
-    KS, VS,            # quantized caches' scales (kvonce.cache.quant; any pointer when plain):
+    KS, VS,            # quantized caches' scales (kvonce.paged.quant; any pointer when plain):
                        # fp8 [nheads_k] or 0-dim (read), int8 [num_pages, PAGE_SIZE, nheads_k],
                        # int4 [num_pages, PAGE_SIZE, nheads_k, HEAD_DIM // 32] (written)
     cache_seqlens,     # int32 [batch]: token i of sequence b goes to position cache_seqlens[b] + i

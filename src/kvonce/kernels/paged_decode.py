@@ -102,7 +102,7 @@ def _load_quant_kv_tile(K, V, KS, VS, bt_row, start_n, kv_end, stride_kp, stride
                         head_dim, dtype: tl.constexpr, PAGE_SIZE: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr,
                         KV_FORMAT: tl.constexpr):
-    """``_load_paged_kv_tile`` for a quantized cache (``kvonce.cache.quant``): K transposed
+    """``_load_paged_kv_tile`` for a quantized cache (``kvonce.paged.quant``): K transposed
     ``[BLOCK_D, BLOCK_N]`` and V ``[BLOCK_N, BLOCK_D]`` in ``dtype`` (q's).
 
     KV_FORMAT 1 = fp8 e4m3: the tile is converted as stored; its per-head scales are the
@@ -224,7 +224,7 @@ def _attend_paged(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end,
 def _paged_decode_kernel(
     Q,                 # [batch, q_len, nheads, HEAD_DIM], last dim contiguous
     K, V,              # [num_pages, PAGE_SIZE, nheads_k, HEAD_DIM], last dim contiguous
-                       # (quantized: kvonce.cache.quant's layouts; int4 HEAD_DIM // 2 bytes)
+                       # (quantized: kvonce.paged.quant's layouts; int4 HEAD_DIM // 2 bytes)
     KS, VS,            # quantized caches' scales (any pointer when KV_FORMAT is 0)
     Out,               # [batch, q_len, nheads, (S,) HEAD_DIM]: final (S = 1) or fp32 partials
     Lse,               # float32, indexed by (batch, token, head, split) strides

@@ -6,10 +6,10 @@ import torch
 
 from .. import _validate as V
 from .._dispatch import use_op
-from ..decode import (_QUANT_FORMATS, _check_block_table_values, _check_device_ok, _check_scale,
-                      _validate_cache, _validate_quantized_cache, resolve_kv_format)
 from ..kernels.configs import interpreter_active
 from ..kernels.paged_append import launch_append_paged_kv
+from .checks import (QUANT_FORMATS, check_block_table_values, check_device_ok, check_scale,
+                     resolve_kv_format, validate_cache, validate_quantized_cache)
 from .quant import INT4_GROUP
 
 __all__ = ["append_paged_kv"]
@@ -35,7 +35,7 @@ def append_paged_kv(
     k, v : ``[batch, new_len, nheads_k, headdim]``, last dim contiguous. A plain cache takes its
         own dtype (fp16/bf16/fp32); a quantized one any of fp16/bf16/fp32 (k and v alike).
     k_cache, v_cache : ``[num_pages, page_size, nheads_k, headdim]`` (int4: ``headdim // 2``
-        bytes), ``kvonce.cache.quant``'s layouts: fp16/bf16/fp32 (plain), float8_e4m3fn, int8, or
+        bytes), ``kvonce.paged.quant``'s layouts: fp16/bf16/fp32 (plain), float8_e4m3fn, int8, or
         uint8 with ``kv_format="int4"``.
     cache_seqlens : int32 ``[batch]``; token ``i`` of sequence ``b`` goes to position
         ``cache_seqlens[b] + i``. Like flash-attn, ``cache_seqlens`` is left as it is (the caller
@@ -68,11 +68,11 @@ def append_paged_kv(
     fmt = passed[0]
     batch, new_len = k.shape[0], k.shape[1]
     if check_block_table:
-        _check_block_table_values(cache_seqlens, block_table, k_cache.shape[0], k_cache.shape[1],
-                                  new_len)
+        check_block_table_values(cache_seqlens, block_table, k_cache.shape[0], k_cache.shape[1],
+                                 new_len)
     if new_len == 0 or batch == 0:
         return
-    code = 0 if fmt is None else _QUANT_FORMATS[fmt][0]
+    code = 0 if fmt is None else QUANT_FORMATS[fmt][0]
     # The op (declaring the caches and scales mutated) where _dispatch.use_op says: compiling, a
     # dispatch or function mode, fake/meta/subclass tensors; plain eager calls launch directly.
     if use_op(k, v, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale):
@@ -101,10 +101,10 @@ def _validate_append(k, v, k_cache, v_cache, cache_seqlens, block_table, k_scale
         if k_scale is not None or v_scale is not None:
             raise ValueError("k_scale/v_scale are for quantized caches (fp8/int8/int4), "
                              f"got a {k_cache.dtype} cache")
-        _validate_cache(k_cache, v_cache, cache_seqlens, block_table)
+        validate_cache(k_cache, v_cache, cache_seqlens, block_table)
         V.check_same_dtype(k=k, v=v, k_cache=k_cache)
     else:
-        _validate_quantized_cache(k_cache, v_cache, cache_seqlens, block_table, fmt)
+        validate_quantized_cache(k_cache, v_cache, cache_seqlens, block_table, fmt)
         V.check_same_dtype(k=k, v=v)
     V.check_same_device(k=k, v=v, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens,
                         block_table=block_table)
@@ -124,9 +124,9 @@ def _validate_append(k, v, k_cache, v_cache, cache_seqlens, block_table, k_scale
     V.check_last_dim_contiguous(k=k, v=v)
     if fmt is not None:
         for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
-            _check_scale(name, scale, fmt, k_cache.shape, head_dim)
+            check_scale(name, scale, fmt, k_cache.shape, head_dim)
         V.check_same_device(k=k, k_scale=k_scale, v_scale=v_scale)
-    _check_device_ok(k.device)
+    check_device_ok(k.device)
     return fmt
 
 
@@ -146,8 +146,8 @@ def _append_paged_kv_op(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                         block_table: torch.Tensor, k_scale: torch.Tensor | None,
                         v_scale: torch.Tensor | None, kv_format: int) -> None:
     """``append_paged_kv`` after its checks: writes into ``k_cache`` and ``v_cache`` and, for
-    int8/int4 caches (``kv_format`` 2/3, decode's codes), their scales (fp8's are only read, but
-    one schema serves every format, so they are declared mutated)."""
+    int8/int4 caches (``kv_format`` 2/3, ``checks.QUANT_FORMATS``' codes), their scales (fp8's
+    are only read, but one schema serves every format, so they are declared mutated)."""
     _append_paged_kv_impl(k, v, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale,
                           kv_format)
 

@@ -1,9 +1,9 @@
-"""Paged KV-cache decode: validation, split choice, allocation, launch.
+"""Paged KV-cache decode: split choice, plan, allocation, launch; the decode custom ops.
 
 ``paged_attention`` runs the GQA-packed flash-decoding kernel (kernels/paged_decode.py) over a
-paged cache in flash-attn's ``flash_attn_with_kvcache`` layout; ``append_paged_kv`` writes new
-tokens into their pages; ``merge_attention_states`` is the LSE-weighted merge the split-K combine
-uses too; ``flash_attn_with_kvcache`` is a drop-in wrapper with flash-attn's argument names.
+paged cache in flash-attn's ``flash_attn_with_kvcache`` layout (plain or quantized); a
+``PagedDecodePlan`` does its checks and split choice once for every layer of a step, and plans
+the shared-prefix cascade (paged/prefix.py) where asked.
 
 Nothing on the hot path reads tensor values on the host: the split count comes from shapes and the
 SM count, sequence lengths are read by the kernel, so a call is CUDA-graph capturable.
@@ -12,170 +12,24 @@ from __future__ import annotations
 
 import torch
 
-from . import _validate as V
-from ._dispatch import like_inputs, require_values, use_op
-from .kernels.configs import (PagedDecodeConfig, device_info, get_paged_decode_config,
-                              interpreter_active)
-from .kernels.paged_decode import PagedDecodeLaunch, decode_row_blocks, launch_merge_states
+from .. import _validate as V
+from .._dispatch import like_inputs, use_op
+from ..kernels.configs import PagedDecodeConfig, device_info, get_paged_decode_config
+from ..kernels.paged_decode import PagedDecodeLaunch, decode_row_blocks
+from ._alloc import allocator
+from .checks import (QUANT_FORMATS, check_block_table_values, check_device_ok, check_scale,
+                     resolve_kv_format, validate_cache, validate_quantized_cache)
+from .prefix import plan_cascade
+from .splits import choose_num_splits
 
-__all__ = ["paged_attention", "PagedDecodePlan", "merge_attention_states",
-           "flash_attn_with_kvcache", "choose_num_splits"]
-
-PAGE_SIZES = tuple(1 << i for i in range(4, 9))  # 16 .. 256
-MAX_SPLITS = 256
-
-# Every output and scratch buffer comes from here (tests swap in a NaN-filling version to prove
-# that each element is written).
-_empty = torch.empty
-
-
-def choose_num_splits(batch: int, nheads_k: int, max_keys: int, num_sms: int,
-                      config: PagedDecodeConfig) -> int:
-    """Split count from shapes only (never tensor values: CUDA-graph capturable).
-
-    ``base = batch * nheads_k`` programs of one split each. The CUDA-graph sweep over split counts
-    at the documents' 30 shapes (H100, docs/notes.md) was best near ``config.programs_per_sm *
-    num_sms`` programs (384-396 on 132 SMs) and 8-12% slower at every shape with 5 to 6.5 programs
-    per SM (768 on 132 SMs), and splits under 512 keys lost to fewer, longer ones
-    (``config.min_keys_per_split``). So: below that target, ``target // base`` splits (but no split
-    shorter than ``config.min_keys_per_split`` keys of the longest possible sequence,
-    ``max_pages * page_size``, and at most ``MAX_SPLITS``); from it up, a single pass, or two
-    splits where one pass would land in the slow band.
-    """
-    base = max(1, batch * nheads_k)
-    target = int(config.programs_per_sm * num_sms)
-    if base >= target:
-        lo, hi = config.slow_programs_per_sm
-        return 2 if lo * num_sms <= base <= hi * num_sms else 1
-    cap = max(1, max_keys // config.min_keys_per_split)
-    return int(max(1, min(target // base, cap, MAX_SPLITS)))
-
-
-def _check_device_ok(device: torch.device) -> None:
-    # meta tensors always take the custom op (_dispatch.use_op), whose fake implementation serves
-    # them: nothing launches.
-    if device.type not in ("cuda", "meta") and not interpreter_active():
-        raise ValueError(f"inputs are on {device}: the Triton kernel needs a CUDA device "
-                         "(or TRITON_INTERPRET=1 for the CPU interpreter)")
-
-
-def _validate_cache(k_cache, v_cache, cache_seqlens, block_table) -> tuple[int, int]:
-    """Checks shared by attend and append; returns (page_size, batch)."""
-    V.check_tensor("k_cache", k_cache, ndim=4, dtypes=V.ATTN_DTYPES)
-    V.check_tensor("v_cache", v_cache, ndim=4, dtypes=V.ATTN_DTYPES)
-    V.check_tensor("cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,))
-    V.check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32,))
-    V.check_same_dtype(k_cache=k_cache, v_cache=v_cache)
-    if v_cache.shape != k_cache.shape:
-        raise ValueError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, "
-                         f"got {tuple(v_cache.shape)}")
-    page_size = k_cache.shape[1]
-    if page_size not in PAGE_SIZES:
-        raise ValueError(f"k_cache: page size (dim 1) must be a power of two in 16..256, "
-                         f"got {page_size}")
-    V.check_head_dim("k_cache", k_cache.shape[3])
-    batch = block_table.shape[0]
-    if cache_seqlens.shape[0] != batch:
-        raise ValueError(f"cache_seqlens must have shape [{batch}] (block_table's batch), "
-                         f"got {tuple(cache_seqlens.shape)}")
-    if block_table.numel() > 0 and block_table.stride(1) != 1:
-        raise ValueError(f"block_table must have a contiguous last dim, got strides "
-                         f"{tuple(block_table.stride())}")
-    V.check_last_dim_contiguous(k_cache=k_cache, v_cache=v_cache)
-    return page_size, batch
-
-
-def _check_block_table_values(cache_seqlens, block_table, num_pages: int, page_size: int,
-                              extra: int = 0) -> None:
-    """Validation mode (host sync): every sequence's ``cache_seqlens + extra`` positions have pages
-    in the table, and those entries name existing pages."""
-    require_values("check_block_table=True", cache_seqlens=cache_seqlens, block_table=block_table)
-    need = (cache_seqlens.long() + extra + page_size - 1) // page_size
-    if bool((cache_seqlens < 0).any()):
-        raise ValueError("cache_seqlens has negative entries")
-    if bool((need > block_table.shape[1]).any()):
-        b = int(torch.nonzero(need > block_table.shape[1])[0, 0])
-        raise ValueError(f"block_table is too short for sequence {b}: it needs {int(need[b])} "
-                         f"pages, the table has {block_table.shape[1]} columns")
-    cols = torch.arange(block_table.shape[1], device=block_table.device)[None, :]
-    used = cols < need[:, None]
-    bad = used & ((block_table < 0) | (block_table >= num_pages))
-    if bool(bad.any()):
-        b = int(torch.nonzero(bad)[0, 0])
-        raise ValueError(f"block_table row {b} names a page outside [0, {num_pages})")
-
-
-# Quantized caches (kvonce.cache.quant): format -> (kernel code, cache dtype).
-_QUANT_FORMATS = {"fp8_e4m3": (1, torch.float8_e4m3fn), "int8": (2, torch.int8),
-                  "int4": (3, torch.uint8)}
-_QUANT_BY_DTYPE = {torch.float8_e4m3fn: "fp8_e4m3", torch.int8: "int8"}
-
-
-def resolve_kv_format(k_cache, kv_format) -> str | None:
-    """The cache's format: None for fp16/bf16/fp32 caches; fp8/int8 recognised from the dtype,
-    uint8 only with ``kv_format="int4"``."""
-    if kv_format is None:
-        if k_cache.dtype == torch.uint8:
-            raise ValueError("a uint8 cache needs kv_format='int4' (two 4-bit values a byte)")
-        return _QUANT_BY_DTYPE.get(k_cache.dtype)
-    if kv_format not in _QUANT_FORMATS:
-        raise ValueError(f"kv_format must be None or one of {tuple(_QUANT_FORMATS)}, "
-                         f"got {kv_format!r}")
-    if k_cache.dtype != _QUANT_FORMATS[kv_format][1]:
-        raise TypeError(f"kv_format={kv_format!r} needs a {_QUANT_FORMATS[kv_format][1]} cache, "
-                        f"got {k_cache.dtype}")
-    return kv_format
-
-
-def _validate_quantized_cache(k_cache, v_cache, cache_seqlens, block_table, fmt: str) -> None:
-    """``_validate_cache`` for a quantized cache (its dtype is the format's): decode and append."""
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        V.check_tensor(name, t, ndim=4, dtypes=(_QUANT_FORMATS[fmt][1],))
-    V.check_tensor("cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,))
-    V.check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32,))
-    if v_cache.shape != k_cache.shape:
-        raise ValueError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, "
-                         f"got {tuple(v_cache.shape)}")
-    if k_cache.shape[1] not in PAGE_SIZES:
-        raise ValueError(f"k_cache: page size (dim 1) must be a power of two in 16..256, "
-                         f"got {k_cache.shape[1]}")
-    if cache_seqlens.shape[0] != block_table.shape[0]:
-        raise ValueError(f"cache_seqlens must have shape [{block_table.shape[0]}] (block_table's "
-                         f"batch), got {tuple(cache_seqlens.shape)}")
-    if block_table.numel() > 0 and block_table.stride(1) != 1:
-        raise ValueError(f"block_table must have a contiguous last dim, got strides "
-                         f"{tuple(block_table.stride())}")
-    V.check_last_dim_contiguous(k_cache=k_cache, v_cache=v_cache)
-
-
-def _check_scale(name: str, scale, fmt: str, cache_shape, head_dim: int) -> None:
-    """A quantized cache's scale tensor: dtype and shape per ``kvonce.cache.quant``'s table
-    (decode and append)."""
-    if scale is None:
-        raise ValueError(f"a {fmt} cache needs {name}")
-    nheads_k = cache_shape[2]
-    if fmt == "fp8_e4m3":
-        V.check_tensor(name, scale, dtypes=(torch.float32,))
-        ok = scale.shape in ((), (nheads_k,))
-        want = f"float32 [{nheads_k}] (per KV head) or 0-dim"
-    elif fmt == "int8":
-        V.check_tensor(name, scale, dtypes=(torch.float32, torch.float16))
-        ok = scale.shape == cache_shape[:3]
-        want = f"float32/fp16 {list(cache_shape[:3])} (per token and KV head)"
-    else:
-        V.check_tensor(name, scale, dtypes=(torch.float16,))
-        ok = scale.shape == (*cache_shape[:3], head_dim // 32) and scale.stride(-1) == 1
-        want = (f"fp16 {[*cache_shape[:3], head_dim // 32]} (per 32 channels per token, "
-                "last dim contiguous)")
-    if not ok:
-        raise ValueError(f"{name} must be {want}, got {tuple(scale.shape)}")
+__all__ = ["paged_attention", "PagedDecodePlan", "choose_num_splits"]
 
 
 def _validate_quantized(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale,
                         kv_format: str) -> None:
     """The checks of ``_validate_attention`` for a quantized cache, plus its scales'."""
     V.check_tensor("q", q, ndim=4, dtypes=V.ATTN_DTYPES)
-    _validate_quantized_cache(k_cache, v_cache, cache_seqlens, block_table, kv_format)
+    validate_quantized_cache(k_cache, v_cache, cache_seqlens, block_table, kv_format)
     head_dim = q.shape[3]
     stored = head_dim // 2 if kv_format == "int4" else head_dim
     if k_cache.shape[3] != stored or (kv_format == "int4" and head_dim % 32 != 0):
@@ -190,15 +44,15 @@ def _validate_quantized(q, k_cache, v_cache, cache_seqlens, block_table, k_scale
     V.check_gqa(q.shape[2], k_cache.shape[2])
     V.check_last_dim_contiguous(q=q)
     for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
-        _check_scale(name, scale, kv_format, k_cache.shape, head_dim)
+        check_scale(name, scale, kv_format, k_cache.shape, head_dim)
     V.check_same_device(q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens,
                         block_table=block_table, k_scale=k_scale, v_scale=v_scale)
-    _check_device_ok(q.device)
+    check_device_ok(q.device)
 
 
 def _validate_attention(q, k_cache, v_cache, cache_seqlens, block_table, num_splits) -> None:
     V.check_tensor("q", q, ndim=4, dtypes=V.ATTN_DTYPES)
-    _validate_cache(k_cache, v_cache, cache_seqlens, block_table)
+    validate_cache(k_cache, v_cache, cache_seqlens, block_table)
     V.check_same_device(q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens,
                         block_table=block_table)
     V.check_same_dtype(k_cache=k_cache, q=q)
@@ -212,7 +66,7 @@ def _validate_attention(q, k_cache, v_cache, cache_seqlens, block_table, num_spl
     V.check_gqa(q.shape[2], k_cache.shape[2])
     V.check_last_dim_contiguous(q=q)
     V.check_nonnegative_int("num_splits", num_splits)
-    _check_device_ok(q.device)
+    check_device_ok(q.device)
 
 
 class PagedDecodePlan:
@@ -234,7 +88,7 @@ class PagedDecodePlan:
     fake mode); meta inputs need a plan made from meta tensors.
 
     ``shared_prefix="auto"`` (the tree read from the block table on the host, here) or
-    ``[(seq_ids, num_pages), ...]`` plans the shared-prefix cascade (``kvonce.prefix``; plain
+    ``[(seq_ids, num_pages), ...]`` plans the shared-prefix cascade (``kvonce.paged.prefix``; plain
     fp16/bf16/fp32 caches) where ``cascade`` ("auto": a cost model; True / False) says so;
     ``uses_cascade`` tells which; ``run`` returns the same either way.
     """
@@ -255,20 +109,18 @@ class PagedDecodePlan:
             _validate_quantized(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale,
                                 self.kv_format)
             V.check_nonnegative_int("num_splits", num_splits)
-        self._kv_code = 0 if self.kv_format is None else _QUANT_FORMATS[self.kv_format][0]
+        self._kv_code = 0 if self.kv_format is None else QUANT_FORMATS[self.kv_format][0]
         self._kv_dtype = k_cache.dtype
         page_size = k_cache.shape[1]
         if check_block_table:
-            _check_block_table_values(cache_seqlens, block_table, k_cache.shape[0], page_size)
+            check_block_table_values(cache_seqlens, block_table, k_cache.shape[0], page_size)
         batch, q_len, nheads, head_dim = q.shape
         capability, num_sms = device_info(q.device)
         self.config = config or get_paged_decode_config(capability, head_dim, self.kv_format)
-        # Shared-prefix cascade (kvonce.prefix): None unless asked for and paying; a forced
+        # Shared-prefix cascade (kvonce.paged.prefix): None unless asked for and paying; a forced
         # num_splits applies to its suffix decode.
         self._cascade = None
         if shared_prefix is not None:
-            from .prefix import plan_cascade  # (kvonce.prefix imports this module)
-
             self._cascade = plan_cascade(self, q, k_cache, v_cache, cache_seqlens, block_table,
                                          shared_prefix, cascade=cascade, num_splits=num_splits,
                                          check=check_block_table)
@@ -328,11 +180,11 @@ class PagedDecodePlan:
               or block_table.shape[0] != self._batch or cache_seqlens.shape[0] != self._batch
               or q.device != self._device):
             self._check_like_plan(q, k_cache, v_cache, cache_seqlens, block_table)  # raises
-        out = _empty(self._q_shape, dtype=self._dtype, device=self._device)
+        out = allocator.empty(self._q_shape, dtype=self._dtype, device=self._device)
         lse = None
         if return_lse:
             batch, q_len, nheads, _ = self._q_shape
-            lse = _empty((batch, nheads, q_len), dtype=torch.float32, device=self._device)
+            lse = allocator.empty((batch, nheads, q_len), dtype=torch.float32, device=self._device)
         launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, *self._scratch())
         return (out, lse) if return_lse else out
 
@@ -363,11 +215,11 @@ class PagedDecodePlan:
                                        store_lse=return_lse, kv_format=self._kv_code,
                                        k_scale=k_scale, v_scale=v_scale)
             self._launches[layout] = launch
-        out = _empty(self._q_shape, dtype=self._dtype, device=self._device)
+        out = allocator.empty(self._q_shape, dtype=self._dtype, device=self._device)
         lse = None
         if return_lse:
             batch, q_len, nheads, _ = self._q_shape
-            lse = _empty((batch, nheads, q_len), dtype=torch.float32, device=self._device)
+            lse = allocator.empty((batch, nheads, q_len), dtype=torch.float32, device=self._device)
         launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, *self._scratch(),
                k_scale, v_scale)
         return (out, lse) if return_lse else out
@@ -385,9 +237,10 @@ class PagedDecodePlan:
         arrivals = torch.zeros((batch, self._nheads_k, decode_row_blocks(nheads, self._nheads_k,
                                                                           q_len)[1]),
                                dtype=torch.int32, device=self._device)
-        return (_empty((batch, q_len, nheads, s, head_dim), dtype=torch.float32,
-                       device=self._device),
-                _empty((batch, q_len, nheads, s), dtype=torch.float32, device=self._device),
+        return (allocator.empty((batch, q_len, nheads, s, head_dim), dtype=torch.float32,
+                                device=self._device),
+                allocator.empty((batch, q_len, nheads, s), dtype=torch.float32,
+                                device=self._device),
                 arrivals)
 
     def _bind(self, q, k_cache, v_cache, cache_seqlens, block_table, layout):
@@ -456,7 +309,7 @@ def paged_attention(
     check_block_table : validation mode, off by default: checks that every sequence's pages are in
         the table and name existing pages. It reads tensor values (a host sync; not capturable).
     config : launch-config override for experiments (kernels/configs.py).
-    k_scale, v_scale, kv_format : a quantized cache (``kvonce.cache.quant`` layouts, dequantized in
+    k_scale, v_scale, kv_format : a quantized cache (``kvonce.paged.quant`` layouts, dequantized in
         registers): fp8 e4m3 and int8 caches are recognised from their dtype, a uint8 cache needs
         ``kv_format="int4"``; scales as ``quantize_kv`` returns them.
 
@@ -495,91 +348,6 @@ def paged_attention(
 _one_shot_plans = V.PassedChecks()
 
 
-def merge_attention_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor,
-                           lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """LSE-weighted merge of two partial attention results over disjoint key sets.
-
-    Parameters
-    ----------
-    o_a, o_b : ``[n, nheads, headdim]`` (fp16/bf16/fp32, same dtype), each normalized over its keys.
-    lse_a, lse_b : float32 ``[n, nheads]``, natural log (FlashInfer's ``merge_state`` layout).
-
-    Returns
-    -------
-    o : ``[n, nheads, headdim]``, o_a's dtype; lse : float32 ``[n, nheads]``.
-    A side with ``lse = -inf`` weighs exactly zero (the other side is returned as it is); both
-    ``-inf`` gives ``(0, -inf)``. The split-K combine runs the same ``_merge_chunk`` code.
-    """
-    V.check_tensor("o_a", o_a, ndim=3, dtypes=V.ATTN_DTYPES)
-    V.check_tensor("o_b", o_b, ndim=3, dtypes=V.ATTN_DTYPES)
-    V.check_tensor("lse_a", lse_a, ndim=2, dtypes=(torch.float32,))
-    V.check_tensor("lse_b", lse_b, ndim=2, dtypes=(torch.float32,))
-    V.check_same_dtype(o_a=o_a, o_b=o_b)
-    device = V.check_same_device(o_a=o_a, lse_a=lse_a, o_b=o_b, lse_b=lse_b)
-    if o_b.shape != o_a.shape:
-        raise ValueError(f"o_b must have o_a's shape {tuple(o_a.shape)}, got {tuple(o_b.shape)}")
-    for name, t in (("lse_a", lse_a), ("lse_b", lse_b)):
-        if t.shape != o_a.shape[:2]:
-            raise ValueError(f"{name} must have shape {tuple(o_a.shape[:2])} ([n, nheads]), "
-                             f"got {tuple(t.shape)}")
-    V.check_last_dim_contiguous(o_a=o_a, o_b=o_b)
-    _check_device_ok(device)
-    if use_op(o_a, lse_a, o_b, lse_b):
-        return torch.ops.kvonce.merge_attention_states(o_a, lse_a, o_b, lse_b)
-    return _merge_attention_states_impl(o_a, lse_a, o_b, lse_b)
-
-
-_UNSUPPORTED_DEFAULTS = {
-    "rotary_cos": None, "rotary_sin": None, "cache_batch_idx": None, "cache_leftpad": None,
-    "window_size": (-1, -1), "softcap": 0.0, "alibi_slopes": None,
-}
-
-
-def flash_attn_with_kvcache(
-    q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
-    cache_batch_idx=None, cache_leftpad=None, block_table=None, softmax_scale=None, causal=False,
-    window_size=(-1, -1), softcap=0.0, rotary_interleaved=True, alibi_slopes=None, num_splits=0,
-    return_softmax_lse=False,
-):
-    """flash-attn's ``flash_attn_with_kvcache`` for the paged subset kvonce implements.
-
-    Same names, defaults (``causal=False``) and semantics: with ``k, v`` given, they are written at
-    ``cache_seqlens ..`` first and attention sees ``cache_seqlens + new_len`` keys
-    (``cache_seqlens`` itself is not advanced); ``cache_seqlens`` may be an int. ``block_table``
-    is required (paged cache). ``rotary_cos/sin``, ``cache_batch_idx``, ``cache_leftpad``, a
-    sliding ``window_size``, ``softcap`` and ``alibi_slopes`` raise NotImplementedError naming
-    them.
-
-    Returns ``out [batch, q_len, nheads, headdim]``, and ``softmax_lse`` float32
-    ``[batch, nheads, q_len]`` with ``return_softmax_lse``.
-    """
-    given = {"rotary_cos": rotary_cos, "rotary_sin": rotary_sin,
-             "cache_batch_idx": cache_batch_idx, "cache_leftpad": cache_leftpad,
-             "window_size": tuple(window_size) if window_size is not None else None,
-             "softcap": softcap, "alibi_slopes": alibi_slopes}
-    bad = [name for name, val in given.items() if val != _UNSUPPORTED_DEFAULTS[name]
-           and not (name == "window_size" and val is None)]
-    if block_table is None:
-        bad.append("block_table=None (dense, non-paged cache)")
-    if cache_seqlens is None:
-        bad.append("cache_seqlens=None")
-    if bad:
-        raise NotImplementedError("kvonce.flash_attn_with_kvcache does not support: "
-                                  + ", ".join(bad))
-    if (k is None) != (v is None):
-        raise ValueError("k and v must be given together")
-    if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
-        cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
-    seqlens = cache_seqlens
-    if k is not None:
-        from .cache.append import append_paged_kv  # (cache.append imports this module)
-
-        append_paged_kv(k, v, k_cache, v_cache, cache_seqlens, block_table)
-        seqlens = cache_seqlens + k.shape[1]  # a device op: no sync
-    return paged_attention(q, k_cache, v_cache, seqlens, block_table, softmax_scale=softmax_scale,
-                           causal=causal, num_splits=num_splits, return_lse=return_softmax_lse)
-
-
 # ------------------------------------------------------------------------------------------------
 # torch.library custom ops: what torch.compile records, opaque to Inductor (which would otherwise
 # re-compile our Triton code and fail), with fake implementations giving shapes and dtypes only.
@@ -601,7 +369,7 @@ def _paged_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, o_part, 
                        kv_format):
     config = PagedDecodeConfig(block_n, num_warps, num_stages, kv_cache_modifier=kv_cache_modifier,
                                kv_eviction=kv_eviction, max_merged_splits=max_merged_splits)
-    out, lse = _decode_outputs(q, _empty)
+    out, lse = _decode_outputs(q, allocator.empty)
     num_splits = 1 if o_part is None else o_part.shape[3]
     PagedDecodeLaunch(q, k_cache, v_cache, block_table, softmax_scale=softmax_scale,
                       causal=causal, num_splits=num_splits, config=config, store_lse=True,
@@ -621,7 +389,7 @@ def _paged_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     """Single-pass paged decode (``PagedDecodePlan.run`` with ``num_splits == 1``): ``(out
     [batch, q_len, nheads, d], lse float32 [batch, nheads, q_len])``; the config's launch fields
     are passed one by one (a dataclass cannot be an op argument). A quantized cache comes with
-    its scales and its kernel format code (``_QUANT_FORMATS``)."""
+    its scales and its kernel format code (``QUANT_FORMATS``)."""
     return _paged_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, None, None, None,
                               softmax_scale, causal, block_n, num_warps, num_stages,
                               kv_cache_modifier, kv_eviction, max_merged_splits, k_scale,
@@ -659,22 +427,3 @@ def _paged_decode_split_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 def _(q, k_cache, v_cache, cache_seqlens, block_table, o_part, lse_part, arrivals,
       *launch_fields):
     return _decode_outputs(q, torch.empty)
-
-
-def _merge_attention_states_impl(o_a, lse_a, o_b, lse_b):
-    out = _empty(o_a.shape, dtype=o_a.dtype, device=o_a.device)
-    lse = _empty(o_a.shape[:2], dtype=torch.float32, device=o_a.device)
-    launch_merge_states(o_a, lse_a, o_b, lse_b, out, lse)
-    return out, lse
-
-
-@torch.library.custom_op("kvonce::merge_attention_states", mutates_args=())
-def _merge_attention_states_op(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor,
-                               lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``merge_attention_states`` after its checks."""
-    return _merge_attention_states_impl(o_a, lse_a, o_b, lse_b)
-
-
-@_merge_attention_states_op.register_fake
-def _(o_a, lse_a, o_b, lse_b):
-    return torch.empty_like(o_a), torch.empty_like(lse_a)

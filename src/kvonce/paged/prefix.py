@@ -1,4 +1,4 @@
-"""Shared-prefix paged decode: the prefix tree, the cascade plan, its custom op.
+"""Shared-prefix paged decode: the cascade's layout, cost model, plan and custom op.
 
 Sequences share a prefix when their block tables start with the same physical page ids (what
 prefix caching, parallel sampling and beam search produce). ``PagedDecodePlan(...,
@@ -8,17 +8,7 @@ kernels/prefix_decode.py), each sequence's own pages through the plain decode ke
 LSE merge. Three launches per ``run``; no host sync in ``run`` (the tree is read at plan time),
 CUDA-graph capturable, one custom op under torch.compile.
 
-The tree. ``groups = [(seq_ids, num_pages), ...]``: the sequences ``seq_ids`` (int32 tensor) have
-identical block-table entries in columns ``[0, num_pages)``. Groups are nested or disjoint, and a
-group inside another shares more pages::
-
-    seq 0: [p0 p1 p2 p3 | a0 a1]        groups: ([0, 1, 2, 3], 2)   node 0: pages [0, 2)
-    seq 1: [p0 p1 p2 p3 | b0]                   ([0, 1], 4)         node 1: pages [2, 4)
-    seq 2: [p0 p1 | c0 c1 c2]
-    seq 3: [p0 p1 | d0]
-
-Each group becomes a node computing its pages beyond its parent's (``lo, hi``); each sequence's
-suffix starts after its deepest node (seq 0: page 4, seq 2: page 2).
+The tree (``find_shared_prefixes``, ``PrefixNode``): paged/prefix_tree.py.
 
 Whether the cascade pays is decided per node and overall by ``CascadeCostModel`` (shapes and the
 tree only); ``cascade=True`` forces it wherever the tree has a node, ``False`` never uses it.
@@ -26,148 +16,20 @@ tree only); ``cascade=True`` forces it wherever the tree has a node, ``False`` n
 from __future__ import annotations
 
 import dataclasses
-import operator
 
 import numpy as np
 import torch
 
-from . import decode as _decode
-from ._dispatch import like_inputs, require_values, use_op
-from .kernels._launch import next_pow2
-from .kernels.configs import PrefixDecodeConfig, device_info, get_prefix_decode_config
-from .kernels.configs import PagedDecodeConfig
-from .kernels.prefix_decode import WORK_FIELDS, CascadeLaunch
+from .._dispatch import like_inputs, use_op
+from ..kernels._launch import next_pow2
+from ..kernels.configs import PrefixDecodeConfig, device_info, get_prefix_decode_config
+from ..kernels.configs import PagedDecodeConfig
+from ..kernels.prefix_decode import WORK_FIELDS, CascadeLaunch
+from ._alloc import allocator
+from .prefix_tree import PrefixNode, check_group_values, find_shared_prefixes, nodes_from_groups
+from .splits import choose_num_splits
 
-__all__ = ["find_shared_prefixes", "PrefixNode", "CascadeCostModel", "CascadePlan",
-           "plan_cascade"]
-
-
-@dataclasses.dataclass(frozen=True)
-class PrefixNode:
-    """One group of the tree: ``members`` (sorted sequence indices) share block-table columns
-    ``[0, hi)``; this node computes columns ``[lo, hi)`` (``lo`` = its parent's ``hi``, 0 at a
-    root); ``parent`` is the parent's index in the node list (-1 at a root)."""
-    members: tuple[int, ...]
-    lo: int
-    hi: int
-    parent: int
-
-
-# ------------------------------------------------------------------------------------------------
-# The tree: found on the host, or the caller's, checked
-# ------------------------------------------------------------------------------------------------
-
-def find_shared_prefixes(block_table: torch.Tensor, cache_seqlens: torch.Tensor,
-                         page_size: int) -> list[tuple[torch.Tensor, int]]:
-    """Groups of sequences whose block tables start with the same page ids, as a tree.
-
-    Reads ``block_table`` (int32 ``[batch, max_pages]``) and ``cache_seqlens`` (int32 ``[batch]``)
-    on the host once (a sync when they live on the GPU). Only full pages count: column ``c`` can
-    be shared by sequence ``b`` only if ``c < cache_seqlens[b] // page_size`` (entries past a
-    sequence's pages are padding, and a partly filled page is its own). A group has at least two
-    sequences; a subgroup shares a strictly longer run.
-
-    Returns
-    -------
-    ``[(seq_ids, num_pages), ...]``: ``seq_ids`` sorted int32 CPU tensors; a group comes before
-    the groups inside it. The format ``PagedDecodePlan(shared_prefix=...)`` takes.
-
-    Raises ``ValueError`` for fake or meta tensors (no values to read: make the plan eagerly).
-    """
-    require_values("find_shared_prefixes (shared_prefix='auto')", block_table=block_table,
-                   cache_seqlens=cache_seqlens)
-    table = block_table.detach().cpu().numpy()  # sync-ok: plan time, once per step (issue 12)
-    lens = cache_seqlens.detach().cpu().numpy().astype(np.int64)  # sync-ok: plan time
-    batch, max_pages = table.shape
-    full = np.minimum(np.maximum(lens, 0) // int(page_size), max_pages)
-    found = []
-    stack = [(np.arange(batch), 0)]  # (sequences sharing columns [0, col), col)
-    while stack:
-        members, col = stack.pop()
-        alive = members[full[members] > col]
-        if alive.size < 2:
-            continue
-        ids = table[alive, col]
-        order = np.argsort(ids, kind="stable")
-        alive, ids = alive[order], ids[order]
-        starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
-        for s, e in zip(starts, np.r_[starts[1:], ids.size]):
-            if e - s < 2:
-                continue
-            group = np.sort(alive[s:e])
-            block = table[group, col:int(full[group].min())]
-            agree = (block == block[:1]).all(axis=0)
-            end = col + (int(np.argmin(agree)) if not agree.all() else agree.size)
-            found.append((group, end))
-            stack.append((group, end))
-    found.sort(key=lambda f: (int(f[0][0]), f[1]))  # a group before the groups inside it
-    return [(torch.from_numpy(g.astype(np.int32)), int(end)) for g, end in found]
-
-
-def _nodes_from_groups(groups, batch: int, max_pages: int) -> list[PrefixNode]:
-    """Check the structure of ``[(seq_ids, num_pages), ...]`` (reads ``seq_ids`` on the host)
-    and return its nodes, parents first."""
-    if not isinstance(groups, (list, tuple)):
-        raise TypeError(f"shared_prefix must be None, 'auto' or a list of (seq_ids, num_pages), "
-                        f"got {type(groups).__name__}")
-    entries = []
-    for i, entry in enumerate(groups):
-        if not (isinstance(entry, (list, tuple)) and len(entry) == 2):
-            raise TypeError(f"shared_prefix[{i}] must be a (seq_ids, num_pages) pair, got "
-                            f"{type(entry).__name__}")
-        ids, num_pages = entry
-        if (not isinstance(ids, torch.Tensor) or ids.dim() != 1
-                or ids.dtype not in (torch.int32, torch.int64)):
-            raise TypeError(f"shared_prefix[{i}]: seq_ids must be a 1-D int32 tensor, got "
-                            f"{getattr(ids, 'dtype', type(ids).__name__)} "
-                            f"{tuple(getattr(ids, 'shape', ()))}")
-        if isinstance(num_pages, bool):
-            raise TypeError(f"shared_prefix[{i}]: num_pages must be an int, got bool")
-        try:
-            num_pages = operator.index(num_pages)
-        except TypeError:
-            raise TypeError(f"shared_prefix[{i}]: num_pages must be an int, got "
-                            f"{type(num_pages).__name__}") from None
-        if not 1 <= num_pages <= max_pages:
-            raise ValueError(f"shared_prefix[{i}]: num_pages must be in [1, {max_pages}] "
-                             f"(block_table's columns), got {num_pages}")
-        require_values(f"shared_prefix[{i}]", seq_ids=ids)
-        members = sorted(int(b) for b in ids.tolist())  # sync-ok: plan time (caller's tree)
-        if not members:
-            raise ValueError(f"shared_prefix[{i}]: seq_ids is empty")
-        if members[0] < 0 or members[-1] >= batch:
-            raise ValueError(f"shared_prefix[{i}]: seq_ids must be in [0, {batch}), got "
-                             f"{members[0] if members[0] < 0 else members[-1]}")
-        if len(set(members)) != len(members):
-            raise ValueError(f"shared_prefix[{i}]: seq_ids has repeated sequences")
-        entries.append((members, num_pages, i))
-    entries.sort(key=lambda e: (e[1], -len(e[0])))
-    owner = [-1] * batch  # deepest node so far holding each sequence
-    nodes: list[PrefixNode] = []
-    for members, num_pages, i in entries:
-        parents = {owner[b] for b in members}
-        p = parents.pop() if len(parents) == 1 else None
-        if p is None or (p >= 0 and nodes[p].hi >= num_pages):
-            raise ValueError(f"shared_prefix[{i}] does not fit the tree: groups must be nested or "
-                             f"disjoint, and a group inside another must share more pages")
-        nodes.append(PrefixNode(tuple(members), nodes[p].hi if p >= 0 else 0, num_pages, p))
-        for b in members:
-            owner[b] = len(nodes) - 1
-    return nodes
-
-
-def _check_group_values(nodes: list[PrefixNode], block_table: torch.Tensor) -> None:
-    """Validation mode (host sync): every group's rows agree on its columns."""
-    require_values("check_block_table=True", block_table=block_table)
-    for node in nodes:
-        idx = torch.tensor(node.members, dtype=torch.long, device=block_table.device)
-        rows = block_table[idx, :node.hi]
-        differ = (rows != rows[:1]).any(dim=1)
-        if bool(differ.any()):
-            b = node.members[int(torch.nonzero(differ)[0, 0])]
-            c = int(torch.nonzero(rows[int(torch.nonzero(differ)[0, 0])] != rows[0])[0, 0])
-            raise ValueError(f"shared_prefix: sequences {node.members[0]} and {b} are grouped for "
-                             f"{node.hi} pages but their block tables differ in column {c}")
+__all__ = ["CascadeCostModel", "CascadePlan", "plan_cascade"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -332,7 +194,7 @@ class CascadePlan:
         self._base, self.nodes, self.config = base, nodes, config
         prefix_pages = _prefix_pages(nodes, batch)
         self.suffix_width = _suffix_width(prefix_pages, block_table.shape[1])
-        suffix_splits = self.suffix_splits = num_splits or _decode.choose_num_splits(
+        suffix_splits = self.suffix_splits = num_splits or choose_num_splits(
             batch, nheads_k, self.suffix_width * page_size, num_sms, base.config)
         lay = _layout(nodes, rows_per_member=nheads // nheads_k * q_len, nheads_k=nheads_k,
                       page_size=page_size, num_sms=num_sms, config=config)
@@ -356,10 +218,10 @@ class CascadePlan:
         self.members = as_i32(members)
         self.prefix_pages = as_i32(prefix_pages)
         s = self.num_slots
-        self.o_part = _decode._empty((batch, q_len, nheads, s, head_dim), dtype=torch.float32,
-                                     device=device)
-        self.lse_part = _decode._empty((batch, q_len, nheads, s), dtype=torch.float32,
-                                       device=device)
+        self.o_part = allocator.empty((batch, q_len, nheads, s, head_dim), dtype=torch.float32,
+                                      device=device)
+        self.lse_part = allocator.empty((batch, q_len, nheads, s), dtype=torch.float32,
+                                        device=device)
         unused = torch.from_numpy(np.arange(s)[None, :] >= suffix_splits + chain[:, None])
         self.lse_part.masked_fill_(unused.to(device)[:, None, None, :], float("-inf"))
         self.suffix_table = torch.zeros((batch, self.suffix_width), dtype=torch.int32,
@@ -436,10 +298,10 @@ def _suffix_width(prefix_pages: np.ndarray, max_pages: int) -> int:
 
 def _outputs(q, return_lse: bool):
     batch, q_len, nheads, _ = q.shape
-    out = _decode._empty(q.shape, dtype=q.dtype, device=q.device)
+    out = allocator.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = None
     if return_lse:
-        lse = _decode._empty((batch, nheads, q_len), dtype=torch.float32, device=q.device)
+        lse = allocator.empty((batch, nheads, q_len), dtype=torch.float32, device=q.device)
     return out, lse
 
 
@@ -466,20 +328,19 @@ def plan_cascade(base, q, k_cache, v_cache, cache_seqlens, block_table, shared_p
             raise ValueError(f"shared_prefix must be None, 'auto' or a list of "
                              f"(seq_ids, num_pages), got {shared_prefix!r}")
         groups = find_shared_prefixes(block_table, cache_seqlens, page_size)
-        nodes = _nodes_from_groups(groups, batch, block_table.shape[1])
+        nodes = nodes_from_groups(groups, batch, block_table.shape[1])
     else:
-        nodes = _nodes_from_groups(shared_prefix, batch, block_table.shape[1])
+        nodes = nodes_from_groups(shared_prefix, batch, block_table.shape[1])
         if check:
-            _check_group_values(nodes, block_table)
+            check_group_values(nodes, block_table)
     if cascade is False or not nodes:
         return None
     capability, num_sms = device_info(q.device)
     config = config or get_prefix_decode_config(capability, head_dim)
     # The suffix split count of the whole tree (the one kept may differ): the fixed cost only.
     suffix_width = _suffix_width(_prefix_pages(nodes, batch), block_table.shape[1])
-    suffix_splits = num_splits or _decode.choose_num_splits(batch, nheads_k,
-                                                            suffix_width * page_size, num_sms,
-                                                            base.config)
+    suffix_splits = num_splits or choose_num_splits(batch, nheads_k, suffix_width * page_size,
+                                                    num_sms, base.config)
     nodes = _select_nodes(nodes, shape=(batch, q_len, nheads, nheads_k, head_dim),
                           page_size=page_size, kv_elem=k_cache.element_size(),
                           suffix_splits=suffix_splits, num_sms=num_sms, config=config,
@@ -532,3 +393,4 @@ def _(q, *args):
     batch, q_len, nheads, _ = q.shape
     return (torch.empty_like(q),
             q.new_empty((batch, nheads, q_len), dtype=torch.float32))
+

@@ -1,0 +1,31 @@
+"""The split-K count of a paged decode: from shapes and the SM count only (used by the plain
+decode and by the shared-prefix cascade's suffix decode)."""
+from __future__ import annotations
+
+from ..kernels.configs import PagedDecodeConfig
+
+__all__ = ["choose_num_splits", "MAX_SPLITS"]
+
+MAX_SPLITS = 256
+
+
+def choose_num_splits(batch: int, nheads_k: int, max_keys: int, num_sms: int,
+                      config: PagedDecodeConfig) -> int:
+    """Split count from shapes only (never tensor values: CUDA-graph capturable).
+
+    ``base = batch * nheads_k`` programs of one split each. The CUDA-graph sweep over split counts
+    at the documents' 30 shapes (H100, docs/notes.md) was best near ``config.programs_per_sm *
+    num_sms`` programs (384-396 on 132 SMs) and 8-12% slower at every shape with 5 to 6.5 programs
+    per SM (768 on 132 SMs), and splits under 512 keys lost to fewer, longer ones
+    (``config.min_keys_per_split``). So: below that target, ``target // base`` splits (but no split
+    shorter than ``config.min_keys_per_split`` keys of the longest possible sequence,
+    ``max_pages * page_size``, and at most ``MAX_SPLITS``); from it up, a single pass, or two
+    splits where one pass would land in the slow band.
+    """
+    base = max(1, batch * nheads_k)
+    target = int(config.programs_per_sm * num_sms)
+    if base >= target:
+        lo, hi = config.slow_programs_per_sm
+        return 2 if lo * num_sms <= base <= hi * num_sms else 1
+    cap = max(1, max_keys // config.min_keys_per_split)
+    return int(max(1, min(target // base, cap, MAX_SPLITS)))
