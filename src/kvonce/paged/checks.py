@@ -27,30 +27,34 @@ def check_device_ok(device: torch.device) -> None:
                          "(or TRITON_INTERPRET=1 for the CPU interpreter)")
 
 
-def validate_cache(k_cache, v_cache, cache_seqlens, block_table) -> tuple[int, int]:
-    """Checks shared by attend and append; returns (page_size, batch)."""
-    V.check_tensor("k_cache", k_cache, ndim=4, dtypes=V.ATTN_DTYPES)
-    V.check_tensor("v_cache", v_cache, ndim=4, dtypes=V.ATTN_DTYPES)
+def _check_layout(k_cache, v_cache, cache_seqlens, block_table) -> None:
+    """What plain and quantized caches share: the index tensors' dtypes and ranks, one cache
+    shape, a page size in ``PAGE_SIZES``, one batch, unit last-dim strides."""
     V.check_tensor("cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,))
     V.check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32,))
-    V.check_same_dtype(k_cache=k_cache, v_cache=v_cache)
     if v_cache.shape != k_cache.shape:
         raise ValueError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, "
                          f"got {tuple(v_cache.shape)}")
-    page_size = k_cache.shape[1]
-    if page_size not in PAGE_SIZES:
+    if k_cache.shape[1] not in PAGE_SIZES:
         raise ValueError(f"k_cache: page size (dim 1) must be a power of two in 16..256, "
-                         f"got {page_size}")
-    V.check_head_dim("k_cache", k_cache.shape[3])
-    batch = block_table.shape[0]
-    if cache_seqlens.shape[0] != batch:
-        raise ValueError(f"cache_seqlens must have shape [{batch}] (block_table's batch), "
-                         f"got {tuple(cache_seqlens.shape)}")
+                         f"got {k_cache.shape[1]}")
+    if cache_seqlens.shape[0] != block_table.shape[0]:
+        raise ValueError(f"cache_seqlens must have shape [{block_table.shape[0]}] (block_table's "
+                         f"batch), got {tuple(cache_seqlens.shape)}")
     if block_table.numel() > 0 and block_table.stride(1) != 1:
         raise ValueError(f"block_table must have a contiguous last dim, got strides "
                          f"{tuple(block_table.stride())}")
     V.check_last_dim_contiguous(k_cache=k_cache, v_cache=v_cache)
-    return page_size, batch
+
+
+def validate_cache(k_cache, v_cache, cache_seqlens, block_table) -> tuple[int, int]:
+    """Checks shared by attend and append; returns (page_size, batch)."""
+    V.check_tensor("k_cache", k_cache, ndim=4, dtypes=V.ATTN_DTYPES)
+    V.check_tensor("v_cache", v_cache, ndim=4, dtypes=V.ATTN_DTYPES)
+    V.check_same_dtype(k_cache=k_cache, v_cache=v_cache)
+    _check_layout(k_cache, v_cache, cache_seqlens, block_table)
+    V.check_head_dim("k_cache", k_cache.shape[3])
+    return k_cache.shape[1], block_table.shape[0]
 
 
 def check_block_table_values(cache_seqlens, block_table, num_pages: int, page_size: int,
@@ -99,21 +103,7 @@ def validate_quantized_cache(k_cache, v_cache, cache_seqlens, block_table, fmt: 
     """``validate_cache`` for a quantized cache (its dtype is the format's): decode and append."""
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         V.check_tensor(name, t, ndim=4, dtypes=(QUANT_FORMATS[fmt][1],))
-    V.check_tensor("cache_seqlens", cache_seqlens, ndim=1, dtypes=(torch.int32,))
-    V.check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32,))
-    if v_cache.shape != k_cache.shape:
-        raise ValueError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, "
-                         f"got {tuple(v_cache.shape)}")
-    if k_cache.shape[1] not in PAGE_SIZES:
-        raise ValueError(f"k_cache: page size (dim 1) must be a power of two in 16..256, "
-                         f"got {k_cache.shape[1]}")
-    if cache_seqlens.shape[0] != block_table.shape[0]:
-        raise ValueError(f"cache_seqlens must have shape [{block_table.shape[0]}] (block_table's "
-                         f"batch), got {tuple(cache_seqlens.shape)}")
-    if block_table.numel() > 0 and block_table.stride(1) != 1:
-        raise ValueError(f"block_table must have a contiguous last dim, got strides "
-                         f"{tuple(block_table.stride())}")
-    V.check_last_dim_contiguous(k_cache=k_cache, v_cache=v_cache)
+    _check_layout(k_cache, v_cache, cache_seqlens, block_table)
 
 
 def check_scale(name: str, scale, fmt: str, cache_shape, head_dim: int) -> None:
