@@ -40,7 +40,7 @@ pytestmark = pytest.mark.skipif(not HAS_CUDA and not interpreter_active(),
 H, HK, D, PAGE = 4, 2, 32, 16
 KVONCE_OPS = ("dual_group_fwd", "dual_group_bwd", "dual_group_fwd_zigzag", "dual_group_bwd_zigzag",
               "zigzag_cp_fwd", "zigzag_cp_bwd", "paged_decode", "paged_decode_split",
-              "prefix_decode", "merge_attention_states", "append_paged_kv")
+              "prefix_decode", "merge_attention_states", "append_paged_kv", "paged_prefill")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -241,6 +241,19 @@ def cascade_run(q, k_cache, v_cache, seqlens, table):
     return plan.run(q, k_cache, v_cache, seqlens, table, return_lse=True)
 
 
+PREFILL_Q_LENS = [3, 1]  # a chunk over a history and a decode row
+
+
+def prefill_inputs(dtype):
+    q, k_cache, v_cache, seqlens, table = paged_inputs(dtype)
+    return q.flatten(0, 1), k_cache, v_cache, cu_of(PREFILL_Q_LENS), seqlens, table
+
+
+def paged_prefill(q, k_cache, v_cache, cu, seqlens, table):
+    return kvonce.paged_prefill(q, k_cache, v_cache, cu, seqlens, table,
+                                max_seqlen_q=max(PREFILL_Q_LENS), return_lse=True)
+
+
 def cp_inputs(dtype, grad=False):
     r = Rand(9)
     q, k, v = (r(sum(LOCAL), n, D, dtype=dtype) for n in (H, HK, HK))
@@ -305,6 +318,8 @@ CASES = {
     "cascade_run": Case(
         lambda dt: paged_inputs(dt, lens=CASCADE_LENS, q_len=1, shared_pages=2), cascade_run,
         ("prefix_decode",), fwd_flops(sum(mask_pairs(1, n) for n in CASCADE_LENS))),
+    "paged_prefill": Case(prefill_inputs, paged_prefill, ("paged_prefill",),
+                          fwd_flops(sum(mask_pairs(n, L) for n, L in zip(PREFILL_Q_LENS, LENS)))),
     "cp_forward": Case(cp_inputs, cp_forward, ("zigzag_cp_fwd",), fwd_flops(CP_PAIRS),
                        fast=False),
     "cp_autograd": Case(lambda dt: cp_inputs(dt, grad=True), cp_grads,

@@ -141,11 +141,21 @@ def _append_op_args():
             0)  # plain cache: no scales, kv_format code 0 (quantized: tests/test_append_quant.py)
 
 
+def _prefill_op_args():
+    from kvonce.kernels.configs import get_paged_prefill_config
+    q, k_cache, v_cache, seqlens, table = paged_inputs(q_len=3)
+    cu = torch.tensor([0, 3, 4], dtype=torch.int32, device=DEVICE)  # a chunk and a decode row
+    c = get_paged_prefill_config(torch.cuda.get_device_capability() if HAS_CUDA else None, 32)
+    return (q.flatten(0, 1)[:4], k_cache, v_cache, cu, seqlens, table, 32 ** -0.5, True,
+            c.block_m, c.block_n, c.num_warps, c.num_stages, c.kv_cache_modifier, c.kv_eviction)
+
+
 OP_CASES = {
     "paged_decode": (torch.ops.kvonce.paged_decode, lambda: _decode_op_args(False)),
     "paged_decode_split": (torch.ops.kvonce.paged_decode_split, lambda: _decode_op_args(True)),
     "merge_attention_states": (torch.ops.kvonce.merge_attention_states, _merge_op_args),
     "append_paged_kv": (torch.ops.kvonce.append_paged_kv, _append_op_args),
+    "paged_prefill": (torch.ops.kvonce.paged_prefill, _prefill_op_args),
     "dual_group_fwd": (torch.ops.kvonce.dual_group_fwd, _dual_op_args),
     "dual_group_fwd_zigzag": (torch.ops.kvonce.dual_group_fwd_zigzag, _zigzag_op_args),
 }
@@ -158,7 +168,7 @@ def test_opcheck(name):
 
 
 def test_every_op_is_registered():
-    """The six ops of the kvonce namespace, each with a fake implementation (opcheck above)."""
+    """The ops of the kvonce namespace, each with a fake implementation (opcheck above)."""
     assert set(OP_CASES) <= {name for name in dir(torch.ops.kvonce) if not name.startswith("_")}
 
 
@@ -215,6 +225,18 @@ def test_compile_paged_attention_and_flash_attn_with_kvcache(backend):
     # The append inside flash_attn_with_kvcache reached the compiled call's caches too.
     assert_same(caches[1], caches[0])
     assert not torch.equal(caches[1][0], k_cache)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_compile_paged_prefill(backend):
+    q, k_cache, v_cache, cu, seqlens, table, *_ = _prefill_op_args()
+
+    def step(q, k_cache, v_cache, cu, seqlens, table):
+        return kvonce.paged_prefill(q, k_cache, v_cache, cu, seqlens, table, max_seqlen_q=3,
+                                    return_lse=True)
+
+    eager = step(q, k_cache, v_cache, cu, seqlens, table)
+    assert_same(compiled(step, backend)(q, k_cache, v_cache, cu, seqlens, table), eager)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

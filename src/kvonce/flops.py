@@ -24,6 +24,7 @@ import torch
 from torch.utils.flop_counter import register_flop_formula
 
 from .paged import decode as _decode  # noqa: F401  (registers paged_decode, paged_decode_split)
+from .paged import prefill as _prefill  # noqa: F401  (registers paged_prefill)
 from .paged import prefix as _prefix  # noqa: F401  (registers prefix_decode)
 from . import varlen as _varlen  # noqa: F401  (registers dual_group_fwd, dual_group_bwd)
 from ._dispatch import values_readable
@@ -220,3 +221,17 @@ def prefix_decode_flops(q, k_cache, v_cache, cache_seqlens, block_table, work, m
     once for all their sequences, but every sequence's row-key pairs still count once each: the
     useful work, not the padded tiles)."""
     return _decode_flops(q, k_cache, cache_seqlens, block_table, causal)
+
+
+@register_flop_formula(_ops.paged_prefill, get_raw=True)
+def paged_prefill_flops(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table,
+                        softmax_scale, causal, *config_and_scales, out_val=None) -> int:
+    """``kvonce::paged_prefill``: sequence ``b``'s ``cu_seqlens_q[b + 1] - cu_seqlens_q[b]`` rows
+    over its ``cache_seqlens[b]`` keys, bottom-right causal: exactly the visible pairs. Without
+    readable values (fake tensors), the bound ``total_q`` rows x ``max_pages * page_size`` keys."""
+    total_q, nheads, head_dim = q.shape
+    if values_readable(cu_seqlens_q, cache_seqlens):
+        pairs = visible_pairs(_lens(cu_seqlens_q), cache_seqlens, causal).sum()
+    else:
+        pairs = total_q * block_table.shape[1] * k_cache.shape[1]
+    return attention_flops(nheads, head_dim, pairs)

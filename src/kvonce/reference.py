@@ -19,6 +19,7 @@ __all__ = [
     "dual_group_attention_ref",
     "paged_attention_ref",
     "paged_attention_sdpa_ref",
+    "paged_prefill_ref",
     "merge_attention_states_ref",
 ]
 
@@ -259,6 +260,40 @@ def paged_attention_sdpa_ref(
     any_key = visible.any(dim=-1, keepdim=True)  # all-masked rows come back NaN from SDPA
     out = torch.where(any_key, out, torch.zeros_like(out))
     return out.transpose(1, 2).contiguous()
+
+
+def paged_prefill_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    block_table: torch.Tensor,
+    *,
+    softmax_scale: float | None = None,
+    causal: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Varlen paged attention (``kvonce.paged.prefill``), one sequence at a time, in float32.
+
+    ``q [total_q, nheads, headdim]``: sequence ``b``'s rows ``cu_seqlens_q[b] ..
+    cu_seqlens_q[b + 1]`` are its newest tokens, already among its ``cache_seqlens[b]`` cache
+    positions; caches and ``block_table`` as in ``paged_attention_ref``. Returns ``out`` float32
+    ``[total_q, nheads, headdim]`` and ``lse`` float32 ``[nheads, total_q]`` (natural log;
+    ``-inf`` and ``out = 0`` for a row that sees no key). Causal is bottom-right: row ``i`` sees
+    key ``j <= i + cache_seqlens[b] - q_len_b``.
+    """
+    total_q, nheads, _ = q.shape
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    lse = torch.full((nheads, total_q), float("-inf"), dtype=torch.float32, device=q.device)
+    cu = [int(x) for x in cu_seqlens_q.tolist()]
+    for b, length in enumerate(int(x) for x in cache_seqlens.tolist()):
+        if cu[b + 1] == cu[b]:
+            continue
+        k_b = _gather_pages(k_cache, block_table[b], length)
+        v_b = _gather_pages(v_cache, block_table[b], length)
+        out[cu[b]:cu[b + 1]], lse[:, cu[b]:cu[b + 1]] = attention_ref(
+            q[cu[b]:cu[b + 1]], k_b, v_b, softmax_scale=softmax_scale, causal=causal)
+    return out, lse
 
 
 def merge_attention_states_ref(

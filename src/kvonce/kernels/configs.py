@@ -316,3 +316,52 @@ def get_dual_group_bwd_config(capability: tuple[int, int] | None, head_dim: int,
     _warn_untuned(_bwd_warned, "dual-group backward", capability, "")
     padded = 1 << (int(head_dim) - 1).bit_length()
     return _BWD_FALLBACK.get(int(head_dim), _BWD_FALLBACK[padded if padded in _BWD_FALLBACK else 128])
+
+
+# ---------------------------------------------------------------------------------------------
+# Varlen paged attention: prefill, chunked prefill and decode rows (kernels/paged_prefill.py)
+# ---------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class PagedPrefillConfig:
+    """Launch config of ``_paged_prefill_kernel``.
+
+    block_m: packed rows (tokens x GQA group) per program; raised to one token's group when the
+        group is larger. block_n: keys per K/V tile (any power of two; a tile may span pages).
+    kv_cache_modifier / kv_eviction: as ``PagedDecodeConfig``'s (K/V tiles are re-read by every
+        M tile of a sequence here, so the defaults keep them cacheable).
+    """
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    kv_cache_modifier: str = ""
+    kv_eviction: str = ""
+
+
+# Hopper: an UNTUNED starting point (no GPU was available when the kernel was written, 2026-11-24):
+# the dual-group forward's measured 128 x 64 / 8 warps shape (its Hopper row), with 2 stages for
+# the paged loads' extra registers. d=256 halves the tiles for shared memory. Sweep before
+# trusting it.
+_PAGED_PREFILL_TABLE: dict[tuple[int, int], dict[int, PagedPrefillConfig]] = {
+    (9, 0): {hd: PagedPrefillConfig(128, 64, 8, 2) for hd in (32, 64, 96, 128)}
+    | {256: PagedPrefillConfig(64, 32, 8, 2)},
+}
+# Interpreter: 32-row tiles and 16-key tiles, so that small cases still take several M tiles per
+# sequence and cross tile and page borders.
+_PAGED_PREFILL_INTERPRETER = PagedPrefillConfig(32, 16, 4, 1)
+_PAGED_PREFILL_FALLBACK = PagedPrefillConfig(64, 32, 4, 2)
+_prefill_warned: set = set()
+
+
+def get_paged_prefill_config(capability: tuple[int, int] | None, head_dim: int,
+                             kv_format: str | None = None) -> PagedPrefillConfig:
+    """Config for ``head_dim`` (and a quantized cache's ``kv_format``: same rows for now) on a GPU
+    of ``capability`` (None: the Triton interpreter)."""
+    if capability is None or interpreter_active():
+        return _PAGED_PREFILL_INTERPRETER
+    config = _table_row(_PAGED_PREFILL_TABLE, capability, head_dim)
+    if config is not None:
+        return config
+    _warn_untuned(_prefill_warned, "paged-prefill", capability, "")
+    return _PAGED_PREFILL_FALLBACK

@@ -1,4 +1,5 @@
-"""The paged KV cache: checks, quantized formats, decode, the shared-prefix cascade, append, and
+"""The paged KV cache: checks, quantized formats, decode, varlen prefill (prefill, chunked prefill
+and decode rows in one launch), the shared-prefix cascade, append, and
 flash-attn's ``flash_attn_with_kvcache`` name on top.
 
 Modules import downward only, never in a circle (module: what it imports from the package)::
@@ -7,6 +8,7 @@ Modules import downward only, never in a circle (module: what it imports from th
     merge                                         _alloc, checks
     prefix                                        _alloc, splits, prefix_tree
     decode                                        _alloc, checks, splits, prefix
+    prefill                                       _alloc, checks
     append                                        checks, quant
     flash_attn                                    append, decode
 """
@@ -14,6 +16,7 @@ from .append import append_paged_kv
 from .decode import PagedDecodePlan, choose_num_splits, paged_attention
 from .flash_attn import flash_attn_with_kvcache
 from .merge import merge_attention_states
+from .prefill import PagedPrefillPlan, paged_prefill
 from .prefix import CascadeCostModel, CascadePlan, plan_cascade
 from .prefix_tree import PrefixNode, find_shared_prefixes
 from .quant import KV_FORMATS, dequantize_kv, quantize_kv
@@ -21,4 +24,4 @@ from .quant import KV_FORMATS, dequantize_kv, quantize_kv
 __all__ = ["paged_attention", "PagedDecodePlan", "choose_num_splits", "append_paged_kv",
            "merge_attention_states", "flash_attn_with_kvcache", "quantize_kv", "dequantize_kv",
            "KV_FORMATS", "find_shared_prefixes", "PrefixNode", "CascadeCostModel", "CascadePlan",
-           "plan_cascade"]
+           "plan_cascade", "paged_prefill", "PagedPrefillPlan"]

@@ -1,0 +1,211 @@
+"""Varlen paged attention: any mix of prefill, chunked-prefill and decode rows in one launch.
+
+Sequence ``b`` brings ``q_len_b = cu_seqlens_q[b + 1] - cu_seqlens_q[b]`` query rows (``q_len_b``
+may be 0): its NEWEST tokens, already in the paged cache and counted by ``cache_seqlens[b]``.
+Causal is bottom-right: row ``i`` of sequence ``b`` sees key ``j <= i + cache_seqlens[b] -
+q_len_b``.
+
+GQA packing, as in the decode kernel (kernels/paged_decode.py). One program owns one (M tile, KV
+head): ``BLOCK_Q = BLOCK_M // GROUP`` consecutive tokens of one sequence times the ``GROUP`` q
+heads that read this KV head, heads fastest::
+
+    row r of the tile  ->  token tok0 + r // GROUP,  q head = kv_head * GROUP + r % GROUP
+    (rows >= BLOCK_Q * GROUP and tokens >= q_len_b are padding: q = 0, never stored)
+
+so each K/V tile is loaded once for all ``GROUP`` heads. The key loop is the decode kernel's
+``_attend_paged`` (one page lookup per key row per tile; plain and quantized caches alike): only
+the program's setup differs. Unmasked key tiles first (keys every row of the tile sees: below
+``min(frontier, diag + tok0 + 1)``), then the masked diagonal band up to the tile's causal
+frontier ``min(seqlen, diag + last_tok + 1)`` (non-causal: ``seqlen``).
+
+Work is mapped on the device, with no host sync (vLLM's unified-attention trick): sequence ``b``'s
+tiles start at index ``cu_seqlens_q[b] // BLOCK_Q + b``, so the grid's first dimension
+``total_q // BLOCK_Q + batch`` (shapes only) bounds every sequence's tiles, and each program finds
+its sequence by a binary search over ``cu_seqlens_q``; surplus programs return at once.
+
+No key splits in this version: a program walks all its keys (long histories with few query rows
+get few programs; split-K for them is the decode kernel's job today).
+
+Softmax runs in base 2 (``log2(e)`` folded into the scale, ``exp2`` throughout); the stored LSE is
+natural log: ``lse = (m + log2(l)) * ln 2``. A row that sees no key stores out 0, lse -inf.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._launch import all_aligned, launch, next_pow2
+# The shared key loop (plain and quantized tile loads, online softmax) and the scale strides.
+from .paged_decode import _attend_paged, _scale_strides
+
+
+@triton.jit
+def _find_sequence(cu_seqlens_q, tile, batch, BLOCK_Q: tl.constexpr):
+    """The sequence whose tiles hold tile index ``tile``: the last ``b`` with
+    ``cu_seqlens_q[b] // BLOCK_Q + b <= tile`` (binary search; the index is monotone in b)."""
+    lo = 0
+    hi = batch
+    while lo < hi:
+        mid = (lo + hi) // 2
+        start = tl.load(cu_seqlens_q + mid) // BLOCK_Q + mid
+        if start <= tile:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _paged_prefill_kernel(
+    Q,                 # [total_q, nheads, HEAD_DIM], last dim contiguous
+    K, V,              # [num_pages, PAGE_SIZE, nheads_k, HEAD_DIM], last dim contiguous
+                       # (quantized: kvonce.paged.quant's layouts; int4 HEAD_DIM // 2 bytes)
+    KS, VS,            # quantized caches' scales (any pointer when KV_FORMAT is 0)
+    Out,               # [total_q, nheads, HEAD_DIM], q's dtype
+    Lse,               # float32 [nheads, total_q] (any pointer without STORE_LSE)
+    cu_seqlens_q,      # int32 [batch + 1]
+    cache_seqlens,     # int32 [batch]
+    block_table,       # int32 [batch, max_pages]
+    sm_scale, batch, head_dim,
+    stride_qt, stride_qh,
+    stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+    stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh,
+    stride_ot, stride_oh, stride_lh,
+    stride_btb,
+    GROUP: tl.constexpr, IS_CAUSAL: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+    STORE_LSE: tl.constexpr, KV_CACHE: tl.constexpr, KV_EVICT: tl.constexpr,
+    KV_FORMAT: tl.constexpr, BLOCK_Q: tl.constexpr,
+):
+    # BLOCK_Q = BLOCK_M // GROUP tokens per tile.
+    # Grid: (total_q // BLOCK_Q + batch, nheads_k).
+    tile = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq = _find_sequence(cu_seqlens_q, tile, batch, BLOCK_Q)
+    q_start = tl.load(cu_seqlens_q + seq)
+    q_len = tl.load(cu_seqlens_q + seq + 1) - q_start
+    tok0 = (tile - (q_start // BLOCK_Q + seq)) * BLOCK_Q
+    if tok0 >= q_len:  # surplus program (or an empty sequence's slot)
+        return
+    seqlen = tl.load(cache_seqlens + seq)
+
+    rows = tl.arange(0, BLOCK_M)
+    tok = tok0 + rows // GROUP
+    head = kv_head * GROUP + rows % GROUP
+    row_ok = (rows < BLOCK_Q * GROUP) & (tok < q_len)
+    offs_d = tl.arange(0, BLOCK_D)
+    # int64: (q_start + tok) * stride_qt passes 2^31 for long batches.
+    q_rows = (q_start + tok).to(tl.int64)
+    q_ptrs = Q + (q_rows * stride_qt + head * stride_qh)[:, None] + offs_d[None, :]
+    if EVEN_D:
+        q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
+    else:
+        q = tl.load(q_ptrs, mask=row_ok[:, None] & (offs_d[None, :] < head_dim), other=0.0)
+
+    if IS_CAUSAL:
+        diag = seqlen - q_len                       # row t sees key j <= t + diag
+        last_tok = tl.minimum(tok0 + BLOCK_Q, q_len) - 1
+        hi = tl.maximum(tl.minimum(seqlen, diag + last_tok + 1), 0)  # the tile's frontier
+        all_see = tl.minimum(hi, diag + tok0 + 1)  # keys below this are visible to every row
+    else:
+        diag = seqlen
+        hi = seqlen
+        all_see = seqlen
+    full = tl.maximum(all_see, 0) // BLOCK_N * BLOCK_N
+
+    K += kv_head * stride_kh
+    V += kv_head * stride_vh
+    KS += kv_head * stride_ksh
+    VS += kv_head * stride_vsh
+    bt_row = block_table + seq.to(tl.int64) * stride_btb
+    qk_scale = sm_scale * 1.4426950408889634
+    if KV_FORMAT == 1:  # fp8's per-head K scale multiplies every score of this KV head
+        qk_scale = qk_scale * tl.load(KS)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc, m_i, l_i = _attend_paged(acc, m_i, l_i, q, 0, full, qk_scale, tok, diag, hi,
+                                  K, V, KS, VS, bt_row, stride_kp, stride_kt, stride_vp,
+                                  stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
+                                  offs_d, head_dim, False, PAGE_SIZE, BLOCK_N, BLOCK_D, EVEN_D,
+                                  KV_CACHE, KV_EVICT, KV_FORMAT)
+    acc, m_i, l_i = _attend_paged(acc, m_i, l_i, q, full, hi, qk_scale, tok, diag, hi,
+                                  K, V, KS, VS, bt_row, stride_kp, stride_kt, stride_vp,
+                                  stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
+                                  offs_d, head_dim, True, PAGE_SIZE, BLOCK_N, BLOCK_D, EVEN_D,
+                                  KV_CACHE, KV_EVICT, KV_FORMAT)
+    if KV_FORMAT == 1:  # and its V scale every output row
+        acc = acc * tl.load(VS)
+
+    seen = l_i > 0.0
+    out = acc / tl.where(seen, l_i, 1.0)[:, None]
+    o_ptrs = Out + (q_rows * stride_ot + head * stride_oh)[:, None] + offs_d[None, :]
+    if EVEN_D:
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty),
+                 mask=row_ok[:, None] & (offs_d[None, :] < head_dim))
+    if STORE_LSE:
+        lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453,
+                       float("-inf"))
+        tl.store(Lse + head.to(tl.int64) * stride_lh + q_rows, lse, mask=row_ok)
+
+
+def prefill_block_m(config_block_m: int, group: int) -> int:
+    """Packed rows per tile: the config's, but at least one token's ``GROUP`` heads (next power
+    of two; >= 16 for tl.dot)."""
+    return max(16, config_block_m, next_pow2(group))
+
+
+class PagedPrefillLaunch:
+    """One varlen paged shape's launch, fixed once: grid, scalar arguments, constants, cache key.
+
+    Built from the (planned) tensors' shapes and strides: ``q [total_q, nheads, d]``, the caches,
+    ``block_table [batch, max_pages]``. ``__call__`` launches ``_paged_prefill_kernel`` through
+    ``_launch.launch`` for tensors with exactly those shapes and strides; checks are the caller's.
+    ``out`` is ``[total_q, nheads, d]`` (q's dtype, strides as q's or contiguous: passed per
+    call), ``lse`` float32 contiguous ``[nheads, total_q]`` (None with ``store_lse=False``).
+    """
+
+    def __init__(self, q, k_cache, v_cache, block_table, *, softmax_scale: float, causal: bool,
+                 config, store_lse: bool, kv_format: int = 0, k_scale=None, v_scale=None):
+        total_q, nheads, head_dim = q.shape
+        page_size, nheads_k = k_cache.shape[1], k_cache.shape[2]
+        batch = block_table.shape[0]
+        group = nheads // nheads_k
+        block_m = prefill_block_m(config.block_m, group)
+        block_q = block_m // group
+        block_d = max(16, next_pow2(head_dim))
+        self.empty = total_q == 0 or batch == 0
+        self.device_index = q.device.index if q.device.type == "cuda" else -1
+        self._ints = (batch, head_dim, *q.stride()[:2], *k_cache.stride()[:3],
+                      *v_cache.stride()[:3], *_scale_strides(k_scale, kv_format),
+                      *_scale_strides(v_scale, kv_format), nheads * head_dim, head_dim, total_q,
+                      block_table.stride(0))
+        self._scale = float(softmax_scale)
+        self._grid = (total_q // block_q + batch, nheads_k, 1)
+        self._constexprs = dict(
+            GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, BLOCK_M=block_m,
+            BLOCK_N=config.block_n, BLOCK_D=block_d, EVEN_D=block_d == head_dim,
+            STORE_LSE=store_lse, KV_CACHE=config.kv_cache_modifier, KV_EVICT=config.kv_eviction,
+            KV_FORMAT=kv_format, BLOCK_Q=block_q)
+        self._warps = (config.num_warps, config.num_stages)
+        self._key = (q.dtype, k_cache.dtype, k_scale.dtype if k_scale is not None else None,
+                     self._ints, tuple(self._constexprs.values()), self._warps)
+
+    def __call__(self, q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table, out, lse,
+                 k_scale=None, v_scale=None) -> None:
+        """``out`` must be contiguous ``[total_q, nheads, d]``; ``lse`` float32 contiguous
+        ``[nheads, total_q]`` or None."""
+        if self.empty:
+            return
+        if lse is None:  # never dereferenced (STORE_LSE is off): any pointer will do
+            lse = out
+        if k_scale is None:  # plain cache: never dereferenced
+            k_scale = v_scale = cache_seqlens
+        aligned = all_aligned(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table,
+                              k_scale, v_scale, out, lse)
+        launch(_paged_prefill_kernel, (self._key, aligned), self._grid,
+               (q, k_cache, v_cache, k_scale, v_scale, out, lse, cu_seqlens_q, cache_seqlens,
+                block_table, self._scale, *self._ints),
+               self._constexprs, *self._warps, self.device_index)
