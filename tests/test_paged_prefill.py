@@ -17,7 +17,7 @@ import kvonce
 from kvonce import flops
 from kvonce.kernels.configs import get_paged_prefill_config, interpreter_active
 from kvonce.paged.checks import QUANT_FORMATS
-from kvonce.reference import paged_prefill_ref
+from kvonce.reference import paged_prefill_ref, varlen_attention_ref
 
 pytestmark = pytest.mark.skipif(not HAS_CUDA and not interpreter_active(),
                                 reason="needs a CUDA GPU or TRITON_INTERPRET=1")
@@ -287,3 +287,51 @@ def test_cuda_graph_capture_of_plan_run():
     ref, _ = paged_prefill_ref(static[0].float(), k.float(), v.float(), static[1], static[2],
                                table)
     assert rel_err(out, ref) < TOL[torch.float16]
+
+
+# ------------------------------------------------------------------------------------------------
+# flash_attn_varlen_func: flash-attn 2's names, paged and contiguous K/V
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_flash_attn_varlen_func_paged_equals_paged_prefill(causal):
+    q, k, v, cu, seqlens, table = make_case(MIXED, dtype=DTYPES[0])
+    cu_k = torch.cat([seqlens.new_zeros(1), seqlens.cumsum(0)]).to(torch.int32)
+    with poison_empty:
+        out, lse, probs = kvonce.flash_attn_varlen_func(
+            q, k, v, cu, cu_k, max_q(cu), int(seqlens.max()), causal=causal, block_table=table,
+            return_attn_probs=True)
+        want, want_lse = kvonce.paged_prefill(q, k, v, cu, seqlens, table, causal=causal,
+                                              max_seqlen_q=max_q(cu), return_lse=True)
+    assert probs is None
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_flash_attn_varlen_func_contiguous_against_reference(causal):
+    g = torch.Generator().manual_seed(3)
+    q_lens, k_lens = [5, 1, 0, 20], [9, 30, 4, 20]
+    cu_q = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    cu_k = torch.tensor([0, *torch.tensor(k_lens).cumsum(0).tolist()], dtype=torch.int32)
+    dtype = DTYPES[0]
+    q = torch.randn(sum(q_lens), 4, 32, generator=g).to(dtype).to(DEVICE)
+    k = torch.randn(sum(k_lens), 2, 32, generator=g).to(dtype).to(DEVICE)
+    v = torch.randn(sum(k_lens), 2, 32, generator=g).to(dtype).to(DEVICE)
+    cu_q, cu_k = cu_q.to(DEVICE), cu_k.to(DEVICE)
+    out, lse, _ = kvonce.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(q_lens), max(k_lens),
+                                                causal=causal, return_attn_probs=True)
+    ref, ref_lse = varlen_attention_ref(q, k, v, cu_q, cu_k, causal=causal)
+    assert rel_err(out, ref) < TOL[dtype]
+    check_lse(lse, ref_lse)
+
+
+def test_flash_attn_varlen_func_unsupported_arguments_raise():
+    q, k, v, cu, seqlens, table = make_case(MIXED[:2], dtype=DTYPES[0])
+    args = (q, k, v, cu, cu, 1, 30)
+    for kwargs, name in ((dict(dropout_p=0.1), "dropout_p"), (dict(window_size=(4, 0)),
+                         "window_size"), (dict(softcap=30.0), "softcap"),
+                         (dict(alibi_slopes=torch.ones(4)), "alibi_slopes")):
+        with pytest.raises(NotImplementedError, match=name):
+            kvonce.flash_attn_varlen_func(*args, block_table=table, **kwargs)
+    with pytest.raises(NotImplementedError, match="gradients with block_table"):
+        kvonce.flash_attn_varlen_func(q.clone().requires_grad_(), *args[1:], block_table=table)

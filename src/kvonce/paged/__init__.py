@@ -10,11 +10,11 @@ Modules import downward only, never in a circle (module: what it imports from th
     decode                                        _alloc, checks, splits, prefix
     prefill                                       _alloc, checks
     append                                        checks, quant
-    flash_attn                                    append, decode
+    flash_attn                                    append, decode, prefill (and kvonce.varlen)
 """
 from .append import append_paged_kv
 from .decode import PagedDecodePlan, choose_num_splits, paged_attention
-from .flash_attn import flash_attn_with_kvcache
+from .flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
 from .merge import merge_attention_states
 from .prefill import PagedPrefillPlan, paged_prefill
 from .prefix import CascadeCostModel, CascadePlan, plan_cascade
@@ -24,4 +24,5 @@ from .quant import KV_FORMATS, dequantize_kv, quantize_kv
 __all__ = ["paged_attention", "PagedDecodePlan", "choose_num_splits", "append_paged_kv",
            "merge_attention_states", "flash_attn_with_kvcache", "quantize_kv", "dequantize_kv",
            "KV_FORMATS", "find_shared_prefixes", "PrefixNode", "CascadeCostModel", "CascadePlan",
-           "plan_cascade", "paged_prefill", "PagedPrefillPlan"]
+           "plan_cascade", "paged_prefill", "PagedPrefillPlan",
+           "flash_attn_varlen_func"]

@@ -1,13 +1,16 @@
-"""``flash_attn_with_kvcache``: flash-attn's drop-in name and arguments for the paged subset,
-on top of ``append_paged_kv`` (new tokens first) and ``paged_attention``."""
+"""flash-attn's drop-in names for the subset kvonce implements: ``flash_attn_with_kvcache`` on top
+of ``append_paged_kv`` (new tokens first) and ``paged_attention``; ``flash_attn_varlen_func`` on
+top of ``paged_prefill`` (paged K/V) or the dual-group varlen forward (contiguous K/V)."""
 from __future__ import annotations
 
 import torch
 
+from .. import varlen
 from .append import append_paged_kv
 from .decode import paged_attention
+from .prefill import paged_prefill
 
-__all__ = ["flash_attn_with_kvcache"]
+__all__ = ["flash_attn_with_kvcache", "flash_attn_varlen_func"]
 
 
 _UNSUPPORTED_DEFAULTS = {
@@ -57,3 +60,63 @@ def flash_attn_with_kvcache(
         seqlens = cache_seqlens + k.shape[1]  # a device op: no sync
     return paged_attention(q, k_cache, v_cache, seqlens, block_table, softmax_scale=softmax_scale,
                            causal=causal, num_splits=num_splits, return_lse=return_softmax_lse)
+
+
+def flash_attn_varlen_func(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+    deterministic=False, return_attn_probs=False, block_table=None,
+):
+    """flash-attn 2's ``flash_attn_varlen_func`` for the subset kvonce implements.
+
+    Same names, defaults (``causal=False``) and semantics; causal is bottom-right (row ``i`` of a
+    sequence with ``Lq`` rows and ``Lk`` keys sees key ``j <= i + Lk - Lq``).
+
+    - With ``block_table`` (int32 ``[batch, max_pages]``): ``k``, ``v`` are paged caches
+      ``[num_pages, page_size, nheads_k, headdim]`` and ``cu_seqlens_k`` the cumulative key
+      counts (sequence ``b`` has ``cu_seqlens_k[b + 1] - cu_seqlens_k[b]`` keys, its q rows the
+      newest of them): ``kvonce.paged_prefill``, forward only.
+    - Without: contiguous varlen ``k``, ``v`` ``[total_k, nheads_k, headdim]``, through the
+      dual-group forward with an empty second group (differentiable).
+
+    ``dropout_p``, a sliding ``window_size``, ``softcap``, ``alibi_slopes`` and ``deterministic``
+    with gradients on the contiguous path raise NotImplementedError naming them.
+
+    Returns ``out [total_q, nheads, headdim]`` in q's dtype, or with ``return_attn_probs``
+    ``(out, softmax_lse float32 [nheads, total_q], None)`` (no attention probabilities).
+    """
+    bad = []
+    if dropout_p != 0.0:
+        bad.append(f"dropout_p={dropout_p}")
+    if window_size is not None and tuple(window_size) != (-1, -1):
+        bad.append(f"window_size={tuple(window_size)}")
+    if softcap != 0.0:
+        bad.append(f"softcap={softcap}")
+    if alibi_slopes is not None:
+        bad.append("alibi_slopes")
+    wants_grad = torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
+    if block_table is not None and wants_grad:
+        bad.append("gradients with block_table (the paged path is forward only)")
+    if deterministic and wants_grad and block_table is None:
+        bad.append("deterministic=True (the contiguous backward may use fp32 atomics)")
+    if bad:
+        raise NotImplementedError("kvonce.flash_attn_varlen_func does not support: "
+                                  + ", ".join(bad))
+    if block_table is not None:
+        if not isinstance(cu_seqlens_k, torch.Tensor):
+            raise TypeError(f"cu_seqlens_k must be a torch.Tensor, got "
+                            f"{type(cu_seqlens_k).__name__}")
+        cache_seqlens = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)  # device op
+        out, lse = paged_prefill(q, k, v, cu_seqlens_q, cache_seqlens, block_table,
+                                 max_seqlen_q=max_seqlen_q, softmax_scale=softmax_scale,
+                                 causal=causal, return_lse=True)
+    else:
+        # The second group is empty (no rows, every sequence 0 keys); the first sees each
+        # sequence's whole key range (total_k bounds every length).
+        empty_q = q.new_empty((0, *q.shape[1:]))
+        no_rows = torch.zeros_like(cu_seqlens_q)
+        out, _, lse, _ = varlen.fused_zigzag_llama3_flash_attn_varlen_func(
+            q, empty_q, k, v, cu_seqlens_q, no_rows, cu_seqlens_k, max_seqlen_q, 0,
+            max_seqlen_k, k.shape[0], 0, softmax_scale, causal, return_lse=True)
+    return (out, lse, None) if return_attn_probs else out

@@ -63,7 +63,8 @@ def _check_values(q, k_cache, cu_seqlens_q, cache_seqlens, block_table, max_seql
     q_lens = cu[1:] - cu[:-1]
     if int(cu[0]) != 0 or int(cu[-1]) != q.shape[0] or bool((q_lens < 0).any()):
         raise ValueError(f"cu_seqlens_q must rise from 0 to total_q = {q.shape[0]}, got "
-                         f"{cu_seqlens_q.tolist()}")  # sync-ok: validation mode
+                         f"cu_seqlens_q[0] = {int(cu[0])}, cu_seqlens_q[-1] = {int(cu[-1])}, "
+                         f"smallest length {int(q_lens.min()) if q_lens.numel() else 0}")
     if bool((q_lens > max_seqlen_q).any()):
         raise ValueError(f"a sequence has {int(q_lens.max())} query rows, more than "
                          f"max_seqlen_q = {max_seqlen_q}")
