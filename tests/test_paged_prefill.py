@@ -100,6 +100,19 @@ def test_mixed_batch_against_reference(dtype, causal, nheads, nheads_k, head_dim
     check_lse(lse, ref_lse)
 
 
+def test_single_sequence_with_strided_q():
+    """batch 1 (a whole prompt) and q a strided view (as from a fused qkv projection)."""
+    n = 37 if not HAS_CUDA else 1500
+    q, k, v, cu, seqlens, table = make_case([(n, n)], nheads=8, nheads_k=2, dtype=DTYPES[0])
+    qkv = torch.cat([q, q.neg()], dim=1)  # [n, 16, d]: q is the first 8 heads
+    q_view = qkv[:, :8]
+    ref, _ = paged_prefill_ref(q.float(), k.float(), v.float(), cu, seqlens, table)
+    with poison_empty:
+        out = kvonce.paged_prefill(q_view, k, v, cu, seqlens, table, max_seqlen_q=n)
+    assert out.is_contiguous()
+    assert rel_err(out, ref) < TOL[DTYPES[0]]
+
+
 def test_softmax_scale_and_no_lse():
     q, k, v, cu, seqlens, table = make_case(MIXED[:3], dtype=DTYPES[0])
     ref, _ = paged_prefill_ref(q.float(), k.float(), v.float(), cu, seqlens, table,

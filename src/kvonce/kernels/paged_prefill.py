@@ -43,8 +43,10 @@ from .paged_decode import _attend_paged, _scale_strides
 def _find_sequence(cu_seqlens_q, tile, batch, BLOCK_Q: tl.constexpr):
     """The sequence whose tiles hold tile index ``tile``: the last ``b`` with
     ``cu_seqlens_q[b] // BLOCK_Q + b <= tile`` (binary search; the index is monotone in b)."""
-    lo = 0
-    hi = batch
+    # int32 scalars from the start: loop-carried values must keep one type (a literal 0, or
+    # batch specialized to the constant 1, would enter the loop as constexprs).
+    lo = tl.full([], 0, tl.int32)
+    hi = tl.full([], 0, tl.int32) + batch
     while lo < hi:
         mid = (lo + hi) // 2
         start = tl.load(cu_seqlens_q + mid) // BLOCK_Q + mid
