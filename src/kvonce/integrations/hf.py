@@ -85,7 +85,11 @@ def kvonce_zigzag_attention(module, query, key, value, attention_mask, dropout: 
 
 
 def register() -> None:
-    """Register ``"kvonce_zigzag"`` with transformers' ``AttentionInterface``."""
+    """Register ``"kvonce_zigzag"`` and, for continuous batching (``generate_batch``),
+    ``"paged|kvonce"`` (``kvonce.integrations.hf_paged``) with transformers' ``AttentionInterface``."""
     from transformers import AttentionInterface
 
+    from . import hf_paged
+
     AttentionInterface.register(NAME, kvonce_zigzag_attention)
+    hf_paged.register()

@@ -1,0 +1,136 @@
+"""HF transformers continuous batching (``generate_batch``) with kvonce's varlen paged attention.
+
+    import kvonce.integrations.hf as kv_hf
+    kv_hf.register()        # adds "paged|kvonce" (and "kvonce", see below) to AttentionInterface
+    model = AutoModelForCausalLM.from_pretrained(..., attn_implementation="paged|kvonce")
+    out = model.generate_batch(prompts, generation_config)
+
+Each layer writes the batch's new K/V into transformers' ``PagedAttentionCache`` at
+``write_index``, derives a kvonce block table from ``read_index`` on the device and runs one
+``kvonce.paged_prefill`` over the cache in place (no gathered copy of the history, no mask).
+
+Written against transformers 5.23, which differs from the 5.17 layout:
+* the ``paged|`` prefix is stripped when the model is loaded and when the function is looked up,
+  so the model's implementation becomes ``"kvonce"``; both names are registered.
+* ``ContinuousBatchingManager.switch_to_cb_friendly_attn`` accepts only ``paged|eager``,
+  ``sdpa`` and flash names; ``register()`` wraps it to also accept the kvonce names (kept as is).
+* the cache is one byte tensor split by allocators; layer ``i`` of a full-attention allocator sees
+  a token view (``_kv_token_views``, the flat slots of ``read_index``/``write_index``) and a page
+  view ``[pages, page_size, Hk, D]`` of it (``get_cache_for_block_table``): kvonce's layout.
+  Slot ``s`` lies on page ``s // page_size`` of that view.
+* kwargs are ``max_length_q``/``max_length_k`` (5.17: ``max_seqlen_*``); ``cu_seq_lens_k`` and
+  ``max_length_k`` are dicts keyed by layer type; ``read_index`` is empty when no request of the
+  batch has past KV (then ``write_index`` lists every token's slot).
+
+Decode fast path (``block_table`` given): not taken. transformers 5.23 turns it on only for
+flash-attention 2/3 names (``ensure_decode_fast_path_is_available``), so a "kvonce" model always
+gets the varlen kwargs; a call with a block table raises NotImplementedError rather than reading
+an unwritten cache. Sliding-window layers are refused. CUDA graphs: the function has no host sync
+but was tested on CPU only.
+"""
+from __future__ import annotations
+
+import torch
+
+NAME = "paged|kvonce"
+NAMES = (NAME, NAME.removeprefix("paged|"))
+
+
+def block_table_from_read_index(read_index: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                                max_seqlen_k: int, page_size: int) -> torch.Tensor:
+    """int32 ``[batch, ceil(max_seqlen_k / page_size)]`` block table, built on the device.
+
+    ``read_index``: flat slot of every past+new token, sequence by sequence in order (sequence
+    ``b``'s run is ``cu_seqlens_k[b] .. cu_seqlens_k[b + 1]``). Column ``j`` of row ``b`` is the
+    page of the run's token ``j * page_size``; columns past a sequence's length (and every column
+    of a length-0 padding row) are 0, a page that exists and that kvonce never reads for them.
+    """
+    batch = cu_seqlens_k.shape[0] - 1
+    width = max(-(-int(max_seqlen_k) // page_size), 1)
+    cu = cu_seqlens_k.to(torch.int64)
+    lens = cu[1:] - cu[:-1]
+    offs = torch.arange(width, device=cu.device, dtype=torch.int64) * page_size
+    valid = offs[None, :] < lens[:, None]
+    if read_index.numel() == 0:
+        return torch.zeros(batch, width, dtype=torch.int32, device=cu.device)
+    pos = (cu[:-1, None] + offs[None, :]).clamp_(max=read_index.shape[0] - 1)
+    pages = torch.div(read_index.to(torch.int64)[pos], page_size, rounding_mode="floor")
+    return torch.where(valid, pages, torch.zeros_like(pages)).to(torch.int32).contiguous()
+
+
+def _per_layer_type(value, layer_type):
+    return value[layer_type] if isinstance(value, dict) else value
+
+
+def kvonce_paged_attention(module, query, key, value, attention_mask=None, dropout: float = 0.0,
+                           scaling: float | None = None, *, cache=None, **kwargs):
+    """transformers attention function for continuous batching: ``query [1, H, T, D]``,
+    ``key/value [1, Hk, T, D]`` (the batch's new tokens) -> ``(out [1, T, H, D], None)``."""
+    from ..paged.prefill import paged_prefill
+
+    if cache is None or not hasattr(cache, "layer_to_allocator"):
+        raise ValueError(f"{NAME} runs only under transformers' continuous batching "
+                         "(model.generate_batch), which passes a PagedAttentionCache")
+    if dropout:
+        raise ValueError(f"{NAME} has no dropout")
+    if kwargs.get("block_table") is not None:
+        raise NotImplementedError(f"{NAME}: transformers' decode fast path (block_table) is not "
+                                  "supported; set max_blocks_per_request=0")
+    layer_idx = module.layer_idx
+    allocator = cache.layer_to_allocator[layer_idx]
+    if getattr(module, "sliding_window", None) or allocator.layer_type != "full_attention":
+        raise NotImplementedError(f"{NAME}: sliding-window layers are not supported")
+    group = allocator.index
+    page_size = allocator.tokens_per_page
+
+    cu_k = _per_layer_type(kwargs["cu_seq_lens_k"], allocator.layer_type).to(torch.int32)
+    max_k = _per_layer_type(kwargs.get("max_length_k", kwargs.get("max_seqlen_k")),
+                            allocator.layer_type)
+    max_q = kwargs.get("max_length_q", kwargs.get("max_seqlen_q"))
+    cu_q = kwargs["cu_seq_lens_q"].to(torch.int32)
+    read_index = kwargs["read_index"][group]
+    write_index = kwargs["write_index"][group]
+
+    # write the new tokens' K/V at their slots (flat token views of this layer)
+    k_tokens, v_tokens = allocator._kv_token_views[layer_idx]
+    k_tokens.index_copy_(0, write_index, key[0].transpose(0, 1))
+    v_tokens.index_copy_(0, write_index, value[0].transpose(0, 1))
+
+    # no past KV in the batch: read_index is empty and write_index lists every token in order
+    slots = read_index if read_index.numel() > 0 else write_index
+    block_table = block_table_from_read_index(slots, cu_k, max_k, page_size)
+    k_pages, v_pages = allocator.get_cache_for_block_table(layer_idx)
+    q = query[0].transpose(0, 1)  # [T, H, D] view, last dim contiguous
+    out = paged_prefill(q, k_pages, v_pages, cu_q, cu_k[1:] - cu_k[:-1], block_table,
+                        max_seqlen_q=int(max_q), softmax_scale=scaling, causal=True)
+    return out.unsqueeze(0), None
+
+
+def _patch_cb_attn_switch() -> None:
+    """transformers 5.23 refuses any name but paged|eager, sdpa and flash ones for continuous
+    batching; let the kvonce names through unchanged (idempotent)."""
+    try:
+        from transformers.generation.continuous_batching.continuous_api import (
+            ContinuousBatchingManager)
+    except ImportError:  # no continuous batching
+        return
+    original = ContinuousBatchingManager.switch_to_cb_friendly_attn
+    if getattr(original, "_kvonce_wrapped", False):
+        return
+
+    def switch_to_cb_friendly_attn(self, model, *args, **kwargs):
+        if model.config._attn_implementation in NAMES:
+            return None
+        return original(self, model, *args, **kwargs)
+
+    switch_to_cb_friendly_attn._kvonce_wrapped = True
+    ContinuousBatchingManager.switch_to_cb_friendly_attn = switch_to_cb_friendly_attn
+
+
+def register() -> None:
+    """Register ``"paged|kvonce"`` (and ``"kvonce"``, what transformers >= 5.23 strips it to)."""
+    from transformers import AttentionInterface
+
+    for name in NAMES:
+        AttentionInterface.register(name, kvonce_paged_attention)
+    _patch_cb_attn_switch()
