@@ -1,5 +1,7 @@
 """paged|kvonce: kvonce's varlen paged attention under transformers' continuous batching (CPU,
 Triton interpreter), against transformers' own paged|sdpa."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -52,15 +54,22 @@ def test_generate_batch_matches_paged_sdpa():
     prompts = [torch.randint(1, 61, (n,), generator=g).tolist() for n in (5, 13, 20, 9)]
     gen = GenerationConfig(max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
 
+    # 5.23 names the page size page_size (block_size kept as a deprecated alias) and has
+    # auto_switch_to_flash; 5.17 has only block_size and never switches to flash on its own
+    fields = {f.name for f in dataclasses.fields(ContinuousBatchingConfig)}
+    cb_kwargs = dict(num_blocks=16, max_batch_tokens=16, use_cuda_graph=False,
+                     use_async_batching=False, max_blocks_per_request=0,
+                     allow_block_sharing=False)
+    cb_kwargs["page_size" if "page_size" in fields else "block_size"] = 16
+    if "auto_switch_to_flash" in fields:
+        cb_kwargs["auto_switch_to_flash"] = False
+
     def run(impl):
         model = LlamaForCausalLM(cfg)
         model.load_state_dict(ref_model.state_dict())
         model.set_attn_implementation(impl)
         model.float().eval()
-        cb = ContinuousBatchingConfig(page_size=16, num_blocks=16, max_batch_tokens=16,
-                                      use_cuda_graph=False, use_async_batching=False,
-                                      max_blocks_per_request=0, auto_switch_to_flash=False,
-                                      allow_block_sharing=False)
+        cb = ContinuousBatchingConfig(**cb_kwargs)
         with torch.no_grad():
             out = model.generate_batch(prompts, generation_config=gen,
                                        continuous_batching_config=cb, warmup=False)

@@ -9,21 +9,27 @@ Each layer writes the batch's new K/V into transformers' ``PagedAttentionCache``
 ``write_index``, derives a kvonce block table from ``read_index`` on the device and runs one
 ``kvonce.paged_prefill`` over the cache in place (no gathered copy of the history, no mask).
 
-Written against transformers 5.23, which differs from the 5.17 layout:
-* the ``paged|`` prefix is stripped when the model is loaded and when the function is looked up,
-  so the model's implementation becomes ``"kvonce"``; both names are registered.
-* ``ContinuousBatchingManager.switch_to_cb_friendly_attn`` accepts only ``paged|eager``,
-  ``sdpa`` and flash names; ``register()`` wraps it to also accept the kvonce names (kept as is).
-* the cache is one byte tensor split by allocators; layer ``i`` of a full-attention allocator sees
-  a token view (``_kv_token_views``, the flat slots of ``read_index``/``write_index``) and a page
-  view ``[pages, page_size, Hk, D]`` of it (``get_cache_for_block_table``): kvonce's layout.
-  Slot ``s`` lies on page ``s // page_size`` of that view.
-* kwargs are ``max_length_q``/``max_length_k`` (5.17: ``max_seqlen_*``); ``cu_seq_lens_k`` and
-  ``max_length_k`` are dicts keyed by layer type; ``read_index`` is empty when no request of the
-  batch has past KV (then ``write_index`` lists every token's slot).
+Works on transformers 5.17 and 5.23 (tested on both) by looking at what the cache and kwargs offer:
+* names: 5.17 keeps ``"paged|kvonce"`` as the model's implementation; 5.23 strips the ``paged|``
+  prefix when the model is loaded and when the function is looked up (``"kvonce"``). Both names
+  are registered.
+* ``ContinuousBatchingManager.switch_to_cb_friendly_attn``: 5.17 leaves any ``paged|`` name alone;
+  5.23 accepts only ``paged|eager``, ``sdpa`` and flash names, so ``register()`` wraps it to also
+  accept the kvonce names (kept as is).
+* cache: 5.17's ``PagedAttentionCache`` has ``key_cache[j]``/``value_cache[j]``, flat
+  ``[(num_blocks + 2) * block_size, Hk, D]`` tensors shared by layer ``j`` of every layer group
+  (``layer_index_to_group_indices``), viewed here as ``[pages, block_size, Hk, D]``. 5.23 has one
+  byte tensor split by allocators (``layer_to_allocator``); layer ``i`` of a full-attention
+  allocator sees a token view (``_kv_token_views``) and a page view ``[pages, page_size, Hk, D]``
+  (``get_cache_for_block_table``). Either way slot ``s`` lies on page ``s // page_size``: kvonce's
+  layout, read in place.
+* kwargs: ``max_seqlen_q``/``max_seqlen_k`` (5.17) or ``max_length_q``/``max_length_k`` (5.23);
+  ``cu_seq_lens_k`` and the k max may be dicts keyed by layer type; ``read_index`` (one tensor
+  per layer group) is empty when no request of the batch has past KV (then ``write_index`` lists
+  every token's slot). 5.17 also builds a 4D mask for any non-flash name; it is ignored here.
 
-Decode fast path (``block_table`` given): not taken. transformers 5.23 turns it on only for
-flash-attention 2/3 names (``ensure_decode_fast_path_is_available``), so a "kvonce" model always
+Decode fast path (``block_table`` given): not taken. transformers turns it on only for
+flash-attention names (``ensure_decode_fast_path_is_available``), so a "kvonce" model always
 gets the varlen kwargs; a call with a block table raises NotImplementedError rather than reading
 an unwritten cache. Sliding-window layers are refused. CUDA graphs: the function has no host sync
 but was tested on CPU only.
@@ -62,13 +68,33 @@ def _per_layer_type(value, layer_type):
     return value[layer_type] if isinstance(value, dict) else value
 
 
+def _layer_cache(cache, layer_idx: int):
+    """``(group, layer_type, page_size, (k, v) flat token views [slots, Hk, D],
+    (k, v) page views [pages, page_size, Hk, D])`` of one layer, on either cache layout."""
+    if hasattr(cache, "layer_to_allocator"):
+        # 5.23: one byte tensor split by allocators, each owning a group of layers
+        allocator = cache.layer_to_allocator[layer_idx]
+        return (allocator.index, allocator.layer_type, allocator.tokens_per_page,
+                allocator._kv_token_views[layer_idx],
+                allocator.get_cache_for_block_table(layer_idx))
+    # 5.17: key_cache[j]/value_cache[j] are [(num_blocks + 2) * block_size, Hk, D], shared by
+    # layer j of every group; sliding_windows[layer] is 1 for full-attention layers
+    group, j = cache.layer_index_to_group_indices[layer_idx]
+    layer_type = "full_attention" if cache.sliding_windows[layer_idx] == 1 else "sliding_attention"
+    k, v = cache.key_cache[j], cache.value_cache[j]
+    bs = cache.block_size
+    return (group, layer_type, bs, (k, v),
+            (k.view(-1, bs, *k.shape[1:]), v.view(-1, bs, *v.shape[1:])))
+
+
 def kvonce_paged_attention(module, query, key, value, attention_mask=None, dropout: float = 0.0,
                            scaling: float | None = None, *, cache=None, **kwargs):
     """transformers attention function for continuous batching: ``query [1, H, T, D]``,
     ``key/value [1, Hk, T, D]`` (the batch's new tokens) -> ``(out [1, T, H, D], None)``."""
     from ..paged.prefill import paged_prefill
 
-    if cache is None or not hasattr(cache, "layer_to_allocator"):
+    if cache is None or not (hasattr(cache, "layer_to_allocator")
+                             or hasattr(cache, "layer_index_to_group_indices")):
         raise ValueError(f"{NAME} runs only under transformers' continuous batching "
                          "(model.generate_batch), which passes a PagedAttentionCache")
     if dropout:
@@ -77,29 +103,25 @@ def kvonce_paged_attention(module, query, key, value, attention_mask=None, dropo
         raise NotImplementedError(f"{NAME}: transformers' decode fast path (block_table) is not "
                                   "supported; set max_blocks_per_request=0")
     layer_idx = module.layer_idx
-    allocator = cache.layer_to_allocator[layer_idx]
-    if getattr(module, "sliding_window", None) or allocator.layer_type != "full_attention":
+    group, layer_type, page_size, (k_tokens, v_tokens), (k_pages, v_pages) = \
+        _layer_cache(cache, layer_idx)
+    if getattr(module, "sliding_window", None) or layer_type != "full_attention":
         raise NotImplementedError(f"{NAME}: sliding-window layers are not supported")
-    group = allocator.index
-    page_size = allocator.tokens_per_page
 
-    cu_k = _per_layer_type(kwargs["cu_seq_lens_k"], allocator.layer_type).to(torch.int32)
-    max_k = _per_layer_type(kwargs.get("max_length_k", kwargs.get("max_seqlen_k")),
-                            allocator.layer_type)
+    cu_k = _per_layer_type(kwargs["cu_seq_lens_k"], layer_type).to(torch.int32)
+    max_k = _per_layer_type(kwargs.get("max_length_k", kwargs.get("max_seqlen_k")), layer_type)
     max_q = kwargs.get("max_length_q", kwargs.get("max_seqlen_q"))
     cu_q = kwargs["cu_seq_lens_q"].to(torch.int32)
     read_index = kwargs["read_index"][group]
     write_index = kwargs["write_index"][group]
 
     # write the new tokens' K/V at their slots (flat token views of this layer)
-    k_tokens, v_tokens = allocator._kv_token_views[layer_idx]
     k_tokens.index_copy_(0, write_index, key[0].transpose(0, 1))
     v_tokens.index_copy_(0, write_index, value[0].transpose(0, 1))
 
     # no past KV in the batch: read_index is empty and write_index lists every token in order
     slots = read_index if read_index.numel() > 0 else write_index
     block_table = block_table_from_read_index(slots, cu_k, max_k, page_size)
-    k_pages, v_pages = allocator.get_cache_for_block_table(layer_idx)
     q = query[0].transpose(0, 1)  # [T, H, D] view, last dim contiguous
     out = paged_prefill(q, k_pages, v_pages, cu_q, cu_k[1:] - cu_k[:-1], block_table,
                         max_seqlen_q=int(max_q), softmax_scale=scaling, causal=True)
