@@ -18,7 +18,8 @@ from ..kernels.configs import PagedDecodeConfig, device_info, get_paged_decode_c
 from ..kernels.paged_decode import PagedDecodeLaunch, decode_row_blocks
 from ._alloc import allocator
 from .checks import (QUANT_FORMATS, check_block_table_values, check_device_ok, check_scale,
-                     resolve_kv_format, validate_cache, validate_quantized_cache)
+                     launch_layout, resolve_kv_format, validate_cache,
+                     validate_quantized_cache)
 from .prefix import plan_cascade
 from .splits import choose_num_splits
 
@@ -199,10 +200,7 @@ class PagedDecodePlan:
             out, lse = self._run_op(q, k_cache, v_cache, cache_seqlens, block_table, k_scale,
                                     v_scale)
             return (out, lse) if return_lse else out
-        layout = (q.stride(), k_cache.stride(), v_cache.stride(), block_table.stride(),
-                  return_lse, None if k_scale is None else (k_scale.shape, k_scale.stride(),
-                                                            k_scale.dtype),
-                  None if v_scale is None else (v_scale.shape, v_scale.stride(), v_scale.dtype))
+        layout = launch_layout(q, k_cache, v_cache, block_table, return_lse, k_scale, v_scale)
         launch = self._launches.get(layout)
         if (launch is None or q.shape != self._q_shape or k_cache.shape[1:] != self._kv_tail
                 or k_cache.dtype is not self._kv_dtype or q.dtype is not self._dtype):

@@ -16,7 +16,8 @@ from ..kernels.configs import PagedPrefillConfig, device_info, get_paged_prefill
 from ..kernels.paged_prefill import PagedPrefillLaunch
 from ._alloc import allocator
 from .checks import (QUANT_FORMATS, check_block_table_values, check_device_ok, check_scale,
-                     resolve_kv_format, validate_cache, validate_quantized_cache)
+                     launch_layout, resolve_kv_format, validate_cache,
+                     validate_quantized_cache)
 
 __all__ = ["paged_prefill", "PagedPrefillPlan"]
 
@@ -138,10 +139,7 @@ class PagedPrefillPlan:
                 self.causal, c.block_m, c.block_n, c.num_warps, c.num_stages,
                 c.kv_cache_modifier, c.kv_eviction, k_scale, v_scale, self._kv_code)
             return (out, lse) if return_lse else out
-        layout = (q.stride(), k_cache.stride(), v_cache.stride(), block_table.stride(),
-                  return_lse, None if k_scale is None else (k_scale.shape, k_scale.stride(),
-                                                            k_scale.dtype),
-                  None if v_scale is None else (v_scale.shape, v_scale.stride(), v_scale.dtype))
+        layout = launch_layout(q, k_cache, v_cache, block_table, return_lse, k_scale, v_scale)
         launch = self._launches.get(layout)
         if launch is None:
             _validate(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table,
