@@ -351,3 +351,52 @@ def test_tma_kv_loads_match_pointer_loads():
         tma = fused_forward(*args, config=DualGroupFwdConfig(128, 64, 8, 3, tma=True))
     for a, b in zip(plain, tma):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_one_group_per_program(causal):
+    """config.one_group (a program per group's M-block, one softmax state) matches the reference
+    on empty sequences, rows that see nothing, GQA and a group longer than the other."""
+    from kvonce.kernels.configs import DualGroupFwdConfig, get_dual_group_fwd_config
+
+    base = get_dual_group_fwd_config(torch.cuda.get_device_capability() if HAS_CUDA else None, 64)
+    config = DualGroupFwdConfig(base.block_m, base.block_n, base.num_warps, base.num_stages,
+                                one_group=True)
+    lens_q0, lens_q1, lens_k = [0, 12, 50, 7], [5, 0, 70, 7], [30, 0, 90, 0]
+    dt = DTYPES[0]
+    q0, q1 = randn(sum(lens_q0), 4, 64, dtype=dt), randn(sum(lens_q1), 4, 64, dtype=dt)
+    k, v = randn(sum(lens_k), 2, 64, dtype=dt), randn(sum(lens_k), 2, 64, dtype=dt)
+    kv0 = torch.tensor([10, 5, 40, 3], dtype=torch.int32, device=DEVICE)
+    cu0, cu1, cuk = cu_of(lens_q0), cu_of(lens_q1), cu_of(lens_k)
+    with poison_empty:
+        out = fused_forward(q0, q1, k, v, cu0, cu1, cuk, 50, 70, 90, kv0, 90, causal=causal,
+                            config=config)
+    ref = dual_group_attention_ref(q0, q1, k, v, cu0, cu1, cuk, kv0, 90, causal=causal)
+    for name, o, r in zip(("out0", "out1", "lse0", "lse1"), out, ref):
+        assert_close(name, o, r, lse=name.startswith("lse"))
+
+
+@pytest.mark.parametrize("world,rank", [(2, 0), (4, 3)])
+def test_one_group_per_program_zigzag_local_order(world, rank):
+    """The zigzag replacement (local-order outputs, KV read from the gathered buffer) with
+    config.one_group equals the default config's result."""
+    from kvonce.kernels.configs import DualGroupFwdConfig, get_dual_group_fwd_config
+
+    base = get_dual_group_fwd_config(torch.cuda.get_device_capability() if HAS_CUDA else None, 64)
+    config = DualGroupFwdConfig(base.block_m, base.block_n, base.num_warps, base.num_stages,
+                                one_group=True)
+    dtype = DTYPES[0]
+    global_lens = [2 * world * c for c in (5, 33, 0, 17)]
+    heads, heads_k, hd = 4, 2, 64
+    Q, K, V, local_of, kv_buffer = zigzag_rank_inputs(global_lens, world, rank, heads, heads_k, hd, dtype)
+    cu_local = cu_of([n // world for n in global_lens])
+    chunk_q, chunk_cu, chunk_idx = split_q_by_zigzag_chunk_index(local_of(Q, rank), cu_local, world, rank)
+    c0, c1 = rank, 2 * world - 1 - rank
+    slices = compute_kv_slices_for_groups(cu_local, c0, c1, world, chunk_cu)
+    args = (chunk_q, chunk_cu, chunk_idx, kv_buffer, slices, heads, hd, None, 0.0, True, (-1, -1),
+            None, False, world, cu_local, c0, c1)
+    with poison_empty:
+        out, lse, _ = replace_execute_grouped_attention_with_fused_varlen(*args, config=config)
+    ref_o, ref_lse = varlen_attention_ref(Q, K, V, cu_of(global_lens), cu_of(global_lens))
+    assert_close("out vs global", out, local_of(ref_o, rank))
+    assert_close("lse vs global", lse, local_of(ref_lse.t(), rank).t(), lse=True)

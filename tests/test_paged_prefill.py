@@ -232,7 +232,8 @@ def test_bad_inputs_raise_before_launch(monkeypatch):
     import kvonce.kernels.paged_prefill as kernel_module
     monkeypatch.setattr(kernel_module, "launch", lambda *a, **k: pytest.fail("launched"))
     q, k, v, cu, seqlens, table = make_case(MIXED[:3], nheads=4, nheads_k=2, dtype=DTYPES[0])
-    call = lambda *a, **kw: kvonce.paged_prefill(*a, **{"max_seqlen_q": 13, **kw})  # noqa: E731
+    max_q = max(n for n, _ in MIXED[:3])
+    call = lambda *a, **kw: kvonce.paged_prefill(*a, **{"max_seqlen_q": max_q, **kw})  # noqa: E731
     with pytest.raises(ValueError, match="q must have 3 dims"):
         call(q[None], k, v, cu, seqlens, table)
     with pytest.raises(TypeError, match="cu_seqlens_q"):
@@ -257,10 +258,11 @@ def test_bad_inputs_raise_before_launch(monkeypatch):
         call(q, kq, vq, cu, seqlens, table, k_scale=ks[:, :, :1], v_scale=vs)
     # Validation mode reads values: rows past the cache, past max_seqlen_q, pages out of range.
     with pytest.raises(ValueError, match="must be in the cache already"):
-        call(q, k, v, cu, torch.tensor([9, 30, 12], dtype=torch.int32, device=DEVICE), table,
-             check_block_table=True)
+        short = seqlens.clone()
+        short[2] = MIXED[2][0] - 1  # sequence 2's rows outnumber its cached keys
+        call(q, k, v, cu, short, table, check_block_table=True)
     with pytest.raises(ValueError, match="more than max_seqlen_q"):
-        call(q, k, v, cu, seqlens, table, max_seqlen_q=5, check_block_table=True)
+        call(q, k, v, cu, seqlens, table, max_seqlen_q=max_q - 1, check_block_table=True)
     with pytest.raises(ValueError, match="rise from 0"):
         call(q, k, v, cu.flip(0), seqlens, table, check_block_table=True)
     with pytest.raises(ValueError, match="names a page outside"):

@@ -4,10 +4,10 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCH_FAMILIES = ("zigzag", "decode", "host", "cp", "quant", "prefix")
+BENCH_FAMILIES = ("zigzag", "decode", "host", "cp", "quant", "prefix", "prefill", "serve")
 
 USAGE = """usage: python -m kvonce demo
-       python -m kvonce bench {zigzag,decode,host,cp,quant,prefix} [options]   (CUDA GPU; --help for options)"""
+       python -m kvonce bench {zigzag,decode,host,cp,quant,prefix,prefill,serve} [options]   (CUDA GPU; --help for options)"""
 
 
 def main(argv: list[str]) -> None:

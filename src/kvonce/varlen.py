@@ -211,13 +211,13 @@ def _dual_group_fwd_op(
     cu_seqlens_q0: torch.Tensor, cu_seqlens_q1: torch.Tensor, cu_seqlens_k: torch.Tensor,
     kv_end0: torch.Tensor, kv_end1: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
     softmax_scale: float, causal: bool, block_m: int, block_n: int, num_warps: int,
-    num_stages: int, kv_cache_modifier: str, int64_kv_offsets: bool, tma: bool,
+    num_stages: int, kv_cache_modifier: str, int64_kv_offsets: bool, tma: bool, one_group: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``fused_zigzag_llama3_flash_attn_varlen_forward`` after its checks, with int32 ``[batch]``
     key ranges and the config's fields one by one: ``(out0, out1, lse0, lse1)``. Differentiable
     in q0, q1, k, v (``register_autograd`` below; ``max_seqlen_k`` sizes the backward's grid)."""
     config = DualGroupFwdConfig(block_m, block_n, num_warps, num_stages, kv_cache_modifier,
-                                int64_kv_offsets, tma)
+                                int64_kv_offsets, tma, one_group)
     return _dual_group_fwd_impl(q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k,
                                 kv_end0, kv_end1, max_seqlen_q, softmax_scale, causal, config)
 

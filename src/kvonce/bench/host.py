@@ -9,9 +9,12 @@ Each callable is warmed up (20 calls, then a sync); then, ``--rounds`` times (15
 the calls. The shapes are small: the launch queue never fills, the GPU never holds the host back.
 Decode rows: 12 q / 2 KV heads, batch 64, seqlen 1024 (``--shapes``: others), head dim 128,
 fp16, page size 16, pages in random order (bench/decode.py's inputs); quantized-cache rows
-(int8, fp8 e4m3, int4) on the same cache quantized. Dual-group rows (forward, backward, the
-zigzag twins, the autograd function's forward + backward): one sequence of 1024 local tokens,
-world 4, rank 0, 32 q / 8 KV heads. Context-parallel rows: ``zigzag_llama3_flash_attn_varlen_func``
+(int8, fp8 e4m3, int4) on the same cache quantized. Varlen paged prefill rows
+(``PagedPrefillPlan.run``, one-shot ``paged_prefill``): 16 decode rows over 1024 cached tokens and
+one 256-token prompt in one call, 32 q / 8 KV heads (bench/prefill.py's inputs, fp16, page 16),
+checked against reference.paged_prefill_ref. Dual-group rows (forward, backward, the zigzag
+twins, the autograd function's forward + backward): one sequence of 1024 local tokens, world 4,
+rank 0, 32 q / 8 KV heads. Context-parallel rows: ``zigzag_llama3_flash_attn_varlen_func``
 with no process group (world 1), one sequence of 4096 tokens, forward and forward + backward.
 Columns:
 - ``name``, ``shape``: the callable and its shape
@@ -44,10 +47,11 @@ import torch
 import triton
 import triton.testing
 
-from ..paged import (PagedDecodePlan, append_paged_kv, dequantize_kv, flash_attn_with_kvcache,
-                     merge_attention_states, paged_attention, quantize_kv)
+from ..paged import (PagedDecodePlan, PagedPrefillPlan, append_paged_kv, dequantize_kv,
+                     flash_attn_with_kvcache, merge_attention_states, paged_attention,
+                     paged_prefill, quantize_kv)
 from ..reference import (dual_group_attention_ref, merge_attention_states_ref,
-                         paged_attention_ref, varlen_attention_ref)
+                         paged_attention_ref, paged_prefill_ref, varlen_attention_ref)
 from ..varlen import (fused_zigzag_llama3_flash_attn_varlen_backward,
                       fused_zigzag_llama3_flash_attn_varlen_forward,
                       fused_zigzag_llama3_flash_attn_varlen_func)
@@ -57,6 +61,8 @@ from ..zigzag import (compute_kv_slices_for_groups, fused_zigzag_backward,
                       split_q_by_zigzag_chunk_index, zigzag_llama3_flash_attn_varlen_func)
 from . import report
 from .decode import HEAD_DIM, PAGE, Case, _flashinfer_runner, make_inputs, rel_err
+from .prefill import Case as PrefillCase
+from .prefill import make_inputs as make_prefill_inputs
 
 WARMUP_CALLS = 20
 ERR_LIMIT = 1e-2  # fp16 outputs vs float32 / SDPA references
@@ -188,6 +194,18 @@ def _quantized_decode_row(fmt: str, q, k_cache, v_cache, seqlens, block_table, s
                  lambda: plan.run(*args, k_scale=ks, v_scale=vs), lambda r: rel_err(r, ref))
 
 
+def prefill_cases() -> list[Entry]:
+    """Varlen paged prefill on a small mixed batch, against the float32 reference."""
+    case = PrefillCase("16 dec/1024 + 1x256", ((16, 1, 1024), (1, 256, 256)))
+    args = make_prefill_inputs(case, PAGE, dtype=torch.float16)[:6]
+    ref = paged_prefill_ref(*args)[0]
+    plan = PagedPrefillPlan(*args, max_seqlen_q=256)
+    shape = f"{case.label} 32/8"
+    vs_ref = lambda out: rel_err(out, ref)  # noqa: E731
+    return [Entry("PagedPrefillPlan.run", shape, lambda: plan.run(*args), vs_ref),
+            Entry("paged_prefill", shape, lambda: paged_prefill(*args, max_seqlen_q=256), vs_ref)]
+
+
 def _grads(outputs, inputs, douts) -> tuple:
     return torch.autograd.grad(outputs, inputs, douts)
 
@@ -300,7 +318,7 @@ def cases(args) -> list[Entry]:
     rows = []
     for text in args.shapes.split(","):
         rows += decode_cases(parse_shape(text))
-    return rows + zigzag_cases() + cp_cases() + launch_floor_cases()
+    return rows + prefill_cases() + zigzag_cases() + cp_cases() + launch_floor_cases()
 
 
 def host_us(fn, rounds: int, calls: int) -> tuple[float, float]:

@@ -30,6 +30,8 @@ class DualGroupFwdConfig:
     int64_kv_offsets: force int64 K/V offsets (by default only when they can pass 2^31).
     tma: unmasked K/V tiles of contiguous K/V through TMA tensor descriptors (Hopper); the zigzag
     buffer and masked tiles keep pointer loads.
+    one_group: each program holds one group's M-block (one online-softmax state; twice the
+    programs, shared K/V tiles read once per group) instead of one M-block of each group.
     """
     block_m: int
     block_n: int
@@ -38,6 +40,7 @@ class DualGroupFwdConfig:
     kv_cache_modifier: str = ""
     int64_kv_offsets: bool = False
     tma: bool = False
+    one_group: bool = False
 
 
 # (capability major, minor) -> head dim -> config. Filled from measurements only.

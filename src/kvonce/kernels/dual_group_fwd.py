@@ -272,14 +272,20 @@ def _fused_dual_group_fwd_kernel_varlen(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     KV_CACHE: tl.constexpr, INT64_KV: tl.constexpr, KV_END_SCALAR: tl.constexpr,
     KV_END_IN_CHUNKS: tl.constexpr, OUT_LOCAL_ORDER: tl.constexpr, USE_DESC: tl.constexpr,
-    Q_LOCAL_ORDER: tl.constexpr,
+    Q_LOCAL_ORDER: tl.constexpr, ONE_GROUP: tl.constexpr,
 ):
     # Grid (nheads, m-blocks, batch): heads vary fastest, so the q heads of one kv head run
     # together (FA2's m-blocks-fastest order measured the same, docs/notes.md). m-blocks are
     # visited last-first: under a causal mask the last rows have the most keys and start first.
     head = tl.program_id(0)
     start_m = tl.num_programs(1) - 1 - tl.program_id(1)
-    seq = tl.program_id(2)
+    if ONE_GROUP:
+        # Programs (seq, group) interleaved, group 1 first: in zigzag it is the group with more
+        # keys, and the longest blocks starting first shorten the tail (measured, docs/notes.md).
+        seq = tl.program_id(2) // 2
+        second = tl.program_id(2) % 2 == 0
+    else:
+        seq = tl.program_id(2)
     kv_head = head // kv_group
     kv_col = kv_head * BLOCK_D
 
@@ -307,66 +313,97 @@ def _fused_dual_group_fwd_kernel_varlen(
     else:
         q_shift0 = 0
         q_shift1 = 0
-    q0, len_q0, diag0, end0, full0, hi0 = _group_block_setup(
-        Q0, cu_seqlens_q0, q_shift0, kv_end0, seq, len_k, start_m, head, stride_q0m, stride_q0h,
-        offs_m, offs_d, head_dim, IS_CAUSAL, BLOCK_M, BLOCK_N, EVEN_D, KV_END_SCALAR)
-    q1, len_q1, diag1, end1, full1, hi1 = _group_block_setup(
-        Q1, cu_seqlens_q1, q_shift1, kv_end1, seq, len_k, start_m, head, stride_q1m, stride_q1h,
-        offs_m, offs_d, head_dim, IS_CAUSAL, BLOCK_M, BLOCK_N, EVEN_D, KV_END_SCALAR)
-    if start_m * BLOCK_M >= tl.maximum(len_q0, len_q1):
-        return
-    if OUT_LOCAL_ORDER:
-        # The rank's local order: sequence b's rows start at cu_q0[b] + cu_q1[b], group 0's
-        # chunk first, then group 1's.
-        out_row0 = tl.load(cu_seqlens_q0 + seq) + tl.load(cu_seqlens_q1 + seq)
-        out_row1 = out_row0 + len_q0
+    if ONE_GROUP:
+        # One group's M-block per program: one online-softmax state, so a 128-row block fits the
+        # register file without spilling (two states do not, docs/notes.md); shared K/V tiles are
+        # read once per group, the second read mostly from L2.
+        len_q0 = tl.load(cu_seqlens_q0 + seq + 1) - tl.load(cu_seqlens_q0 + seq)
+        q, len_q, diag, end, full, hi = _group_block_setup(
+            tl.where(second, Q1, Q0), tl.where(second, cu_seqlens_q1, cu_seqlens_q0),
+            tl.where(second, q_shift1, q_shift0), tl.where(second, kv_end1, kv_end0), seq, len_k,
+            start_m, head, tl.where(second, stride_q1m, stride_q0m),
+            tl.where(second, stride_q1h, stride_q0h), offs_m, offs_d, head_dim, IS_CAUSAL, BLOCK_M,
+            BLOCK_N, EVEN_D, KV_END_SCALAR)
+        if OUT_LOCAL_ORDER:
+            out_row = (tl.load(cu_seqlens_q0 + seq) + tl.load(cu_seqlens_q1 + seq)
+                       + tl.where(second, len_q0, 0))
+        else:
+            out_row = tl.load(tl.where(second, out_start1, out_start0) + seq)
+        K += kv_head * stride_kh
+        V += kv_head * stride_vh
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        # A block past its group's rows has hi == 0: no tile, no row stored.
+        acc, m_i, l_i = _attend_alone(
+            acc, m_i, l_i, q, 0, full, hi, sm_scale * 1.4426950408889634, offs_m, diag, end,
+            K, V, Kd, Vd, kv_col, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d,
+            head_dim, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE, USE_DESC)
+        _store_group(tl.where(second, Out1, Out0), tl.where(second, Lse1, Lse0), out_row, head,
+                     acc, m_i, l_i, len_q, offs_m, offs_d, head_dim,
+                     tl.where(second, stride_o1m, stride_o0m), tl.where(second, stride_o1h, stride_o0h),
+                     tl.where(second, stride_lse1_h, stride_lse0_h), EVEN_D)
     else:
-        out_row0 = tl.load(out_start0 + seq)
-        out_row1 = tl.load(out_start1 + seq)
+        q0, len_q0, diag0, end0, full0, hi0 = _group_block_setup(
+            Q0, cu_seqlens_q0, q_shift0, kv_end0, seq, len_k, start_m, head, stride_q0m, stride_q0h,
+            offs_m, offs_d, head_dim, IS_CAUSAL, BLOCK_M, BLOCK_N, EVEN_D, KV_END_SCALAR)
+        q1, len_q1, diag1, end1, full1, hi1 = _group_block_setup(
+            Q1, cu_seqlens_q1, q_shift1, kv_end1, seq, len_k, start_m, head, stride_q1m, stride_q1h,
+            offs_m, offs_d, head_dim, IS_CAUSAL, BLOCK_M, BLOCK_N, EVEN_D, KV_END_SCALAR)
+        if start_m * BLOCK_M >= tl.maximum(len_q0, len_q1):
+            return
+        if OUT_LOCAL_ORDER:
+            # The rank's local order: sequence b's rows start at cu_q0[b] + cu_q1[b], group 0's
+            # chunk first, then group 1's.
+            out_row0 = tl.load(cu_seqlens_q0 + seq) + tl.load(cu_seqlens_q1 + seq)
+            out_row1 = out_row0 + len_q0
+        else:
+            out_row0 = tl.load(out_start0 + seq)
+            out_row1 = tl.load(out_start1 + seq)
 
-    K += kv_head * stride_kh
-    V += kv_head * stride_vh
-    qk_scale = sm_scale * 1.4426950408889634
+        K += kv_head * stride_kh
+        V += kv_head * stride_vh
+        qk_scale = sm_scale * 1.4426950408889634
 
-    acc0 = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    acc1 = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    m_0 = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    m_1 = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_0 = tl.zeros([BLOCK_M], dtype=tl.float32)
-    l_1 = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc0 = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        acc1 = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        m_0 = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        m_1 = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_0 = tl.zeros([BLOCK_M], dtype=tl.float32)
+        l_1 = tl.zeros([BLOCK_M], dtype=tl.float32)
 
-    # Shared tiles: both groups unmasked, then both masked (one of them may be a plain tile
-    # there; the mask is then all-true and costs only the select).
-    both_full = tl.minimum(full0, full1)
-    both_hi = tl.minimum(hi0, hi1)
-    shared_end = tl.cdiv(both_hi, BLOCK_N) * BLOCK_N
-    acc0, m_0, l_0, acc1, m_1, l_1 = _attend_two(
-        acc0, m_0, l_0, q0, diag0, end0, acc1, m_1, l_1, q1, diag1, end1,
-        0, both_full, qk_scale, offs_m,
-        K, V, Kd, Vd, kv_col, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
-        False, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE, USE_DESC)
-    acc0, m_0, l_0, acc1, m_1, l_1 = _attend_two(
-        acc0, m_0, l_0, q0, diag0, end0, acc1, m_1, l_1, q1, diag1, end1,
-        both_full, shared_end, qk_scale, offs_m,
-        K, V, Kd, Vd, kv_col, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
-        True, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE, USE_DESC)
+        # Shared tiles: both groups unmasked, then both masked (one of them may be a plain tile
+        # there; the mask is then all-true and costs only the select).
+        both_full = tl.minimum(full0, full1)
+        both_hi = tl.minimum(hi0, hi1)
+        shared_end = tl.cdiv(both_hi, BLOCK_N) * BLOCK_N
+        acc0, m_0, l_0, acc1, m_1, l_1 = _attend_two(
+            acc0, m_0, l_0, q0, diag0, end0, acc1, m_1, l_1, q1, diag1, end1,
+            0, both_full, qk_scale, offs_m,
+            K, V, Kd, Vd, kv_col, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
+            False, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE, USE_DESC)
+        acc0, m_0, l_0, acc1, m_1, l_1 = _attend_two(
+            acc0, m_0, l_0, q0, diag0, end0, acc1, m_1, l_1, q1, diag1, end1,
+            both_full, shared_end, qk_scale, offs_m,
+            K, V, Kd, Vd, kv_col, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
+            True, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE, USE_DESC)
 
-    # Then each group alone past the shared range (for the shorter one these loops are empty).
-    # Group 0 is finished and stored first: in zigzag it is the shorter group, and storing it frees
-    # its accumulator and q registers for group 1's long tail.
-    acc0, m_0, l_0 = _attend_alone(
-        acc0, m_0, l_0, q0, shared_end, full0, hi0, qk_scale, offs_m, diag0, end0,
-        K, V, Kd, Vd, kv_col, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
-        BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE, USE_DESC)
-    _store_group(Out0, Lse0, out_row0, head, acc0, m_0, l_0, len_q0, offs_m, offs_d,
-                 head_dim, stride_o0m, stride_o0h, stride_lse0_h, EVEN_D)
+        # Then each group alone past the shared range (for the shorter one these loops are empty).
+        # Group 0 is finished and stored first: in zigzag it is the shorter group, and storing it frees
+        # its accumulator and q registers for group 1's long tail.
+        acc0, m_0, l_0 = _attend_alone(
+            acc0, m_0, l_0, q0, shared_end, full0, hi0, qk_scale, offs_m, diag0, end0,
+            K, V, Kd, Vd, kv_col, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
+            BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE, USE_DESC)
+        _store_group(Out0, Lse0, out_row0, head, acc0, m_0, l_0, len_q0, offs_m, offs_d,
+                     head_dim, stride_o0m, stride_o0h, stride_lse0_h, EVEN_D)
 
-    acc1, m_1, l_1 = _attend_alone(
-        acc1, m_1, l_1, q1, shared_end, full1, hi1, qk_scale, offs_m, diag1, end1,
-        K, V, Kd, Vd, kv_col, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
-        BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE, USE_DESC)
-    _store_group(Out1, Lse1, out_row1, head, acc1, m_1, l_1, len_q1, offs_m, offs_d,
-                 head_dim, stride_o1m, stride_o1h, stride_lse1_h, EVEN_D)
+        acc1, m_1, l_1 = _attend_alone(
+            acc1, m_1, l_1, q1, shared_end, full1, hi1, qk_scale, offs_m, diag1, end1,
+            K, V, Kd, Vd, kv_col, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
+            BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE, USE_DESC)
+        _store_group(Out1, Lse1, out_row1, head, acc1, m_1, l_1, len_q1, offs_m, offs_d,
+                     head_dim, stride_o1m, stride_o1h, stride_lse1_h, EVEN_D)
 
 
 def _max_offset(t) -> int:
@@ -402,7 +439,7 @@ def launch_dual_group_fwd(
     if batch == 0 or max_seqlen_q == 0:
         return None
     block_d = max(16, next_pow2(head_dim))
-    grid = (nheads, max(1, -(-max_seqlen_q // config.block_m)), batch)
+    grid = (nheads, max(1, -(-max_seqlen_q // config.block_m)), batch * (2 if config.one_group else 1))
     kv_end_scalar = isinstance(kv_end0, int)
     ints = (zigzag_rank_rows, max(zigzag_world_size, 1), *q0.stride()[:2], *q1.stride()[:2],
             *k.stride()[:2], *v.stride()[:2], *out0.stride()[:2], *out1.stride()[:2],
@@ -414,7 +451,8 @@ def launch_dual_group_fwd(
         EVEN_D=block_d == head_dim, KV_CACHE=config.kv_cache_modifier,
         INT64_KV=config.int64_kv_offsets or _max_offset(k) >= 2**31 or _max_offset(v) >= 2**31,
         KV_END_SCALAR=kv_end_scalar, KV_END_IN_CHUNKS=zigzag_local_order,
-        OUT_LOCAL_ORDER=zigzag_local_order, USE_DESC=use_desc, Q_LOCAL_ORDER=q_local_order)
+        OUT_LOCAL_ORDER=zigzag_local_order, USE_DESC=use_desc, Q_LOCAL_ORDER=q_local_order,
+        ONE_GROUP=config.one_group)
     ends = (kv_end0, kv_end1)
     if use_desc:
         # Descriptors are built per call (a few us of host time, nothing at these sizes) and

@@ -140,12 +140,12 @@ def _zigzag_fwd_op(
     cu_seqlens_q1: torch.Tensor, cu_seqlens_k: torch.Tensor, chunk_idx_0: int, chunk_idx_1: int,
     world_size: int, max_seqlen_q: int, softmax_scale: float, causal: bool, block_m: int,
     block_n: int, num_warps: int, num_stages: int, kv_cache_modifier: str,
-    int64_kv_offsets: bool, tma: bool,
+    int64_kv_offsets: bool, tma: bool, one_group: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``replace_execute_grouped_attention_with_fused_varlen`` after its checks: ``(out
     [total_local, nheads, d], lse float32 [nheads, total_local])`` in local order."""
     config = DualGroupFwdConfig(block_m, block_n, num_warps, num_stages, kv_cache_modifier,
-                                int64_kv_offsets, tma)
+                                int64_kv_offsets, tma, one_group)
     return _zigzag_fwd_impl(q0, q1, kv_buffer, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k,
                             chunk_idx_0, chunk_idx_1, world_size, max_seqlen_q, softmax_scale,
                             causal, config)
