@@ -4,6 +4,7 @@ import dataclasses
 
 import pytest
 import torch
+from conftest import DEVICE, HAS_CUDA
 
 from kvonce.integrations.hf_paged import block_table_from_read_index
 
@@ -39,7 +40,12 @@ def _has_continuous_batching():
 @pytest.mark.skipif(not _has_continuous_batching(),
                     reason="transformers without continuous batching (ContinuousBatchingConfig, "
                            "generate_batch) or psutil missing")
-def test_generate_batch_matches_paged_sdpa():
+@pytest.mark.parametrize("dtype,graphs", [(torch.float32, False)] + (
+    [(torch.bfloat16, False), (torch.bfloat16, True)] if HAS_CUDA else []))
+def test_generate_batch_matches_paged_sdpa(dtype, graphs):
+    """Greedy tokens of a tiny random Llama equal paged|sdpa's (fp32 on CPU; bf16 with and
+    without transformers' CUDA graphs on the GPU). The lm head is initialised 10x wider than
+    the default, so that bf16 rounding does not decide near-tied logits."""
     from transformers import ContinuousBatchingConfig, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     import kvonce.integrations.hf as kv_hf
@@ -50,6 +56,8 @@ def test_generate_batch_matches_paged_sdpa():
                       max_position_embeddings=128)
     torch.manual_seed(0)
     ref_model = LlamaForCausalLM(cfg).float().eval()
+    with torch.no_grad():
+        ref_model.lm_head.weight.mul_(10.0)
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(1, 61, (n,), generator=g).tolist() for n in (5, 13, 20, 9)]
     gen = GenerationConfig(max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
@@ -57,7 +65,7 @@ def test_generate_batch_matches_paged_sdpa():
     # 5.23 names the page size page_size (block_size kept as a deprecated alias) and has
     # auto_switch_to_flash; 5.17 has only block_size and never switches to flash on its own
     fields = {f.name for f in dataclasses.fields(ContinuousBatchingConfig)}
-    cb_kwargs = dict(num_blocks=16, max_batch_tokens=16, use_cuda_graph=False,
+    cb_kwargs = dict(num_blocks=16, max_batch_tokens=16, use_cuda_graph=graphs,
                      use_async_batching=False, max_blocks_per_request=0,
                      allow_block_sharing=False)
     cb_kwargs["page_size" if "page_size" in fields else "block_size"] = 16
@@ -68,7 +76,7 @@ def test_generate_batch_matches_paged_sdpa():
         model = LlamaForCausalLM(cfg)
         model.load_state_dict(ref_model.state_dict())
         model.set_attn_implementation(impl)
-        model.float().eval()
+        model.to(device=DEVICE, dtype=dtype).eval()
         cb = ContinuousBatchingConfig(**cb_kwargs)
         with torch.no_grad():
             out = model.generate_batch(prompts, generation_config=gen,

@@ -44,20 +44,24 @@ class DualGroupFwdConfig:
 
 
 # (capability major, minor) -> head dim -> config. Filled from measurements only.
+# Contiguous K/V. H100 SXM, triton 3.6, bf16, Llama-3-8B zigzag shapes (scripts/fwd_sweep.py,
+# 2026-11-24, docs/notes.md): one group's 128-row block per program with 128-key TMA tiles and 3
+# stages, 0 spills: 532-562 TFLOP/s at 1 x 8192 (ranks 0/3/7) and 473-493 on the mixed batch,
+# against 477-510 and 396-462 for the dual-group 128 x 64 / 3 stages program (22 spills) measured
+# in the same run. d=32..96 reuse the d=128 row; the d=256 row is correctness-tested on the H100
+# but not timed.
 _DUAL_GROUP_FWD_TABLE: dict[tuple[int, int], dict[int, DualGroupFwdConfig]] = {
-    # H100 SXM, triton 3.6, bf16 (sweeps 2026-11-22, docs/notes.md): 128x64 tiles, 8 warps,
-    # 3 stages beat 64x64/4 warps (9.6 vs 15.0 ms at the Llama-3-8B shape, rank 0), 128x128/8w/2s
-    # (11.2 ms, 222 spilled registers) and 128x32/8w/3s (11.5 ms); .cg off (no measured gain;
-    # the identity dot and an m-blocks-fastest grid were tried, gained nothing, and were removed).
-    # d=32..96 reuse the d=128 row (their spec shapes are launch-bound); the d=256 row is
-    # correctness-tested on the H100 but not timed.
-    (9, 0): {
-        32: DualGroupFwdConfig(128, 64, 8, 3),
-        64: DualGroupFwdConfig(128, 64, 8, 3),
-        96: DualGroupFwdConfig(128, 64, 8, 3),
-        128: DualGroupFwdConfig(128, 64, 8, 3),
-        256: DualGroupFwdConfig(64, 32, 8, 2),
-    },
+    (9, 0): {hd: DualGroupFwdConfig(128, 128, 8, 3, tma=True, one_group=True)
+             for hd in (32, 64, 96, 128)} | {256: DualGroupFwdConfig(64, 32, 8, 2)},
+}
+# The zigzag all-gather buffer (read in place, pointer loads: no TMA). H100 sweeps 2026-11-22:
+# 128x64 tiles, 8 warps, 3 stages beat 64x64/4 warps (9.6 vs 15.0 ms at the Llama-3-8B shape,
+# rank 0), 128x128/8w/2s (11.2 ms, 222 spilled registers) and 128x32/8w/3s (11.5 ms); .cg off.
+# 2026-11-24: one group per program (128 x 128, 3 stages) was faster at 1 x 8192 (9.20-9.62 vs
+# 9.14-9.94 ms) but slower on the mixed batch (1.92-2.03 vs 1.54-1.85 ms), so this stays.
+_DUAL_GROUP_FWD_ZIGZAG_TABLE: dict[tuple[int, int], dict[int, DualGroupFwdConfig]] = {
+    (9, 0): {hd: DualGroupFwdConfig(128, 64, 8, 3) for hd in (32, 64, 96, 128)}
+    | {256: DualGroupFwdConfig(64, 32, 8, 2)},
 }
 
 # Small tiles for the Triton interpreter (CPU): few masked keys wasted per tile, quick steps.
@@ -107,11 +111,14 @@ def device_info(device) -> tuple[tuple[int, int] | None, int]:
     return info
 
 
-def get_dual_group_fwd_config(capability: tuple[int, int] | None, head_dim: int) -> DualGroupFwdConfig:
-    """Config for ``head_dim`` on a GPU of ``capability`` (None: the Triton interpreter)."""
+def get_dual_group_fwd_config(capability: tuple[int, int] | None, head_dim: int, *,
+                              zigzag_buffer: bool = False) -> DualGroupFwdConfig:
+    """Config for ``head_dim`` on a GPU of ``capability`` (None: the Triton interpreter);
+    ``zigzag_buffer``: K/V read in place from the zigzag all-gather buffer."""
     if capability is None or interpreter_active():
         return _INTERPRETER_CONFIG
-    config = _table_row(_DUAL_GROUP_FWD_TABLE, capability, head_dim)
+    table = _DUAL_GROUP_FWD_ZIGZAG_TABLE if zigzag_buffer else _DUAL_GROUP_FWD_TABLE
+    config = _table_row(table, capability, head_dim)
     if config is not None:
         return config
     _warn_untuned(_warned, "dual-group", capability,
