@@ -102,6 +102,21 @@ def test_mixed_batch_against_reference(dtype, causal, nheads, nheads_k, head_dim
     check_lse(lse, ref_lse)
 
 
+def test_last_tiles_first_order():
+    """config.last_tiles_first (programs take tiles in reverse) computes the same batch."""
+    import dataclasses
+
+    base = get_paged_prefill_config(torch.cuda.get_device_capability() if HAS_CUDA else None, 32)
+    config = dataclasses.replace(base, last_tiles_first=not base.last_tiles_first)
+    q, k, v, cu, seqlens, table = make_case(MIXED, nheads=8, nheads_k=2, dtype=DTYPES[0])
+    ref, ref_lse = paged_prefill_ref(q.float(), k.float(), v.float(), cu, seqlens, table)
+    with poison_empty:
+        out, lse = kvonce.paged_prefill(q, k, v, cu, seqlens, table, max_seqlen_q=max_q(cu),
+                                        return_lse=True, config=config)
+    assert rel_err(out, ref) < TOL[DTYPES[0]]
+    check_lse(lse, ref_lse)
+
+
 def test_single_sequence_with_strided_q():
     """batch 1 (a whole prompt) and q a strided view (as from a fused qkv projection)."""
     n = 37 if not HAS_CUDA else 1500
@@ -172,12 +187,19 @@ def test_no_query_rows_at_all():
     assert out.shape == (0, 4, 32) and lse.shape == (4, 0)
 
 
-def test_decode_only_batch_equals_paged_attention():
+@pytest.mark.parametrize("kernel", ["routed", "prefill"])
+def test_decode_only_batch_equals_paged_attention(kernel):
+    """One row per sequence: routed to the decode kernel by default (total_q == batch,
+    max_seqlen_q == 1), or through the prefill kernel when a config is given."""
     lens = [(1, n) for n in (1, 17, 40, 33)]
     q, k, v, cu, seqlens, table = make_case(lens, nheads=8, nheads_k=2, dtype=DTYPES[0])
+    config = None
+    if kernel == "prefill":
+        config = get_paged_prefill_config(torch.cuda.get_device_capability() if HAS_CUDA else None, 32)
+    plan = kvonce.PagedPrefillPlan(q, k, v, cu, seqlens, table, max_seqlen_q=1, config=config)
+    assert (plan._decode is not None) == (kernel == "routed")
     with poison_empty:
-        out, lse = kvonce.paged_prefill(q, k, v, cu, seqlens, table, max_seqlen_q=1,
-                                        return_lse=True)
+        out, lse = plan.run(q, k, v, cu, seqlens, table, return_lse=True)
         want, want_lse = kvonce.paged_attention(q[:, None], k, v, seqlens, table, num_splits=1,
                                                 return_lse=True)
     torch.testing.assert_close(out, want[:, 0], atol=2e-3, rtol=0)
@@ -273,7 +295,7 @@ def _op_args(kv_format=None):
     q, k, v, cu, seqlens, table = make_case(MIXED[:4], dtype=DTYPES[0])
     c = get_paged_prefill_config(torch.cuda.get_device_capability() if HAS_CUDA else None, 32)
     fields = (32 ** -0.5, True, c.block_m, c.block_n, c.num_warps, c.num_stages,
-              c.kv_cache_modifier, c.kv_eviction)
+              c.kv_cache_modifier, c.kv_eviction, c.last_tiles_first)
     if kv_format is None:
         return (q, k, v, cu, seqlens, table, *fields)
     kq, ks = kvonce.quantize_kv(k, kv_format)

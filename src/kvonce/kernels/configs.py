@@ -340,6 +340,8 @@ class PagedPrefillConfig:
         group is larger. block_n: keys per K/V tile (any power of two; a tile may span pages).
     kv_cache_modifier / kv_eviction: as ``PagedDecodeConfig``'s (K/V tiles are re-read by every
         M tile of a sequence here, so the defaults keep them cacheable).
+    last_tiles_first: programs take the tiles in reverse order (the last sequence's last tiles,
+        which see the most keys under a causal mask, start first: a shorter tail).
     """
     block_m: int
     block_n: int
@@ -347,6 +349,7 @@ class PagedPrefillConfig:
     num_stages: int
     kv_cache_modifier: str = ""
     kv_eviction: str = ""
+    last_tiles_first: bool = False
 
 
 # Hopper: an UNTUNED starting point (no GPU was available when the kernel was written, 2026-11-24):

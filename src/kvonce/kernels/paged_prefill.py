@@ -77,11 +77,14 @@ def _paged_prefill_kernel(
     GROUP: tl.constexpr, IS_CAUSAL: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     STORE_LSE: tl.constexpr, KV_CACHE: tl.constexpr, KV_EVICT: tl.constexpr,
-    KV_FORMAT: tl.constexpr, BLOCK_Q: tl.constexpr,
+    KV_FORMAT: tl.constexpr, BLOCK_Q: tl.constexpr, LAST_FIRST: tl.constexpr,
 ):
     # BLOCK_Q = BLOCK_M // GROUP tokens per tile.
     # Grid: (total_q // BLOCK_Q + batch, nheads_k).
-    tile = tl.program_id(0)
+    if LAST_FIRST:
+        tile = tl.num_programs(0) - 1 - tl.program_id(0)
+    else:
+        tile = tl.program_id(0)
     kv_head = tl.program_id(1)
     seq = _find_sequence(cu_seqlens_q, tile, batch, BLOCK_Q)
     q_start = tl.load(cu_seqlens_q + seq)
@@ -190,7 +193,7 @@ class PagedPrefillLaunch:
             GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, BLOCK_M=block_m,
             BLOCK_N=config.block_n, BLOCK_D=block_d, EVEN_D=block_d == head_dim,
             STORE_LSE=store_lse, KV_CACHE=config.kv_cache_modifier, KV_EVICT=config.kv_eviction,
-            KV_FORMAT=kv_format, BLOCK_Q=block_q)
+            KV_FORMAT=kv_format, BLOCK_Q=block_q, LAST_FIRST=config.last_tiles_first)
         self._warps = (config.num_warps, config.num_stages)
         self._key = (q.dtype, k_cache.dtype, k_scale.dtype if k_scale is not None else None,
                      self._ints, tuple(self._constexprs.values()), self._warps)

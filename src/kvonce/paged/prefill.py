@@ -15,6 +15,7 @@ from .._dispatch import require_values, use_op
 from ..kernels.configs import PagedPrefillConfig, device_info, get_paged_prefill_config
 from ..kernels.paged_prefill import PagedPrefillLaunch
 from ._alloc import allocator
+from .decode import PagedDecodePlan
 from .checks import (QUANT_FORMATS, check_block_table_values, check_device_ok, check_scale,
                      launch_layout, resolve_kv_format, validate_cache,
                      validate_quantized_cache)
@@ -106,6 +107,17 @@ class PagedPrefillPlan:
         self.max_seqlen_q = max_seqlen_q
         self.softmax_scale = head_dim ** -0.5 if softmax_scale is None else float(softmax_scale)
         self._q_shape, self._kv_tail, self._batch = q.shape, k_cache.shape[1:], block_table.shape[0]
+        # A decode-only step (one row per sequence: total_q == batch and max_seqlen_q == 1, both
+        # known without reading values) runs the decode kernel: 16-row tiles and split-K instead
+        # of 128-row tiles holding GROUP real rows (1.10 vs 0.73 ms at 64 x 8192, H100,
+        # docs/benchmarks.md 2026-11-24). Same math, same outputs.
+        self._decode = None
+        batch, (total_q, nheads, _) = block_table.shape[0], q.shape
+        if total_q == batch > 0 and max_seqlen_q == 1 and config is None:
+            self._decode = PagedDecodePlan(
+                q.view(batch, 1, nheads, head_dim), k_cache, v_cache, cache_seqlens, block_table,
+                softmax_scale=self.softmax_scale, causal=causal, kv_format=kv_format,
+                k_scale=k_scale, v_scale=v_scale)
         self._dtype, self._kv_dtype, self._device = q.dtype, k_cache.dtype, q.device
         # Launches bound to one stride layout (q, caches, block table, scales, return_lse), made
         # at the first eager run of that layout, after the full checks.
@@ -137,8 +149,18 @@ class PagedPrefillPlan:
             out, lse = torch.ops.kvonce.paged_prefill(
                 q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table, self.softmax_scale,
                 self.causal, c.block_m, c.block_n, c.num_warps, c.num_stages,
-                c.kv_cache_modifier, c.kv_eviction, k_scale, v_scale, self._kv_code)
+                c.kv_cache_modifier, c.kv_eviction, c.last_tiles_first, k_scale, v_scale,
+                self._kv_code)
             return (out, lse) if return_lse else out
+        if self._decode is not None:
+            batch, nheads, head_dim = self._batch, q.shape[1], q.shape[2]
+            res = self._decode.run(q.view(batch, 1, nheads, head_dim), k_cache, v_cache,
+                                   cache_seqlens, block_table, k_scale=k_scale, v_scale=v_scale,
+                                   return_lse=return_lse)
+            if not return_lse:
+                return res.view(q.shape)
+            out, lse = res  # lse [batch, nheads, 1] -> [nheads, total_q]
+            return out.view(q.shape), lse.view(batch, nheads).t().contiguous()
         layout = launch_layout(q, k_cache, v_cache, block_table, return_lse, k_scale, v_scale)
         launch = self._launches.get(layout)
         if launch is None:
@@ -255,14 +277,15 @@ def _paged_prefill_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                       cu_seqlens_q: torch.Tensor, cache_seqlens: torch.Tensor,
                       block_table: torch.Tensor, softmax_scale: float, causal: bool,
                       block_m: int, block_n: int, num_warps: int, num_stages: int,
-                      kv_cache_modifier: str, kv_eviction: str,
+                      kv_cache_modifier: str, kv_eviction: str, last_tiles_first: bool,
                       k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
                       kv_format: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out [total_q, nheads, d], lse float32 [nheads, total_q])`` of ``paged_prefill``; the
     config's fields one by one (an op cannot take a dataclass), a quantized cache's scales and
     its kernel format code (``QUANT_FORMATS``)."""
     config = PagedPrefillConfig(block_m, block_n, num_warps, num_stages,
-                                kv_cache_modifier=kv_cache_modifier, kv_eviction=kv_eviction)
+                                kv_cache_modifier=kv_cache_modifier, kv_eviction=kv_eviction,
+                                last_tiles_first=last_tiles_first)
     out, lse = _outputs(q, allocator.empty)
     PagedPrefillLaunch(q, k_cache, v_cache, block_table, softmax_scale=softmax_scale,
                        causal=causal, config=config, store_lse=True, kv_format=kv_format,

@@ -1,0 +1,68 @@
+"""Sweep the varlen paged prefill kernel's launch configs on `bench prefill`'s rows (CUDA).
+
+    PYTHONPATH=src python scripts/prefill_sweep.py [--rows prefill,chunked,mixed] [--pages 16,256]
+                                                   [--cfg 128,64,8,2 128,128,8,3,r ...]
+
+A spec is ``block_m,block_n,num_warps,num_stages`` plus ``r`` for ``last_tiles_first``. Per row,
+page size and config: ``PagedPrefillPlan.run`` time (``do_bench`` median, eager), TFLOP/s and the
+relative error against the first config's output.
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+import triton.testing
+
+from kvonce import PagedPrefillPlan
+from kvonce.bench import report
+from kvonce.bench.prefill import CASES, make_inputs
+from kvonce.kernels.configs import PagedPrefillConfig
+
+
+def _config(spec: str) -> PagedPrefillConfig:
+    parts = spec.split(",")
+    return PagedPrefillConfig(*[int(x) for x in parts if x.isdigit()],
+                              last_tiles_first="r" in parts)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", default="prefill,chunked,mixed")
+    ap.add_argument("--pages", default="16")
+    ap.add_argument("--cfg", nargs="*", default=[
+        "128,64,8,2", "128,64,8,2,r", "128,64,8,3,r", "128,128,8,2,r", "128,128,8,3,r",
+        "64,64,4,3,r", "64,128,4,2,r"])
+    args = ap.parse_args()
+    rows = []
+    for name in args.rows.split(","):
+        case = CASES[name]
+        for page in (int(p) for p in args.pages.split(",")):
+            inp = make_inputs(case, page)
+            a = (inp.q, inp.k_cache, inp.v_cache, inp.cu_seqlens_q, inp.cache_seqlens,
+                 inp.block_table)
+            base = None
+            for spec in args.cfg:
+                try:
+                    plan = PagedPrefillPlan(*a, max_seqlen_q=max(case.q_lens),
+                                            config=_config(spec))
+                    out = plan.run(*a).float()
+                    base = out if base is None else base
+                    err = ((out - base).norm() / base.norm()).item()
+                    ms = triton.testing.do_bench(lambda: plan.run(*a), warmup=25, rep=100,
+                                                 return_mode="median")
+                    rows.append({"row": case.label, "page": page, "config": spec, "ms": ms,
+                                 "TFLOP/s": case.flops() / ms / 1e9, "err": f"{err:.1e}"})
+                except Exception as exc:  # out of resources: report and go on
+                    rows.append({"row": case.label, "page": page, "config": spec,
+                                 "ms": float("nan"), "TFLOP/s": 0.0,
+                                 "err": f"{type(exc).__name__}"})
+                print(report.format_rows(rows[-1:]), flush=True)
+            del inp, a
+            torch.cuda.empty_cache()
+    print(report.format_rows(rows))
+    print(report.environment())
+
+
+if __name__ == "__main__":
+    main()
