@@ -295,7 +295,7 @@ def _op_args(kv_format=None):
     q, k, v, cu, seqlens, table = make_case(MIXED[:4], dtype=DTYPES[0])
     c = get_paged_prefill_config(torch.cuda.get_device_capability() if HAS_CUDA else None, 32)
     fields = (32 ** -0.5, True, c.block_m, c.block_n, c.num_warps, c.num_stages,
-              c.kv_cache_modifier, c.kv_eviction, c.last_tiles_first)
+              c.kv_cache_modifier, c.kv_eviction, c.last_tiles_first, c.int64_kv_offsets)
     if kv_format is None:
         return (q, k, v, cu, seqlens, table, *fields)
     kq, ks = kvonce.quantize_kv(k, kv_format)

@@ -342,6 +342,8 @@ class PagedPrefillConfig:
         M tile of a sequence here, so the defaults keep them cacheable).
     last_tiles_first: programs take the tiles in reverse order (the last sequence's last tiles,
         which see the most keys under a causal mask, start first: a shorter tail).
+    int64_kv_offsets: force int64 K/V element offsets (by default only when a cache's elements
+        can pass 2^31).
     """
     block_m: int
     block_n: int
@@ -350,14 +352,17 @@ class PagedPrefillConfig:
     kv_cache_modifier: str = ""
     kv_eviction: str = ""
     last_tiles_first: bool = False
+    int64_kv_offsets: bool = False
 
 
-# Hopper: an UNTUNED starting point (no GPU was available when the kernel was written, 2026-11-24):
-# the dual-group forward's measured 128 x 64 / 8 warps shape (its Hopper row), with 2 stages for
-# the paged loads' extra registers. d=256 halves the tiles for shared memory. Sweep before
-# trusting it.
+# Hopper (H100, triton 3.6, bf16, 32/8 heads, d128, page 16; scripts/prefill_sweep.py,
+# 2026-11-24, docs/notes.md): 128 x 128 tiles, 3 stages, last tiles first: 282 TFLOP/s on 8 x 2048
+# prefill (128 x 64 / 2 stages: 293), 369 on 64 x 512-token chunks over 8k (316), 1.18 ms on the
+# mixed row (1.34). d=32..96 reuse the d=128 row (not timed); d=256 halves the tiles for shared
+# memory (untimed).
 _PAGED_PREFILL_TABLE: dict[tuple[int, int], dict[int, PagedPrefillConfig]] = {
-    (9, 0): {hd: PagedPrefillConfig(128, 64, 8, 2) for hd in (32, 64, 96, 128)}
+    (9, 0): {hd: PagedPrefillConfig(128, 128, 8, 3, last_tiles_first=True)
+             for hd in (32, 64, 96, 128)}
     | {256: PagedPrefillConfig(64, 32, 8, 2)},
 }
 # Interpreter: 32-row tiles and 16-key tiles, so that small cases still take several M tiles per

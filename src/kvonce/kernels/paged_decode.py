@@ -44,10 +44,11 @@ LN2 = 0.6931471805599453
 def _load_paged_kv_tile(K, V, bt_row, start_n, kv_end, stride_kp, stride_kt, stride_vp, stride_vt,
                         offs_d, head_dim, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                         EVEN_D: tl.constexpr, MASKED: tl.constexpr, KV_CACHE: tl.constexpr,
-                        KV_EVICT: tl.constexpr):
+                        KV_EVICT: tl.constexpr, INT64_KV: tl.constexpr = True):
     """K tile transposed ``[BLOCK_D, BLOCK_N]`` and V tile ``[BLOCK_N, BLOCK_D]`` of key positions
     ``start_n ..``; each key's page comes from the block table (a tile may span several pages).
-    With MASKED, keys at or past ``kv_end`` read as 0 (the caller masks their scores)."""
+    With MASKED, keys at or past ``kv_end`` read as 0 (the caller masks their scores).
+    INT64_KV=False: element offsets in int32 (the caller knows the caches stay below 2^31)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     if MASKED:
         in_range = offs_n < kv_end
@@ -56,8 +57,10 @@ def _load_paged_kv_tile(K, V, bt_row, start_n, kv_end, stride_kp, stride_kt, str
         page = tl.load(bt_row + offs_n // PAGE_SIZE)
     slot = offs_n % PAGE_SIZE
     # int64: page * stride_kp passes 2^31 for caches over ~2 G elements.
-    k_rows = page.to(tl.int64) * stride_kp + slot * stride_kt
-    v_rows = page.to(tl.int64) * stride_vp + slot * stride_vt
+    if INT64_KV:
+        page = page.to(tl.int64)
+    k_rows = page * stride_kp + slot * stride_kt
+    v_rows = page * stride_vp + slot * stride_vt
     k_ptrs = K + k_rows[None, :] + offs_d[:, None]
     v_ptrs = V + v_rows[:, None] + offs_d[None, :]
     if MASKED:
@@ -193,7 +196,7 @@ def _attend_paged(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end,
                   stride_kst, stride_vsp, stride_vst, offs_d, head_dim,
                   MASKED: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, KV_CACHE: tl.constexpr,
-                  KV_EVICT: tl.constexpr, KV_FORMAT: tl.constexpr):
+                  KV_EVICT: tl.constexpr, KV_FORMAT: tl.constexpr, INT64_KV: tl.constexpr = True):
     """Key tiles ``[lo, hi)`` (``lo`` a multiple of BLOCK_N) into one packed state: the one loop
     of both the single-pass and the split-K path, and of every cache format (only the tile load
     differs: quantized tiles come in q's dtype, with int8's per-key scales applied to the scores
@@ -203,7 +206,7 @@ def _attend_paged(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end,
             offs_n, k_t, v = _load_paged_kv_tile(K, V, bt_row, start_n, kv_end, stride_kp,
                                                  stride_kt, stride_vp, stride_vt, offs_d,
                                                  head_dim, PAGE_SIZE, BLOCK_N, EVEN_D, MASKED,
-                                                 KV_CACHE, KV_EVICT)
+                                                 KV_CACHE, KV_EVICT, INT64_KV)
         else:
             offs_n, k_t, v = _load_quant_kv_tile(
                 K, V, KS, VS, bt_row, start_n, kv_end, stride_kp, stride_kt, stride_vp,
