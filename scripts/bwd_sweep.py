@@ -23,14 +23,16 @@ from kvonce.kernels.configs import DualGroupBwdConfig
 
 
 def _cfgs(specs):
-    """"64,128,8,2" -> (64, 128, 8, 2); a trailing ",a" (dK/dV specs) -> atomic dQ."""
-    return [tuple(int(x) for x in s.split(",") if x != "a") + (("a",) if s.endswith(",a") else ())
+    """"64,128,8,2" -> (64, 128, 8, 2); a trailing ",a" (dK/dV specs) -> atomic dQ, ",o" (dQ
+    specs) -> one group per dQ program."""
+    return [tuple(int(x) for x in s.split(",") if x.isdigit())
+            + (("a",) if s.endswith(",a") else ()) + (("o",) if s.endswith(",o") else ())
             for s in specs]
 
 
 def _config(dq, dkdv) -> DualGroupBwdConfig:
     atomic = dkdv[-1] == "a"
-    return DualGroupBwdConfig(*dq, *dkdv[:4], atomic_dq=atomic)
+    return DualGroupBwdConfig(*dq[:4], *dkdv[:4], atomic_dq=atomic, dq_one_group=dq[-1] == "o")
 
 
 def _kernel_times(fn) -> str:

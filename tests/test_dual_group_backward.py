@@ -482,18 +482,20 @@ def test_functional_backward_dkv_dtype(dkv_dtype):
                                  f"{elow:.3e}")
 
 
-@pytest.mark.parametrize("atomic_dq,int64_kv_offsets",
-                         [(False, False), (True, False), (False, True)])
-def test_functional_backward_config_variants(atomic_dq, int64_kv_offsets):
-    """dQ from the dQ kernel or from fp32 atomics in the dK/dV kernel, int32 or int64 K/V
-    offsets: every variant matches float64 (and the structural zeros hold)."""
+@pytest.mark.parametrize("atomic_dq,int64_kv_offsets,dq_one_group",
+                         [(False, False, False), (True, False, False), (False, True, False),
+                          (False, False, True), (True, False, True)])
+def test_functional_backward_config_variants(atomic_dq, int64_kv_offsets, dq_one_group):
+    """dQ from the dQ kernel (both groups per program, or one) or from fp32 atomics in the dK/dV
+    kernel, int32 or int64 K/V offsets: every variant matches float64 (and the structural zeros
+    hold)."""
     dtype = DTYPES[0]
     args = _small_case(dtype)
     q0, q1, k, v = args[:4]
     cu0, cu1, cuk, kv0, kv1 = args[4], args[5], args[6], args[10], args[11]
     cap = torch.cuda.get_device_capability() if HAS_CUDA else None
     cfg = dataclasses.replace(get_dual_group_bwd_config(cap, q0.shape[2]), atomic_dq=atomic_dq,
-                              int64_kv_offsets=int64_kv_offsets)
+                              int64_kv_offsets=int64_kv_offsets, dq_one_group=dq_one_group)
     dout0, dout1 = randn(*q0.shape, dtype=dtype), randn(*q1.shape, dtype=dtype)
     with poison_empty:
         out0, out1, lse0, lse1 = fused_forward(*args)
@@ -571,7 +573,7 @@ def zigzag_ref_grads(Q, K, V, global_lens, world, rank, dout_local, local_of, co
     return dQ[rows], dkv
 
 
-ZIGZAG_VARIANTS = ("default", "max_seqlen_q", "atomic_dq", "softmax_scale")
+ZIGZAG_VARIANTS = ("default", "max_seqlen_q", "atomic_dq", "softmax_scale", "dq_one_group")
 # CPU time: all variants on world 4, the default elsewhere; the GPU runs every rank. DTYPES[0]
 # throughout, the other dtype on a few cases.
 ZIGZAG_CASES = cpu_gpu(
@@ -586,7 +588,8 @@ def test_zigzag_backward_every_rank(world, rank, variant, dtype_index):
     """Chunks 5, 33, 0, 17 tokens (CPU; GPU 100, 1030, 0, 257): dq and dkv of this rank equal
     float64 autograd of global causal attention with dout only on this rank's rows; buffer rows
     this rank's queries never see (later chunks of each sequence) are exactly 0. Variants: the
-    exact max_seqlen_q (max c_b) instead of the default bound; dQ by atomics; softmax_scale 0.3."""
+    exact max_seqlen_q (max c_b) instead of the default bound; dQ by atomics; softmax_scale 0.3;
+    the dQ kernel with one group per program."""
     dtype = DTYPES[dtype_index]
     chunks = cpu_gpu((5, 33, 0, 17), (100, 1030, 0, 257))
     heads, heads_k, hd = cpu_gpu((4, 2, 32), (32, 8, 128))
@@ -609,6 +612,9 @@ def test_zigzag_backward_every_rank(world, rank, variant, dtype_index):
     elif variant == "atomic_dq":
         cap = torch.cuda.get_device_capability() if HAS_CUDA else None
         kw["config"] = dataclasses.replace(get_dual_group_bwd_config(cap, hd), atomic_dq=True)
+    elif variant == "dq_one_group":
+        cap = torch.cuda.get_device_capability() if HAS_CUDA else None
+        kw["config"] = dataclasses.replace(get_dual_group_bwd_config(cap, hd), dq_one_group=True)
     with poison_empty:
         dq, dkv = fused_zigzag_backward(dout, q, out, lse, kv_buffer, cu_local, world, c0, c1,
                                         **kw)

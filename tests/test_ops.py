@@ -105,17 +105,20 @@ def _decode_op_args(split: bool):
 
 
 def _dual_op_args():
+    from kvonce.kernels.configs import op_fields
+
     q0, q1, k, v, cu0, cu1, cuk, mq0, mq1, _ = dual_inputs()
     ends0 = torch.tensor([7, 30], dtype=torch.int32, device=DEVICE)
     ends1 = torch.tensor([20, 33], dtype=torch.int32, device=DEVICE)
     cfg = kvonce.varlen.get_dual_group_fwd_config(None if not HAS_CUDA else
                                                   torch.cuda.get_device_capability(), 32)
     return (q0, q1, k, v, cu0, cu1, cuk, ends0, ends1, max(mq0, mq1), k.shape[0], 0.2, True,
-            cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.kv_cache_modifier,
-            cfg.int64_kv_offsets, cfg.tma)
+            *op_fields(cfg))
 
 
 def _zigzag_op_args():
+    from kvonce.kernels.configs import op_fields
+
     z = zigzag_inputs()
     q0, q1 = z["chunk_q_list"]
     cu0, cu1 = z["chunk_cu_seqlens_q_list"]
@@ -123,8 +126,7 @@ def _zigzag_op_args():
                                                   torch.cuda.get_device_capability(), 32)
     return (q0, q1, z["kv_buffer"], cu0, cu1, z["cu_seqlens_k"], z["chunk_idx_0"],
             z["chunk_idx_1"], z["world_size"], q0.shape[0], 32 ** -0.5, True,
-            cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.kv_cache_modifier,
-            cfg.int64_kv_offsets, cfg.tma)
+            *op_fields(cfg))
 
 
 def _merge_op_args():
@@ -142,12 +144,12 @@ def _append_op_args():
 
 
 def _prefill_op_args():
-    from kvonce.kernels.configs import get_paged_prefill_config
+    from kvonce.kernels.configs import get_paged_prefill_config, op_fields
     q, k_cache, v_cache, seqlens, table = paged_inputs(q_len=3)
     cu = torch.tensor([0, 3, 4], dtype=torch.int32, device=DEVICE)  # a chunk and a decode row
     c = get_paged_prefill_config(torch.cuda.get_device_capability() if HAS_CUDA else None, 32)
     return (q.flatten(0, 1)[:4], k_cache, v_cache, cu, seqlens, table, 32 ** -0.5, True,
-            c.block_m, c.block_n, c.num_warps, c.num_stages, c.kv_cache_modifier, c.kv_eviction)
+            *op_fields(c))
 
 
 OP_CASES = {

@@ -356,13 +356,13 @@ def _dual_group_bwd_op(
     kv_end1: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
     causal: bool, dkv_dtype: torch.dtype, dq_block_m: int, dq_block_n: int, dq_num_warps: int,
     dq_num_stages: int, dkdv_block_m: int, dkdv_block_n: int, dkdv_num_warps: int,
-    dkdv_num_stages: int, int64_kv_offsets: bool, atomic_dq: bool,
+    dkdv_num_stages: int, int64_kv_offsets: bool, atomic_dq: bool, dq_one_group: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``fused_zigzag_llama3_flash_attn_varlen_backward`` after its checks, with int32 ``[batch]``
     key ranges and the config's fields one by one: ``(dq0, dq1, dk, dv)``."""
     config = DualGroupBwdConfig(dq_block_m, dq_block_n, dq_num_warps, dq_num_stages,
                                 dkdv_block_m, dkdv_block_n, dkdv_num_warps, dkdv_num_stages,
-                                int64_kv_offsets, atomic_dq)
+                                int64_kv_offsets, atomic_dq, dq_one_group)
     return _dual_group_bwd_impl(dout0, dout1, q0, q1, k, v, out0, out1, lse0, lse1,
                                 cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1,
                                 max_seqlen_q, max_seqlen_k, softmax_scale, causal, dkv_dtype,

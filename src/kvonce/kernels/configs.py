@@ -282,6 +282,8 @@ class DualGroupBwdConfig:
     per step x keys per program; the program holds K, V, dK, dV of its key block).
     atomic_dq: dQ from fp32 atomics in the dK/dV kernel (5 matmuls per tile pair instead of 7;
     the dQ kernel then only computes delta) instead of from the dQ kernel.
+    dq_one_group: the dQ kernel's programs hold one group's M-block (one dQ accumulator; twice the
+    programs, shared K/V tiles read once per group), as the forward's ``one_group``.
     """
     dq_block_m: int
     dq_block_n: int
@@ -293,6 +295,7 @@ class DualGroupBwdConfig:
     dkdv_num_stages: int
     int64_kv_offsets: bool = False
     atomic_dq: bool = False
+    dq_one_group: bool = False
 
 
 # H100, triton 3.6, bf16, Llama-3-8B zigzag shape (world 8, rank 3, 32/8 heads; sweeps

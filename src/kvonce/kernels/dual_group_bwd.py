@@ -231,13 +231,20 @@ def _dual_group_bwd_dq_kernel(
     IS_CAUSAL: tl.constexpr, KV_ZIGZAG: tl.constexpr, LOCAL_ORDER: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     INT64_KV: tl.constexpr, KV_END_SCALAR: tl.constexpr, KV_END_IN_CHUNKS: tl.constexpr,
-    DELTA_ONLY: tl.constexpr,
+    DELTA_ONLY: tl.constexpr, ONE_GROUP: tl.constexpr,
 ):
-    """Grid ``(nheads, m-blocks, batch + 1)``; the last slice zeroes dQ rows of no sequence.
-    ``DELTA_ONLY``: only the preprocess (dQ then comes from the dK/dV kernel's atomics)."""
+    """Grid ``(nheads, m-blocks, batch + 1)`` (``2 * batch + 1`` with ``ONE_GROUP``); the last
+    slice zeroes dQ rows of no sequence. ``DELTA_ONLY``: only the preprocess (dQ then comes from
+    the dK/dV kernel's atomics). ``ONE_GROUP``: a program per (sequence, group) M-block, group 1
+    (the longer in zigzag) first: one dQ accumulator instead of two (the forward's one_group)."""
     head = tl.program_id(0)
-    seq = tl.program_id(2)
-    batch = tl.num_programs(2) - 1
+    if ONE_GROUP:
+        seq = tl.program_id(2) // 2
+        second = tl.program_id(2) % 2 == 0
+        batch = (tl.num_programs(2) - 1) // 2
+    else:
+        seq = tl.program_id(2)
+        batch = tl.num_programs(2) - 1
     offs_d = tl.arange(0, BLOCK_D)
     if seq == batch and DELTA_ONLY:
         return
@@ -260,6 +267,39 @@ def _dual_group_bwd_dq_kernel(
     end1 = _group_kv_end(kv_end1, seq, chunk, len_k, KV_END_SCALAR, KV_END_IN_CHUNKS)
     row0, len0, row1, len1 = _group_rows(cu_seqlens_q0, cu_seqlens_q1, seq, LOCAL_ORDER)
     m0 = start_m * BLOCK_M
+    if ONE_GROUP:
+        row = tl.where(second, row1, row0)
+        len_q = tl.where(second, len1, len0)
+        end = tl.where(second, end1, end0)
+        if m0 >= len_q:
+            return
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        diag, full, hi = _key_bounds(len_q, end, m0, IS_CAUSAL, BLOCK_M, BLOCK_N)
+        do, delta = _group_delta(tl.where(second, O1, O0), tl.where(second, DO1, DO0),
+                                 tl.where(second, Delta1, Delta0), row, offs_m, len_q, head,
+                                 tl.where(second, stride_o1m, stride_o0m),
+                                 tl.where(second, stride_o1h, stride_o0h),
+                                 tl.where(second, stride_do1m, stride_do0m),
+                                 tl.where(second, stride_do1h, stride_do0h),
+                                 tl.where(second, stride_delta1_h, stride_delta0_h), offs_d,
+                                 head_dim, EVEN_D)
+        if DELTA_ONLY:
+            return
+        q = _load_rows(tl.where(second, Q1, Q0), row, offs_m, len_q, head,
+                       tl.where(second, stride_q1m, stride_q0m),
+                       tl.where(second, stride_q1h, stride_q0h), offs_d, head_dim, EVEN_D, False)
+        lse = _load_lse2(tl.where(second, Lse1, Lse0), row, offs_m, len_q, head,
+                         tl.where(second, stride_lse1_h, stride_lse0_h))
+        K += kv_head * stride_kh
+        V += kv_head * stride_vh
+        dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        dq = _dq_alone(dq, q, do, lse, delta, diag, end, 0, full, hi, sm_scale * 1.4426950408889634,
+                       offs_m, K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn,
+                       offs_d, head_dim, BLOCK_N, EVEN_D, KV_ZIGZAG)
+        _store_dq(tl.where(second, DQ1, DQ0), dq, row, offs_m, len_q, head,
+                  tl.where(second, stride_dq1m, stride_dq0m),
+                  tl.where(second, stride_dq1h, stride_dq0h), offs_d, head_dim, sm_scale)
+        return
     if m0 >= tl.maximum(len0, len1):
         return
     offs_m = m0 + tl.arange(0, BLOCK_M)
@@ -479,7 +519,8 @@ def launch_dual_group_bwd(
                                                    device=dq1.device)
     else:
         dqa0, dqa1 = delta0, delta1  # unused
-    dq_grid = (nheads, max(1, triton.cdiv(max_seqlen_q, config.dq_block_m)), batch + 1)
+    dq_grid = (nheads, max(1, triton.cdiv(max_seqlen_q, config.dq_block_m)),
+               batch * (2 if config.dq_one_group else 1) + 1)
     _dual_group_bwd_dq_kernel[dq_grid](
         q0, q1, k, v, out0, out1, dout0, dout1, lse0, lse1, delta0, delta1, dq0, dq1,
         cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1,
@@ -488,7 +529,8 @@ def launch_dual_group_bwd(
         *out0.stride()[:2], *out1.stride()[:2], *dout0.stride()[:2], *dout1.stride()[:2],
         *dq0.stride()[:2], *dq1.stride()[:2], lse0.stride(0), lse1.stride(0),
         delta0.stride(0), delta1.stride(0), head_dim, nheads // nheads_k,
-        BLOCK_M=config.dq_block_m, BLOCK_N=config.dq_block_n, DELTA_ONLY=atomic, **common,
+        BLOCK_M=config.dq_block_m, BLOCK_N=config.dq_block_n, DELTA_ONLY=atomic,
+        ONE_GROUP=config.dq_one_group, **common,
         num_warps=config.dq_num_warps, num_stages=config.dq_num_stages)
     dkdv_grid = (max(1, triton.cdiv(max_seqlen_k, config.dkdv_block_n)), nheads_k, batch + 1)
     _dual_group_bwd_dkdv_kernel[dkdv_grid](
