@@ -4,7 +4,7 @@
                                                    [--cfg 128,64,8,2 128,128,8,3,r ...]
 
 A spec is ``block_m,block_n,num_warps,num_stages`` plus ``r`` for ``last_tiles_first`` and ``i``
-for ``int64_kv_offsets``. Per row,
+for ``int64_kv_offsets``, ``p`` for ``prefetch_pages``. Per row,
 page size and config: ``PagedPrefillPlan.run`` time (``do_bench`` median, eager), TFLOP/s and the
 relative error against the first config's output.
 """
@@ -24,7 +24,8 @@ from kvonce.kernels.configs import PagedPrefillConfig
 def _config(spec: str) -> PagedPrefillConfig:
     parts = spec.split(",")
     return PagedPrefillConfig(*[int(x) for x in parts if x.isdigit()],
-                              last_tiles_first="r" in parts, int64_kv_offsets="i" in parts)
+                              last_tiles_first="r" in parts, int64_kv_offsets="i" in parts,
+                              prefetch_pages="p" in parts)
 
 
 def main() -> None:
@@ -32,8 +33,8 @@ def main() -> None:
     ap.add_argument("--rows", default="prefill,chunked,mixed")
     ap.add_argument("--pages", default="16")
     ap.add_argument("--cfg", nargs="*", default=[
-        "128,64,8,2,i", "128,64,8,2", "128,128,8,3,r,i", "128,128,8,3,r", "128,64,8,3,r",
-        "64,64,4,3,r"])
+        "128,128,8,3,r", "128,128,8,3,r,p", "128,64,8,2", "128,64,8,2,p", "128,64,8,3,r,p",
+        "64,64,4,3,r,p", "128,128,8,2,r,p"])
     args = ap.parse_args()
     rows = []
     for name in args.rows.split(","):

@@ -103,11 +103,13 @@ def test_mixed_batch_against_reference(dtype, causal, nheads, nheads_k, head_dim
 
 
 def test_last_tiles_first_order():
-    """config.last_tiles_first (programs take tiles in reverse) computes the same batch."""
+    """config.last_tiles_first (programs take tiles in reverse) and prefetch_pages (page ids
+    looked up a tile ahead) flipped from the default compute the same batch."""
     import dataclasses
 
     base = get_paged_prefill_config(torch.cuda.get_device_capability() if HAS_CUDA else None, 32)
-    config = dataclasses.replace(base, last_tiles_first=not base.last_tiles_first)
+    config = dataclasses.replace(base, last_tiles_first=not base.last_tiles_first,
+                                 prefetch_pages=not base.prefetch_pages)
     q, k, v, cu, seqlens, table = make_case(MIXED, nheads=8, nheads_k=2, dtype=DTYPES[0])
     ref, ref_lse = paged_prefill_ref(q.float(), k.float(), v.float(), cu, seqlens, table)
     with poison_empty:
@@ -295,7 +297,8 @@ def _op_args(kv_format=None):
     q, k, v, cu, seqlens, table = make_case(MIXED[:4], dtype=DTYPES[0])
     c = get_paged_prefill_config(torch.cuda.get_device_capability() if HAS_CUDA else None, 32)
     fields = (32 ** -0.5, True, c.block_m, c.block_n, c.num_warps, c.num_stages,
-              c.kv_cache_modifier, c.kv_eviction, c.last_tiles_first, c.int64_kv_offsets)
+              c.kv_cache_modifier, c.kv_eviction, c.last_tiles_first, c.int64_kv_offsets,
+              c.prefetch_pages)
     if kv_format is None:
         return (q, k, v, cu, seqlens, table, *fields)
     kq, ks = kvonce.quantize_kv(k, kv_format)

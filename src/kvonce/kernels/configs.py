@@ -347,6 +347,7 @@ class PagedPrefillConfig:
         which see the most keys under a causal mask, start first: a shorter tail).
     int64_kv_offsets: force int64 K/V element offsets (by default only when a cache's elements
         can pass 2^31).
+    prefetch_pages: plain caches look the next key tile's pages up one iteration ahead.
     """
     block_m: int
     block_n: int
@@ -356,6 +357,7 @@ class PagedPrefillConfig:
     kv_eviction: str = ""
     last_tiles_first: bool = False
     int64_kv_offsets: bool = False
+    prefetch_pages: bool = False
 
 
 # Hopper (H100, triton 3.6, bf16, 32/8 heads, d128, page 16; scripts/prefill_sweep.py,

@@ -41,17 +41,29 @@ LN2 = 0.6931471805599453
 
 
 @triton.jit
+def _tile_pages(bt_row, start_n, kv_end, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Page of each key position ``start_n + [0, BLOCK_N)`` (0 at or past ``kv_end``)."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    return tl.load(bt_row + offs_n // PAGE_SIZE, mask=offs_n < kv_end, other=0)
+
+
+@triton.jit
 def _load_paged_kv_tile(K, V, bt_row, start_n, kv_end, stride_kp, stride_kt, stride_vp, stride_vt,
                         offs_d, head_dim, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                         EVEN_D: tl.constexpr, MASKED: tl.constexpr, KV_CACHE: tl.constexpr,
-                        KV_EVICT: tl.constexpr, INT64_KV: tl.constexpr = True):
+                        KV_EVICT: tl.constexpr, INT64_KV: tl.constexpr = True, pages=0,
+                        HAVE_PAGES: tl.constexpr = False):
     """K tile transposed ``[BLOCK_D, BLOCK_N]`` and V tile ``[BLOCK_N, BLOCK_D]`` of key positions
-    ``start_n ..``; each key's page comes from the block table (a tile may span several pages).
+    ``start_n ..``; each key's page comes from the block table (a tile may span several pages),
+    or from ``pages [BLOCK_N]`` with HAVE_PAGES (looked up ahead by the caller).
     With MASKED, keys at or past ``kv_end`` read as 0 (the caller masks their scores).
     INT64_KV=False: element offsets in int32 (the caller knows the caches stay below 2^31)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     if MASKED:
         in_range = offs_n < kv_end
+    if HAVE_PAGES:
+        page = pages
+    elif MASKED:
         page = tl.load(bt_row + offs_n // PAGE_SIZE, mask=in_range, other=0)
     else:
         page = tl.load(bt_row + offs_n // PAGE_SIZE)
@@ -196,13 +208,26 @@ def _attend_paged(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end,
                   stride_kst, stride_vsp, stride_vst, offs_d, head_dim,
                   MASKED: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, KV_CACHE: tl.constexpr,
-                  KV_EVICT: tl.constexpr, KV_FORMAT: tl.constexpr, INT64_KV: tl.constexpr = True):
+                  KV_EVICT: tl.constexpr, KV_FORMAT: tl.constexpr, INT64_KV: tl.constexpr = True,
+                  PREFETCH_PAGES: tl.constexpr = False):
     """Key tiles ``[lo, hi)`` (``lo`` a multiple of BLOCK_N) into one packed state: the one loop
     of both the single-pass and the split-K path, and of every cache format (only the tile load
     differs: quantized tiles come in q's dtype, with int8's per-key scales applied to the scores
-    and probabilities by ``_online_update``)."""
+    and probabilities by ``_online_update``). PREFETCH_PAGES (plain caches): the next tile's page
+    ids are loaded one iteration ahead, so no K/V address waits on a load of its own iteration."""
+    if PREFETCH_PAGES:
+        next_pages = _tile_pages(bt_row, lo, kv_end, PAGE_SIZE, BLOCK_N)
+    else:
+        next_pages = tl.zeros([BLOCK_N], dtype=tl.int32)  # unused
     for start_n in range(lo, hi, BLOCK_N):
-        if KV_FORMAT == 0:
+        if KV_FORMAT == 0 and PREFETCH_PAGES:
+            pages = next_pages
+            next_pages = _tile_pages(bt_row, start_n + BLOCK_N, kv_end, PAGE_SIZE, BLOCK_N)
+            offs_n, k_t, v = _load_paged_kv_tile(K, V, bt_row, start_n, kv_end, stride_kp,
+                                                 stride_kt, stride_vp, stride_vt, offs_d,
+                                                 head_dim, PAGE_SIZE, BLOCK_N, EVEN_D, MASKED,
+                                                 KV_CACHE, KV_EVICT, INT64_KV, pages, True)
+        elif KV_FORMAT == 0:
             offs_n, k_t, v = _load_paged_kv_tile(K, V, bt_row, start_n, kv_end, stride_kp,
                                                  stride_kt, stride_vp, stride_vt, offs_d,
                                                  head_dim, PAGE_SIZE, BLOCK_N, EVEN_D, MASKED,

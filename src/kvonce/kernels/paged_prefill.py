@@ -78,7 +78,7 @@ def _paged_prefill_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     STORE_LSE: tl.constexpr, KV_CACHE: tl.constexpr, KV_EVICT: tl.constexpr,
     KV_FORMAT: tl.constexpr, BLOCK_Q: tl.constexpr, LAST_FIRST: tl.constexpr,
-    INT64_KV: tl.constexpr,
+    INT64_KV: tl.constexpr, PREFETCH_PAGES: tl.constexpr,
 ):
     # BLOCK_Q = BLOCK_M // GROUP tokens per tile.
     # Grid: (total_q // BLOCK_Q + batch, nheads_k).
@@ -134,12 +134,14 @@ def _paged_prefill_kernel(
                                   K, V, KS, VS, bt_row, stride_kp, stride_kt, stride_vp,
                                   stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
                                   offs_d, head_dim, False, PAGE_SIZE, BLOCK_N, BLOCK_D, EVEN_D,
-                                  KV_CACHE, KV_EVICT, KV_FORMAT, INT64_KV)
+                                  KV_CACHE, KV_EVICT, KV_FORMAT, INT64_KV,
+                                  PREFETCH_PAGES)
     acc, m_i, l_i = _attend_paged(acc, m_i, l_i, q, full, hi, qk_scale, tok, diag, hi,
                                   K, V, KS, VS, bt_row, stride_kp, stride_kt, stride_vp,
                                   stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
                                   offs_d, head_dim, True, PAGE_SIZE, BLOCK_N, BLOCK_D, EVEN_D,
-                                  KV_CACHE, KV_EVICT, KV_FORMAT, INT64_KV)
+                                  KV_CACHE, KV_EVICT, KV_FORMAT, INT64_KV,
+                                  PREFETCH_PAGES)
     if KV_FORMAT == 1:  # and its V scale every output row
         acc = acc * tl.load(VS)
 
@@ -201,7 +203,8 @@ class PagedPrefillLaunch:
             STORE_LSE=store_lse, KV_CACHE=config.kv_cache_modifier, KV_EVICT=config.kv_eviction,
             KV_FORMAT=kv_format, BLOCK_Q=block_q, LAST_FIRST=config.last_tiles_first,
             # int32 K/V offsets while both caches' elements stay below 2^31 (shapes only)
-            INT64_KV=config.int64_kv_offsets or max(_span(k_cache), _span(v_cache)) >= 2**31)
+            INT64_KV=config.int64_kv_offsets or max(_span(k_cache), _span(v_cache)) >= 2**31,
+            PREFETCH_PAGES=config.prefetch_pages)
         self._warps = (config.num_warps, config.num_stages)
         self._key = (q.dtype, k_cache.dtype, k_scale.dtype if k_scale is not None else None,
                      self._ints, tuple(self._constexprs.values()), self._warps)
