@@ -400,35 +400,3 @@ def test_one_group_per_program_zigzag_local_order(world, rank):
     ref_o, ref_lse = varlen_attention_ref(Q, K, V, cu_of(global_lens), cu_of(global_lens))
     assert_close("out vs global", out, local_of(ref_o, rank))
     assert_close("lse vs global", lse, local_of(ref_lse.t(), rank).t(), lse=True)
-
-
-@pytest.mark.skipif(not HAS_CUDA, reason="TMA descriptors need a Hopper GPU")
-@pytest.mark.parametrize("one_group", [False, True])
-def test_tma_on_zigzag_buffer_matches_pointer_loads(one_group):
-    """config.tma on the zigzag all-gather buffer (descriptors for tiles inside one chunk,
-    pointer loads for tiles across a chunk border) gives bit-identical outputs to pointer loads
-    with the same tiles; chunk lengths 100, 1030, 0, 257 put both kinds of tile in every rank."""
-    from kvonce.kernels.configs import DualGroupFwdConfig
-
-    if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("TMA needs compute capability 9.0")
-    world, heads, heads_k, hd = 4, 8, 2, 128
-    global_lens = [2 * world * c for c in (100, 1030, 0, 257)]
-    for rank in range(world):
-        Q, K, V, local_of, kv_buffer = zigzag_rank_inputs(global_lens, world, rank, heads, heads_k,
-                                                          hd, torch.bfloat16)
-        cu_local = cu_of([n // world for n in global_lens])
-        chunk_q, chunk_cu, chunk_idx = split_q_by_zigzag_chunk_index(local_of(Q, rank), cu_local,
-                                                                     world, rank)
-        c0, c1 = rank, 2 * world - 1 - rank
-        slices = compute_kv_slices_for_groups(cu_local, c0, c1, world, chunk_cu)
-        args = (chunk_q, chunk_cu, chunk_idx, kv_buffer, slices, heads, hd, None, 0.0, True,
-                (-1, -1), None, False, world, cu_local, c0, c1)
-        results = []
-        for tma in (False, True):
-            config = DualGroupFwdConfig(128, 128, 8, 3, tma=tma, one_group=one_group)
-            with poison_empty:
-                results.append(replace_execute_grouped_attention_with_fused_varlen(
-                    *args, config=config)[:2])
-        for a, b in zip(*results):
-            assert torch.equal(a, b), f"rank {rank}"

@@ -106,28 +106,12 @@ def _load_kv_tile(K, V, Kd, Vd, kv_col, start_n, kv_end, k_row0, chunk, rank_row
     """K tile transposed ``[BLOCK_D, BLOCK_N]`` and V tile ``[BLOCK_N, BLOCK_D]``; keys at or past
     ``kv_end`` read as 0 (and are masked out of the scores by the caller).
 
-    ``USE_DESC``: unmasked tiles, whose keys all lie inside the sequence, come through the TMA
-    descriptors ``Kd, Vd`` (2-D ``[rows, nheads_k * d]``, this head's columns from ``kv_col``);
-    masked tiles keep predicated pointer loads, so that no row of another sequence (or padding)
-    ever enters the math. In the zigzag buffer a tile's rows are contiguous only when the tile
-    lies inside one chunk (the chunk length is known here, not on the host): such tiles take the
-    descriptors, a tile across a chunk border takes pointer loads."""
+    ``USE_DESC`` (contiguous K/V): unmasked tiles, whose keys all lie inside the sequence, come
+    through the TMA descriptors ``Kd, Vd`` (2-D ``[rows, nheads_k * d]``, this head's columns
+    from ``kv_col``); masked tiles keep predicated pointer loads, so that no row of another
+    sequence (or padding) ever enters the math."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     if USE_DESC and not MASKED:
-        if KV_ZIGZAG:
-            j = start_n // chunk
-            if (start_n + BLOCK_N - 1) // chunk == j:
-                row = (_zigzag_chunk_base(j, k_row0, chunk, rank_rows, world_size)
-                       + start_n).to(tl.int32)
-                k_t = tl.trans(Kd.load([row, kv_col]))
-                v = Vd.load([row, kv_col])
-            else:
-                rows = _kv_rows(start_n, k_row0, chunk, rank_rows, world_size, BLOCK_N, True)
-                k_t = tl.load(K + rows[None, :] * stride_kn + offs_d[:, None],
-                              cache_modifier=KV_CACHE)
-                v = tl.load(V + rows[:, None] * stride_vn + offs_d[None, :],
-                            cache_modifier=KV_CACHE)
-            return offs_n, k_t, v
         row = (k_row0 + start_n).to(tl.int32)
         k = Kd.load([row, kv_col])
         v = Vd.load([row, kv_col])
@@ -460,7 +444,7 @@ def launch_dual_group_fwd(
     ints = (zigzag_rank_rows, max(zigzag_world_size, 1), *q0.stride()[:2], *q1.stride()[:2],
             *k.stride()[:2], *v.stride()[:2], *out0.stride()[:2], *out1.stride()[:2],
             lse0.stride(0), lse1.stride(0), head_dim, nheads // k.shape[1])
-    use_desc = _tma_ok(config, k, v, head_dim, block_d)
+    use_desc = _tma_ok(config, k, v, head_dim, block_d, zigzag_world_size)
     constexprs = dict(
         IS_CAUSAL=causal, KV_ZIGZAG=zigzag_world_size > 0,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_D=block_d,
@@ -493,11 +477,11 @@ def launch_dual_group_fwd(
                   q0.device.index if q0.device.type == "cuda" else -1)
 
 
-def _tma_ok(config, k, v, head_dim: int, block_d: int) -> bool:
-    """TMA descriptors for K/V: asked for by the config, a CUDA device, a power-of-two head dim,
-    each row's heads back to back (``[rows, nheads_k * d]`` 2-D view) and 16-byte aligned bases
-    and row strides (contiguous K/V or the zigzag buffer alike)."""
-    if not config.tma or k.device.type != "cuda" or head_dim != block_d:
+def _tma_ok(config, k, v, head_dim: int, block_d: int, zigzag_world_size: int) -> bool:
+    """TMA descriptors for K/V: asked for by the config, contiguous K/V (not the zigzag buffer),
+    a CUDA device, a power-of-two head dim, each row's heads back to back (``[rows, nheads_k * d]``
+    2-D view) and 16-byte aligned bases and row strides."""
+    if not config.tma or zigzag_world_size > 0 or k.device.type != "cuda" or head_dim != block_d:
         return False
     return all(t.shape[0] > 0 and t.stride(2) == 1 and t.stride(1) == head_dim
                and t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
