@@ -348,6 +348,8 @@ class PagedPrefillConfig:
     int64_kv_offsets: force int64 K/V element offsets (by default only when a cache's elements
         can pass 2^31).
     prefetch_pages: plain caches look the next key tile's pages up one iteration ahead.
+    tma: unmasked tiles of a plain cache through TMA descriptors when pages hold whole key tiles
+        (``page_size % block_n == 0``); other caches ignore it.
     """
     block_m: int
     block_n: int
@@ -358,6 +360,7 @@ class PagedPrefillConfig:
     last_tiles_first: bool = False
     int64_kv_offsets: bool = False
     prefetch_pages: bool = False
+    tma: bool = False
 
 
 # Hopper (H100, triton 3.6, bf16, 32/8 heads, d128; scripts/prefill_sweep.py, 2026-11-24,

@@ -209,18 +209,36 @@ def _attend_paged(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end,
                   MASKED: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, KV_CACHE: tl.constexpr,
                   KV_EVICT: tl.constexpr, KV_FORMAT: tl.constexpr, INT64_KV: tl.constexpr = True,
-                  PREFETCH_PAGES: tl.constexpr = False):
+                  PREFETCH_PAGES: tl.constexpr = False, Kd=0, Vd=0, kv_col=0,
+                  USE_DESC: tl.constexpr = False):
     """Key tiles ``[lo, hi)`` (``lo`` a multiple of BLOCK_N) into one packed state: the one loop
     of both the single-pass and the split-K path, and of every cache format (only the tile load
     differs: quantized tiles come in q's dtype, with int8's per-key scales applied to the scores
     and probabilities by ``_online_update``). PREFETCH_PAGES (plain caches): the next tile's page
-    ids are loaded one iteration ahead, so no K/V address waits on a load of its own iteration."""
+    ids are loaded one iteration ahead, so no K/V address waits on a load of its own iteration.
+    USE_DESC (plain caches, unmasked tiles, ``PAGE_SIZE % BLOCK_N == 0``): every tile lies in one
+    page, whose rows come through the TMA descriptors ``Kd, Vd`` (the caches viewed 2-D as
+    ``[num_pages * PAGE_SIZE, nheads_k * d]``, this KV head's columns from ``kv_col``); the page
+    id is looked up one tile ahead."""
+    if USE_DESC:
+        tl.static_assert(PAGE_SIZE % BLOCK_N == 0)
+        next_page = tl.load(bt_row + lo // PAGE_SIZE, mask=lo < kv_end, other=0)
+    else:
+        next_page = 0
     if PREFETCH_PAGES:
         next_pages = _tile_pages(bt_row, lo, kv_end, PAGE_SIZE, BLOCK_N)
     else:
         next_pages = tl.zeros([BLOCK_N], dtype=tl.int32)  # unused
     for start_n in range(lo, hi, BLOCK_N):
-        if KV_FORMAT == 0 and PREFETCH_PAGES:
+        if KV_FORMAT == 0 and USE_DESC and not MASKED:
+            page = next_page
+            nxt = start_n + BLOCK_N
+            next_page = tl.load(bt_row + nxt // PAGE_SIZE, mask=nxt < kv_end, other=0)
+            row = page * PAGE_SIZE + start_n % PAGE_SIZE
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            k_t = tl.trans(Kd.load([row, kv_col]))
+            v = Vd.load([row, kv_col])
+        elif KV_FORMAT == 0 and PREFETCH_PAGES:
             pages = next_pages
             next_pages = _tile_pages(bt_row, start_n + BLOCK_N, kv_end, PAGE_SIZE, BLOCK_N)
             offs_n, k_t, v = _load_paged_kv_tile(K, V, bt_row, start_n, kv_end, stride_kp,

@@ -63,6 +63,7 @@ def _paged_prefill_kernel(
     K, V,              # [num_pages, PAGE_SIZE, nheads_k, HEAD_DIM], last dim contiguous
                        # (quantized: kvonce.paged.quant's layouts; int4 HEAD_DIM // 2 bytes)
     KS, VS,            # quantized caches' scales (any pointer when KV_FORMAT is 0)
+    Kd, Vd,            # with USE_DESC: TMA descriptors of the caches as [pages * PAGE_SIZE, nheads_k * d]
     Out,               # [total_q, nheads, HEAD_DIM], q's dtype
     Lse,               # float32 [nheads, total_q] (any pointer without STORE_LSE)
     cu_seqlens_q,      # int32 [batch + 1]
@@ -78,7 +79,7 @@ def _paged_prefill_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     STORE_LSE: tl.constexpr, KV_CACHE: tl.constexpr, KV_EVICT: tl.constexpr,
     KV_FORMAT: tl.constexpr, BLOCK_Q: tl.constexpr, LAST_FIRST: tl.constexpr,
-    INT64_KV: tl.constexpr, PREFETCH_PAGES: tl.constexpr,
+    INT64_KV: tl.constexpr, PREFETCH_PAGES: tl.constexpr, USE_DESC: tl.constexpr,
 ):
     # BLOCK_Q = BLOCK_M // GROUP tokens per tile.
     # Grid: (total_q // BLOCK_Q + batch, nheads_k).
@@ -135,7 +136,7 @@ def _paged_prefill_kernel(
                                   stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
                                   offs_d, head_dim, False, PAGE_SIZE, BLOCK_N, BLOCK_D, EVEN_D,
                                   KV_CACHE, KV_EVICT, KV_FORMAT, INT64_KV,
-                                  PREFETCH_PAGES)
+                                  PREFETCH_PAGES, Kd, Vd, kv_head * BLOCK_D, USE_DESC)
     acc, m_i, l_i = _attend_paged(acc, m_i, l_i, q, full, hi, qk_scale, tok, diag, hi,
                                   K, V, KS, VS, bt_row, stride_kp, stride_kt, stride_vp,
                                   stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
@@ -157,6 +158,19 @@ def _paged_prefill_kernel(
         lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453,
                        float("-inf"))
         tl.store(Lse + head.to(tl.int64) * stride_lh + q_rows, lse, mask=row_ok)
+
+
+def _tma_ok(config, k_cache, v_cache, kv_format: int, head_dim: int, block_d: int) -> bool:
+    """TMA descriptors for unmasked K/V tiles: asked for by the config, a plain cache on a CUDA
+    device, pages holding whole key tiles, a power-of-two head dim, each page's rows and heads back
+    to back (a 2-D ``[pages * page_size, nheads_k * d]`` view) and 16-byte aligned bases and rows."""
+    if (not config.tma or kv_format != 0 or k_cache.device.type != "cuda" or head_dim != block_d
+            or k_cache.shape[1] % config.block_n != 0):
+        return False
+    return all(t.shape[0] > 0 and t.stride(3) == 1 and t.stride(2) == head_dim
+               and t.stride(1) == t.shape[2] * head_dim and t.stride(0) == t.shape[1] * t.stride(1)
+               and t.data_ptr() % 16 == 0 and (t.stride(1) * t.element_size()) % 16 == 0
+               for t in (k_cache, v_cache))
 
 
 def _span(t) -> int:
@@ -204,7 +218,8 @@ class PagedPrefillLaunch:
             KV_FORMAT=kv_format, BLOCK_Q=block_q, LAST_FIRST=config.last_tiles_first,
             # int32 K/V offsets while both caches' elements stay below 2^31 (shapes only)
             INT64_KV=config.int64_kv_offsets or max(_span(k_cache), _span(v_cache)) >= 2**31,
-            PREFETCH_PAGES=config.prefetch_pages)
+            PREFETCH_PAGES=config.prefetch_pages,
+            USE_DESC=_tma_ok(config, k_cache, v_cache, kv_format, head_dim, block_d))
         self._warps = (config.num_warps, config.num_stages)
         self._key = (q.dtype, k_cache.dtype, k_scale.dtype if k_scale is not None else None,
                      self._ints, tuple(self._constexprs.values()), self._warps)
@@ -219,9 +234,21 @@ class PagedPrefillLaunch:
             lse = out
         if k_scale is None:  # plain cache: never dereferenced
             k_scale = v_scale = cache_seqlens
+        if self._constexprs["USE_DESC"]:
+            # Descriptors per call (a few us of host time), launched through Triton's own path.
+            from triton.tools.tensor_descriptor import TensorDescriptor
+
+            block = [self._constexprs["BLOCK_N"], self._constexprs["BLOCK_D"]]
+            descs = [TensorDescriptor(t, [t.shape[0] * t.shape[1], t.shape[2] * t.shape[3]],
+                                      [t.stride(1), 1], block) for t in (k_cache, v_cache)]
+            _paged_prefill_kernel[self._grid](
+                q, k_cache, v_cache, k_scale, v_scale, *descs, out, lse, cu_seqlens_q,
+                cache_seqlens, block_table, self._scale, *self._ints, **self._constexprs,
+                num_warps=self._warps[0], num_stages=self._warps[1])
+            return
         aligned = all_aligned(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table,
                               k_scale, v_scale, out, lse)
         launch(_paged_prefill_kernel, (self._key, aligned), self._grid,
-               (q, k_cache, v_cache, k_scale, v_scale, out, lse, cu_seqlens_q, cache_seqlens,
-                block_table, self._scale, *self._ints),
+               (q, k_cache, v_cache, k_scale, v_scale, None, None, out, lse, cu_seqlens_q,
+                cache_seqlens, block_table, self._scale, *self._ints),
                self._constexprs, *self._warps, self.device_index)
