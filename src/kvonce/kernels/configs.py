@@ -364,13 +364,15 @@ class PagedPrefillConfig:
 
 
 # Hopper (H100, triton 3.6, bf16, 32/8 heads, d128; scripts/prefill_sweep.py, 2026-11-24,
-# docs/notes.md): 128 x 64 tiles, 3 stages, last tiles first, page ids looked up a tile ahead and
-# int32 offsets: 363-371 TFLOP/s on 8 x 2048 prefill (pages 16/256) and 449-452 on 64 x 512-token
-# chunks over 8k, against 329/348 for the first row (128 x 64, 2 stages) and 315-327/416-428 for
-# 128 x 128 / 3 stages without the page prefetch, measured in the same runs. d=32..96 reuse the
+# docs/notes.md): 128 x 64 tiles, 3 stages, last tiles first, page ids looked up a tile ahead,
+# int32 offsets, TMA for unmasked tiles where pages hold whole tiles (page >= 64): 357-363 TFLOP/s
+# on 8 x 2048 prefill at page 16 and 402 at page 256, 445-451 / 499 on 64 x 512-token chunks over
+# 8k; against 329/348 (page 16) for the first row (128 x 64, 2 stages, int64, no prefetch) and
+# 392/519 (page 256) for 128 x 128 tiles with TMA, measured in the same runs. d=32..96 reuse the
 # d=128 row (not timed); d=256 halves the tiles for shared memory (untimed).
 _PAGED_PREFILL_TABLE: dict[tuple[int, int], dict[int, PagedPrefillConfig]] = {
-    (9, 0): {hd: PagedPrefillConfig(128, 64, 8, 3, last_tiles_first=True, prefetch_pages=True)
+    (9, 0): {hd: PagedPrefillConfig(128, 64, 8, 3, last_tiles_first=True, prefetch_pages=True,
+                                    tma=True)
              for hd in (32, 64, 96, 128)}
     | {256: PagedPrefillConfig(64, 32, 8, 2)},
 }
