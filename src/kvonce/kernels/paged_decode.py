@@ -267,6 +267,46 @@ def _attend_paged(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end,
 
 
 @triton.jit
+def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS, VS, block_table,
+                    stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_ksp,
+                    stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh, stride_btb,
+                    offs_d, head_dim, PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+                    KV_CACHE: tl.constexpr, KV_EVICT: tl.constexpr, KV_FORMAT: tl.constexpr,
+                    INT64_KV: tl.constexpr = True, PREFETCH_PAGES: tl.constexpr = False, Kd=0,
+                    Vd=0, USE_DESC: tl.constexpr = False):
+    """One packed tile ``q [BLOCK_M, BLOCK_D]`` against sequence ``seq``'s keys ``[lo, hi)`` of
+    one KV head: unmasked tiles ``[lo, full)``, then the masked band ``[full, hi)``; returns the
+    unnormalized ``(acc, m, l)`` (base 2), fp8's per-head scales applied. Shared by the decode
+    and the varlen prefill kernels, which differ only in how rows map to tokens and outputs."""
+    K += kv_head * stride_kh
+    V += kv_head * stride_vh
+    KS += kv_head * stride_ksh
+    VS += kv_head * stride_vsh
+    bt_row = block_table + seq.to(tl.int64) * stride_btb
+    qk_scale = sm_scale * 1.4426950408889634
+    if KV_FORMAT == 1:  # fp8's per-head K scale multiplies every score of this KV head
+        qk_scale = qk_scale * tl.load(KS)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc, m_i, l_i = _attend_paged(acc, m_i, l_i, q, lo, full, qk_scale, tok, diag, hi,
+                                  K, V, KS, VS, bt_row, stride_kp, stride_kt, stride_vp,
+                                  stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
+                                  offs_d, head_dim, False, PAGE_SIZE, BLOCK_N, BLOCK_D, EVEN_D,
+                                  KV_CACHE, KV_EVICT, KV_FORMAT, INT64_KV, PREFETCH_PAGES, Kd, Vd,
+                                  kv_head * BLOCK_D, USE_DESC)
+    acc, m_i, l_i = _attend_paged(acc, m_i, l_i, q, full, hi, qk_scale, tok, diag, hi,
+                                  K, V, KS, VS, bt_row, stride_kp, stride_kt, stride_vp,
+                                  stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
+                                  offs_d, head_dim, True, PAGE_SIZE, BLOCK_N, BLOCK_D, EVEN_D,
+                                  KV_CACHE, KV_EVICT, KV_FORMAT, INT64_KV, PREFETCH_PAGES)
+    if KV_FORMAT == 1:  # and its V scale every output row
+        acc = acc * tl.load(VS)
+    return acc, m_i, l_i
+
+
+@triton.jit
 def _paged_decode_kernel(
     Q,                 # [batch, q_len, nheads, HEAD_DIM], last dim contiguous
     K, V,              # [num_pages, PAGE_SIZE, nheads_k, HEAD_DIM], last dim contiguous
@@ -323,30 +363,11 @@ def _paged_decode_kernel(
         all_see = hi
     full = lo + tl.maximum(all_see - lo, 0) // BLOCK_N * BLOCK_N
 
-    K += kv_head * stride_kh
-    V += kv_head * stride_vh
-    KS += kv_head * stride_ksh
-    VS += kv_head * stride_vsh
-    bt_row = block_table + seq.to(tl.int64) * stride_btb
-    qk_scale = sm_scale * 1.4426950408889634
-    if KV_FORMAT == 1:  # fp8's per-head K scale multiplies every score of this KV head
-        qk_scale = qk_scale * tl.load(KS)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc, m_i, l_i = _attend_paged(acc, m_i, l_i, q, lo, full, qk_scale, tok, diag, hi,
-                                  K, V, KS, VS, bt_row, stride_kp, stride_kt, stride_vp,
-                                  stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
-                                  offs_d, head_dim, False, PAGE_SIZE, BLOCK_N, BLOCK_D, EVEN_D,
-                                  KV_CACHE, KV_EVICT, KV_FORMAT)
-    acc, m_i, l_i = _attend_paged(acc, m_i, l_i, q, full, hi, qk_scale, tok, diag, hi,
-                                  K, V, KS, VS, bt_row, stride_kp, stride_kt, stride_vp,
-                                  stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
-                                  offs_d, head_dim, True, PAGE_SIZE, BLOCK_N, BLOCK_D, EVEN_D,
-                                  KV_CACHE, KV_EVICT, KV_FORMAT)
-
-    if KV_FORMAT == 1:  # and its V scale every output row
-        acc = acc * tl.load(VS)
+    acc, m_i, l_i = _attend_kv_head(
+        q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS, VS, block_table,
+        stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_ksp, stride_kst,
+        stride_ksh, stride_vsp, stride_vst, stride_vsh, stride_btb, offs_d, head_dim,
+        PAGE_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, EVEN_D, KV_CACHE, KV_EVICT, KV_FORMAT)
     # out = acc / l (0 where no key was seen, e.g. an empty split), lse natural log (-inf there).
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]

@@ -13,8 +13,10 @@ heads that read this KV head, heads fastest::
     (rows >= BLOCK_Q * GROUP and tokens >= q_len_b are padding: q = 0, never stored)
 
 so each K/V tile is loaded once for all ``GROUP`` heads. The key loop is the decode kernel's
-``_attend_paged`` (one page lookup per key row per tile; plain and quantized caches alike): only
-the program's setup differs. Unmasked key tiles first (keys every row of the tile sees: below
+(``_attend_kv_head``: one page lookup per key row per tile, plain and quantized caches alike):
+only the program's setup differs. The Hopper row adds what the decode kernel does not use: page
+ids looked up a tile ahead, int32 offsets while the caches fit, and TMA descriptors for unmasked
+tiles when pages hold whole tiles. Unmasked key tiles first (keys every row of the tile sees: below
 ``min(frontier, diag + tok0 + 1)``), then the masked diagonal band up to the tile's causal
 frontier ``min(seqlen, diag + last_tok + 1)`` (non-causal: ``seqlen``).
 
@@ -36,7 +38,7 @@ import triton.language as tl
 
 from ._launch import all_aligned, launch, next_pow2
 # The shared key loop (plain and quantized tile loads, online softmax) and the scale strides.
-from .paged_decode import _attend_paged, _scale_strides
+from .paged_decode import _attend_kv_head, _scale_strides
 
 
 @triton.jit
@@ -120,31 +122,12 @@ def _paged_prefill_kernel(
         all_see = seqlen
     full = tl.maximum(all_see, 0) // BLOCK_N * BLOCK_N
 
-    K += kv_head * stride_kh
-    V += kv_head * stride_vh
-    KS += kv_head * stride_ksh
-    VS += kv_head * stride_vsh
-    bt_row = block_table + seq.to(tl.int64) * stride_btb
-    qk_scale = sm_scale * 1.4426950408889634
-    if KV_FORMAT == 1:  # fp8's per-head K scale multiplies every score of this KV head
-        qk_scale = qk_scale * tl.load(KS)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc, m_i, l_i = _attend_paged(acc, m_i, l_i, q, 0, full, qk_scale, tok, diag, hi,
-                                  K, V, KS, VS, bt_row, stride_kp, stride_kt, stride_vp,
-                                  stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
-                                  offs_d, head_dim, False, PAGE_SIZE, BLOCK_N, BLOCK_D, EVEN_D,
-                                  KV_CACHE, KV_EVICT, KV_FORMAT, INT64_KV,
-                                  PREFETCH_PAGES, Kd, Vd, kv_head * BLOCK_D, USE_DESC)
-    acc, m_i, l_i = _attend_paged(acc, m_i, l_i, q, full, hi, qk_scale, tok, diag, hi,
-                                  K, V, KS, VS, bt_row, stride_kp, stride_kt, stride_vp,
-                                  stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
-                                  offs_d, head_dim, True, PAGE_SIZE, BLOCK_N, BLOCK_D, EVEN_D,
-                                  KV_CACHE, KV_EVICT, KV_FORMAT, INT64_KV,
-                                  PREFETCH_PAGES)
-    if KV_FORMAT == 1:  # and its V scale every output row
-        acc = acc * tl.load(VS)
+    acc, m_i, l_i = _attend_kv_head(
+        q, 0, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS, VS, block_table,
+        stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_ksp, stride_kst,
+        stride_ksh, stride_vsp, stride_vst, stride_vsh, stride_btb, offs_d, head_dim,
+        PAGE_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, EVEN_D, KV_CACHE, KV_EVICT, KV_FORMAT, INT64_KV,
+        PREFETCH_PAGES, Kd, Vd, USE_DESC)
 
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
