@@ -192,42 +192,71 @@ def run(args) -> list[dict]:
     return rows
 
 
-def sweep(args) -> None:
-    """Time the fused kernel over launch configs at the Llama shapes; prints the best per case."""
+SWEEP_SPECS = ("128,64,8,3", "128,64,8,3,o,t", "128,128,8,3,o,t", "128,128,8,3,o",
+               "128,128,8,2,o,t", "64,64,4,3,o")
+
+
+def fwd_config(spec: str):
+    """``"block_m,block_n,num_warps,num_stages[,o][,t]"`` -> ``DualGroupFwdConfig`` (``o``: one
+    group per program, ``t``: TMA descriptors for unmasked K/V tiles)."""
     from ..kernels.configs import DualGroupFwdConfig
 
+    parts = spec.split(",")
+    return DualGroupFwdConfig(*[int(x) for x in parts if x.isdigit()], tma="t" in parts,
+                              one_group="o" in parts)
+
+
+def sweep(args, specs=SWEEP_SPECS) -> list[dict]:
+    """Time the forward kernel over launch configs at the Llama shapes: per case and config the
+    kernel on contiguous K/V (ms, TFLOP/s), the in-place zigzag path (the CP kernel's layout),
+    registers and spills of the compiled kernel, and the largest relative error against the first
+    config's outputs (a config that computes something else shows up)."""
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-    configs = [DualGroupFwdConfig(bm, bn, nw, ns, tma=tma)
-               for bm, bn, nw, ns in ((128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2),
-                                      (128, 128, 8, 3), (64, 128, 4, 3), (64, 64, 4, 3))
-               for tma in (False, True)]
+    rows = []
     for case in cases(args.dtype):
-        if args.only and not any(o in case.name for o in args.only.split(",")):
+        if "llama" not in case.name or (args.only and not any(o in case.name for o in
+                                                               args.only.split(","))):
             continue
+        torch.manual_seed(0)
         s = setup(case, dtype)
-        results = []
         q0, q1 = s["chunk_q"]
         cu0, cu1 = s["chunk_cu"]
-        cu_kg = [cu for _, cu in s["slices"]]
-        kv_end = [(c[1:] - c[:-1]).to(torch.int32) for c in cu_kg]
+        kv_end = [(cu[1:] - cu[:-1]).to(torch.int32) for _, cu in s["slices"]]
         outs = [torch.empty_like(q0), torch.empty_like(q1)]
         lses = [torch.empty(case.nheads, q.shape[0], device=q.device) for q in (q0, q1)]
-        for cfg in configs:
+        base = None
+        for spec in specs:
+            cfg = fwd_config(spec)
+
             def fn(cfg=cfg):
                 return dual_group_forward_into(
                     q0, q1, s["kv"][0], s["kv"][1], outs[0], outs[1], lses[0], lses[1], cu0, cu1,
                     s["cu"] * case.world_size, kv_end[0], kv_end[1], cu0[:-1], cu1[:-1],
                     max_seqlen_q=s["max_c"], softmax_scale=None, causal=True, config=cfg)
+            row = {"case": case.name, "config": spec}
             try:
                 handle = fn()
-                t_e2e = time_ms(paths(case, s, cfg)["fused_e2e"])
-                results.append((time_ms(fn), cfg, handle.n_regs, handle.n_spills, t_e2e))
-            except Exception as exc:  # out of resources: report and go on
-                print(f"  {cfg}: {type(exc).__name__}")
-        results.sort(key=lambda x: x[0])
-        for ms, cfg, regs, spills, t_e2e in results:
-            print(f"{case.name}: kernel {ms:.3f} ms, in-place zigzag e2e {t_e2e:.3f} ms, "
-                  f"{regs} regs {spills} spills  {cfg}")
+                got = [t.float().clone() for t in (*outs, *lses)]
+                base = got if base is None else base
+                err = max(((a - b).nan_to_num(0).norm() / b.nan_to_num(0).norm()).item()
+                          for a, b in zip(got, base))
+                ms = time_ms(fn)
+                row.update({"ms": ms, "TFLOP/s": s["flops"] / ms / 1e9,
+                            "zigzag e2e ms": time_ms(paths(case, s, cfg)["fused_e2e"]),
+                            "regs": handle.n_regs if handle else -1,
+                            "spills": handle.n_spills if handle else -1,
+                            "err vs first": f"{err:.1e}"})
+            except Exception as exc:  # out of resources and the like: report and go on
+                row.update({"ms": float("nan"), "TFLOP/s": 0.0, "zigzag e2e ms": float("nan"),
+                            "regs": -1, "spills": -1,
+                            "err vs first": f"{type(exc).__name__}: {exc}"[:60]})
+            rows.append(row)
+            print(report.format_rows(rows[-1:]), flush=True)
+        del s
+        torch.cuda.empty_cache()
+    print(report.format_rows(rows))
+    print(report.environment())
+    return rows
 
 
 # ---------------------------------------------------------------------------------------------
@@ -505,6 +534,8 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--out", default="docs", help="where benchmarks.md rows and the PNG go")
     ap.add_argument("--only", default="", help="comma-separated substrings of case names to run")
     ap.add_argument("--sweep", action="store_true", help="tune the launch config table")
+    ap.add_argument("--cfg", nargs="*", default=list(SWEEP_SPECS),
+                    help="--sweep specs: block_m,block_n,warps,stages[,o (one group)][,t (TMA)]")
     ap.add_argument("--profile", default="", help="run each path of one case once (for ncu)")
     ap.add_argument("--backward", action="store_true",
                     help="backward and forward + backward vs FA2 two calls (Llama-3-8B cases)")
@@ -517,7 +548,7 @@ def main(argv: list[str]) -> None:
     if not torch.cuda.is_available():
         raise SystemExit("bench zigzag needs a CUDA GPU")
     if args.sweep:
-        sweep(args)
+        sweep(args, args.cfg)
         return
     if args.profile:
         case = next(c for c in cases(args.dtype) if c.name == args.profile)
