@@ -3,7 +3,10 @@ against the fp16 cache, on random keys and on keys with per-channel outliers (a 
 10-30x larger, as real LLM keys have). Pure PyTorch (kvonce.reference + kvonce.paged.quant: the
 kernels match ``dequantize_kv`` to fp32 rounding, tests/test_decode_quant.py), so it runs on CPU.
 
-    PYTHONPATH=src python scripts/quant_accuracy.py
+    PYTHONPATH=src python scripts/quant_accuracy.py [--rotate]
+
+``--rotate`` also measures each format after a fixed orthonormal Hadamard rotation of K and q
+(``q.k = (qH).(kH)``; V unrotated), the rotation issue 20 proposes for outlier channels.
 """
 import torch
 
@@ -26,21 +29,37 @@ def case(outliers: bool, seed: int = 0):
     return q, k.half(), v.half(), seqlens, table
 
 
-def main():
-    print("| keys | format | out rel err vs fp16 cache | max abs lse err |")
-    print("|---|---|---|---|")
+def hadamard(d: int) -> torch.Tensor:
+    """Sylvester Hadamard matrix scaled to be orthonormal (``H @ H.T == I``), d a power of 2."""
+    h = torch.ones(1, 1)
+    while h.shape[0] < d:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h / d ** 0.5
+
+
+def main(argv):
+    rotations = (False, True) if "--rotate" in argv else (False,)
+    print("| keys | format | K/q rotation | out rel err vs fp16 cache | max abs lse err |")
+    print("|---|---|---|---|---|")
     for outliers in (False, True):
         q, k, v, seqlens, table = case(outliers)
         ref, ref_lse = paged_attention_ref(q, k, v, seqlens, table)
-        for fmt in ("fp8_e4m3", "int8", "int4"):
-            kq, ks = kvonce.quantize_kv(k, fmt)
-            vq, vs = kvonce.quantize_kv(v, fmt)
-            out, lse = paged_attention_ref(q, kvonce.dequantize_kv(kq, ks, fmt),
-                                           kvonce.dequantize_kv(vq, vs, fmt), seqlens, table)
-            rel = ((out - ref).norm() / ref.norm()).item()
-            print(f"| {'per-channel outliers' if outliers else 'random'} | {fmt} | {rel:.2e} | "
-                  f"{(lse - ref_lse).abs().max().item():.2e} |")
+        for rotate in rotations:
+            h = hadamard(k.shape[-1])
+            kr = (k.float() @ h).half() if rotate else k
+            qr = (q.float() @ h).half() if rotate else q
+            for fmt in ("fp8_e4m3", "int8", "int4"):
+                kq, ks = kvonce.quantize_kv(kr, fmt)
+                vq, vs = kvonce.quantize_kv(v, fmt)
+                out, lse = paged_attention_ref(qr, kvonce.dequantize_kv(kq, ks, fmt),
+                                               kvonce.dequantize_kv(vq, vs, fmt), seqlens, table)
+                rel = ((out - ref).norm() / ref.norm()).item()
+                print(f"| {'per-channel outliers' if outliers else 'random'} | {fmt} | "
+                      f"{'Hadamard' if rotate else 'none'} | {rel:.2e} | "
+                      f"{(lse - ref_lse).abs().max().item():.2e} |")
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    main(sys.argv[1:])
