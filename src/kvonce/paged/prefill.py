@@ -12,13 +12,14 @@ import torch
 
 from .. import _validate as V
 from .._dispatch import require_values, use_op
-from ..kernels.configs import PagedPrefillConfig, device_info, get_paged_prefill_config
+from ..kernels.configs import (PagedPrefillConfig, device_info, get_paged_prefill_config,
+                               op_fields)
 from ..kernels.paged_prefill import PagedPrefillLaunch
 from ._alloc import allocator
-from .decode import PagedDecodePlan
 from .checks import (QUANT_FORMATS, check_block_table_values, check_device_ok, check_scale,
                      launch_layout, resolve_kv_format, validate_cache,
                      validate_quantized_cache)
+from .decode import PagedDecodePlan
 
 __all__ = ["paged_prefill", "PagedPrefillPlan"]
 
@@ -145,13 +146,9 @@ class PagedPrefillPlan:
         self._check_like_plan(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table)
         if use_op(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table, k_scale,
                   v_scale):
-            c = self.config
             out, lse = torch.ops.kvonce.paged_prefill(
                 q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table, self.softmax_scale,
-                self.causal, c.block_m, c.block_n, c.num_warps, c.num_stages,
-                c.kv_cache_modifier, c.kv_eviction, c.last_tiles_first, c.int64_kv_offsets,
-                c.prefetch_pages, c.tma, k_scale, v_scale,
-                self._kv_code)
+                self.causal, *op_fields(self.config), k_scale, v_scale, self._kv_code)
             return (out, lse) if return_lse else out
         if self._decode is not None:
             batch, nheads, head_dim = self._batch, q.shape[1], q.shape[2]
