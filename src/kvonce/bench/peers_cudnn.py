@@ -36,12 +36,10 @@ one per group; eager timing then measures the host. By default the cuDNN callabl
 CUDA graph replays (captured once, checked against the eager result; eager if capture fails, said
 so in the ``cudnn timing`` column); ``--cudnn-eager`` times them eagerly.
 
-Standalone (``PYTHONPATH=src python -m kvonce.bench.peers_cudnn ...``):
-
-* ``cpu-check``: the split + merge + backward identity in float64 on CPU (math attention with a
-  plain-torch logsumexp in place of cuDNN) against bottom-right references; no GPU needed.
-* ``probe``: on the GPU, what this torch's cuDNN path accepts: native GQA, what ``is_causal``
-  means when ``S_q < S_k``, ``attn_mask=causal_lower_right(S_q, S_k)``, the varlen op.
+``PYTHONPATH=src python -m kvonce.bench.peers_cudnn probe``: on the GPU, what this torch's cuDNN
+path accepts: native GQA, what ``is_causal`` means when ``S_q < S_k``,
+``attn_mask=causal_lower_right(S_q, S_k)``, the varlen op. The split + merge + backward identity
+is tested in float64 on CPU by tests/test_bench_peers_cudnn.py (math attention in place of cuDNN).
 """
 from __future__ import annotations
 
@@ -52,7 +50,7 @@ from typing import Callable
 import torch
 
 __all__ = ["cudnn_attention", "cudnn_attention_backward", "merge_partials", "CudnnX2", "build",
-           "why", "worst", "forward_columns", "backward_columns", "probe", "cpu_check"]
+           "why", "worst", "forward_columns", "backward_columns", "probe"]
 
 NO_RESULT = "-"
 
@@ -160,7 +158,7 @@ class CudnnX2:
     """Per-group cuDNN attention of one rank's two zigzag groups, from the bench's ``setup``
     dict (``chunk_q``, ``chunk_cu``, ``k_groups``, ``v_groups``, ``slices``, ``kv``).
 
-    ``attn`` / ``attn_bwd`` default to the cuDNN ops (``cpu_check`` swaps in math versions);
+    ``attn`` / ``attn_bwd`` default to the cuDNN ops (tests/test_bench_peers_cudnn.py swaps in math versions);
     ``expand_kv`` repeats K/V heads up to H at setup (the GQA fallback)."""
 
     def __init__(self, s: dict, scale: float, *, attn: Callable = cudnn_attention,
@@ -412,90 +410,6 @@ def backward_columns(peer: CudnnX2 | None, douts, time_ms, *, graph: bool = True
 
 
 # ---------------------------------------------------------------------------------------------
-# CPU check of the split / merge / backward identity (float64, no cuDNN)
-# ---------------------------------------------------------------------------------------------
-
-def _math_scores(q, k, causal, scale):
-    s = torch.matmul(q, k.transpose(-1, -2)) * scale
-    if causal:  # top-left, as cuDNN's is_causal
-        lq, lk = s.shape[-2:]
-        hidden = torch.ones(lq, lk, dtype=torch.bool, device=s.device).triu(1)
-        s = s.masked_fill(hidden, -torch.inf)
-    return s
-
-
-def math_attention(q, k, v, causal, scale):
-    """Stand-in for ``cudnn_attention`` (same shapes and conventions): the output from PyTorch's
-    math SDPA, the logsumexp from plain torch."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.nn.functional import scaled_dot_product_attention
-
-    ratio = q.shape[1] // k.shape[1]
-    kk, vv = k.repeat_interleave(ratio, 1), v.repeat_interleave(ratio, 1)
-    with sdpa_kernel(SDPBackend.MATH):
-        out = scaled_dot_product_attention(q, kk, vv, is_causal=causal, scale=scale)
-    lse = torch.logsumexp(_math_scores(q, kk, causal, scale), dim=-1, keepdim=True)
-    return out, lse, None
-
-
-def math_attention_backward(dout, q, k, v, out, lse, aux, causal, scale):
-    """Stand-in for ``cudnn_attention_backward``: the flash-style backward from ``out`` and
-    ``lse`` (D = rowsum(dO o O), P = exp(S - lse), dS = P (dP - D))."""
-    ratio = q.shape[1] // k.shape[1]
-    kk, vv = k.repeat_interleave(ratio, 1), v.repeat_interleave(ratio, 1)
-    p = torch.exp(_math_scores(q, kk, causal, scale) - lse)
-    dv = torch.matmul(p.transpose(-1, -2), dout)
-    ds = p * (torch.matmul(dout, vv.transpose(-1, -2)) - (dout * out).sum(-1, keepdim=True))
-    dq = torch.matmul(ds, kk) * scale
-    dk = torch.matmul(ds.transpose(-1, -2), q) * scale
-    if ratio > 1:
-        dk, dv = _reduce_heads(dk, k.shape[1]), _reduce_heads(dv, k.shape[1])
-    return dq, dk, dv
-
-
-def cpu_check() -> float:
-    """The peer's bookkeeping and math with math attention in float64 on CPU, on small zigzag
-    cases (GQA and not, one and several sequences, every rank, native and expanded K/V):
-    outputs/LSE against ``reference.varlen_attention_ref`` (bottom-right causal, float64) and
-    gradients against ``dual_group_grads_f64``. Returns the worst relative error."""
-    from ..reference import varlen_attention_ref
-    from .zigzag import Case, _fused_args, dual_group_grads_f64, setup
-
-    worst_err = 0.0
-    for world, lens, h, hk in ((2, (16,), 4, 2), (4, (24, 8, 16), 4, 1), (2, (8, 12), 2, 2)):
-        for rank in range(world):
-            for expand in (False, True):
-                case = Case("cpu", world, rank, lens, h, hk, 16)
-                torch.manual_seed(rank)
-                s = setup(case, torch.float64, device="cpu")
-                scale = case.head_dim ** -0.5
-                peer = CudnnX2(s, scale, attn=math_attention, attn_bwd=math_attention_backward,
-                               expand_kv=expand)
-                outs, saved = peer.forward()
-                lses = peer.lse_tokens(saved)
-                errs = []
-                for g in (0, 1):
-                    o_ref, l_ref = varlen_attention_ref(
-                        s["chunk_q"][g], s["k_groups"][g], s["v_groups"][g], s["chunk_cu"][g],
-                        s["slices"][g][1], softmax_scale=scale, causal=True,
-                        compute_dtype=torch.float64)
-                    errs += [_rel(outs[g], o_ref), _rel(lses[g], l_ref)]
-                douts = [torch.randn_like(q) for q in s["chunk_q"]]
-                tensors, meta = _fused_args(case, s)
-                ref = dual_group_grads_f64(*douts, *tensors, *meta[:3], *meta[6:],
-                                           softmax_scale=scale)
-                grads = peer.backward(douts, (outs, saved))
-                errs += [_rel(a, b) for a, b in zip(grads, ref)]
-                parts = peer.backward(douts, (outs, saved), sum_dkv=False)
-                errs += [_rel(parts[0], ref[0]), _rel(parts[1], ref[1])]
-                worst_err = max(worst_err, *errs)
-                print(f"world {world} rank {rank} lens {lens} H{h}/Hk{hk} expand={expand}: "
-                      f"worst rel err {max(errs):.1e} (out, lse, dq0, dq1, dk, dv)")
-    print(f"cpu-check: worst {worst_err:.1e} -> {'OK' if worst_err < 1e-10 else 'FAILED'}")
-    return worst_err
-
-
-# ---------------------------------------------------------------------------------------------
 # GPU probe of this torch's cuDNN path
 # ---------------------------------------------------------------------------------------------
 
@@ -599,14 +513,12 @@ def probe(dtype: torch.dtype = torch.bfloat16) -> None:
 
 
 def main(argv: list[str]) -> None:
-    if argv[:1] == ["cpu-check"]:
-        raise SystemExit(0 if cpu_check() < 1e-10 else 1)
     if argv[:1] == ["probe"]:
         if not torch.cuda.is_available():
             raise SystemExit("probe needs a CUDA GPU")
         probe(torch.float16 if argv[1:2] == ["fp16"] else torch.bfloat16)
         return
-    raise SystemExit("usage: python -m kvonce.bench.peers_cudnn {cpu-check,probe [fp16]}")
+    raise SystemExit("usage: python -m kvonce.bench.peers_cudnn probe [fp16]")
 
 
 if __name__ == "__main__":
