@@ -144,13 +144,7 @@ class PagedPrefillPlan:
         """Attention for tensors shaped like the planned ones; returns like ``paged_prefill``.
         A quantized cache takes this layer's ``k_scale``/``v_scale`` (shapes as planned)."""
         self._check_like_plan(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table)
-        if use_op(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table, k_scale,
-                  v_scale):
-            out, lse = torch.ops.kvonce.paged_prefill(
-                q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table, self.softmax_scale,
-                self.causal, *op_fields(self.config), k_scale, v_scale, self._kv_code)
-            return (out, lse) if return_lse else out
-        if self._decode is not None:
+        if self._decode is not None:  # its run takes the decode op where use_op says
             batch, nheads, head_dim = self._batch, q.shape[1], q.shape[2]
             res = self._decode.run(q.view(batch, 1, nheads, head_dim), k_cache, v_cache,
                                    cache_seqlens, block_table, k_scale=k_scale, v_scale=v_scale,
@@ -159,6 +153,12 @@ class PagedPrefillPlan:
                 return res.view(q.shape)
             out, lse = res  # lse [batch, nheads, 1] -> [nheads, total_q]
             return out.view(q.shape), lse.view(batch, nheads).t().contiguous()
+        if use_op(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table, k_scale,
+                  v_scale):
+            out, lse = torch.ops.kvonce.paged_prefill(
+                q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table, self.softmax_scale,
+                self.causal, *op_fields(self.config), k_scale, v_scale, self._kv_code)
+            return (out, lse) if return_lse else out
         layout = launch_layout(q, k_cache, v_cache, block_table, return_lse, k_scale, v_scale)
         launch = self._launches.get(layout)
         if launch is None:
