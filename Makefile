@@ -5,8 +5,10 @@ STAMP  := $(VENV)/.kvonce-installed
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
 # CPU test environment only: torch 2.13.0 CPU build and triton 3.6.0 (the interpreter),
-# numpy < 2.4 because the triton 3.6 interpreter breaks on numpy >= 2.4 in loops with runtime bounds.
-CPU_PINS := torch==2.13.0 triton==3.6.0 "numpy<=2.3.5"
+# numpy < 2.4 because the triton 3.6 interpreter breaks on numpy >= 2.4 in loops with runtime bounds;
+# transformers 5.24.0: the newest release the HF adapter was tested on (the test extra's range:
+# pyproject.toml; the others: `make test-hf-matrix`).
+CPU_PINS := torch==2.13.0 triton==3.6.0 "numpy<=2.3.5" transformers==5.24.0
 
 # The oldest releases pyproject.toml claims (`make test-oldest`: the CPU suite against them, in
 # its own venv). PyPI's Linux torch wheels bring their CUDA libraries (~6 GB installed); where
@@ -16,7 +18,14 @@ OLDEST_PINS  := torch==2.8.0 triton==3.4.0 "numpy<=2.3.5"
 OLDEST_VENV  ?= .venv-oldest
 OLDEST_INDEX ?=
 
-.PHONY: venv test test-oldest demo gpu-test gpu-test-full gpu-test-part bench clean
+# `make test-hf-matrix` (not in CI): the HF test files against each supported transformers
+# release, a venv each under $(VENV)/hf-matrix/ (gone with `make clean`), CPU_PINS with that
+# release in place of the pinned one; one pytest summary per release, non-zero if any failed.
+# Result: README, "Serving an HF model".
+HF_MATRIX := 5.17.0 5.23.0 5.24.0
+HF_TESTS  := tests/test_integrations_hf_paged.py tests/test_integrations_hf.py tests/test_bench_serve.py
+
+.PHONY: venv test test-oldest test-hf-matrix demo gpu-test gpu-test-full gpu-test-part bench clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -38,6 +47,18 @@ test-oldest:
 	$(OLDEST_VENV)/bin/python -m pip install -q -e ".[test]"
 	$(OLDEST_VENV)/bin/python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 	TRITON_INTERPRET=1 $(OLDEST_VENV)/bin/python -m pytest -q -ra tests
+
+test-hf-matrix:
+	@failed=""; for v in $(HF_MATRIX); do \
+	  venv=$(VENV)/hf-matrix/$$v; echo "== transformers $$v ($$venv)"; \
+	  { [ -x $$venv/bin/python ] || python3 -m venv $$venv; } && \
+	  $$venv/bin/python -m pip install -q $(filter-out transformers==%,$(CPU_PINS)) transformers==$$v && \
+	  $$venv/bin/python -m pip install -q -e ".[test,bench]" && \
+	  TRITON_INTERPRET=1 $$venv/bin/python -m pytest -q -ra -p no:cacheprovider $(HF_TESTS) \
+	  || failed="$$failed $$v"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "test-hf-matrix: failed on transformers$$failed"; exit 1; fi; \
+	echo "test-hf-matrix: passed on transformers $(HF_MATRIX)"
 
 demo: $(STAMP)
 ifeq ($(HAS_GPU),1)

@@ -9,25 +9,33 @@ import torch
 from kvonce.bench import serve
 
 
-def _has_continuous_batching():
-    try:
-        from transformers import ContinuousBatchingConfig  # noqa: F401
-        import psutil  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke size; the GPU runs the bench")
-@pytest.mark.skipif(not _has_continuous_batching(),
-                    reason="transformers without continuous batching, or psutil missing")
-def test_serve_bench_cpu_smoke(tmp_path):
+def test_serve_bench_cpu_smoke(hf_continuous_batching, tmp_path):
     out = tmp_path / "serve.json"
     serve.main(["--device", "cpu", "--quick", "--no-progress", "--json", str(out)])
     rows = json.loads(out.read_text())
     assert [r["backend"] for r in rows] == ["sdpa", "kvonce"]
     assert all(r["tokens"] > 0 and r["tok_s"] > 0 for r in rows)
     assert rows[1]["same"] == 1.0 and rows[1]["prefix"] == 1.0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke size; the GPU runs the bench")
+def test_serve_bench_exits_nonzero_when_requests_fail(hf_continuous_batching, monkeypatch,
+                                                      tmp_path):
+    """A backend whose every attention call raises: transformers marks its requests failed and
+    returns them; the bench exits with the error instead of a row of 0 tokens and nan."""
+    from kvonce.integrations import hf_paged
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("kernel broken on purpose")
+
+    monkeypatch.setattr(hf_paged, "paged_prefill", broken)
+    monkeypatch.setattr(hf_paged, "flash_attn_varlen_func", broken)
+    monkeypatch.setattr(serve, "IMPLS", ("paged|kvonce",))
+    out = tmp_path / "serve.json"
+    with pytest.raises(SystemExit, match=r"paged\|kvonce: 4/4 outputs, 4 failed.*kernel broken"):
+        serve.main(["--device", "cpu", "--no-progress", "--json", str(out)])
+    assert not out.exists()
 
 
 def test_serve_bench_needs_a_gpu_or_cpu_flag(monkeypatch):

@@ -9,14 +9,14 @@ import copy
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import HAS_CUDA, spawn_process_group
-
-transformers = pytest.importorskip("transformers")
+from conftest import HAS_CUDA, require_hf, spawn_process_group
 
 SEQ_LENS = [8, 12, 4]  # multiples of 2 * world (world 2)
 
 
 def _model():
+    import transformers
+
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
         vocab_size=61, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -98,6 +98,7 @@ def _worker(rank, world, backend):
 @pytest.mark.skipif(HAS_CUDA and torch.cuda.device_count() < 2,
                     reason="on a GPU machine this runs on 2 GPUs with NCCL")
 def test_llama_training_step_two_processes():
+    require_hf("transformers")
     spawn_process_group(_worker, 2, "nccl" if HAS_CUDA else "gloo")
 
 

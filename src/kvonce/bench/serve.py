@@ -11,7 +11,8 @@ heads, same parameter count), 1.10e9 parameters. ``--device cpu``: 2 layers, hid
 heads of 32, vocab 256, fp32, 4 prompts of 16..63 tokens, 4 new tokens, page size 16.
 Workload: ``--prompts`` random prompts (seeded), lengths uniform in 64..511, each generating
 exactly ``--new-tokens`` greedy tokens (``do_sample=False``; no EOS in the model config and
-``eos_token_id=-1`` in the generation config, so no request stops early; the count is checked).
+``eos_token_id=-1`` in the generation config, so no request stops early). A backend whose
+requests fail or come back short ends the bench with exit status 1 and the first error.
 Both backends get the same explicit ``ContinuousBatchingConfig``: page size ``--page-size``
 (default 256, transformers' default), ``num_blocks = prompts * ceil((max prompt + new tokens) /
 page size)`` (every request fits at once), the ``max_batch_tokens`` of the row, decode fast path
@@ -156,6 +157,17 @@ def agreement(got, ref) -> tuple[float, float]:
     return same / max(len(ref), 1), prefix / max(len(ref), 1)
 
 
+def check_outputs(impl: str, outputs, n_prompts: int, new_tokens: int) -> None:
+    """Exit non-zero (SystemExit with the first error) unless every request came back with
+    exactly ``new_tokens`` tokens and no error: a row of failed requests is no measurement."""
+    failed = [o for o in outputs if o.error is not None]
+    short = [o.request_id for o in outputs if len(o.generated_tokens) != new_tokens]
+    if failed or short or len(outputs) != n_prompts:
+        first = f"; first error ({failed[0].request_id}): {failed[0].error}" if failed else ""
+        raise SystemExit(f"bench serve: {impl}: {len(outputs)}/{n_prompts} outputs, "
+                         f"{len(failed)} failed, {len(short)} not of {new_tokens} tokens{first}")
+
+
 def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(prog="python -m kvonce bench serve")
     p.add_argument("--max-batch-tokens", default=None,
@@ -221,11 +233,7 @@ def main(argv: list[str]) -> None:
             outputs, wall = generate(model, impl, prompts, new_tokens, cb, device=args.device,
                                      progress=progress)
             results[impl] = outputs
-            failed = [o.request_id for o in outputs if o.error is not None]
-            short = [o.request_id for o in outputs if len(o.generated_tokens) != new_tokens]
-            if failed or short or len(outputs) != n_prompts:
-                print(f"WARNING {impl}: {len(outputs)}/{n_prompts} outputs, {len(failed)} "
-                      f"failed, {len(short)} not of {new_tokens} tokens", flush=True)
+            check_outputs(impl, outputs, n_prompts, new_tokens)
             # the backend without "paged|": a "|" would split a markdown table cell
             row = {"backend": impl.removeprefix("paged|"), "max_batch_tokens": mbt,
                    "graphs": "on" if args.cuda_graph else "off", **latency_stats(outputs, wall)}
