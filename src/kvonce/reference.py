@@ -188,8 +188,10 @@ def paged_attention_ref(
     *,
     softmax_scale: float | None = None,
     causal: bool = True,
+    compute_dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Paged decode attention, one sequence at a time, in float32 (the "simple" version).
+    """Paged decode attention, one sequence at a time, in ``compute_dtype`` (float32 by default;
+    float64 for precision checks) (the "simple" version).
 
     Parameters
     ----------
@@ -202,17 +204,18 @@ def paged_attention_ref(
 
     Returns
     -------
-    out : float32 ``[batch, q_len, nheads, headdim]``
-    lse : float32 ``[batch, nheads, q_len]``, natural log; ``-inf`` (and ``out = 0``) for a row
+    out : ``compute_dtype`` ``[batch, q_len, nheads, headdim]``
+    lse : ``compute_dtype`` ``[batch, nheads, q_len]``, natural log; ``-inf`` (and ``out = 0``) for a row
         that sees no key. Causal is bottom-right: row ``t`` sees key ``j <= t + seqlen - q_len``.
     """
     batch, q_len, nheads, _ = q.shape
-    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    lse = torch.full((batch, nheads, q_len), float("-inf"), dtype=torch.float32, device=q.device)
+    out = torch.zeros(q.shape, dtype=compute_dtype, device=q.device)
+    lse = torch.full((batch, nheads, q_len), float("-inf"), dtype=compute_dtype, device=q.device)
     for b, length in enumerate(int(x) for x in cache_seqlens.tolist()):
         k_b = _gather_pages(k_cache, block_table[b], length)
         v_b = _gather_pages(v_cache, block_table[b], length)
-        out[b], lse[b] = attention_ref(q[b], k_b, v_b, softmax_scale=softmax_scale, causal=causal)
+        out[b], lse[b] = attention_ref(q[b], k_b, v_b, softmax_scale=softmax_scale, causal=causal,
+                                       compute_dtype=compute_dtype)
     return out, lse
 
 
@@ -272,19 +275,21 @@ def paged_prefill_ref(
     *,
     softmax_scale: float | None = None,
     causal: bool = True,
+    compute_dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Varlen paged attention (``kvonce.paged.prefill``), one sequence at a time, in float32.
+    """Varlen paged attention (``kvonce.paged.prefill``), one sequence at a time, in
+    ``compute_dtype`` (float32 by default).
 
     ``q [total_q, nheads, headdim]``: sequence ``b``'s rows ``cu_seqlens_q[b] ..
     cu_seqlens_q[b + 1]`` are its newest tokens, already among its ``cache_seqlens[b]`` cache
-    positions; caches and ``block_table`` as in ``paged_attention_ref``. Returns ``out`` float32
-    ``[total_q, nheads, headdim]`` and ``lse`` float32 ``[nheads, total_q]`` (natural log;
+    positions; caches and ``block_table`` as in ``paged_attention_ref``. Returns ``out``
+    ``[total_q, nheads, headdim]`` and ``lse`` ``[nheads, total_q]`` in ``compute_dtype`` (natural log;
     ``-inf`` and ``out = 0`` for a row that sees no key). Causal is bottom-right: row ``i`` sees
     key ``j <= i + cache_seqlens[b] - q_len_b``.
     """
     total_q, nheads, _ = q.shape
-    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    lse = torch.full((nheads, total_q), float("-inf"), dtype=torch.float32, device=q.device)
+    out = torch.zeros(q.shape, dtype=compute_dtype, device=q.device)
+    lse = torch.full((nheads, total_q), float("-inf"), dtype=compute_dtype, device=q.device)
     cu = [int(x) for x in cu_seqlens_q.tolist()]
     for b, length in enumerate(int(x) for x in cache_seqlens.tolist()):
         if cu[b + 1] == cu[b]:
@@ -292,7 +297,8 @@ def paged_prefill_ref(
         k_b = _gather_pages(k_cache, block_table[b], length)
         v_b = _gather_pages(v_cache, block_table[b], length)
         out[cu[b]:cu[b + 1]], lse[:, cu[b]:cu[b + 1]] = attention_ref(
-            q[cu[b]:cu[b + 1]], k_b, v_b, softmax_scale=softmax_scale, causal=causal)
+            q[cu[b]:cu[b + 1]], k_b, v_b, softmax_scale=softmax_scale, causal=causal,
+            compute_dtype=compute_dtype)
     return out, lse
 
 

@@ -87,7 +87,8 @@ def dual_group_forward_into(
     head_dim = q0.shape[2]
     scale = head_dim ** -0.5 if softmax_scale is None else float(softmax_scale)
     if config is None:
-        config = get_dual_group_fwd_config(_capability(q0.device), head_dim)
+        config = get_dual_group_fwd_config(_capability(q0.device), head_dim,
+                                           element_size=q0.element_size())
     return launch_dual_group_fwd(
         q0, q1, k, v, out0, out1, lse0, lse1,
         cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1, out_start0, out_start1,
@@ -117,7 +118,9 @@ def fused_zigzag_llama3_flash_attn_varlen_forward(
 
     Parameters
     ----------
-    q0 : ``[total_q0, nheads, headdim]`` fp16/bf16 (fp32 for testing)
+    q0 : ``[total_q0, nheads, headdim]`` fp16/bf16, or fp32
+        (computed in fp32: IEEE dots under PyTorch's default matmul precision, TF32 only when
+        the user allows it)
     q1 : ``[total_q1, nheads, headdim]``
     k, v : ``[total_k, nheads_k, headdim]``, ``nheads % nheads_k == 0`` (GQA: q head ``h`` reads
         kv head ``h // (nheads // nheads_k)``). Last dims contiguous; other strides are free.
@@ -167,7 +170,8 @@ def _dual_group_forward(q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k
     batch = cu_seqlens_q0.shape[0] - 1
     device = q0.device
     if config is None:
-        config = get_dual_group_fwd_config(_capability(device), q0.shape[2])
+        config = get_dual_group_fwd_config(_capability(device), q0.shape[2],
+                                           element_size=q0.element_size())
     scale = q0.shape[2] ** -0.5 if softmax_scale is None else float(softmax_scale)
     max_seqlen_q = max(max_seqlen_q0, max_seqlen_q1)
     kv_end0, kv_end1 = max_kv_len_q0, max_kv_len_q1

@@ -55,6 +55,35 @@ def _knob_hooks_active() -> bool:
     return False
 
 
+def fp32_matmul_precision() -> str:
+    """``"ieee"`` or ``"tf32"``: how PyTorch runs float32 matmuls on CUDA right now.
+
+    ``"ieee"`` under PyTorch's default (``torch.get_float32_matmul_precision() == "highest"``,
+    ``allow_tf32`` False), ``"tf32"`` once the user allows it ("high"/"medium", ``allow_tf32 =
+    True``, or ``torch.backends.cuda.matmul.fp32_precision = "tf32"``). torch >= 2.9 reads the
+    new per-backend setting: the legacy getters raise once the new API has been used."""
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):
+        return "ieee" if matmul.fp32_precision in ("ieee", "none") else "tf32"
+    return "ieee" if torch.get_float32_matmul_precision() == "highest" else "tf32"
+
+
+def dot_precision(dtype: torch.dtype) -> str | None:
+    """The precision of ``dtype``'s dots if it depends on PyTorch's setting (float32), else None:
+    part of the signature under which one-shot calls reuse a plan."""
+    return fp32_matmul_precision() if dtype == torch.float32 else None
+
+
+def dot_options(dtype: torch.dtype) -> dict:
+    """Triton compile options for a kernel whose ``tl.dot`` operands have ``dtype``: float32
+    dots follow PyTorch's setting (``fp32_matmul_precision``; Triton's own default is TF32, which
+    would silently lower a user's fp32 to 10-bit mantissas); 16-bit dots need nothing. The option
+    is part of the compiled kernel's identity (Triton's cache key and ``launch``'s), so one
+    launch config never mixes the two."""
+    precision = dot_precision(dtype)
+    return {} if precision is None else {"default_dot_input_precision": precision}
+
+
 def next_pow2(x: int) -> int:
     """``triton.next_power_of_2`` without its JIT-function call wrapper (~2.5 us a call)."""
     return 1 << max(0, x - 1).bit_length()
@@ -69,20 +98,24 @@ def all_aligned(*tensors) -> bool:
 
 
 def launch(kernel, key, grid: tuple[int, int, int], args: tuple, constexprs: dict,
-           num_warps: int, num_stages: int, device_index: int):
-    """``kernel[grid](*args, **constexprs, num_warps=..., num_stages=...)``, cheaply.
+           num_warps: int, num_stages: int, device_index: int, options: dict | None = None):
+    """``kernel[grid](*args, **constexprs, **options, num_warps=..., num_stages=...)``, cheaply.
 
     ``args`` are the runtime arguments in signature order; ``constexprs`` the compile-time ones,
     which must come after them in the signature (true of every kvonce kernel). ``key`` must
-    determine the specialization (module docstring). Returns the ``CompiledKernel`` (None under
+    determine the specialization (module docstring); ``options`` (Triton compile options such as
+    ``dot_options``' fp32 dot precision) join it here. Returns the ``CompiledKernel`` (None under
     the interpreter): its ``n_regs`` and ``n_spills`` feed the config sweeps.
     """
-    compiled = _compiled.get((kernel, key, device_index))
+    options = options or {}
+    cache_key = (kernel, key, tuple(options.items()), device_index)
+    compiled = _compiled.get(cache_key)
     if compiled is None or not cached_launch_enabled or _knob_hooks_active():
-        compiled = kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
+        compiled = kernel[grid](*args, **constexprs, **options, num_warps=num_warps,
+                                num_stages=num_stages)
         if cached_launch_enabled and not interpreter_active() and not _knob_hooks_active():
             tail = tuple(constexprs[name] for name in kernel.arg_names[len(args):])
-            _compiled[(kernel, key, device_index)] = (compiled, tail)
+            _compiled[cache_key] = (compiled, tail)
         return compiled
     ck, tail = compiled
     stream = torch._C._cuda_getCurrentRawStream(device_index)

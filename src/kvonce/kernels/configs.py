@@ -13,6 +13,12 @@ import os
 
 log = logging.getLogger("kvonce")
 
+# fp32 inputs (reference-precision users, tests) take each family's fallback row: the tuned rows
+# are sized for 16-bit tiles, whose shared memory doubles past Hopper's 227 KB in fp32 (the
+# forward's 128 x 128 x 3-stage row would need 384 KB for K/V alone). Not timed: fp32 attention
+# runs IEEE fp32 dots by default (PyTorch's "highest" precision), far from tensor-core speed.
+FP32_NOTE = "fp32 inputs take the family's fallback (small) tiles"
+
 
 def op_fields(config) -> tuple:
     """A config's fields in declaration order, as custom-op arguments (an op cannot take a
@@ -80,12 +86,15 @@ def _table_row(table: dict, capability, head_dim: int):
     return row.get(head_dim, row.get(1 << (head_dim - 1).bit_length()))
 
 
-def _warn_untuned(warned: set, family: str, capability, tune: str) -> None:
-    """Log once per GPU that ``family`` runs a conservative fallback config."""
-    if capability not in warned:
-        warned.add(capability)
-        log.warning("kvonce: no tuned %s config for compute capability %s; using a conservative "
-                    "fallback%s", family, capability, tune)
+def _warn_untuned(warned: set, family: str, capability, tune: str, head_dim=None) -> None:
+    """Log once per (GPU, head dim) that ``family`` runs a conservative fallback config, naming
+    what the table lacks."""
+    key = (capability, head_dim)
+    if key not in warned:
+        warned.add(key)
+        what = "" if head_dim is None else f" at head dim {int(head_dim)}"
+        log.warning("kvonce: no tuned %s config for compute capability %s%s; using a conservative "
+                    "fallback%s", family, capability, what, tune)
 
 
 def interpreter_active() -> bool:
@@ -112,19 +121,29 @@ def device_info(device) -> tuple[tuple[int, int] | None, int]:
 
 
 def get_dual_group_fwd_config(capability: tuple[int, int] | None, head_dim: int, *,
-                              zigzag_buffer: bool = False) -> DualGroupFwdConfig:
+                              zigzag_buffer: bool = False,
+                              element_size: int = 2) -> DualGroupFwdConfig:
     """Config for ``head_dim`` on a GPU of ``capability`` (None: the Triton interpreter);
-    ``zigzag_buffer``: K/V read in place from the zigzag all-gather buffer."""
+    ``zigzag_buffer``: K/V read in place from the zigzag all-gather buffer. fp32 inputs
+    (``element_size`` 4) take the small fallback tiles (``FP32_NOTE``)."""
     if capability is None or interpreter_active():
         return _INTERPRETER_CONFIG
+    if element_size > 2:
+        return _fallback_for(_FALLBACK, head_dim)
     table = _DUAL_GROUP_FWD_ZIGZAG_TABLE if zigzag_buffer else _DUAL_GROUP_FWD_TABLE
     config = _table_row(table, capability, head_dim)
     if config is not None:
         return config
     _warn_untuned(_warned, "dual-group", capability,
-                  " (tune with `python -m kvonce bench zigzag --sweep`)")
+                  " (tune with `python -m kvonce bench zigzag --sweep`)", head_dim)
+    return _fallback_for(_FALLBACK, head_dim)
+
+
+def _fallback_for(fallbacks: dict, head_dim: int):
+    """A fallback table's row for ``head_dim`` or its power-of-two padding (128's otherwise)."""
+    head_dim = int(head_dim)
     padded = 1 << (head_dim - 1).bit_length()
-    return _FALLBACK.get(head_dim, _FALLBACK[padded if padded in _FALLBACK else 128])
+    return fallbacks.get(head_dim, fallbacks[padded if padded in fallbacks else 128])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -163,10 +182,11 @@ class PagedDecodeConfig:
 # (capability major, minor) -> head dim -> config. The Hopper d=128 row comes from
 # `python -m kvonce bench decode --sweep` on the lent H100, 2026-11-22 (docs/notes.md): 64-key
 # tiles, 4 warps, 2 stages led or tied in CUDA-graph time at every swept shape of MHA 12/12 and
-# GQA 32/8 (2.7-2.9 TB/s); 3-4 stages lost 5-20%, 8 warps 10-20%. d=64/96 reuse it and d=256
+# GQA 32/8 (2.7-2.9 TB/s); 3-4 stages lost 5-20%, 8 warps 10-20%. d=32/64/96 reuse it and d=256
 # halves the tile to keep the K/V stages' shared memory: NOT swept (no sweep was run there).
 _PAGED_DECODE_TABLE: dict[tuple[int, int], dict[int, PagedDecodeConfig]] = {
     (9, 0): {
+        32: PagedDecodeConfig(64, 4, 2),
         64: PagedDecodeConfig(64, 4, 2),
         96: PagedDecodeConfig(64, 4, 2),
         128: PagedDecodeConfig(64, 4, 2),
@@ -194,11 +214,15 @@ _PAGED_DECODE_QUANT_TABLE: dict[tuple[tuple[int, int], str], dict[int, PagedDeco
 
 
 def get_paged_decode_config(capability: tuple[int, int] | None, head_dim: int,
-                            kv_format: str | None = None) -> PagedDecodeConfig:
+                            kv_format: str | None = None,
+                            element_size: int = 2) -> PagedDecodeConfig:
     """Config for ``head_dim`` (and a quantized cache's ``kv_format``) on a GPU of
-    ``capability`` (None: the Triton interpreter)."""
+    ``capability`` (None: the Triton interpreter); fp32 queries (``element_size`` 4) take the
+    fallback (``FP32_NOTE``)."""
     if capability is None or interpreter_active():
         return _PAGED_DECODE_INTERPRETER
+    if element_size > 2:
+        return _PAGED_DECODE_FALLBACK
     if kv_format is not None:
         row = _PAGED_DECODE_QUANT_TABLE.get((tuple(capability), kv_format), {})
         if head_dim in row:
@@ -207,7 +231,7 @@ def get_paged_decode_config(capability: tuple[int, int] | None, head_dim: int,
     if config is not None:
         return config
     _warn_untuned(_paged_warned, "paged-decode", capability,
-                  " (tune with `python -m kvonce bench decode --sweep`)")
+                  " (tune with `python -m kvonce bench decode --sweep`)", head_dim)
     return _PAGED_DECODE_FALLBACK
 
 
@@ -256,16 +280,19 @@ _PREFIX_DECODE_FALLBACK = PrefixDecodeConfig(64, 32, 4, 2)
 _prefix_warned: set = set()
 
 
-def get_prefix_decode_config(capability: tuple[int, int] | None,
-                             head_dim: int) -> PrefixDecodeConfig:
-    """Config for ``head_dim`` on a GPU of ``capability`` (None: the Triton interpreter)."""
+def get_prefix_decode_config(capability: tuple[int, int] | None, head_dim: int,
+                             element_size: int = 2) -> PrefixDecodeConfig:
+    """Config for ``head_dim`` on a GPU of ``capability`` (None: the Triton interpreter); fp32
+    queries (``element_size`` 4) take the fallback (``FP32_NOTE``)."""
     if capability is None or interpreter_active():
         return _PREFIX_DECODE_INTERPRETER
+    if element_size > 2:
+        return _PREFIX_DECODE_FALLBACK
     config = _table_row(_PREFIX_DECODE_TABLE, capability, head_dim)
     if config is not None:
         return config
     _warn_untuned(_prefix_warned, "shared-prefix decode", capability,
-                  " (tune with `python -m kvonce bench prefix`)")
+                  " (tune with `python -m kvonce bench prefix`)", head_dim)
     return _PREFIX_DECODE_FALLBACK
 
 
@@ -326,9 +353,8 @@ def get_dual_group_bwd_config(capability: tuple[int, int] | None, head_dim: int,
     config = _table_row(_DUAL_GROUP_BWD_TABLE, capability, head_dim)
     if config is not None:
         return config
-    _warn_untuned(_bwd_warned, "dual-group backward", capability, "")
-    padded = 1 << (int(head_dim) - 1).bit_length()
-    return _BWD_FALLBACK.get(int(head_dim), _BWD_FALLBACK[padded if padded in _BWD_FALLBACK else 128])
+    _warn_untuned(_bwd_warned, "dual-group backward", capability, "", head_dim)
+    return _fallback_for(_BWD_FALLBACK, head_dim)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -384,13 +410,17 @@ _prefill_warned: set = set()
 
 
 def get_paged_prefill_config(capability: tuple[int, int] | None, head_dim: int,
-                             kv_format: str | None = None) -> PagedPrefillConfig:
+                             kv_format: str | None = None,
+                             element_size: int = 2) -> PagedPrefillConfig:
     """Config for ``head_dim`` (and a quantized cache's ``kv_format``: same rows for now) on a GPU
-    of ``capability`` (None: the Triton interpreter)."""
+    of ``capability`` (None: the Triton interpreter); fp32 queries (``element_size`` 4) take the
+    fallback (``FP32_NOTE``)."""
     if capability is None or interpreter_active():
         return _PAGED_PREFILL_INTERPRETER
+    if element_size > 2:
+        return _PAGED_PREFILL_FALLBACK
     config = _table_row(_PAGED_PREFILL_TABLE, capability, head_dim)
     if config is not None:
         return config
-    _warn_untuned(_prefill_warned, "paged-prefill", capability, "")
+    _warn_untuned(_prefill_warned, "paged-prefill", capability, "", head_dim)
     return _PAGED_PREFILL_FALLBACK

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from .dual_group_fwd import _key_bounds, _kv_rows, _max_offset
-from ._launch import next_pow2
+from ._launch import dot_options, next_pow2
 
 LOG2E = 1.4426950408889634
 
@@ -513,6 +513,7 @@ def launch_dual_group_bwd(
         INT64_KV=config.int64_kv_offsets or any(_max_offset(t) >= 2**31 for t in (k, v, dk, dv)),
         KV_END_SCALAR=isinstance(kv_end0, int), KV_END_IN_CHUNKS=local_order)
     atomic = config.atomic_dq
+    options = dot_options(q0.dtype)  # fp32 dots as PyTorch would
     if atomic:  # fp32 accumulators the dK/dV kernel adds into (one for the local order)
         dqa0 = torch.zeros(dq0.shape, dtype=torch.float32, device=dq0.device)
         dqa1 = dqa0 if dq1 is dq0 else torch.zeros(dq1.shape, dtype=torch.float32,
@@ -530,7 +531,7 @@ def launch_dual_group_bwd(
         *dq0.stride()[:2], *dq1.stride()[:2], lse0.stride(0), lse1.stride(0),
         delta0.stride(0), delta1.stride(0), head_dim, nheads // nheads_k,
         BLOCK_M=config.dq_block_m, BLOCK_N=config.dq_block_n, DELTA_ONLY=atomic,
-        ONE_GROUP=config.dq_one_group, **common,
+        ONE_GROUP=config.dq_one_group, **common, **options,
         num_warps=config.dq_num_warps, num_stages=config.dq_num_stages)
     dkdv_grid = (max(1, triton.cdiv(max_seqlen_k, config.dkdv_block_n)), nheads_k, batch + 1)
     _dual_group_bwd_dkdv_kernel[dkdv_grid](
@@ -542,7 +543,7 @@ def launch_dual_group_bwd(
         lse0.stride(0), lse1.stride(0), delta0.stride(0), delta1.stride(0),
         *_row_strides(dqa0), *_row_strides(dqa1), head_dim, nheads // nheads_k,
         BLOCK_M=config.dkdv_block_m, BLOCK_N=config.dkdv_block_n, ATOMIC_DQ=atomic, **common,
-        num_warps=config.dkdv_num_warps, num_stages=config.dkdv_num_stages)
+        **options, num_warps=config.dkdv_num_warps, num_stages=config.dkdv_num_stages)
     if atomic:
         dq0.copy_(dqa0)
         if dq1 is not dq0:

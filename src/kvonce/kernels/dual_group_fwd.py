@@ -28,7 +28,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._launch import all_aligned, launch, next_pow2
+from ._launch import all_aligned, dot_options, launch, next_pow2
 
 
 @triton.jit
@@ -454,6 +454,7 @@ def launch_dual_group_fwd(
         OUT_LOCAL_ORDER=zigzag_local_order, USE_DESC=use_desc, Q_LOCAL_ORDER=q_local_order,
         ONE_GROUP=config.one_group)
     ends = (kv_end0, kv_end1)
+    options = dot_options(q0.dtype)  # fp32 dots as PyTorch would
     if use_desc:
         # Descriptors are built per call (a few us of host time, nothing at these sizes) and
         # launched through Triton's own path.
@@ -464,7 +465,7 @@ def launch_dual_group_fwd(
         return _fused_dual_group_fwd_kernel_varlen[grid](
             q0, q1, k, v, *descs, out0, out1, lse0, lse1, cu_seqlens_q0, cu_seqlens_q1,
             cu_seqlens_k, *ends, out_start0, out_start1, softmax_scale, *ints, **constexprs,
-            num_warps=config.num_warps, num_stages=config.num_stages)
+            **options, num_warps=config.num_warps, num_stages=config.num_stages)
     pointers = (q0, q1, k, v, out0, out1, lse0, lse1, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k)
     # Integer ends are specialized on by Triton like any int argument: part of the key.
     key = (q0.dtype, out0.dtype, ints, tuple(constexprs.values()), config.num_warps,
@@ -474,7 +475,7 @@ def launch_dual_group_fwd(
             softmax_scale, *ints)
     return launch(_fused_dual_group_fwd_kernel_varlen, key, grid, args, constexprs,
                   config.num_warps, config.num_stages,
-                  q0.device.index if q0.device.type == "cuda" else -1)
+                  q0.device.index if q0.device.type == "cuda" else -1, options)
 
 
 def _tma_ok(config, k, v, head_dim: int, block_d: int, zigzag_world_size: int) -> bool:

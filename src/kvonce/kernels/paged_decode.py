@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 # The state-in/state-out online-softmax step is shared with the varlen kernels.
-from ._launch import all_aligned, launch, next_pow2
+from ._launch import all_aligned, dot_options, launch, next_pow2
 from .dual_group_fwd import _online_update
 
 LOG2E = 1.4426950408889634
@@ -615,6 +615,7 @@ class PagedDecodeLaunch:
             STORE_LSE=store_lse, SPLIT=num_splits > 1, MERGE_HERE=merge_here,
             KV_CACHE=config.kv_cache_modifier, KV_EVICT=config.kv_eviction, KV_FORMAT=kv_format)
         self._warps = (config.num_warps, config.num_stages)
+        self._options = dot_options(q.dtype)  # fp32 dots as PyTorch would (fixed per plan)
         self._key = (q.dtype, k_cache.dtype, k_scale.dtype if k_scale is not None else None,
                      self._ints, tuple(self._constexprs.values()),
                      self._warps)
@@ -645,7 +646,7 @@ class PagedDecodeLaunch:
         launch(_paged_decode_kernel, (self._key, aligned), self._grid,
                (q, k_cache, v_cache, k_scale, v_scale, dst_o, dst_l, cache_seqlens, block_table,
                 final_o, final_l, arrivals, self._scale, *self._ints),
-               self._constexprs, *self._warps, self.device_index)
+               self._constexprs, *self._warps, self.device_index, self._options)
         if self._combine is not None:
             key, grid, ints, constexprs, warps = self._combine
             launch(_combine_splits_kernel, key, grid, (o_part, lse_part, out, lse, *ints),

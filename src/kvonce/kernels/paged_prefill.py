@@ -36,7 +36,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._launch import all_aligned, launch, next_pow2
+from ._launch import all_aligned, dot_options, launch, next_pow2
 # The shared key loop (plain and quantized tile loads, online softmax) and the scale strides.
 from .paged_decode import _attend_kv_head, _scale_strides
 
@@ -204,6 +204,7 @@ class PagedPrefillLaunch:
             PREFETCH_PAGES=config.prefetch_pages,
             USE_DESC=_tma_ok(config, k_cache, v_cache, kv_format, head_dim, block_d))
         self._warps = (config.num_warps, config.num_stages)
+        self._options = dot_options(q.dtype)  # fp32 dots as PyTorch would (fixed per plan)
         self._key = (q.dtype, k_cache.dtype, k_scale.dtype if k_scale is not None else None,
                      self._ints, tuple(self._constexprs.values()), self._warps)
 
@@ -227,11 +228,11 @@ class PagedPrefillLaunch:
             _paged_prefill_kernel[self._grid](
                 q, k_cache, v_cache, k_scale, v_scale, *descs, out, lse, cu_seqlens_q,
                 cache_seqlens, block_table, self._scale, *self._ints, **self._constexprs,
-                num_warps=self._warps[0], num_stages=self._warps[1])
+                **self._options, num_warps=self._warps[0], num_stages=self._warps[1])
             return
         aligned = all_aligned(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table,
                               k_scale, v_scale, out, lse)
         launch(_paged_prefill_kernel, (self._key, aligned), self._grid,
                (q, k_cache, v_cache, k_scale, v_scale, None, None, out, lse, cu_seqlens_q,
                 cache_seqlens, block_table, self._scale, *self._ints),
-               self._constexprs, *self._warps, self.device_index)
+               self._constexprs, *self._warps, self.device_index, self._options)

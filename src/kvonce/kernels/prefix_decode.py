@@ -40,7 +40,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._launch import all_aligned, launch, next_pow2
+from ._launch import all_aligned, dot_options, launch, next_pow2
 from .dual_group_fwd import _online_update
 from .paged_decode import (_combine_splits_kernel, _load_paged_kv_tile, _paged_decode_kernel,
                            decode_row_blocks)
@@ -224,6 +224,7 @@ class CascadeLaunch:
         dst_o, dst_l = _partial_strides(q_len, nheads, slots, head_dim)
         scale = float(softmax_scale)
         kv_strides = (*k_cache.stride()[:3], *v_cache.stride()[:3])
+        self._options = dot_options(q.dtype)  # fp32 dots as PyTorch would (fixed per plan)
 
         # 1. chunk-first: (work item, KV head); a grid of at least one program writes the view.
         ints = (batch, q_len, head_dim, suffix_width, *q.stride()[:3], *kv_strides, *dst_o,
@@ -275,13 +276,13 @@ class CascadeLaunch:
         launch(_prefix_chunk_kernel, (key, aligned), grid,
                (q, k_cache, v_cache, cache_seqlens, block_table, work, members, prefix_pages,
                 o_part, lse_part, suffix_table, suffix_seqlens, scale, *ints),
-               constexprs, *warps, self.device_index)
+               constexprs, *warps, self.device_index, self._options)
         key, grid, scale, ints, constexprs, warps = self._suffix
         # FinalOut, FinalLse, Arrivals, KS, VS: never dereferenced (no MERGE_HERE, plain cache).
         launch(_paged_decode_kernel, (key, aligned), grid,
                (q, k_cache, v_cache, suffix_seqlens, suffix_seqlens, o_part, lse_part,
                 suffix_seqlens, suffix_table, out, lse, suffix_seqlens, scale, *ints),
-               constexprs, *warps, self.device_index)
+               constexprs, *warps, self.device_index, self._options)
         key, grid, ints, constexprs, warps = self._combine
         launch(_combine_splits_kernel, (key, aligned), grid, (o_part, lse_part, out, lse, *ints),
                constexprs, *warps, self.device_index)

@@ -15,6 +15,7 @@ import torch
 from .. import _validate as V
 from .._dispatch import like_inputs, use_op
 from ..kernels.configs import PagedDecodeConfig, device_info, get_paged_decode_config
+from ..kernels._launch import dot_precision
 from ..kernels.paged_decode import PagedDecodeLaunch, decode_row_blocks
 from ._alloc import allocator
 from .checks import (QUANT_FORMATS, check_block_table_values, check_device_ok, check_scale,
@@ -92,6 +93,10 @@ class PagedDecodePlan:
     ``[(seq_ids, num_pages), ...]`` plans the shared-prefix cascade (``kvonce.paged.prefix``; plain
     fp16/bf16/fp32 caches) where ``cascade`` ("auto": a cost model; True / False) says so;
     ``uses_cascade`` tells which; ``run`` returns the same either way.
+
+    fp32 queries: the dots follow PyTorch's float32 matmul precision as it is when the plan is
+    built (IEEE fp32 under the default "highest", TF32 under "high"/"medium"); eager ``run`` keeps
+    that choice (the custom ops read the setting per call).
     """
 
     def __init__(self, q, k_cache, v_cache, cache_seqlens, block_table, *,
@@ -117,7 +122,8 @@ class PagedDecodePlan:
             check_block_table_values(cache_seqlens, block_table, k_cache.shape[0], page_size)
         batch, q_len, nheads, head_dim = q.shape
         capability, num_sms = device_info(q.device)
-        self.config = config or get_paged_decode_config(capability, head_dim, self.kv_format)
+        self.config = config or get_paged_decode_config(capability, head_dim, self.kv_format,
+                                                        q.element_size())
         # Shared-prefix cascade (kvonce.paged.prefix): None unless asked for and paying; a forced
         # num_splits applies to its suffix decode.
         self._cascade = None
@@ -286,7 +292,9 @@ def paged_attention(
 
     Parameters
     ----------
-    q : ``[batch, q_len, nheads, headdim]`` fp16/bf16 (fp32 for testing), last dim contiguous.
+    q : ``[batch, q_len, nheads, headdim]`` fp16/bf16, or fp32
+        (computed in fp32: IEEE dots under PyTorch's default matmul precision, TF32 only when
+        the user allows it), last dim contiguous.
     k_cache, v_cache : ``[num_pages, page_size, nheads_k, headdim]``, ``page_size`` a power of two
         in 16..256, ``nheads % nheads_k == 0`` (GQA: q head ``h`` reads KV head
         ``h // (nheads // nheads_k)``).
@@ -323,7 +331,7 @@ def paged_attention(
     if not (check_block_table or torch.compiler.is_compiling()):
         signature = V.call_signature(q, k_cache, v_cache, cache_seqlens, block_table,
                                      softmax_scale, causal, num_splits, config, k_scale, v_scale,
-                                     kv_format)
+                                     kv_format, dot_precision(getattr(q, "dtype", None)))
     plan = _one_shot_plans.get(signature)
     if plan is None:
         plan = PagedDecodePlan(q, k_cache, v_cache, cache_seqlens, block_table,

@@ -14,6 +14,7 @@ from .. import _validate as V
 from .._dispatch import require_values, use_op
 from ..kernels.configs import (PagedPrefillConfig, device_info, get_paged_prefill_config,
                                op_fields)
+from ..kernels._launch import dot_precision
 from ..kernels.paged_prefill import PagedPrefillLaunch
 from ._alloc import allocator
 from .checks import (QUANT_FORMATS, check_block_table_values, check_device_ok, check_scale,
@@ -88,7 +89,9 @@ class PagedPrefillPlan:
     launches: no host sync, CUDA-graph capturable. Eager runs launch directly (the launch is bound
     once per stride layout); under ``torch.compile``, dispatch or function modes, or with
     fake/meta/subclass tensors (``kvonce._dispatch.use_op``) ``run`` calls the
-    ``torch.ops.kvonce.paged_prefill`` custom op, which runs the same kernel.
+    ``torch.ops.kvonce.paged_prefill`` custom op, which runs the same kernel. fp32 queries: the
+    dots follow PyTorch's float32 matmul precision as it is when the plan is built (IEEE fp32
+    under the default "highest", TF32 under "high"/"medium").
     """
 
     def __init__(self, q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table, *,
@@ -103,7 +106,7 @@ class PagedPrefillPlan:
         self._kv_code = 0 if self.kv_format is None else QUANT_FORMATS[self.kv_format][0]
         head_dim = q.shape[2]
         self.config = config or get_paged_prefill_config(device_info(q.device)[0], head_dim,
-                                                         self.kv_format)
+                                                         self.kv_format, q.element_size())
         self.causal = causal
         self.max_seqlen_q = max_seqlen_q
         self.softmax_scale = head_dim ** -0.5 if softmax_scale is None else float(softmax_scale)
@@ -198,7 +201,9 @@ def paged_prefill(
 
     Parameters
     ----------
-    q : ``[total_q, nheads, headdim]`` fp16/bf16 (fp32 for testing), last dim contiguous;
+    q : ``[total_q, nheads, headdim]`` fp16/bf16, or fp32
+        (computed in fp32: IEEE dots under PyTorch's default matmul precision, TF32 only when
+        the user allows it), last dim contiguous;
         sequence ``b``'s rows are ``cu_seqlens_q[b] .. cu_seqlens_q[b + 1]``.
     k_cache, v_cache : ``[num_pages, page_size, nheads_k, headdim]`` (quantized:
         ``kvonce.paged.quant``'s layouts), ``page_size`` a power of two in 16..256,
@@ -239,7 +244,8 @@ def paged_prefill(
     if not (check_block_table or torch.compiler.is_compiling()):
         signature = V.call_signature(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens,
                                      block_table, max_seqlen_q, softmax_scale, causal, config,
-                                     k_scale, v_scale, kv_format)
+                                     k_scale, v_scale, kv_format,
+                                     dot_precision(getattr(q, "dtype", None)))
     plan = _one_shot_plans.get(signature)
     if plan is None:
         plan = PagedPrefillPlan(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table,

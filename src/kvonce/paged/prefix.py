@@ -336,7 +336,7 @@ def plan_cascade(base, q, k_cache, v_cache, cache_seqlens, block_table, shared_p
     if cascade is False or not nodes:
         return None
     capability, num_sms = device_info(q.device)
-    config = config or get_prefix_decode_config(capability, head_dim)
+    config = config or get_prefix_decode_config(capability, head_dim, q.element_size())
     # The suffix split count of the whole tree (the one kept may differ): the fixed cost only.
     suffix_width = _suffix_width(_prefix_pages(nodes, batch), block_table.shape[1])
     suffix_splits = num_splits or choose_num_splits(batch, nheads_k, suffix_width * page_size,

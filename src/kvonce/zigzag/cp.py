@@ -118,7 +118,8 @@ def _cp_fwd_impl(q, k, v, cu_seqlens, heads_k_stride, max_chunk, softmax_scale, 
     out = torch.empty_like(q)
     lse = torch.empty((nheads, total), dtype=torch.float32, device=q.device)
     cu_half = torch.div(cu_seqlens, 2, rounding_mode="floor")  # each group's cumulative rows
-    config = get_dual_group_fwd_config(_capability(q.device), head_dim, zigzag_buffer=True)
+    config = get_dual_group_fwd_config(_capability(q.device), head_dim, zigzag_buffer=True,
+                                       element_size=q.element_size())
     n_strides = nheads_k // heads_k_stride
     kept = k.new_empty(_kept_shape(q, k, heads_k_stride, world, keep_kv))
     if keep_kv:  # one buffer per stride, all kept for the backward

@@ -74,7 +74,8 @@ def replace_execute_grouped_attention_with_fused_varlen(
     scale = head_dim ** -0.5 if softmax_scale is None else float(softmax_scale)
     bound = max(q0.shape[0], q1.shape[0]) if max_seqlen_q is None else max_seqlen_q
     if config is None:
-        config = get_dual_group_fwd_config(_capability(q0.device), head_dim, zigzag_buffer=True)
+        config = get_dual_group_fwd_config(_capability(q0.device), head_dim, zigzag_buffer=True,
+                                           element_size=q0.element_size())
     fields = (chunk_idx_0, chunk_idx_1, world_size, bound, scale, causal)
     if compiling or use_op(q0, q1, kv_buffer, cu_q0, cu_q1, cu_seqlens_k):
         out, lse = torch.ops.kvonce.dual_group_fwd_zigzag(
