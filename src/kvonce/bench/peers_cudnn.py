@@ -431,7 +431,7 @@ def probe(dtype: torch.dtype = torch.bfloat16) -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.bias import causal_lower_right
 
-    from .zigzag import time_ms
+    from .report import time_ms
 
     dev = "cuda"
     print(f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, "

@@ -46,6 +46,7 @@ from ..zigzag import (
     varlen_attention_backend,
 )
 from . import peers_cudnn, report
+from .report import time_ms
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,12 +154,6 @@ def check(case: Case, s: dict, p: dict) -> float:
     if any(torch.isnan(t).any().item() for t in (f0, f1, fe, lfe)):
         return float("nan")
     return max(errs)
-
-
-def time_ms(fn) -> float:
-    import triton.testing
-
-    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
 
 
 def run(args) -> list[dict]:
