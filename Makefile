@@ -41,6 +41,10 @@ venv: $(STAMP)
 test: $(STAMP)
 	TRITON_INTERPRET=1 $(PY) -m pytest -q -ra tests
 
+# Compile every Gluon kernel for sm_90a on the CPU; fail on spills, wgmma serialization, smem.
+kernel-check: $(STAMP)
+	$(PY) scripts/kernel_check.py
+
 test-oldest:
 	python3 -m venv $(OLDEST_VENV)
 	$(OLDEST_VENV)/bin/python -m pip install -q $(OLDEST_INDEX) $(OLDEST_PINS)

@@ -1,0 +1,194 @@
+"""``make kernel-check``: compile every Gluon kernel of kvonce for sm_90a on the CPU and inspect it.
+
+No GPU is needed: ``triton.compile`` with a ``GPUTarget("cuda", 90, 32)``, then the triton wheel's
+own ``ptxas -v --gpu-name sm_90a`` and ``cuobjdump -sass``. A kernel module joins the check by
+exporting ``GLUON_CHECK_SPECS``: a list of ``(variant, kernel, signature, constexprs, options)``
+tuples (the arguments of ``GluonASTSource`` and ``triton.compile``).
+
+One row per kernel variant: registers, spill bytes (stores + loads), shared memory bytes (the
+launch's dynamic shared memory, ``metadata.shared``), and SASS counts that show the schedule's
+shape: HGMMA, UTMAREDG (TMA reduce-add), USETMAXREG (setmaxnreg), WARPGROUP.DEPBAR and
+WARPGROUP.ARRIVE. Exits non-zero on a compile error, any spill, any ptxas wgmma serialization
+warning (C7510/C7512/C7514 or any "wgmma ... serialized" text), or shared memory over the H100's
+232448 bytes per block.
+
+    .venv/bin/python scripts/kernel_check.py [--only SUBSTRING] [--keep DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SMEM_LIMIT = 232448  # H100: 227 KB of dynamic shared memory per block
+SASS_COUNTS = ("HGMMA", "UTMAREDG", "USETMAXREG", "WARPGROUP.DEPBAR", "WARPGROUP.ARRIVE")
+_WGMMA_WARNING = re.compile(r"C751[024]|wgmma[^\n]*serializ", re.IGNORECASE)
+_REGS = re.compile(r"Used (\d+) registers")
+_SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+@dataclass
+class Row:
+    name: str
+    registers: int = 0
+    spill_bytes: int = 0
+    shared: int = 0
+    counts: dict = field(default_factory=dict)
+    seconds: float = 0.0
+    problems: list = field(default_factory=list)
+
+
+def parse_ptxas(text: str) -> dict:
+    """``ptxas -v`` output -> registers (max over functions), spill bytes (stores + loads,
+    summed) and the wgmma serialization warnings, one line each."""
+    regs = [int(m) for m in _REGS.findall(text)]
+    spills = sum(int(s) + int(l) for s, l in _SPILLS.findall(text))
+    warnings = [line.strip() for line in text.splitlines() if _WGMMA_WARNING.search(line)]
+    return {"registers": max(regs, default=0), "spill_bytes": spills, "wgmma_warnings": warnings}
+
+
+def count_sass(sass: str) -> dict:
+    """Instruction counts in ``cuobjdump -sass`` text (``HGMMA.64x128x16.F32.BF16`` counts as
+    HGMMA; ``WARPGROUP.DEPBAR.LE`` as WARPGROUP.DEPBAR)."""
+    counts = {}
+    for op in SASS_COUNTS:
+        counts[op] = len(re.findall(r"\b" + re.escape(op) + r"\b", sass))
+    return counts
+
+
+def problems_of(report: dict, shared: int) -> list[str]:
+    problems = []
+    if report["spill_bytes"]:
+        problems.append(f"{report['spill_bytes']} bytes spilled")
+    problems += [f"ptxas: {w}" for w in report["wgmma_warnings"]]
+    if shared > SMEM_LIMIT:
+        problems.append(f"shared memory {shared} > {SMEM_LIMIT}")
+    return problems
+
+
+def _error_chain(exc: BaseException) -> str:
+    """The innermost causes first: triton wraps the real error (a NameError, a layout mismatch)
+    in one CompilationError per call level, each showing only source context."""
+    chain = []
+    while exc is not None:
+        chain.append(f"{type(exc).__name__}: {str(exc).strip()[-1500:]}")
+        exc = exc.__cause__ or exc.__context__
+    return "\n".join(reversed(chain))[:4000]
+
+
+def _tool(name: str) -> str:
+    import triton
+    path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
+    if not path.exists():
+        raise FileNotFoundError(f"{name} not found at {path} (the triton wheel ships it)")
+    return str(path)
+
+
+def discover_specs(package: str = "kvonce.kernels") -> list[tuple]:
+    """``(module, variant, kernel, signature, constexprs, options)`` for every entry of every
+    ``GLUON_CHECK_SPECS`` under ``package``. Only modules whose source names the registry are
+    imported."""
+    pkg = importlib.import_module(package)
+    specs = []
+    for path in sorted(Path(pkg.__file__).parent.glob("*.py")):
+        if "GLUON_CHECK_SPECS" not in path.read_text():
+            continue
+        module = importlib.import_module(f"{package}.{path.stem}")
+        for spec in getattr(module, "GLUON_CHECK_SPECS", ()):
+            specs.append((path.stem, *spec))
+    return specs
+
+
+def check_spec(module: str, variant: str, kernel, signature: dict, constexprs: dict,
+               options: dict, keep: Path | None = None) -> Row:
+    """Compile one variant for sm_90a and inspect it (never raises: errors become problems)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    row = Row(f"{module}.{kernel.__name__}[{variant}]")
+    start = time.perf_counter()
+    try:
+        compiled = triton.compile(GluonASTSource(kernel, signature, constexprs),
+                                  target=GPUTarget("cuda", 90, 32), options=dict(options))
+    except Exception as exc:  # a compile error is a result of the check, not a crash of it
+        row.problems.append("compile error: " + _error_chain(exc))
+        row.seconds = time.perf_counter() - start
+        return row
+    row.shared = compiled.metadata.shared
+    with tempfile.TemporaryDirectory() as tmp:
+        work = keep or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        stem = f"{module}.{kernel.__name__}.{variant}"
+        ptx, cubin = work / f"{stem}.ptx", work / f"{stem}.cubin"
+        ptx.write_text(compiled.asm["ptx"])
+        cubin.write_bytes(compiled.asm["cubin"])
+        if keep:
+            (work / f"{stem}.ttgir").write_text(compiled.asm["ttgir"])
+        proc = subprocess.run([_tool("ptxas"), "-v", "--gpu-name", "sm_90a", str(ptx), "-o",
+                               str(work / f"{stem}.ptxas.cubin")],
+                              capture_output=True, text=True)
+        if proc.returncode:
+            row.problems.append(f"ptxas failed: {proc.stderr[-2000:]}")
+        report = parse_ptxas(proc.stdout + proc.stderr)
+        sass = subprocess.run([_tool("cuobjdump"), "-sass", str(cubin)], capture_output=True,
+                              text=True, check=True).stdout
+        if keep:
+            (work / f"{stem}.sass").write_text(sass)
+    row.registers, row.spill_bytes = report["registers"], report["spill_bytes"]
+    row.counts = count_sass(sass)
+    row.problems += problems_of(report, row.shared)
+    row.seconds = time.perf_counter() - start
+    return row
+
+
+def format_table(rows: list[Row]) -> str:
+    head = ["kernel", "regs", "spill B", "smem B", *SASS_COUNTS, "s", "status"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r.name, r.registers, r.spill_bytes, r.shared,
+                 *(r.counts.get(op, "-") for op in SASS_COUNTS), f"{r.seconds:.1f}",
+                 "ok" if not r.problems else "FAIL"]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def run_check(only: str | None = None, keep: Path | None = None) -> list[Row]:
+    rows = []
+    for module, variant, kernel, signature, constexprs, options in discover_specs():
+        if only and only not in f"{module}.{kernel.__name__}[{variant}]":
+            continue
+        rows.append(check_spec(module, variant, kernel, signature, constexprs, options, keep))
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", help="check only variants whose name contains this")
+    parser.add_argument("--keep", type=Path, help="write ptx/ttgir/sass/cubin files here")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(ROOT / "src"))
+    os.environ.pop("TRITON_INTERPRET", None)  # Gluon never runs in the interpreter
+    rows = run_check(args.only, args.keep)
+    print(format_table(rows))
+    failed = [r for r in rows if r.problems]
+    for r in failed:
+        for p in r.problems:
+            print(f"FAIL {r.name}: {p}")
+    if not rows:
+        print("FAIL: no Gluon kernel found (GLUON_CHECK_SPECS)")
+        return 1
+    print(f"kernel-check: {len(rows) - len(failed)}/{len(rows)} variants ok")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
