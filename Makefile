@@ -25,7 +25,7 @@ OLDEST_INDEX ?=
 HF_MATRIX := 5.17.0 5.23.0 5.24.0
 HF_TESTS  := tests/test_integrations_hf_paged.py tests/test_integrations_hf.py tests/test_bench_serve.py
 
-.PHONY: venv test test-oldest test-hf-matrix demo gpu-test gpu-test-full gpu-test-part bench clean
+.PHONY: venv test kernel-check test-oldest test-hf-matrix demo gpu-test gpu-test-full gpu-test-part bench clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
