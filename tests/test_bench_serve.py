@@ -1,6 +1,7 @@
 """`python -m kvonce bench serve` end to end at its CPU smoke size: a tiny fp32 Llama through
 transformers' generate_batch with paged|sdpa and paged|kvonce (the kvonce kernels under the
 Triton interpreter), rows written as JSON, and kvonce's greedy tokens equal to sdpa's."""
+import inspect
 import json
 
 import pytest
@@ -11,12 +12,20 @@ from kvonce.bench import serve
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke size; the GPU runs the bench")
 def test_serve_bench_cpu_smoke(hf_continuous_batching, tmp_path):
+    """Rows for sdpa and kvonce (in place), and where transformers' layers gather K/V before the
+    attention function (>= 5.24), kvonce-gathered (the fallback) too: tokens equal sdpa's."""
+    from transformers.models.llama.modeling_llama import LlamaAttention
+
+    gathers = "cache" in inspect.signature(LlamaAttention.forward).parameters
     out = tmp_path / "serve.json"
-    serve.main(["--device", "cpu", "--quick", "--no-progress", "--json", str(out)])
+    serve.main(["--device", "cpu", "--quick", "--no-progress", "--json", str(out)]
+               + (["--gathered"] if gathers else []))
     rows = json.loads(out.read_text())
-    assert [r["backend"] for r in rows] == ["sdpa", "kvonce"]
+    assert [r["backend"] for r in rows] == ["sdpa", "kvonce"] + (["kvonce-gathered"] if gathers
+                                                                 else [])
+    assert [r["path"] for r in rows] == ["-", "in-place"] + (["gathered"] if gathers else [])
     assert all(r["tokens"] > 0 and r["tok_s"] > 0 for r in rows)
-    assert rows[1]["same"] == 1.0 and rows[1]["prefix"] == 1.0
+    assert all(r["same"] == 1.0 and r["prefix"] == 1.0 for r in rows[1:])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke size; the GPU runs the bench")

@@ -136,11 +136,13 @@ def test_generate_batch_in_place_matches_paged_sdpa(hf_continuous_batching, path
     assert path_counts["in_place"] > 0 and path_counts["gathered"] == 0, path_counts
 
 
+@pytest.mark.parametrize("dtype,graphs", [(torch.float32, False)] + (
+    [(torch.bfloat16, False), (torch.bfloat16, True)] if HAS_CUDA else []))
 def test_generate_batch_gathered_fallback_matches_paged_sdpa(hf_continuous_batching, path_counts,
-                                                            monkeypatch):
+                                                            monkeypatch, dtype, graphs):
     """Without kvonce's ``PagedAttentionCache.update`` wrapper, transformers >= 5.24 gives the
     attention function no cache: every call takes the gathered fallback, and the greedy tokens
-    still equal paged|sdpa's (fp32)."""
+    still equal paged|sdpa's (fp32 on CPU; bf16 with and without CUDA graphs on the GPU)."""
     import transformers
     from transformers.generation.continuous_batching.cache import PagedAttentionCache
     from transformers.models.llama.modeling_llama import LlamaAttention
@@ -156,8 +158,8 @@ def test_generate_batch_gathered_fallback_matches_paged_sdpa(hf_continuous_batch
     kv_hf.register()
     update = PagedAttentionCache.update
     monkeypatch.setattr(PagedAttentionCache, "update", getattr(update, "_kvonce_original", update))
-    ref = _generate("paged|sdpa", torch.float32, False)
-    got = _generate("paged|kvonce", torch.float32, False)
+    ref = _generate("paged|sdpa", dtype, graphs)
+    got = _generate("paged|kvonce", dtype, graphs)
     assert got == ref
     assert path_counts["gathered"] > 0 and path_counts["in_place"] == 0, path_counts
 

@@ -29,7 +29,12 @@ Columns, one timed ``generate_batch(record_timestamps=True)`` per (max_batch_tok
 - ``ttft``: ``timestamps[0] - created_time`` per request (every request is queued at the start,
   so this includes waiting for a slot); ``itl``: ``(timestamps[-1] - timestamps[0]) / (n - 1)``
   per request; medians and p90 over requests (linear interpolation), ms
-- ``backend``: ``sdpa`` (transformers' ``paged|sdpa``), ``kvonce`` (``paged|kvonce``)
+- ``backend``: ``sdpa`` (transformers' ``paged|sdpa``), ``kvonce`` (``paged|kvonce``), and with
+  ``--gathered`` ``kvonce-gathered``: ``paged|kvonce`` with its ``PagedAttentionCache.update``
+  wrapper removed, so transformers >= 5.24 gathers every sequence's K/V into a contiguous copy per
+  layer and kvonce runs its fallback over it (what the in-place path saves)
+- ``path``: which of the adapter's paths the backend's attention calls took (``in-place``,
+  ``gathered``; counted in Python, so under CUDA graphs only the captured calls count)
 - ``x_sdpa``: tok_s / paged|sdpa's tok_s at the same max_batch_tokens
 - ``same``: fraction of requests whose greedy tokens equal paged|sdpa's; ``prefix``: mean
   fraction of tokens before the first difference (bf16 sums in another order may flip a near-tie
@@ -41,6 +46,7 @@ max_batch_tokens=2048 and 1024 tok/s at 512 (single runs).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import importlib.util
@@ -54,6 +60,43 @@ import torch
 from . import report
 
 IMPLS = ("paged|sdpa", "paged|kvonce")
+
+
+@contextlib.contextmanager
+def adapter_paths(gathered: bool):
+    """Count the ``paged|kvonce`` adapter's calls per path for the block (yields the counts);
+    ``gathered``: with its ``PagedAttentionCache.update`` wrapper removed (transformers >= 5.24
+    then hands the fallback a gathered copy)."""
+    from transformers.generation.continuous_batching.cache import PagedAttentionCache
+
+    from ..integrations import hf_paged
+
+    counts = {"in-place": 0, "gathered": 0}
+    saved = (hf_paged.paged_prefill, hf_paged.flash_attn_varlen_func, PagedAttentionCache.update)
+
+    def counting(path, fn):
+        def call(*args, **kwargs):
+            counts[path] += 1
+            return fn(*args, **kwargs)
+        return call
+
+    hf_paged.paged_prefill = counting("in-place", saved[0])
+    hf_paged.flash_attn_varlen_func = counting("gathered", saved[1])
+    if gathered:
+        original = getattr(saved[2], "_kvonce_original", None)
+        if original is None:
+            raise SystemExit("bench serve --gathered: this transformers has no PagedAttentionCache"
+                             ".update wrapper to remove (the fallback is reached on >= 5.24)")
+        PagedAttentionCache.update = original
+    try:
+        yield counts
+    finally:
+        hf_paged.paged_prefill, hf_paged.flash_attn_varlen_func, PagedAttentionCache.update = saved
+
+
+def path_name(counts: dict) -> str:
+    taken = [name for name, n in counts.items() if n]
+    return "+".join(taken) if taken else "-"
 
 
 def build_model(device: str, head_dim: int):
@@ -186,6 +229,9 @@ def main(argv: list[str]) -> None:
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: a tiny model and workload to smoke-test the harness")
+    p.add_argument("--gathered", action="store_true",
+                   help="also a kvonce-gathered row: the adapter's fallback over transformers' "
+                        "gathered K/V (transformers >= 5.24)")
     p.add_argument("--md", default="", help="append the table here ('' = no)")
     p.add_argument("--json", default="", help="also dump the rows as JSON here")
     args = p.parse_args(argv)
@@ -226,21 +272,30 @@ def main(argv: list[str]) -> None:
     for mbt in batch_tokens:
         cb = cb_config(page_size=page, num_blocks=num_blocks, max_batch_tokens=mbt,
                        cuda_graph=args.cuda_graph)
-        results = {}
-        for impl in IMPLS:
-            generate(model, impl, warm, 1 if cpu else 8, cb, device=args.device, progress=False)
-            print(f"{impl}, max_batch_tokens={mbt}:", flush=True)
-            outputs, wall = generate(model, impl, prompts, new_tokens, cb, device=args.device,
-                                     progress=progress)
-            results[impl] = outputs
-            check_outputs(impl, outputs, n_prompts, new_tokens)
+        results, sdpa_row = {}, None
+        backends = [(impl, False) for impl in IMPLS] + ([("paged|kvonce", True)]
+                                                        if args.gathered else [])
+        for impl, gathered in backends:
             # the backend without "paged|": a "|" would split a markdown table cell
-            row = {"backend": impl.removeprefix("paged|"), "max_batch_tokens": mbt,
-                   "graphs": "on" if args.cuda_graph else "off", **latency_stats(outputs, wall)}
+            backend = impl.removeprefix("paged|") + ("-gathered" if gathered else "")
+            with adapter_paths(gathered) as counts:
+                generate(model, impl, warm, 1 if cpu else 8, cb, device=args.device,
+                         progress=False)
+                print(f"{backend}, max_batch_tokens={mbt}:", flush=True)
+                outputs, wall = generate(model, impl, prompts, new_tokens, cb,
+                                         device=args.device, progress=progress)
+            results[backend] = outputs
+            check_outputs(impl, outputs, n_prompts, new_tokens)
+            row = {"backend": backend, "max_batch_tokens": mbt,
+                   "graphs": "on" if args.cuda_graph else "off",
+                   "path": "-" if impl == "paged|sdpa" else path_name(counts),
+                   **latency_stats(outputs, wall)}
             row["x_sdpa"] = row["same"] = row["prefix"] = "-"
-            if impl != IMPLS[0]:
-                row["x_sdpa"] = round(row["tok_s"] / rows[-1]["tok_s"], 3)  # the sdpa row
-                same, prefix = agreement(outputs, results[IMPLS[0]])
+            if impl == "paged|sdpa":
+                sdpa_row = row
+            elif sdpa_row is not None:
+                row["x_sdpa"] = round(row["tok_s"] / sdpa_row["tok_s"], 3)
+                same, prefix = agreement(outputs, results["sdpa"])
                 row["same"], row["prefix"] = round(same, 3), round(prefix, 3)
                 print(f"greedy tokens vs paged|sdpa: {same:.1%} of requests identical, "
                       f"{prefix:.1%} of tokens before the first difference", flush=True)
