@@ -3,7 +3,8 @@
 No GPU is needed: ``triton.compile`` with a ``GPUTarget("cuda", 90, 32)``, then the triton wheel's
 own ``ptxas -v --gpu-name sm_90a`` and ``cuobjdump -sass``. A kernel module joins the check by
 exporting ``GLUON_CHECK_SPECS``: a list of ``(variant, kernel, signature, constexprs, options)``
-tuples (the arguments of ``GluonASTSource`` and ``triton.compile``).
+tuples (the arguments of ``GluonASTSource`` and ``triton.compile``), optionally followed by a dict
+of expected SASS counts (``{"HGMMA": 32}``): a schedule that changes shape then fails the check.
 
 One row per kernel variant: registers, spill bytes (stores + loads), shared memory bytes (the
 launch's dynamic shared memory, ``metadata.shared``), and SASS counts that show the schedule's
@@ -93,9 +94,9 @@ def _tool(name: str) -> str:
 
 
 def discover_specs(package: str = "kvonce.kernels") -> list[tuple]:
-    """``(module, variant, kernel, signature, constexprs, options)`` for every entry of every
-    ``GLUON_CHECK_SPECS`` under ``package``. Only modules whose source names the registry are
-    imported."""
+    """``(module, variant, kernel, signature, constexprs, options, expected_counts)`` for every
+    entry of every ``GLUON_CHECK_SPECS`` under ``package``. Only modules whose source names the
+    registry are imported."""
     pkg = importlib.import_module(package)
     specs = []
     for path in sorted(Path(pkg.__file__).parent.glob("*.py")):
@@ -103,12 +104,13 @@ def discover_specs(package: str = "kvonce.kernels") -> list[tuple]:
             continue
         module = importlib.import_module(f"{package}.{path.stem}")
         for spec in getattr(module, "GLUON_CHECK_SPECS", ()):
-            specs.append((path.stem, *spec))
+            expected = spec[5] if len(spec) > 5 else {}
+            specs.append((path.stem, *spec[:5], expected))
     return specs
 
 
 def check_spec(module: str, variant: str, kernel, signature: dict, constexprs: dict,
-               options: dict, keep: Path | None = None) -> Row:
+               options: dict, expected: dict | None = None, keep: Path | None = None) -> Row:
     """Compile one variant for sm_90a and inspect it (never raises: errors become problems)."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -146,6 +148,9 @@ def check_spec(module: str, variant: str, kernel, signature: dict, constexprs: d
     row.registers, row.spill_bytes = report["registers"], report["spill_bytes"]
     row.counts = count_sass(sass)
     row.problems += problems_of(report, row.shared)
+    for op, n in (expected or {}).items():
+        if row.counts.get(op) != n:
+            row.problems.append(f"{op}: {row.counts.get(op)} in SASS, expected {n}")
     row.seconds = time.perf_counter() - start
     return row
 
@@ -163,10 +168,11 @@ def format_table(rows: list[Row]) -> str:
 
 def run_check(only: str | None = None, keep: Path | None = None) -> list[Row]:
     rows = []
-    for module, variant, kernel, signature, constexprs, options in discover_specs():
+    for module, variant, kernel, signature, constexprs, options, expected in discover_specs():
         if only and only not in f"{module}.{kernel.__name__}[{variant}]":
             continue
-        rows.append(check_spec(module, variant, kernel, signature, constexprs, options, keep))
+        rows.append(check_spec(module, variant, kernel, signature, constexprs, options, expected,
+                               keep))
     return rows
 
 

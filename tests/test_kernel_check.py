@@ -46,13 +46,14 @@ def _variants():
     try:
         return kernel_check.discover_specs()
     except Exception as exc:  # collection must not crash the suite: the test below reports it
-        return [("import-error", repr(exc), None, None, None, None)]
+        return [("import-error", repr(exc), None, None, None, None, None)]
 
 
 @pytest.mark.parametrize("entry", _variants(), ids=lambda e: f"{e[0]}[{e[1]}]")
 def test_gluon_kernel_compiles_clean(entry):
-    module, variant, kernel, signature, constexprs, options = entry
+    module, variant, kernel, signature, constexprs, options, expected = entry
     assert kernel is not None, f"GLUON_CHECK_SPECS import failed: {variant}"
-    row = kernel_check.check_spec(module, variant, kernel, signature, constexprs, options)
+    row = kernel_check.check_spec(module, variant, kernel, signature, constexprs, options,
+                                  expected)
     assert not row.problems, f"{row.name}: " + "; ".join(row.problems)
     assert row.counts["HGMMA"] > 0 and row.counts["USETMAXREG"] > 0

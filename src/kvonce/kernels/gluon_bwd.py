@@ -508,9 +508,13 @@ def _check_signature(dtype: str, head_dim: int, dkv: str, kv_end_scalar: bool) -
 
 
 def _check_spec(variant, dtype, head_dim, causal, dkv="fp32", kv_end_scalar=False):
+    # Per step and warpgroup: Sᵀ and dPᵀ D/16 m64n64k16 each, dV and dK 4 m64nDk16 each (K = 64
+    # rows), dQ 8 m64n(D/2)k16 (K = 128 keys); one reduce-add instruction; setmaxnreg in the
+    # 12-warp prologue and each partition (triton 3.6's AllocateWarpGroups).
+    hgmma = 2 * (head_dim // 16) + 2 * 4 + 8
     return (variant, _gluon_bwd_kernel, _check_signature(dtype, head_dim, dkv, kv_end_scalar),
             dict(HEAD_DIM=head_dim, IS_CAUSAL=causal, KV_END_SCALAR=kv_end_scalar),
-            dict(num_warps=8))
+            dict(num_warps=8), dict(HGMMA=hgmma, UTMAREDG=1, USETMAXREG=10))
 
 
 GLUON_CHECK_SPECS = [
