@@ -1,6 +1,7 @@
 """GPU check of the Gluon warp-specialized backward (kernels/gluon_bwd.py) on an H100.
 
-    PYTHONPATH=src python scripts/gluon_bwd_gpu_check.py [--consan] [--no-bench] [--only N]
+    PYTHONPATH=src python scripts/gluon_bwd_gpu_check.py [--consan] [--no-bench] [--only N ...]
+                                                         [--jobs 4]
 
 1. Correctness: each case runs in its own subprocess (a crash must not lose the other cases);
    a watchdog reports the case as a HANG when the Gluon call has not returned in 45 s (a missing
@@ -135,33 +136,40 @@ def run_case(index: int) -> dict:
     return row
 
 
-def correctness(only, consan: bool) -> list[dict]:
+def _run_one(i: int, env: dict, timeout: float) -> dict:
+    name = CASES[i][0]
+    try:
+        proc = subprocess.run([sys.executable, __file__, "--case", str(i)], env=env,
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"case": name, "pass": False, "error": "TIMEOUT (hang: barrier phase/expect?)"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if lines:
+        return json.loads(lines[-1])   # a result, or the watchdog's HANG report
+    return {"case": name, "pass": False,
+            "error": f"rc={proc.returncode}: {(proc.stderr or proc.stdout)[-1500:]}"}
+
+
+def correctness(only, consan: bool, jobs: int) -> list[dict]:
+    """The cases in ``jobs`` concurrent subprocesses (most of a case's time is Triton compiling
+    on the host and the float64 reference), printed in order."""
+    from concurrent.futures import ThreadPoolExecutor
+
     env = dict(os.environ)
     if consan:
         env["TRITON_INSTRUMENTATION_MODE"] = "consan"
-    rows = []
-    for i, case in enumerate(CASES):
-        if only is not None and i not in only:
-            continue
-        try:
-            proc = subprocess.run([sys.executable, __file__, "--case", str(i)], env=env,
-                                  capture_output=True, text=True,
-                                  timeout=CASE_TIMEOUT_S * (2 if consan else 1))
-            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-            if lines and "error" in json.loads(lines[-1]):
-                row = json.loads(lines[-1])
-            elif proc.returncode or not lines:
-                row = {"case": case[0], "pass": False,
-                       "error": f"rc={proc.returncode}: {(proc.stderr or proc.stdout)[-1500:]}"}
-            else:
-                row = json.loads(lines[-1])
-        except subprocess.TimeoutExpired:
-            row = {"case": case[0], "pass": False, "error": "TIMEOUT (hang: barrier phase/expect?)"}
-        rows.append(row)
-        print(f"[{i}] {'PASS' if row['pass'] else 'FAIL'} {row['case']}", flush=True)
-        if "error" in row:
-            print("    " + row["error"].replace("\n", "\n    "), flush=True)
-        else:
+    indices = [i for i in range(len(CASES)) if only is None or i in only]
+    timeout = CASE_TIMEOUT_S * (2 if consan else 1)
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(_run_one, i, env, timeout) for i in indices]
+        rows = []
+        for i, future in zip(indices, futures):
+            row = future.result()
+            rows.append(row)
+            print(f"[{i}] {'PASS' if row['pass'] else 'FAIL'} {row['case']}", flush=True)
+            if "error" in row:
+                print("    " + row["error"].replace("\n", "\n    "), flush=True)
+                continue
             for n in ("dq0", "dq1", "dk", "dv"):
                 e = row[n]
                 print(f"    {n}: gluon {e['gluon_vs_f64']:.2e}  triton {e['triton_vs_f64']:.2e}  "
@@ -226,11 +234,12 @@ def main() -> int:
     parser.add_argument("--consan", action="store_true",
                         help="correctness cases under TRITON_INSTRUMENTATION_MODE=consan")
     parser.add_argument("--no-bench", action="store_true")
+    parser.add_argument("--jobs", type=int, default=4, help="correctness cases run at once")
     args = parser.parse_args()
     if args.case is not None:
         print(json.dumps(run_case(args.case)), flush=True)
         return 0
-    cases = correctness(args.only if args.only else None, args.consan)
+    cases = correctness(args.only if args.only else None, args.consan, args.jobs)
     crashed = [r["case"] for r in cases if "error" in r]
     if crashed and not (args.consan or args.no_bench):
         print(f"timing skipped: {len(crashed)} case(s) crashed or hung ({crashed})")
