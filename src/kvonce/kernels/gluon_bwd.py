@@ -3,13 +3,15 @@
 The same contract as ``dual_group_bwd.launch_dual_group_bwd`` (contiguous K/V only, for now), in
 one main kernel between a small pre- and postprocess:
 
-1. Δ = rowsum(dO∘O) per query row (the Triton dQ kernel's ``DELTA_ONLY`` preprocess); the fp32
+1. Δ = rowsum(dO∘O) for every row of both groups (``_delta_kernel``, plain Triton); the fp32
    dQ accumulator ``[rows0 + rows1, nheads * D]`` is zeroed.
 2. ``_gluon_bwd_kernel``: one CTA per (KV head, sequence, 128 keys), key block 0 first (under a
    causal mask it is seen by the most rows: longest first). Two partitions:
 
    - ``_load`` (1 warp, 24 registers): K and V of the CTA's keys once, by TMA; then a 2-deep
-     mbarrier ring of Q and dO tiles (64 rows each, 2-D descriptors over ``[rows, nheads * D]``).
+     mbarrier ring of Q and dO tiles (64 rows each, 2-D descriptors over ``[rows, nheads * D]``)
+     and of the step's -LSE / scale and -Δ rows (plain loads and shared stores), which the
+     consumers take as the initial Sᵀ and dPᵀ accumulators.
    - ``_consume`` (8 warps = two warpgroups at 240 registers, the research note's layout A):
      warpgroup ``w`` owns keys ``[64w, 64w + 64)`` for Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (async SS
      wgmma), Pᵀ = exp2(Sᵀ·scale·log2e − LSE₂), dSᵀ = Pᵀ∘(dPᵀ − Δ), and dV += Pᵀ·dO,
@@ -53,8 +55,6 @@ from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
-from .dual_group_bwd import _dual_group_bwd_dq_kernel, _zero_rows
-from .dual_group_fwd import _max_offset
 
 LOG2E = gl.constexpr(1.4426950408889634)
 
@@ -76,11 +76,12 @@ ST_LAYOUT = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta
                                                    instr_shape=[16, 64, 16]))
 QUERY_LAYOUT = gl.constexpr(gl.SliceLayout(0, ST_LAYOUT))   # per-query LSE₂, Δ, row index
 KEY_LAYOUT = gl.constexpr(gl.SliceLayout(1, ST_LAYOUT))     # per-key index
-# LSE and Δ are loaded from global at the top of a step in this compact layout (one register a
-# thread), and converted to QUERY_LAYOUT (16 registers each) only to initialize the Sᵀ and dPᵀ
-# accumulators: held in QUERY_LAYOUT across the wgmma waits they cost the registers that made
-# ptxas spill.
+# Row indices of a step in the consumer (one register a thread; converted to QUERY_LAYOUT only
+# for the causal mask: a QUERY_LAYOUT arange is hoisted out of the loop, 16 live registers).
 ROW_LAYOUT = gl.constexpr(gl.BlockedLayout([1], [32], [8], [0]))
+# The loader warp's view of a step's 64 LSE / Δ values, and their shared-memory ring.
+LOADER_ROW_LAYOUT = gl.constexpr(gl.BlockedLayout([2], [32], [1], [0]))
+VEC_SMEM = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [0]))
 
 
 @gluon.constexpr_function
@@ -141,11 +142,13 @@ def _m_range(len_q, end, n0, IS_CAUSAL: gl.constexpr):
 
 @gluon.jit
 def _load(q0_desc, q1_desc, do0_desc, do1_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem,
-          kv_ready, q_ready, do_ready, qdo_empty, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k,
-          kv_end0, kv_end1, kv_group, HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr,
+          lse_smem, delta_smem, kv_ready, q_ready, do_ready, lse_ready, qdo_empty,
+          Lse0, Lse1, Delta0, Delta1, stride_lse0_h, stride_lse1_h, stride_delta0_h,
+          stride_delta1_h, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1,
+          kv_group, sm_scale, HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr,
           KV_END_SCALAR: gl.constexpr):
-    """The loader warp: K/V once, then Q and dO of every step into the ring (same step order as
-    ``_consume``)."""
+    """The loader warp: K/V once, then Q and dO of every step into the ring by TMA, and the
+    step's accumulator inits -LSE / scale and -Δ (same step order as ``_consume``)."""
     kv_head = gl.program_id(0)
     seq = gl.program_id(1)
     n0 = gl.program_id(2) * BLOCK_N
@@ -160,6 +163,9 @@ def _load(q0_desc, q1_desc, do0_desc, do1_desc, k_desc, v_desc, q_smem, do_smem,
         head = kv_head * kv_group + t // 2
         row, len_q, end = _group(g, seq, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0,
                                  kv_end1, KV_END_SCALAR)
+        lse_ptr = gl.where(g == 0, Lse0 + head * stride_lse0_h, Lse1 + head * stride_lse1_h) + row
+        delta_ptr = gl.where(g == 0, Delta0 + head * stride_delta0_h,
+                             Delta1 + head * stride_delta1_h) + row
         diag, lo, hi = _m_range(len_q, end, n0, IS_CAUSAL)
         for m0 in range(lo, hi, BLOCK_M):
             s = it % STAGES
@@ -182,14 +188,24 @@ def _load(q0_desc, q1_desc, do0_desc, do1_desc, k_desc, v_desc, q_smem, do_smem,
             else:
                 tma.async_copy_global_to_shared(do1_desc, [row + m0, head * HEAD_DIM],
                                                 do_ready.index(s), do_smem.index(s))
+            # The Sᵀ and dPᵀ accumulators' initial rows: -LSE / scale (-inf for rows past len_q
+            # and rows that saw no key: their P is exactly 0) and -Δ. Loaded here, after the
+            # TMAs are issued, so that their latency stalls neither the TMAs nor the consumers.
+            offs = m0 + gl.arange(0, BLOCK_M, LOADER_ROW_LAYOUT)
+            lse = gl.load(lse_ptr + offs, mask=offs < len_q, other=float("inf"))
+            delta = gl.load(delta_ptr + offs, mask=offs < len_q, other=0.0)
+            lse_smem.index(s).store(-gl.where(lse == float("-inf"), float("inf"), lse) / sm_scale)
+            delta_smem.index(s).store(-delta)
+            # lse_ready[s] (count 1): this warp's stores, then (after a warp barrier, so that
+            # thread 0's release covers every lane's store) its arrive; consumers wait parity ph.
+            gl.thread_barrier()
+            mbarrier.arrive(lse_ready.index(s))
             it += 1
 
 
 @gluon.jit
-def _consume(dqa_desc, dqa_row1, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_stage,
-             kv_ready, q_ready, do_ready, qdo_empty, Lse0, Lse1, Delta0, Delta1, DK, DV,
-             stride_lse0_h, stride_lse1_h, stride_delta0_h, stride_delta1_h,
-             stride_dkn, stride_dkh, stride_dvn, stride_dvh, cu_seqlens_q0, cu_seqlens_q1,
+def _consume(dqa_desc, dqa_row1, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_stage, lse_smem,
+             delta_smem, kv_ready, q_ready, do_ready, lse_ready, qdo_empty, DK, DV, stride_dkn, stride_dkh, stride_dvn, stride_dvh, cu_seqlens_q0, cu_seqlens_q1,
              cu_seqlens_k, kv_end0, kv_end1, kv_group, sm_scale,
              HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, KV_END_SCALAR: gl.constexpr):
     """The two consumer warpgroups: keys ``[n0, n0 + BLOCK_N)`` against every step's rows;
@@ -213,22 +229,15 @@ def _consume(dqa_desc, dqa_row1, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_st
         head = kv_head * kv_group + t // 2
         row, len_q, end = _group(g, seq, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0,
                                  kv_end1, KV_END_SCALAR)
-        lse_ptr = gl.where(g == 0, Lse0 + head * stride_lse0_h, Lse1 + head * stride_lse1_h) + row
-        delta_ptr = gl.where(g == 0, Delta0 + head * stride_delta0_h,
-                             Delta1 + head * stride_delta1_h) + row
         diag, lo, hi = _m_range(len_q, end, n0, IS_CAUSAL)
         for m0 in range(lo, hi, BLOCK_M):
             s = it % STAGES
             ph = (it // STAGES) & 1
-            offs_r = m0 + gl.arange(0, BLOCK_M, ROW_LAYOUT)
-            # The accumulators start at -LSE / scale and -Δ (broadcast over keys), so that
-            # Pᵀ = exp2(Sᵀ · scale · log2e) and dSᵀ = Pᵀ ∘ dPᵀ need no per-query vector in
-            # registers while the wgmmas run. LSE = -inf (the row saw no key) and rows past
-            # len_q read +inf: their Sᵀ is -inf and P exactly 0.
-            lse = gl.load(lse_ptr + offs_r, mask=offs_r < len_q, other=float("inf"))
-            lse = gl.where(lse == float("-inf"), float("inf"), lse)
-            delta = gl.load(delta_ptr + offs_r, mask=offs_r < len_q, other=0.0)
-            s_init = zero_st + gl.expand_dims(gl.convert_layout(-lse / sm_scale, QUERY_LAYOUT), 0)
+            # The accumulators start at -LSE / scale and -Δ (broadcast over keys; the loader
+            # staged them), so that Pᵀ = exp2(Sᵀ · scale · log2e) and dSᵀ = Pᵀ ∘ dPᵀ need no
+            # per-query vector in registers while the wgmmas run.
+            mbarrier.wait(lse_ready.index(s), ph)
+            s_init = zero_st + gl.expand_dims(lse_smem.index(s).load(QUERY_LAYOUT), 0)
             # Keys past `end` (the sequence's end included) and above the causal diagonal start
             # at -inf (P = 0): masking the initial accumulator costs no registers while the
             # wgmmas are in flight.
@@ -242,6 +251,7 @@ def _consume(dqa_desc, dqa_row1, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_st
                 if IS_CAUSAL:
                     # Row i's last visible key, i + diag, converted from the compact layout (a
                     # QUERY_LAYOUT arange would be hoisted out of the loop: 16 live registers).
+                    offs_r = m0 + gl.arange(0, BLOCK_M, ROW_LAYOUT)
                     last_key = gl.convert_layout(offs_r + diag, QUERY_LAYOUT)
                     visible = visible & (gl.expand_dims(offs_key, 1) <=
                                          gl.expand_dims(last_key, 0))
@@ -250,7 +260,7 @@ def _consume(dqa_desc, dqa_row1, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_st
             do_s = do_smem.index(s)
             mbarrier.wait(q_ready.index(s), ph)
             sT = warpgroup_mma(k_smem, q_s.permute((1, 0)), s_init, is_async=True)  # Sᵀ = K Qᵀ
-            dp_init = zero_st - gl.expand_dims(gl.convert_layout(delta, QUERY_LAYOUT), 0)
+            dp_init = zero_st + gl.expand_dims(delta_smem.index(s).load(QUERY_LAYOUT), 0)
             mbarrier.wait(do_ready.index(s), ph)
             dpT = warpgroup_mma(v_smem, do_s.permute((1, 0)), dp_init,
                                 is_async=True)                                # dPᵀ = V dOᵀ
@@ -324,13 +334,18 @@ def _gluon_bwd_kernel(
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], TILE)
     ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], DS)
     dq_stage = gl.allocate_shared_memory(gl.float32, [BLOCK_M, HEAD_DIM], DQ)
+    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], VEC_SMEM)
+    delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], VEC_SMEM)
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    lse_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     qdo_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     # kv_ready: the loader's expect (the one arrival) + K/V TMA bytes; consumers wait phase 0.
     # q_ready[s], do_ready[s]: the loader's expect + Q (dO) TMA bytes for step it (s = it % 2);
     #   consumers wait phase (it // 2) & 1.
+    # lse_ready[s]: the loader's plain arrive after storing step it's -LSE/scale and -Δ (and a
+    #   warp barrier); consumers wait phase (it // 2) & 1.
     # qdo_empty[s]: the consumer partition arrives (thread 0, after a partition bar.sync and
     #   its wgmma wait) once step it's wgmmas have read the slot; the loader waits phase
     #   ((it // 2) & 1) ^ 1 before refilling (a fresh barrier passes the first round).
@@ -338,35 +353,64 @@ def _gluon_bwd_kernel(
     for i in gl.static_range(STAGES):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(do_ready.index(i), count=1)
+        mbarrier.init(lse_ready.index(i), count=1)
         mbarrier.init(qdo_empty.index(i), count=1)
 
     gl.warp_specialize([
         (_consume, (dqa_desc, dqa_row1, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_stage,
-                    kv_ready, q_ready, do_ready, qdo_empty, Lse0, Lse1, Delta0, Delta1, DK, DV,
-                    stride_lse0_h, stride_lse1_h, stride_delta0_h, stride_delta1_h, stride_dkn,
-                    stride_dkh, stride_dvn, stride_dvh, cu_seqlens_q0, cu_seqlens_q1,
-                    cu_seqlens_k, kv_end0, kv_end1, kv_group, sm_scale, HEAD_DIM, IS_CAUSAL,
-                    KV_END_SCALAR)),
+                    lse_smem, delta_smem, kv_ready, q_ready, do_ready, lse_ready, qdo_empty, DK,
+                    DV, stride_dkn, stride_dkh, stride_dvn, stride_dvh, cu_seqlens_q0,
+                    cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1, kv_group, sm_scale, HEAD_DIM,
+                    IS_CAUSAL, KV_END_SCALAR)),
         (_load, (q0_desc, q1_desc, do0_desc, do1_desc, k_desc, v_desc, q_smem, do_smem, k_smem,
-                 v_smem, kv_ready, q_ready, do_ready, qdo_empty, cu_seqlens_q0, cu_seqlens_q1,
-                 cu_seqlens_k, kv_end0, kv_end1, kv_group, HEAD_DIM, IS_CAUSAL, KV_END_SCALAR)),
+                 v_smem, lse_smem, delta_smem, kv_ready, q_ready, do_ready, lse_ready, qdo_empty,
+                 Lse0, Lse1, Delta0, Delta1, stride_lse0_h, stride_lse1_h, stride_delta0_h,
+                 stride_delta1_h, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1,
+                 kv_group, sm_scale, HEAD_DIM, IS_CAUSAL, KV_END_SCALAR)),
     ], [LOADER_WARPS], [LOADER_REGS])
 
 
 
 @triton.jit
+def _delta_kernel(O, DO, Delta, rows, stride_om, stride_oh, stride_dom, stride_doh,
+                  stride_delta_h, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Grid ``(nheads, cdiv(rows, BLOCK))``: ``Delta[h, r] = sum_d dO[r, h, d] * O[r, h, d]`` in
+    fp32 for every row of one group's tensors (rows of no sequence too: the main kernel never
+    reads theirs)."""
+    head = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    offs_d = tl.arange(0, HEAD_DIM)
+    ok = (offs < rows)[:, None]
+    rows64 = offs.to(tl.int64)[:, None]
+    o = tl.load(O + rows64 * stride_om + head * stride_oh + offs_d[None, :], mask=ok, other=0.0)
+    do = tl.load(DO + rows64 * stride_dom + head * stride_doh + offs_d[None, :], mask=ok,
+                 other=0.0)
+    tl.store(Delta + head * stride_delta_h + offs, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1),
+             mask=offs < rows)
+
+
+@triton.jit
 def _zero_key_tail_kernel(DK, DV, cu_seqlens_k, batch, total_k, stride_dkn, stride_dkh,
-                          stride_dvn, stride_dvh, head_dim,
-                          BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Grid ``(programs, nheads_k)``: zero dK/dV rows ``[cu_seqlens_k[batch], total_k)`` (keys
-    of no sequence), which no CTA of the main kernel writes."""
+                          stride_dvn, stride_dvh, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Grid ``(programs, nheads_k)``: zero dK/dV rows ``[cu_seqlens_k[batch], total_k)`` (keys of
+    no sequence), which no CTA of the main kernel writes; a grid-stride loop over row blocks."""
     head = tl.program_id(1)
+    offs_d = tl.arange(0, HEAD_DIM)
+    zero = tl.zeros([BLOCK, HEAD_DIM], dtype=tl.float32)
     lo = tl.load(cu_seqlens_k + batch)
-    offs_d = tl.arange(0, BLOCK_D)
-    _zero_rows(DK, lo, total_k, head, stride_dkn, stride_dkh, offs_d, head_dim,
-               tl.program_id(0), tl.num_programs(0), BLOCK, BLOCK_D)
-    _zero_rows(DV, lo, total_k, head, stride_dvn, stride_dvh, offs_d, head_dim,
-               tl.program_id(0), tl.num_programs(0), BLOCK, BLOCK_D)
+    for start in range(lo + tl.program_id(0) * BLOCK, total_k, tl.num_programs(0) * BLOCK):
+        rows = start + tl.arange(0, BLOCK)
+        ok = (rows < total_k)[:, None]
+        rows64 = rows.to(tl.int64)[:, None]
+        tl.store(DK + rows64 * stride_dkn + head * stride_dkh + offs_d[None, :],
+                 zero.to(DK.dtype.element_ty), mask=ok)
+        tl.store(DV + rows64 * stride_dvn + head * stride_dvh + offs_d[None, :],
+                 zero.to(DV.dtype.element_ty), mask=ok)
+
+
+def _max_offset(t) -> int:
+    """Largest element offset into a 3-dim ``t`` (plus one): int32 indexing must stay below."""
+    return sum(max(n - 1, 0) * st for n, st in zip(t.shape, t.stride())) + 1
 
 
 def unsupported_reason(q0, q1, k, v, out0, out1, dout0, dout1, lse0, lse1, dq0, dq1, dk, dv,
@@ -445,18 +489,12 @@ def launch_gluon_bwd(
     scalar_end = isinstance(kv_end0, int)
     if scalar_end != isinstance(kv_end1, int):
         raise TypeError("kv_end0 and kv_end1 must both be ints or both be tensors")
-    # 1. Δ = rowsum(dO∘O): the Triton dQ kernel's preprocess alone.
-    _dual_group_bwd_dq_kernel[(nheads, max(1, triton.cdiv(max_seqlen_q, 64)), batch + 1)](
-        q0, q1, k, v, out0, out1, dout0, dout1, lse0, lse1, delta0, delta1, dq0, dq1,
-        cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1,
-        softmax_scale, k.shape[0], 1, dq0.shape[0], dq1.shape[0],
-        *q0.stride()[:2], *q1.stride()[:2], *k.stride()[:2], *v.stride()[:2],
-        *out0.stride()[:2], *out1.stride()[:2], *dout0.stride()[:2], *dout1.stride()[:2],
-        *dq0.stride()[:2], *dq1.stride()[:2], lse0.stride(0), lse1.stride(0),
-        delta0.stride(0), delta1.stride(0), head_dim, nheads // nheads_k,
-        IS_CAUSAL=causal, KV_ZIGZAG=False, LOCAL_ORDER=False, BLOCK_M=64, BLOCK_N=64,
-        BLOCK_D=head_dim, EVEN_D=True, INT64_KV=False, KV_END_SCALAR=scalar_end,
-        KV_END_IN_CHUNKS=False, DELTA_ONLY=True, ONE_GROUP=False, num_warps=4, num_stages=1)
+    # 1. Δ = rowsum(dO∘O) of every row of each group.
+    for out, dout, delta in ((out0, dout0, delta0), (out1, dout1, delta1)):
+        if out.shape[0]:
+            _delta_kernel[(nheads, triton.cdiv(out.shape[0], 64))](
+                out, dout, delta, out.shape[0], *out.stride()[:2], *dout.stride()[:2],
+                delta.stride(0), BLOCK=64, HEAD_DIM=head_dim, num_warps=4)
     # 2. The main kernel reduce-adds scale * dS K into a zeroed fp32 accumulator (group 0's
     #    rows, then group 1's).
     rows0 = dq0.shape[0]
@@ -478,8 +516,8 @@ def launch_gluon_bwd(
     dq0.copy_(dqa[:rows0])
     dq1.copy_(dqa[rows0:])
     _zero_key_tail_kernel[(16, nheads_k)](
-        dk, dv, cu_seqlens_k, batch, k.shape[0], *dk.stride()[:2], *dv.stride()[:2], head_dim,
-        BLOCK=64, BLOCK_D=head_dim)
+        dk, dv, cu_seqlens_k, batch, k.shape[0], *dk.stride()[:2], *dv.stride()[:2],
+        BLOCK=64, HEAD_DIM=head_dim)
 
 
 # ---------------------------------------------------------------------------------------------
