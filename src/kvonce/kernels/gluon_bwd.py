@@ -440,6 +440,9 @@ def unsupported_reason(q0, q1, k, v, out0, out1, dout0, dout1, lse0, lse1, dq0, 
     for name, t in (("lse0", lse0), ("lse1", lse1)):
         if t.stride(-1) != 1:
             return f"{name} must be contiguous along rows"
+    for name, t in (("dk", dk), ("dv", dv)):
+        if t.stride(2) != 1:
+            return f"{name} must have a contiguous last dim"
     if int64_kv_offsets or any(_max_offset(t) >= 2**31 for t in (q0, q1, k, v, dk, dv, dout0,
                                                                   dout1)):
         return "int64 offsets are not supported"
@@ -483,6 +486,8 @@ def launch_gluon_bwd(
         int64_kv_offsets=bool(getattr(config, "int64_kv_offsets", False)))
     if reason is not None:
         raise NotImplementedError(f"launch_gluon_bwd: {reason}")
+    if delta0.stride(-1) != 1 or delta1.stride(-1) != 1:
+        raise ValueError("delta0/delta1 must be contiguous along rows, shaped like lse0/lse1")
     batch = cu_seqlens_q0.shape[0] - 1
     nheads, head_dim = q0.shape[1], q0.shape[2]
     nheads_k = k.shape[1]
