@@ -86,11 +86,15 @@ def _error_chain(exc: BaseException) -> str:
 
 
 def _tool(name: str) -> str:
-    import triton
-    path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
-    if not path.exists():
-        raise FileNotFoundError(f"{name} not found at {path} (the triton wheel ships it)")
-    return str(path)
+    """The ``ptxas`` / ``cuobjdump`` Triton itself uses (``triton.knobs.nvidia``: the wheel's own,
+    or ``TRITON_PTXAS_PATH`` & co. where an image points Triton at a newer CUDA): the PTX Triton
+    emits targets that ptxas's version, so an older one beside it would reject it."""
+    from triton import knobs
+
+    tool = getattr(knobs.nvidia, name)
+    if tool is None or not Path(tool.path).exists():
+        raise FileNotFoundError(f"{name} not found (triton.knobs.nvidia.{name})")
+    return str(tool.path)
 
 
 def discover_specs(package: str = "kvonce.kernels") -> list[tuple]:

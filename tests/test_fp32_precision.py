@@ -199,17 +199,16 @@ def test_fp32_is_tf32_when_allowed(family):
         assert rel_err(out, ref) < IEEE_TOL, f"{name} after the TF32 block"
 
 
-def test_dot_options_follow_pytorch():
-    """The compile option kvonce passes to Triton for fp32 dots, under each of PyTorch's
-    settings; 16-bit inputs never get one (their kernels are unchanged)."""
-    assert _launch.dot_options(torch.float16) == {}
-    assert _launch.dot_options(torch.bfloat16) == {}
-    want = {"default_dot_input_precision": "ieee"}
-    assert _launch.dot_options(torch.float32) == want
+def test_dot_precision_follows_pytorch():
+    """The ``DOT_PRECISION`` constexpr kvonce gives its kernels, under each of PyTorch's
+    settings; 16-bit inputs always get "tf32" (ignored by their dots: one compiled variant)."""
+    assert _launch.dot_input_precision(torch.float16) == "tf32"
+    assert _launch.dot_input_precision(torch.bfloat16) == "tf32"
+    assert _launch.dot_input_precision(torch.float32) == "ieee"
     for precision, expected in (("high", "tf32"), ("medium", "tf32"), ("highest", "ieee")):
         with matmul_precision(precision):
-            assert _launch.dot_options(torch.float32) == \
-                {"default_dot_input_precision": expected}, precision
+            assert _launch.dot_input_precision(torch.float32) == expected, precision
+            assert _launch.dot_input_precision(torch.float16) == "tf32", precision
     matmul = torch.backends.cuda.matmul
     if hasattr(matmul, "fp32_precision"):  # torch >= 2.9's per-backend API
         saved = matmul.fp32_precision
@@ -224,16 +223,33 @@ def test_dot_options_follow_pytorch():
     assert _launch.fp32_matmul_precision() == "ieee"
 
 
-def test_launch_passes_the_option_to_triton(monkeypatch):
-    """Each family's launch hands the option to the compiler: record what the kernels receive."""
+def test_every_dot_takes_the_precision():
+    """Every ``tl.dot`` in kvonce's Triton kernels passes ``input_precision=DOT_PRECISION``
+    (a dot without it would run TF32 on fp32 inputs whatever PyTorch says)."""
+    import ast
+    import pathlib
+
+    import kvonce.kernels as kernels
+
+    missing = []
+    for path in sorted(pathlib.Path(kernels.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "dot" and getattr(node.func.value, "id", "") == "tl"):
+                kw = {k.arg: k.value for k in node.keywords}
+                if getattr(kw.get("input_precision"), "id", None) != "DOT_PRECISION":
+                    missing.append(f"{path.name}:{node.lineno}")
+    assert not missing, f"tl.dot without input_precision=DOT_PRECISION: {missing}"
+
+
+def test_launches_pass_the_precision(monkeypatch):
+    """Each family's launch hands its kernels the constexpr: record what they receive."""
     seen = []
     real = _launch.launch
 
-    def recording(kernel, key, grid, args, constexprs, num_warps, num_stages, device_index,
-                  options=None):
-        seen.append((kernel.fn.__name__ if hasattr(kernel, "fn") else str(kernel), options))
-        return real(kernel, key, grid, args, constexprs, num_warps, num_stages, device_index,
-                    options)
+    def recording(kernel, key, grid, args, constexprs, *rest):
+        seen.append((kernel.fn.__name__, constexprs.get("DOT_PRECISION")))
+        return real(kernel, key, grid, args, constexprs, *rest)
 
     for module in ("dual_group_fwd", "paged_decode", "paged_prefill", "prefix_decode"):
         monkeypatch.setattr(f"kvonce.kernels.{module}.launch", recording)
@@ -241,14 +257,15 @@ def test_launch_passes_the_option_to_triton(monkeypatch):
         paged_decode(seed=1)
         paged_prefill(seed=1)
         shared_prefix_cascade(seed=1)
+    tf32 = dict(seen)
+    seen.clear()
     dual_group_forward(seed=1)
-    names = {name: opt for name, opt in seen}
-    assert {"_paged_decode_kernel", "_paged_prefill_kernel", "_prefix_chunk_kernel"} <= set(names)
-    for name, opt in seen:
-        if name == "_fused_dual_group_fwd_kernel_varlen":
-            assert opt == {"default_dot_input_precision": "ieee"}, name
-        elif name in ("_paged_decode_kernel", "_paged_prefill_kernel", "_prefix_chunk_kernel"):
-            assert opt == {"default_dot_input_precision": "tf32"}, name
+    paged_decode(seed=1)
+    ieee = dict(seen)
+    dots = {"_paged_decode_kernel", "_paged_prefill_kernel", "_prefix_chunk_kernel"}
+    assert dots <= set(tf32) and all(tf32[name] == "tf32" for name in dots), tf32
+    assert ieee["_fused_dual_group_fwd_kernel_varlen"] == "ieee", ieee
+    assert ieee["_paged_decode_kernel"] == "ieee", ieee
 
 
 def test_reference_float64_paths_agree_with_attention_ref():

@@ -55,14 +55,15 @@ def test_gathered_fallback_matches_reference(path_counts):
     past, new = [10, 0, 20], [3, 7, 1]
     heads, heads_k, d, scale = 4, 2, 32, 0.3
     total_q, total_k = sum(new), sum(past) + sum(new)
-    q = torch.randn(1, heads, total_q, d, generator=g)
-    k, v = (torch.randn(1, heads_k, total_k + 5, d, generator=g) for _ in range(2))
+    q = torch.randn(1, heads, total_q, d, generator=g).to(DEVICE)
+    k, v = (torch.randn(1, heads_k, total_k + 5, d, generator=g).to(DEVICE) for _ in range(2))
     k[:, :, total_k:] = float("nan")
     v[:, :, total_k:] = float("nan")
-    cu_q = torch.tensor([0, 3, 10, 11], dtype=torch.int32)
-    cu_k = torch.tensor([0, 13, 20, 41], dtype=torch.int32)
+    cu_q = torch.tensor([0, 3, 10, 11], dtype=torch.int32, device=DEVICE)
+    cu_k = torch.tensor([0, 13, 20, 41], dtype=torch.int32, device=DEVICE)
     kwargs = dict(cu_seq_lens_q=cu_q, max_length_q=7, cu_seq_lens_k=cu_k, max_length_k=21,
-                  read_index=[torch.arange(total_k)], write_index=[torch.arange(total_q)],
+                  read_index=[torch.arange(total_k, device=DEVICE)],
+                  write_index=[torch.arange(total_q, device=DEVICE)],
                   block_table=None, position_ids=None)
     module = types.SimpleNamespace(layer_idx=0, sliding_window=None)
     out, weights = hf_paged.kvonce_paged_attention(module, q, k, v, None, scaling=scale, **kwargs)

@@ -74,14 +74,15 @@ def dot_precision(dtype: torch.dtype) -> str | None:
     return fp32_matmul_precision() if dtype == torch.float32 else None
 
 
-def dot_options(dtype: torch.dtype) -> dict:
-    """Triton compile options for a kernel whose ``tl.dot`` operands have ``dtype``: float32
-    dots follow PyTorch's setting (``fp32_matmul_precision``; Triton's own default is TF32, which
-    would silently lower a user's fp32 to 10-bit mantissas); 16-bit dots need nothing. The option
-    is part of the compiled kernel's identity (Triton's cache key and ``launch``'s), so one
-    launch config never mixes the two."""
-    precision = dot_precision(dtype)
-    return {} if precision is None else {"default_dot_input_precision": precision}
+def dot_input_precision(dtype: torch.dtype) -> str:
+    """The ``DOT_PRECISION`` constexpr (``tl.dot``'s ``input_precision``) of a kernel whose dot
+    operands have ``dtype``: float32 dots follow PyTorch's setting (``fp32_matmul_precision``;
+    Triton's ``tl.dot`` defaults to TF32, which would silently lower a user's fp32 to 10-bit
+    mantissas, and ignores the compiler's ``default_dot_input_precision`` option); 16-bit dots
+    ignore it and always get ``"tf32"`` (one compiled variant). A constexpr is part of the
+    compiled kernel's identity (Triton's cache key and ``launch``'s), so one launch config never
+    mixes the two."""
+    return dot_precision(dtype) or "tf32"
 
 
 def next_pow2(x: int) -> int:
@@ -98,24 +99,20 @@ def all_aligned(*tensors) -> bool:
 
 
 def launch(kernel, key, grid: tuple[int, int, int], args: tuple, constexprs: dict,
-           num_warps: int, num_stages: int, device_index: int, options: dict | None = None):
-    """``kernel[grid](*args, **constexprs, **options, num_warps=..., num_stages=...)``, cheaply.
+           num_warps: int, num_stages: int, device_index: int):
+    """``kernel[grid](*args, **constexprs, num_warps=..., num_stages=...)``, cheaply.
 
     ``args`` are the runtime arguments in signature order; ``constexprs`` the compile-time ones,
     which must come after them in the signature (true of every kvonce kernel). ``key`` must
-    determine the specialization (module docstring); ``options`` (Triton compile options such as
-    ``dot_options``' fp32 dot precision) join it here. Returns the ``CompiledKernel`` (None under
+    determine the specialization (module docstring). Returns the ``CompiledKernel`` (None under
     the interpreter): its ``n_regs`` and ``n_spills`` feed the config sweeps.
     """
-    options = options or {}
-    cache_key = (kernel, key, tuple(options.items()), device_index)
-    compiled = _compiled.get(cache_key)
+    compiled = _compiled.get((kernel, key, device_index))
     if compiled is None or not cached_launch_enabled or _knob_hooks_active():
-        compiled = kernel[grid](*args, **constexprs, **options, num_warps=num_warps,
-                                num_stages=num_stages)
+        compiled = kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
         if cached_launch_enabled and not interpreter_active() and not _knob_hooks_active():
             tail = tuple(constexprs[name] for name in kernel.arg_names[len(args):])
-            _compiled[cache_key] = (compiled, tail)
+            _compiled[(kernel, key, device_index)] = (compiled, tail)
         return compiled
     ck, tail = compiled
     stream = torch._C._cuda_getCurrentRawStream(device_index)

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from .dual_group_fwd import _key_bounds, _kv_rows, _max_offset
-from ._launch import dot_options, next_pow2
+from ._launch import dot_input_precision, next_pow2
 
 LOG2E = 1.4426950408889634
 
@@ -141,18 +141,18 @@ def _zero_rows(T, lo, hi, head, stride_m, stride_h, offs_d, head_dim, first, ste
 
 @triton.jit
 def _dq_update(dq, q, do, lse2, delta, k_t, v_t, qk_scale, offs_m, offs_n, diag, kv_end,
-               MASKED: tl.constexpr):
+               MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One key tile into one group's dQ accumulator (unscaled: ``sum dS K``).
 
     dq [BLOCK_M, BLOCK_D] fp32, q/do [BLOCK_M, BLOCK_D], lse2/delta [BLOCK_M] fp32,
     k_t/v_t [BLOCK_D, BLOCK_N]. Row ``i`` sees key ``j`` iff ``j <= i + diag`` and ``j < kv_end``.
     """
-    p = tl.math.exp2(tl.dot(q, k_t) * qk_scale - lse2[:, None])
+    p = tl.math.exp2(tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale - lse2[:, None])
     if MASKED:
         visible = (offs_n[None, :] <= offs_m[:, None] + diag) & (offs_n[None, :] < kv_end)
         p = tl.where(visible, p, 0.0)
-    ds = p * (tl.dot(do, v_t) - delta[:, None])
-    return dq + tl.dot(ds.to(k_t.dtype), tl.trans(k_t))
+    ds = p * (tl.dot(do, v_t, input_precision=DOT_PRECISION) - delta[:, None])
+    return dq + tl.dot(ds.to(k_t.dtype), tl.trans(k_t), input_precision=DOT_PRECISION)
 
 
 @triton.jit
@@ -160,7 +160,7 @@ def _dq_tiles(dq0, q0, do0, lse0, delta0, diag0, end0, dq1, q1, do1, lse1, delta
               lo, hi, qk_scale, offs_m,
               K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
               TWO: tl.constexpr, MASKED: tl.constexpr, BLOCK_N: tl.constexpr,
-              EVEN_D: tl.constexpr, KV_ZIGZAG: tl.constexpr):
+              EVEN_D: tl.constexpr, KV_ZIGZAG: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Key tiles ``[lo, hi)`` into group 0's dQ and, with ``TWO``, group 1's: each tile loaded
     once. (For one group alone the caller passes it as group 0.)"""
     kv_end = tl.maximum(end0, end1) if TWO else end0
@@ -170,28 +170,29 @@ def _dq_tiles(dq0, q0, do0, lse0, delta0, diag0, end0, dq1, q1, do1, lse1, delta
         k_t, v_t = _load_kv_block(K, V, rows, offs_n < kv_end, stride_kn, stride_vn, offs_d,
                                   head_dim, EVEN_D, True)
         dq0 = _dq_update(dq0, q0, do0, lse0, delta0, k_t, v_t, qk_scale, offs_m, offs_n,
-                         diag0, end0, MASKED)
+                         diag0, end0, MASKED, DOT_PRECISION)
         if TWO:
             dq1 = _dq_update(dq1, q1, do1, lse1, delta1, k_t, v_t, qk_scale, offs_m, offs_n,
-                             diag1, end1, MASKED)
+                             diag1, end1, MASKED, DOT_PRECISION)
     return dq0, dq1
 
 
 @triton.jit
 def _dq_alone(dq, q, do, lse, delta, diag, end, lo, full, hi, qk_scale, offs_m,
               K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
-              BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, KV_ZIGZAG: tl.constexpr):
+              BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, KV_ZIGZAG: tl.constexpr,
+              DOT_PRECISION: tl.constexpr):
     """One group's tiles past the shared range: ``[lo, full)`` unmasked, then ``[.., hi)`` masked
     (the forward's ``_attend_alone``)."""
     split = tl.maximum(lo, full)
     dq, _ = _dq_tiles(dq, q, do, lse, delta, diag, end, dq, q, do, lse, delta, diag, end,
                       lo, split, qk_scale, offs_m, K, V, k_row0, chunk, rank_rows, world_size,
                       stride_kn, stride_vn, offs_d, head_dim, False, False, BLOCK_N, EVEN_D,
-                      KV_ZIGZAG)
+                      KV_ZIGZAG, DOT_PRECISION)
     dq, _ = _dq_tiles(dq, q, do, lse, delta, diag, end, dq, q, do, lse, delta, diag, end,
                       split, hi, qk_scale, offs_m, K, V, k_row0, chunk, rank_rows, world_size,
                       stride_kn, stride_vn, offs_d, head_dim, False, True, BLOCK_N, EVEN_D,
-                      KV_ZIGZAG)
+                      KV_ZIGZAG, DOT_PRECISION)
     return dq
 
 
@@ -232,6 +233,7 @@ def _dual_group_bwd_dq_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     INT64_KV: tl.constexpr, KV_END_SCALAR: tl.constexpr, KV_END_IN_CHUNKS: tl.constexpr,
     DELTA_ONLY: tl.constexpr, ONE_GROUP: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,  # tl.dot's input_precision: "ieee" or "tf32" (fp32 inputs only)
 ):
     """Grid ``(nheads, m-blocks, batch + 1)`` (``2 * batch + 1`` with ``ONE_GROUP``); the last
     slice zeroes dQ rows of no sequence. ``DELTA_ONLY``: only the preprocess (dQ then comes from
@@ -295,7 +297,7 @@ def _dual_group_bwd_dq_kernel(
         dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         dq = _dq_alone(dq, q, do, lse, delta, diag, end, 0, full, hi, sm_scale * 1.4426950408889634,
                        offs_m, K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn,
-                       offs_d, head_dim, BLOCK_N, EVEN_D, KV_ZIGZAG)
+                       offs_d, head_dim, BLOCK_N, EVEN_D, KV_ZIGZAG, DOT_PRECISION)
         _store_dq(tl.where(second, DQ1, DQ0), dq, row, offs_m, len_q, head,
                   tl.where(second, stride_dq1m, stride_dq0m),
                   tl.where(second, stride_dq1h, stride_dq0h), offs_d, head_dim, sm_scale)
@@ -331,20 +333,20 @@ def _dual_group_bwd_dq_kernel(
     dq0, dq1 = _dq_tiles(dq0, q0, do0, lse0, delta0, diag0, end0,
                          dq1, q1, do1, lse1, delta1, diag1, end1, 0, both_full, qk_scale, offs_m,
                          K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn,
-                         offs_d, head_dim, True, False, BLOCK_N, EVEN_D, KV_ZIGZAG)
+                         offs_d, head_dim, True, False, BLOCK_N, EVEN_D, KV_ZIGZAG, DOT_PRECISION)
     dq0, dq1 = _dq_tiles(dq0, q0, do0, lse0, delta0, diag0, end0,
                          dq1, q1, do1, lse1, delta1, diag1, end1, both_full, shared_end, qk_scale,
                          offs_m, K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn,
-                         offs_d, head_dim, True, True, BLOCK_N, EVEN_D, KV_ZIGZAG)
+                         offs_d, head_dim, True, True, BLOCK_N, EVEN_D, KV_ZIGZAG, DOT_PRECISION)
     # Group 0 alone (unmasked then masked), stored; then group 1 alone.
     dq0 = _dq_alone(dq0, q0, do0, lse0, delta0, diag0, end0, shared_end, full0, hi0, qk_scale,
                     offs_m, K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn,
-                    offs_d, head_dim, BLOCK_N, EVEN_D, KV_ZIGZAG)
+                    offs_d, head_dim, BLOCK_N, EVEN_D, KV_ZIGZAG, DOT_PRECISION)
     _store_dq(DQ0, dq0, row0, offs_m, len0, head, stride_dq0m, stride_dq0h, offs_d, head_dim,
               sm_scale)
     dq1 = _dq_alone(dq1, q1, do1, lse1, delta1, diag1, end1, shared_end, full1, hi1, qk_scale,
                     offs_m, K, V, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn,
-                    offs_d, head_dim, BLOCK_N, EVEN_D, KV_ZIGZAG)
+                    offs_d, head_dim, BLOCK_N, EVEN_D, KV_ZIGZAG, DOT_PRECISION)
     _store_dq(DQ1, dq1, row1, offs_m, len1, head, stride_dq1m, stride_dq1h, offs_d, head_dim,
               sm_scale)
 
@@ -354,7 +356,7 @@ def _dkdv_rows(dk, dv, k, v, Q, DO, Lse, Delta, DQA, row0, len_q, head, lo, hi, 
                kv_end, qk_scale, sm_scale, stride_qm, stride_qh, stride_dom, stride_doh,
                stride_lse_h, stride_delta_h, stride_dqam, stride_dqah, offs_d, head_dim,
                MASKED: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_D: tl.constexpr,
-               ATOMIC_DQ: tl.constexpr):
+               ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Query rows ``[lo, hi)`` of one group and q head into the tile's dK/dV accumulators.
 
     dk/dv [BLOCK_N, BLOCK_D] fp32 (dk unscaled), k/v [BLOCK_N, BLOCK_D]. Row ``i`` sees key
@@ -369,15 +371,16 @@ def _dkdv_rows(dk, dv, k, v, Q, DO, Lse, Delta, DQA, row0, len_q, head, lo, hi, 
         lse = _load_lse2(Lse, row0, offs_m, len_q, head, stride_lse_h)
         delta = tl.load(Delta + head * stride_delta_h + (row0 + offs_m).to(tl.int64),
                         mask=offs_m < len_q, other=0.0)
-        p_t = tl.math.exp2(tl.dot(k, q_t) * qk_scale - lse[None, :])
+        p_t = tl.math.exp2(tl.dot(k, q_t, input_precision=DOT_PRECISION) * qk_scale
+                           - lse[None, :])
         if MASKED:
             visible = (offs_n[:, None] <= offs_m[None, :] + diag) & (offs_n[:, None] < kv_end)
             p_t = tl.where(visible, p_t, 0.0)
-        dv += tl.dot(p_t.to(do.dtype), do)
-        ds_t = p_t * (tl.dot(v, tl.trans(do)) - delta[None, :])
-        dk += tl.dot(ds_t.to(q_t.dtype), tl.trans(q_t))
+        dv += tl.dot(p_t.to(do.dtype), do, input_precision=DOT_PRECISION)
+        ds_t = p_t * (tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION) - delta[None, :])
+        dk += tl.dot(ds_t.to(q_t.dtype), tl.trans(q_t), input_precision=DOT_PRECISION)
         if ATOMIC_DQ:
-            dq = tl.dot(tl.trans(ds_t * sm_scale).to(k.dtype), k)
+            dq = tl.dot(tl.trans(ds_t * sm_scale).to(k.dtype), k, input_precision=DOT_PRECISION)
             rows = (row0 + offs_m).to(tl.int64)
             tl.atomic_add(DQA + rows[:, None] * stride_dqam + head * stride_dqah + offs_d[None, :],
                           dq, mask=(offs_m < len_q)[:, None] & (offs_d[None, :] < head_dim),
@@ -390,7 +393,7 @@ def _dkdv_group(dk, dv, k, v, Q, DO, Lse, Delta, DQA, row0, len_q, kv_end, head,
                 qk_scale, sm_scale, stride_qm, stride_qh, stride_dom, stride_doh, stride_lse_h,
                 stride_delta_h, stride_dqam, stride_dqah, offs_d, head_dim,
                 IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                EVEN_D: tl.constexpr, ATOMIC_DQ: tl.constexpr):
+                EVEN_D: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One group's rows that see keys ``[n0, n0 + BLOCK_N)``: masked M-blocks (the diagonal, or
     every block when the tile crosses ``kv_end``), then the unmasked ones."""
     if IS_CAUSAL:
@@ -408,11 +411,13 @@ def _dkdv_group(dk, dv, k, v, Q, DO, Lse, Delta, DQA, row0, len_q, kv_end, head,
     dk, dv = _dkdv_rows(dk, dv, k, v, Q, DO, Lse, Delta, DQA, row0, len_q, head, lo, full,
                         offs_n, diag, kv_end, qk_scale, sm_scale, stride_qm, stride_qh,
                         stride_dom, stride_doh, stride_lse_h, stride_delta_h, stride_dqam,
-                        stride_dqah, offs_d, head_dim, True, BLOCK_M, EVEN_D, ATOMIC_DQ)
+                        stride_dqah, offs_d, head_dim, True, BLOCK_M, EVEN_D, ATOMIC_DQ,
+                        DOT_PRECISION)
     dk, dv = _dkdv_rows(dk, dv, k, v, Q, DO, Lse, Delta, DQA, row0, len_q, head, full, hi,
                         offs_n, diag, kv_end, qk_scale, sm_scale, stride_qm, stride_qh,
                         stride_dom, stride_doh, stride_lse_h, stride_delta_h, stride_dqam,
-                        stride_dqah, offs_d, head_dim, False, BLOCK_M, EVEN_D, ATOMIC_DQ)
+                        stride_dqah, offs_d, head_dim, False, BLOCK_M, EVEN_D, ATOMIC_DQ,
+                        DOT_PRECISION)
     return dk, dv
 
 
@@ -430,6 +435,7 @@ def _dual_group_bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     INT64_KV: tl.constexpr, KV_END_SCALAR: tl.constexpr, KV_END_IN_CHUNKS: tl.constexpr,
     ATOMIC_DQ: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,  # tl.dot's input_precision: "ieee" or "tf32" (fp32 inputs only)
 ):
     """Grid ``(key blocks, nheads_k, batch + 1)``: key blocks fastest, so the programs that
     stream the same q heads' rows run together (L2 reuse). The last slice zeroes the K/V rows
@@ -472,12 +478,14 @@ def _dual_group_bwd_dkdv_kernel(
                                  head, n0, offs_n, qk_scale, sm_scale, stride_q0m, stride_q0h,
                                  stride_do0m, stride_do0h, stride_lse0_h, stride_delta0_h,
                                  stride_dqa0m, stride_dqa0h, offs_d, head_dim,
-                                 IS_CAUSAL, BLOCK_M, BLOCK_N, EVEN_D, ATOMIC_DQ)
+                                 IS_CAUSAL, BLOCK_M, BLOCK_N, EVEN_D, ATOMIC_DQ,
+                                 DOT_PRECISION)
             dk, dv = _dkdv_group(dk, dv, k, v, Q1, DO1, Lse1, Delta1, DQA1, row1, len1, end1,
                                  head, n0, offs_n, qk_scale, sm_scale, stride_q1m, stride_q1h,
                                  stride_do1m, stride_do1h, stride_lse1_h, stride_delta1_h,
                                  stride_dqa1m, stride_dqa1h, offs_d, head_dim,
-                                 IS_CAUSAL, BLOCK_M, BLOCK_N, EVEN_D, ATOMIC_DQ)
+                                 IS_CAUSAL, BLOCK_M, BLOCK_N, EVEN_D, ATOMIC_DQ,
+                                 DOT_PRECISION)
         mask = in_range[:, None] & (offs_d[None, :] < head_dim)
         tl.store(DK + rows[:, None] * stride_dkn + offs_d[None, :],
                  (dk * sm_scale).to(DK.dtype.element_ty), mask=mask)
@@ -511,9 +519,9 @@ def launch_dual_group_bwd(
         IS_CAUSAL=causal, KV_ZIGZAG=zigzag, LOCAL_ORDER=local_order, BLOCK_D=block_d,
         EVEN_D=block_d == head_dim,
         INT64_KV=config.int64_kv_offsets or any(_max_offset(t) >= 2**31 for t in (k, v, dk, dv)),
-        KV_END_SCALAR=isinstance(kv_end0, int), KV_END_IN_CHUNKS=local_order)
+        KV_END_SCALAR=isinstance(kv_end0, int), KV_END_IN_CHUNKS=local_order,
+        DOT_PRECISION=dot_input_precision(q0.dtype))  # fp32 dots as PyTorch would
     atomic = config.atomic_dq
-    options = dot_options(q0.dtype)  # fp32 dots as PyTorch would
     if atomic:  # fp32 accumulators the dK/dV kernel adds into (one for the local order)
         dqa0 = torch.zeros(dq0.shape, dtype=torch.float32, device=dq0.device)
         dqa1 = dqa0 if dq1 is dq0 else torch.zeros(dq1.shape, dtype=torch.float32,
@@ -531,7 +539,7 @@ def launch_dual_group_bwd(
         *dq0.stride()[:2], *dq1.stride()[:2], lse0.stride(0), lse1.stride(0),
         delta0.stride(0), delta1.stride(0), head_dim, nheads // nheads_k,
         BLOCK_M=config.dq_block_m, BLOCK_N=config.dq_block_n, DELTA_ONLY=atomic,
-        ONE_GROUP=config.dq_one_group, **common, **options,
+        ONE_GROUP=config.dq_one_group, **common,
         num_warps=config.dq_num_warps, num_stages=config.dq_num_stages)
     dkdv_grid = (max(1, triton.cdiv(max_seqlen_k, config.dkdv_block_n)), nheads_k, batch + 1)
     _dual_group_bwd_dkdv_kernel[dkdv_grid](
@@ -543,7 +551,7 @@ def launch_dual_group_bwd(
         lse0.stride(0), lse1.stride(0), delta0.stride(0), delta1.stride(0),
         *_row_strides(dqa0), *_row_strides(dqa1), head_dim, nheads // nheads_k,
         BLOCK_M=config.dkdv_block_m, BLOCK_N=config.dkdv_block_n, ATOMIC_DQ=atomic, **common,
-        **options, num_warps=config.dkdv_num_warps, num_stages=config.dkdv_num_stages)
+        num_warps=config.dkdv_num_warps, num_stages=config.dkdv_num_stages)
     if atomic:
         dq0.copy_(dqa0)
         if dq1 is not dq0:

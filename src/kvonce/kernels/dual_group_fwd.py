@@ -28,12 +28,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._launch import all_aligned, dot_options, launch, next_pow2
+from ._launch import all_aligned, dot_input_precision, launch, next_pow2
 
 
 @triton.jit
 def _online_update(acc, m_i, l_i, q, k_t, v, qk_scale, offs_m, offs_n, diag, kv_end,
-                   MASKED: tl.constexpr, k_scale=1.0, v_scale=1.0,
+                   MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr, k_scale=1.0, v_scale=1.0,
                    KEY_SCALES: tl.constexpr = False):
     """One key tile into one online-softmax state (base 2).
 
@@ -45,7 +45,7 @@ def _online_update(acc, m_i, l_i, q, k_t, v, qk_scale, offs_m, offs_n, diag, kv_
     BLOCK_N multiplies instead of BLOCK_D x BLOCK_N on the tiles). (A flag, not ``is None``: a
     None default reaches a nested jit function as a constexpr, which ``is not None``.)
     """
-    qk = tl.dot(q, k_t)
+    qk = tl.dot(q, k_t, input_precision=DOT_PRECISION)
     if KEY_SCALES:
         qk = qk * k_scale[None, :]
     if MASKED:
@@ -63,9 +63,10 @@ def _online_update(acc, m_i, l_i, q, k_t, v, qk_scale, offs_m, offs_n, diag, kv_
     alpha = tl.math.exp2(m_i - m_sub)
     l_i = l_i * alpha + tl.sum(p, 1)
     if KEY_SCALES:
-        acc = acc * alpha[:, None] + tl.dot((p * v_scale[None, :]).to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot((p * v_scale[None, :]).to(v.dtype), v,
+                                            input_precision=DOT_PRECISION)
     else:
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return acc, m_new, l_i
 
 
@@ -135,14 +136,15 @@ def _load_kv_tile(K, V, Kd, Vd, kv_col, start_n, kv_end, k_row0, chunk, rank_row
 def _attend_one(acc, m_i, l_i, q, lo, hi, qk_scale, offs_m, diag, kv_end,
                 K, V, Kd, Vd, kv_col, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
                 MASKED: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
-                KV_ZIGZAG: tl.constexpr, KV_CACHE: tl.constexpr, USE_DESC: tl.constexpr):
+                KV_ZIGZAG: tl.constexpr, KV_CACHE: tl.constexpr, USE_DESC: tl.constexpr,
+                DOT_PRECISION: tl.constexpr):
     """Key tiles ``[lo, hi)`` (``lo`` a multiple of BLOCK_N) into one group's state."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n, k_t, v = _load_kv_tile(K, V, Kd, Vd, kv_col, start_n, kv_end, k_row0, chunk, rank_rows, world_size,
                                        stride_kn, stride_vn, offs_d, head_dim,
                                        BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE, USE_DESC, MASKED)
         acc, m_i, l_i = _online_update(acc, m_i, l_i, q, k_t, v, qk_scale, offs_m, offs_n,
-                                       diag, kv_end, MASKED)
+                                       diag, kv_end, MASKED, DOT_PRECISION)
     return acc, m_i, l_i
 
 
@@ -150,15 +152,18 @@ def _attend_one(acc, m_i, l_i, q, lo, hi, qk_scale, offs_m, diag, kv_end,
 def _attend_alone(acc, m_i, l_i, q, lo, full, hi, qk_scale, offs_m, diag, kv_end,
                   K, V, Kd, Vd, kv_col, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
                   BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, KV_ZIGZAG: tl.constexpr,
-                  KV_CACHE: tl.constexpr, USE_DESC: tl.constexpr):
+                  KV_CACHE: tl.constexpr, USE_DESC: tl.constexpr,
+                  DOT_PRECISION: tl.constexpr):
     """One group's tiles past the shared range: ``[lo, full)`` unmasked, then ``[.., hi)`` masked."""
     split = tl.maximum(lo, full)
     acc, m_i, l_i = _attend_one(acc, m_i, l_i, q, lo, split, qk_scale, offs_m, diag, kv_end,
                                 K, V, Kd, Vd, kv_col, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn,
-                                offs_d, head_dim, False, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE, USE_DESC)
+                                offs_d, head_dim, False, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE, USE_DESC,
+                                DOT_PRECISION)
     acc, m_i, l_i = _attend_one(acc, m_i, l_i, q, split, hi, qk_scale, offs_m, diag, kv_end,
                                 K, V, Kd, Vd, kv_col, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn,
-                                offs_d, head_dim, True, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE, USE_DESC)
+                                offs_d, head_dim, True, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE, USE_DESC,
+                                DOT_PRECISION)
     return acc, m_i, l_i
 
 
@@ -167,7 +172,8 @@ def _attend_two(acc0, m0, l0, q0, diag0, end0, acc1, m1, l1, q1, diag1, end1,
                 lo, hi, qk_scale, offs_m,
                 K, V, Kd, Vd, kv_col, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
                 MASKED: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
-                KV_ZIGZAG: tl.constexpr, KV_CACHE: tl.constexpr, USE_DESC: tl.constexpr):
+                KV_ZIGZAG: tl.constexpr, KV_CACHE: tl.constexpr, USE_DESC: tl.constexpr,
+                DOT_PRECISION: tl.constexpr):
     """Key tiles ``[lo, hi)``: each tile loaded once, fed to both groups' states."""
     kv_end = tl.maximum(end0, end1)
     for start_n in range(lo, hi, BLOCK_N):
@@ -175,9 +181,9 @@ def _attend_two(acc0, m0, l0, q0, diag0, end0, acc1, m1, l1, q1, diag1, end1,
                                        stride_kn, stride_vn, offs_d, head_dim,
                                        BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE, USE_DESC, MASKED)
         acc0, m0, l0 = _online_update(acc0, m0, l0, q0, k_t, v, qk_scale, offs_m, offs_n,
-                                      diag0, end0, MASKED)
+                                      diag0, end0, MASKED, DOT_PRECISION)
         acc1, m1, l1 = _online_update(acc1, m1, l1, q1, k_t, v, qk_scale, offs_m, offs_n,
-                                      diag1, end1, MASKED)
+                                      diag1, end1, MASKED, DOT_PRECISION)
     return acc0, m0, l0, acc1, m1, l1
 
 
@@ -273,6 +279,7 @@ def _fused_dual_group_fwd_kernel_varlen(
     KV_CACHE: tl.constexpr, INT64_KV: tl.constexpr, KV_END_SCALAR: tl.constexpr,
     KV_END_IN_CHUNKS: tl.constexpr, OUT_LOCAL_ORDER: tl.constexpr, USE_DESC: tl.constexpr,
     Q_LOCAL_ORDER: tl.constexpr, ONE_GROUP: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,  # tl.dot's input_precision: "ieee" or "tf32" (fp32 inputs only)
 ):
     # Grid (nheads, m-blocks, batch): heads vary fastest, so the q heads of one kv head run
     # together (FA2's m-blocks-fastest order measured the same, docs/notes.md). m-blocks are
@@ -338,7 +345,7 @@ def _fused_dual_group_fwd_kernel_varlen(
         acc, m_i, l_i = _attend_alone(
             acc, m_i, l_i, q, 0, full, hi, sm_scale * 1.4426950408889634, offs_m, diag, end,
             K, V, Kd, Vd, kv_col, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d,
-            head_dim, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE, USE_DESC)
+            head_dim, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE, USE_DESC, DOT_PRECISION)
         _store_group(tl.where(second, Out1, Out0), tl.where(second, Lse1, Lse0), out_row, head,
                      acc, m_i, l_i, len_q, offs_m, offs_d, head_dim,
                      tl.where(second, stride_o1m, stride_o0m), tl.where(second, stride_o1h, stride_o0h),
@@ -381,12 +388,12 @@ def _fused_dual_group_fwd_kernel_varlen(
             acc0, m_0, l_0, q0, diag0, end0, acc1, m_1, l_1, q1, diag1, end1,
             0, both_full, qk_scale, offs_m,
             K, V, Kd, Vd, kv_col, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
-            False, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE, USE_DESC)
+            False, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE, USE_DESC, DOT_PRECISION)
         acc0, m_0, l_0, acc1, m_1, l_1 = _attend_two(
             acc0, m_0, l_0, q0, diag0, end0, acc1, m_1, l_1, q1, diag1, end1,
             both_full, shared_end, qk_scale, offs_m,
             K, V, Kd, Vd, kv_col, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
-            True, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE, USE_DESC)
+            True, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE, USE_DESC, DOT_PRECISION)
 
         # Then each group alone past the shared range (for the shorter one these loops are empty).
         # Group 0 is finished and stored first: in zigzag it is the shorter group, and storing it frees
@@ -394,14 +401,14 @@ def _fused_dual_group_fwd_kernel_varlen(
         acc0, m_0, l_0 = _attend_alone(
             acc0, m_0, l_0, q0, shared_end, full0, hi0, qk_scale, offs_m, diag0, end0,
             K, V, Kd, Vd, kv_col, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
-            BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE, USE_DESC)
+            BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE, USE_DESC, DOT_PRECISION)
         _store_group(Out0, Lse0, out_row0, head, acc0, m_0, l_0, len_q0, offs_m, offs_d,
                      head_dim, stride_o0m, stride_o0h, stride_lse0_h, EVEN_D)
 
         acc1, m_1, l_1 = _attend_alone(
             acc1, m_1, l_1, q1, shared_end, full1, hi1, qk_scale, offs_m, diag1, end1,
             K, V, Kd, Vd, kv_col, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d, head_dim,
-            BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE, USE_DESC)
+            BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE, USE_DESC, DOT_PRECISION)
         _store_group(Out1, Lse1, out_row1, head, acc1, m_1, l_1, len_q1, offs_m, offs_d,
                      head_dim, stride_o1m, stride_o1h, stride_lse1_h, EVEN_D)
 
@@ -452,9 +459,9 @@ def launch_dual_group_fwd(
         INT64_KV=config.int64_kv_offsets or _max_offset(k) >= 2**31 or _max_offset(v) >= 2**31,
         KV_END_SCALAR=kv_end_scalar, KV_END_IN_CHUNKS=zigzag_local_order,
         OUT_LOCAL_ORDER=zigzag_local_order, USE_DESC=use_desc, Q_LOCAL_ORDER=q_local_order,
-        ONE_GROUP=config.one_group)
+        ONE_GROUP=config.one_group,
+        DOT_PRECISION=dot_input_precision(q0.dtype))  # fp32 dots as PyTorch would
     ends = (kv_end0, kv_end1)
-    options = dot_options(q0.dtype)  # fp32 dots as PyTorch would
     if use_desc:
         # Descriptors are built per call (a few us of host time, nothing at these sizes) and
         # launched through Triton's own path.
@@ -465,7 +472,7 @@ def launch_dual_group_fwd(
         return _fused_dual_group_fwd_kernel_varlen[grid](
             q0, q1, k, v, *descs, out0, out1, lse0, lse1, cu_seqlens_q0, cu_seqlens_q1,
             cu_seqlens_k, *ends, out_start0, out_start1, softmax_scale, *ints, **constexprs,
-            **options, num_warps=config.num_warps, num_stages=config.num_stages)
+            num_warps=config.num_warps, num_stages=config.num_stages)
     pointers = (q0, q1, k, v, out0, out1, lse0, lse1, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k)
     # Integer ends are specialized on by Triton like any int argument: part of the key.
     key = (q0.dtype, out0.dtype, ints, tuple(constexprs.values()), config.num_warps,
@@ -475,7 +482,7 @@ def launch_dual_group_fwd(
             softmax_scale, *ints)
     return launch(_fused_dual_group_fwd_kernel_varlen, key, grid, args, constexprs,
                   config.num_warps, config.num_stages,
-                  q0.device.index if q0.device.type == "cuda" else -1, options)
+                  q0.device.index if q0.device.type == "cuda" else -1)
 
 
 def _tma_ok(config, k, v, head_dim: int, block_d: int, zigzag_world_size: int) -> bool:

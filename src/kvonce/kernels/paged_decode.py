@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 # The state-in/state-out online-softmax step is shared with the varlen kernels.
-from ._launch import all_aligned, dot_options, launch, next_pow2
+from ._launch import all_aligned, dot_input_precision, launch, next_pow2
 from .dual_group_fwd import _online_update
 
 LOG2E = 1.4426950408889634
@@ -208,8 +208,9 @@ def _attend_paged(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end,
                   stride_kst, stride_vsp, stride_vst, offs_d, head_dim,
                   MASKED: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, KV_CACHE: tl.constexpr,
-                  KV_EVICT: tl.constexpr, KV_FORMAT: tl.constexpr, INT64_KV: tl.constexpr = True,
-                  PREFETCH_PAGES: tl.constexpr = False, Kd=0, Vd=0, kv_col=0,
+                  KV_EVICT: tl.constexpr, KV_FORMAT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                  INT64_KV: tl.constexpr = True, PREFETCH_PAGES: tl.constexpr = False, Kd=0,
+                  Vd=0, kv_col=0,
                   USE_DESC: tl.constexpr = False):
     """Key tiles ``[lo, hi)`` (``lo`` a multiple of BLOCK_N) into one packed state: the one loop
     of both the single-pass and the split-K path, and of every cache format (only the tile load
@@ -259,10 +260,11 @@ def _attend_paged(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end,
             k_scale, v_scale = _load_key_scales(KS, VS, bt_row, offs_n, kv_end, stride_ksp,
                                                 stride_kst, stride_vsp, stride_vst, PAGE_SIZE)
             acc, m_i, l_i = _online_update(acc, m_i, l_i, q, k_t, v, qk_scale, tok, offs_n,
-                                           diag, kv_end, MASKED, k_scale, v_scale, True)
+                                           diag, kv_end, MASKED, DOT_PRECISION, k_scale, v_scale,
+                                           True)
         else:
             acc, m_i, l_i = _online_update(acc, m_i, l_i, q, k_t, v, qk_scale, tok, offs_n,
-                                           diag, kv_end, MASKED)
+                                           diag, kv_end, MASKED, DOT_PRECISION)
     return acc, m_i, l_i
 
 
@@ -273,8 +275,9 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
                     offs_d, head_dim, PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
                     KV_CACHE: tl.constexpr, KV_EVICT: tl.constexpr, KV_FORMAT: tl.constexpr,
-                    INT64_KV: tl.constexpr = True, PREFETCH_PAGES: tl.constexpr = False, Kd=0,
-                    Vd=0, USE_DESC: tl.constexpr = False):
+                    DOT_PRECISION: tl.constexpr, INT64_KV: tl.constexpr = True,
+                    PREFETCH_PAGES: tl.constexpr = False, Kd=0, Vd=0,
+                    USE_DESC: tl.constexpr = False):
     """One packed tile ``q [BLOCK_M, BLOCK_D]`` against sequence ``seq``'s keys ``[lo, hi)`` of
     one KV head: unmasked tiles ``[lo, full)``, then the masked band ``[full, hi)``; returns the
     unnormalized ``(acc, m, l)`` (base 2), fp8's per-head scales applied. Shared by the decode
@@ -294,13 +297,14 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
                                   K, V, KS, VS, bt_row, stride_kp, stride_kt, stride_vp,
                                   stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
                                   offs_d, head_dim, False, PAGE_SIZE, BLOCK_N, BLOCK_D, EVEN_D,
-                                  KV_CACHE, KV_EVICT, KV_FORMAT, INT64_KV, PREFETCH_PAGES, Kd, Vd,
-                                  kv_head * BLOCK_D, USE_DESC)
+                                  KV_CACHE, KV_EVICT, KV_FORMAT, DOT_PRECISION, INT64_KV,
+                                  PREFETCH_PAGES, Kd, Vd, kv_head * BLOCK_D, USE_DESC)
     acc, m_i, l_i = _attend_paged(acc, m_i, l_i, q, full, hi, qk_scale, tok, diag, hi,
                                   K, V, KS, VS, bt_row, stride_kp, stride_kt, stride_vp,
                                   stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
                                   offs_d, head_dim, True, PAGE_SIZE, BLOCK_N, BLOCK_D, EVEN_D,
-                                  KV_CACHE, KV_EVICT, KV_FORMAT, INT64_KV, PREFETCH_PAGES)
+                                  KV_CACHE, KV_EVICT, KV_FORMAT, DOT_PRECISION, INT64_KV,
+                                  PREFETCH_PAGES)
     if KV_FORMAT == 1:  # and its V scale every output row
         acc = acc * tl.load(VS)
     return acc, m_i, l_i
@@ -330,6 +334,7 @@ def _paged_decode_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     STORE_LSE: tl.constexpr, SPLIT: tl.constexpr, MERGE_HERE: tl.constexpr,
     KV_CACHE: tl.constexpr, KV_EVICT: tl.constexpr, KV_FORMAT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,  # tl.dot's input_precision: "ieee" or "tf32" (fp32 inputs only)
 ):
     # Grid: (num_splits * num_m_blocks, nheads_k, batch). Splits vary fastest so that the
     # programs of one sequence's KV head run side by side.
@@ -367,7 +372,7 @@ def _paged_decode_kernel(
         q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS, VS, block_table,
         stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_ksp, stride_kst,
         stride_ksh, stride_vsp, stride_vst, stride_vsh, stride_btb, offs_d, head_dim,
-        PAGE_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, EVEN_D, KV_CACHE, KV_EVICT, KV_FORMAT)
+        PAGE_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, EVEN_D, KV_CACHE, KV_EVICT, KV_FORMAT, DOT_PRECISION)
     # out = acc / l (0 where no key was seen, e.g. an empty split), lse natural log (-inf there).
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
@@ -613,9 +618,9 @@ class PagedDecodeLaunch:
             GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, BLOCK_M=block_m,
             BLOCK_N=config.block_n, BLOCK_D=block_d, EVEN_D=block_d == head_dim,
             STORE_LSE=store_lse, SPLIT=num_splits > 1, MERGE_HERE=merge_here,
-            KV_CACHE=config.kv_cache_modifier, KV_EVICT=config.kv_eviction, KV_FORMAT=kv_format)
+            KV_CACHE=config.kv_cache_modifier, KV_EVICT=config.kv_eviction, KV_FORMAT=kv_format,
+            DOT_PRECISION=dot_input_precision(q.dtype))  # fp32 as PyTorch would (fixed per plan)
         self._warps = (config.num_warps, config.num_stages)
-        self._options = dot_options(q.dtype)  # fp32 dots as PyTorch would (fixed per plan)
         self._key = (q.dtype, k_cache.dtype, k_scale.dtype if k_scale is not None else None,
                      self._ints, tuple(self._constexprs.values()),
                      self._warps)
@@ -646,7 +651,7 @@ class PagedDecodeLaunch:
         launch(_paged_decode_kernel, (self._key, aligned), self._grid,
                (q, k_cache, v_cache, k_scale, v_scale, dst_o, dst_l, cache_seqlens, block_table,
                 final_o, final_l, arrivals, self._scale, *self._ints),
-               self._constexprs, *self._warps, self.device_index, self._options)
+               self._constexprs, *self._warps, self.device_index)
         if self._combine is not None:
             key, grid, ints, constexprs, warps = self._combine
             launch(_combine_splits_kernel, key, grid, (o_part, lse_part, out, lse, *ints),

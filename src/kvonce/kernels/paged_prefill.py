@@ -36,7 +36,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._launch import all_aligned, dot_options, launch, next_pow2
+from ._launch import all_aligned, dot_input_precision, launch, next_pow2
 # The shared key loop (plain and quantized tile loads, online softmax) and the scale strides.
 from .paged_decode import _attend_kv_head, _scale_strides
 
@@ -82,6 +82,7 @@ def _paged_prefill_kernel(
     STORE_LSE: tl.constexpr, KV_CACHE: tl.constexpr, KV_EVICT: tl.constexpr,
     KV_FORMAT: tl.constexpr, BLOCK_Q: tl.constexpr, LAST_FIRST: tl.constexpr,
     INT64_KV: tl.constexpr, PREFETCH_PAGES: tl.constexpr, USE_DESC: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,  # tl.dot's input_precision: "ieee" or "tf32" (fp32 inputs only)
 ):
     # BLOCK_Q = BLOCK_M // GROUP tokens per tile.
     # Grid: (total_q // BLOCK_Q + batch, nheads_k).
@@ -126,8 +127,8 @@ def _paged_prefill_kernel(
         q, 0, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS, VS, block_table,
         stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_ksp, stride_kst,
         stride_ksh, stride_vsp, stride_vst, stride_vsh, stride_btb, offs_d, head_dim,
-        PAGE_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, EVEN_D, KV_CACHE, KV_EVICT, KV_FORMAT, INT64_KV,
-        PREFETCH_PAGES, Kd, Vd, USE_DESC)
+        PAGE_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, EVEN_D, KV_CACHE, KV_EVICT, KV_FORMAT,
+        DOT_PRECISION, INT64_KV, PREFETCH_PAGES, Kd, Vd, USE_DESC)
 
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
@@ -202,9 +203,9 @@ class PagedPrefillLaunch:
             # int32 K/V offsets while both caches' elements stay below 2^31 (shapes only)
             INT64_KV=config.int64_kv_offsets or max(_span(k_cache), _span(v_cache)) >= 2**31,
             PREFETCH_PAGES=config.prefetch_pages,
-            USE_DESC=_tma_ok(config, k_cache, v_cache, kv_format, head_dim, block_d))
+            USE_DESC=_tma_ok(config, k_cache, v_cache, kv_format, head_dim, block_d),
+            DOT_PRECISION=dot_input_precision(q.dtype))  # fp32 as PyTorch would (fixed per plan)
         self._warps = (config.num_warps, config.num_stages)
-        self._options = dot_options(q.dtype)  # fp32 dots as PyTorch would (fixed per plan)
         self._key = (q.dtype, k_cache.dtype, k_scale.dtype if k_scale is not None else None,
                      self._ints, tuple(self._constexprs.values()), self._warps)
 
@@ -228,11 +229,11 @@ class PagedPrefillLaunch:
             _paged_prefill_kernel[self._grid](
                 q, k_cache, v_cache, k_scale, v_scale, *descs, out, lse, cu_seqlens_q,
                 cache_seqlens, block_table, self._scale, *self._ints, **self._constexprs,
-                **self._options, num_warps=self._warps[0], num_stages=self._warps[1])
+                num_warps=self._warps[0], num_stages=self._warps[1])
             return
         aligned = all_aligned(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table,
                               k_scale, v_scale, out, lse)
         launch(_paged_prefill_kernel, (self._key, aligned), self._grid,
                (q, k_cache, v_cache, k_scale, v_scale, None, None, out, lse, cu_seqlens_q,
                 cache_seqlens, block_table, self._scale, *self._ints),
-               self._constexprs, *self._warps, self.device_index, self._options)
+               self._constexprs, *self._warps, self.device_index)

@@ -40,7 +40,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._launch import all_aligned, dot_options, launch, next_pow2
+from ._launch import all_aligned, dot_input_precision, launch, next_pow2
 from .dual_group_fwd import _online_update
 from .paged_decode import (_combine_splits_kernel, _load_paged_kv_tile, _paged_decode_kernel,
                            decode_row_blocks)
@@ -73,7 +73,8 @@ def _write_suffix_view(block_table, cache_seqlens, PrefixPages, SuffixTable, Suf
 def _attend_shared(acc, m_i, l_i, q, lo, hi, qk_scale, last_key, kv_end, K, V, bt_row,
                    stride_kp, stride_kt, stride_vp, stride_vt, offs_d, head_dim,
                    MASKED: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                   EVEN_D: tl.constexpr, KV_CACHE: tl.constexpr, KV_EVICT: tl.constexpr):
+                   EVEN_D: tl.constexpr, KV_CACHE: tl.constexpr, KV_EVICT: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr):
     """Key tiles ``[lo, hi)`` of the shared run into the packed rows' state; row ``i`` sees key
     ``j`` iff ``j <= last_key[i]`` (its own sequence's diagonal) and ``j < kv_end``."""
     for start_n in range(lo, hi, BLOCK_N):
@@ -81,7 +82,7 @@ def _attend_shared(acc, m_i, l_i, q, lo, hi, qk_scale, last_key, kv_end, K, V, b
                                              stride_vp, stride_vt, offs_d, head_dim, PAGE_SIZE,
                                              BLOCK_N, EVEN_D, MASKED, KV_CACHE, KV_EVICT)
         acc, m_i, l_i = _online_update(acc, m_i, l_i, q, k_t, v, qk_scale, last_key, offs_n, 0,
-                                       kv_end, MASKED)
+                                       kv_end, MASKED, DOT_PRECISION)
     return acc, m_i, l_i
 
 
@@ -107,6 +108,7 @@ def _prefix_chunk_kernel(
     GROUP: tl.constexpr, IS_CAUSAL: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     BLOCK_P: tl.constexpr, KV_CACHE: tl.constexpr, KV_EVICT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,  # tl.dot's input_precision: "ieee" or "tf32" (fp32 inputs only)
 ):
     # Grid: (num_work, nheads_k). The plan orders the work items chunk by chunk with a chunk's
     # M-blocks side by side, so the M-blocks of one tile range run together and share it in L2.
@@ -163,11 +165,11 @@ def _prefix_chunk_kernel(
     acc, m_i, l_i = _attend_shared(acc, m_i, l_i, q, lo, full, qk_scale, last_key, hi, K, V,
                                    bt_row, stride_kp, stride_kt, stride_vp, stride_vt, offs_d,
                                    head_dim, False, PAGE_SIZE, BLOCK_N, EVEN_D, KV_CACHE,
-                                   KV_EVICT)
+                                   KV_EVICT, DOT_PRECISION)
     acc, m_i, l_i = _attend_shared(acc, m_i, l_i, q, full, hi, qk_scale, last_key, hi, K, V,
                                    bt_row, stride_kp, stride_kt, stride_vp, stride_vt, offs_d,
                                    head_dim, True, PAGE_SIZE, BLOCK_N, EVEN_D, KV_CACHE,
-                                   KV_EVICT)
+                                   KV_EVICT, DOT_PRECISION)
 
     # o = acc / l (0 where the row saw no key of this chunk), lse natural log (-inf there).
     seen = l_i > 0.0
@@ -224,7 +226,7 @@ class CascadeLaunch:
         dst_o, dst_l = _partial_strides(q_len, nheads, slots, head_dim)
         scale = float(softmax_scale)
         kv_strides = (*k_cache.stride()[:3], *v_cache.stride()[:3])
-        self._options = dot_options(q.dtype)  # fp32 dots as PyTorch would (fixed per plan)
+        precision = dot_input_precision(q.dtype)  # fp32 dots as PyTorch would (fixed per plan)
 
         # 1. chunk-first: (work item, KV head); a grid of at least one program writes the view.
         ints = (batch, q_len, head_dim, suffix_width, *q.stride()[:3], *kv_strides, *dst_o,
@@ -232,7 +234,7 @@ class CascadeLaunch:
         constexprs = dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, BLOCK_M=block_m,
                           BLOCK_N=config.block_n, BLOCK_D=block_d, EVEN_D=block_d == head_dim,
                           BLOCK_P=128, KV_CACHE=config.kv_cache_modifier,
-                          KV_EVICT=config.kv_eviction)
+                          KV_EVICT=config.kv_eviction, DOT_PRECISION=precision)
         warps = (config.num_warps if block_m >= 128 else 4, config.num_stages)
         self._chunk = (("chunk", q.dtype, k_cache.dtype, ints, tuple(constexprs.values()), warps),
                        (max(1, num_work), nheads_k, 1), scale, ints, constexprs, warps)
@@ -248,7 +250,7 @@ class CascadeLaunch:
                           BLOCK_M=block_m_dec, BLOCK_N=c.block_n, BLOCK_D=block_d,
                           EVEN_D=block_d == head_dim, STORE_LSE=True, SPLIT=True,
                           MERGE_HERE=False, KV_CACHE=c.kv_cache_modifier,
-                          KV_EVICT=c.kv_eviction, KV_FORMAT=0)
+                          KV_EVICT=c.kv_eviction, KV_FORMAT=0, DOT_PRECISION=precision)
         warps = (c.num_warps, c.num_stages)
         self._suffix = (("suffix", q.dtype, k_cache.dtype, ints, tuple(constexprs.values()),
                          warps), (suffix_splits * num_m_blocks, nheads_k, batch), scale, ints,
@@ -276,13 +278,13 @@ class CascadeLaunch:
         launch(_prefix_chunk_kernel, (key, aligned), grid,
                (q, k_cache, v_cache, cache_seqlens, block_table, work, members, prefix_pages,
                 o_part, lse_part, suffix_table, suffix_seqlens, scale, *ints),
-               constexprs, *warps, self.device_index, self._options)
+               constexprs, *warps, self.device_index)
         key, grid, scale, ints, constexprs, warps = self._suffix
         # FinalOut, FinalLse, Arrivals, KS, VS: never dereferenced (no MERGE_HERE, plain cache).
         launch(_paged_decode_kernel, (key, aligned), grid,
                (q, k_cache, v_cache, suffix_seqlens, suffix_seqlens, o_part, lse_part,
                 suffix_seqlens, suffix_table, out, lse, suffix_seqlens, scale, *ints),
-               constexprs, *warps, self.device_index, self._options)
+               constexprs, *warps, self.device_index)
         key, grid, ints, constexprs, warps = self._combine
         launch(_combine_splits_kernel, (key, aligned), grid, (o_part, lse_part, out, lse, *ints),
                constexprs, *warps, self.device_index)
