@@ -482,20 +482,33 @@ def test_functional_backward_dkv_dtype(dkv_dtype):
                                  f"{elow:.3e}")
 
 
-@pytest.mark.parametrize("atomic_dq,int64_kv_offsets,dq_one_group",
-                         [(False, False, False), (True, False, False), (False, True, False),
-                          (False, False, True), (True, False, True)])
-def test_functional_backward_config_variants(atomic_dq, int64_kv_offsets, dq_one_group):
+@pytest.mark.parametrize("atomic_dq,int64_kv_offsets,dq_one_group,gluon",
+                         [(False, False, False, False), (True, False, False, False),
+                          (False, True, False, False), (False, False, True, False),
+                          (True, False, True, False), (False, False, False, True)])
+def test_functional_backward_config_variants(atomic_dq, int64_kv_offsets, dq_one_group, gluon,
+                                             monkeypatch):
     """dQ from the dQ kernel (both groups per program, or one) or from fp32 atomics in the dK/dV
-    kernel, int32 or int64 K/V offsets: every variant matches float64 (and the structural zeros
+    kernel, int32 or int64 K/V offsets, the Hopper Gluon kernel (``gluon``: on an sm90 GPU; the
+    two Triton kernels elsewhere): every variant matches float64 (and the structural zeros
     hold)."""
     dtype = DTYPES[0]
-    args = _small_case(dtype)
+    cap = torch.cuda.get_device_capability() if HAS_CUDA else None
+    # the Gluon kernel covers head dims 64 and 128 (GQA 2 here); elsewhere the Triton kernels run
+    args = _small_case(dtype, heads=4, heads_k=2, hd=cpu_gpu(32, 128)) if gluon else \
+        _small_case(dtype)
     q0, q1, k, v = args[:4]
     cu0, cu1, cuk, kv0, kv1 = args[4], args[5], args[6], args[10], args[11]
-    cap = torch.cuda.get_device_capability() if HAS_CUDA else None
+    gluon_calls = []
+    if gluon and cap is not None and cap[0] == 9:
+        from kvonce.kernels import gluon_bwd
+
+        real = gluon_bwd.launch_gluon_bwd
+        monkeypatch.setattr(gluon_bwd, "launch_gluon_bwd",
+                            lambda *a, **kw: gluon_calls.append(1) or real(*a, **kw))
     cfg = dataclasses.replace(get_dual_group_bwd_config(cap, q0.shape[2]), atomic_dq=atomic_dq,
-                              int64_kv_offsets=int64_kv_offsets, dq_one_group=dq_one_group)
+                              int64_kv_offsets=int64_kv_offsets, dq_one_group=dq_one_group,
+                              gluon=gluon)
     dout0, dout1 = randn(*q0.shape, dtype=dtype), randn(*q1.shape, dtype=dtype)
     with poison_empty:
         out0, out1, lse0, lse1 = fused_forward(*args)
@@ -511,6 +524,8 @@ def test_functional_backward_config_variants(atomic_dq, int64_kv_offsets, dq_one
     for i, (name, cu) in enumerate((("dq0", cu0), ("dq1", cu1), ("dk", cuk), ("dv", cuk))):
         check_grad(name, grads[i], ref[i], in_dtype=dtype, baselines=base[i], cu=cu,
                    zero_rows=zero_q[i])
+    if gluon and cap is not None and cap[0] == 9:
+        assert gluon_calls == [1], "the Gluon backward did not run on this sm90 GPU"
 
 
 # ------------------------------------------------------------------------------ zigzag twin

@@ -343,11 +343,17 @@ def _dual_group_bwd_impl(dout0, dout1, q0, q1, k, v, out0, out1, lse0, lse1, cu_
     # delta = rowsum(dO * O), filled by the dQ kernel for the dK/dV kernel.
     delta0 = torch.empty((nheads, q0.shape[0]), dtype=torch.float32, device=q0.device)
     delta1 = torch.empty((nheads, q1.shape[0]), dtype=torch.float32, device=q0.device)
-    launch_dual_group_bwd(
-        q0, q1, k, v, out0, out1, dout0, dout1, lse0, lse1, delta0, delta1, dq0, dq1, dk, dv,
-        cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1,
-        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale,
-        causal=causal, config=config)
+    tensors = (q0, q1, k, v, out0, out1, dout0, dout1, lse0, lse1, delta0, delta1, dq0, dq1, dk,
+               dv, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1)
+    launch = launch_dual_group_bwd
+    if config.gluon:
+        from .kernels import gluon_bwd  # Hopper Gluon: imported only where asked for
+
+        if gluon_bwd.supports(q0, q1, k, v, out0, out1, dout0, dout1, lse0, lse1, dq0, dq1, dk,
+                              dv, int64_kv_offsets=config.int64_kv_offsets):
+            launch = gluon_bwd.launch_gluon_bwd
+    launch(*tensors, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+           softmax_scale=softmax_scale, causal=causal, config=config)
     return dq0, dq1, dk, dv
 
 
@@ -361,12 +367,13 @@ def _dual_group_bwd_op(
     causal: bool, dkv_dtype: torch.dtype, dq_block_m: int, dq_block_n: int, dq_num_warps: int,
     dq_num_stages: int, dkdv_block_m: int, dkdv_block_n: int, dkdv_num_warps: int,
     dkdv_num_stages: int, int64_kv_offsets: bool, atomic_dq: bool, dq_one_group: bool,
+    gluon: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``fused_zigzag_llama3_flash_attn_varlen_backward`` after its checks, with int32 ``[batch]``
     key ranges and the config's fields one by one: ``(dq0, dq1, dk, dv)``."""
     config = DualGroupBwdConfig(dq_block_m, dq_block_n, dq_num_warps, dq_num_stages,
                                 dkdv_block_m, dkdv_block_n, dkdv_num_warps, dkdv_num_stages,
-                                int64_kv_offsets, atomic_dq, dq_one_group)
+                                int64_kv_offsets, atomic_dq, dq_one_group, gluon)
     return _dual_group_bwd_impl(dout0, dout1, q0, q1, k, v, out0, out1, lse0, lse1,
                                 cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1,
                                 max_seqlen_q, max_seqlen_k, softmax_scale, causal, dkv_dtype,

@@ -36,6 +36,7 @@ import os
 
 import torch
 
+from ..kernels.configs import get_dual_group_bwd_config
 from ..varlen import dual_group_forward_into, fused_zigzag_llama3_flash_attn_varlen_forward
 from ..zigzag import (
     compute_kv_slices_for_groups,
@@ -332,8 +333,13 @@ def backward_paths(case: Case, s: dict, douts: list[torch.Tensor]) -> dict:
     def kvonce_forward():
         return fused_zigzag_llama3_flash_attn_varlen_forward(*tensors, *meta)
 
-    def kvonce_bwd(fwd, dkv_dtype=torch.float32):
-        return kvonce_backward(*douts, *tensors, *fwd, *meta, dkv_dtype=dkv_dtype)
+    def kvonce_bwd(fwd, dkv_dtype=torch.float32, config=None):
+        return kvonce_backward(*douts, *tensors, *fwd, *meta, dkv_dtype=dkv_dtype, config=config)
+
+    # the Hopper Gluon backward (DualGroupBwdConfig.gluon; the Triton kernels where it does not
+    # cover the call)
+    gluon = dataclasses.replace(
+        get_dual_group_bwd_config(torch.cuda.get_device_capability(), case.head_dim), gluon=True)
 
     leaves = [t.detach().requires_grad_() for t in tensors]
 
@@ -350,6 +356,8 @@ def backward_paths(case: Case, s: dict, douts: list[torch.Tensor]) -> dict:
         "fa2_bwd_sum": lambda: fa2_backward(fa2_saved, combine=True),
         "kvonce_bwd": lambda: kvonce_bwd(kvonce_saved),
         "kvonce_bwd_lowp_dkv": lambda: kvonce_bwd(kvonce_saved, low),
+        "kvonce_gluon_bwd": lambda: kvonce_bwd(kvonce_saved, config=gluon),
+        "kvonce_gluon_fwd_bwd": lambda: kvonce_bwd(kvonce_forward(), config=gluon),
         "fa2_fwd_bwd": lambda: fa2_backward(fa2_forward(), combine=True),
         "kvonce_fwd_bwd": lambda: kvonce_bwd(kvonce_forward()),
         "kvonce_autograd": kvonce_autograd,
@@ -436,7 +444,7 @@ def check_backward(case: Case, s: dict, douts: list[torch.Tensor], p: dict,
     tensors, meta = _fused_args(case, s)
     ref = dual_group_grads_f64(*douts, *tensors, *meta[:3], *meta[6:])
     errs = {}
-    for tool, name in (("kvonce", "kvonce_bwd"),
+    for tool, name in (("kvonce", "kvonce_bwd"), ("kvonce gluon", "kvonce_gluon_bwd"),
                        ("kvonce low-precision dK/dV", "kvonce_bwd_lowp_dkv"),
                        ("kvonce autograd", "kvonce_autograd"), ("fa2 x2", "fa2_bwd_sum")):
         errs[tool] = [_rel64(g, r) for g, r in zip(p[name](), ref)]
@@ -487,6 +495,7 @@ def run_backward(args) -> list[dict]:
                                    else peers_cudnn.NO_RESULT)
         rows.append({
             "case": case.name, "kvonce err": f"{max(errs['kvonce']):.1e}",
+            "gluon err": f"{max(errs['kvonce gluon']):.1e}",
             f"kvonce {args.dtype} dKV err": f"{max(errs['kvonce low-precision dK/dV']):.1e}",
             "fa2 err": f"{max(errs['fa2 x2']):.1e}",
             "cudnn err": (peers_cudnn.worst(errs["cudnn x2"]) if "cudnn x2" in errs
@@ -499,6 +508,12 @@ def run_backward(args) -> list[dict]:
             "bwd speedup": t["fa2_bwd_sum"] / t["kvonce_bwd"],
             "fa2 bwd TFLOP/s": tf(t["fa2_bwd"], BWD_FLOP_FACTOR),
             "kvonce bwd TFLOP/s": tf(t["kvonce_bwd"], BWD_FLOP_FACTOR),
+            "gluon bwd ms": t["kvonce_gluon_bwd"],
+            "gluon bwd TFLOP/s": tf(t["kvonce_gluon_bwd"], BWD_FLOP_FACTOR),
+            "gluon fwd+bwd ms": t["kvonce_gluon_fwd_bwd"],
+            "gluon fwd+bwd vs cudnn x2": (cud["cudnn x2 fwd+bwd+sum ms"] / t["kvonce_gluon_fwd_bwd"]
+                                          if isinstance(cud["cudnn x2 fwd+bwd+sum ms"], float)
+                                          else peers_cudnn.NO_RESULT),
             "fa2 x2 fwd+bwd+sum ms": t["fa2_fwd_bwd"], "kvonce fwd+bwd ms": t["kvonce_fwd_bwd"],
             "kvonce autograd ms": t["kvonce_autograd"],
             "fwd+bwd speedup": t["fa2_fwd_bwd"] / t["kvonce_fwd_bwd"],

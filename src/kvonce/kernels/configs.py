@@ -311,6 +311,10 @@ class DualGroupBwdConfig:
     the dQ kernel then only computes delta) instead of from the dQ kernel.
     dq_one_group: the dQ kernel's programs hold one group's M-block (one dQ accumulator; twice the
     programs, shared K/V tiles read once per group), as the forward's ``one_group``.
+    gluon: the warp-specialized Hopper kernel (``kernels/gluon_bwd.py``: one CTA per 128 keys, K/V
+        in shared memory, dQ reduce-added by TMA) where it covers the call (sm90, fp16/bf16, head
+        dim 64/128, contiguous K/V; ``gluon_bwd.unsupported_reason``); the two kernels above
+        elsewhere. Its dQ sum order varies run to run (not bitwise reproducible).
     """
     dq_block_m: int
     dq_block_n: int
@@ -323,6 +327,7 @@ class DualGroupBwdConfig:
     int64_kv_offsets: bool = False
     atomic_dq: bool = False
     dq_one_group: bool = False
+    gluon: bool = False
 
 
 # H100, triton 3.6, bf16, Llama-3-8B zigzag shape (world 8, rank 3, 32/8 heads; sweeps
@@ -345,7 +350,17 @@ def get_dual_group_bwd_config(capability: tuple[int, int] | None, head_dim: int,
                               element_size: int = 2) -> DualGroupBwdConfig:
     """Backward config for ``head_dim`` on a GPU of ``capability`` (None: the interpreter).
     fp32 inputs (``element_size`` 4, for tests) take small tiles: the fp16/bf16 rows' shared
-    memory would double past the limit."""
+    memory would double past the limit. ``KVONCE_GLUON_BWD=1`` in the environment turns
+    ``gluon`` on (the Hopper Gluon backward where it covers the call: for experiments and for
+    running the backward tests through it; off by default until it wins at every measured shape,
+    docs/notes.md)."""
+    config = _dual_group_bwd_row(capability, head_dim, element_size)
+    if os.environ.get("KVONCE_GLUON_BWD", "0") == "1" and capability is not None:
+        config = dataclasses.replace(config, gluon=True)
+    return config
+
+
+def _dual_group_bwd_row(capability, head_dim: int, element_size: int) -> DualGroupBwdConfig:
     if capability is None or interpreter_active():
         return _BWD_INTERPRETER_CONFIG
     if element_size > 2:

@@ -243,12 +243,13 @@ def _zigzag_bwd_op(
     dkv_dtype: torch.dtype, dq_block_m: int, dq_block_n: int, dq_num_warps: int,
     dq_num_stages: int, dkdv_block_m: int, dkdv_block_n: int, dkdv_num_warps: int,
     dkdv_num_stages: int, int64_kv_offsets: bool, atomic_dq: bool, dq_one_group: bool,
+    gluon: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``fused_zigzag_backward`` after its checks: ``(dq [total_local, nheads, d],
     dkv [2, world_size * total_local, nheads_k, d])``."""
     config = DualGroupBwdConfig(dq_block_m, dq_block_n, dq_num_warps, dq_num_stages,
                                 dkdv_block_m, dkdv_block_n, dkdv_num_warps, dkdv_num_stages,
-                                int64_kv_offsets, atomic_dq, dq_one_group)
+                                int64_kv_offsets, atomic_dq, dq_one_group, gluon)
     return _zigzag_bwd_impl(dout, q, out, lse, kv_buffer, cu_seqlens_q, chunk_idx_0, chunk_idx_1,
                             world_size, max_seqlen_q, softmax_scale, causal, dkv_dtype, config)
 
