@@ -13,6 +13,7 @@ import contextlib
 import pytest
 import torch
 from conftest import DEVICE, HAS_CUDA, poison_empty
+from test_decode import make_paged
 
 import kvonce
 from kvonce.kernels import _launch
@@ -48,21 +49,9 @@ def randn(*shape, seed):
 
 
 def paged(lens, *, page_size, nheads_k, head_dim, seed):
-    """Caches with pages in a random order and a block table per sequence (one spare page)."""
-    g = torch.Generator().manual_seed(seed)
-    need = [-(-n // page_size) + 1 for n in lens]
-    num_pages = sum(need) + 1
-    perm = torch.randperm(num_pages, generator=g).to(torch.int32)
-    table = torch.full((len(lens), max(need)), num_pages - 1, dtype=torch.int32)
-    start = 0
-    for b, n in enumerate(need):
-        table[b, :n] = perm[start:start + n]
-        start += n
-    shape = (num_pages, page_size, nheads_k, head_dim)
-    k_cache = torch.randn(shape, generator=g).to(DEVICE)
-    v_cache = torch.randn(shape, generator=g).to(DEVICE)
-    seqlens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
-    return k_cache, v_cache, seqlens, table.to(DEVICE)
+    """fp32 caches, pages in a random order, a block table per sequence (test_decode's)."""
+    return make_paged(lens, page_size=page_size, nheads_k=nheads_k, head_dim=head_dim,
+                      dtype=torch.float32, spare_pages=1, seed=seed)
 
 
 # Each family: run(seed) -> [(name, kvonce result, float64 reference)]. Head dim 64 on the GPU
