@@ -14,6 +14,10 @@
    (world 8, 32/8 heads, d128, bf16; 1x8192 at ranks 0, 3, 7 and the 8-sequence mixed batch at
    rank 3): Triton backward vs Gluon backward, ms and TFLOP/s (backward = 2.5x the forward FLOPs).
 ``--consan``: the correctness cases only, under TRITON_INSTRUMENTATION_MODE=consan.
+``--variants a b ...`` (names of ``kernels.gluon_bwd_sched.VARIANTS``): each correctness case
+checks every named schedule in its one subprocess (inputs, Triton and float64 gradients computed
+once; a line names each variant before it runs, so a hang or crash shows whose it is).
+scripts/gluon_bwd_sweep.py uses it and times the variants.
 """
 from __future__ import annotations
 
@@ -54,13 +58,16 @@ def _rel(x, ref) -> float:
     return ((x.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()
 
 
-def run_case(index: int) -> dict:
+def run_case(index: int, variants: tuple[str, ...] = ()) -> dict:
+    """One case: the default Gluon schedule, or (``variants``) each named schedule, its result
+    under ``row["variants"][name]``."""
     import torch
 
     from kvonce import fused_zigzag_llama3_flash_attn_varlen_forward as forward
     from kvonce.kernels.configs import get_dual_group_bwd_config
     from kvonce.kernels.dual_group_bwd import launch_dual_group_bwd
     from kvonce.kernels.gluon_bwd import launch_gluon_bwd
+    from kvonce.kernels.gluon_bwd_sched import VARIANTS
     from kvonce.reference import dual_group_attention_ref
 
     import triton
@@ -115,39 +122,60 @@ def run_case(index: int) -> dict:
 
     config = get_dual_group_bwd_config(torch.cuda.get_device_capability(), d, 2)
     triton_ = grads(launch_dual_group_bwd, config=config)   # compiles first, outside the watchdog
-    # A missing expect or a wrong phase hangs the GPU silently: report it as this case's result.
-    watchdog = threading.Timer(GLUON_TIMEOUT_S, lambda: (print(json.dumps(
-        {"case": name, "pass": False, "error": f"HANG: launch_gluon_bwd did not finish in "
-                                               f"{GLUON_TIMEOUT_S} s"}), flush=True), os._exit(3)))
-    watchdog.start()
-    t0 = time.time()
-    gluon = grads(launch_gluon_bwd)
-    gluon_s = time.time() - t0
-    watchdog.cancel()
-    names = ("dq0", "dq1", "dk", "dv")
-    row = {"case": name, "gluon_first_call_s": round(gluon_s, 1)}
-    ok = True
-    for n, g, t, r in zip(names, gluon, triton_, ref):
-        nan = bool(torch.isnan(g).any().item())
-        e_g, e_t, e_gt = _rel(g, r), _rel(t, r), _rel(g, t)
-        row[n] = dict(gluon_vs_f64=e_g, triton_vs_f64=e_t, gluon_vs_triton=e_gt, nan=nan)
-        ok &= not nan and e_g <= 2 * e_t + 1e-3 and e_g < 0.05
-    row["pass"] = ok
-    return row
+
+    def check(variant: str | None) -> dict:
+        # A missing expect or a wrong phase hangs the GPU silently: report it as this case's
+        # result (naming the variant).
+        who = "launch_gluon_bwd" + (f" [{variant}]" if variant else "")
+        watchdog = threading.Timer(GLUON_TIMEOUT_S, lambda: (print(json.dumps(
+            {"case": name, "pass": False, "error": f"HANG: {who} did not finish in "
+                                                   f"{GLUON_TIMEOUT_S} s"}), flush=True),
+            os._exit(3)))
+        watchdog.start()
+        t0 = time.time()
+        gluon = grads(launch_gluon_bwd, **({} if variant is None else
+                                           {"schedule": VARIANTS[variant]}))
+        gluon_s = time.time() - t0
+        watchdog.cancel()
+        row = {"case": name, "gluon_first_call_s": round(gluon_s, 1)}
+        ok = True
+        for n, g, t, r in zip(("dq0", "dq1", "dk", "dv"), gluon, triton_, ref):
+            nan = bool(torch.isnan(g).any().item())
+            e_g, e_t, e_gt = _rel(g, r), _rel(t, r), _rel(g, t)
+            row[n] = dict(gluon_vs_f64=e_g, triton_vs_f64=e_t, gluon_vs_triton=e_gt, nan=nan)
+            ok &= not nan and e_g <= 2 * e_t + 1e-3 and e_g < 0.05
+        row["pass"] = ok
+        return row
+
+    if not variants:
+        return check(None)
+    rows = {}
+    for variant in variants:
+        print(f"# running {name} [{variant}]", flush=True)
+        rows[variant] = check(variant)
+    return {"case": name, "variants": rows, "pass": all(r["pass"] for r in rows.values())}
 
 
-def _run_one(i: int, env: dict, timeout: float) -> dict:
+def _run_one(i: int, env: dict, timeout: float, variants: tuple[str, ...] = ()) -> dict:
     name = CASES[i][0]
+    cmd = [sys.executable, __file__, "--case", str(i)]
+    if variants:
+        cmd += ["--variants", *variants]
     try:
-        proc = subprocess.run([sys.executable, __file__, "--case", str(i)], env=env,
-                              capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"case": name, "pass": False, "error": "TIMEOUT (hang: barrier phase/expect?)"}
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                              timeout=timeout + 30 * len(variants))
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        started = [ln for ln in out.splitlines() if ln.startswith("# running")]
+        return {"case": name, "pass": False, "error": "TIMEOUT (hang: barrier phase/expect?)"
+                + (f" during '{started[-1][10:]}'" if started else "")}
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    started = [ln for ln in proc.stdout.splitlines() if ln.startswith("# running")]
     if lines:
         return json.loads(lines[-1])   # a result, or the watchdog's HANG report
     return {"case": name, "pass": False,
-            "error": f"rc={proc.returncode}: {(proc.stderr or proc.stdout)[-1500:]}"}
+            "error": (f"crashed during '{started[-1][10:]}': " if started else "")
+            + f"rc={proc.returncode}: {(proc.stderr or proc.stdout)[-1500:]}"}
 
 
 def correctness(only, consan: bool, jobs: int) -> list[dict]:
@@ -235,9 +263,11 @@ def main() -> int:
                         help="correctness cases under TRITON_INSTRUMENTATION_MODE=consan")
     parser.add_argument("--no-bench", action="store_true")
     parser.add_argument("--jobs", type=int, default=4, help="correctness cases run at once")
+    parser.add_argument("--variants", nargs="*", default=(),
+                        help="with --case: check these gluon_bwd_sched.VARIANTS")
     args = parser.parse_args()
     if args.case is not None:
-        print(json.dumps(run_case(args.case)), flush=True)
+        print(json.dumps(run_case(args.case, tuple(args.variants))), flush=True)
         return 0
     cases = correctness(args.only if args.only else None, args.consan, args.jobs)
     crashed = [r["case"] for r in cases if "error" in r]

@@ -5,8 +5,9 @@ one main kernel between a small pre- and postprocess:
 
 1. Δ = rowsum(dO∘O) for every row of both groups (``_delta_kernel``, plain Triton); the fp32
    dQ accumulator ``[rows0 + rows1, nheads * D]`` is zeroed.
-2. ``_gluon_bwd_kernel``: one CTA per (KV head, sequence, 128 keys), key block 0 first (under a
-   causal mask it is seen by the most rows: longest first). Two partitions:
+2. ``_gluon_bwd_kernel``: one CTA per (KV head, sequence, 128 keys), in the order of
+   ``launch_gluon_bwd``'s ``schedule`` (``gluon_bwd_sched``: by default KV heads fastest, key
+   block 0 first). Two partitions:
 
    - ``_load`` (1 warp, 24 registers): K and V of the CTA's keys once, by TMA; then a 2-deep
      mbarrier ring of Q and dO tiles (64 rows each, 2-D descriptors over ``[rows, nheads * D]``)
@@ -45,9 +46,10 @@ order varies run to run: ``deterministic=True`` keeps the Triton two-kernel back
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
-import triton.language as tl
 from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -55,14 +57,17 @@ from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
+from .gluon_bwd_sched import (DEFAULT_SCHEDULE, ORDERS, VARIANTS, GluonBwdSchedule,
+                              _delta_kernel, _zero_key_tail_kernel, lpt_work)
+
 
 LOG2E = gl.constexpr(1.4426950408889634)
 
-# Tiles and ring depth. BLOCK_N keys per CTA, BLOCK_M query rows per ring slot (FA3's hd128
+# Tiles (the ring depths are the shared buffers' leading dims: gluon_bwd_sched.GluonBwdSchedule).
+# BLOCK_N keys per CTA, BLOCK_M query rows per ring slot (FA3's hd128
 # causal tile; Gluon tiles are powers of two).
 BLOCK_M = gl.constexpr(64)
 BLOCK_N = gl.constexpr(128)
-STAGES = gl.constexpr(2)
 # Partitions and registers per thread (setmaxnreg). The consumer is one 8-warp partition, two
 # warpgroups at 240: dK + dV 128 (each warpgroup owns 64 of the keys), Sᵀ + dPᵀ 64 or dQ 32 (the
 # warpgroups split dQ's head-dim columns), the bf16 A fragments 16 + 16. The loader warp gets 24
@@ -141,24 +146,58 @@ def _m_range(len_q, end, n0, IS_CAUSAL: gl.constexpr):
 
 
 @gluon.jit
+def _tile(Work, n_blocks, batch, ORDER: gl.constexpr):
+    """``(kv_head, seq, n0)`` of this CTA (``gluon_bwd_sched.ORDERS``): 0, the 3-D grid ``(nheads_k,
+    batch, key blocks)``; 1, a 1-D grid, KV head outermost, then sequence, key blocks fastest; 2,
+    the same with each KV head's items ``seq * n_blocks + blk`` read from ``Work`` (longest
+    first)."""
+    if ORDER == 0:
+        kv_head = gl.program_id(0)
+        seq = gl.program_id(1)
+        blk = gl.program_id(2)
+    else:
+        per_head = batch * n_blocks
+        kv_head = gl.program_id(0) // per_head
+        item = gl.program_id(0) % per_head
+        if ORDER == 2:
+            item = gl.load(Work + item)
+        seq = item // n_blocks
+        blk = item % n_blocks
+    return kv_head, seq, blk * BLOCK_N
+
+
+@gluon.jit
+def _segment(tr, n0, kv_group, ROTATE: gl.constexpr):
+    """The loop's ``tr``-th (q head, group) segment ``t``: ``tr`` itself, or (``ROTATE``) shifted by
+    the key block's index so that the CTAs of one KV head spread their dQ reduce-adds over the
+    q heads and groups."""
+    if ROTATE:
+        t = (tr + n0 // BLOCK_N) % (2 * kv_group)
+    else:
+        t = tr
+    return t
+
+
+@gluon.jit
 def _load(q0_desc, q1_desc, do0_desc, do1_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem,
           lse_smem, delta_smem, kv_ready, q_ready, do_ready, lse_ready, qdo_empty,
           Lse0, Lse1, Delta0, Delta1, stride_lse0_h, stride_lse1_h, stride_delta0_h,
           stride_delta1_h, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1,
-          kv_group, sm_scale, HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr,
-          KV_END_SCALAR: gl.constexpr):
+          kv_group, sm_scale, Work, n_blocks, batch, HEAD_DIM: gl.constexpr,
+          IS_CAUSAL: gl.constexpr, KV_END_SCALAR: gl.constexpr, ORDER: gl.constexpr,
+          ROTATE: gl.constexpr):
     """The loader warp: K/V once, then Q and dO of every step into the ring by TMA, and the
     step's accumulator inits -LSE / scale and -Δ (same step order as ``_consume``)."""
-    kv_head = gl.program_id(0)
-    seq = gl.program_id(1)
-    n0 = gl.program_id(2) * BLOCK_N
+    STAGES: gl.constexpr = q_smem.shape[0]
+    kv_head, seq, n0 = _tile(Work, n_blocks, batch, ORDER)
     k_row0 = gl.load(cu_seqlens_k + seq)
     # kv_ready (count 1): this warp's expect + the TMA bytes complete phase 0; consumers wait 0.
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [k_row0 + n0, kv_head * HEAD_DIM], kv_ready, k_smem)
     tma.async_copy_global_to_shared(v_desc, [k_row0 + n0, kv_head * HEAD_DIM], kv_ready, v_smem)
     it = 0
-    for t in range(2 * kv_group):  # both query groups of every q head of the KV head
+    for tr in range(2 * kv_group):  # both query groups of every q head of the KV head
+        t = _segment(tr, n0, kv_group, ROTATE)
         g = t % 2
         head = kv_head * kv_group + t // 2
         row, len_q, end = _group(g, seq, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0,
@@ -205,18 +244,20 @@ def _load(q0_desc, q1_desc, do0_desc, do1_desc, k_desc, v_desc, q_smem, do_smem,
 
 @gluon.jit
 def _consume(dqa_desc, dqa_row1, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_stage, lse_smem,
-             delta_smem, kv_ready, q_ready, do_ready, lse_ready, qdo_empty, DK, DV, stride_dkn, stride_dkh, stride_dvn, stride_dvh, cu_seqlens_q0, cu_seqlens_q1,
-             cu_seqlens_k, kv_end0, kv_end1, kv_group, sm_scale,
-             HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, KV_END_SCALAR: gl.constexpr):
+             delta_smem, kv_ready, q_ready, do_ready, lse_ready, qdo_empty, DK, DV, stride_dkn,
+             stride_dkh, stride_dvn, stride_dvh, cu_seqlens_q0, cu_seqlens_q1,
+             cu_seqlens_k, kv_end0, kv_end1, kv_group, sm_scale, Work, n_blocks, batch,
+             HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, KV_END_SCALAR: gl.constexpr,
+             ORDER: gl.constexpr, ROTATE: gl.constexpr):
     """The two consumer warpgroups: keys ``[n0, n0 + BLOCK_N)`` against every step's rows;
     dK/dV stored at the end."""
     DKV: gl.constexpr = dkv_layout(HEAD_DIM)
     DQ: gl.constexpr = dq_layout(HEAD_DIM)
     A_OPERAND: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=DKV, k_width=2)
     dtype: gl.constexpr = q_smem.dtype
-    kv_head = gl.program_id(0)
-    seq = gl.program_id(1)
-    n0 = gl.program_id(2) * BLOCK_N
+    STAGES: gl.constexpr = q_smem.shape[0]
+    DQ_STAGES: gl.constexpr = dq_stage.shape[0]
+    kv_head, seq, n0 = _tile(Work, n_blocks, batch, ORDER)
     qk_scale = sm_scale * LOG2E
     zero_st = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, ST_LAYOUT)
     zero_dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, DQ)
@@ -224,7 +265,8 @@ def _consume(dqa_desc, dqa_row1, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_st
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, DKV)
     mbarrier.wait(kv_ready, 0)
     it = 0
-    for t in range(2 * kv_group):  # both query groups of every q head of the KV head
+    for tr in range(2 * kv_group):  # both query groups of every q head of the KV head
+        t = _segment(tr, n0, kv_group, ROTATE)
         g = t % 2
         head = kv_head * kv_group + t // 2
         row, len_q, end = _group(g, seq, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0,
@@ -278,11 +320,16 @@ def _consume(dqa_desc, dqa_row1, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_st
             dsT_a = gl.convert_layout(dsT, A_OPERAND, assert_trivial=True)
             dk = warpgroup_mma(dsT_a, q_s, dk, is_async=True)               # dK += dSᵀ Q
             dq = warpgroup_mma_wait(num_outstanding=1, deps=(dq, ))
-            tma.store_wait(0)           # the previous step's reduce has read dq_stage
-            dq_stage.store(dq * sm_scale)
+            # The reduce that last read this staging buffer (DQ_STAGES steps ago) is done.
+            tma.store_wait(DQ_STAGES - 1)
+            if DQ_STAGES == STAGES:
+                dq_buf = dq_stage.index(s)   # one index register for both rings (no spill)
+            else:
+                dq_buf = dq_stage.index(it % DQ_STAGES)
+            dq_buf.store(dq * sm_scale)
             fence_async_shared()
             tma_reduce_add(dqa_desc, [gl.where(g == 0, 0, dqa_row1) + row + m0, head * HEAD_DIM],
-                           dq_stage)
+                           dq_buf)
             dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ))
             mbarrier.arrive(qdo_empty.index(s))
             it += 1
@@ -306,18 +353,20 @@ def _gluon_bwd_kernel(
     Lse0, Lse1, Delta0, Delta1, DK, DV,
     cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1,
     sm_scale, stride_lse0_h, stride_lse1_h, stride_delta0_h, stride_delta1_h,
-    stride_dkn, stride_dkh, stride_dvn, stride_dvh, kv_group,
+    stride_dkn, stride_dkh, stride_dvn, stride_dvh, kv_group, Work, n_blocks, batch,
     HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, KV_END_SCALAR: gl.constexpr,
+    ORDER: gl.constexpr = 0, ROTATE: gl.constexpr = False, QDO_STAGES: gl.constexpr = 2,
+    DQ_STAGES: gl.constexpr = 1,
 ):
     """Grid ``(nheads_k, batch, key blocks)``. q/dO descriptors: ``[rows, nheads * D]``, block
     ``[BLOCK_M, D]``; k/v: ``[total_k, nheads_k * D]``, block ``[BLOCK_N, D]``; dqa: fp32
     ``[rows0 + rows1, nheads * D]``, block ``[BLOCK_M, D]``, group 1's rows from ``dqa_row1``
     (one descriptor: no branch at the reduce, and ptxas keeps one descriptor address instead of
     spilling two). Lse/Delta: fp32 ``[nheads, rows]``.
-    DK/DV: ``[total_k, nheads_k, D]``, last dim contiguous. kv_end*: ints or int32 ``[batch]``."""
-    kv_head = gl.program_id(0)
-    seq = gl.program_id(1)
-    n0 = gl.program_id(2) * BLOCK_N
+    DK/DV: ``[total_k, nheads_k, D]``, last dim contiguous. kv_end*: ints or int32 ``[batch]``.
+    Work, n_blocks, batch, ORDER, ROTATE: the CTA order (``_tile``, ``_segment``); QDO_STAGES and
+    DQ_STAGES: the Q/dO ring's and the dQ staging's depth (``gluon_bwd_sched``)."""
+    kv_head, seq, n0 = _tile(Work, n_blocks, batch, ORDER)
     k_row0 = gl.load(cu_seqlens_k + seq)
     len_k = gl.load(cu_seqlens_k + seq + 1) - k_row0
     if n0 >= len_k:
@@ -330,27 +379,30 @@ def _gluon_bwd_kernel(
     DQ: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], gl.float32)
     k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], KV)
     v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], KV)
-    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], TILE)
-    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], TILE)
+    q_smem = gl.allocate_shared_memory(dtype, [QDO_STAGES, BLOCK_M, HEAD_DIM], TILE)
+    do_smem = gl.allocate_shared_memory(dtype, [QDO_STAGES, BLOCK_M, HEAD_DIM], TILE)
     ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], DS)
-    dq_stage = gl.allocate_shared_memory(gl.float32, [BLOCK_M, HEAD_DIM], DQ)
-    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], VEC_SMEM)
-    delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], VEC_SMEM)
+    dq_stage = gl.allocate_shared_memory(gl.float32, [DQ_STAGES, BLOCK_M, HEAD_DIM], DQ)
+    lse_smem = gl.allocate_shared_memory(gl.float32, [QDO_STAGES, BLOCK_M], VEC_SMEM)
+    delta_smem = gl.allocate_shared_memory(gl.float32, [QDO_STAGES, BLOCK_M], VEC_SMEM)
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    lse_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    qdo_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [QDO_STAGES, 1], mbarrier.MBarrierLayout())
+    do_ready = gl.allocate_shared_memory(gl.int64, [QDO_STAGES, 1], mbarrier.MBarrierLayout())
+    lse_ready = gl.allocate_shared_memory(gl.int64, [QDO_STAGES, 1], mbarrier.MBarrierLayout())
+    qdo_empty = gl.allocate_shared_memory(gl.int64, [QDO_STAGES, 1], mbarrier.MBarrierLayout())
     # kv_ready: the loader's expect (the one arrival) + K/V TMA bytes; consumers wait phase 0.
-    # q_ready[s], do_ready[s]: the loader's expect + Q (dO) TMA bytes for step it (s = it % 2);
-    #   consumers wait phase (it // 2) & 1.
+    # With S = QDO_STAGES:
+    # q_ready[s], do_ready[s]: the loader's expect + Q (dO) TMA bytes for step it (s = it % S);
+    #   consumers wait phase (it // S) & 1.
     # lse_ready[s]: the loader's plain arrive after storing step it's -LSE/scale and -Δ (and a
-    #   warp barrier); consumers wait phase (it // 2) & 1.
+    #   warp barrier); consumers wait phase (it // S) & 1.
     # qdo_empty[s]: the consumer partition arrives (thread 0, after a partition bar.sync and
     #   its wgmma wait) once step it's wgmmas have read the slot; the loader waits phase
-    #   ((it // 2) & 1) ^ 1 before refilling (a fresh barrier passes the first round).
+    #   ((it // S) & 1) ^ 1 before refilling (a fresh barrier passes the first round).
+    # dq_stage[it % DQ_STAGES]: written by the consumers after tma.store_wait(DQ_STAGES - 1)
+    #   (the reduce that read it DQ_STAGES steps ago has finished reading).
     mbarrier.init(kv_ready, count=1)
-    for i in gl.static_range(STAGES):
+    for i in gl.static_range(QDO_STAGES):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(do_ready.index(i), count=1)
         mbarrier.init(lse_ready.index(i), count=1)
@@ -360,52 +412,16 @@ def _gluon_bwd_kernel(
         (_consume, (dqa_desc, dqa_row1, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_stage,
                     lse_smem, delta_smem, kv_ready, q_ready, do_ready, lse_ready, qdo_empty, DK,
                     DV, stride_dkn, stride_dkh, stride_dvn, stride_dvh, cu_seqlens_q0,
-                    cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1, kv_group, sm_scale, HEAD_DIM,
-                    IS_CAUSAL, KV_END_SCALAR)),
+                    cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1, kv_group, sm_scale, Work,
+                    n_blocks, batch, HEAD_DIM, IS_CAUSAL, KV_END_SCALAR, ORDER, ROTATE)),
         (_load, (q0_desc, q1_desc, do0_desc, do1_desc, k_desc, v_desc, q_smem, do_smem, k_smem,
                  v_smem, lse_smem, delta_smem, kv_ready, q_ready, do_ready, lse_ready, qdo_empty,
                  Lse0, Lse1, Delta0, Delta1, stride_lse0_h, stride_lse1_h, stride_delta0_h,
                  stride_delta1_h, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1,
-                 kv_group, sm_scale, HEAD_DIM, IS_CAUSAL, KV_END_SCALAR)),
+                 kv_group, sm_scale, Work, n_blocks, batch, HEAD_DIM, IS_CAUSAL, KV_END_SCALAR,
+                 ORDER, ROTATE)),
     ], [LOADER_WARPS], [LOADER_REGS])
 
-
-
-@triton.jit
-def _delta_kernel(O, DO, Delta, rows, stride_om, stride_oh, stride_dom, stride_doh,
-                  stride_delta_h, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """Grid ``(nheads, cdiv(rows, BLOCK))``: ``Delta[h, r] = sum_d dO[r, h, d] * O[r, h, d]`` in
-    fp32 for every row of one group's tensors (rows of no sequence too: the main kernel never
-    reads theirs)."""
-    head = tl.program_id(0)
-    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    offs_d = tl.arange(0, HEAD_DIM)
-    ok = (offs < rows)[:, None]
-    rows64 = offs.to(tl.int64)[:, None]
-    o = tl.load(O + rows64 * stride_om + head * stride_oh + offs_d[None, :], mask=ok, other=0.0)
-    do = tl.load(DO + rows64 * stride_dom + head * stride_doh + offs_d[None, :], mask=ok,
-                 other=0.0)
-    tl.store(Delta + head * stride_delta_h + offs, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1),
-             mask=offs < rows)
-
-
-@triton.jit
-def _zero_key_tail_kernel(DK, DV, cu_seqlens_k, batch, total_k, stride_dkn, stride_dkh,
-                          stride_dvn, stride_dvh, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """Grid ``(programs, nheads_k)``: zero dK/dV rows ``[cu_seqlens_k[batch], total_k)`` (keys of
-    no sequence), which no CTA of the main kernel writes; a grid-stride loop over row blocks."""
-    head = tl.program_id(1)
-    offs_d = tl.arange(0, HEAD_DIM)
-    zero = tl.zeros([BLOCK, HEAD_DIM], dtype=tl.float32)
-    lo = tl.load(cu_seqlens_k + batch)
-    for start in range(lo + tl.program_id(0) * BLOCK, total_k, tl.num_programs(0) * BLOCK):
-        rows = start + tl.arange(0, BLOCK)
-        ok = (rows < total_k)[:, None]
-        rows64 = rows.to(tl.int64)[:, None]
-        tl.store(DK + rows64 * stride_dkn + head * stride_dkh + offs_d[None, :],
-                 zero.to(DK.dtype.element_ty), mask=ok)
-        tl.store(DV + rows64 * stride_dvn + head * stride_dvh + offs_d[None, :],
-                 zero.to(DV.dtype.element_ty), mask=ok)
 
 
 def _max_offset(t) -> int:
@@ -474,12 +490,14 @@ def launch_gluon_bwd(
     cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1,
     *, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, config=None,
     zigzag_world_size: int = 0, local_order: bool = False,
+    schedule: GluonBwdSchedule | None = None,
 ) -> None:
     """``launch_dual_group_bwd``'s signature and contract (every element of dq*, dk, dv written;
     rows of no sequence zeroed) on the warp-specialized Gluon kernel. ``delta*``: float32 scratch
     shaped like ``lse*``, filled here. ``config`` is accepted for the signature; only its
-    ``int64_kv_offsets`` is read. Raises NotImplementedError for what the kernel does not cover
-    (``unsupported_reason``)."""
+    ``int64_kv_offsets`` is read. ``schedule``: CTA order, ring depths and preprocess fusion
+    (``gluon_bwd_sched.GluonBwdSchedule``; None: the default, as measured 2026-11-25). Raises
+    NotImplementedError for what the kernel does not cover (``unsupported_reason``)."""
     reason = unsupported_reason(
         q0, q1, k, v, out0, out1, dout0, dout1, lse0, lse1, dq0, dq1, dk, dv,
         zigzag_world_size=zigzag_world_size, local_order=local_order,
@@ -494,28 +512,41 @@ def launch_gluon_bwd(
     scalar_end = isinstance(kv_end0, int)
     if scalar_end != isinstance(kv_end1, int):
         raise TypeError("kv_end0 and kv_end1 must both be ints or both be tensors")
-    # 1. Δ = rowsum(dO∘O) of every row of each group.
-    for out, dout, delta in ((out0, dout0, delta0), (out1, dout1, delta1)):
+    sched = DEFAULT_SCHEDULE if schedule is None else schedule
+    # 1. Δ = rowsum(dO∘O) of every row of each group; with fuse_prep the same kernel zeroes the
+    #    fp32 dQ accumulator (group 0's rows, then group 1's), which the main kernel
+    #    reduce-adds scale * dS K into.
+    rows0 = dq0.shape[0]
+    fuse = sched.fuse_prep and out0.shape[0] == rows0 and out1.shape[0] == dq1.shape[0]
+    dqa = (torch.empty if fuse else torch.zeros)(
+        (rows0 + dq1.shape[0], nheads, head_dim), dtype=torch.float32, device=dq0.device)
+    for out, dout, delta, row0 in ((out0, dout0, delta0, 0), (out1, dout1, delta1, rows0)):
         if out.shape[0]:
             _delta_kernel[(nheads, triton.cdiv(out.shape[0], 64))](
-                out, dout, delta, out.shape[0], *out.stride()[:2], *dout.stride()[:2],
-                delta.stride(0), BLOCK=64, HEAD_DIM=head_dim, num_warps=4)
-    # 2. The main kernel reduce-adds scale * dS K into a zeroed fp32 accumulator (group 0's
-    #    rows, then group 1's).
-    rows0 = dq0.shape[0]
-    dqa = torch.zeros((rows0 + dq1.shape[0], nheads, head_dim), dtype=torch.float32,
-                      device=dq0.device)
+                out, dout, delta, dqa, out.shape[0], row0, *out.stride()[:2],
+                *dout.stride()[:2], delta.stride(0), *dqa.stride()[:2], BLOCK=64,
+                HEAD_DIM=head_dim, ZERO_DQA=fuse, num_warps=4)
+    # 2. The main kernel: one CTA per (KV head, sequence, 128 keys) in the schedule's order.
     n_blocks = triton.cdiv(max_seqlen_k, 128)
+    order = ORDERS[sched.order]
+    if order == 0:
+        grid, work = (nheads_k, batch, n_blocks), cu_seqlens_k   # work: unused
+    else:
+        grid = (nheads_k * batch * n_blocks, )
+        work = cu_seqlens_k if order == 1 else lpt_work(
+            cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1, n_blocks=n_blocks,
+            causal=causal)
     if batch > 0 and n_blocks > 0:
-        _gluon_bwd_kernel[(nheads_k, batch, n_blocks)](
+        _gluon_bwd_kernel[grid](
             _desc(q0, 64, head_dim), _desc(q1, 64, head_dim), _desc(dout0, 64, head_dim),
             _desc(dout1, 64, head_dim), _desc(k, 128, head_dim), _desc(v, 128, head_dim),
             _desc(dqa, 64, head_dim), rows0,
             lse0, lse1, delta0, delta1, dk, dv,
             cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1,
             softmax_scale, lse0.stride(0), lse1.stride(0), delta0.stride(0), delta1.stride(0),
-            *dk.stride()[:2], *dv.stride()[:2], nheads // nheads_k,
-            HEAD_DIM=head_dim, IS_CAUSAL=causal, KV_END_SCALAR=scalar_end,
+            *dk.stride()[:2], *dv.stride()[:2], nheads // nheads_k, work, n_blocks, batch,
+            HEAD_DIM=head_dim, IS_CAUSAL=causal, KV_END_SCALAR=scalar_end, ORDER=order,
+            ROTATE=sched.rotate_heads, QDO_STAGES=sched.qdo_stages, DQ_STAGES=sched.dq_stages,
             num_warps=CONSUMER_WARPS.value)
     # 3. dQ in q's dtype (rows of no sequence stay 0); dK/dV rows of no sequence zeroed.
     dq0.copy_(dqa[:rows0])
@@ -545,18 +576,25 @@ def _check_signature(dtype: str, head_dim: int, dkv: str, kv_end_scalar: bool) -
                kv_end1=end, sm_scale="fp32")
     sig.update({name: "i32" for name in ("stride_lse0_h", "stride_lse1_h", "stride_delta0_h",
                                          "stride_delta1_h", "stride_dkn", "stride_dkh",
-                                         "stride_dvn", "stride_dvh", "kv_group")})
-    sig.update(HEAD_DIM="constexpr", IS_CAUSAL="constexpr", KV_END_SCALAR="constexpr")
+                                         "stride_dvn", "stride_dvh", "kv_group",
+                                         "n_blocks", "batch")})
+    sig.update(Work="*i32")
+    for name in ("HEAD_DIM", "IS_CAUSAL", "KV_END_SCALAR", "ORDER", "ROTATE", "QDO_STAGES",
+                 "DQ_STAGES"):
+        sig[name] = "constexpr"
     return sig
 
 
-def _check_spec(variant, dtype, head_dim, causal, dkv="fp32", kv_end_scalar=False):
+def _check_spec(variant, dtype, head_dim, causal, dkv="fp32", kv_end_scalar=False,
+                sched=DEFAULT_SCHEDULE):
     # Per step and warpgroup: Sᵀ and dPᵀ D/16 m64n64k16 each, dV and dK 4 m64nDk16 each (K = 64
     # rows), dQ 8 m64n(D/2)k16 (K = 128 keys); one reduce-add instruction; setmaxnreg in the
     # 12-warp prologue and each partition (triton 3.6's AllocateWarpGroups).
     hgmma = 2 * (head_dim // 16) + 2 * 4 + 8
     return (variant, _gluon_bwd_kernel, _check_signature(dtype, head_dim, dkv, kv_end_scalar),
-            dict(HEAD_DIM=head_dim, IS_CAUSAL=causal, KV_END_SCALAR=kv_end_scalar),
+            dict(HEAD_DIM=head_dim, IS_CAUSAL=causal, KV_END_SCALAR=kv_end_scalar,
+                 ORDER=ORDERS[sched.order], ROTATE=sched.rotate_heads,
+                 QDO_STAGES=sched.qdo_stages, DQ_STAGES=sched.dq_stages),
             dict(num_warps=8), dict(HGMMA=hgmma, UTMAREDG=1, USETMAXREG=10))
 
 
@@ -565,4 +603,16 @@ GLUON_CHECK_SPECS = [
     _check_spec("d128-fp16-noncausal-scalar-end", "fp16", 128, False, dkv="fp16",
                 kv_end_scalar=True),
     _check_spec("d64-bf16-causal", "bf16", 64, True, dkv="bf16"),
+] + [  # the schedules scripts/gluon_bwd_sweep.py times, one per compiled kernel (fuse_prep
+    #       and the default change no Gluon code)
+    _check_spec(f"d128-bf16-causal-{name}", "bf16", 128, True, sched=sched)
+    for sched, name in {dataclasses.replace(sched, fuse_prep=False): name.removesuffix("-fuse")
+                        for name, sched in reversed(VARIANTS.items())}.items()
+    if sched != DEFAULT_SCHEDULE
+] + [
+    _check_spec("d128-fp16-noncausal-scalar-end-lpt-rot-dq2", "fp16", 128, False, dkv="fp16",
+                kv_end_scalar=True,
+                sched=GluonBwdSchedule(order="lpt", rotate_heads=True, dq_stages=2)),
+    _check_spec("d64-bf16-causal-l2-qdo3", "bf16", 64, True, dkv="bf16",
+                sched=GluonBwdSchedule(order="l2", qdo_stages=3)),
 ]
