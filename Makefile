@@ -7,8 +7,12 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/
 # CPU test environment only: torch 2.13.0 CPU build and triton 3.6.0 (the interpreter),
 # numpy < 2.4 because the triton 3.6 interpreter breaks on numpy >= 2.4 in loops with runtime bounds;
 # transformers 5.24.0: the newest release the HF adapter was tested on (the test extra's range:
-# pyproject.toml; the others: `make test-hf-matrix`).
-CPU_PINS := torch==2.13.0 triton==3.6.0 "numpy<=2.3.5" transformers==5.24.0
+# pyproject.toml; the others: `make test-hf-matrix`). The other test and bench dependencies, and
+# transformers' own, are pinned too (the versions a fresh clone resolved on 2026-11-25), so that a
+# release overnight cannot change what CI runs.
+HF_PINS  := transformers==5.24.0 huggingface_hub==2.4.0 tokenizers==0.23.3 safetensors==0.8.0
+CPU_PINS := torch==2.13.0 triton==3.6.0 "numpy<=2.3.5" pytest==9.2.0 hypothesis==6.170.17 \
+	psutil==7.2.2 tabulate==0.10.0 matplotlib==3.11.2 $(HF_PINS)
 
 # The oldest releases pyproject.toml claims (`make test-oldest`: the CPU suite against them, in
 # its own venv). PyPI's Linux torch wheels bring their CUDA libraries (~6 GB installed); where
@@ -20,7 +24,8 @@ OLDEST_INDEX ?=
 
 # `make test-hf-matrix` (not in CI): the HF test files against each supported transformers
 # release, a venv each under $(VENV)/hf-matrix/ (gone with `make clean`), CPU_PINS with that
-# release in place of the pinned one; one pytest summary per release, non-zero if any failed.
+# release (and what it resolves of its own dependencies) in place of HF_PINS; one pytest
+# summary per release, non-zero if any failed.
 # Result: README, "Serving an HF model".
 HF_MATRIX := 5.17.0 5.23.0 5.24.0
 HF_TESTS  := tests/test_integrations_hf_paged.py tests/test_integrations_hf.py tests/test_bench_serve.py
@@ -56,7 +61,7 @@ test-hf-matrix:
 	@failed=""; for v in $(HF_MATRIX); do \
 	  venv=$(VENV)/hf-matrix/$$v; echo "== transformers $$v ($$venv)"; \
 	  { [ -x $$venv/bin/python ] || python3 -m venv $$venv; } && \
-	  $$venv/bin/python -m pip install -q $(filter-out transformers==%,$(CPU_PINS)) transformers==$$v && \
+	  $$venv/bin/python -m pip install -q $(filter-out $(HF_PINS),$(CPU_PINS)) transformers==$$v && \
 	  $$venv/bin/python -m pip install -q -e ".[test,bench]" && \
 	  TRITON_INTERPRET=1 $$venv/bin/python -m pytest -q -ra -p no:cacheprovider $(HF_TESTS) \
 	  || failed="$$failed $$v"; \
