@@ -5,6 +5,7 @@ K/V in a single launch: every K/V tile is read from memory once and applied to b
 """
 from __future__ import annotations
 
+import functools
 
 import torch
 
@@ -351,7 +352,9 @@ def _dual_group_bwd_impl(dout0, dout1, q0, q1, k, v, out0, out1, lse0, lse1, cu_
 
         if gluon_bwd.supports(q0, q1, k, v, out0, out1, dout0, dout1, lse0, lse1, dq0, dq1, dk,
                               dv, int64_kv_offsets=config.int64_kv_offsets):
-            launch = gluon_bwd.launch_gluon_bwd
+            from .kernels.gluon_bwd_sched import TUNED_SCHEDULE
+
+            launch = functools.partial(gluon_bwd.launch_gluon_bwd, schedule=TUNED_SCHEDULE)
     launch(*tensors, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
            softmax_scale=softmax_scale, causal=causal, config=config)
     return dq0, dq1, dk, dv

@@ -336,8 +336,13 @@ class DualGroupBwdConfig:
 # slower still, 128 rows 3x slower: spills). Atomic dQ from the dK/dV kernel lost (35.4 vs
 # 29.9 ms: the atomics cost more than the two matmuls they save). d=32..96 reuse the d=128 row
 # (not timed); d=256 halves the tiles (correctness-tested, not timed).
+# gluon=True (2026-11-25, bench zigzag --backward and scripts/gluon_bwd_sweep.py on the H100,
+# docs/benchmarks.md): the Gluon kernel with TUNED_SCHEDULE measured 522-547 TFLOP/s at 1 x 8192
+# and 467-489 on the mixed batch against 320-363 and 323-324 for the two Triton kernels in the
+# same runs, errors equal; it covers d64/d128 (other head dims take the Triton kernels above).
 _DUAL_GROUP_BWD_TABLE: dict[tuple[int, int], dict[int, DualGroupBwdConfig]] = {
-    (9, 0): {hd: DualGroupBwdConfig(128, 32, 8, 3, 64, 128, 8, 1) for hd in (32, 64, 96, 128)}
+    (9, 0): {hd: DualGroupBwdConfig(128, 32, 8, 3, 64, 128, 8, 1, gluon=True)
+             for hd in (32, 64, 96, 128)}
     | {256: DualGroupBwdConfig(64, 32, 8, 2, 32, 64, 8, 1)},
 }
 _BWD_INTERPRETER_CONFIG = DualGroupBwdConfig(32, 32, 4, 1, 32, 32, 4, 1)

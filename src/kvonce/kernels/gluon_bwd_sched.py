@@ -53,6 +53,12 @@ class GluonBwdSchedule:
 
 
 DEFAULT_SCHEDULE = GluonBwdSchedule()
+# What the library runs (varlen.py, DualGroupBwdConfig.gluon): the best all-round variant of
+# scripts/gluon_bwd_sweep.py on the lent H100, 2026-11-25 (docs/benchmarks.md): 547 / 531 / 522
+# TFLOP/s at 1x8192 ranks 0/3/7 and 489 on the mixed batch, where the grid order measured
+# 548 / 543 / 539 and 273 (its CTAs of one KV head run apart and their Q/dO and dQ accumulator
+# fall out of L2 on the mixed batch; "l2" keeps one KV head's in L2).
+TUNED_SCHEDULE = GluonBwdSchedule(order="l2", rotate_heads=True)
 # The variants scripts/gluon_bwd_sweep.py times (shared memory, d128: 181660 B by default,
 # 215004 with a third Q/dO stage; a third stage and a second dQ buffer together exceed 227 KB).
 VARIANTS = {
