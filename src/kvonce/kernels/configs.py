@@ -355,13 +355,13 @@ def get_dual_group_bwd_config(capability: tuple[int, int] | None, head_dim: int,
                               element_size: int = 2) -> DualGroupBwdConfig:
     """Backward config for ``head_dim`` on a GPU of ``capability`` (None: the interpreter).
     fp32 inputs (``element_size`` 4, for tests) take small tiles: the fp16/bf16 rows' shared
-    memory would double past the limit. ``KVONCE_GLUON_BWD=1`` in the environment turns
-    ``gluon`` on (the Hopper Gluon backward where it covers the call: for experiments and for
-    running the backward tests through it; off by default until it wins at every measured shape,
-    docs/notes.md)."""
+    memory would double past the limit. ``KVONCE_GLUON_BWD`` in the environment overrides the
+    table's ``gluon``: "1" on (where the Gluon kernel covers the call), "0" off (the two Triton
+    kernels: bitwise reproducible dQ, or a comparison)."""
     config = _dual_group_bwd_row(capability, head_dim, element_size)
-    if os.environ.get("KVONCE_GLUON_BWD", "0") == "1" and capability is not None:
-        config = dataclasses.replace(config, gluon=True)
+    force = os.environ.get("KVONCE_GLUON_BWD")
+    if force in ("0", "1") and capability is not None:
+        config = dataclasses.replace(config, gluon=force == "1")
     return config
 
 
