@@ -837,3 +837,36 @@ def test_opcheck(name):
     op's inputs require grad), AOT dispatch (forward and backward through the op)."""
     op, args = _op_args(name)
     torch.library.opcheck(op, args)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_deterministic_takes_the_triton_kernels(deterministic, monkeypatch):
+    """``deterministic=True`` (flash-attn's switch) reaches the backward as ``gluon=False``, from
+    the autograd function and from the functional backward, whatever the config table says; on
+    an sm90 GPU two deterministic backwards are bitwise equal."""
+    import kvonce.varlen as varlen
+
+    gluon_row = lambda cap, hd, es=2: dataclasses.replace(  # noqa: E731
+        get_dual_group_bwd_config(cap, hd, es), gluon=True)
+    monkeypatch.setattr(varlen, "get_dual_group_bwd_config", gluon_row)
+    seen = []
+    real = varlen._dual_group_bwd_impl
+
+    def recording(*args):
+        seen.append(args[-1].gluon)
+        return real(*args)
+
+    monkeypatch.setattr(varlen, "_dual_group_bwd_impl", recording)
+    dtype = DTYPES[0]
+    args = _small_case(dtype, heads=4, heads_k=2, hd=cpu_gpu(32, 128))
+    leaves = [t.clone().requires_grad_() for t in args[:4]]
+    dout0, dout1 = randn(*args[0].shape, dtype=dtype), randn(*args[1].shape, dtype=dtype)
+    out0, out1, lse0, lse1 = fused_func(*leaves, *args[4:], return_lse=True,
+                                        deterministic=deterministic)
+    torch.autograd.backward([out0, out1], [dout0, dout1])
+    runs = [fused_backward(dout0, dout1, *args[:4], out0.detach(), out1.detach(), lse0, lse1,
+                           *args[4:], deterministic=deterministic) for _ in range(2)]
+    assert seen == [not deterministic] * 3
+    if deterministic:
+        for a, b in zip(*runs):
+            assert torch.equal(a, b), "two deterministic backwards differ"

@@ -5,6 +5,7 @@ K/V in a single launch: every K/V tile is read from memory once and applied to b
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -154,7 +155,7 @@ def fused_zigzag_llama3_flash_attn_varlen_forward(
 
 def _dual_group_forward(q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, max_seqlen_q0,
                         max_seqlen_q1, max_seqlen_k, max_kv_len_q0, max_kv_len_q1, softmax_scale,
-                        causal, config, differentiable: bool):
+                        causal, config, differentiable: bool, deterministic: bool = False):
     """Checks, then the op (for autograd, and where ``_dispatch.use_op`` says: compiling, a
     dispatch or function mode, fake/meta/subclass tensors) or its implementation (plain eager)."""
     compiling = torch.compiler.is_compiling()
@@ -186,7 +187,7 @@ def _dual_group_forward(q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k
     if routed:
         return torch.ops.kvonce.dual_group_fwd(
             q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1,
-            max_seqlen_q, max_seqlen_k, scale, causal, *op_fields(config))
+            max_seqlen_q, max_seqlen_k, scale, causal, *op_fields(config), deterministic)
     return _dual_group_fwd_impl(q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k,
                                 kv_end0, kv_end1, max_seqlen_q, scale, causal, config)
 
@@ -217,10 +218,12 @@ def _dual_group_fwd_op(
     kv_end0: torch.Tensor, kv_end1: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
     softmax_scale: float, causal: bool, block_m: int, block_n: int, num_warps: int,
     num_stages: int, kv_cache_modifier: str, int64_kv_offsets: bool, tma: bool, one_group: bool,
+    deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``fused_zigzag_llama3_flash_attn_varlen_forward`` after its checks, with int32 ``[batch]``
     key ranges and the config's fields one by one: ``(out0, out1, lse0, lse1)``. Differentiable
-    in q0, q1, k, v (``register_autograd`` below; ``max_seqlen_k`` sizes the backward's grid)."""
+    in q0, q1, k, v (``register_autograd`` below; ``max_seqlen_k`` sizes the backward's grid;
+    ``deterministic`` is the backward's, unused here)."""
     config = DualGroupFwdConfig(block_m, block_n, num_warps, num_stages, kv_cache_modifier,
                                 int64_kv_offsets, tma, one_group)
     return _dual_group_fwd_impl(q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k,
@@ -277,6 +280,7 @@ def fused_zigzag_llama3_flash_attn_varlen_backward(
     softmax_scale: float | None = None, causal: bool = True, *,
     dkv_dtype: torch.dtype = torch.float32,
     config: DualGroupBwdConfig | None = None,
+    deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward of ``fused_zigzag_llama3_flash_attn_varlen_forward`` (flash-attn's
     ``_flash_attn_varlen_backward`` role): two kernels, each K/V tile loaded once for both groups.
@@ -292,6 +296,10 @@ def fused_zigzag_llama3_flash_attn_varlen_backward(
         never wrong).
     dkv_dtype : dtype of the returned dK/dV. They are accumulated in fp32 over both groups and
         every q head of a KV head, and cast once.
+    config : launch-config override (``kernels/configs.py``); by default the GPU's row, which on
+        Hopper at head dims 64/128 runs the warp-specialized Gluon kernel (dQ reduce-added in
+        fp32: its sum order varies run to run).
+    deterministic : take the two Triton kernels (bitwise reproducible), whatever the config says.
 
     Returns
     -------
@@ -318,6 +326,8 @@ def fused_zigzag_llama3_flash_attn_varlen_backward(
     if config is None:
         config = get_dual_group_bwd_config(_capability(q0.device), q0.shape[2],
                                            q0.element_size())
+    if deterministic and config.gluon:
+        config = dataclasses.replace(config, gluon=False)
     scale = q0.shape[2] ** -0.5 if softmax_scale is None else float(softmax_scale)
     kv_end0, kv_end1 = max_kv_len_q0, max_kv_len_q1
     routed = compiling or use_op(
@@ -393,11 +403,13 @@ def _(dout0, dout1, q0, q1, k, v, out0, out1, lse0, lse1, cu_seqlens_q0, cu_seql
 
 def _fwd_setup_context(ctx, inputs, output):
     (q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1, max_seqlen_q,
-     max_seqlen_k, softmax_scale, causal, *_) = inputs
+     max_seqlen_k, softmax_scale, causal, *config_fields) = inputs
     out0, out1, lse0, lse1 = output
     ctx.save_for_backward(q0, q1, k, v, out0, out1, lse0, lse1, cu_seqlens_q0, cu_seqlens_q1,
                           cu_seqlens_k, kv_end0, kv_end1)
     ctx.sizes = (max_seqlen_q, max_seqlen_k, softmax_scale, causal)
+    n_fields = len(dataclasses.fields(DualGroupFwdConfig))
+    ctx.deterministic = bool(config_fields[n_fields]) if len(config_fields) > n_fields else False
     ctx.num_inputs = len(inputs)
     ctx.mark_non_differentiable(lse0, lse1)
 
@@ -406,6 +418,8 @@ def _fwd_backward(ctx, dout0, dout1, _dlse0, _dlse1):
     q0, q1, k, v, out0, out1, lse0, lse1, cu0, cu1, cuk, kv_end0, kv_end1 = ctx.saved_tensors
     config = get_dual_group_bwd_config(_capability(q0.device), q0.shape[2],
                                            q0.element_size())
+    if ctx.deterministic:
+        config = dataclasses.replace(config, gluon=False)
     dq0, dq1, dk, dv = torch.ops.kvonce.dual_group_bwd(
         _rows_contiguous(dout0), _rows_contiguous(dout1), q0, q1, k, v, out0, out1, lse0, lse1,
         cu0, cu1, cuk, kv_end0, kv_end1, *ctx.sizes, k.dtype, *op_fields(config))
@@ -433,6 +447,7 @@ def fused_zigzag_llama3_flash_attn_varlen_func(
     causal: bool = True,
     *,
     return_lse: bool = False,
+    deterministic: bool = False,
 ):
     """``fused_zigzag_llama3_flash_attn_varlen_forward``, differentiable in q0, q1, k and v.
 
@@ -441,11 +456,14 @@ def fused_zigzag_llama3_flash_attn_varlen_func(
     ``return_lse`` (lse float32 ``[nheads, total_qg]``, not differentiable). The backward is
     ``fused_zigzag_llama3_flash_attn_varlen_backward``'s kernels, with dK/dV accumulated in fp32
     and returned in k's dtype. Works under ``torch.compile(fullgraph=True)`` (one custom op each
-    way).
+    way). ``deterministic``: the backward takes the two Triton kernels, bitwise reproducible run
+    to run (flash-attn's switch); by default Hopper runs the Gluon kernel, whose fp32 dQ sum order
+    varies.
     """
     differentiable = torch.is_grad_enabled() and any(
         t.requires_grad for t in (q0, q1, k, v) if isinstance(t, torch.Tensor))
     out0, out1, lse0, lse1 = _dual_group_forward(
         q0, q1, k, v, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, max_seqlen_q0, max_seqlen_q1,
-        max_seqlen_k, max_kv_len_q0, max_kv_len_q1, softmax_scale, causal, None, differentiable)
+        max_seqlen_k, max_kv_len_q0, max_kv_len_q1, softmax_scale, causal, None, differentiable,
+        deterministic)
     return (out0, out1, lse0, lse1) if return_lse else (out0, out1)
