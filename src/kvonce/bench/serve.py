@@ -2,7 +2,8 @@
 ``paged|sdpa`` in one process (CUDA; ``--device cpu`` is a tiny smoke run of the harness).
 
     python -m kvonce bench serve [--max-batch-tokens 512,2048] [--cuda-graph] [--quick]
-                                 [--prompts 256] [--new-tokens 128] [--md PATH] [--json PATH]
+                                 [--prompts 256] [--new-tokens 128] [--logit-prompts 16]
+                                 [--md PATH] [--json PATH]
     TRITON_INTERPRET=1 python -m kvonce bench serve --device cpu
 
 Model: a randomly initialised Llama (no weights are downloaded), bf16: hidden 2048, 16 layers,
@@ -38,7 +39,23 @@ Columns, one timed ``generate_batch(record_timestamps=True)`` per (max_batch_tok
 - ``x_sdpa``: tok_s / paged|sdpa's tok_s at the same max_batch_tokens
 - ``same``: fraction of requests whose greedy tokens equal paged|sdpa's; ``prefix``: mean
   fraction of tokens before the first difference (bf16 sums in another order may flip a near-tie
-  argmax, after which the sequences diverge; printed, not a failure)
+  argmax, after which the sequences diverge; printed, not a failure). A random Llama's logits
+  are near-flat, so in bf16 these say little; the teacher-forced columns below are the check.
+
+Teacher-forced logits (``--logit-prompts N``, default 16: all 4 at ``--device cpu``; 0: off),
+every backend's row, the same reference for all (serve_logits.py has the route): the first
+``N`` prompts with the tokens paged|sdpa generated for them in the first timed call (prompt +
+``--new-tokens`` tokens) are fed through each backend by one more ``generate_batch`` after its
+timed call, same config but no CUDA graphs (a Python hook on transformers' sampling step
+replaces each argmax by the token to feed and keeps the fp32 logits). That is the serving path:
+prompts prefilled (chunked where longer than the batch's room), then decode rows, in varlen
+batches that mix both. Compared positions: the last prompt position and every decode row (the
+``N * new_tokens`` positions that predict the fed tokens). Reference: the same weights upcast
+to float32 (float64 on cpu), plain ``sdpa`` attention over the whole sequence, no paging.
+- ``logit_rel_err``: ||l - l_ref|| / ||l_ref|| over positions x vocab; ``logit_max_abs``:
+  max |l - l_ref|; ``top1_agree``: fraction of positions where argmax l = argmax l_ref (bf16
+  logits may tie); ``kl``: mean over positions of KL(softmax(l_ref) || softmax(l)), nats.
+  paged|sdpa's row is transformers' own error at this dtype, the yardstick for kvonce's.
 Baseline before kvonce (docs: /work/shared/research/hf-continuous-batching.md section 7; H100,
 transformers 5.17, this model and workload, no graphs): paged|sdpa 1596 tok/s at
 max_batch_tokens=2048 and 1024 tok/s at 512 (single runs).
@@ -57,7 +74,7 @@ import time
 
 import torch
 
-from . import report
+from . import report, serve_logits
 
 IMPLS = ("paged|sdpa", "paged|kvonce")
 
@@ -211,6 +228,27 @@ def check_outputs(impl: str, outputs, n_prompts: int, new_tokens: int) -> None:
                          f"{len(failed)} failed, {len(short)} not of {new_tokens} tokens{first}")
 
 
+LOGIT_COLUMNS = ("logit_rel_err", "logit_max_abs", "top1_agree", "kl")
+
+
+def forced_logits(model, impl: str, forced, new_tokens: int, cb, *, device: str):
+    """``forced = (prompts, tokens)`` fed through ``impl`` by ``generate_batch`` (``cb``: no CUDA
+    graphs): the logits at each fed token's position, ``[new_tokens, vocab]`` per prompt."""
+    prompts, tokens = forced
+    with serve_logits.teacher_forcing(dict(zip(map(tuple, prompts), tokens))) as captured:
+        outputs, _ = generate(model, impl, prompts, new_tokens, cb, device=device,
+                              progress=False)
+    check_outputs(impl, outputs, len(prompts), new_tokens)
+    return serve_logits.check_forced(impl, outputs, prompts, tokens, captured)
+
+
+def printable(rows: list[dict]) -> list[dict]:
+    """The rows with the small logit errors in scientific notation (the table prints 3 decimals)."""
+    sci = ("logit_rel_err", "logit_max_abs", "kl")
+    return [{k: f"{v:.2e}" if k in sci and isinstance(v, float) else v for k, v in r.items()}
+            for r in rows]
+
+
 def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(prog="python -m kvonce bench serve")
     p.add_argument("--max-batch-tokens", default=None,
@@ -232,6 +270,9 @@ def main(argv: list[str]) -> None:
     p.add_argument("--gathered", action="store_true",
                    help="also a kvonce-gathered row: the adapter's fallback over transformers' "
                         "gathered K/V (transformers >= 5.24)")
+    p.add_argument("--logit-prompts", type=int, default=16,
+                   help="teacher-forced logits against a float32 (cpu: float64) reference "
+                        "over this many prompts (default 16; 0: off)")
     p.add_argument("--md", default="", help="append the table here ('' = no)")
     p.add_argument("--json", default="", help="also dump the rows as JSON here")
     args = p.parse_args(argv)
@@ -268,10 +309,14 @@ def main(argv: list[str]) -> None:
           f"{num_blocks} pages, CUDA graphs {'on' if args.cuda_graph else 'off'}", flush=True)
 
     warm = prompts[:2] if cpu else prompts[:8]
+    n_forced = min(max(args.logit_prompts, 0), n_prompts)
+    forced = ref_logits = None  # (prompts, tokens) to feed, and the reference's logits on them
     rows = []
     for mbt in batch_tokens:
         cb = cb_config(page_size=page, num_blocks=num_blocks, max_batch_tokens=mbt,
                        cuda_graph=args.cuda_graph)
+        cb_eager = cb_config(page_size=page, num_blocks=num_blocks, max_batch_tokens=mbt,
+                             cuda_graph=False)
         results, sdpa_row = {}, None
         backends = [(impl, False) for impl in IMPLS] + ([("paged|kvonce", True)]
                                                         if args.gathered else [])
@@ -284,13 +329,23 @@ def main(argv: list[str]) -> None:
                 print(f"{backend}, max_batch_tokens={mbt}:", flush=True)
                 outputs, wall = generate(model, impl, prompts, new_tokens, cb,
                                          device=args.device, progress=progress)
+                check_outputs(impl, outputs, n_prompts, new_tokens)
+                if n_forced and forced is None:
+                    forced = (prompts[:n_forced],
+                              [list(o.generated_tokens) for o in outputs[:n_forced]])
+                    ref_logits = serve_logits.reference_logits(
+                        model, *forced, torch.float64 if cpu else torch.float32)
+                if forced is not None:
+                    tf = forced_logits(model, impl, forced, new_tokens, cb_eager,
+                                       device=args.device)
             results[backend] = outputs
-            check_outputs(impl, outputs, n_prompts, new_tokens)
             row = {"backend": backend, "max_batch_tokens": mbt,
                    "graphs": "on" if args.cuda_graph else "off",
                    "path": "-" if impl == "paged|sdpa" else path_name(counts),
                    **latency_stats(outputs, wall)}
             row["x_sdpa"] = row["same"] = row["prefix"] = "-"
+            row.update(dict.fromkeys(LOGIT_COLUMNS, "-") if forced is None
+                       else serve_logits.compare(tf, ref_logits))
             if impl == "paged|sdpa":
                 sdpa_row = row
             elif sdpa_row is not None:
@@ -301,7 +356,7 @@ def main(argv: list[str]) -> None:
                       f"{prefix:.1%} of tokens before the first difference", flush=True)
             rows.append(row)
             print(row, flush=True)
-    print(report.format_rows(rows))
+    print(report.format_rows(printable(rows)))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
@@ -310,7 +365,7 @@ def main(argv: list[str]) -> None:
             args.md, f"Continuous batching (generate_batch), random Llama of {size} params"
                      f", head dim {model.config.head_dim}, "
                      f"{n_prompts} prompts {lo}..{hi} + {new_tokens} new, page {page}, "
-                     f"transformers {transformers.__version__}", rows,
+                     f"transformers {transformers.__version__}", printable(rows),
             command=("python -m kvonce bench serve " + " ".join(argv)).strip(), dtype=dtype,
             date=datetime.date.today().isoformat())
 
