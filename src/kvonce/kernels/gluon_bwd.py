@@ -1,7 +1,9 @@
 """Warp-specialized Hopper (sm90) dual-group attention backward in Gluon: FA3's structure.
 
-The same contract as ``dual_group_bwd.launch_dual_group_bwd`` (contiguous K/V only, for now), in
-one main kernel between a small pre- and postprocess:
+The same contract as ``dual_group_bwd.launch_dual_group_bwd`` (contiguous K/V, and the
+context-parallel path: the zigzag all-gather buffer read and written in place, both query groups
+in one tensor in a rank's local order; ``gluon_bwd_maps`` draws the row and key maps), in one
+main kernel between a small pre- and postprocess:
 
 1. Δ = rowsum(dO∘O) for every row of both groups (``_delta_kernel``, plain Triton); the fp32
    dQ accumulator ``[rows0 + rows1, nheads * D]`` is zeroed.
@@ -46,8 +48,6 @@ order varies run to run: ``deterministic=True`` keeps the Triton two-kernel back
 """
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import triton
 from triton._C.libtriton import ir
@@ -57,17 +57,16 @@ from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
-from .gluon_bwd_sched import (DEFAULT_SCHEDULE, ORDERS, VARIANTS, GluonBwdSchedule,
-                              _delta_kernel, _zero_key_tail_kernel, lpt_work)
+from .gluon_bwd_maps import (BLOCK_M, BLOCK_N, _first_key, _group, _key_rows, _m_range,
+                             _n_segments, _segment, _tile, local_order_rows)
+from .gluon_bwd_sched import (DEFAULT_SCHEDULE, ORDERS, GluonBwdSchedule, _delta_kernel,
+                              _zero_key_tail_kernel, lpt_work)
 
 
 LOG2E = gl.constexpr(1.4426950408889634)
 
-# Tiles (the ring depths are the shared buffers' leading dims: gluon_bwd_sched.GluonBwdSchedule).
-# BLOCK_N keys per CTA, BLOCK_M query rows per ring slot (FA3's hd128
-# causal tile; Gluon tiles are powers of two).
-BLOCK_M = gl.constexpr(64)
-BLOCK_N = gl.constexpr(128)
+# Tiles: BLOCK_M query rows per ring slot, BLOCK_N keys per CTA (gluon_bwd_maps; the ring depths
+# are the shared buffers' leading dims: gluon_bwd_sched.GluonBwdSchedule).
 # Partitions and registers per thread (setmaxnreg). The consumer is one 8-warp partition, two
 # warpgroups at 240: dK + dV 128 (each warpgroup owns 64 of the keys), Sᵀ + dPᵀ 64 or dQ 32 (the
 # warpgroups split dQ's head-dim columns), the bf16 A fragments 16 + 16. The loader warp gets 24
@@ -114,94 +113,34 @@ def tma_reduce_add(desc, coord, src, _semantic=None):
 
 
 @gluon.jit
-def _group(g, seq, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1,
-           KV_END_SCALAR: gl.constexpr):
-    """``(row, len_q, end)`` of group ``g`` in sequence ``seq``: its first row, row count and
-    visible key count (clamped to ``[0, len_k]`` as the forward does). Reloaded by each
-    partition where needed (L1 hits) rather than held in registers across the loop."""
-    cu_q = gl.where(g == 0, cu_seqlens_q0, cu_seqlens_q1)
-    row = gl.load(cu_q + seq)
-    len_q = gl.load(cu_q + seq + 1) - row
-    len_k = gl.load(cu_seqlens_k + seq + 1) - gl.load(cu_seqlens_k + seq)
-    if KV_END_SCALAR:
-        end = gl.where(g == 0, kv_end0, kv_end1)
-    else:
-        end = gl.load(gl.where(g == 0, kv_end0, kv_end1) + seq)
-    return row, len_q, gl.minimum(gl.maximum(end, 0), len_k)
-
-
-@gluon.jit
-def _m_range(len_q, end, n0, IS_CAUSAL: gl.constexpr):
-    """Rows ``[lo, hi)`` of a group (``lo`` a multiple of BLOCK_M) that can see a key of
-    ``[n0, n0 + BLOCK_N)``, and ``diag``: row ``i`` sees key ``j`` iff ``j <= i + diag`` (causal)
-    and ``j < end``."""
-    if IS_CAUSAL:
-        diag = end - len_q
-        lo = (gl.maximum(n0 - diag, 0) // BLOCK_M) * BLOCK_M
-    else:
-        diag = end
-        lo = n0 * 0
-    hi = gl.where(n0 < end, len_q, 0)
-    return diag, lo, hi
-
-
-@gluon.jit
-def _tile(Work, n_blocks, batch, ORDER: gl.constexpr):
-    """``(kv_head, seq, n0)`` of this CTA (``gluon_bwd_sched.ORDERS``): 0, the 3-D grid ``(nheads_k,
-    batch, key blocks)``; 1, a 1-D grid, KV head outermost, then sequence, key blocks fastest; 2,
-    the same with each KV head's items ``seq * n_blocks + blk`` read from ``Work`` (longest
-    first)."""
-    if ORDER == 0:
-        kv_head = gl.program_id(0)
-        seq = gl.program_id(1)
-        blk = gl.program_id(2)
-    else:
-        per_head = batch * n_blocks
-        kv_head = gl.program_id(0) // per_head
-        item = gl.program_id(0) % per_head
-        if ORDER == 2:
-            item = gl.load(Work + item)
-        seq = item // n_blocks
-        blk = item % n_blocks
-    return kv_head, seq, blk * BLOCK_N
-
-
-@gluon.jit
-def _segment(tr, n0, kv_group, ROTATE: gl.constexpr):
-    """The loop's ``tr``-th (q head, group) segment ``t``: ``tr`` itself, or (``ROTATE``) shifted by
-    the key block's index so that the CTAs of one KV head spread their dQ reduce-adds over the
-    q heads and groups."""
-    if ROTATE:
-        t = (tr + n0 // BLOCK_N) % (2 * kv_group)
-    else:
-        t = tr
-    return t
-
-
-@gluon.jit
 def _load(q0_desc, q1_desc, do0_desc, do1_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem,
           lse_smem, delta_smem, kv_ready, q_ready, do_ready, lse_ready, qdo_empty,
           Lse0, Lse1, Delta0, Delta1, stride_lse0_h, stride_lse1_h, stride_delta0_h,
           stride_delta1_h, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1,
-          kv_group, sm_scale, Work, n_blocks, batch, HEAD_DIM: gl.constexpr,
-          IS_CAUSAL: gl.constexpr, KV_END_SCALAR: gl.constexpr, ORDER: gl.constexpr,
-          ROTATE: gl.constexpr):
+          kv_group, sm_scale, Work, n_blocks, batch, n_chunks, rank_rows, chunk_blocks, n_segments,
+          HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, KV_END_SCALAR: gl.constexpr,
+          ORDER: gl.constexpr, ROTATE: gl.constexpr, KV_ZIGZAG: gl.constexpr,
+          LOCAL_ORDER: gl.constexpr):
     """The loader warp: K/V once, then Q and dO of every step into the ring by TMA, and the
     step's accumulator inits -LSE / scale and -Δ (same step order as ``_consume``)."""
     STAGES: gl.constexpr = q_smem.shape[0]
-    kv_head, seq, n0 = _tile(Work, n_blocks, batch, ORDER)
-    k_row0 = gl.load(cu_seqlens_k + seq)
+    kv_head, seq, blk = _tile(Work, n_blocks, batch, ORDER)
+    n0, empty = _first_key(cu_seqlens_k, seq, blk, chunk_blocks, KV_ZIGZAG)
+    kv_row, lim = _key_rows(cu_seqlens_k, seq, n0, n_chunks, rank_rows, KV_ZIGZAG)
     # kv_ready (count 1): this warp's expect + the TMA bytes complete phase 0; consumers wait 0.
+    # One box of BLOCK_N rows each: the block's keys are one run of rows in either layout.
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [k_row0 + n0, kv_head * HEAD_DIM], kv_ready, k_smem)
-    tma.async_copy_global_to_shared(v_desc, [k_row0 + n0, kv_head * HEAD_DIM], kv_ready, v_smem)
+    tma.async_copy_global_to_shared(k_desc, [kv_row, kv_head * HEAD_DIM], kv_ready, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [kv_row, kv_head * HEAD_DIM], kv_ready, v_smem)
     it = 0
-    for tr in range(2 * kv_group):  # both query groups of every q head of the KV head
-        t = _segment(tr, n0, kv_group, ROTATE)
+    n_seg = _n_segments(kv_group, n_segments, KV_ZIGZAG)
+    for tr in range(n_seg):  # both query groups of every q head of the KV head
+        t = _segment(tr, n0, n_seg, ROTATE)
         g = t % 2
         head = kv_head * kv_group + t // 2
-        row, len_q, end = _group(g, seq, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0,
-                                 kv_end1, KV_END_SCALAR)
+        row, len_q, end, vis_end = _group(g, seq, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k,
+                                          kv_end0, kv_end1, n_chunks, n0, batch,
+                                          KV_END_SCALAR, KV_ZIGZAG, LOCAL_ORDER)
         lse_ptr = gl.where(g == 0, Lse0 + head * stride_lse0_h, Lse1 + head * stride_lse1_h) + row
         delta_ptr = gl.where(g == 0, Delta0 + head * stride_delta0_h,
                              Delta1 + head * stride_delta1_h) + row
@@ -247,8 +186,9 @@ def _consume(dqa_desc, dqa_row1, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_st
              delta_smem, kv_ready, q_ready, do_ready, lse_ready, qdo_empty, DK, DV, stride_dkn,
              stride_dkh, stride_dvn, stride_dvh, cu_seqlens_q0, cu_seqlens_q1,
              cu_seqlens_k, kv_end0, kv_end1, kv_group, sm_scale, Work, n_blocks, batch,
-             HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, KV_END_SCALAR: gl.constexpr,
-             ORDER: gl.constexpr, ROTATE: gl.constexpr):
+             n_chunks, rank_rows, chunk_blocks, n_segments, HEAD_DIM: gl.constexpr,
+             IS_CAUSAL: gl.constexpr, KV_END_SCALAR: gl.constexpr, ORDER: gl.constexpr,
+             ROTATE: gl.constexpr, KV_ZIGZAG: gl.constexpr, LOCAL_ORDER: gl.constexpr):
     """The two consumer warpgroups: keys ``[n0, n0 + BLOCK_N)`` against every step's rows;
     dK/dV stored at the end."""
     DKV: gl.constexpr = dkv_layout(HEAD_DIM)
@@ -257,7 +197,8 @@ def _consume(dqa_desc, dqa_row1, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_st
     dtype: gl.constexpr = q_smem.dtype
     STAGES: gl.constexpr = q_smem.shape[0]
     DQ_STAGES: gl.constexpr = dq_stage.shape[0]
-    kv_head, seq, n0 = _tile(Work, n_blocks, batch, ORDER)
+    kv_head, seq, blk = _tile(Work, n_blocks, batch, ORDER)
+    n0, empty = _first_key(cu_seqlens_k, seq, blk, chunk_blocks, KV_ZIGZAG)
     qk_scale = sm_scale * LOG2E
     zero_st = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, ST_LAYOUT)
     zero_dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, DQ)
@@ -265,12 +206,14 @@ def _consume(dqa_desc, dqa_row1, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_st
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, DKV)
     mbarrier.wait(kv_ready, 0)
     it = 0
-    for tr in range(2 * kv_group):  # both query groups of every q head of the KV head
-        t = _segment(tr, n0, kv_group, ROTATE)
+    n_seg = _n_segments(kv_group, n_segments, KV_ZIGZAG)
+    for tr in range(n_seg):  # both query groups of every q head of the KV head
+        t = _segment(tr, n0, n_seg, ROTATE)
         g = t % 2
         head = kv_head * kv_group + t // 2
-        row, len_q, end = _group(g, seq, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0,
-                                 kv_end1, KV_END_SCALAR)
+        row, len_q, end, vis_end = _group(g, seq, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k,
+                                          kv_end0, kv_end1, n_chunks, n0, batch,
+                                          KV_END_SCALAR, KV_ZIGZAG, LOCAL_ORDER)
         diag, lo, hi = _m_range(len_q, end, n0, IS_CAUSAL)
         for m0 in range(lo, hi, BLOCK_M):
             s = it % STAGES
@@ -280,16 +223,16 @@ def _consume(dqa_desc, dqa_row1, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_st
             # per-query vector in registers while the wgmmas run.
             mbarrier.wait(lse_ready.index(s), ph)
             s_init = zero_st + gl.expand_dims(lse_smem.index(s).load(QUERY_LAYOUT), 0)
-            # Keys past `end` (the sequence's end included) and above the causal diagonal start
-            # at -inf (P = 0): masking the initial accumulator costs no registers while the
-            # wgmmas are in flight.
+            # Keys past `vis_end` (the group's `end`, the sequence's or, zigzag, the block's
+            # chunk's end) and above the causal diagonal start at -inf (P = 0): masking the
+            # initial accumulator costs no registers while the wgmmas are in flight.
             if IS_CAUSAL:
-                masked = (n0 + BLOCK_N > end) | (m0 + diag < n0 + BLOCK_N - 1)
+                masked = (n0 + BLOCK_N > vis_end) | (m0 + diag < n0 + BLOCK_N - 1)
             else:
-                masked = n0 + BLOCK_N > end
+                masked = n0 + BLOCK_N > vis_end
             if masked:
                 offs_key = n0 + gl.arange(0, BLOCK_N, KEY_LAYOUT)
-                visible = gl.expand_dims(offs_key < end, 1)
+                visible = gl.expand_dims(offs_key < vis_end, 1)
                 if IS_CAUSAL:
                     # Row i's last visible key, i + diag, converted from the compact layout (a
                     # QUERY_LAYOUT arange would be hoisted out of the loop: 16 live registers).
@@ -334,13 +277,13 @@ def _consume(dqa_desc, dqa_row1, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_st
             mbarrier.arrive(qdo_empty.index(s))
             it += 1
     tma.store_wait(0)
-    # The block's keys of the sequence, cast once (dK scaled).
-    k_row0 = gl.load(cu_seqlens_k + seq)
-    len_k = gl.load(cu_seqlens_k + seq + 1) - k_row0
+    # The block's keys (positions [n0, lim) at rows kv_row + position - n0), cast once (dK
+    # scaled). Written as positions so that the contiguous kernel's SASS is unchanged.
+    kv_row, lim = _key_rows(cu_seqlens_k, seq, n0, n_chunks, rank_rows, KV_ZIGZAG)
     offs_n = n0 + gl.arange(0, BLOCK_N, gl.SliceLayout(1, DKV))
     offs_d = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, DKV))
-    mask = gl.expand_dims(offs_n < len_k, 1)
-    rows = gl.expand_dims(k_row0 + offs_n, 1)
+    mask = gl.expand_dims(offs_n < lim, 1)
+    rows = gl.expand_dims(kv_row - n0 + offs_n, 1)
     gl.store(DK + rows * stride_dkn + kv_head * stride_dkh + gl.expand_dims(offs_d, 0),
              (dk * sm_scale).to(DK.dtype.element_ty), mask=mask)
     gl.store(DV + rows * stride_dvn + kv_head * stride_dvh + gl.expand_dims(offs_d, 0),
@@ -354,9 +297,11 @@ def _gluon_bwd_kernel(
     cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1,
     sm_scale, stride_lse0_h, stride_lse1_h, stride_delta0_h, stride_delta1_h,
     stride_dkn, stride_dkh, stride_dvn, stride_dvh, kv_group, Work, n_blocks, batch,
+    n_chunks, rank_rows, chunk_blocks, n_segments,
     HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, KV_END_SCALAR: gl.constexpr,
     ORDER: gl.constexpr = 0, ROTATE: gl.constexpr = False, QDO_STAGES: gl.constexpr = 2,
-    DQ_STAGES: gl.constexpr = 1,
+    DQ_STAGES: gl.constexpr = 1, KV_ZIGZAG: gl.constexpr = False,
+    LOCAL_ORDER: gl.constexpr = False,
 ):
     """Grid ``(nheads_k, batch, key blocks)``. q/dO descriptors: ``[rows, nheads * D]``, block
     ``[BLOCK_M, D]``; k/v: ``[total_k, nheads_k * D]``, block ``[BLOCK_N, D]``; dqa: fp32
@@ -365,11 +310,16 @@ def _gluon_bwd_kernel(
     spilling two). Lse/Delta: fp32 ``[nheads, rows]``.
     DK/DV: ``[total_k, nheads_k, D]``, last dim contiguous. kv_end*: ints or int32 ``[batch]``.
     Work, n_blocks, batch, ORDER, ROTATE: the CTA order (``_tile``, ``_segment``); QDO_STAGES and
-    DQ_STAGES: the Q/dO ring's and the dQ staging's depth (``gluon_bwd_sched``)."""
-    kv_head, seq, n0 = _tile(Work, n_blocks, batch, ORDER)
-    k_row0 = gl.load(cu_seqlens_k + seq)
-    len_k = gl.load(cu_seqlens_k + seq + 1) - k_row0
-    if n0 >= len_k:
+    DQ_STAGES: the Q/dO ring's and the dQ staging's depth (``gluon_bwd_sched``).
+    ``KV_ZIGZAG``: k/v and DK/DV are the zigzag all-gather buffer ``[world * rank_rows, ..]``
+    (``n_chunks = 2 * world``), ``cu_seqlens_k`` LOCAL, key block ``blk`` = chunk
+    ``blk // chunk_blocks``'s ``blk % chunk_blocks``-th 128 keys (``gluon_bwd_maps``).
+    ``LOCAL_ORDER``: both groups' rows in one tensor (q0/q1 descriptors, Lse, Delta over the same
+    rows; ``dqa_row1`` 0), cu_seqlens_q0 the ``local_order_rows`` table. ``n_segments``:
+    ``2 * kv_group`` (zigzag). Unused runtime arguments are ignored where their flag is off."""
+    kv_head, seq, blk = _tile(Work, n_blocks, batch, ORDER)
+    n0, empty = _first_key(cu_seqlens_k, seq, blk, chunk_blocks, KV_ZIGZAG)
+    if empty:
         return
 
     dtype: gl.constexpr = q0_desc.dtype
@@ -413,13 +363,15 @@ def _gluon_bwd_kernel(
                     lse_smem, delta_smem, kv_ready, q_ready, do_ready, lse_ready, qdo_empty, DK,
                     DV, stride_dkn, stride_dkh, stride_dvn, stride_dvh, cu_seqlens_q0,
                     cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1, kv_group, sm_scale, Work,
-                    n_blocks, batch, HEAD_DIM, IS_CAUSAL, KV_END_SCALAR, ORDER, ROTATE)),
+                    n_blocks, batch, n_chunks, rank_rows, chunk_blocks, n_segments, HEAD_DIM,
+                    IS_CAUSAL, KV_END_SCALAR, ORDER, ROTATE, KV_ZIGZAG, LOCAL_ORDER)),
         (_load, (q0_desc, q1_desc, do0_desc, do1_desc, k_desc, v_desc, q_smem, do_smem, k_smem,
                  v_smem, lse_smem, delta_smem, kv_ready, q_ready, do_ready, lse_ready, qdo_empty,
                  Lse0, Lse1, Delta0, Delta1, stride_lse0_h, stride_lse1_h, stride_delta0_h,
                  stride_delta1_h, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1,
-                 kv_group, sm_scale, Work, n_blocks, batch, HEAD_DIM, IS_CAUSAL, KV_END_SCALAR,
-                 ORDER, ROTATE)),
+                 kv_group, sm_scale, Work, n_blocks, batch, n_chunks, rank_rows, chunk_blocks,
+                 n_segments, HEAD_DIM, IS_CAUSAL, KV_END_SCALAR, ORDER, ROTATE, KV_ZIGZAG,
+                 LOCAL_ORDER)),
     ], [LOADER_WARPS], [LOADER_REGS])
 
 
@@ -432,11 +384,21 @@ def _max_offset(t) -> int:
 def unsupported_reason(q0, q1, k, v, out0, out1, dout0, dout1, lse0, lse1, dq0, dq1, dk, dv,
                        *, zigzag_world_size: int = 0, local_order: bool = False,
                        int64_kv_offsets: bool = False) -> str | None:
-    """Why ``launch_gluon_bwd`` cannot run these arguments, or None when it can."""
-    if zigzag_world_size > 0:
-        return "the zigzag all-gather buffer (zigzag_world_size > 0) is not supported yet"
-    if local_order or dq0 is dq1:
-        return "local_order (both groups in one tensor) is not supported yet"
+    """Why ``launch_gluon_bwd`` cannot run these arguments, or None when it can. Any zigzag
+    chunk size is covered (a key block never crosses a chunk border: ``gluon_bwd_maps``)."""
+    if zigzag_world_size < 0:
+        return f"zigzag_world_size must be >= 0, got {zigzag_world_size}"
+    if zigzag_world_size > 0 and k.shape[0] % zigzag_world_size:
+        return (f"the zigzag buffer's {k.shape[0]} rows are not a multiple of "
+                f"zigzag_world_size={zigzag_world_size}")
+    if local_order:
+        # One tensor per role holds both groups' rows (one Δ pass, one dQ accumulator).
+        for name, a, b in (("q", q0, q1), ("out", out0, out1), ("dout", dout0, dout1),
+                           ("lse", lse0, lse1), ("dq", dq0, dq1)):
+            if not _same(a, b):
+                return f"local_order needs {name}0 and {name}1 to be one tensor"
+    elif _same(dq0, dq1):
+        return "dq0 and dq1 are one tensor: only with local_order"
     if not q0.is_cuda or torch.cuda.get_device_capability(q0.device)[0] != 9:
         return "needs a Hopper (sm90) GPU"
     if q0.dtype not in (torch.float16, torch.bfloat16):
@@ -463,6 +425,12 @@ def unsupported_reason(q0, q1, k, v, out0, out1, dout0, dout1, lse0, lse1, dq0, 
                                                                   dout1)):
         return "int64 offsets are not supported"
     return None
+
+
+def _same(a, b) -> bool:
+    """``a`` and ``b`` view the same elements (the same tensor, or equal views of it)."""
+    return a is b or (a.numel() > 0 and a.data_ptr() == b.data_ptr() and a.shape == b.shape
+                      and a.stride() == b.stride() and a.dtype == b.dtype)
 
 
 def supports(q0, q1, k, v, out0, out1, dout0, dout1, lse0, lse1, dq0, dq1, dk, dv, **kw) -> bool:
@@ -497,7 +465,15 @@ def launch_gluon_bwd(
     shaped like ``lse*``, filled here. ``config`` is accepted for the signature; only its
     ``int64_kv_offsets`` is read. ``schedule``: CTA order, ring depths and preprocess fusion
     (``gluon_bwd_sched.GluonBwdSchedule``; None: the default, as measured 2026-11-25). Raises
-    NotImplementedError for what the kernel does not cover (``unsupported_reason``)."""
+    NotImplementedError for what the kernel does not cover (``unsupported_reason``).
+
+    ``zigzag_world_size > 0``: ``k, v`` (and ``dk, dv``) are the zigzag all-gather buffer
+    ``[world * rank_rows, nheads_k, D]``, ``cu_seqlens_k`` LOCAL (``2 c`` rows per sequence and
+    rank), ``max_seqlen_k`` bounds the GLOBAL key counts ``2 c world``; buffer rows of no
+    sequence (each rank's past ``cu_seqlens_k[-1]``) get dK = dV = 0. ``local_order``: q, out,
+    dout, lse, delta, dq of both groups are one tensor each in a zigzag rank's local order
+    (sequence ``b`` from ``cu_q0[b] + cu_q1[b]``, group 0's chunk first) and, with the zigzag
+    buffer, ``kv_end*`` count chunks (``chunk_idx + 1``), as ``launch_dual_group_bwd``."""
     reason = unsupported_reason(
         q0, q1, k, v, out0, out1, dout0, dout1, lse0, lse1, dq0, dq1, dk, dv,
         zigzag_world_size=zigzag_world_size, local_order=local_order,
@@ -506,6 +482,8 @@ def launch_gluon_bwd(
         raise NotImplementedError(f"launch_gluon_bwd: {reason}")
     if delta0.stride(-1) != 1 or delta1.stride(-1) != 1:
         raise ValueError("delta0/delta1 must be contiguous along rows, shaped like lse0/lse1")
+    if local_order and not _same(delta0, delta1):
+        raise ValueError("local_order needs delta0 and delta1 to be one tensor")
     batch = cu_seqlens_q0.shape[0] - 1
     nheads, head_dim = q0.shape[1], q0.shape[2]
     nheads_k = k.shape[1]
@@ -514,20 +492,33 @@ def launch_gluon_bwd(
         raise TypeError("kv_end0 and kv_end1 must both be ints or both be tensors")
     sched = DEFAULT_SCHEDULE if schedule is None else schedule
     # 1. Δ = rowsum(dO∘O) of every row of each group; with fuse_prep the same kernel zeroes the
-    #    fp32 dQ accumulator (group 0's rows, then group 1's), which the main kernel
-    #    reduce-adds scale * dS K into.
+    #    fp32 dQ accumulator (group 0's rows, then group 1's; local order: the one tensor's
+    #    rows, group 1's at offset 0 of it), which the main kernel reduce-adds scale * dS K into.
     rows0 = dq0.shape[0]
-    fuse = sched.fuse_prep and out0.shape[0] == rows0 and out1.shape[0] == dq1.shape[0]
+    if local_order:
+        dqa_rows, dqa_row1 = rows0, 0
+        parts = ((out0, dout0, delta0, 0), )
+    else:
+        dqa_rows, dqa_row1 = rows0 + dq1.shape[0], rows0
+        parts = ((out0, dout0, delta0, 0), (out1, dout1, delta1, rows0))
+    fuse = sched.fuse_prep and out0.shape[0] == rows0 and (local_order
+                                                          or out1.shape[0] == dq1.shape[0])
     dqa = (torch.empty if fuse else torch.zeros)(
-        (rows0 + dq1.shape[0], nheads, head_dim), dtype=torch.float32, device=dq0.device)
-    for out, dout, delta, row0 in ((out0, dout0, delta0, 0), (out1, dout1, delta1, rows0)):
+        (dqa_rows, nheads, head_dim), dtype=torch.float32, device=dq0.device)
+    for out, dout, delta, row0 in parts:
         if out.shape[0]:
             _delta_kernel[(nheads, triton.cdiv(out.shape[0], 64))](
                 out, dout, delta, dqa, out.shape[0], row0, *out.stride()[:2],
                 *dout.stride()[:2], delta.stride(0), *dqa.stride()[:2], BLOCK=64,
                 HEAD_DIM=head_dim, ZERO_DQA=fuse, num_warps=4)
-    # 2. The main kernel: one CTA per (KV head, sequence, 128 keys) in the schedule's order.
-    n_blocks = triton.cdiv(max_seqlen_k, 128)
+    # 2. The main kernel: one CTA per (KV head, sequence, 128 keys) in the schedule's order;
+    #    zigzag: 2 * world chunks of chunk_blocks blocks each (the longest chunk's).
+    world = max(zigzag_world_size, 1)
+    if zigzag_world_size > 0:
+        chunk_blocks = triton.cdiv(triton.cdiv(max_seqlen_k, 2 * world), 128)
+        n_blocks = 2 * world * chunk_blocks
+    else:
+        chunk_blocks, n_blocks = 1, triton.cdiv(max_seqlen_k, 128)
     order = ORDERS[sched.order]
     if order == 0:
         grid, work = (nheads_k, batch, n_blocks), cu_seqlens_k   # work: unused
@@ -535,84 +526,31 @@ def launch_gluon_bwd(
         grid = (nheads_k * batch * n_blocks, )
         work = cu_seqlens_k if order == 1 else lpt_work(
             cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1, n_blocks=n_blocks,
-            causal=causal)
+            causal=causal, zigzag_world_size=zigzag_world_size, chunk_blocks=chunk_blocks,
+            kv_end_in_chunks=local_order)
+    # LOCAL_ORDER kernels read each (group, sequence)'s first row and row count from a table
+    # (gluon_bwd_maps.local_order_rows) in place of cu_seqlens_q0/q1.
+    cu_q0, cu_q1 = cu_seqlens_q0, cu_seqlens_q1
+    if local_order:
+        cu_q0 = cu_q1 = local_order_rows(cu_seqlens_q0, cu_seqlens_q1)
     if batch > 0 and n_blocks > 0:
         _gluon_bwd_kernel[grid](
             _desc(q0, 64, head_dim), _desc(q1, 64, head_dim), _desc(dout0, 64, head_dim),
             _desc(dout1, 64, head_dim), _desc(k, 128, head_dim), _desc(v, 128, head_dim),
-            _desc(dqa, 64, head_dim), rows0,
-            lse0, lse1, delta0, delta1, dk, dv,
-            cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1,
+            _desc(dqa, 64, head_dim), dqa_row1,
+            lse0, lse1, delta0, delta1, dk, dv, cu_q0, cu_q1, cu_seqlens_k, kv_end0, kv_end1,
             softmax_scale, lse0.stride(0), lse1.stride(0), delta0.stride(0), delta1.stride(0),
             *dk.stride()[:2], *dv.stride()[:2], nheads // nheads_k, work, n_blocks, batch,
+            2 * world, k.shape[0] // world, chunk_blocks, 2 * (nheads // nheads_k),
             HEAD_DIM=head_dim, IS_CAUSAL=causal, KV_END_SCALAR=scalar_end, ORDER=order,
             ROTATE=sched.rotate_heads, QDO_STAGES=sched.qdo_stages, DQ_STAGES=sched.dq_stages,
+            KV_ZIGZAG=zigzag_world_size > 0, LOCAL_ORDER=local_order,
             num_warps=CONSUMER_WARPS.value)
-    # 3. dQ in q's dtype (rows of no sequence stay 0); dK/dV rows of no sequence zeroed.
+    # 3. dQ in q's dtype (rows of no sequence stay 0); dK/dV rows of no sequence (per rank in
+    #    the zigzag buffer) zeroed.
     dq0.copy_(dqa[:rows0])
-    dq1.copy_(dqa[rows0:])
-    _zero_key_tail_kernel[(16, nheads_k)](
-        dk, dv, cu_seqlens_k, batch, k.shape[0], *dk.stride()[:2], *dv.stride()[:2],
+    if not local_order:
+        dq1.copy_(dqa[rows0:])
+    _zero_key_tail_kernel[(16, nheads_k, world)](
+        dk, dv, cu_seqlens_k, batch, k.shape[0] // world, *dk.stride()[:2], *dv.stride()[:2],
         BLOCK=64, HEAD_DIM=head_dim)
-
-
-# ---------------------------------------------------------------------------------------------
-# `make kernel-check` (scripts/kernel_check.py): the variants compiled for sm_90a on the CPU.
-
-def _check_signature(dtype: str, head_dim: int, dkv: str, kv_end_scalar: bool) -> dict:
-    gl_dtype = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
-    tile = gl.NVMMASharedLayout.get_default_for([64, head_dim], gl_dtype)
-    dq = gl.NVMMASharedLayout.get_default_for([64, head_dim], gl.float32)
-    desc = f"tensordesc<{dtype}[64, {head_dim}],{tile!r}>"
-    kv = gl.NVMMASharedLayout.get_default_for([128, head_dim], gl_dtype)
-    kv_desc = f"tensordesc<{dtype}[128, {head_dim}],{kv!r}>"
-    dq_desc = f"tensordesc<fp32[64, {head_dim}],{dq!r}>"
-    end = "i32" if kv_end_scalar else "*i32"
-    sig = {name: desc for name in ("q0_desc", "q1_desc", "do0_desc", "do1_desc")}
-    sig.update(k_desc=kv_desc, v_desc=kv_desc)
-    sig.update(dqa_desc=dq_desc, dqa_row1="i32", Lse0="*fp32", Lse1="*fp32",
-               Delta0="*fp32", Delta1="*fp32", DK=f"*{dkv}", DV=f"*{dkv}",
-               cu_seqlens_q0="*i32", cu_seqlens_q1="*i32", cu_seqlens_k="*i32", kv_end0=end,
-               kv_end1=end, sm_scale="fp32")
-    sig.update({name: "i32" for name in ("stride_lse0_h", "stride_lse1_h", "stride_delta0_h",
-                                         "stride_delta1_h", "stride_dkn", "stride_dkh",
-                                         "stride_dvn", "stride_dvh", "kv_group",
-                                         "n_blocks", "batch")})
-    sig.update(Work="*i32")
-    for name in ("HEAD_DIM", "IS_CAUSAL", "KV_END_SCALAR", "ORDER", "ROTATE", "QDO_STAGES",
-                 "DQ_STAGES"):
-        sig[name] = "constexpr"
-    return sig
-
-
-def _check_spec(variant, dtype, head_dim, causal, dkv="fp32", kv_end_scalar=False,
-                sched=DEFAULT_SCHEDULE):
-    # Per step and warpgroup: Sᵀ and dPᵀ D/16 m64n64k16 each, dV and dK 4 m64nDk16 each (K = 64
-    # rows), dQ 8 m64n(D/2)k16 (K = 128 keys); one reduce-add instruction; setmaxnreg in the
-    # 12-warp prologue and each partition (triton 3.6's AllocateWarpGroups).
-    hgmma = 2 * (head_dim // 16) + 2 * 4 + 8
-    return (variant, _gluon_bwd_kernel, _check_signature(dtype, head_dim, dkv, kv_end_scalar),
-            dict(HEAD_DIM=head_dim, IS_CAUSAL=causal, KV_END_SCALAR=kv_end_scalar,
-                 ORDER=ORDERS[sched.order], ROTATE=sched.rotate_heads,
-                 QDO_STAGES=sched.qdo_stages, DQ_STAGES=sched.dq_stages),
-            dict(num_warps=8), dict(HGMMA=hgmma, UTMAREDG=1, USETMAXREG=10))
-
-
-GLUON_CHECK_SPECS = [
-    _check_spec("d128-bf16-causal", "bf16", 128, True),
-    _check_spec("d128-fp16-noncausal-scalar-end", "fp16", 128, False, dkv="fp16",
-                kv_end_scalar=True),
-    _check_spec("d64-bf16-causal", "bf16", 64, True, dkv="bf16"),
-] + [  # the schedules scripts/gluon_bwd_sweep.py times, one per compiled kernel (fuse_prep
-    #       and the default change no Gluon code)
-    _check_spec(f"d128-bf16-causal-{name}", "bf16", 128, True, sched=sched)
-    for sched, name in {dataclasses.replace(sched, fuse_prep=False): name.removesuffix("-fuse")
-                        for name, sched in reversed(VARIANTS.items())}.items()
-    if sched != DEFAULT_SCHEDULE
-] + [
-    _check_spec("d128-fp16-noncausal-scalar-end-lpt-rot-dq2", "fp16", 128, False, dkv="fp16",
-                kv_end_scalar=True,
-                sched=GluonBwdSchedule(order="lpt", rotate_heads=True, dq_stages=2)),
-    _check_spec("d64-bf16-causal-l2-qdo3", "bf16", 64, True, dkv="bf16",
-                sched=GluonBwdSchedule(order="l2", qdo_stages=3)),
-]

@@ -100,17 +100,21 @@ def _delta_kernel(O, DO, Delta, DQA, rows, dqa_row0, stride_om, stride_oh, strid
 
 
 @triton.jit
-def _zero_key_tail_kernel(DK, DV, cu_seqlens_k, batch, total_k, stride_dkn, stride_dkh,
+def _zero_key_tail_kernel(DK, DV, cu_seqlens_k, batch, rank_rows, stride_dkn, stride_dkh,
                           stride_dvn, stride_dvh, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """Grid ``(programs, nheads_k)``: zero dK/dV rows ``[cu_seqlens_k[batch], total_k)`` (keys of
-    no sequence), which no CTA of the main kernel writes; a grid-stride loop over row blocks."""
+    """Grid ``(programs, nheads_k, ranks)``: zero dK/dV rows ``r * rank_rows + [cu_seqlens_k[batch],
+    rank_rows)`` of each rank ``r`` (keys of no sequence: contiguous K/V is one rank of
+    ``total_k`` rows; the zigzag buffer ``ranks`` of ``rank_rows``, ``cu_seqlens_k`` LOCAL),
+    which no CTA of the main kernel writes; a grid-stride loop over row blocks."""
     head = tl.program_id(1)
     offs_d = tl.arange(0, HEAD_DIM)
     zero = tl.zeros([BLOCK, HEAD_DIM], dtype=tl.float32)
-    lo = tl.load(cu_seqlens_k + batch)
-    for start in range(lo + tl.program_id(0) * BLOCK, total_k, tl.num_programs(0) * BLOCK):
+    base = tl.program_id(2) * rank_rows
+    lo = base + tl.load(cu_seqlens_k + batch)
+    hi = base + rank_rows
+    for start in range(lo + tl.program_id(0) * BLOCK, hi, tl.num_programs(0) * BLOCK):
         rows = start + tl.arange(0, BLOCK)
-        ok = (rows < total_k)[:, None]
+        ok = (rows < hi)[:, None]
         rows64 = rows.to(tl.int64)[:, None]
         tl.store(DK + rows64 * stride_dkn + head * stride_dkh + offs_d[None, :],
                  zero.to(DK.dtype.element_ty), mask=ok)
@@ -119,8 +123,9 @@ def _zero_key_tail_kernel(DK, DV, cu_seqlens_k, batch, total_k, stride_dkn, stri
 
 
 @triton.jit
-def _group_steps(cu_q, kv_end, seq, n0, len_k, BLOCK_M: tl.constexpr, IS_CAUSAL: tl.constexpr,
-                 KV_END_SCALAR: tl.constexpr):
+def _group_steps(cu_q, kv_end, seq, n0, len_k, chunk, BLOCK_M: tl.constexpr,
+                 IS_CAUSAL: tl.constexpr, KV_END_SCALAR: tl.constexpr,
+                 KV_END_IN_CHUNKS: tl.constexpr):
     """The q steps of one group that key block ``n0`` of ``seq`` (vector) walks: the Gluon
     kernel's ``_m_range`` (rows ``[lo, hi)``, ``lo`` a multiple of BLOCK_M)."""
     row = tl.load(cu_q + seq)
@@ -129,6 +134,8 @@ def _group_steps(cu_q, kv_end, seq, n0, len_k, BLOCK_M: tl.constexpr, IS_CAUSAL:
         end = kv_end + seq * 0
     else:
         end = tl.load(kv_end + seq)
+    if KV_END_IN_CHUNKS:
+        end = end * chunk
     end = tl.minimum(tl.maximum(end, 0), len_k)
     if IS_CAUSAL:
         lo = (tl.maximum(n0 - (end - len_q), 0) // BLOCK_M) * BLOCK_M
@@ -140,45 +147,66 @@ def _group_steps(cu_q, kv_end, seq, n0, len_k, BLOCK_M: tl.constexpr, IS_CAUSAL:
 
 @triton.jit
 def _block_steps_kernel(Steps, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1,
-                        n_items, n_blocks, BLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
-                        KV_END_SCALAR: tl.constexpr):
+                        n_items, n_blocks, world_size, chunk_blocks, BLOCK: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
+                        KV_END_SCALAR: tl.constexpr, KV_ZIGZAG: tl.constexpr,
+                        KV_END_IN_CHUNKS: tl.constexpr):
     """``Steps[seq * n_blocks + blk]`` (int32): the q steps (both groups, one q head) of the
-    Gluon kernel's CTA for key block ``blk`` of ``seq``; -1 where the block is past the
-    sequence's keys (the CTA exits at once)."""
+    Gluon kernel's CTA for key block ``blk`` of ``seq``; -1 where the block holds no key (past
+    the sequence, or zigzag, past its chunk: the CTA exits at once). Key blocks as
+    ``gluon_bwd_maps._keys``: ``KV_ZIGZAG`` with ``cu_seqlens_k`` LOCAL, block ``blk`` the
+    ``blk % chunk_blocks``-th 128 keys of global chunk ``blk // chunk_blocks``."""
     item = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = item < n_items
     seq = tl.where(ok, item // n_blocks, 0)
-    n0 = (item % n_blocks) * BLOCK_N
+    blk = item % n_blocks
     k0 = tl.load(cu_seqlens_k + seq)
     len_k = tl.load(cu_seqlens_k + seq + 1) - k0
-    steps = (_group_steps(cu_seqlens_q0, kv_end0, seq, n0, len_k, BLOCK_M, IS_CAUSAL,
-                          KV_END_SCALAR)
-             + _group_steps(cu_seqlens_q1, kv_end1, seq, n0, len_k, BLOCK_M, IS_CAUSAL,
-                            KV_END_SCALAR))
-    tl.store(Steps + item, tl.where(n0 < len_k, steps, -1), mask=ok)
+    if KV_ZIGZAG:
+        chunk = len_k // 2
+        len_k = chunk * 2 * world_size
+        j = blk // chunk_blocks
+        n0 = j * chunk + (blk % chunk_blocks) * BLOCK_N
+        lim = j * chunk + chunk
+    else:
+        chunk = len_k * 0 + 1
+        n0 = blk * BLOCK_N
+        lim = len_k
+    steps = (_group_steps(cu_seqlens_q0, kv_end0, seq, n0, len_k, chunk, BLOCK_M, IS_CAUSAL,
+                          KV_END_SCALAR, KV_END_IN_CHUNKS)
+             + _group_steps(cu_seqlens_q1, kv_end1, seq, n0, len_k, chunk, BLOCK_M, IS_CAUSAL,
+                            KV_END_SCALAR, KV_END_IN_CHUNKS))
+    tl.store(Steps + item, tl.where(n0 < lim, steps, -1), mask=ok)
 
 
 def block_steps(cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1, *, n_blocks: int,
-                causal: bool, block_m: int = 64, block_n: int = 128) -> torch.Tensor:
+                causal: bool, block_m: int = 64, block_n: int = 128, zigzag_world_size: int = 0,
+                chunk_blocks: int = 1, kv_end_in_chunks: bool = False) -> torch.Tensor:
     """int32 ``[batch * n_blocks]``: each (sequence, key block) CTA's q steps per q head, -1 for
-    blocks past the sequence (``_block_steps_kernel``; device-side, no host sync)."""
+    blocks that hold no key (``_block_steps_kernel``; device-side, no host sync).
+    ``zigzag_world_size > 0``: the zigzag buffer's blocks (``cu_seqlens_k`` LOCAL,
+    ``chunk_blocks`` blocks per chunk); ``kv_end_in_chunks``: ``kv_end*`` count chunks."""
     batch = cu_seqlens_k.shape[0] - 1
     n_items = batch * n_blocks
     steps = torch.empty(n_items, dtype=torch.int32, device=cu_seqlens_k.device)
     if n_items:
         _block_steps_kernel[(triton.cdiv(n_items, 256),)](
             steps, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1, n_items,
-            n_blocks, BLOCK=256, BLOCK_M=block_m, BLOCK_N=block_n, IS_CAUSAL=causal,
-            KV_END_SCALAR=isinstance(kv_end0, int))
+            n_blocks, max(zigzag_world_size, 1), chunk_blocks, BLOCK=256, BLOCK_M=block_m,
+            BLOCK_N=block_n, IS_CAUSAL=causal, KV_END_SCALAR=isinstance(kv_end0, int),
+            KV_ZIGZAG=zigzag_world_size > 0,
+            KV_END_IN_CHUNKS=kv_end_in_chunks and zigzag_world_size > 0)
     return steps
 
 
 def lpt_work(cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1, *, n_blocks: int,
-             causal: bool) -> torch.Tensor:
+             causal: bool, zigzag_world_size: int = 0, chunk_blocks: int = 1,
+             kv_end_in_chunks: bool = False) -> torch.Tensor:
     """int32 ``[batch * n_blocks]``: the items ``seq * n_blocks + blk`` longest first (a stable
     device sort of ``block_steps``: equal counts keep sequence and block order, which keeps
-    neighbouring CTAs on the same rows). Blocks past their sequence come last."""
+    neighbouring CTAs on the same rows). Blocks that hold no key come last. The zigzag
+    keywords as ``block_steps``'s."""
     steps = block_steps(cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1,
-                        n_blocks=n_blocks, causal=causal)
+                        n_blocks=n_blocks, causal=causal, zigzag_world_size=zigzag_world_size,
+                        chunk_blocks=chunk_blocks, kv_end_in_chunks=kv_end_in_chunks)
     return torch.sort(steps, descending=True, stable=True).indices.to(torch.int32)
