@@ -104,16 +104,11 @@ def test_schedule_validation():
         GluonBwdSchedule(qdo_stages=4)
 
 
-@pytest.mark.parametrize("name", ["default", "l2", "lpt-rot-qdo3-fuse"])
-def test_launch_host_side_binds_the_kernel(name, monkeypatch):
-    """launch_gluon_bwd's host side (pre/post kernels, work list, grid, the kernel's arguments)
-    with the Gluon kernel replaced by a recorder: every argument binds to the kernel's
-    signature, the grid has the schedule's shape, and with fuse_prep the Δ kernel zeroed the
-    accumulator (dq* come out 0: no CTA ran)."""
-    import inspect
 
-    gluon_bwd = pytest.importorskip("kvonce.kernels.gluon_bwd")
-    from kvonce.kernels.gluon_bwd_sched import VARIANTS
+def record_kernel_launches(gluon_bwd, monkeypatch) -> list:
+    """Replace the Gluon kernel by a recorder: each launch appends ``(grid, bound arguments)``
+    (every argument bound to the kernel's signature, so a wrong argument list fails here)."""
+    import inspect
 
     calls = []
     sig = inspect.signature(gluon_bwd._gluon_bwd_kernel.fn)
@@ -126,6 +121,19 @@ def test_launch_host_side_binds_the_kernel(name, monkeypatch):
             return launch
 
     monkeypatch.setattr(gluon_bwd, "_gluon_bwd_kernel", Recorder())
+    return calls
+
+
+@pytest.mark.parametrize("name", ["default", "l2", "lpt-rot-qdo3-fuse"])
+def test_launch_host_side_binds_the_kernel(name, monkeypatch):
+    """launch_gluon_bwd's host side (pre/post kernels, work list, grid, the kernel's arguments)
+    with the Gluon kernel replaced by a recorder: every argument binds to the kernel's
+    signature, the grid has the schedule's shape, and with fuse_prep the Δ kernel zeroed the
+    accumulator (dq* come out 0: no CTA ran)."""
+    gluon_bwd = pytest.importorskip("kvonce.kernels.gluon_bwd")
+    from kvonce.kernels.gluon_bwd_sched import VARIANTS
+
+    calls = record_kernel_launches(gluon_bwd, monkeypatch)
     monkeypatch.setattr(gluon_bwd, "unsupported_reason", lambda *a, **k: None)
     monkeypatch.setattr(gluon_bwd, "_desc", lambda t, rows, d: ("desc", rows))
     dtype = DTYPES[0]

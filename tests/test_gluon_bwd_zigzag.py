@@ -13,13 +13,13 @@
 3. ``launch_gluon_bwd``'s host side for the zigzag buffer and the local order, the Gluon kernel
    replaced by a recorder (as tests/test_gluon_bwd_helpers.py does for contiguous K/V).
 """
-import inspect
 import random
 import types
 
 import pytest
 import torch
 from conftest import DEVICE, DTYPES
+from test_gluon_bwd_helpers import record_kernel_launches
 
 from kvonce.kernels import gluon_bwd_maps as maps
 from kvonce.kernels.gluon_bwd_sched import _zero_key_tail_kernel, block_steps
@@ -263,17 +263,7 @@ def test_launch_host_side_zigzag_local_order(name, monkeypatch):
     gluon_bwd = pytest.importorskip("kvonce.kernels.gluon_bwd")
     from kvonce.kernels.gluon_bwd_sched import VARIANTS
 
-    calls = []
-    sig = inspect.signature(gluon_bwd._gluon_bwd_kernel.fn)
-
-    class Recorder:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                kwargs.pop("num_warps")
-                calls.append((grid, sig.bind(*args, **kwargs).arguments))
-            return launch
-
-    monkeypatch.setattr(gluon_bwd, "_gluon_bwd_kernel", Recorder())
+    calls = record_kernel_launches(gluon_bwd, monkeypatch)
     monkeypatch.setattr(gluon_bwd, "_desc", lambda t, rows, d: ("desc", rows, t.shape[0]))
     real_reason = gluon_bwd.unsupported_reason
     monkeypatch.setattr(gluon_bwd, "unsupported_reason", lambda *a, **k: None)
