@@ -25,6 +25,17 @@ autograd), and the forward alone of all three. cuDNN x2 (``peers_cudnn``): per p
 added, "+sum" adding the parts' dK/dV into float32 dK/dV of the contiguous K/V. Errors are
 relative norms of dQ0, dQ1, dK, dV against a float64 reference (cuDNN's also against FA2's
 grads, printed); the backward counts 2.5x the forward's FLOPs, forward + backward 3.5x.
+"kvonce" is the default launch config (on Hopper at head dims 64/128 the warp-specialized Gluon
+backward); "triton" the same call with ``deterministic=True`` (the two Triton kernels, bitwise
+reproducible): ``triton bwd ms``, ``triton bwd TFLOP/s``, ``triton err``; ``fwd+bwd vs cudnn x2``
+is ``cudnn x2 fwd+bwd+sum ms / kvonce fwd+bwd ms``.
+The context-parallel path of one rank on the zigzag all-gather buffer, beside the contiguous one:
+``cp fwd ms`` (``replace_execute_grouped_attention_with_fused_varlen``), ``cp bwd ms``
+(``fused_zigzag_backward``: q, dout, out in local order, dK/dV in the buffer's layout), ``cp
+fwd+bwd ms``, ``cp/contig fwd`` and ``cp/contig bwd`` (cp ms / kvonce ms; the issue asks <= 1.05);
+``cp vs contig err``: the worst relative error of its output, LSE, dQ (in the groups' order) and
+dK/dV (buffer rows gathered into the contiguous K/V's order) against the contiguous kvonce paths'
+(same math, other order: an index mistake shows as O(1)); its float64 errors are printed too.
 """
 from __future__ import annotations
 
@@ -36,11 +47,11 @@ import os
 
 import torch
 
-from ..kernels.configs import get_dual_group_bwd_config
 from ..varlen import dual_group_forward_into, fused_zigzag_llama3_flash_attn_varlen_forward
 from ..zigzag import (
     compute_kv_slices_for_groups,
     execute_grouped_attention,
+    fused_zigzag_backward,
     rearrange_kv_from_zigzag_to_contiguous,
     replace_execute_grouped_attention_with_fused_varlen,
     split_q_by_zigzag_chunk_index,
@@ -121,14 +132,18 @@ def _fused_args(case: Case, s: dict) -> tuple[tuple, tuple]:
     return tensors, meta
 
 
+def _e2e_args(case: Case, s: dict) -> tuple:
+    """``execute_grouped_attention``'s arguments (the fused twin takes them, then c0, c1)."""
+    return (s["chunk_q"], s["chunk_cu"], s["chunk_idx"], s["kv_buffer"], s["slices"], case.nheads,
+            case.head_dim, None, 0.0, True, (-1, -1), None, False, case.world_size, s["cu"])
+
+
 def paths(case: Case, s: dict, config=None):
     """name -> zero-argument callable returning (out..., lse...) for correctness and timing."""
-    w = case.world_size
     _, fa2 = varlen_attention_backend(s["q"].device)
     cu_kg = [cu for _, cu in s["slices"]]
     fused_tensors, fused_meta = _fused_args(case, s)
-    common = (s["chunk_q"], s["chunk_cu"], s["chunk_idx"], s["kv_buffer"], s["slices"],
-              case.nheads, case.head_dim, None, 0.0, True, (-1, -1), None, False, w, s["cu"])
+    common = _e2e_args(case, s)
     return {
         "fa2_two_calls": lambda: [fa2(s["chunk_q"][g], s["k_groups"][g], s["v_groups"][g],
                                       s["chunk_cu"][g], cu_kg[g], s["max_c"], s["max_k"][g],
@@ -308,9 +323,34 @@ def _sum_group_dkv(grads, rows, kv_shape) -> tuple[torch.Tensor, torch.Tensor]:
     return dkv[0], dkv[1]
 
 
+def to_local_order(group_rows: list[torch.Tensor], chunk_idx: list[torch.Tensor]) -> torch.Tensor:
+    """The two groups' rows (``[total_g, ...]``, group order) in the rank's local order: group
+    ``g``'s row ``i`` goes to local row ``chunk_idx[g][i]`` (``split_q_by_zigzag_chunk_index``'s
+    indices; the inverse of its split)."""
+    total = sum(t.shape[0] for t in group_rows)
+    out = group_rows[0].new_empty((total, *group_rows[0].shape[1:]))
+    for rows, idx in zip(group_rows, chunk_idx):
+        out.index_copy_(0, idx, rows)
+    return out
+
+
+def cp_grads_contiguous_order(s: dict, world_size: int, dq: torch.Tensor,
+                              dkv: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``fused_zigzag_backward``'s ``(dq [total_local, ...] local order, dkv [2, world *
+    total_local, ...] buffer layout)`` as the contiguous backward's ``(dq0, dq1, dk, dv)``: dQ
+    split into the groups, dK/dV rows gathered into the contiguous K/V's order (each buffer row
+    is one key: a permutation, nothing to add)."""
+    dkv_contig = rearrange_kv_from_zigzag_to_contiguous(dkv, world_size, s["cu"])
+    return (dq.index_select(0, s["chunk_idx"][0]), dq.index_select(0, s["chunk_idx"][1]),
+            dkv_contig[0], dkv_contig[1])
+
+
 def backward_paths(case: Case, s: dict, douts: list[torch.Tensor]) -> dict:
     """name -> zero-argument callable returning ``(dq0, dq1, dk, dv)``: the backward alone (from
-    forward results computed once here) and forward + backward, kvonce and FA2 two calls."""
+    forward results computed once here) and forward + backward, kvonce and FA2 two calls. The
+    ``cp_*`` paths (one rank's context-parallel twins on the zigzag all-gather buffer) return
+    ``(out, lse)`` / ``(dq, dkv)`` in local order and the buffer's layout, see
+    ``cp_grads_contiguous_order``."""
     from .. import (fused_zigzag_llama3_flash_attn_varlen_backward as kvonce_backward,
                     fused_zigzag_llama3_flash_attn_varlen_func as kvonce_func)
 
@@ -333,13 +373,24 @@ def backward_paths(case: Case, s: dict, douts: list[torch.Tensor]) -> dict:
     def kvonce_forward():
         return fused_zigzag_llama3_flash_attn_varlen_forward(*tensors, *meta)
 
-    def kvonce_bwd(fwd, dkv_dtype=torch.float32, config=None):
-        return kvonce_backward(*douts, *tensors, *fwd, *meta, dkv_dtype=dkv_dtype, config=config)
+    def kvonce_bwd(fwd, dkv_dtype=torch.float32, deterministic=False):
+        return kvonce_backward(*douts, *tensors, *fwd, *meta, dkv_dtype=dkv_dtype,
+                               deterministic=deterministic)
 
-    # the Hopper Gluon backward (DualGroupBwdConfig.gluon; the Triton kernels where it does not
-    # cover the call)
-    gluon = dataclasses.replace(
-        get_dual_group_bwd_config(torch.cuda.get_device_capability(), case.head_dim), gluon=True)
+    # One rank's context-parallel path: the forward twin reads the gathered buffer in place and
+    # writes local order; its backward takes q, dout, out in local order (max_c bounds the grids,
+    # as the CP function passes max_chunk).
+    w, c0, c1, max_c = case.world_size, s["c0"], s["c1"], s["max_c"]
+    dout_local = to_local_order(douts, s["chunk_idx"])
+
+    def cp_forward():
+        out, lse, _ = replace_execute_grouped_attention_with_fused_varlen(
+            *_e2e_args(case, s), c0, c1, max_seqlen_q=max_c)
+        return out, lse
+
+    def cp_backward(fwd):
+        return fused_zigzag_backward(dout_local, s["q"], *fwd, s["kv_buffer"], s["cu"], w, c0, c1,
+                                     scale, True, max_seqlen_q=max_c)
 
     leaves = [t.detach().requires_grad_() for t in tensors]
 
@@ -347,7 +398,7 @@ def backward_paths(case: Case, s: dict, douts: list[torch.Tensor]) -> dict:
         outs = kvonce_func(*leaves, *meta)
         return torch.autograd.grad(outs[:2], leaves, douts)
 
-    fa2_saved, kvonce_saved = fa2_forward(), kvonce_forward()
+    fa2_saved, kvonce_saved, cp_saved = fa2_forward(), kvonce_forward(), cp_forward()
     low = s["q"].dtype
     return {
         "fa2_fwd": fa2_forward,
@@ -356,11 +407,13 @@ def backward_paths(case: Case, s: dict, douts: list[torch.Tensor]) -> dict:
         "fa2_bwd_sum": lambda: fa2_backward(fa2_saved, combine=True),
         "kvonce_bwd": lambda: kvonce_bwd(kvonce_saved),
         "kvonce_bwd_lowp_dkv": lambda: kvonce_bwd(kvonce_saved, low),
-        "kvonce_gluon_bwd": lambda: kvonce_bwd(kvonce_saved, config=gluon),
-        "kvonce_gluon_fwd_bwd": lambda: kvonce_bwd(kvonce_forward(), config=gluon),
+        "kvonce_triton_bwd": lambda: kvonce_bwd(kvonce_saved, deterministic=True),
         "fa2_fwd_bwd": lambda: fa2_backward(fa2_forward(), combine=True),
         "kvonce_fwd_bwd": lambda: kvonce_bwd(kvonce_forward()),
         "kvonce_autograd": kvonce_autograd,
+        "cp_fwd": cp_forward,
+        "cp_bwd": lambda: cp_backward(cp_saved),
+        "cp_fwd_bwd": lambda: cp_backward(cp_forward()),
     }
 
 
@@ -444,10 +497,15 @@ def check_backward(case: Case, s: dict, douts: list[torch.Tensor], p: dict,
     tensors, meta = _fused_args(case, s)
     ref = dual_group_grads_f64(*douts, *tensors, *meta[:3], *meta[6:])
     errs = {}
-    for tool, name in (("kvonce", "kvonce_bwd"), ("kvonce gluon", "kvonce_gluon_bwd"),
+    for tool, name in (("kvonce", "kvonce_bwd"), ("kvonce triton", "kvonce_triton_bwd"),
                        ("kvonce low-precision dK/dV", "kvonce_bwd_lowp_dkv"),
-                       ("kvonce autograd", "kvonce_autograd"), ("fa2 x2", "fa2_bwd_sum")):
-        errs[tool] = [_rel64(g, r) for g, r in zip(p[name](), ref)]
+                       ("kvonce autograd", "kvonce_autograd"), ("fa2 x2", "fa2_bwd_sum"),
+                       ("kvonce cp", "cp_bwd")):
+        grads = p[name]()
+        if name == "cp_bwd":
+            grads = cp_grads_contiguous_order(s, case.world_size, *grads)
+        errs[tool] = [_rel64(g, r) for g, r in zip(grads, ref)]
+        del grads
     fa2 = p["fa2_bwd_sum"]() if peers else None
     for tool, fn in (peers or {}).items():
         try:
@@ -462,6 +520,22 @@ def check_backward(case: Case, s: dict, douts: list[torch.Tensor], p: dict,
         del grads
     del ref, fa2
     torch.cuda.empty_cache()
+    return errs
+
+
+def check_cp(case: Case, s: dict, p: dict) -> list[float]:
+    """Relative errors of the CP path's out, lse (local order) and ``(dq0, dq1, dk, dv)`` (mapped
+    by ``cp_grads_contiguous_order``) against the contiguous kvonce paths'; printed."""
+    o0, o1, l0, l1 = p["kvonce_fwd"]()
+    out, lse = p["cp_fwd"]()
+    errs = [_rel(out, to_local_order([o0, o1], s["chunk_idx"])),
+            _rel(lse.T, to_local_order([l0.T, l1.T], s["chunk_idx"]))]
+    errs += [_rel(a, b) for a, b in zip(cp_grads_contiguous_order(s, case.world_size,
+                                                                  *p["cp_bwd"]()),
+                                        p["kvonce_bwd"]())]
+    print(f"  {case.name}, kvonce cp: rel err vs kvonce contiguous out {errs[0]:.1e} lse "
+          f"{errs[1]:.1e} dq0 {errs[2]:.1e} dq1 {errs[3]:.1e} dk {errs[4]:.1e} dv {errs[5]:.1e}",
+          flush=True)
     return errs
 
 
@@ -487,15 +561,18 @@ def run_backward(args) -> list[dict]:
         for tool, e in errs.items():
             print(f"  {case.name}, {tool}: rel err vs float64 dq0 {e[0]:.1e} dq1 {e[1]:.1e} "
                   f"dk {e[2]:.1e} dv {e[3]:.1e}", flush=True)
+        cp_err = max(check_cp(case, s, p))
         t = {name: time_ms(fn) for name, fn in p.items()}
         cud = peers_cudnn.backward_columns(peer, douts, time_ms, graph=not args.cudnn_eager)
         flops = s["flops"]
         tf = lambda ms, factor: factor * flops / (ms * 1e-3) / 1e12  # noqa: E731
         ctf = lambda key, factor: (tf(cud[key], factor) if isinstance(cud[key], float)  # noqa: E731
                                    else peers_cudnn.NO_RESULT)
+        cud_fb = cud["cudnn x2 fwd+bwd+sum ms"]
         rows.append({
             "case": case.name, "kvonce err": f"{max(errs['kvonce']):.1e}",
-            "gluon err": f"{max(errs['kvonce gluon']):.1e}",
+            "triton err": f"{max(errs['kvonce triton']):.1e}",
+            "cp vs contig err": f"{cp_err:.1e}",
             f"kvonce {args.dtype} dKV err": f"{max(errs['kvonce low-precision dK/dV']):.1e}",
             "fa2 err": f"{max(errs['fa2 x2']):.1e}",
             "cudnn err": (peers_cudnn.worst(errs["cudnn x2"]) if "cudnn x2" in errs
@@ -508,15 +585,16 @@ def run_backward(args) -> list[dict]:
             "bwd speedup": t["fa2_bwd_sum"] / t["kvonce_bwd"],
             "fa2 bwd TFLOP/s": tf(t["fa2_bwd"], BWD_FLOP_FACTOR),
             "kvonce bwd TFLOP/s": tf(t["kvonce_bwd"], BWD_FLOP_FACTOR),
-            "gluon bwd ms": t["kvonce_gluon_bwd"],
-            "gluon bwd TFLOP/s": tf(t["kvonce_gluon_bwd"], BWD_FLOP_FACTOR),
-            "gluon fwd+bwd ms": t["kvonce_gluon_fwd_bwd"],
-            "gluon fwd+bwd vs cudnn x2": (cud["cudnn x2 fwd+bwd+sum ms"] / t["kvonce_gluon_fwd_bwd"]
-                                          if isinstance(cud["cudnn x2 fwd+bwd+sum ms"], float)
-                                          else peers_cudnn.NO_RESULT),
+            "triton bwd ms": t["kvonce_triton_bwd"],
+            "triton bwd TFLOP/s": tf(t["kvonce_triton_bwd"], BWD_FLOP_FACTOR),
             "fa2 x2 fwd+bwd+sum ms": t["fa2_fwd_bwd"], "kvonce fwd+bwd ms": t["kvonce_fwd_bwd"],
             "kvonce autograd ms": t["kvonce_autograd"],
             "fwd+bwd speedup": t["fa2_fwd_bwd"] / t["kvonce_fwd_bwd"],
+            "fwd+bwd vs cudnn x2": (cud_fb / t["kvonce_fwd_bwd"] if isinstance(cud_fb, float)
+                                    else peers_cudnn.NO_RESULT),
+            "cp fwd ms": t["cp_fwd"], "cp bwd ms": t["cp_bwd"], "cp fwd+bwd ms": t["cp_fwd_bwd"],
+            "cp/contig fwd": t["cp_fwd"] / t["kvonce_fwd"],
+            "cp/contig bwd": t["cp_bwd"] / t["kvonce_bwd"],
             "fa2 fwd+bwd TFLOP/s": tf(t["fa2_fwd_bwd"], FWD_BWD_FLOP_FACTOR),
             "kvonce fwd+bwd TFLOP/s": tf(t["kvonce_fwd_bwd"], FWD_BWD_FLOP_FACTOR),
             "cudnn x2 bwd ms": cud["cudnn x2 bwd ms"],
