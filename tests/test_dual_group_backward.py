@@ -624,12 +624,12 @@ def test_zigzag_backward_every_rank(world, rank, variant, dtype_index):
     kw = dict(softmax_scale=scale)
     if variant == "max_seqlen_q":
         kw["max_seqlen_q"] = max(chunks)
-    elif variant == "atomic_dq":
+    elif variant in ("atomic_dq", "dq_one_group"):
+        # Variants of the two Triton kernels: gluon off (on sm90 the row's Gluon kernel, which
+        # the default variant runs, would ignore them).
         cap = torch.cuda.get_device_capability() if HAS_CUDA else None
-        kw["config"] = dataclasses.replace(get_dual_group_bwd_config(cap, hd), atomic_dq=True)
-    elif variant == "dq_one_group":
-        cap = torch.cuda.get_device_capability() if HAS_CUDA else None
-        kw["config"] = dataclasses.replace(get_dual_group_bwd_config(cap, hd), dq_one_group=True)
+        kw["config"] = dataclasses.replace(get_dual_group_bwd_config(cap, hd), gluon=False,
+                                           **{variant: True})
     with poison_empty:
         dq, dkv = fused_zigzag_backward(dout, q, out, lse, kv_buffer, cu_local, world, c0, c1,
                                         **kw)

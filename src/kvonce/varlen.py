@@ -344,6 +344,30 @@ def fused_zigzag_llama3_flash_attn_varlen_backward(
     return _dual_group_bwd_impl(*args, config)
 
 
+def bwd_launcher(config: DualGroupBwdConfig, q0, q1, k, v, out0, out1, dout0, dout1, lse0, lse1,
+                 dq0, dq1, dk, dv, *, zigzag_world_size: int = 0, local_order: bool = False):
+    """The dual-group backward's launch function for these tensors (``launch_dual_group_bwd``'s
+    signature): with ``config.gluon``, the warp-specialized Hopper Gluon kernel
+    (``gluon_bwd.launch_gluon_bwd``, tuned schedule) wherever ``gluon_bwd.supports`` covers the
+    call; otherwise the two Triton kernels (``launch_dual_group_bwd``). ``zigzag_world_size`` and
+    ``local_order`` describe the tensors as ``launch_dual_group_bwd`` takes them (the zigzag
+    all-gather buffer, both groups in one local-order tensor) and are passed on to ``supports``;
+    the caller passes them to the launch as well. One choice for the contiguous path
+    (``_dual_group_bwd_impl``), the zigzag fast path (``zigzag/fused.py``) and context
+    parallelism (``zigzag/cp.py``)."""
+    if not config.gluon:
+        return launch_dual_group_bwd
+    from .kernels import gluon_bwd  # Hopper Gluon: imported only where asked for
+
+    if not gluon_bwd.supports(q0, q1, k, v, out0, out1, dout0, dout1, lse0, lse1, dq0, dq1, dk,
+                              dv, zigzag_world_size=zigzag_world_size, local_order=local_order,
+                              int64_kv_offsets=config.int64_kv_offsets):
+        return launch_dual_group_bwd
+    from .kernels.gluon_bwd_sched import TUNED_SCHEDULE
+
+    return functools.partial(gluon_bwd.launch_gluon_bwd, schedule=TUNED_SCHEDULE)
+
+
 def _dual_group_bwd_impl(dout0, dout1, q0, q1, k, v, out0, out1, lse0, lse1, cu_seqlens_q0,
                          cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1, max_seqlen_q, max_seqlen_k,
                          softmax_scale, causal, dkv_dtype, config):
@@ -356,15 +380,8 @@ def _dual_group_bwd_impl(dout0, dout1, q0, q1, k, v, out0, out1, lse0, lse1, cu_
     delta1 = torch.empty((nheads, q1.shape[0]), dtype=torch.float32, device=q0.device)
     tensors = (q0, q1, k, v, out0, out1, dout0, dout1, lse0, lse1, delta0, delta1, dq0, dq1, dk,
                dv, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1)
-    launch = launch_dual_group_bwd
-    if config.gluon:
-        from .kernels import gluon_bwd  # Hopper Gluon: imported only where asked for
-
-        if gluon_bwd.supports(q0, q1, k, v, out0, out1, dout0, dout1, lse0, lse1, dq0, dq1, dk,
-                              dv, int64_kv_offsets=config.int64_kv_offsets):
-            from .kernels.gluon_bwd_sched import TUNED_SCHEDULE
-
-            launch = functools.partial(gluon_bwd.launch_gluon_bwd, schedule=TUNED_SCHEDULE)
+    launch = bwd_launcher(config, q0, q1, k, v, out0, out1, dout0, dout1, lse0, lse1, dq0, dq1,
+                          dk, dv)
     launch(*tensors, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
            softmax_scale=softmax_scale, causal=causal, config=config)
     return dq0, dq1, dk, dv

@@ -22,14 +22,15 @@ On gloo (CPU tests) collectives gloo lacks are replaced by equivalents, said whe
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.distributed as dist
 
 from .. import _validate as V
 from ..kernels.configs import get_dual_group_bwd_config, get_dual_group_fwd_config, interpreter_active
-from ..kernels.dual_group_bwd import launch_dual_group_bwd
 from ..kernels.dual_group_fwd import launch_dual_group_fwd
-from ..varlen import _capability
+from ..varlen import _capability, bwd_launcher
 from .grouped import check_unsupported_features
 
 __all__ = [
@@ -147,18 +148,21 @@ def _cp_fwd_impl(q, k, v, cu_seqlens, heads_k_stride, max_chunk, softmax_scale, 
 @torch.library.custom_op("kvonce::zigzag_cp_fwd", mutates_args=())
 def _cp_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
                heads_k_stride: int, max_chunk: int, softmax_scale: float, causal: bool,
-               group_name: str, keep_kv: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               group_name: str, keep_kv: bool, deterministic: bool = False,
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Context-parallel zigzag attention forward of one rank: ``(out [T, nheads, d],
     lse float32 [nheads, T], kept)`` in local order. ``cu_seqlens`` LOCAL int32, ``max_chunk``
     bounds each sequence's chunk length (half its local length). ``kept``: with ``keep_kv`` the
     gathered K/V of every stride ``[strides, 2, world * T, stride, d]`` (the backward then
-    gathers nothing), else an empty ``[0]``."""
+    gathers nothing), else an empty ``[0]``. ``deterministic`` is the backward's (passed on to
+    ``kvonce::zigzag_cp_bwd``), unused here."""
     return _cp_fwd_impl(q, k, v, cu_seqlens, heads_k_stride, max_chunk, softmax_scale, causal,
                         group_name, keep_kv)
 
 
 @_cp_fwd_op.register_fake
-def _(q, k, v, cu_seqlens, heads_k_stride, max_chunk, softmax_scale, causal, group_name, keep_kv):
+def _(q, k, v, cu_seqlens, heads_k_stride, max_chunk, softmax_scale, causal, group_name, keep_kv,
+      deterministic=False):
     world = _resolve(group_name)[1]
     return (torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32),
             k.new_empty(_kept_shape(q, k, heads_k_stride, world, keep_kv)))
@@ -166,7 +170,7 @@ def _(q, k, v, cu_seqlens, heads_k_stride, max_chunk, softmax_scale, causal, gro
 
 # ------------------------------------------------------------------------------------ backward
 def _cp_bwd_impl(dout, q, k, v, out, lse, kept, cu_seqlens, heads_k_stride, max_chunk,
-                 softmax_scale, causal, group_name):
+                 softmax_scale, causal, group_name, deterministic):
     group, world, rank = _resolve(group_name)
     total, nheads, head_dim = q.shape
     nheads_k = k.shape[1]
@@ -180,6 +184,8 @@ def _cp_bwd_impl(dout, q, k, v, out, lse, kept, cu_seqlens, heads_k_stride, max_
                             device=k.device)
     cu_half = torch.div(cu_seqlens, 2, rounding_mode="floor")
     config = get_dual_group_bwd_config(_capability(q.device), head_dim, q.element_size())
+    if deterministic and config.gluon:  # the two Triton kernels: bitwise reproducible
+        config = dataclasses.replace(config, gluon=False)
     n_bufs = min(2, n_strides)
     if kept.numel() == 0:
         bufs = [torch.empty((2, world * total, heads_k_stride, head_dim), dtype=k.dtype,
@@ -200,7 +206,11 @@ def _cp_bwd_impl(dout, q, k, v, out, lse, kept, cu_seqlens, heads_k_stride, max_
         heads = slice(s * heads_k_stride * q_per_kv, (s + 1) * heads_k_stride * q_per_kv)
         q_s, out_s, dout_s = q[:, heads], out[:, heads], dout[:, heads]
         lse_s, delta_s, dq_s = lse[heads], delta[heads], dq[:, heads]
-        launch_dual_group_bwd(
+        # Chosen per stride: supports() looks at the views' alignment.
+        launch = bwd_launcher(config, q_s, q_s, buf[0], buf[1], out_s, out_s, dout_s, dout_s,
+                              lse_s, lse_s, dq_s, dq_s, dkv[0], dkv[1], zigzag_world_size=world,
+                              local_order=True)
+        launch(
             q_s, q_s, buf[0], buf[1], out_s, out_s, dout_s, dout_s, lse_s, lse_s, delta_s,
             delta_s, dq_s, dq_s, dkv[0], dkv[1], cu_half, cu_half, cu_seqlens, rank + 1,
             2 * world - rank, max_seqlen_q=max_chunk, max_seqlen_k=2 * world * max_chunk,
@@ -224,25 +234,30 @@ def _cp_bwd_impl(dout, q, k, v, out, lse, kept, cu_seqlens, heads_k_stride, max_
 def _cp_bwd_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                out: torch.Tensor, lse: torch.Tensor, kept: torch.Tensor, cu_seqlens: torch.Tensor,
                heads_k_stride: int, max_chunk: int, softmax_scale: float, causal: bool,
-               group_name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               group_name: str, deterministic: bool = False,
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward of ``kvonce::zigzag_cp_fwd``: ``(dq, dk, dv)`` of this rank's local tokens, dK/dV
-    summed over every rank's queries in fp32 and cast once."""
+    summed over every rank's queries in fp32 and cast once. ``deterministic``: the two Triton
+    kernels (bitwise reproducible) even where the config row takes the Gluon kernel."""
     return _cp_bwd_impl(dout, q, k, v, out, lse, kept, cu_seqlens, heads_k_stride, max_chunk,
-                        softmax_scale, causal, group_name)
+                        softmax_scale, causal, group_name, deterministic)
 
 
 @_cp_bwd_op.register_fake
 def _(dout, q, k, v, out, lse, kept, cu_seqlens, heads_k_stride, max_chunk, softmax_scale,
-      causal, group_name):
+      causal, group_name, deterministic=False):
     # dK/dV come back contiguous whatever k/v's strides (the real op reshapes a fresh buffer).
     return (torch.empty_like(q), k.new_empty(k.shape), v.new_empty(v.shape))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, cu_seqlens, heads_k_stride, max_chunk, softmax_scale, causal, group_name, _ = inputs
+    (q, k, v, cu_seqlens, heads_k_stride, max_chunk, softmax_scale, causal, group_name, _keep_kv,
+     *rest) = inputs
+    deterministic = bool(rest[0]) if rest else False  # a trailing default may be left out
     out, lse, kept = output
     ctx.save_for_backward(q, k, v, out, lse, kept, cu_seqlens)
-    ctx.args = (heads_k_stride, max_chunk, softmax_scale, causal, group_name)
+    ctx.args = (heads_k_stride, max_chunk, softmax_scale, causal, group_name, deterministic)
+    ctx.num_inputs = len(inputs)
     ctx.mark_non_differentiable(lse, kept)
 
 
@@ -250,7 +265,7 @@ def _backward(ctx, dout, _dlse, _dkept):
     q, k, v, out, lse, kept, cu_seqlens = ctx.saved_tensors
     dq, dk, dv = torch.ops.kvonce.zigzag_cp_bwd(dout, q, k, v, out, lse, kept, cu_seqlens,
                                                 *ctx.args)
-    return dq, dk, dv, None, None, None, None, None, None, None
+    return (dq, dk, dv) + (None,) * (ctx.num_inputs - 3)
 
 
 torch.library.register_autograd("kvonce::zigzag_cp_fwd", _backward, setup_context=_setup_context)
@@ -343,7 +358,10 @@ def zigzag_llama3_flash_attn_varlen_func(
     local_k_slice : accepted for parity with the fork (unused: the key ranges are derived on the
         device from ``cu_seqlens_q``).
     softmax_scale : default ``d ** -0.5``. causal : bottom-right within each sequence (global
-        positions). deterministic : accepted (the backward has no atomics: always deterministic).
+        positions).
+    deterministic : the backward takes the two Triton kernels, bitwise reproducible run to run
+        (flash-attn's switch); by default Hopper at head dims 64/128 runs the Gluon kernel, whose
+        fp32 dQ sum order varies.
     dropout_p, window_size, alibi_slopes : must be 0.0, (-1, -1), None (NotImplementedError).
     group : the process group (default: WORLD; torch.distributed not initialized: world 1).
     keep_gathered_kv : keep every stride's gathered K/V from the forward for the backward
@@ -367,7 +385,8 @@ def zigzag_llama3_flash_attn_varlen_func(
     scale = q.shape[2] ** -0.5 if softmax_scale is None else float(softmax_scale)
     max_chunk = min(max_seqlen_q, q.shape[0]) // 2
     out, lse, _ = torch.ops.kvonce.zigzag_cp_fwd(q, k, v, cu_seqlens_q, heads_k_stride, max_chunk,
-                                                 scale, causal, group_name, keep_gathered_kv)
+                                                 scale, causal, group_name, keep_gathered_kv,
+                                                 bool(deterministic))
     return (out, lse, None) if return_attn_probs else out
 
 

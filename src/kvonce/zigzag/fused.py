@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 
 import torch
 
@@ -18,9 +19,8 @@ from .. import _validate as V
 from .._dispatch import use_op
 from ..kernels.configs import (DualGroupBwdConfig, DualGroupFwdConfig, get_dual_group_bwd_config,
                               get_dual_group_fwd_config, op_fields)
-from ..kernels.dual_group_bwd import launch_dual_group_bwd
 from ..kernels.dual_group_fwd import launch_dual_group_fwd
-from ..varlen import (_capability, _rows_contiguous, validate_backward_inputs,
+from ..varlen import (_capability, _rows_contiguous, bwd_launcher, validate_backward_inputs,
                       validate_dual_group_inputs)
 from .grouped import check_unsupported_features
 
@@ -168,10 +168,10 @@ def fused_zigzag_backward(
     kv_buffer: torch.Tensor, cu_seqlens_q: torch.Tensor, world_size: int, chunk_idx_0: int,
     chunk_idx_1: int, softmax_scale: float | None = None, causal: bool = True, *,
     max_seqlen_q: int | None = None, dkv_dtype: torch.dtype = torch.float32,
-    config: DualGroupBwdConfig | None = None,
+    config: DualGroupBwdConfig | None = None, deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Backward of ``replace_execute_grouped_attention_with_fused_varlen`` for one rank: both
-    groups in two launches, reading the all-gathered K/V where it lies and writing dK/dV in the
+    groups at once, reading the all-gathered K/V where it lies and writing dK/dV in the
     same rank-major layout (ready for a reduce-scatter, no rearranging copy).
 
     Parameters
@@ -184,6 +184,10 @@ def fused_zigzag_backward(
     max_seqlen_q : bound of ``c_b`` (sizes the grids); default ``total_local // 2``.
     dkv_dtype : dtype of the returned dK/dV (accumulated in fp32 over both groups and the q heads
         of each KV head, cast once).
+    config : launch-config override (``kernels/configs.py``); by default the GPU's row, which on
+        Hopper at head dims 64/128 runs the warp-specialized Gluon kernel on the buffer in place
+        (dQ reduce-added in fp32: its sum order varies run to run); elsewhere two Triton kernels.
+    deterministic : take the two Triton kernels (bitwise reproducible), whatever the config says.
 
     Returns
     -------
@@ -208,6 +212,8 @@ def fused_zigzag_backward(
     if config is None:
         config = get_dual_group_bwd_config(_capability(q.device), q.shape[2],
                                            q.element_size())
+    if deterministic and config.gluon:
+        config = dataclasses.replace(config, gluon=False)
     args = (dout, q, out, lse, kv_buffer, cu_seqlens_q, chunk_idx_0, chunk_idx_1, world_size,
             bound, scale, causal, dkv_dtype)
     if compiling or use_op(dout, q, out, lse, kv_buffer, cu_seqlens_q):
@@ -226,7 +232,9 @@ def _zigzag_bwd_impl(dout, q, out, lse, kv_buffer, cu_seqlens_q, chunk_idx_0, ch
     dq = torch.empty_like(q)
     dkv = torch.empty(kv_buffer.shape, dtype=dkv_dtype, device=kv_buffer.device)
     delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
-    launch_dual_group_bwd(
+    launch = bwd_launcher(config, q, q, kv_buffer[0], kv_buffer[1], out, out, dout, dout, lse, lse,
+                          dq, dq, dkv[0], dkv[1], zigzag_world_size=world_size, local_order=True)
+    launch(
         q, q, kv_buffer[0], kv_buffer[1], out, out, dout, dout, lse, lse, delta, delta, dq, dq,
         dkv[0], dkv[1], cu_half, cu_half, cu_seqlens_q, chunk_idx_0 + 1, chunk_idx_1 + 1,
         max_seqlen_q=max_seqlen_q, max_seqlen_k=2 * world_size * max_seqlen_q,
