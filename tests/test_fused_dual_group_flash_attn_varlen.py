@@ -400,3 +400,50 @@ def test_one_group_per_program_zigzag_local_order(world, rank):
     ref_o, ref_lse = varlen_attention_ref(Q, K, V, cu_of(global_lens), cu_of(global_lens))
     assert_close("out vs global", out, local_of(ref_o, rank))
     assert_close("lse vs global", lse, local_of(ref_lse.t(), rank).t(), lse=True)
+
+
+
+@pytest.mark.parametrize("world,rank", [(4, 0), (4, 3), (8, 5)])
+def test_tma_on_the_zigzag_buffer_matches_pointer_loads(world, rank, monkeypatch):
+    """On the zigzag all-gather buffer, one group per program with config.tma takes TMA for the
+    sequences whose chunk length is a multiple of the key tile (each tile inside one chunk) and
+    ``off_grid_config`` (two groups per program, pointer loads) for the others: bit-identical,
+    sequence by sequence, to those programs with pointer loads, and equal to global causal
+    attention. Chunks on the tile grid, off it, and empty. On the CPU the interpreter runs the
+    descriptors (``_tma_ok`` forced on; it asks for a CUDA device)."""
+    import kvonce.kernels.dual_group_fwd as fwd
+    from kvonce.kernels.configs import DualGroupFwdConfig
+
+    if HAS_CUDA:
+        if torch.cuda.get_device_capability()[0] < 9:
+            pytest.skip("TMA needs compute capability 9.0")
+        dtype, tile, chunks, heads, heads_k, hd = torch.bfloat16, (128, 128, 8, 3), (256, 100, 0, 128, 257, 384), 8, 2, 128
+    else:
+        real = fwd._tma_ok
+        monkeypatch.setattr(fwd, "_tma_ok", lambda config, k, v, *rest: (
+            config.tma and config.one_group or real(config, k, v, *rest)))
+        dtype, tile, chunks, heads, heads_k, hd = DTYPES[0], (16, 16, 4, 1), (32, 10, 0, 16, 33), 4, 2, 32
+    global_lens = [2 * world * c for c in chunks]
+    Q, K, V, local_of, kv_buffer = zigzag_rank_inputs(global_lens, world, rank, heads, heads_k, hd, dtype)
+    cu_local = cu_of([n // world for n in global_lens])
+    chunk_q, chunk_cu, chunk_idx = split_q_by_zigzag_chunk_index(local_of(Q, rank), cu_local, world, rank)
+    c0, c1 = rank, 2 * world - 1 - rank
+    slices = compute_kv_slices_for_groups(cu_local, c0, c1, world, chunk_cu)
+    args = (chunk_q, chunk_cu, chunk_idx, kv_buffer, slices, heads, hd, None, 0.0, True, (-1, -1),
+            None, False, world, cu_local, c0, c1)
+    config = DualGroupFwdConfig(*tile, tma=True, one_group=True)
+    with poison_empty:
+        on_grid = replace_execute_grouped_attention_with_fused_varlen(
+            *args, config=DualGroupFwdConfig(*tile, one_group=True))[:2]
+        off_grid = replace_execute_grouped_attention_with_fused_varlen(
+            *args, config=fwd.off_grid_config(config))[:2]
+        tma = replace_execute_grouped_attention_with_fused_varlen(*args, config=config)[:2]
+    bounds = cu_local.tolist()
+    for b, c in enumerate(chunks):
+        rows = slice(bounds[b], bounds[b + 1])
+        want = on_grid if c % config.block_n == 0 else off_grid
+        assert torch.equal(tma[0][rows], want[0][rows]), f"out of sequence {b} (chunk {c})"
+        assert torch.equal(tma[1][:, rows], want[1][:, rows]), f"lse of sequence {b} (chunk {c})"
+    ref_o, ref_lse = varlen_attention_ref(Q, K, V, cu_of(global_lens), cu_of(global_lens))
+    assert_close("out vs global", tma[0], local_of(ref_o, rank))
+    assert_close("lse vs global", tma[1], local_of(ref_lse.t(), rank).t(), lse=True)

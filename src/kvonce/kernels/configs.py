@@ -58,16 +58,20 @@ class DualGroupFwdConfig:
 # but not timed.
 _DUAL_GROUP_FWD_TABLE: dict[tuple[int, int], dict[int, DualGroupFwdConfig]] = {
     (9, 0): {hd: DualGroupFwdConfig(128, 128, 8, 3, tma=True, one_group=True)
-             for hd in (32, 64, 96, 128)} | {256: DualGroupFwdConfig(64, 32, 8, 2)},
+             for hd in (32, 64, 128)}   # 96 is no power of two: no TMA, the earlier row
+    | {96: DualGroupFwdConfig(128, 64, 8, 3), 256: DualGroupFwdConfig(64, 32, 8, 2)},
 }
-# The zigzag all-gather buffer (read in place, pointer loads: no TMA). H100 sweeps 2026-11-22:
+# The zigzag all-gather buffer (read in place). H100 sweeps 2026-11-22 (pointer loads):
 # 128x64 tiles, 8 warps, 3 stages beat 64x64/4 warps (9.6 vs 15.0 ms at the Llama-3-8B shape,
 # rank 0), 128x128/8w/2s (11.2 ms, 222 spilled registers) and 128x32/8w/3s (11.5 ms); .cg off.
 # 2026-11-24: one group per program (128 x 128, 3 stages) was faster at 1 x 8192 (9.20-9.62 vs
-# 9.14-9.94 ms) but slower on the mixed batch (1.92-2.03 vs 1.54-1.85 ms), so this stays.
+# 9.14-9.94 ms) but slower on the mixed batch (1.92-2.03 vs 1.54-1.85 ms). 2026-11-25: one group
+# with TMA for the sequences whose chunk length is a multiple of 128 (each key tile inside one
+# chunk; the others keep pointer loads): scripts/zigzag_fwd_buffer.py, docs/notes.md.
 _DUAL_GROUP_FWD_ZIGZAG_TABLE: dict[tuple[int, int], dict[int, DualGroupFwdConfig]] = {
-    (9, 0): {hd: DualGroupFwdConfig(128, 64, 8, 3) for hd in (32, 64, 96, 128)}
-    | {256: DualGroupFwdConfig(64, 32, 8, 2)},
+    (9, 0): {hd: DualGroupFwdConfig(128, 128, 8, 3, tma=True, one_group=True)
+             for hd in (32, 64, 128)}   # 96 is no power of two: no TMA, the earlier row
+    | {96: DualGroupFwdConfig(128, 64, 8, 3), 256: DualGroupFwdConfig(64, 32, 8, 2)},
 }
 
 # Small tiles for the Triton interpreter (CPU): few masked keys wasted per tile, quick steps.

@@ -25,6 +25,8 @@ K/V can be read in two layouts (``KV_ZIGZAG``):
 """
 from __future__ import annotations
 
+import dataclasses
+
 import triton
 import triton.language as tl
 
@@ -107,13 +109,19 @@ def _load_kv_tile(K, V, Kd, Vd, kv_col, start_n, kv_end, k_row0, chunk, rank_row
     """K tile transposed ``[BLOCK_D, BLOCK_N]`` and V tile ``[BLOCK_N, BLOCK_D]``; keys at or past
     ``kv_end`` read as 0 (and are masked out of the scores by the caller).
 
-    ``USE_DESC`` (contiguous K/V): unmasked tiles, whose keys all lie inside the sequence, come
-    through the TMA descriptors ``Kd, Vd`` (2-D ``[rows, nheads_k * d]``, this head's columns
-    from ``kv_col``); masked tiles keep predicated pointer loads, so that no row of another
-    sequence (or padding) ever enters the math."""
+    ``USE_DESC``: unmasked tiles, whose keys all lie inside the sequence, come through the TMA
+    descriptors ``Kd, Vd`` (2-D ``[rows, nheads_k * d]``, this head's columns from ``kv_col``);
+    masked tiles keep predicated pointer loads, so that no row of another sequence (or padding)
+    ever enters the math. On the zigzag buffer the caller takes this path only for a sequence
+    whose chunk length is a multiple of BLOCK_N: each tile then lies inside one chunk, whose rows
+    are contiguous, and its first row is one scalar per tile."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     if USE_DESC and not MASKED:
-        row = (k_row0 + start_n).to(tl.int32)
+        if KV_ZIGZAG:
+            row = (_zigzag_chunk_base(start_n // chunk, k_row0, chunk, rank_rows, world_size)
+                   + start_n).to(tl.int32)
+        else:
+            row = (k_row0 + start_n).to(tl.int32)
         k = Kd.load([row, kv_col])
         v = Vd.load([row, kv_col])
         return offs_n, tl.trans(k), v
@@ -279,6 +287,8 @@ def _fused_dual_group_fwd_kernel_varlen(
     KV_CACHE: tl.constexpr, INT64_KV: tl.constexpr, KV_END_SCALAR: tl.constexpr,
     KV_END_IN_CHUNKS: tl.constexpr, OUT_LOCAL_ORDER: tl.constexpr, USE_DESC: tl.constexpr,
     Q_LOCAL_ORDER: tl.constexpr, ONE_GROUP: tl.constexpr,
+    CHUNK_PART: tl.constexpr,  # zigzag buffer: 0 every sequence, 1 those whose chunk length is a
+                               # multiple of BLOCK_N (TMA tiles), 2 the others (pointer loads)
     DOT_PRECISION: tl.constexpr,  # tl.dot's input_precision: "ieee" or "tf32" (fp32 inputs only)
 ):
     # Grid (nheads, m-blocks, batch): heads vary fastest, so the q heads of one kv head run
@@ -307,6 +317,10 @@ def _fused_dual_group_fwd_kernel_varlen(
         chunk = 1
         len_k = len_k_stored
 
+    if CHUNK_PART == 1 and chunk % BLOCK_N != 0:
+        return  # the on-grid launch (TMA): a chunk off the tile grid is the other launch's
+    if CHUNK_PART == 2 and chunk % BLOCK_N == 0:
+        return  # the off-grid launch (pointer loads): a chunk on the grid is the TMA launch's
     if KV_END_IN_CHUNKS:  # zigzag: the ends count this sequence's chunks (no metadata tensors)
         kv_end0 = kv_end0 * chunk
         kv_end1 = kv_end1 * chunk
@@ -342,10 +356,11 @@ def _fused_dual_group_fwd_kernel_varlen(
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         # A block past its group's rows has hi == 0: no tile, no row stored.
+        qk_scale = sm_scale * 1.4426950408889634
         acc, m_i, l_i = _attend_alone(
-            acc, m_i, l_i, q, 0, full, hi, sm_scale * 1.4426950408889634, offs_m, diag, end,
-            K, V, Kd, Vd, kv_col, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn, offs_d,
-            head_dim, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE, USE_DESC, DOT_PRECISION)
+            acc, m_i, l_i, q, 0, full, hi, qk_scale, offs_m, diag, end,
+            K, V, Kd, Vd, kv_col, k_row0, chunk, rank_rows, world_size, stride_kn, stride_vn,
+            offs_d, head_dim, BLOCK_N, EVEN_D, KV_ZIGZAG, KV_CACHE, USE_DESC, DOT_PRECISION)
         _store_group(tl.where(second, Out1, Out0), tl.where(second, Lse1, Lse0), out_row, head,
                      acc, m_i, l_i, len_q, offs_m, offs_d, head_dim,
                      tl.where(second, stride_o1m, stride_o0m), tl.where(second, stride_o1h, stride_o0h),
@@ -440,6 +455,10 @@ def launch_dual_group_fwd(
     local order (rows of sequence ``b`` from ``cu_q0[b] + cu_q1[b]``, group 0 first);
     ``q_local_order`` (with it): q0 and q1 are that same local-order tensor too. Launched
     through ``_launch.launch`` (no per-call binding).
+
+    On the zigzag buffer a TMA config (one group per program) is two launches: the config's
+    program with TMA tiles for the sequences whose chunk length is a multiple of its key tile,
+    then ``off_grid_config(config)`` (the dual-group program with pointer loads) for the others.
     """
     batch = cu_seqlens_q0.shape[0] - 1
     nheads, head_dim = q0.shape[1], q0.shape[2]
@@ -459,7 +478,7 @@ def launch_dual_group_fwd(
         INT64_KV=config.int64_kv_offsets or _max_offset(k) >= 2**31 or _max_offset(v) >= 2**31,
         KV_END_SCALAR=kv_end_scalar, KV_END_IN_CHUNKS=zigzag_local_order,
         OUT_LOCAL_ORDER=zigzag_local_order, USE_DESC=use_desc, Q_LOCAL_ORDER=q_local_order,
-        ONE_GROUP=config.one_group,
+        ONE_GROUP=config.one_group, CHUNK_PART=0,
         DOT_PRECISION=dot_input_precision(q0.dtype))  # fp32 dots as PyTorch would
     ends = (kv_end0, kv_end1)
     if use_desc:
@@ -469,10 +488,26 @@ def launch_dual_group_fwd(
 
         descs = [TensorDescriptor(t, [t.shape[0], t.shape[1] * head_dim], [t.stride(0), 1],
                                   [config.block_n, block_d]) for t in (k, v)]
-        return _fused_dual_group_fwd_kernel_varlen[grid](
+        if zigzag_world_size > 0:
+            # The zigzag buffer: a key tile is contiguous in the buffer when the sequence's
+            # chunk length is a multiple of BLOCK_N, which only the device knows. Two launches,
+            # each of whose programs returns at once for the other's sequences: TMA tiles for
+            # the chunks on the grid, then pointer loads for the others. (One kernel holding both
+            # loops needs both loops' pipelined buffers: 426 KB of shared memory at 128 x 128.)
+            constexprs["CHUNK_PART"] = 1
+        handle = _fused_dual_group_fwd_kernel_varlen[grid](
             q0, q1, k, v, *descs, out0, out1, lse0, lse1, cu_seqlens_q0, cu_seqlens_q1,
             cu_seqlens_k, *ends, out_start0, out_start1, softmax_scale, *ints, **constexprs,
             num_warps=config.num_warps, num_stages=config.num_stages)
+        if zigzag_world_size == 0:
+            return handle
+        # The off-grid sequences: the dual-group program with pointer loads (measured faster
+        # there than one group per program: docs/notes.md).
+        config = off_grid_config(config)
+        grid = (nheads, max(1, -(-max_seqlen_q // config.block_m)), batch)
+        constexprs.update(USE_DESC=False, CHUNK_PART=2, BLOCK_M=config.block_m,
+                          BLOCK_N=config.block_n, ONE_GROUP=False,
+                          INT64_KV=constexprs["INT64_KV"] or config.int64_kv_offsets)
     pointers = (q0, q1, k, v, out0, out1, lse0, lse1, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k)
     # Integer ends are specialized on by Triton like any int argument: part of the key.
     key = (q0.dtype, out0.dtype, ints, tuple(constexprs.values()), config.num_warps,
@@ -485,11 +520,22 @@ def launch_dual_group_fwd(
                   q0.device.index if q0.device.type == "cuda" else -1)
 
 
+def off_grid_config(config):
+    """The launch config for the zigzag-buffer sequences whose chunk length is off a TMA
+    config's key tile: two groups per program, 64-key tiles, pointer loads (the zigzag row
+    before 2026-11-25: 1.54-1.85 ms on the mixed batch against 1.92-2.03 for one group)."""
+    return dataclasses.replace(config, block_n=min(config.block_n, 64), tma=False,
+                               one_group=False)
+
+
 def _tma_ok(config, k, v, head_dim: int, block_d: int, zigzag_world_size: int) -> bool:
-    """TMA descriptors for K/V: asked for by the config, contiguous K/V (not the zigzag buffer),
-    a CUDA device, a power-of-two head dim, each row's heads back to back (``[rows, nheads_k * d]``
-    2-D view) and 16-byte aligned bases and row strides."""
-    if not config.tma or zigzag_world_size > 0 or k.device.type != "cuda" or head_dim != block_d:
+    """TMA descriptors for K/V: asked for by the config (on the zigzag buffer only with one
+    group per program, where the kernel picks TMA per sequence), a CUDA device, a power-of-two
+    head dim, each row's heads back to back (``[rows, nheads_k * d]`` 2-D view) and 16-byte
+    aligned bases and row strides."""
+    if not config.tma or k.device.type != "cuda" or head_dim != block_d:
+        return False
+    if zigzag_world_size > 0 and not config.one_group:
         return False
     return all(t.shape[0] > 0 and t.stride(2) == 1 and t.stride(1) == head_dim
                and t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
