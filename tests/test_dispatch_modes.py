@@ -262,15 +262,29 @@ def cp_inputs(dtype, grad=False):
     return q, k, v, cu_of(LOCAL), cu_of(LOCAL)  # world 1: local == global
 
 
-def cp_forward(q, k, v, cu_q, cu_k):
+def _cp_forward(q, k, v, cu_q, cu_k, deterministic: bool):
     out, lse, _ = zigzag_llama3_flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(LOCAL),
-                                                       max(LOCAL), 1, return_attn_probs=True)
+                                                       max(LOCAL), 1, return_attn_probs=True,
+                                                       deterministic=deterministic)
     return out, lse
 
 
-def cp_grads(q, k, v, cu_q, cu_k):
-    out, _ = cp_forward(q, k, v, cu_q, cu_k)
+def _cp_grads(q, k, v, cu_q, cu_k, deterministic: bool):
+    out, _ = _cp_forward(q, k, v, cu_q, cu_k, deterministic)
     return (out, *torch.autograd.grad(out.sum(), (q, k, v)))
+
+
+# (make_fx binds the traced function's whole signature: no extra parameters on these.)
+def cp_forward(q, k, v, cu_q, cu_k):
+    return _cp_forward(q, k, v, cu_q, cu_k, False)
+
+
+def cp_grads(q, k, v, cu_q, cu_k):
+    return _cp_grads(q, k, v, cu_q, cu_k, False)
+
+
+def cp_grads_deterministic(q, k, v, cu_q, cu_k):
+    return _cp_grads(q, k, v, cu_q, cu_k, True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -325,6 +339,10 @@ CASES = {
     "cp_autograd": Case(lambda dt: cp_inputs(dt, grad=True), cp_grads,
                         ("zigzag_cp_fwd", "zigzag_cp_bwd"), fwd_flops(CP_PAIRS) * 7 // 2,
                         fast=False),
+    # deterministic=True is a trailing op input the flop formulas must take.
+    "cp_autograd_deterministic": Case(
+        lambda dt: cp_inputs(dt, grad=True), cp_grads_deterministic,
+        ("zigzag_cp_fwd", "zigzag_cp_bwd"), fwd_flops(CP_PAIRS) * 7 // 2, fast=False),
 }
 FAST_CASES = [name for name, case in CASES.items() if case.fast]
 _fast_results: dict = {}

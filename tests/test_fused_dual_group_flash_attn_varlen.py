@@ -417,12 +417,14 @@ def test_tma_on_the_zigzag_buffer_matches_pointer_loads(world, rank, monkeypatch
     if HAS_CUDA:
         if torch.cuda.get_device_capability()[0] < 9:
             pytest.skip("TMA needs compute capability 9.0")
-        dtype, tile, chunks, heads, heads_k, hd = torch.bfloat16, (128, 128, 8, 3), (256, 100, 0, 128, 257, 384), 8, 2, 128
+        dtype, tile, chunks, heads, heads_k, hd = torch.bfloat16, (128, 128, 8, 3), (256, 100, 0, 128, 64, 257, 384), 8, 2, 128
     else:
         real = fwd._tma_ok
         monkeypatch.setattr(fwd, "_tma_ok", lambda config, k, v, *rest: (
             config.tma and config.one_group or real(config, k, v, *rest)))
-        dtype, tile, chunks, heads, heads_k, hd = DTYPES[0], (16, 16, 4, 1), (32, 10, 0, 16, 33), 4, 2, 32
+        # 128-key tiles as on the GPU: the off-grid launch's 64-key tiles differ from the split's
+        # tile, and chunk 64 (on the 64 grid, off the 128 one) must go to the off-grid launch.
+        dtype, tile, chunks, heads, heads_k, hd = DTYPES[0], (16, 128, 4, 1), (128, 10, 0, 64, 33), 4, 2, 32
     global_lens = [2 * world * c for c in chunks]
     Q, K, V, local_of, kv_buffer = zigzag_rank_inputs(global_lens, world, rank, heads, heads_k, hd, dtype)
     cu_local = cu_of([n // world for n in global_lens])

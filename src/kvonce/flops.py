@@ -168,14 +168,15 @@ def _cp_pairs(q, cu_seqlens, causal, group_name) -> int:
 
 @register_flop_formula(_ops.zigzag_cp_fwd, get_raw=True)
 def zigzag_cp_fwd_flops(q, k, v, cu_seqlens, heads_k_stride, max_chunk, softmax_scale, causal,
-                        group_name, keep_kv, out_val=None) -> int:
+                        group_name, keep_kv, deterministic=False, out_val=None) -> int:
     """``kvonce::zigzag_cp_fwd``: this rank's two groups (all its KV-head strides)."""
     return attention_flops(q.shape[1], q.shape[2], _cp_pairs(q, cu_seqlens, causal, group_name))
 
 
 @register_flop_formula(_ops.zigzag_cp_bwd, get_raw=True)
 def zigzag_cp_bwd_flops(dout, q, k, v, out, lse, kept, cu_seqlens, heads_k_stride, max_chunk,
-                        softmax_scale, causal, group_name, out_val=None) -> int:
+                        softmax_scale, causal, group_name, deterministic=False,
+                        out_val=None) -> int:
     """``kvonce::zigzag_cp_bwd``: 2.5x the forward's pairs."""
     return attention_flops(q.shape[1], q.shape[2], _cp_pairs(q, cu_seqlens, causal, group_name),
                            backward=True)

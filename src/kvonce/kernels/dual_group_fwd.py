@@ -288,7 +288,8 @@ def _fused_dual_group_fwd_kernel_varlen(
     KV_END_IN_CHUNKS: tl.constexpr, OUT_LOCAL_ORDER: tl.constexpr, USE_DESC: tl.constexpr,
     Q_LOCAL_ORDER: tl.constexpr, ONE_GROUP: tl.constexpr,
     CHUNK_PART: tl.constexpr,  # zigzag buffer: 0 every sequence, 1 those whose chunk length is a
-                               # multiple of BLOCK_N (TMA tiles), 2 the others (pointer loads)
+                               # multiple of CHUNK_TILE (TMA tiles), 2 the others (pointer loads)
+    CHUNK_TILE: tl.constexpr,  # the TMA launch's BLOCK_N (the same in both launches)
     DOT_PRECISION: tl.constexpr,  # tl.dot's input_precision: "ieee" or "tf32" (fp32 inputs only)
 ):
     # Grid (nheads, m-blocks, batch): heads vary fastest, so the q heads of one kv head run
@@ -317,9 +318,9 @@ def _fused_dual_group_fwd_kernel_varlen(
         chunk = 1
         len_k = len_k_stored
 
-    if CHUNK_PART == 1 and chunk % BLOCK_N != 0:
+    if CHUNK_PART == 1 and chunk % CHUNK_TILE != 0:
         return  # the on-grid launch (TMA): a chunk off the tile grid is the other launch's
-    if CHUNK_PART == 2 and chunk % BLOCK_N == 0:
+    if CHUNK_PART == 2 and chunk % CHUNK_TILE == 0:
         return  # the off-grid launch (pointer loads): a chunk on the grid is the TMA launch's
     if KV_END_IN_CHUNKS:  # zigzag: the ends count this sequence's chunks (no metadata tensors)
         kv_end0 = kv_end0 * chunk
@@ -478,7 +479,7 @@ def launch_dual_group_fwd(
         INT64_KV=config.int64_kv_offsets or _max_offset(k) >= 2**31 or _max_offset(v) >= 2**31,
         KV_END_SCALAR=kv_end_scalar, KV_END_IN_CHUNKS=zigzag_local_order,
         OUT_LOCAL_ORDER=zigzag_local_order, USE_DESC=use_desc, Q_LOCAL_ORDER=q_local_order,
-        ONE_GROUP=config.one_group, CHUNK_PART=0,
+        ONE_GROUP=config.one_group, CHUNK_PART=0, CHUNK_TILE=config.block_n,
         DOT_PRECISION=dot_input_precision(q0.dtype))  # fp32 dots as PyTorch would
     ends = (kv_end0, kv_end1)
     if use_desc:
