@@ -6,7 +6,7 @@ path within 5% of the contiguous one.
 
 Per case: the contiguous kernel with the default config (``fused_zigzag_llama3_flash_attn_varlen_
 forward``), then ``replace_execute_grouped_attention_with_fused_varlen`` (reads the buffer in place,
-local-order outputs) with each config (``bench.zigzag.fwd_config`` specs: ``o`` one group per
+local-order outputs; ``max_seqlen_q`` the longest chunk, as the CP function passes) with each config (``bench.zigzag.fwd_config`` specs: ``o`` one group per
 program, ``t`` TMA for unmasked tiles: on the buffer, for sequences whose chunk length is a
 multiple of the key tile). The cases: ``bench zigzag``'s 1x8192 and mixed batches, and a mixed
 batch whose chunk lengths are off the 128-row grid (the pointer-load fallback). Errors: relative
@@ -20,7 +20,8 @@ import torch
 
 from kvonce.bench import report
 from kvonce.bench.report import time_ms
-from kvonce.bench.zigzag import Case, fwd_config, paths, setup
+from kvonce.bench.zigzag import Case, _e2e_args, fwd_config, paths, setup
+from kvonce.zigzag import replace_execute_grouped_attention_with_fused_varlen
 
 MIXED = (2048, 1536, 1024, 1024, 768, 768, 512, 512)
 UNALIGNED = (2020, 1500, 1036, 1010, 780, 760, 550, 536)  # chunks 1010, 750, 518, ...: off 128
@@ -49,7 +50,10 @@ def main() -> None:
                "TFLOP/s": s["flops"] / contiguous / 1e9}
         base = None
         for spec in args.cfg:
-            fn = paths(case, s, fwd_config(spec))["fused_e2e"]
+            def fn(config=fwd_config(spec)):  # max_seqlen_q bound as the CP function passes it
+                return replace_execute_grouped_attention_with_fused_varlen(
+                    *_e2e_args(case, s), s["c0"], s["c1"], max_seqlen_q=s["max_c"],
+                    config=config)
             try:
                 out, lse, _ = fn()
             except Exception as exc:  # out of resources and the like: report and go on
