@@ -4,7 +4,8 @@ flash-attn's ``flash_attn_with_kvcache`` name on top.
 
 Modules import downward only, never in a circle (module: what it imports from the package)::
 
-    _alloc, checks, quant, splits, prefix_tree    none (kernels/, _validate, _dispatch only)
+    _alloc, checks, quant, splits, prefix_tree,
+    key_transform                                 none (kernels/, _validate, _dispatch only)
     merge                                         _alloc, checks
     prefix                                        _alloc, splits, prefix_tree
     decode                                        _alloc, checks, splits, prefix
@@ -15,6 +16,7 @@ Modules import downward only, never in a circle (module: what it imports from th
 from .append import append_paged_kv
 from .decode import PagedDecodePlan, choose_num_splits, paged_attention
 from .flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
+from .key_transform import KeyTransform, calibrate_key_transform
 from .merge import merge_attention_states
 from .prefill import PagedPrefillPlan, paged_prefill
 from .prefix import CascadeCostModel, CascadePlan, plan_cascade
@@ -25,4 +27,4 @@ __all__ = ["paged_attention", "PagedDecodePlan", "choose_num_splits", "append_pa
            "merge_attention_states", "flash_attn_with_kvcache", "quantize_kv", "dequantize_kv",
            "KV_FORMATS", "find_shared_prefixes", "PrefixNode", "CascadeCostModel", "CascadePlan",
            "plan_cascade", "paged_prefill", "PagedPrefillPlan",
-           "flash_attn_varlen_func"]
+           "flash_attn_varlen_func", "KeyTransform", "calibrate_key_transform"]

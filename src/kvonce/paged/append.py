@@ -27,6 +27,7 @@ def append_paged_kv(
     v_scale: torch.Tensor | None = None,
     kv_format: str | None = None,
     check_block_table: bool = False,
+    key_transform=None,
 ) -> None:
     """Write new tokens' K/V into their pages, in place, quantizing them for a quantized cache.
 
@@ -49,6 +50,9 @@ def append_paged_kv(
         ``"int8"``, ``"int4"`` (needed for a uint8 cache).
     check_block_table : validation mode: the table has existing pages for every new position
         (reads tensor values: a host sync).
+    key_transform : a ``kvonce.paged.KeyTransform``: the keys stored (and quantized) are
+        ``key_transform.keys(k)`` (float32, cast to a plain cache's dtype); attention over the
+        cache then takes the same transform (``paged_attention(..., key_transform=)``).
 
     The stored bytes and scales are ``quantize_kv``'s for the same tokens (fp8 with the cache's
     ``scale``); an fp16 int8 scale is ``quantize_kv``'s float32 scale rounded to fp16 (what copying
@@ -56,6 +60,12 @@ def append_paged_kv(
     computed on the device (no host sync; CUDA-graph capturable); that the table has pages for
     them is the caller's contract. Every argument is checked before anything is written.
     """
+    if key_transform is not None:
+        k = key_transform.keys(k)     # float32
+        if k_cache.dtype in (torch.float16, torch.bfloat16, torch.float32):
+            k = k.to(k_cache.dtype)   # a plain cache takes its own dtype
+        else:
+            v = v.float()             # k and v alike; the upcast is exact
     signature = None
     if not torch.compiler.is_compiling():
         signature = V.call_signature(k, v, k_cache, v_cache, cache_seqlens, block_table, k_scale,

@@ -165,9 +165,24 @@ class PagedDecodePlan:
                 f"{', '.join(map(str, self._kv_tail))}], unit last-dim strides): make a new plan")
 
     def run(self, q, k_cache, v_cache, cache_seqlens, block_table, *, k_scale=None, v_scale=None,
-            return_lse: bool = False):
+            return_lse: bool = False, key_transform=None):
         """Attention for tensors shaped like the planned ones; returns like ``paged_attention``.
-        A quantized cache takes this layer's ``k_scale``/``v_scale`` (shapes as planned)."""
+        A quantized cache takes this layer's ``k_scale``/``v_scale`` (shapes as planned), and
+        ``key_transform`` where its keys were stored through one (``paged_attention``)."""
+        if key_transform is None:
+            return self._run(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale,
+                             return_lse)
+        out = self._run(key_transform.queries(q), k_cache, v_cache, cache_seqlens, block_table,
+                        k_scale, v_scale, return_lse)
+        if not return_lse:
+            return out
+        out, lse = out
+        # q' . k' = q . k - q . c: the same shift for every key of a row ([b, q_len, h] -> the
+        # LSE's [b, h, q_len]); -inf rows stay -inf.
+        return out, lse + key_transform.lse_offset(q, self.softmax_scale).transpose(1, 2)
+
+    def _run(self, q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale,
+             return_lse):
         if self._cascade is not None:
             return self._cascade.run(q, k_cache, v_cache, cache_seqlens, block_table,
                                      return_lse=return_lse)
@@ -287,6 +302,7 @@ def paged_attention(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     kv_format: str | None = None,
+    key_transform=None,
 ):
     """Attention of the newest ``q_len`` tokens of each sequence over its paged KV cache.
 
@@ -318,6 +334,10 @@ def paged_attention(
     k_scale, v_scale, kv_format : a quantized cache (``kvonce.paged.quant`` layouts, dequantized in
         registers): fp8 e4m3 and int8 caches are recognised from their dtype, a uint8 cache needs
         ``kv_format="int4"``; scales as ``quantize_kv`` returns them.
+    key_transform : a ``kvonce.paged.KeyTransform`` the cache's keys were stored through
+        (``append_paged_kv(..., key_transform=)``: keys with outlier channels). ``q`` is
+        transformed to match (``(q * s) @ H`` in q's dtype, two small PyTorch ops per call) and
+        the LSE corrected by ``softmax_scale * q . c``; the output is that of the original keys.
 
     Returns
     -------
@@ -342,8 +362,9 @@ def paged_attention(
         _one_shot_plans.add(signature, plan)
     if plan.kv_format is not None:
         return plan.run(q, k_cache, v_cache, cache_seqlens, block_table, k_scale=k_scale,
-                        v_scale=v_scale, return_lse=return_lse)
-    return plan.run(q, k_cache, v_cache, cache_seqlens, block_table, return_lse=return_lse)
+                        v_scale=v_scale, return_lse=return_lse, key_transform=key_transform)
+    return plan.run(q, k_cache, v_cache, cache_seqlens, block_table, return_lse=return_lse,
+                    key_transform=key_transform)
 
 
 # One-shot calls reuse the plan of an earlier call with the same signature: everything the checks
