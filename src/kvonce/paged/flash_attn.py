@@ -8,6 +8,7 @@ import torch
 from .. import varlen
 from .append import append_paged_kv
 from .decode import paged_attention
+from .key_transform import KeyTransform
 from .prefill import paged_prefill
 
 __all__ = ["flash_attn_with_kvcache", "flash_attn_varlen_func"]
@@ -23,7 +24,7 @@ def flash_attn_with_kvcache(
     q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
     cache_batch_idx=None, cache_leftpad=None, block_table=None, softmax_scale=None, causal=False,
     window_size=(-1, -1), softcap=0.0, rotary_interleaved=True, alibi_slopes=None, num_splits=0,
-    return_softmax_lse=False,
+    return_softmax_lse=False, *, key_transform: KeyTransform | None = None,
 ):
     """flash-attn's ``flash_attn_with_kvcache`` for the paged subset kvonce implements.
 
@@ -34,9 +35,16 @@ def flash_attn_with_kvcache(
     sliding ``window_size``, ``softcap`` and ``alibi_slopes`` raise NotImplementedError naming
     them.
 
+    ``key_transform`` (kvonce's, keyword-only): a ``kvonce.paged.KeyTransform`` the cache's keys
+    are stored through; the new ``k`` is appended through it and ``q`` is transformed to match
+    (``paged_attention(..., key_transform=)``), so the output and LSE are those of the original
+    keys. A ValueError without ``block_table`` (it needs the paged cache).
+
     Returns ``out [batch, q_len, nheads, headdim]``, and ``softmax_lse`` float32
     ``[batch, nheads, q_len]`` with ``return_softmax_lse``.
     """
+    if key_transform is not None and block_table is None:
+        raise ValueError("key_transform needs a paged cache (block_table); got block_table=None")
     given = {"rotary_cos": rotary_cos, "rotary_sin": rotary_sin,
              "cache_batch_idx": cache_batch_idx, "cache_leftpad": cache_leftpad,
              "window_size": tuple(window_size) if window_size is not None else None,
@@ -56,16 +64,19 @@ def flash_attn_with_kvcache(
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
     seqlens = cache_seqlens
     if k is not None:
-        append_paged_kv(k, v, k_cache, v_cache, cache_seqlens, block_table)
+        append_paged_kv(k, v, k_cache, v_cache, cache_seqlens, block_table,
+                        key_transform=key_transform)
         seqlens = cache_seqlens + k.shape[1]  # a device op: no sync
     return paged_attention(q, k_cache, v_cache, seqlens, block_table, softmax_scale=softmax_scale,
-                           causal=causal, num_splits=num_splits, return_lse=return_softmax_lse)
+                           causal=causal, num_splits=num_splits, return_lse=return_softmax_lse,
+                           key_transform=key_transform)
 
 
 def flash_attn_varlen_func(
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
     softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-    deterministic=False, return_attn_probs=False, block_table=None,
+    deterministic=False, return_attn_probs=False, block_table=None, *,
+    key_transform: KeyTransform | None = None,
 ):
     """flash-attn 2's ``flash_attn_varlen_func`` for the subset kvonce implements.
 
@@ -82,9 +93,16 @@ def flash_attn_varlen_func(
     ``dropout_p``, a sliding ``window_size``, ``softcap``, ``alibi_slopes`` and ``deterministic``
     with gradients on the contiguous path raise NotImplementedError naming them.
 
+    ``key_transform`` (kvonce's, keyword-only; paged path only, a ValueError without
+    ``block_table``): a ``kvonce.paged.KeyTransform`` the cache's keys were stored through, as in
+    ``paged_prefill``; the output and LSE are those of the original keys.
+
     Returns ``out [total_q, nheads, headdim]`` in q's dtype, or with ``return_attn_probs``
     ``(out, softmax_lse float32 [nheads, total_q], None)`` (no attention probabilities).
     """
+    if key_transform is not None and block_table is None:
+        raise ValueError("key_transform is for a paged cache (block_table); the contiguous "
+                         "k, v path takes keys as they are")
     bad = []
     if dropout_p != 0.0:
         bad.append(f"dropout_p={dropout_p}")
@@ -110,7 +128,7 @@ def flash_attn_varlen_func(
         cache_seqlens = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)  # device op
         out, lse = paged_prefill(q, k, v, cu_seqlens_q, cache_seqlens, block_table,
                                  max_seqlen_q=max_seqlen_q, softmax_scale=softmax_scale,
-                                 causal=causal, return_lse=True)
+                                 causal=causal, return_lse=True, key_transform=key_transform)
     else:
         # The second group is empty (no rows, every sequence 0 keys); the first sees each
         # sequence's whole key range (total_k bounds every length).

@@ -21,6 +21,7 @@ from .checks import (QUANT_FORMATS, check_block_table_values, check_device_ok, c
                      launch_layout, resolve_kv_format, validate_cache,
                      validate_quantized_cache)
 from .decode import PagedDecodePlan
+from .key_transform import KeyTransform
 
 __all__ = ["paged_prefill", "PagedPrefillPlan"]
 
@@ -143,9 +144,25 @@ class PagedPrefillPlan:
                 f"{self._batch}): make a new plan")
 
     def run(self, q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table, *,
-            k_scale=None, v_scale=None, return_lse: bool = False):
+            k_scale=None, v_scale=None, return_lse: bool = False,
+            key_transform: KeyTransform | None = None):
         """Attention for tensors shaped like the planned ones; returns like ``paged_prefill``.
-        A quantized cache takes this layer's ``k_scale``/``v_scale`` (shapes as planned)."""
+        A quantized cache takes this layer's ``k_scale``/``v_scale`` (shapes as planned), and
+        ``key_transform`` where its keys were stored through one (``paged_prefill``)."""
+        if key_transform is None:
+            return self._run(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table,
+                             k_scale, v_scale, return_lse)
+        out = self._run(key_transform.queries(q), k_cache, v_cache, cu_seqlens_q, cache_seqlens,
+                        block_table, k_scale, v_scale, return_lse)
+        if not return_lse:
+            return out
+        out, lse = out
+        # q' . k' = q . k - q . c: the same shift for every key of a row ([total_q, h] -> the
+        # LSE's [h, total_q]); -inf rows stay -inf.
+        return out, lse + key_transform.lse_offset(q, self.softmax_scale).t()
+
+    def _run(self, q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table, k_scale,
+             v_scale, return_lse):
         self._check_like_plan(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table)
         if self._decode is not None:  # its run takes the decode op where use_op says
             batch, nheads, head_dim = self._batch, q.shape[1], q.shape[2]
@@ -195,6 +212,7 @@ def paged_prefill(
     kv_format: str | None = None,
     check_block_table: bool = False,
     config: PagedPrefillConfig | None = None,
+    key_transform: KeyTransform | None = None,
 ):
     """Attention of each sequence's newest tokens over its paged KV cache, for a varlen batch
     that mixes prefill, chunked-prefill and decode rows (one launch).
@@ -231,6 +249,11 @@ def paged_prefill(
         to ``total_q``, ``q_len_b <= min(max_seqlen_q, cache_seqlens[b])``, and the table names
         existing pages for every cached position.
     config : launch-config override for experiments (kernels/configs.py).
+    key_transform : a ``kvonce.paged.KeyTransform`` the cache's keys were stored through
+        (``append_paged_kv(..., key_transform=)``: keys with outlier channels). ``q`` is
+        transformed to match (``(q * s) @ H`` in q's dtype, two small PyTorch ops per call) and
+        the LSE corrected by ``softmax_scale * q . c`` (``-inf`` rows stay ``-inf``); the output
+        is that of the original keys.
 
     Returns
     -------
@@ -255,7 +278,8 @@ def paged_prefill(
                                 v_scale=v_scale)
         _one_shot_plans.add(signature, plan)
     return plan.run(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table,
-                    k_scale=k_scale, v_scale=v_scale, return_lse=return_lse)
+                    k_scale=k_scale, v_scale=v_scale, return_lse=return_lse,
+                    key_transform=key_transform)
 
 
 # One-shot calls reuse the plan of an earlier call with the same signature (shapes, strides,
