@@ -9,9 +9,10 @@ Modules import downward only, never in a circle (module: what it imports from th
     merge                                         _alloc, checks
     prefix                                        _alloc, splits, prefix_tree
     decode                                        _alloc, checks, splits, prefix
-    prefill                                       _alloc, checks
+    prefill                                       _alloc, checks, decode, key_transform
     append                                        checks, quant
-    flash_attn                                    append, decode, prefill (and kvonce.varlen)
+    flash_attn                                    append, decode, prefill, key_transform
+                                                  (and kvonce.varlen)
 """
 from .append import append_paged_kv
 from .decode import PagedDecodePlan, choose_num_splits, paged_attention
