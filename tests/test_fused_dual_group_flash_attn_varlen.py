@@ -376,6 +376,19 @@ def test_one_group_per_program(causal):
         assert_close(name, o, r, lse=name.startswith("lse"))
 
 
+def _replacement_args(global_lens, world, rank, heads, heads_k, hd, dtype):
+    """Global Q/K/V, ``local_of``, the rank's LOCAL cu_seqlens and the arguments of
+    ``replace_execute_grouped_attention_with_fused_varlen`` (chunk indices included, causal)."""
+    Q, K, V, local_of, kv_buffer = zigzag_rank_inputs(global_lens, world, rank, heads, heads_k, hd, dtype)
+    cu_local = cu_of([n // world for n in global_lens])
+    chunk_q, chunk_cu, chunk_idx = split_q_by_zigzag_chunk_index(local_of(Q, rank), cu_local, world, rank)
+    c0, c1 = rank, 2 * world - 1 - rank
+    slices = compute_kv_slices_for_groups(cu_local, c0, c1, world, chunk_cu)
+    args = (chunk_q, chunk_cu, chunk_idx, kv_buffer, slices, heads, hd, None, 0.0, True, (-1, -1),
+            None, False, world, cu_local, c0, c1)
+    return Q, K, V, local_of, cu_local, args
+
+
 @pytest.mark.parametrize("world,rank", [(2, 0), (4, 3)])
 def test_one_group_per_program_zigzag_local_order(world, rank):
     """The zigzag replacement (local-order outputs, KV read from the gathered buffer) with
@@ -388,13 +401,8 @@ def test_one_group_per_program_zigzag_local_order(world, rank):
     dtype = DTYPES[0]
     global_lens = [2 * world * c for c in (5, 33, 0, 17)]
     heads, heads_k, hd = 4, 2, 64
-    Q, K, V, local_of, kv_buffer = zigzag_rank_inputs(global_lens, world, rank, heads, heads_k, hd, dtype)
-    cu_local = cu_of([n // world for n in global_lens])
-    chunk_q, chunk_cu, chunk_idx = split_q_by_zigzag_chunk_index(local_of(Q, rank), cu_local, world, rank)
-    c0, c1 = rank, 2 * world - 1 - rank
-    slices = compute_kv_slices_for_groups(cu_local, c0, c1, world, chunk_cu)
-    args = (chunk_q, chunk_cu, chunk_idx, kv_buffer, slices, heads, hd, None, 0.0, True, (-1, -1),
-            None, False, world, cu_local, c0, c1)
+    Q, K, V, local_of, cu_local, args = _replacement_args(global_lens, world, rank, heads, heads_k,
+                                                         hd, dtype)
     with poison_empty:
         out, lse, _ = replace_execute_grouped_attention_with_fused_varlen(*args, config=config)
     ref_o, ref_lse = varlen_attention_ref(Q, K, V, cu_of(global_lens), cu_of(global_lens))
@@ -426,13 +434,8 @@ def test_tma_on_the_zigzag_buffer_matches_pointer_loads(world, rank, monkeypatch
         # tile, and chunk 64 (on the 64 grid, off the 128 one) must go to the off-grid launch.
         dtype, tile, chunks, heads, heads_k, hd = DTYPES[0], (16, 128, 4, 1), (128, 10, 0, 64, 33), 4, 2, 32
     global_lens = [2 * world * c for c in chunks]
-    Q, K, V, local_of, kv_buffer = zigzag_rank_inputs(global_lens, world, rank, heads, heads_k, hd, dtype)
-    cu_local = cu_of([n // world for n in global_lens])
-    chunk_q, chunk_cu, chunk_idx = split_q_by_zigzag_chunk_index(local_of(Q, rank), cu_local, world, rank)
-    c0, c1 = rank, 2 * world - 1 - rank
-    slices = compute_kv_slices_for_groups(cu_local, c0, c1, world, chunk_cu)
-    args = (chunk_q, chunk_cu, chunk_idx, kv_buffer, slices, heads, hd, None, 0.0, True, (-1, -1),
-            None, False, world, cu_local, c0, c1)
+    Q, K, V, local_of, cu_local, args = _replacement_args(global_lens, world, rank, heads, heads_k,
+                                                         hd, dtype)
     config = DualGroupFwdConfig(*tile, tma=True, one_group=True)
     with poison_empty:
         on_grid = replace_execute_grouped_attention_with_fused_varlen(
