@@ -31,12 +31,12 @@ if [[ $STEPS == *bench* ]]; then
   step bench; timeout ${BENCH_TIMEOUT:-540} python3 -m kvonce bench zigzag --backward --no-docs ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt" | tail -40
 fi
 if [[ $STEPS == *consan* ]]; then
-  step consan; TRITON_INSTRUMENTATION_MODE=consan timeout 300 python3 scripts/gluon_bwd_gpu_check.py --consan --only 0 1 2 3 4 2>&1 | tee "$OUT/consan.txt" | grep -v "^{" | tail -20
+  step consan; TRITON_INSTRUMENTATION_MODE=consan timeout ${CONSAN_TIMEOUT:-300} python3 scripts/gluon_bwd_gpu_check.py --consan --only 0 1 2 3 4 2>&1 | tee "$OUT/consan.txt" | grep -v "^{" | tail -20
 fi
 if [[ $STEPS == *csan* ]]; then
   for tool in memcheck racecheck; do
     step "sanitizer $tool"
-    timeout 240 compute-sanitizer --tool $tool --kernel-name regex:gluon --print-limit 20 python3 scripts/gluon_bwd_gpu_check.py --case 0 2>&1 | grep -v "^{" | tail -15
+    timeout 240 compute-sanitizer --tool $tool --print-limit 20 python3 scripts/gluon_bwd_gpu_check.py --case 3 2>&1 | grep -v "^{" | tail -15
   done
 fi
 echo "== done ($(date +%T))"

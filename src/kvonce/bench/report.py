@@ -11,6 +11,30 @@ def time_ms(fn) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
 
 
+def paired_ratio(fn_a, fn_b, rounds: int = 7) -> float:
+    """Median over ``rounds`` of ``time(fn_b) / time(fn_a)``, the two timed back to back in each
+    round (``do_bench`` medians, 50 ms of repeats each). Clock and thermal drift within one run
+    moves a single kernel's median by as much as a few-percent gap between two kernels; paired
+    rounds cancel most of it, so ratios near 1 (the CP path against the contiguous one) are
+    read from this and not from two separately timed medians."""
+    import statistics
+
+    import triton.testing
+
+    bench = lambda fn: triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")  # noqa: E731
+    ratios = []
+    for i in range(rounds):
+        # alternate which runs first, so a step in clocks between the two does not bias one side
+        if i % 2:
+            b = bench(fn_b)
+            a = bench(fn_a)
+        else:
+            a = bench(fn_a)
+            b = bench(fn_b)
+        ratios.append(b / a)
+    return statistics.median(ratios)
+
+
 def _fmt(x):
     return f"{x:.3f}" if isinstance(x, float) else str(x)
 

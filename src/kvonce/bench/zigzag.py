@@ -593,8 +593,8 @@ def run_backward(args) -> list[dict]:
             "fwd+bwd vs cudnn x2": (cud_fb / t["kvonce_fwd_bwd"] if isinstance(cud_fb, float)
                                     else peers_cudnn.NO_RESULT),
             "cp fwd ms": t["cp_fwd"], "cp bwd ms": t["cp_bwd"], "cp fwd+bwd ms": t["cp_fwd_bwd"],
-            "cp/contig fwd": t["cp_fwd"] / t["kvonce_fwd"],
-            "cp/contig bwd": t["cp_bwd"] / t["kvonce_bwd"],
+            "cp/contig fwd": report.paired_ratio(p["kvonce_fwd"], p["cp_fwd"]),
+            "cp/contig bwd": report.paired_ratio(p["kvonce_bwd"], p["cp_bwd"]),
             "fa2 fwd+bwd TFLOP/s": tf(t["fa2_fwd_bwd"], FWD_BWD_FLOP_FACTOR),
             "kvonce fwd+bwd TFLOP/s": tf(t["kvonce_fwd_bwd"], FWD_BWD_FLOP_FACTOR),
             "cudnn x2 bwd ms": cud["cudnn x2 bwd ms"],
