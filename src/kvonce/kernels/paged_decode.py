@@ -29,6 +29,8 @@ natural log: ``lse = (m + log2(l)) * ln 2``.
 """
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 
@@ -37,6 +39,9 @@ from ._launch import all_aligned, dot_input_precision, launch, next_pow2
 from .dual_group_fwd import _online_update
 
 LOG2E = 1.4426950408889634
+# Packed inline-asm converters (int8 -> fp16) on the GPU; the CPU interpreter runs no PTX, so there
+# the same values come from plain Triton ops (bit-identical: both are exact).
+PACKED_CVT: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
 LN2 = 0.6931471805599453
 
 
@@ -100,12 +105,28 @@ def _load_paged_kv_tile(K, V, bt_row, start_n, kv_end, stride_kp, stride_kt, str
 
 @triton.jit
 def _ints_to(x, dtype: tl.constexpr):
-    """int8 values to ``dtype`` exactly. For fp16 through the bit pattern (an integer add and a
-    subtract instead of an int->float conversion, which is quarter rate on the SM): ``0x6400`` is
-    1024.0, where the fp16 ulp is 1, so bits ``0x6400 + (x + 128)`` are ``1152 + x``. Measured
-    15-18% faster int8 decode than ``x.to(tl.float16)`` (H100, docs/notes.md)."""
+    """int8 values to ``dtype`` exactly. For fp16 through the bit pattern: ``0x6400`` is 1024.0,
+    where the fp16 ulp is 1, so bits ``0x6400 + (x + 128)`` are ``1152 + x``. On the GPU four
+    values at a time (``PACKED_CVT``): one ``xor`` biases the four bytes (x + 128), two ``prmt``
+    put each biased byte under a 0x64 high byte (two fp16 per register), two ``sub.f16x2``
+    subtract 1152: 5 instructions per 4 values, where the per-value form (sign-extend, 16-bit add,
+    subtract) took about 2 per value (SASS; measured in docs/notes.md). int->float conversion
+    proper is quarter rate on the SM, which is why neither uses it."""
     if dtype == tl.float16:
-        y = (x.to(tl.int16) + 0x6480).to(tl.float16, bitcast=True) - 1152.0
+        if PACKED_CVT:
+            y = tl.inline_asm_elementwise(
+                """{
+                .reg .b32 t, c;
+                xor.b32 t, $2, 0x80808080;
+                mov.b32 c, 0x64806480;
+                prmt.b32 $0, t, 0x64646464, 0x4140;
+                prmt.b32 $1, t, 0x64646464, 0x4342;
+                sub.f16x2 $0, $0, c;
+                sub.f16x2 $1, $1, c;
+                }""",
+                "=r,=r,r", [x], dtype=tl.float16, is_pure=True, pack=4)
+        else:
+            y = (x.to(tl.int16) + 0x6480).to(tl.float16, bitcast=True) - 1152.0
     else:
         y = x.to(tl.float32).to(dtype)
     return y
@@ -116,7 +137,7 @@ def _load_quant_kv_tile(K, V, KS, VS, bt_row, start_n, kv_end, stride_kp, stride
                         stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst, offs_d,
                         head_dim, dtype: tl.constexpr, PAGE_SIZE: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr,
-                        KV_FORMAT: tl.constexpr):
+                        KV_FORMAT: tl.constexpr, EVEN_D: tl.constexpr = False):
     """``_load_paged_kv_tile`` for a quantized cache (``kvonce.paged.quant``): K transposed
     ``[BLOCK_D, BLOCK_N]`` and V ``[BLOCK_N, BLOCK_D]`` in ``dtype`` (q's).
 
@@ -154,23 +175,34 @@ def _load_quant_kv_tile(K, V, KS, VS, bt_row, start_n, kv_end, stride_kp, stride
         k_t = tl.trans(_int4_tile(kb, ks, dtype, BLOCK_N, BLOCK_D))
         v = _int4_tile(vb, vs, dtype, BLOCK_N, BLOCK_D)
     else:
-        d_ok = offs_d < head_dim
-        if MASKED:
-            k_mask = in_range[None, :] & d_ok[:, None]
-            v_mask = in_range[:, None] & d_ok[None, :]
-        else:
-            k_mask = d_ok[:, None]
-            v_mask = d_ok[None, :]
         k_ptrs = K + k_rows[None, :] + offs_d[:, None]
         v_ptrs = V + v_rows[:, None] + offs_d[None, :]
         if KV_FORMAT == 1:
-            # No `other` (an fp8 load cannot take one): masked lanes are zeroed after the
-            # conversion.
-            k_t = tl.where(k_mask, tl.load(k_ptrs, mask=k_mask).to(dtype), 0.0).to(dtype)
-            v = tl.where(v_mask, tl.load(v_ptrs, mask=v_mask).to(dtype), 0.0).to(dtype)
+            # Through a uint8 view (an fp8 load takes no `other`), bitcast back: only casts
+            # between the load and the dot, so Triton keeps the 1-byte tile in shared memory and
+            # converts it in the MMA operand layout (a `tl.where` here made it stage a 16-bit
+            # tile through shared memory: twice the bytes, one more round trip).
+            k_ptrs = k_ptrs.to(tl.pointer_type(tl.uint8))
+            v_ptrs = v_ptrs.to(tl.pointer_type(tl.uint8))
+        if MASKED or not EVEN_D:
+            d_ok = offs_d < head_dim
+            if MASKED:
+                k_mask = in_range[None, :] & d_ok[:, None]
+                v_mask = in_range[:, None] & d_ok[None, :]
+            else:
+                k_mask = d_ok[:, None]
+                v_mask = d_ok[None, :]
+            k_raw = tl.load(k_ptrs, mask=k_mask, other=0)
+            v_raw = tl.load(v_ptrs, mask=v_mask, other=0)
+        else:  # whole tiles: no predicate
+            k_raw = tl.load(k_ptrs)
+            v_raw = tl.load(v_ptrs)
+        if KV_FORMAT == 1:
+            k_t = k_raw.to(tl.float8e4nv, bitcast=True).to(dtype)
+            v = v_raw.to(tl.float8e4nv, bitcast=True).to(dtype)
         else:
-            k_t = _ints_to(tl.load(k_ptrs, mask=k_mask, other=0), dtype)
-            v = _ints_to(tl.load(v_ptrs, mask=v_mask, other=0), dtype)
+            k_t = _ints_to(k_raw, dtype)
+            v = _ints_to(v_raw, dtype)
     return offs_n, k_t, v
 
 
@@ -255,7 +287,7 @@ def _attend_paged(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end,
             offs_n, k_t, v = _load_quant_kv_tile(
                 K, V, KS, VS, bt_row, start_n, kv_end, stride_kp, stride_kt, stride_vp,
                 stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst, offs_d, head_dim,
-                q.dtype, PAGE_SIZE, BLOCK_N, BLOCK_D, MASKED, KV_FORMAT)
+                q.dtype, PAGE_SIZE, BLOCK_N, BLOCK_D, MASKED, KV_FORMAT, EVEN_D)
         if KV_FORMAT == 2:
             k_scale, v_scale = _load_key_scales(KS, VS, bt_row, offs_n, kv_end, stride_ksp,
                                                 stride_kst, stride_vsp, stride_vst, PAGE_SIZE)
