@@ -22,15 +22,11 @@ scripts/gluon_bwd_sweep.py uses it and times the variants.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
-import threading
 import time
 
-GLUON_TIMEOUT_S = 45   # the Gluon call (compile included: ~seconds) inside one case
-CASE_TIMEOUT_S = 240   # a whole case subprocess: Triton compiles and the float64 reference
+import _gpu_case_runner as runner
 
 # (name, dtype, nheads, nheads_k, head_dim, causal, len_q0 per seq, len_q1 per seq, len_k per seq,
 #  kv_end0 per seq, kv_end1 per seq). Small first.
@@ -136,11 +132,7 @@ def run_case(index: int, variants: tuple[str, ...] = ()) -> dict:
         # A missing expect or a wrong phase hangs the GPU silently: report it as this case's
         # result (naming the variant).
         who = "launch_gluon_bwd" + (f" [{variant}]" if variant else "")
-        watchdog = threading.Timer(GLUON_TIMEOUT_S, lambda: (print(json.dumps(
-            {"case": name, "pass": False, "error": f"HANG: {who} did not finish in "
-                                                   f"{GLUON_TIMEOUT_S} s"}), flush=True),
-            os._exit(3)))
-        watchdog.start()
+        watchdog = runner.start_hang_watchdog(name, who)
         t0 = time.time()
         gluon = grads(launch_gluon_bwd, **({} if variant is None else
                                            {"schedule": VARIANTS[variant]}))
@@ -160,58 +152,34 @@ def run_case(index: int, variants: tuple[str, ...] = ()) -> dict:
         return check(None)
     rows = {}
     for variant in variants:
-        print(f"# running {name} [{variant}]", flush=True)
+        runner.announce_running(f"{name} [{variant}]")
         rows[variant] = check(variant)
     return {"case": name, "variants": rows, "pass": all(r["pass"] for r in rows.values())}
 
 
 def _run_one(i: int, env: dict, timeout: float, variants: tuple[str, ...] = ()) -> dict:
-    name = CASES[i][0]
     cmd = [sys.executable, __file__, "--case", str(i)]
     if variants:
         cmd += ["--variants", *variants]
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
-                              timeout=timeout + 30 * len(variants))
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        started = [ln for ln in out.splitlines() if ln.startswith("# running")]
-        return {"case": name, "pass": False, "error": "TIMEOUT (hang: barrier phase/expect?)"
-                + (f" during '{started[-1][10:]}'" if started else "")}
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    started = [ln for ln in proc.stdout.splitlines() if ln.startswith("# running")]
-    if lines:
-        return json.loads(lines[-1])   # a result, or the watchdog's HANG report
-    return {"case": name, "pass": False,
-            "error": (f"crashed during '{started[-1][10:]}': " if started else "")
-            + f"rc={proc.returncode}: {(proc.stderr or proc.stdout)[-1500:]}"}
+    return runner.run_case_subprocess(cmd, CASES[i][0], env, timeout + 30 * len(variants),
+                                      "TIMEOUT (hang: barrier phase/expect?)")
 
 
 def correctness(only, consan: bool, jobs: int) -> list[dict]:
-    """The cases in ``jobs`` concurrent subprocesses (most of a case's time is Triton compiling
-    on the host and the float64 reference), printed in order."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    """The cases in ``jobs`` concurrent subprocesses, printed in order."""
     env = dict(os.environ)
     if consan:
         env["TRITON_INSTRUMENTATION_MODE"] = "consan"
     indices = [i for i in range(len(CASES)) if only is None or i in only]
-    timeout = CASE_TIMEOUT_S * (2 if consan else 1)
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(_run_one, i, env, timeout) for i in indices]
-        rows = []
-        for i, future in zip(indices, futures):
-            row = future.result()
-            rows.append(row)
-            print(f"[{i}] {'PASS' if row['pass'] else 'FAIL'} {row['case']}", flush=True)
-            if "error" in row:
-                print("    " + row["error"].replace("\n", "\n    "), flush=True)
-                continue
-            for n in ("dq0", "dq1", "dk", "dv"):
-                e = row[n]
-                print(f"    {n}: gluon {e['gluon_vs_f64']:.2e}  triton {e['triton_vs_f64']:.2e}  "
-                      f"gluon-vs-triton {e['gluon_vs_triton']:.2e}  nan={e['nan']}", flush=True)
-    return rows
+    timeout = runner.CASE_TIMEOUT_S * (2 if consan else 1)
+
+    def print_errors(row: dict) -> None:
+        for n in ("dq0", "dq1", "dk", "dv"):
+            e = row[n]
+            print(f"    {n}: gluon {e['gluon_vs_f64']:.2e}  triton {e['triton_vs_f64']:.2e}  "
+                  f"gluon-vs-triton {e['gluon_vs_triton']:.2e}  nan={e['nan']}", flush=True)
+
+    return runner.run_cases(lambda i: _run_one(i, env, timeout), indices, jobs, print_errors)
 
 
 def bench() -> list[dict]:
@@ -276,7 +244,7 @@ def main() -> int:
                         help="with --case: check these gluon_bwd_sched.VARIANTS")
     args = parser.parse_args()
     if args.case is not None:
-        print(json.dumps(run_case(args.case, tuple(args.variants))), flush=True)
+        runner.print_result_line(run_case(args.case, tuple(args.variants)))
         return 0
     cases = correctness(args.only if args.only else None, args.consan, args.jobs)
     crashed = [r["case"] for r in cases if "error" in r]

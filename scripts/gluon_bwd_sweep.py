@@ -20,9 +20,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _gpu_case_runner as runner  # noqa: E402
 import gluon_bwd_gpu_check as check  # noqa: E402
 
 BENCH_CASES = ("llama3-8B 1x8192 w8 r0", "llama3-8B 1x8192 w8 r3", "llama3-8B 1x8192 w8 r7",
@@ -34,21 +34,21 @@ DEFAULT_CASES = (1, 3, 6, 7, 9)
 def correctness(cases, variants, jobs) -> dict[str, bool]:
     """Every variant's PASS over ``cases`` (False where any case failed, hung or crashed)."""
     ok = {v: True for v in variants}
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(check._run_one, i, dict(os.environ), check.CASE_TIMEOUT_S,
-                               tuple(variants)) for i in cases]
-        for i, future in zip(cases, futures):
-            row = future.result()
-            if "error" in row:
-                print(f"[{i}] FAIL {row['case']}: {row['error']}", flush=True)
-                ok = {v: False for v in variants}   # which variant broke it: see the error
-                continue
-            for v, r in row["variants"].items():
-                errs = " ".join(f"{n} {r[n]['gluon_vs_f64']:.1e}"
-                                for n in ("dq0", "dq1", "dk", "dv"))
-                print(f"[{i}] {'PASS' if r['pass'] else 'FAIL'} {row['case']} [{v}]  {errs}",
-                      flush=True)
-                ok[v] &= r["pass"]
+
+    def run_one(i: int) -> dict:
+        return check._run_one(i, dict(os.environ), runner.CASE_TIMEOUT_S, tuple(variants))
+
+    for i, row in runner.results_in_order(run_one, cases, jobs):
+        if "error" in row:
+            print(f"[{i}] FAIL {row['case']}: {row['error']}", flush=True)
+            ok = {v: False for v in variants}   # which variant broke it: see the error
+            continue
+        for v, r in row["variants"].items():
+            errs = " ".join(f"{n} {r[n]['gluon_vs_f64']:.1e}"
+                            for n in ("dq0", "dq1", "dk", "dv"))
+            print(f"[{i}] {'PASS' if r['pass'] else 'FAIL'} {row['case']} [{v}]  {errs}",
+                  flush=True)
+            ok[v] &= r["pass"]
     return ok
 
 

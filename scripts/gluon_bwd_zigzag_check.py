@@ -26,15 +26,12 @@ both query groups in one tensor in the rank's local order) on an H100.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
-import threading
 import time
 
-GLUON_TIMEOUT_S = 45
-CASE_TIMEOUT_S = 240
+import _gpu_case_runner as runner
+
 DEFAULT_SCHEDULES = ("l2-rot", "default", "lpt-rot")
 
 # (name, dtype, world, rank, global lengths (each a multiple of 2 * world), nheads, nheads_k,
@@ -171,13 +168,8 @@ def run_case(index: int, schedules: tuple[str, ...]) -> dict:
     triton_ = grads(launch_dual_group_bwd, config=config)
     rows = {}
     for sched in schedules:
-        print(f"# running {name} [{sched}]", flush=True)
-        who = f"launch_gluon_bwd [{sched}]"
-        watchdog = threading.Timer(GLUON_TIMEOUT_S, lambda: (print(json.dumps(
-            {"case": name, "pass": False, "error": f"HANG: {who} did not finish in "
-                                                   f"{GLUON_TIMEOUT_S} s"}), flush=True),
-            os._exit(3)))
-        watchdog.start()
+        runner.announce_running(f"{name} [{sched}]")
+        watchdog = runner.start_hang_watchdog(name, f"launch_gluon_bwd [{sched}]")
         t0 = time.time()
         gluon = grads(launch_gluon_bwd, schedule=VARIANTS[sched])
         watchdog.cancel()
@@ -196,47 +188,25 @@ def run_case(index: int, schedules: tuple[str, ...]) -> dict:
 
 
 def _run_one(i: int, schedules, env) -> dict:
-    name = CASES[i][0]
     cmd = [sys.executable, __file__, "--case", str(i), "--schedules", *schedules]
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
-                              timeout=CASE_TIMEOUT_S + 30 * len(schedules))
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        started = [ln for ln in out.splitlines() if ln.startswith("# running")]
-        return {"case": name, "pass": False, "error": "TIMEOUT (hang?)"
-                + (f" during '{started[-1][10:]}'" if started else "")}
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    started = [ln for ln in proc.stdout.splitlines() if ln.startswith("# running")]
-    if lines:
-        return json.loads(lines[-1])
-    return {"case": name, "pass": False,
-            "error": (f"crashed during '{started[-1][10:]}': " if started else "")
-            + f"rc={proc.returncode}: {(proc.stderr or proc.stdout)[-1500:]}"}
+    return runner.run_case_subprocess(cmd, CASES[i][0], env,
+                                      runner.CASE_TIMEOUT_S + 30 * len(schedules),
+                                      "TIMEOUT (hang?)")
 
 
 def correctness(only, schedules, jobs: int) -> list[dict]:
-    from concurrent.futures import ThreadPoolExecutor
-
     env = dict(os.environ)
     indices = [i for i in range(len(CASES)) if only is None or i in only]
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(_run_one, i, schedules, env) for i in indices]
-        rows = []
-        for i, future in zip(indices, futures):
-            row = future.result()
-            rows.append(row)
-            print(f"[{i}] {'PASS' if row['pass'] else 'FAIL'} {row['case']}", flush=True)
-            if "error" in row:
-                print("    " + row["error"].replace("\n", "\n    "), flush=True)
-                continue
-            for sched, r in row["variants"].items():
-                errs = "  ".join(f"{n} {r[n]['gluon_vs_f64']:.2e} (triton "
-                                 f"{r[n]['triton_vs_f64']:.2e}, nan={r[n]['nan']})"
-                                 for n in ("dq", "dk", "dv"))
-                print(f"    [{sched}] {errs}  unseen rows 0: {r['unseen_rows_zero']}",
-                      flush=True)
-    return rows
+
+    def print_errors(row: dict) -> None:
+        for sched, r in row["variants"].items():
+            errs = "  ".join(f"{n} {r[n]['gluon_vs_f64']:.2e} (triton "
+                             f"{r[n]['triton_vs_f64']:.2e}, nan={r[n]['nan']})"
+                             for n in ("dq", "dk", "dv"))
+            print(f"    [{sched}] {errs}  unseen rows 0: {r['unseen_rows_zero']}",
+                  flush=True)
+
+    return runner.run_cases(lambda i: _run_one(i, schedules, env), indices, jobs, print_errors)
 
 
 def bench() -> list[dict]:
@@ -324,7 +294,7 @@ def main() -> int:
     args = parser.parse_args()
     schedules = tuple(args.schedules)
     if args.case is not None:
-        print(json.dumps(run_case(args.case, schedules)), flush=True)
+        runner.print_result_line(run_case(args.case, schedules))
         return 0
     cases = correctness(args.only if args.only else None, schedules, args.jobs)
     crashed = [r["case"] for r in cases if "error" in r]
