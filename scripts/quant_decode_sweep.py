@@ -1,6 +1,7 @@
 """Launch-config sweep of the quantized paged decode (CUDA), CUDA-graph timing.
 
     PYTHONPATH=src python scripts/quant_decode_sweep.py [--formats int8,int4] [--quick]
+        [--shapes 1x131072] [--grid 64,4,2 128,4,2]
 
 GQA 32/8, d128, page 16, random page order, q_len 1, fp16 queries, the issue's three shapes.
 For each format and shape: every (block_n, num_warps, num_stages) in the grid through
@@ -33,15 +34,22 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--formats", default="fp8_e4m3,int8,int4")
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--shapes", default="", help="only these BATCHxLEN, comma-separated")
+    p.add_argument("--grid", nargs="*", default=[], help="only these BLOCK_N,WARPS,STAGES")
     args = p.parse_args()
     base_cfg = get_paged_decode_config(torch.cuda.get_device_capability(), 128)
     grid = list(itertools.product((32, 64, 128), (4, 8), (2, 3, 4)))
     if args.quick:
         grid = list(itertools.product((128, 256), (4, 8), (2, 3)))
+    if args.grid:
+        grid = [tuple(int(x) for x in g.split(",")) for g in args.grid]
+    shapes = SHAPES
+    if args.shapes:
+        shapes = [tuple(int(x) for x in sh.split("x")) for sh in args.shapes.split(",")]
     print("| batch x len | format | best (block_n, warps, stages) | us | 2nd | 3rd | default us |"
           " fp16 us | speedup |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for batch, length in SHAPES:
+    for batch, length in shapes:
         torch.manual_seed(0)
         pages = batch * length // 16
         q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.float16)

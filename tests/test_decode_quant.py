@@ -39,7 +39,9 @@ def _check(out, ref, dtype):
     assert rel < (1e-4 if dtype == torch.float32 else 2e-2), f"relative error {rel:.3e}"
 
 
-SHAPES = ([(3, 1, 4, 2, 64, 16, [37, 0, 64]), (2, 3, 8, 2, 96, 32, [70, 5])] if not HAS_CUDA else
+# (head dim 128 takes int4's split-dot path; 64 and 96 its per-channel path)
+SHAPES = ([(3, 1, 4, 2, 64, 16, [37, 0, 64]), (2, 3, 8, 2, 96, 32, [70, 5]),
+           (2, 2, 4, 1, 128, 16, [150, 33])] if not HAS_CUDA else
           [(16, 1, 32, 8, 128, 16, [4096] * 15 + [17]), (4, 4, 12, 2, 128, 64, [900, 0, 3, 2048]),
            (2, 1, 8, 8, 96, 16, [513, 1000])])
 

@@ -37,12 +37,13 @@ def test_int4_per_group_bound_and_layout(outliers):
     # Half a step of scale = amax / 7 (the scale rounded to fp16: relative 2^-11 more).
     step = s.float()[..., None]
     assert ((back.reshape(groups.shape) - groups).abs() <= step / 2 + 8 * step * 2 ** -11).all()
-    # Nibble order: channel 2i low, 2i + 1 high, q + 8.
-    y = torch.zeros(1, 1, 32, device=DEVICE, dtype=torch.float16)
-    y[..., 0], y[..., 1] = 7.0, -7.0
+    # Nibble order: channel i low, i + d/2 high, q + 8 (d = 64: byte 0 holds channels 0 and 32).
+    y = torch.zeros(1, 1, 64, device=DEVICE, dtype=torch.float16)
+    y[..., 0], y[..., 32], y[..., 1] = 7.0, -7.0, 7.0
     y_q, y_s = quantize_kv(y, "int4")
-    assert y_s.item() == 1.0 and y_q[0, 0, 0].item() == (15 | (1 << 4))
-    assert y_q[0, 0, 1:].eq(8 | (8 << 4)).all()
+    assert y_s.eq(1.0).all() and y_q[0, 0, 0].item() == (15 | (1 << 4))
+    assert y_q[0, 0, 1].item() == (15 | (8 << 4))
+    assert y_q[0, 0, 2:].eq(8 | (8 << 4)).all()
 
 
 def test_fp8_per_head_scale_and_given_scale():

@@ -171,6 +171,8 @@ class PagedDecodeConfig:
         merge measured 1-4% slower at 2-8 splits and 10-40% slower from 16 up (its program walks
         the splits one by one; H100, docs/notes.md), but it saves a launch (~10 us of host
         time), so it is kept for the smallest counts.
+    combined_block_n: when nonzero, the key tile of launches with more than
+        ``max_merged_splits`` splits (those a combine kernel merges).
     """
     block_n: int
     num_warps: int
@@ -181,6 +183,7 @@ class PagedDecodeConfig:
     kv_cache_modifier: str = ""
     kv_eviction: str = ""
     max_merged_splits: int = 4
+    combined_block_n: int = 0
 
 
 # (capability major, minor) -> head dim -> config. The Hopper d=128 row comes from
@@ -205,15 +208,19 @@ _paged_warned: set = set()
 
 
 # Quantized caches, (capability, kv_format) -> head dim -> config. From
-# scripts/quant_decode_sweep.py on the lent H100, 2026-11-23 (docs/notes.md), GQA 32/8 d128 at
-# (16, 4096), (64, 8192), (1, 131072): int8 led with 128-key tiles, 4 warps, 2 stages at all three
-# (64 x 8192: 465 us vs 806 with 64-key tiles); fp8 with 128 keys and 3 stages at 64 x 8192 (534
-# vs 666 us), 64-key tiles at the other two (within 1% of 128: not swept apart); int4 with 64-key
-# tiles, 4 warps, 2 stages. Other head dims use the fp16 row.
+# scripts/quant_decode_sweep.py on the lent H100 (docs/notes.md), GQA 32/8 d128 at (16, 4096),
+# (64, 8192), (1, 131072). 2026-11-23: int8 led with 128-key tiles, 4 warps, 2 stages at all three
+# (64 x 8192: 465 us vs 806 with 64-key tiles). 2026-11-25, after the kernels began converting
+# in the MMA operand layout: fp8 and int8 best at (128, 4, 2) at all three (3 stages 1-2% slower
+# for fp8, 5-40% for int8); int4's split dots best at (128, 4, 2) at 16 x 4096 (81 vs 95 us for
+# 64-key tiles) and within 5% of the best (128, 4, 4) at 64 x 8192 (614 vs 585 us; its old
+# 64-key row took 982). Yet at 1 x 131072 (49 splits) 64-key tiles won: 166 vs 208 us
+# (combined_block_n; 16 x 4096 runs 3 splits, merged in the launch). A rule from those points
+# only, not understood: sweep split counts next. Other head dims use the fp16 row.
 _PAGED_DECODE_QUANT_TABLE: dict[tuple[tuple[int, int], str], dict[int, PagedDecodeConfig]] = {
     ((9, 0), "int8"): {128: PagedDecodeConfig(128, 4, 2)},
-    ((9, 0), "fp8_e4m3"): {128: PagedDecodeConfig(128, 4, 3)},
-    ((9, 0), "int4"): {128: PagedDecodeConfig(64, 4, 2)},
+    ((9, 0), "fp8_e4m3"): {128: PagedDecodeConfig(128, 4, 2)},
+    ((9, 0), "int4"): {128: PagedDecodeConfig(128, 4, 2, combined_block_n=64)},
 }
 
 

@@ -34,6 +34,29 @@ from ._launch import all_aligned, dot_input_precision, launch, next_pow2
 
 
 @triton.jit
+def _softmax_step(qk, m_i, l_i, qk_scale, offs_m, offs_n, diag, kv_end, MASKED: tl.constexpr):
+    """Raw scores ``qk [BLOCK_M, BLOCK_N]`` (fp32, before the softmax scale) of one key tile into
+    the online-softmax state (base 2): returns ``(p, alpha, m_new, l_new)``, ``p`` the tile's
+    unnormalized probabilities and ``alpha`` the factor that rescales the running output.
+    Row ``i`` sees key ``j`` iff ``j <= i + diag`` and ``j < kv_end`` (checked with MASKED)."""
+    if MASKED:
+        visible = (offs_n[None, :] <= offs_m[:, None] + diag) & (offs_n[None, :] < kv_end)
+        qk = tl.where(visible, qk * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        # A row with no visible key so far keeps m = -inf; subtract 0 instead so that
+        # exp2(-inf - -inf) never makes a NaN.
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(qk - m_sub[:, None])
+    else:
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        m_sub = m_new
+        p = tl.math.exp2(qk * qk_scale - m_sub[:, None])
+    alpha = tl.math.exp2(m_i - m_sub)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    return p, alpha, m_new, l_i
+
+
+@triton.jit
 def _online_update(acc, m_i, l_i, q, k_t, v, qk_scale, offs_m, offs_n, diag, kv_end,
                    MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr, k_scale=1.0, v_scale=1.0,
                    KEY_SCALES: tl.constexpr = False):
@@ -50,20 +73,8 @@ def _online_update(acc, m_i, l_i, q, k_t, v, qk_scale, offs_m, offs_n, diag, kv_
     qk = tl.dot(q, k_t, input_precision=DOT_PRECISION)
     if KEY_SCALES:
         qk = qk * k_scale[None, :]
-    if MASKED:
-        visible = (offs_n[None, :] <= offs_m[:, None] + diag) & (offs_n[None, :] < kv_end)
-        qk = tl.where(visible, qk * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        # A row with no visible key so far keeps m = -inf; subtract 0 instead so that
-        # exp2(-inf - -inf) never makes a NaN.
-        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(qk - m_sub[:, None])
-    else:
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        m_sub = m_new
-        p = tl.math.exp2(qk * qk_scale - m_sub[:, None])
-    alpha = tl.math.exp2(m_i - m_sub)
-    l_i = l_i * alpha + tl.sum(p, 1)
+    p, alpha, m_new, l_i = _softmax_step(qk, m_i, l_i, qk_scale, offs_m, offs_n, diag, kv_end,
+                                         MASKED)
     if KEY_SCALES:
         acc = acc * alpha[:, None] + tl.dot((p * v_scale[None, :]).to(v.dtype), v,
                                             input_precision=DOT_PRECISION)

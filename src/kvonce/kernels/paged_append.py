@@ -92,9 +92,13 @@ def _store_token_row(x, Cache, Scale, dst, scale_dst, offs_h, h_ok, head_dim, st
         s = s.to(tl.float16)  # rounded before dividing: the stored scale is the one used
         q = _rint(tl.math.div_rn(g, tl.broadcast_to(s.to(tl.float32)[:, :, None],
                                                       [BLOCK_H, G, 32])))
-        q = (tl.minimum(tl.maximum(q, -7.0), 7.0) + 8.0).to(tl.int32)
-        lo, hi = tl.split(tl.reshape(q, [BLOCK_H, BLOCK_D // 2, 2]))  # channels 2i, 2i + 1
+        q = tl.reshape((tl.minimum(tl.maximum(q, -7.0), 7.0) + 8.0).to(tl.int32),
+                       [BLOCK_H, BLOCK_D])
+        # Byte i: channel i (low nibble) and channel i + d / 2 (high): kvonce.paged.quant.
         offs_b = tl.arange(0, BLOCK_D // 2)
+        lo_idx = tl.broadcast_to(offs_b[None, :], [BLOCK_H, BLOCK_D // 2])
+        lo = tl.gather(q, lo_idx, 1)
+        hi = tl.gather(q, tl.minimum(lo_idx + head_dim // 2, BLOCK_D - 1), 1)
         tl.store(Cache + rows + offs_b[None, :], (lo | (hi << 4)).to(tl.uint8),
                  mask=h_ok[:, None] & (offs_b[None, :] < head_dim // 2))
         offs_g = tl.arange(0, G)

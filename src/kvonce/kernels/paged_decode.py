@@ -36,7 +36,7 @@ import triton.language as tl
 
 # The state-in/state-out online-softmax step is shared with the varlen kernels.
 from ._launch import all_aligned, dot_input_precision, launch, next_pow2
-from .dual_group_fwd import _online_update
+from .dual_group_fwd import _online_update, _softmax_step
 
 LOG2E = 1.4426950408889634
 # Packed inline-asm converters (int8 -> fp16) on the GPU; the CPU interpreter runs no PTX, so there
@@ -158,22 +158,13 @@ def _load_quant_kv_tile(K, V, KS, VS, bt_row, start_n, kv_end, stride_kp, stride
     v_rows = page.to(tl.int64) * stride_vp + slot * stride_vt
     # One return at the end: code after a return under a constexpr `if` is still compiled.
     if KV_FORMAT == 3:
-        # [keys, d/2] bytes, contiguous along d: both caches loaded in V's orientation.
-        offs_b = tl.arange(0, BLOCK_D // 2)
-        offs_g = tl.arange(0, BLOCK_D // 32)
-        b_ok = offs_b[None, :] < head_dim // 2
-        g_ok = offs_g[None, :] < head_dim // 32
-        if MASKED:
-            b_ok = b_ok & in_range[:, None]
-            g_ok = g_ok & in_range[:, None]
-        kb = tl.load(K + k_rows[:, None] + offs_b[None, :], mask=b_ok, other=8).to(tl.int16)
-        vb = tl.load(V + v_rows[:, None] + offs_b[None, :], mask=b_ok, other=8).to(tl.int16)
+        # Generic int4 path (head dims other than 128): each channel c addresses its own byte
+        # (c, or c - d/2 in the high nibble) and its group's scale, in V's orientation for both.
         ks_rows = page.to(tl.int64) * stride_ksp + slot * stride_kst
         vs_rows = page.to(tl.int64) * stride_vsp + slot * stride_vst
-        ks = tl.load(KS + ks_rows[:, None] + offs_g[None, :], mask=g_ok, other=0.0)
-        vs = tl.load(VS + vs_rows[:, None] + offs_g[None, :], mask=g_ok, other=0.0)
-        k_t = tl.trans(_int4_tile(kb, ks, dtype, BLOCK_N, BLOCK_D))
-        v = _int4_tile(vb, vs, dtype, BLOCK_N, BLOCK_D)
+        k_t = tl.trans(_int4_tile(K, KS, k_rows, ks_rows, in_range, offs_d, head_dim, dtype,
+                                  MASKED))
+        v = _int4_tile(V, VS, v_rows, vs_rows, in_range, offs_d, head_dim, dtype, MASKED)
     else:
         k_ptrs = K + k_rows[None, :] + offs_d[:, None]
         v_ptrs = V + v_rows[:, None] + offs_d[None, :]
@@ -220,18 +211,189 @@ def _load_key_scales(KS, VS, bt_row, offs_n, kv_end, stride_ksp, stride_kst, str
 
 
 @triton.jit
-def _int4_tile(packed, scale, dtype: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """``packed`` int16 ``[BLOCK_N, BLOCK_D // 2]`` bytes (two q + 8 nibbles each, channel 2i
-    low) and fp16 ``scale [BLOCK_N, BLOCK_D // 32]`` -> ``[BLOCK_N, BLOCK_D]`` values in ``dtype``,
-    each ``(nibble - 8) * scale`` rounded once (as ``dequantize_kv`` to that dtype)."""
-    q = tl.reshape(tl.join(packed & 15, packed >> 4), [BLOCK_N, BLOCK_D])
-    s = tl.reshape(tl.broadcast_to(scale[:, :, None], [BLOCK_N, BLOCK_D // 32, 32]),
-                   [BLOCK_N, BLOCK_D])
+def _int4_tile(C, CS, rows, scale_rows, in_range, offs_d, head_dim, dtype: tl.constexpr,
+               MASKED: tl.constexpr):
+    """One int4 cache's tile ``[BLOCK_N, BLOCK_D]`` in ``dtype`` (channels past ``head_dim`` and,
+    MASKED, keys out of range read 0): key n's channel c is the low nibble of byte c (c < d/2) or
+    the high nibble of byte c - d/2, times the fp16 scale of group c // 32, rounded once (as
+    ``dequantize_kv`` to that dtype). Each byte is addressed twice (the second read hits L1)."""
+    half = head_dim // 2
+    high = offs_d >= half
+    ok = (offs_d < head_dim)[None, :]
+    if MASKED:
+        ok = ok & in_range[:, None]
+    b = tl.load(C + rows[:, None] + tl.where(high, offs_d - half, offs_d)[None, :], mask=ok,
+                other=0x88).to(tl.int16)
+    s = tl.load(CS + scale_rows[:, None] + (offs_d // 32)[None, :], mask=ok, other=0.0)
+    q = (b >> tl.where(high, 4, 0)[None, :].to(tl.int16)) & 15
     if dtype == tl.float16:  # (1024 + nibble) - 1032: exact; the fp16 product rounds once
         x = ((q + 0x6400).to(tl.float16, bitcast=True) - 1032.0) * s
     else:
         x = ((q - 8).to(tl.float32) * s.to(tl.float32)).to(dtype)
     return x
+
+
+@triton.jit
+def _nibbles_to(b, HIGH: tl.constexpr, dtype: tl.constexpr):
+    """The low (or, HIGH, high) nibbles of int4 bytes ``b`` (uint8, each nibble q + 8) as the
+    values q in ``dtype``, exactly. Bit patterns, not int->float conversions (quarter rate): fp16
+    ``0x6400 + n`` is 1024 + n (ulp 1 there), bf16 ``0x4300 + n`` is 128 + n; minus 1032 / 136.
+    Only integer ops, a bitcast and a subtract of a constant: Triton keeps the bytes in shared
+    memory and runs this in the MMA operand layout."""
+    if dtype == tl.float16 and PACKED_CVT:
+        # Four bytes at a time: two prmt put bytes (0, 1) and (2, 3) under 0x64 high bytes
+        # (f16x2 pairs in the bytes' order), one lop3 each keeps the low nibble (1024 + n) or
+        # the high one (1024 + 16 n), and one sub.f16x2 (- 1032) or fma.f16x2 (/ 16 - 72)
+        # gives n - 8: 6 instructions per 4 values, exact. One output per asm: a two-output asm
+        # would not be hoisted to the MMA operand layout.
+        if HIGH:
+            y = tl.inline_asm_elementwise(
+                """{
+                .reg .b32 t, u, a, c;
+                prmt.b32 t, $2, 0x64646464, 0x4140;
+                prmt.b32 u, $2, 0x64646464, 0x4342;
+                mov.b32 a, 0x2C002C00;
+                mov.b32 c, 0xD480D480;
+                and.b32 t, t, 0xFFF0FFF0;
+                and.b32 u, u, 0xFFF0FFF0;
+                fma.rn.f16x2 $0, t, a, c;
+                fma.rn.f16x2 $1, u, a, c;
+                }""",
+                "=r,=r,r", [b], dtype=tl.float16, is_pure=True, pack=4)
+        else:
+            y = tl.inline_asm_elementwise(
+                """{
+                .reg .b32 t, u, c;
+                prmt.b32 t, $2, 0x64646464, 0x4140;
+                prmt.b32 u, $2, 0x64646464, 0x4342;
+                mov.b32 c, 0x64086408;
+                and.b32 t, t, 0xFF0FFF0F;
+                and.b32 u, u, 0xFF0FFF0F;
+                sub.f16x2 $0, t, c;
+                sub.f16x2 $1, u, c;
+                }""",
+                "=r,=r,r", [b], dtype=tl.float16, is_pure=True, pack=4)
+    else:
+        if HIGH:
+            n = b >> 4
+        else:
+            n = b & 15
+        if dtype == tl.float16:
+            y = (n.to(tl.int16) + 0x6400).to(tl.float16, bitcast=True) - 1032.0
+        elif dtype == tl.bfloat16:
+            y = (n.to(tl.int16) + 0x4300).to(tl.bfloat16, bitcast=True) - 136.0
+        else:
+            y = (n.to(tl.float32) - 8.0).to(dtype)
+    return y
+
+
+@triton.jit
+def _split_int4_groups(x, BLOCK_M: tl.constexpr):
+    """``x [BLOCK_M, 128]`` -> its four 32-channel groups ``[BLOCK_M, 32]`` (group g: channels
+    ``32g .. 32g + 31``, one int4 scale each)."""
+    x4 = tl.permute(tl.reshape(x, [BLOCK_M, 2, 2, 32]), (0, 3, 2, 1))  # (c, g % 2, g // 2)
+    g01, g23 = tl.split(x4)
+    g0, g1 = tl.split(g01)
+    g2, g3 = tl.split(g23)
+    return g0, g1, g2, g3
+
+
+@triton.jit
+def _join_int4_groups(g0, g1, g2, g3, BLOCK_M: tl.constexpr):
+    """The inverse of ``_split_int4_groups``: four ``[BLOCK_M, 32]`` groups -> ``[BLOCK_M, 128]``."""
+    x4 = tl.join(tl.join(g0, g1), tl.join(g2, g3))  # (c, g % 2, g // 2)
+    return tl.reshape(tl.permute(x4, (0, 3, 2, 1)), [BLOCK_M, 128])
+
+
+@triton.jit
+def _int4_chunk_scores(qk, q_low, q_high, K, KS, k_rows, ks_rows, in_range, k: tl.constexpr,
+                       MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """``qk [BLOCK_M, BLOCK_N]`` plus the scores of int4 bytes ``32k .. 32k + 31`` of each key
+    (head dim 128): their low nibbles are group k (against ``q_low``, q's channels of group k),
+    their high nibbles group k + 2 (against ``q_high``); each dot's scores times its group's
+    per-key scale. The bytes, transposed ``[32, BLOCK_N]``, go from memory to the MMA operand
+    with only integer ops between (32 contiguous bytes: Triton stages them in shared memory as
+    they are; 16 were too few for it)."""
+    offs_b = 32 * k + tl.arange(0, 32)
+    if MASKED:  # 0x88: both nibbles 8, the value 0 (the scores are masked anyway)
+        kb = tl.load(K + k_rows[None, :] + offs_b[:, None], mask=in_range[None, :], other=0x88)
+        s_low = tl.load(KS + ks_rows + k, mask=in_range, other=0.0)
+        s_high = tl.load(KS + ks_rows + k + 2, mask=in_range, other=0.0)
+    else:
+        kb = tl.load(K + k_rows[None, :] + offs_b[:, None])
+        s_low = tl.load(KS + ks_rows + k)
+        s_high = tl.load(KS + ks_rows + k + 2)
+    dtype: tl.constexpr = q_low.dtype
+    low = tl.dot(q_low, _nibbles_to(kb, False, dtype), input_precision=DOT_PRECISION)
+    high = tl.dot(q_high, _nibbles_to(kb, True, dtype), input_precision=DOT_PRECISION)
+    return qk + low * s_low.to(tl.float32)[None, :] + high * s_high.to(tl.float32)[None, :]
+
+
+@triton.jit
+def _int4_chunk_values(acc_low, acc_high, p, alpha, V, VS, v_rows, vs_rows, in_range,
+                       k: tl.constexpr, dtype: tl.constexpr, MASKED: tl.constexpr,
+                       DOT_PRECISION: tl.constexpr):
+    """Groups k and k + 2 of the output (``acc_low``, ``acc_high [BLOCK_M, 32]``, rescaled by
+    ``alpha``) plus ``p`` times the values of int4 bytes ``32k .. 32k + 31`` ``[BLOCK_N, 32]``:
+    each nibble plane's dot takes ``p`` with its group's per-key scale on the columns."""
+    offs_b = 32 * k + tl.arange(0, 32)
+    if MASKED:
+        vb = tl.load(V + v_rows[:, None] + offs_b[None, :], mask=in_range[:, None], other=0x88)
+        s_low = tl.load(VS + vs_rows + k, mask=in_range, other=0.0)
+        s_high = tl.load(VS + vs_rows + k + 2, mask=in_range, other=0.0)
+    else:
+        vb = tl.load(V + v_rows[:, None] + offs_b[None, :])
+        s_low = tl.load(VS + vs_rows + k)
+        s_high = tl.load(VS + vs_rows + k + 2)
+    p_low = (p * s_low.to(tl.float32)[None, :]).to(dtype)
+    p_high = (p * s_high.to(tl.float32)[None, :]).to(dtype)
+    acc_low = tl.dot(p_low, _nibbles_to(vb, False, dtype), acc_low * alpha[:, None],
+                     input_precision=DOT_PRECISION)
+    acc_high = tl.dot(p_high, _nibbles_to(vb, True, dtype), acc_high * alpha[:, None],
+                      input_precision=DOT_PRECISION)
+    return acc_low, acc_high
+
+
+@triton.jit
+def _attend_paged_int4(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end, K, V, KS, VS,
+                       bt_row, stride_kp, stride_kt, stride_vp, stride_vt, stride_ksp,
+                       stride_kst, stride_vsp, stride_vst, MASKED: tl.constexpr,
+                       PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       DOT_PRECISION: tl.constexpr):
+    """``_attend_paged`` for an int4 cache at head dim 128, as split dots: no tile is widened,
+    interleaved or scaled per element. Bytes 32k .. 32k + 31 of a key hold group k in their low
+    nibbles and group k + 2 in their high ones (``kvonce.paged.quant``), so each nibble plane is
+    one dot against q's (or the output's) channels of one group, with that group's per-key scale
+    on the scores' (or the probabilities') columns. q and the output are split into their four
+    groups once per call (``_split_int4_groups``). Same state in and out as ``_attend_paged``."""
+    dtype: tl.constexpr = q.dtype
+    q0, q1, q2, q3 = _split_int4_groups(q, BLOCK_M)
+    a0, a1, a2, a3 = _split_int4_groups(acc, BLOCK_M)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        in_range = offs_n < kv_end
+        if MASKED:
+            page = tl.load(bt_row + offs_n // PAGE_SIZE, mask=in_range, other=0).to(tl.int64)
+        else:
+            page = tl.load(bt_row + offs_n // PAGE_SIZE).to(tl.int64)
+        slot = offs_n % PAGE_SIZE
+        k_rows = page * stride_kp + slot * stride_kt
+        v_rows = page * stride_vp + slot * stride_vt
+        ks_rows = page * stride_ksp + slot * stride_kst
+        vs_rows = page * stride_vsp + slot * stride_vst
+        qk = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        qk = _int4_chunk_scores(qk, q0, q2, K, KS, k_rows, ks_rows, in_range, 0, MASKED,
+                                DOT_PRECISION)
+        qk = _int4_chunk_scores(qk, q1, q3, K, KS, k_rows, ks_rows, in_range, 1, MASKED,
+                                DOT_PRECISION)
+        p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, qk_scale, tok, offs_n, diag, kv_end,
+                                           MASKED)
+        a0, a2 = _int4_chunk_values(a0, a2, p, alpha, V, VS, v_rows, vs_rows, in_range, 0,
+                                    dtype, MASKED, DOT_PRECISION)
+        a1, a3 = _int4_chunk_values(a1, a3, p, alpha, V, VS, v_rows, vs_rows, in_range, 1,
+                                    dtype, MASKED, DOT_PRECISION)
+    acc = _join_int4_groups(a0, a1, a2, a3, BLOCK_M)
+    return acc, m_i, l_i
 
 
 @triton.jit
@@ -325,18 +487,30 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc, m_i, l_i = _attend_paged(acc, m_i, l_i, q, lo, full, qk_scale, tok, diag, hi,
-                                  K, V, KS, VS, bt_row, stride_kp, stride_kt, stride_vp,
-                                  stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
-                                  offs_d, head_dim, False, PAGE_SIZE, BLOCK_N, BLOCK_D, EVEN_D,
-                                  KV_CACHE, KV_EVICT, KV_FORMAT, DOT_PRECISION, INT64_KV,
-                                  PREFETCH_PAGES, Kd, Vd, kv_head * BLOCK_D, USE_DESC)
-    acc, m_i, l_i = _attend_paged(acc, m_i, l_i, q, full, hi, qk_scale, tok, diag, hi,
-                                  K, V, KS, VS, bt_row, stride_kp, stride_kt, stride_vp,
-                                  stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
-                                  offs_d, head_dim, True, PAGE_SIZE, BLOCK_N, BLOCK_D, EVEN_D,
-                                  KV_CACHE, KV_EVICT, KV_FORMAT, DOT_PRECISION, INT64_KV,
-                                  PREFETCH_PAGES)
+    if KV_FORMAT == 3 and BLOCK_D == 128 and EVEN_D:  # int4 at head dim 128: split dots
+        acc, m_i, l_i = _attend_paged_int4(acc, m_i, l_i, q, lo, full, qk_scale, tok, diag, hi,
+                                           K, V, KS, VS, bt_row, stride_kp, stride_kt,
+                                           stride_vp, stride_vt, stride_ksp, stride_kst,
+                                           stride_vsp, stride_vst, False, PAGE_SIZE, BLOCK_M,
+                                           BLOCK_N, DOT_PRECISION)
+        acc, m_i, l_i = _attend_paged_int4(acc, m_i, l_i, q, full, hi, qk_scale, tok, diag, hi,
+                                           K, V, KS, VS, bt_row, stride_kp, stride_kt,
+                                           stride_vp, stride_vt, stride_ksp, stride_kst,
+                                           stride_vsp, stride_vst, True, PAGE_SIZE, BLOCK_M,
+                                           BLOCK_N, DOT_PRECISION)
+    else:
+        acc, m_i, l_i = _attend_paged(acc, m_i, l_i, q, lo, full, qk_scale, tok, diag, hi,
+                                      K, V, KS, VS, bt_row, stride_kp, stride_kt, stride_vp,
+                                      stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
+                                      offs_d, head_dim, False, PAGE_SIZE, BLOCK_N, BLOCK_D, EVEN_D,
+                                      KV_CACHE, KV_EVICT, KV_FORMAT, DOT_PRECISION, INT64_KV,
+                                      PREFETCH_PAGES, Kd, Vd, kv_head * BLOCK_D, USE_DESC)
+        acc, m_i, l_i = _attend_paged(acc, m_i, l_i, q, full, hi, qk_scale, tok, diag, hi,
+                                      K, V, KS, VS, bt_row, stride_kp, stride_kt, stride_vp,
+                                      stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
+                                      offs_d, head_dim, True, PAGE_SIZE, BLOCK_N, BLOCK_D, EVEN_D,
+                                      KV_CACHE, KV_EVICT, KV_FORMAT, DOT_PRECISION, INT64_KV,
+                                      PREFETCH_PAGES)
     if KV_FORMAT == 1:  # and its V scale every output row
         acc = acc * tl.load(VS)
     return acc, m_i, l_i

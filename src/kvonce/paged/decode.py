@@ -10,6 +10,8 @@ SM count, sequence lengths are read by the kernel, so a call is CUDA-graph captu
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from .. import _validate as V
@@ -136,6 +138,8 @@ class PagedDecodePlan:
             num_splits = choose_num_splits(batch, k_cache.shape[2],
                                            block_table.shape[1] * page_size, num_sms, self.config)
         self.num_splits = num_splits
+        if self.config.combined_block_n and num_splits > self.config.max_merged_splits:
+            self.config = dataclasses.replace(self.config, block_n=self.config.combined_block_n)
         self.causal = causal
         self.softmax_scale = head_dim ** -0.5 if softmax_scale is None else float(softmax_scale)
         self._q_shape, self._kv_tail = q.shape, k_cache.shape[1:]

@@ -10,8 +10,12 @@
   scale, ``amax(|x|) / 448`` per KV head over every other dim (the scale a cache is created with).
 - int8: ``scale = amax(|x|) / 127`` over ``d`` per (token, head); ``x_q = round(x / scale)``.
 - int4: symmetric per group of 32 channels: ``scale = amax / 7``, ``q = round(x / scale)`` in
-  ``[-7, 7]``, stored as ``q + 8`` in 4 bits; channel ``2i`` in the low nibble of byte ``i``,
-  channel ``2i + 1`` in the high nibble. (Asymmetric with a zero point: not measured yet.)
+  ``[-7, 7]``, stored as ``q + 8`` in 4 bits; channel ``i`` in the low nibble of byte ``i``,
+  channel ``i + d / 2`` in its high nibble (``i < d / 2``). So at ``d % 64 == 0`` every 32 bytes
+  ``32k .. 32k + 31`` hold two whole groups, ``k`` in the low nibbles and ``k + d / 64`` in the
+  high ones, and a decode kernel can dot each nibble plane as it is stored, one scale per dot
+  (before 2026-11-25: channels ``2i`` and ``2i + 1`` in byte ``i``). (Asymmetric with a zero
+  point: not measured yet.)
 - An all-zero group gets the smallest positive scale (never 0 or NaN) and dequantizes to 0.
 """
 from __future__ import annotations
@@ -75,8 +79,8 @@ def quantize_kv(x: torch.Tensor, kv_format: str, *, scale: torch.Tensor | None =
     groups = xf.reshape(*xf.shape[:-1], d // INT4_GROUP, INT4_GROUP)
     s = torch.clamp(groups.abs().amax(dim=-1) / _const(7.0, x), min=_TINY).half()
     q = torch.clamp(torch.round(groups / s.float()[..., None]), -7, 7).to(torch.int16) + 8
-    q = q.reshape(*xf.shape[:-1], d // 2, 2)
-    packed = (q[..., 0] | (q[..., 1] << 4)).to(torch.uint8)
+    q = q.reshape(*xf.shape[:-1], d)
+    packed = (q[..., : d // 2] | (q[..., d // 2:] << 4)).to(torch.uint8)
     return packed, s
 
 
@@ -93,6 +97,6 @@ def dequantize_kv(x_q: torch.Tensor, x_scale: torch.Tensor, kv_format: str,
         return (x_q.float() * x_scale.float()[..., None]).to(dtype)
     V.check_tensor("x_q", x_q, dtypes=(torch.uint8,))
     b = x_q.to(torch.int16)
-    q = torch.stack([b & 15, b >> 4], dim=-1).reshape(*x_q.shape[:-1], x_q.shape[-1] * 2) - 8
+    q = torch.cat([b & 15, b >> 4], dim=-1) - 8  # channels i, then i + d / 2
     groups = q.float().reshape(*q.shape[:-1], -1, INT4_GROUP)
     return (groups * x_scale.float()[..., None]).reshape(q.shape).to(dtype)
