@@ -4,7 +4,8 @@
                                                    [--cfg 128,64,8,2 128,128,8,3,r ...]
 
 A spec is ``block_m,block_n,num_warps,num_stages`` plus ``r`` for ``last_tiles_first`` and ``i``
-for ``int64_kv_offsets``, ``p`` for ``prefetch_pages``, ``t`` for ``tma``. Per row,
+for ``int64_kv_offsets``, ``p`` for ``prefetch_pages``, ``t`` for ``tma``, ``h`` for one q head
+per program (``pack_gqa=False``). Per row,
 page size and config: ``PagedPrefillPlan.run`` time (``do_bench`` median, eager), TFLOP/s and the
 relative error against the first config's output.
 """
@@ -25,7 +26,8 @@ def _config(spec: str) -> PagedPrefillConfig:
     parts = spec.split(",")
     return PagedPrefillConfig(*[int(x) for x in parts if x.isdigit()],
                               last_tiles_first="r" in parts, int64_kv_offsets="i" in parts,
-                              prefetch_pages="p" in parts, tma="t" in parts)
+                              prefetch_pages="p" in parts, tma="t" in parts,
+                              pack_gqa="h" not in parts)
 
 
 def main() -> None:

@@ -119,6 +119,27 @@ def test_last_tiles_first_order():
     check_lse(lse, ref_lse)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("nheads,nheads_k", [(8, 2), (12, 2), (4, 4)])
+def test_one_head_per_program(causal, nheads, nheads_k):
+    """config.pack_gqa=False (one q head per program, rows are tokens) computes the same batch
+    as the reference: GQA 4 and 6, MHA, causal and not, an empty sequence and lengths off the
+    tile grid (MIXED)."""
+    import dataclasses
+
+    base = get_paged_prefill_config(torch.cuda.get_device_capability() if HAS_CUDA else None, 32)
+    config = dataclasses.replace(base, pack_gqa=False)
+    q, k, v, cu, seqlens, table = make_case(MIXED, nheads=nheads, nheads_k=nheads_k,
+                                            dtype=DTYPES[0])
+    ref, ref_lse = paged_prefill_ref(q.float(), k.float(), v.float(), cu, seqlens, table,
+                                     causal=causal)
+    with poison_empty:
+        out, lse = kvonce.paged_prefill(q, k, v, cu, seqlens, table, max_seqlen_q=max_q(cu),
+                                        causal=causal, return_lse=True, config=config)
+    assert rel_err(out, ref) < TOL[DTYPES[0]]
+    check_lse(lse, ref_lse)
+
+
 def test_single_sequence_with_strided_q():
     """batch 1 (a whole prompt) and q a strided view (as from a fused qkv projection)."""
     n = 37 if not HAS_CUDA else 1500

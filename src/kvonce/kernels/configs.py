@@ -407,6 +407,10 @@ class PagedPrefillConfig:
     prefetch_pages: plain caches look the next key tile's pages up one iteration ahead.
     tma: unmasked tiles of a plain cache through TMA descriptors when pages hold whole key tiles
         (``page_size % block_n == 0``); other caches ignore it.
+    pack_gqa: the rows of a tile are tokens x the GQA group (each K/V tile read once for all
+        the group's heads); False: one q head per program, rows are tokens (BLOCK_M tokens a
+        tile, as the contiguous forward's one-group tiles: a shorter causal band per token, each
+        K/V tile read by GROUP programs, from L2). Not yet measured (2026-11-25).
     """
     block_m: int
     block_n: int
@@ -418,6 +422,7 @@ class PagedPrefillConfig:
     int64_kv_offsets: bool = False
     prefetch_pages: bool = False
     tma: bool = False
+    pack_gqa: bool = True
 
 
 # Hopper (H100, triton 3.6, bf16, 32/8 heads, d128; scripts/prefill_sweep.py, 2026-11-24,

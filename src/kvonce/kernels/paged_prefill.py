@@ -83,14 +83,18 @@ def _paged_prefill_kernel(
     KV_FORMAT: tl.constexpr, BLOCK_Q: tl.constexpr, LAST_FIRST: tl.constexpr,
     INT64_KV: tl.constexpr, PREFETCH_PAGES: tl.constexpr, USE_DESC: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # tl.dot's input_precision: "ieee" or "tf32" (fp32 inputs only)
+    PACK_GQA: tl.constexpr = True,
 ):
-    # BLOCK_Q = BLOCK_M // GROUP tokens per tile.
-    # Grid: (total_q // BLOCK_Q + batch, nheads_k).
+    # PACK_GQA: BLOCK_Q = BLOCK_M // GROUP tokens per tile, grid (total_q // BLOCK_Q + batch,
+    # nheads_k). Otherwise one q head per program: BLOCK_Q = BLOCK_M, grid (.., nheads).
     if LAST_FIRST:
         tile = tl.num_programs(0) - 1 - tl.program_id(0)
     else:
         tile = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    if PACK_GQA:
+        kv_head = tl.program_id(1)
+    else:
+        kv_head = tl.program_id(1) // GROUP
     seq = _find_sequence(cu_seqlens_q, tile, batch, BLOCK_Q)
     q_start = tl.load(cu_seqlens_q + seq)
     q_len = tl.load(cu_seqlens_q + seq + 1) - q_start
@@ -100,9 +104,14 @@ def _paged_prefill_kernel(
     seqlen = tl.load(cache_seqlens + seq)
 
     rows = tl.arange(0, BLOCK_M)
-    tok = tok0 + rows // GROUP
-    head = kv_head * GROUP + rows % GROUP
-    row_ok = (rows < BLOCK_Q * GROUP) & (tok < q_len)
+    if PACK_GQA:
+        tok = tok0 + rows // GROUP
+        head = kv_head * GROUP + rows % GROUP
+        row_ok = (rows < BLOCK_Q * GROUP) & (tok < q_len)
+    else:
+        tok = tok0 + rows
+        head = tl.program_id(1) + rows * 0
+        row_ok = tok < q_len
     offs_d = tl.arange(0, BLOCK_D)
     # int64: (q_start + tok) * stride_qt passes 2^31 for long batches.
     q_rows = (q_start + tok).to(tl.int64)
@@ -184,8 +193,12 @@ class PagedPrefillLaunch:
         page_size, nheads_k = k_cache.shape[1], k_cache.shape[2]
         batch = block_table.shape[0]
         group = nheads // nheads_k
-        block_m = prefill_block_m(config.block_m, group)
-        block_q = block_m // group
+        if config.pack_gqa:
+            block_m = prefill_block_m(config.block_m, group)
+            block_q = block_m // group
+        else:  # one q head per program: the rows are tokens
+            block_m = max(16, config.block_m)
+            block_q = block_m
         block_d = max(16, next_pow2(head_dim))
         self.empty = total_q == 0 or batch == 0
         self.device_index = q.device.index if q.device.type == "cuda" else -1
@@ -194,7 +207,7 @@ class PagedPrefillLaunch:
                       *_scale_strides(v_scale, kv_format), nheads * head_dim, head_dim, total_q,
                       block_table.stride(0))
         self._scale = float(softmax_scale)
-        self._grid = (total_q // block_q + batch, nheads_k, 1)
+        self._grid = (total_q // block_q + batch, nheads_k if config.pack_gqa else nheads, 1)
         self._constexprs = dict(
             GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, BLOCK_M=block_m,
             BLOCK_N=config.block_n, BLOCK_D=block_d, EVEN_D=block_d == head_dim,
@@ -204,7 +217,8 @@ class PagedPrefillLaunch:
             INT64_KV=config.int64_kv_offsets or max(_span(k_cache), _span(v_cache)) >= 2**31,
             PREFETCH_PAGES=config.prefetch_pages,
             USE_DESC=_tma_ok(config, k_cache, v_cache, kv_format, head_dim, block_d),
-            DOT_PRECISION=dot_input_precision(q.dtype))  # fp32 as PyTorch would (fixed per plan)
+            DOT_PRECISION=dot_input_precision(q.dtype),  # fp32 as PyTorch would (fixed per plan)
+            PACK_GQA=config.pack_gqa)
         self._warps = (config.num_warps, config.num_stages)
         self._key = (q.dtype, k_cache.dtype, k_scale.dtype if k_scale is not None else None,
                      self._ints, tuple(self._constexprs.values()), self._warps)
