@@ -1,7 +1,8 @@
 """Launch-config sweep of the quantized paged decode (CUDA), CUDA-graph timing.
 
     PYTHONPATH=src python scripts/quant_decode_sweep.py [--formats int8,int4] [--quick]
-        [--shapes 1x131072] [--grid 64,4,2 128,4,2]
+        [--shapes 1x131072] [--grid 64,4,2 128,4,2 128,4,2,6,64]
+(a grid entry: block_n, num_warps, num_stages[, programs_per_sm[, max_merged_splits]])
 
 GQA 32/8, d128, page 16, random page order, q_len 1, fp16 queries, the issue's three shapes.
 For each format and shape: every (block_n, num_warps, num_stages) in the grid through
@@ -35,7 +36,8 @@ def main():
     p.add_argument("--formats", default="fp8_e4m3,int8,int4")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--shapes", default="", help="only these BATCHxLEN, comma-separated")
-    p.add_argument("--grid", nargs="*", default=[], help="only these BLOCK_N,WARPS,STAGES")
+    p.add_argument("--grid", nargs="*", default=[],
+                   help="only these BLOCK_N,WARPS,STAGES[,PROGRAMS_PER_SM[,MAX_MERGED_SPLITS]]")
     args = p.parse_args()
     base_cfg = get_paged_decode_config(torch.cuda.get_device_capability(), 128)
     grid = list(itertools.product((32, 64, 128), (4, 8), (2, 3, 4)))
@@ -63,8 +65,13 @@ def main():
             kq, ks = kvonce.quantize_kv(k, fmt)
             vq, vs = kvonce.quantize_kv(v, fmt)
             res = []
-            for bn, w, st in grid:
+            for spec in grid:
+                bn, w, st = spec[:3]
                 cfg = dataclasses.replace(base_cfg, block_n=bn, num_warps=w, num_stages=st)
+                if len(spec) > 3:  # the split count's knobs (choose_num_splits)
+                    cfg = dataclasses.replace(cfg, programs_per_sm=float(spec[3]))
+                if len(spec) > 4:
+                    cfg = dataclasses.replace(cfg, max_merged_splits=spec[4])
                 try:
                     pl = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks,
                                                 v_scale=vs, config=cfg,
@@ -72,9 +79,9 @@ def main():
                     us = graph_us(lambda: pl.run(q, kq, vq, seqlens, table, k_scale=ks,
                                                  v_scale=vs))
                 except Exception as exc:  # noqa: BLE001 (out of shared memory etc.)
-                    print(f"  {fmt} {bn},{w},{st}: {type(exc).__name__}"[:120])
+                    print(f"  {fmt} {spec}: {type(exc).__name__}"[:120])
                     continue
-                res.append((us, (bn, w, st)))
+                res.append((us, tuple(spec)))
             res.sort()
             pl = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
                                         kv_format="int4" if fmt == "int4" else None)
