@@ -18,6 +18,13 @@ they differ, and the max / mean relative logit error ``||l - l_plain|| / ||l_pla
 steps, with both runs fed the plain run's tokens (teacher forcing, so the contexts stay aligned).
 The plain kvonce run itself is compared with HF's own SDPA generation (DynamicCache), which it
 should match to rounding.
+
+``--outliers X``: keys with outlier channels, as trained LLMs have them (issue 26 section 2): the
+model gets a k_proj bias (zero elsewhere) of fixed-sign offsets, X times the keys' typical
+magnitude, in the two lowest-frequency rotary pairs of every KV head; added before RoPE, so the
+cache holds them rotated, as a real model's would. ``--key-transform``: each quantized format
+also runs with a ``kvonce.KeyTransform`` per layer, calibrated from that layer's prompt keys
+(``calibrate_key_transform``), on append and attention.
 """
 from __future__ import annotations
 
@@ -40,6 +47,11 @@ def parse_args(argv):
     p.add_argument("--formats", default="fp8_e4m3,int8,int4",
                    help="quantized formats to check, comma-separated")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--outliers", type=float, default=0.0,
+                   help="k_proj bias offsets this many times the keys' typical magnitude "
+                        "in the two lowest-frequency rotary pairs (0: none)")
+    p.add_argument("--key-transform", action="store_true",
+                   help="also run each format with a KeyTransform per layer")
     return p.parse_args(argv)
 
 
@@ -52,11 +64,35 @@ def build_model(args, torch):
     else:
         shape = dict(num_hidden_layers=4, hidden_size=512, intermediate_size=1536,
                      num_attention_heads=8, num_key_value_heads=2, head_dim=128)
-    config = LlamaConfig(vocab_size=1000, max_position_embeddings=4096, **shape)
+    config = LlamaConfig(vocab_size=1000, max_position_embeddings=4096,
+                         attention_bias=args.outliers > 0, **shape)
     torch.manual_seed(args.seed)
     dtype = torch.float16 if args.device == "cuda" else torch.float32
-    model = LlamaForCausalLM(config).to(device=args.device, dtype=dtype).eval()
-    return model
+    model = LlamaForCausalLM(config).eval()
+    if args.outliers > 0:
+        add_key_outliers(torch, model, args.outliers, args.seed)
+    return model.to(device=args.device, dtype=dtype)
+
+
+def add_key_outliers(torch, model, times: float, seed: int) -> None:
+    """Zero every attention bias, then give k_proj a bias of fixed-sign offsets in the two
+    lowest-frequency rotary pairs of each KV head (channels ``d/2 - 2, d/2 - 1`` and their
+    partners ``d - 2, d - 1`` in HF's rotate-half layout), ``times`` the keys' typical
+    magnitude (the k_proj weights' row norm times the hidden states' RMS, ~1)."""
+    cfg = model.config
+    d, hk = cfg.head_dim, cfg.num_key_value_heads
+    g = torch.Generator().manual_seed(seed + 7)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            attn = layer.self_attn
+            for proj in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj):
+                if proj.bias is not None:
+                    proj.bias.zero_()
+            typical = attn.k_proj.weight.norm(dim=1).mean().item()
+            bias = attn.k_proj.bias.view(hk, d)
+            for ch in (d // 2 - 2, d // 2 - 1, d - 2, d - 1):
+                sign = torch.where(torch.rand(hk, generator=g) < 0.5, -1.0, 1.0)
+                bias[:, ch] = sign * times * typical
 
 
 class PagedKV:
@@ -66,8 +102,10 @@ class PagedKV:
     step's tokens at that position, and ``advance`` moves it once the whole model has run."""
 
     def __init__(self, torch, kvonce, kv_format, batch, max_len, nheads_k, head_dim, dtype,
-                 device, page_size=16, seed=0):
+                 device, page_size=16, seed=0, key_transform=False):
         self.torch, self.kvonce = torch, kvonce
+        self.key_transform = key_transform
+        self.transforms: dict[int, object] = {}
         self.kv_format, self.dtype, self.device = kv_format, dtype, device
         self.page_size, self.nheads_k, self.head_dim = page_size, nheads_k, head_dim
         pages_per_seq = -(-max_len // page_size)
@@ -108,11 +146,18 @@ class PagedKV:
         v = value.transpose(1, 2).contiguous()
         layer = module.layer_idx
         if layer not in self.layers:
-            self.layers[layer] = self._new_layer(k, v)
+            k_stored = k
+            if self.key_transform:  # from this layer's prompt keys [b * T, hk, d]
+                self.transforms[layer] = kvonce.calibrate_key_transform(
+                    k.reshape(-1, *k.shape[2:]))
+                k_stored = self.transforms[layer].keys(k)  # fp8's scale: of the stored keys
+            self.layers[layer] = self._new_layer(k_stored, v)
         k_cache, v_cache, k_scale, v_scale = self.layers[layer]
+        kt = self.transforms.get(layer)
         kv_format = "int4" if self.kv_format == "int4" else None
         kvonce.append_paged_kv(k, v, k_cache, v_cache, self.cache_seqlens, self.block_table,
-                               k_scale=k_scale, v_scale=v_scale, kv_format=kv_format)
+                               k_scale=k_scale, v_scale=v_scale, kv_format=kv_format,
+                               key_transform=kt)
         new = query.shape[2]
         if new > 1:  # prefill: the prompt attends to itself (the cache holds it for later)
             out = torch.nn.functional.scaled_dot_product_attention(
@@ -121,7 +166,7 @@ class PagedKV:
         q = query.transpose(1, 2).contiguous()
         out = kvonce.paged_attention(q, k_cache, v_cache, self.cache_seqlens + new,
                                      self.block_table, softmax_scale=scaling, k_scale=k_scale,
-                                     v_scale=v_scale, kv_format=kv_format)
+                                     v_scale=v_scale, kv_format=kv_format, key_transform=kt)
         return out, None
 
     def advance(self, n: int) -> None:
@@ -153,12 +198,13 @@ def greedy(torch, model, prompt, steps, step_fn, forced=None):
     return torch.stack(tokens, 1), torch.stack(all_logits)
 
 
-def kvonce_step_fn(torch, kvonce, model, kv_format, batch, max_len, seed):
+def kvonce_step_fn(torch, kvonce, model, kv_format, batch, max_len, seed, key_transform=False):
     """A step function running ``model`` with kvonce's paged attention over a fresh cache."""
     global _active
     cfg = model.config
     _active = PagedKV(torch, kvonce, kv_format, batch, max_len, cfg.num_key_value_heads,
-                      cfg.head_dim, model.dtype, model.device, seed=seed)
+                      cfg.head_dim, model.dtype, model.device, seed=seed,
+                      key_transform=key_transform)
     model.set_attn_implementation(ATTN_NAME)
     state = _active
 
@@ -222,13 +268,14 @@ def main(argv):
     print(f"Llama {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, heads "
           f"{cfg.num_attention_heads}/{cfg.num_key_value_heads} x {cfg.head_dim}, vocab "
           f"{cfg.vocab_size}, {model.dtype} on {args.device}; batch {batch}, prompt "
-          f"{prompt_len}, {steps} new tokens, page 16 in random order", flush=True)
+          f"{prompt_len}, {steps} new tokens, page 16 in random order; key outliers "
+          f"{args.outliers or 'none'}", flush=True)
     g = torch.Generator().manual_seed(args.seed + 1)
     prompt = torch.randint(0, cfg.vocab_size, (batch, prompt_len), generator=g).to(args.device)
     max_len = prompt_len + steps
-    run = lambda fmt, forced=None: greedy(
+    run = lambda fmt, forced=None, kt=False: greedy(
         torch, model, prompt, steps,
-        kvonce_step_fn(torch, kvonce, model, fmt, batch, max_len, args.seed), forced)
+        kvonce_step_fn(torch, kvonce, model, fmt, batch, max_len, args.seed, kt), forced)
 
     plain_tokens, plain_logits = run(None)
     rows = []
@@ -243,6 +290,11 @@ def main(argv):
         _, forced = run(fmt, forced=plain_tokens)
         rows.append({"run": f"kvonce {fmt} cache", "vs": plain_name,
                      **compare(tokens, plain_tokens, forced, plain_logits)})
+        if args.key_transform:
+            tokens, _ = run(fmt, kt=True)
+            _, forced = run(fmt, forced=plain_tokens, kt=True)
+            rows.append({"run": f"kvonce {fmt} cache + key transform", "vs": plain_name,
+                         **compare(tokens, plain_tokens, forced, plain_logits)})
     headers = list(rows[0])
     print("| " + " | ".join(headers) + " |")
     print("|" + "---|" * len(headers))
