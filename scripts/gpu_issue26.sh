@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Issue 26's GPU steps (STEPS="quanttest quantbench splits hf prefill"; default all), logs in $OUT:
+#   quanttest   the quantized decode / append / format / key-transform tests, prefill's quant tests
+#   quantbench  python -m kvonce bench quant (FlashInfer beside when .peers/fi travels: carry it)
+#   splits      scripts/quant_decode_sweep.py at 1 x 131072: the split count's knobs per format
+#               (programs_per_sm, max_merged_splits) and int4's 64- vs 128-key tiles
+#   hf          scripts/quant_hf_check.py with outlier keys, with and without KeyTransform
+#   prefill     scripts/prefill_sweep.py: one q head per program ('h') against GQA packing, pages
+#               16 and 256, 128x128 / 128x64 tiles, TMA where pages hold whole tiles
+set -u
+export PYTHONPATH=src:.peers/fi PYTHONUNBUFFERED=1 FLASHINFER_WORKSPACE_BASE=/tmp/fi_ws \
+  FLASHINFER_CUDA_ARCH_LIST=9.0
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+STEPS=${STEPS:-"quanttest quantbench splits hf prefill"}
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
+step() { echo "== $1 ($(date +%T))"; }
+if [[ $STEPS == *quanttest* ]]; then
+  step quanttest
+  timeout 360 python3 -m pytest -q -p no:cacheprovider tests/test_decode_quant.py \
+    tests/test_append_quant.py tests/test_quant.py tests/test_key_transform.py 2>&1 | tail -3
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_paged_prefill.py \
+    -k "quant or one_head_per_program" 2>&1 | tail -2
+fi
+if [[ $STEPS == *quantbench* ]]; then
+  step quantbench
+  timeout 420 python3 -m kvonce bench quant --shapes ${QUANT_SHAPES:-64x8192,1x131072} \
+    --md "$OUT/bench_quant.md" --plot '' 2>&1 | grep "^|" | tail -26
+fi
+if [[ $STEPS == *splits* ]]; then
+  step splits
+  timeout 300 python3 scripts/quant_decode_sweep.py --formats fp8_e4m3,int8,int4 \
+    --shapes 1x131072 --grid 128,4,2 64,4,2 128,4,2,2 128,4,2,4 128,4,2,6 128,4,2,3,64 \
+    64,4,2,4 64,4,2,3,64 2>&1 | tail -5
+fi
+if [[ $STEPS == *hf* ]]; then
+  step hf
+  timeout 300 python3 scripts/quant_hf_check.py --outliers 30 --key-transform 2>&1 | grep "^|"
+fi
+if [[ $STEPS == *prefill* ]]; then
+  step prefill
+  timeout 420 python3 scripts/prefill_sweep.py --rows prefill,chunked --pages 16,256 --cfg \
+    128,64,8,3,r,p,t 128,64,8,3,r,p,t,h 128,128,8,3,r,p,t 128,128,8,3,r,p,t,h \
+    128,128,8,2,r,p,t,h 2>&1 | tail -14
+fi
+echo "== done ($(date +%T))"
