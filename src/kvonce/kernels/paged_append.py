@@ -9,7 +9,8 @@ round-half ties), so the bytes equal ``quantize_kv``'s for the same tokens:
     KV_FORMAT 1 fp8 e4m3: y = clamp(x / scale[head], +-448), stored as fp8 (round to nearest even)
     KV_FORMAT 2 int8:     s = max(amax_d |x| / 127, 2^-24); q = clamp(rint(x / s), +-127)
     KV_FORMAT 3 int4:     per 32 channels s = fp16(max(amax / 7, 2^-24)) (rounded BEFORE dividing);
-                          q = clamp(rint(x / s), +-7) + 8; channel 2i low nibble, 2i + 1 high
+                          q = clamp(rint(x / s), +-7) + 8; byte i: channel i low nibble,
+                          channel i + d/2 high (i < d/2)
 
 ``rint`` is round half to even (``torch.round``), done on the fraction of ``|y|`` (exact):
 ``.to(tl.int8)`` truncates, ``libdevice.rint`` does not run under the interpreter, and

@@ -144,9 +144,10 @@ def _load_quant_kv_tile(K, V, KS, VS, bt_row, start_n, kv_end, stride_kp, stride
     KV_FORMAT 1 = fp8 e4m3: the tile is converted as stored; its per-head scales are the
     kernel's (folded into the softmax scale and the output). 2 = int8: converted as stored (exact
     in fp16/bf16); its per-key scales (``_load_key_scales``) are applied to the
-    ``[BLOCK_M, BLOCK_N]`` scores and probabilities instead of the ``[BLOCK_D, BLOCK_N]`` tiles. 3 = int4: one byte load per two
-    channels (channel 2i in the low nibble, stored as q + 8), split in registers, times one fp16
-    scale per 32 channels of each key (per element: the scale varies along d)."""
+    ``[BLOCK_M, BLOCK_N]`` scores and probabilities instead of the ``[BLOCK_D, BLOCK_N]`` tiles.
+    3 = int4 at head dims other than 128 (128 runs ``_attend_paged_int4``): each channel's nibble
+    (channel i low in byte i, i + d/2 high; q + 8) times its group's fp16 scale, per element
+    (``_int4_tile``)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     in_range = offs_n < kv_end
     if MASKED:
