@@ -234,9 +234,11 @@ def test_decode_only_batch_equals_paged_attention(kernel):
 # ------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("fmt", tuple(QUANT_FORMATS))
-def test_quantized_cache_matches_dequantized_reference(fmt):
+@pytest.mark.parametrize("head_dim", [64, 128])  # 128: int4's split-dot path
+def test_quantized_cache_matches_dequantized_reference(fmt, head_dim):
     dtype = DTYPES[0]
-    q, k, v, cu, seqlens, table = make_case(MIXED, nheads=8, nheads_k=2, head_dim=64, dtype=dtype)
+    q, k, v, cu, seqlens, table = make_case(MIXED, nheads=8, nheads_k=2, head_dim=head_dim,
+                                            dtype=dtype)
     kq, ks = kvonce.quantize_kv(k, fmt)
     vq, vs = kvonce.quantize_kv(v, fmt)
     kd, vd = kvonce.dequantize_kv(kq, ks, fmt, torch.float32), \
