@@ -17,7 +17,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import kvonce
 from kvonce import flops
-from kvonce.kernels.configs import get_paged_prefill_config, interpreter_active
+from kvonce.kernels.configs import get_paged_prefill_config, interpreter_active, op_fields
 from kvonce.paged.checks import QUANT_FORMATS
 from kvonce.reference import paged_prefill_ref, varlen_attention_ref
 
@@ -319,9 +319,7 @@ def test_bad_inputs_raise_before_launch(monkeypatch):
 def _op_args(kv_format=None):
     q, k, v, cu, seqlens, table = make_case(MIXED[:4], dtype=DTYPES[0])
     c = get_paged_prefill_config(torch.cuda.get_device_capability() if HAS_CUDA else None, 32)
-    fields = (32 ** -0.5, True, c.block_m, c.block_n, c.num_warps, c.num_stages,
-              c.kv_cache_modifier, c.kv_eviction, c.last_tiles_first, c.int64_kv_offsets,
-              c.prefetch_pages, c.tma)
+    fields = (32 ** -0.5, True, *op_fields(c))
     if kv_format is None:
         return (q, k, v, cu, seqlens, table, *fields)
     kq, ks = kvonce.quantize_kv(k, kv_format)

@@ -306,7 +306,7 @@ def _paged_prefill_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                       block_table: torch.Tensor, softmax_scale: float, causal: bool,
                       block_m: int, block_n: int, num_warps: int, num_stages: int,
                       kv_cache_modifier: str, kv_eviction: str, last_tiles_first: bool,
-                      int64_kv_offsets: bool, prefetch_pages: bool, tma: bool,
+                      int64_kv_offsets: bool, prefetch_pages: bool, tma: bool, pack_gqa: bool,
                       k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
                       kv_format: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out [total_q, nheads, d], lse float32 [nheads, total_q])`` of ``paged_prefill``; the
@@ -316,7 +316,7 @@ def _paged_prefill_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                                 kv_cache_modifier=kv_cache_modifier, kv_eviction=kv_eviction,
                                 last_tiles_first=last_tiles_first,
                                 int64_kv_offsets=int64_kv_offsets,
-                                prefetch_pages=prefetch_pages, tma=tma)
+                                prefetch_pages=prefetch_pages, tma=tma, pack_gqa=pack_gqa)
     out, lse = _outputs(q, allocator.empty)
     PagedPrefillLaunch(q, k_cache, v_cache, block_table, softmax_scale=softmax_scale,
                        causal=causal, config=config, store_lse=True, kv_format=kv_format,
