@@ -49,9 +49,9 @@ SHAPES = ([(3, 1, 4, 2, 64, 16, [37, 0, 64]), (2, 3, 8, 2, 96, 32, [70, 5]),
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("shape", range(len(SHAPES)))
 @pytest.mark.parametrize("num_splits", [1, 3])
-def test_quantized_decode_matches_dequantized_reference(fmt, shape, num_splits):
+@pytest.mark.parametrize("dtype", DTYPES)  # each dtype has its own converters (fp16 bit tricks)
+def test_quantized_decode_matches_dequantized_reference(fmt, shape, num_splits, dtype):
     batch, q_len, heads, heads_k, head_dim, page, lens = SHAPES[shape]
-    dtype = DTYPES[0]
     q, k, v, seqlens, table = _case(batch, q_len, heads, heads_k, head_dim, page, lens, dtype)
     kq, ks, vq, vs, kd, vd = _quantized(k, v, fmt)
     ref, ref_lse = paged_attention_ref(q.float(), kd, vd, seqlens, table)
