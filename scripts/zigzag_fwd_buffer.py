@@ -63,8 +63,7 @@ def main() -> None:
                 continue
             got = (out.float(), lse.float())
             base = got if base is None else base
-            err = max(((a - b).nan_to_num(0).norm() / b.nan_to_num(0).norm()).item()
-                      for a, b in zip(got, base))
+            err = report.worst_rel_err(got, base)
             ms = time_ms(fn)
             row[f"buffer {spec} ms"] = ms
             row[f"{spec} / contig"] = ms / contiguous

@@ -35,6 +35,14 @@ def paired_ratio(fn_a, fn_b, rounds: int = 7) -> float:
     return statistics.median(ratios)
 
 
+def worst_rel_err(got, base) -> float:
+    """The largest ``||a - b|| / ||b||`` over paired tensors (NaN entries counted as 0, so a NaN
+    shows as a large error rather than hiding the others): how far a config's outputs are from
+    the first config's in the sweeps."""
+    return max(((a - b).nan_to_num(0).norm() / b.nan_to_num(0).norm()).item()
+               for a, b in zip(got, base))
+
+
 def _fmt(x):
     return f"{x:.3f}" if isinstance(x, float) else str(x)
 

@@ -249,8 +249,7 @@ def sweep(args, specs=SWEEP_SPECS) -> list[dict]:
                 handle = fn()
                 got = [t.float().clone() for t in (*outs, *lses)]
                 base = got if base is None else base
-                err = max(((a - b).nan_to_num(0).norm() / b.nan_to_num(0).norm()).item()
-                          for a, b in zip(got, base))
+                err = report.worst_rel_err(got, base)
                 ms = time_ms(fn)
                 row.update({"ms": ms, "TFLOP/s": s["flops"] / ms / 1e9,
                             "zigzag e2e ms": time_ms(paths(case, s, cfg)["fused_e2e"]),
