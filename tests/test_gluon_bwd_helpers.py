@@ -14,17 +14,27 @@ from kvonce.kernels.gluon_bwd_sched import (GluonBwdSchedule, _delta_kernel,
 @pytest.mark.parametrize("zero_dqa", [False, True])
 def test_delta_kernel(dtype, zero_dqa):
     torch.manual_seed(0)
-    rows, heads, d, row0 = 70, 3, 32, 5
+    rows, heads, d, row0, scale = 70, 3, 32, 5, 0.125
     out = torch.randn(rows, heads, d, dtype=dtype, device=DEVICE)
     dout = torch.randn(rows, heads, d, dtype=dtype, device=DEVICE)
-    delta = torch.full((heads, rows + 3), float("nan"), device=DEVICE)   # row stride > rows
+    lse = torch.randn(heads, rows + 2, device=DEVICE)                    # row stride > rows
+    lse[1, 7] = float("-inf")                                             # a row that saw no key
+    delta = torch.full((heads, rows + 3), float("nan"), device=DEVICE)
+    init = torch.full((2 * heads, row0 + rows + 6), float("nan"), device=DEVICE)
     dqa = torch.full((row0 + rows + 4, heads, d), float("nan"), device=DEVICE)
-    _delta_kernel[(heads, 3)](out, dout, delta, dqa, rows, row0, *out.stride()[:2],
-                              *dout.stride()[:2], delta.stride(0), *dqa.stride()[:2], BLOCK=32,
+    _delta_kernel[(heads, 3)](out, dout, lse, delta, init, dqa, rows, row0, scale,
+                              *out.stride()[:2], *dout.stride()[:2], lse.stride(0),
+                              delta.stride(0), init.stride(0), *dqa.stride()[:2], BLOCK=32,
                               HEAD_DIM=d, ZERO_DQA=zero_dqa)
     ref = (out.float() * dout.float()).sum(-1).t()
     torch.testing.assert_close(delta[:, :rows], ref, rtol=1e-5, atol=1e-4)
     assert torch.isnan(delta[:, rows:]).all()
+    # The accumulator inits at columns row0 + r: -LSE / scale (-inf for LSE -inf) and -Δ.
+    ref_lse = -lse[:, :rows] / scale
+    ref_lse[1, 7] = float("-inf")
+    torch.testing.assert_close(init[0::2, row0:row0 + rows], ref_lse)
+    torch.testing.assert_close(init[1::2, row0:row0 + rows], -ref, rtol=1e-5, atol=1e-4)
+    assert torch.isnan(init[:, :row0]).all() and torch.isnan(init[:, row0 + rows:]).all()
     if zero_dqa:
         assert (dqa[row0:row0 + rows] == 0).all()
         assert torch.isnan(dqa[:row0]).all() and torch.isnan(dqa[row0 + rows:]).all()

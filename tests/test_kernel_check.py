@@ -1,6 +1,6 @@
 """`make kernel-check` in CI: every Gluon kernel compiles for sm_90a on the CPU (triton.compile,
-the wheel's ptxas and cuobjdump) with no spill, no wgmma serialization and shared memory within
-the H100's limit; and the parser really flags what it must (canned ptxas output)."""
+the wheel's ptxas and cuobjdump) with no spill in its wgmma loop, no wgmma serialization and
+shared memory within the H100's limit; and the parser really flags what it must (canned ptxas output)."""
 import importlib.util
 import sys
 from pathlib import Path
@@ -33,6 +33,27 @@ def test_parser_flags_spills_and_serialization():
         "24 bytes spill stores, 16", "0 bytes spill stores, 0")
     clean = kernel_check.parse_ptxas(clean_text)
     assert kernel_check.problems_of(clean, shared=1000) == []
+
+
+def _sass(lines):
+    return "".join(f"        /*{a:04x}*/                   {op} ;\n" for a, op in lines)
+
+
+def test_spills_fail_only_in_the_wgmma_loop():
+    # An outer loop (0x0100-0x0400) around the step loop (0x0200-0x0300, with the HGMMA); a
+    # loop without HGMMA (0x0500-0x0540): a spill counts only inside the step loop.
+    outside = [(0x0100, "STL [R1], R0"), (0x0200, "HGMMA.64x64x16.F32.BF16 R24"),
+               (0x0300, "@P0 BRA 0x200"), (0x0310, "LDL R7, [R1]"), (0x0400, "@!P1 BRA 0x100"),
+               (0x0500, "LDL R3, [R1+0x4]"), (0x0540, "BRA 0x500")]
+    assert kernel_check.wgmma_loop_spills(_sass(outside)) == []
+    inside = outside[:2] + [(0x0250, "LDL.LU R9, [R1]")] + outside[2:]
+    assert kernel_check.wgmma_loop_spills(_sass(inside)) == ["0x0250 LDL.LU R9, [R1]"]
+    report = kernel_check.parse_ptxas(CANNED_PTXAS.splitlines(True)[1] + "".join(
+        CANNED_PTXAS.splitlines(True)[2:]))
+    assert report["spill_bytes"] == 40 and not report["wgmma_warnings"]
+    assert kernel_check.problems_of(report, shared=1000, sass=_sass(outside)) == []
+    assert len(kernel_check.problems_of(report, shared=1000, sass=_sass(inside))) == 1
+    assert len(kernel_check.problems_of(report, shared=1000)) == 1   # no SASS: any spill fails
 
 
 def test_sass_counts():

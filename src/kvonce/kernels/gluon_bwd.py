@@ -5,16 +5,18 @@ context-parallel path: the zigzag all-gather buffer read and written in place, b
 in one tensor in a rank's local order; ``gluon_bwd_maps`` draws the row and key maps), in one
 main kernel between a small pre- and postprocess:
 
-1. Δ = rowsum(dO∘O) for every row of both groups (``_delta_kernel``, plain Triton); the fp32
-   dQ accumulator ``[rows0 + rows1, nheads * D]`` is zeroed.
+1. Δ = rowsum(dO∘O) for every row of both groups (``_delta_kernel``, plain Triton), and the
+   main kernel's accumulator inits -LSE / scale and -Δ staged in one fp32 ``[2 * nheads,
+   rows0 + rows1]`` buffer; the fp32 dQ accumulator ``[rows0 + rows1, nheads * D]`` is zeroed.
 2. ``_gluon_bwd_kernel``: one CTA per (KV head, sequence, 128 keys), in the order of
    ``launch_gluon_bwd``'s ``schedule`` (``gluon_bwd_sched``: by default KV heads fastest, key
    block 0 first). Two partitions:
 
    - ``_load`` (1 warp, 24 registers): K and V of the CTA's keys once, by TMA; then a 2-deep
-     mbarrier ring of Q and dO tiles (64 rows each, 2-D descriptors over ``[rows, nheads * D]``)
-     and of the step's -LSE / scale and -Δ rows (plain loads and shared stores), which the
-     consumers take as the initial Sᵀ and dPᵀ accumulators.
+     mbarrier ring of Q and dO tiles (64 rows each, 2-D descriptors over ``[rows, nheads * D]``),
+     each with its rows' -LSE / scale or -Δ (TMA too, on the same barrier), which the consumers
+     take as the initial Sᵀ and dPᵀ accumulators. The loader stores nothing itself: a
+     generic-proxy store handed over by one lane's mbarrier arrive is what racecheck flagged.
    - ``_consume`` (8 warps = two warpgroups at 240 registers, the research note's layout A):
      warpgroup ``w`` owns keys ``[64w, 64w + 64)`` for Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (async SS
      wgmma), Pᵀ = exp2(Sᵀ·scale·log2e − LSE₂), dSᵀ = Pᵀ∘(dPᵀ − Δ), and dV += Pᵀ·dO,
@@ -34,14 +36,15 @@ main kernel between a small pre- and postprocess:
 3. dQ = the accumulator cast to q's dtype (the scale is applied before the reduce); K/V rows of
    no sequence (past ``cu_seqlens_k[-1]``) are zeroed. Every element of dq*, dk, dv is written.
 
-Masks: the causal diagonal and keys past ``kv_end`` only on the warpgroup tiles that need them.
-Query rows past a group's length, and rows that see no key (``lse = -inf``), read LSE as
-``+inf``: their ``P`` is exactly 0, so they add nothing to dK/dV and exact zeros to the dQ rows
-they cover (rows of other sequences, or group 1's first rows in the shared accumulator when a
-group-0 tile runs past its tensor; TMA clips rows past the accumulator's end). Masked positions
-get -inf in the initial Sᵀ accumulator (-LSE / scale), so P = exp2(Sᵀ · scale · log2e) is 0. This
-assumes the rows of q, dout, k, v outside any sequence hold finite values (a NaN there would leak
-through ``0 * NaN``); the Triton backward masks its loads instead.
+Masks: the causal diagonal, keys past ``kv_end`` and rows past a group's length, only on the
+tiles that need them, as -inf in the initial Sᵀ accumulator (so P = exp2(Sᵀ · scale · log2e) is
+exactly 0); rows that see no key (``lse = -inf``) are staged as -inf. Such rows add nothing to
+dK/dV (a tile's rows past its group's length also get -Δ = 0: a row of no sequence may hold a
+non-finite Δ) and exact zeros to the dQ rows they cover (rows of other sequences, or group 1's
+first rows in the shared accumulator when a group-0 tile runs past its tensor; TMA clips rows
+past the accumulator's end). This assumes the rows of q, dout, k, v outside any sequence hold
+finite values (a NaN there would leak through ``0 * NaN``); the Triton backward masks its loads
+instead.
 
 Base-2 softmax inside (log2(e) folded into the scale), natural-log LSE outside. The dQ reduce
 order varies run to run: ``deterministic=True`` keeps the Triton two-kernel backward.
@@ -83,9 +86,10 @@ KEY_LAYOUT = gl.constexpr(gl.SliceLayout(1, ST_LAYOUT))     # per-key index
 # Row indices of a step in the consumer (one register a thread; converted to QUERY_LAYOUT only
 # for the causal mask: a QUERY_LAYOUT arange is hoisted out of the loop, 16 live registers).
 ROW_LAYOUT = gl.constexpr(gl.BlockedLayout([1], [32], [8], [0]))
-# The loader warp's view of a step's 64 LSE / Δ values, and their shared-memory ring.
-LOADER_ROW_LAYOUT = gl.constexpr(gl.BlockedLayout([2], [32], [1], [0]))
+# A step's 64 -LSE / scale or -Δ values in shared memory: a flat ring the consumers read in
+# QUERY_LAYOUT, written by TMA through a [1, BLOCK_M] unswizzled view of the same bytes.
 VEC_SMEM = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [0]))
+INIT_TMA = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
 
 
 @gluon.constexpr_function
@@ -114,15 +118,16 @@ def tma_reduce_add(desc, coord, src, _semantic=None):
 
 @gluon.jit
 def _load(q0_desc, q1_desc, do0_desc, do1_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem,
-          lse_smem, delta_smem, kv_ready, q_ready, do_ready, lse_ready, qdo_empty,
-          Lse0, Lse1, Delta0, Delta1, stride_lse0_h, stride_lse1_h, stride_delta0_h,
-          stride_delta1_h, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1,
-          kv_group, sm_scale, Work, n_blocks, batch, n_chunks, rank_rows, chunk_blocks, n_segments,
+          lse_smem, delta_smem, kv_ready, q_ready, do_ready, init_ready, qdo_empty, init_desc, dqa_row1,
+          cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1,
+          kv_group, Work, n_blocks, batch, n_chunks, rank_rows, chunk_blocks, n_segments,
           HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, KV_END_SCALAR: gl.constexpr,
           ORDER: gl.constexpr, ROTATE: gl.constexpr, KV_ZIGZAG: gl.constexpr,
           LOCAL_ORDER: gl.constexpr):
-    """The loader warp: K/V once, then Q and dO of every step into the ring by TMA, and the
-    step's accumulator inits -LSE / scale and -Δ (same step order as ``_consume``)."""
+    """The loader warp: K/V once, then into the ring, by TMA, every step's Q with its rows'
+    -LSE / scale and its dO with their -Δ (the Sᵀ and dPᵀ accumulators' initial rows, staged by
+    the preprocess in ``init_desc``), in ``_consume``'s step order. No generic-proxy store: every
+    byte the consumers read arrives through the q/dO barriers' transaction counts."""
     STAGES: gl.constexpr = q_smem.shape[0]
     kv_head, seq, blk = _tile(Work, n_blocks, batch, ORDER)
     n0, empty = _first_key(cu_seqlens_k, seq, blk, chunk_blocks, KV_ZIGZAG)
@@ -141,9 +146,7 @@ def _load(q0_desc, q1_desc, do0_desc, do1_desc, k_desc, v_desc, q_smem, do_smem,
         row, len_q, end, vis_end = _group(g, seq, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k,
                                           kv_end0, kv_end1, n_chunks, n0, batch,
                                           KV_END_SCALAR, KV_ZIGZAG, LOCAL_ORDER)
-        lse_ptr = gl.where(g == 0, Lse0 + head * stride_lse0_h, Lse1 + head * stride_lse1_h) + row
-        delta_ptr = gl.where(g == 0, Delta0 + head * stride_delta0_h,
-                             Delta1 + head * stride_delta1_h) + row
+        init_row = gl.where(g == 0, 0, dqa_row1) + row   # the accumulator's row of the group
         diag, lo, hi = _m_range(len_q, end, n0, IS_CAUSAL)
         for m0 in range(lo, hi, BLOCK_M):
             s = it % STAGES
@@ -166,24 +169,21 @@ def _load(q0_desc, q1_desc, do0_desc, do1_desc, k_desc, v_desc, q_smem, do_smem,
             else:
                 tma.async_copy_global_to_shared(do1_desc, [row + m0, head * HEAD_DIM],
                                                 do_ready.index(s), do_smem.index(s))
-            # The Sᵀ and dPᵀ accumulators' initial rows: -LSE / scale (-inf for rows past len_q
-            # and rows that saw no key: their P is exactly 0) and -Δ. Loaded here, after the
-            # TMAs are issued, so that their latency stalls neither the TMAs nor the consumers.
-            offs = m0 + gl.arange(0, BLOCK_M, LOADER_ROW_LAYOUT)
-            lse = gl.load(lse_ptr + offs, mask=offs < len_q, other=float("inf"))
-            delta = gl.load(delta_ptr + offs, mask=offs < len_q, other=0.0)
-            lse_smem.index(s).store(-gl.where(lse == float("-inf"), float("inf"), lse) / sm_scale)
-            delta_smem.index(s).store(-delta)
-            # lse_ready[s] (count 1): this warp's stores, then (after a warp barrier, so that
-            # thread 0's release covers every lane's store) its arrive; consumers wait parity ph.
-            gl.thread_barrier()
-            mbarrier.arrive(lse_ready.index(s))
+            # init_ready[s] (count 1): expect + the TMA bytes of the step's 64 -LSE / scale and
+            # 64 -Δ (the Sᵀ and dPᵀ accumulators' initial rows); consumers wait parity ph.
+            mbarrier.expect(init_ready.index(s), 2 * init_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(
+                init_desc, [2 * head, init_row + m0], init_ready.index(s),
+                lse_smem.index(s)._reinterpret(gl.float32, [1, BLOCK_M], INIT_TMA))
+            tma.async_copy_global_to_shared(
+                init_desc, [2 * head + 1, init_row + m0], init_ready.index(s),
+                delta_smem.index(s)._reinterpret(gl.float32, [1, BLOCK_M], INIT_TMA))
             it += 1
 
 
 @gluon.jit
 def _consume(dqa_desc, dqa_row1, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_stage, lse_smem,
-             delta_smem, kv_ready, q_ready, do_ready, lse_ready, qdo_empty, DK, DV, stride_dkn,
+             delta_smem, kv_ready, q_ready, do_ready, init_ready, qdo_empty, DK, DV, stride_dkn,
              stride_dkh, stride_dvn, stride_dvh, cu_seqlens_q0, cu_seqlens_q1,
              cu_seqlens_k, kv_end0, kv_end1, kv_group, sm_scale, Work, n_blocks, batch,
              n_chunks, rank_rows, chunk_blocks, n_segments, HEAD_DIM: gl.constexpr,
@@ -221,8 +221,14 @@ def _consume(dqa_desc, dqa_row1, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_st
             # The accumulators start at -LSE / scale and -Δ (broadcast over keys; the loader
             # staged them), so that Pᵀ = exp2(Sᵀ · scale · log2e) and dSᵀ = Pᵀ ∘ dPᵀ need no
             # per-query vector in registers while the wgmmas run.
-            mbarrier.wait(lse_ready.index(s), ph)
-            s_init = zero_st + gl.expand_dims(lse_smem.index(s).load(QUERY_LAYOUT), 0)
+            mbarrier.wait(init_ready.index(s), ph)
+            neg_lse = lse_smem.index(s).load(QUERY_LAYOUT)
+            tail = m0 + BLOCK_M > hi   # in the loop, hi == len_q
+            if tail:
+                # Rows past len_q (another sequence's, or none's) see no key: -inf (P = 0).
+                offs_t = gl.convert_layout(m0 + gl.arange(0, BLOCK_M, ROW_LAYOUT), QUERY_LAYOUT)
+                neg_lse = gl.where(offs_t < hi, neg_lse, float("-inf"))
+            s_init = zero_st + gl.expand_dims(neg_lse, 0)
             # Keys past `vis_end` (the group's `end`, the sequence's or, zigzag, the block's
             # chunk's end) and above the causal diagonal start at -inf (P = 0): masking the
             # initial accumulator costs no registers while the wgmmas are in flight.
@@ -245,7 +251,12 @@ def _consume(dqa_desc, dqa_row1, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_st
             do_s = do_smem.index(s)
             mbarrier.wait(q_ready.index(s), ph)
             sT = warpgroup_mma(k_smem, q_s.permute((1, 0)), s_init, is_async=True)  # Sᵀ = K Qᵀ
-            dp_init = zero_st + gl.expand_dims(delta_smem.index(s).load(QUERY_LAYOUT), 0)
+            neg_delta = delta_smem.index(s).load(QUERY_LAYOUT)
+            if tail:
+                # Their P is 0, but 0 * (a non-finite Δ of a row of no sequence) would not be.
+                offs_t = gl.convert_layout(m0 + gl.arange(0, BLOCK_M, ROW_LAYOUT), QUERY_LAYOUT)
+                neg_delta = gl.where(offs_t < hi, neg_delta, 0.0)
+            dp_init = zero_st + gl.expand_dims(neg_delta, 0)
             mbarrier.wait(do_ready.index(s), ph)
             dpT = warpgroup_mma(v_smem, do_s.permute((1, 0)), dp_init,
                                 is_async=True)                                # dPᵀ = V dOᵀ
@@ -292,11 +303,9 @@ def _consume(dqa_desc, dqa_row1, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_st
 
 @gluon.jit
 def _gluon_bwd_kernel(
-    q0_desc, q1_desc, do0_desc, do1_desc, k_desc, v_desc, dqa_desc, dqa_row1,
-    Lse0, Lse1, Delta0, Delta1, DK, DV,
-    cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1,
-    sm_scale, stride_lse0_h, stride_lse1_h, stride_delta0_h, stride_delta1_h,
-    stride_dkn, stride_dkh, stride_dvn, stride_dvh, kv_group, Work, n_blocks, batch,
+    q0_desc, q1_desc, do0_desc, do1_desc, k_desc, v_desc, dqa_desc, dqa_row1, init_desc,
+    DK, DV, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1,
+    sm_scale, stride_dkn, stride_dkh, stride_dvn, stride_dvh, kv_group, Work, n_blocks, batch,
     n_chunks, rank_rows, chunk_blocks, n_segments,
     HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, KV_END_SCALAR: gl.constexpr,
     ORDER: gl.constexpr = 0, ROTATE: gl.constexpr = False, QDO_STAGES: gl.constexpr = 2,
@@ -307,7 +316,9 @@ def _gluon_bwd_kernel(
     ``[BLOCK_M, D]``; k/v: ``[total_k, nheads_k * D]``, block ``[BLOCK_N, D]``; dqa: fp32
     ``[rows0 + rows1, nheads * D]``, block ``[BLOCK_M, D]``, group 1's rows from ``dqa_row1``
     (one descriptor: no branch at the reduce, and ptxas keeps one descriptor address instead of
-    spilling two). Lse/Delta: fp32 ``[nheads, rows]``.
+    spilling two). init: fp32 ``[2 * nheads, rows0 + rows1]`` (row ``2h``: head ``h``'s
+    -LSE / scale, -inf where LSE is; row ``2h + 1``: -Δ; columns the dqa's rows), block
+    ``[1, BLOCK_M]``.
     DK/DV: ``[total_k, nheads_k, D]``, last dim contiguous. kv_end*: ints or int32 ``[batch]``.
     Work, n_blocks, batch, ORDER, ROTATE: the CTA order (``_tile``, ``_segment``); QDO_STAGES and
     DQ_STAGES: the Q/dO ring's and the dQ staging's depth (``gluon_bwd_sched``).
@@ -338,14 +349,12 @@ def _gluon_bwd_kernel(
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [QDO_STAGES, 1], mbarrier.MBarrierLayout())
     do_ready = gl.allocate_shared_memory(gl.int64, [QDO_STAGES, 1], mbarrier.MBarrierLayout())
-    lse_ready = gl.allocate_shared_memory(gl.int64, [QDO_STAGES, 1], mbarrier.MBarrierLayout())
+    init_ready = gl.allocate_shared_memory(gl.int64, [QDO_STAGES, 1], mbarrier.MBarrierLayout())
     qdo_empty = gl.allocate_shared_memory(gl.int64, [QDO_STAGES, 1], mbarrier.MBarrierLayout())
     # kv_ready: the loader's expect (the one arrival) + K/V TMA bytes; consumers wait phase 0.
     # With S = QDO_STAGES:
-    # q_ready[s], do_ready[s]: the loader's expect + Q (dO) TMA bytes for step it (s = it % S);
-    #   consumers wait phase (it // S) & 1.
-    # lse_ready[s]: the loader's plain arrive after storing step it's -LSE/scale and -Δ (and a
-    #   warp barrier); consumers wait phase (it // S) & 1.
+    # q_ready[s], do_ready[s]: the loader's expect + the TMA bytes of step it's Q and its
+    #   -LSE / scale (dO and its -Δ), s = it % S; consumers wait phase (it // S) & 1.
     # qdo_empty[s]: the consumer partition arrives (thread 0, after a partition bar.sync and
     #   its wgmma wait) once step it's wgmmas have read the slot; the loader waits phase
     #   ((it // S) & 1) ^ 1 before refilling (a fresh barrier passes the first round).
@@ -355,21 +364,20 @@ def _gluon_bwd_kernel(
     for i in gl.static_range(QDO_STAGES):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(do_ready.index(i), count=1)
-        mbarrier.init(lse_ready.index(i), count=1)
+        mbarrier.init(init_ready.index(i), count=1)
         mbarrier.init(qdo_empty.index(i), count=1)
 
     gl.warp_specialize([
         (_consume, (dqa_desc, dqa_row1, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_stage,
-                    lse_smem, delta_smem, kv_ready, q_ready, do_ready, lse_ready, qdo_empty, DK,
+                    lse_smem, delta_smem, kv_ready, q_ready, do_ready, init_ready, qdo_empty, DK,
                     DV, stride_dkn, stride_dkh, stride_dvn, stride_dvh, cu_seqlens_q0,
                     cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1, kv_group, sm_scale, Work,
                     n_blocks, batch, n_chunks, rank_rows, chunk_blocks, n_segments, HEAD_DIM,
                     IS_CAUSAL, KV_END_SCALAR, ORDER, ROTATE, KV_ZIGZAG, LOCAL_ORDER)),
         (_load, (q0_desc, q1_desc, do0_desc, do1_desc, k_desc, v_desc, q_smem, do_smem, k_smem,
-                 v_smem, lse_smem, delta_smem, kv_ready, q_ready, do_ready, lse_ready, qdo_empty,
-                 Lse0, Lse1, Delta0, Delta1, stride_lse0_h, stride_lse1_h, stride_delta0_h,
-                 stride_delta1_h, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1,
-                 kv_group, sm_scale, Work, n_blocks, batch, n_chunks, rank_rows, chunk_blocks,
+                 v_smem, lse_smem, delta_smem, kv_ready, q_ready, do_ready, init_ready, qdo_empty,
+                 init_desc, dqa_row1, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0,
+                 kv_end1, kv_group, Work, n_blocks, batch, n_chunks, rank_rows, chunk_blocks,
                  n_segments, HEAD_DIM, IS_CAUSAL, KV_END_SCALAR, ORDER, ROTATE, KV_ZIGZAG,
                  LOCAL_ORDER)),
     ], [LOADER_WARPS], [LOADER_REGS])
@@ -453,6 +461,15 @@ def _desc(t, rows_block: int, head_dim: int):
                             [rows_block, head_dim], layout)
 
 
+def _init_desc(init, cols: int):
+    """TMA descriptor over the accumulator inits ``init [2 * nheads, >= cols]`` (fp32), block
+    ``[1, BLOCK_M]``: one step's 64 values of one head."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    return TensorDescriptor(init, [init.shape[0], max(cols, 1)], [init.stride(0), 1],
+                            [1, BLOCK_M], INIT_TMA.value)
+
+
 def launch_gluon_bwd(
     q0, q1, k, v, out0, out1, dout0, dout1, lse0, lse1, delta0, delta1, dq0, dq1, dk, dv,
     cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1,
@@ -491,26 +508,32 @@ def launch_gluon_bwd(
     if scalar_end != isinstance(kv_end1, int):
         raise TypeError("kv_end0 and kv_end1 must both be ints or both be tensors")
     sched = DEFAULT_SCHEDULE if schedule is None else schedule
-    # 1. Δ = rowsum(dO∘O) of every row of each group; with fuse_prep the same kernel zeroes the
+    # 1. Δ = rowsum(dO∘O) and the accumulator inits of every row of each group; with fuse_prep
+    #    the same kernel zeroes the
     #    fp32 dQ accumulator (group 0's rows, then group 1's; local order: the one tensor's
     #    rows, group 1's at offset 0 of it), which the main kernel reduce-adds scale * dS K into.
     rows0 = dq0.shape[0]
     if local_order:
         dqa_rows, dqa_row1 = rows0, 0
-        parts = ((out0, dout0, delta0, 0), )
+        parts = ((out0, dout0, lse0, delta0, 0), )
     else:
         dqa_rows, dqa_row1 = rows0 + dq1.shape[0], rows0
-        parts = ((out0, dout0, delta0, 0), (out1, dout1, delta1, rows0))
+        parts = ((out0, dout0, lse0, delta0, 0), (out1, dout1, lse1, delta1, rows0))
     fuse = sched.fuse_prep and out0.shape[0] == rows0 and (local_order
                                                           or out1.shape[0] == dq1.shape[0])
     dqa = (torch.empty if fuse else torch.zeros)(
         (dqa_rows, nheads, head_dim), dtype=torch.float32, device=dq0.device)
-    for out, dout, delta, row0 in parts:
+    # The accumulator inits, one column per dqa row (16-byte aligned rows for TMA): columns of
+    # no `out` row stay unwritten; the kernel masks them as rows past a group's length.
+    init = torch.empty((2 * nheads, triton.cdiv(max(dqa_rows, 1), 4) * 4), dtype=torch.float32,
+                       device=dq0.device)
+    for out, dout, lse, delta, row0 in parts:
         if out.shape[0]:
             _delta_kernel[(nheads, triton.cdiv(out.shape[0], 64))](
-                out, dout, delta, dqa, out.shape[0], row0, *out.stride()[:2],
-                *dout.stride()[:2], delta.stride(0), *dqa.stride()[:2], BLOCK=64,
-                HEAD_DIM=head_dim, ZERO_DQA=fuse, num_warps=4)
+                out, dout, lse, delta, init, dqa, out.shape[0], row0, softmax_scale,
+                *out.stride()[:2], *dout.stride()[:2], lse.stride(0), delta.stride(0),
+                init.stride(0), *dqa.stride()[:2], BLOCK=64, HEAD_DIM=head_dim, ZERO_DQA=fuse,
+                num_warps=4)
     # 2. The main kernel: one CTA per (KV head, sequence, 128 keys) in the schedule's order;
     #    zigzag: 2 * world chunks of chunk_blocks blocks each (the longest chunk's).
     world = max(zigzag_world_size, 1)
@@ -537,10 +560,9 @@ def launch_gluon_bwd(
         _gluon_bwd_kernel[grid](
             _desc(q0, 64, head_dim), _desc(q1, 64, head_dim), _desc(dout0, 64, head_dim),
             _desc(dout1, 64, head_dim), _desc(k, 128, head_dim), _desc(v, 128, head_dim),
-            _desc(dqa, 64, head_dim), dqa_row1,
-            lse0, lse1, delta0, delta1, dk, dv, cu_q0, cu_q1, cu_seqlens_k, kv_end0, kv_end1,
-            softmax_scale, lse0.stride(0), lse1.stride(0), delta0.stride(0), delta1.stride(0),
-            *dk.stride()[:2], *dv.stride()[:2], nheads // nheads_k, work, n_blocks, batch,
+            _desc(dqa, 64, head_dim), dqa_row1, _init_desc(init, dqa_rows),
+            dk, dv, cu_q0, cu_q1, cu_seqlens_k, kv_end0, kv_end1,
+            softmax_scale, *dk.stride()[:2], *dv.stride()[:2], nheads // nheads_k, work, n_blocks, batch,
             2 * world, k.shape[0] // world, chunk_blocks, 2 * (nheads // nheads_k),
             HEAD_DIM=head_dim, IS_CAUSAL=causal, KV_END_SCALAR=scalar_end, ORDER=order,
             ROTATE=sched.rotate_heads, QDO_STAGES=sched.qdo_stages, DQ_STAGES=sched.dq_stages,

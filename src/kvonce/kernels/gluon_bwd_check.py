@@ -21,12 +21,12 @@ def _check_signature(dtype: str, head_dim: int, dkv: str, kv_end_scalar: bool) -
     end = "i32" if kv_end_scalar else "*i32"
     sig = {name: desc for name in ("q0_desc", "q1_desc", "do0_desc", "do1_desc")}
     sig.update(k_desc=kv_desc, v_desc=kv_desc)
-    sig.update(dqa_desc=dq_desc, dqa_row1="i32", Lse0="*fp32", Lse1="*fp32",
-               Delta0="*fp32", Delta1="*fp32", DK=f"*{dkv}", DV=f"*{dkv}",
+    init = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+    sig.update(dqa_desc=dq_desc, dqa_row1="i32", init_desc=f"tensordesc<fp32[1, 64],{init!r}>",
+               DK=f"*{dkv}", DV=f"*{dkv}",
                cu_seqlens_q0="*i32", cu_seqlens_q1="*i32", cu_seqlens_k="*i32", kv_end0=end,
                kv_end1=end, sm_scale="fp32")
-    sig.update({name: "i32" for name in ("stride_lse0_h", "stride_lse1_h", "stride_delta0_h",
-                                         "stride_delta1_h", "stride_dkn", "stride_dkh",
+    sig.update({name: "i32" for name in ("stride_dkn", "stride_dkh",
                                          "stride_dvn", "stride_dvh", "kv_group",
                                          "n_blocks", "batch")})
     sig.update(Work="*i32")

@@ -166,15 +166,12 @@ def _m_range(len_q, end, n0, IS_CAUSAL: gl.constexpr):
 
 @gluon.jit
 def _n_segments(kv_group, n_segments, KV_ZIGZAG: gl.constexpr):
-    """The q loop's trip count, ``2 * kv_group`` (both groups of every q head of the KV head):
-    zigzag kernels read it as the argument ``n_segments`` (the constant bank: computed from
-    ``kv_group`` it is one more register held across the consumers' loop, 8 B spilled at d128
-    with rotate_heads, kernel-check 2026-11-26); the contiguous kernel keeps its SASS."""
-    if KV_ZIGZAG:
-        n = n_segments
-    else:
-        n = 2 * kv_group
-    return n
+    """The q loop's trip count, ``2 * kv_group`` (both groups of every q head of the KV head),
+    read as the argument ``n_segments`` (the constant bank) by every kernel: computed from
+    ``kv_group`` it is one more register held across the consumers' loop, which ptxas spilled
+    (8-12 B at d128, kernel-check 2026-11-26). ``kv_group`` and ``KV_ZIGZAG`` stay in the
+    signature for the callers."""
+    return n_segments
 
 
 @gluon.jit

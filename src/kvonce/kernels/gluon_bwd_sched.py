@@ -77,23 +77,31 @@ VARIANTS = {
 
 
 @triton.jit
-def _delta_kernel(O, DO, Delta, DQA, rows, dqa_row0, stride_om, stride_oh, stride_dom,
-                  stride_doh, stride_delta_h, stride_dqam, stride_dqah, BLOCK: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, ZERO_DQA: tl.constexpr):
-    """Grid ``(nheads, cdiv(rows, BLOCK))``: ``Delta[h, r] = sum_d dO[r, h, d] * O[r, h, d]`` in
-    fp32 for every row of one group's tensors (rows of no sequence too: the main kernel never
-    reads theirs). ``ZERO_DQA``: also zero the fp32 accumulator rows ``dqa_row0 + r`` of head
-    ``h`` (DQA ``[rows0 + rows1, nheads, HEAD_DIM]``)."""
+def _delta_kernel(O, DO, Lse, Delta, Init, DQA, rows, dqa_row0, sm_scale, stride_om, stride_oh,
+                  stride_dom, stride_doh, stride_lse_h, stride_delta_h, stride_init_h,
+                  stride_dqam, stride_dqah, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  ZERO_DQA: tl.constexpr):
+    """Grid ``(nheads, cdiv(rows, BLOCK))``, over every row ``r`` of one group's tensors (rows of
+    no sequence too): ``Delta[h, r] = sum_d dO[r, h, d] * O[r, h, d]`` in fp32, and the main
+    kernel's accumulator inits at column ``dqa_row0 + r`` of ``Init [2 * nheads, >= rows0 +
+    rows1]``: row ``2h`` -LSE / sm_scale (-inf where LSE is -inf: a row that saw no key gets
+    P = 0), row ``2h + 1`` -Δ. ``ZERO_DQA``: also zero the fp32 accumulator rows ``dqa_row0 + r``
+    of head ``h`` (DQA ``[rows0 + rows1, nheads, HEAD_DIM]``)."""
     head = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     offs_d = tl.arange(0, HEAD_DIM)
-    ok = (offs < rows)[:, None]
+    in_rows = offs < rows
+    ok = in_rows[:, None]
     rows64 = offs.to(tl.int64)[:, None]
     o = tl.load(O + rows64 * stride_om + head * stride_oh + offs_d[None, :], mask=ok, other=0.0)
     do = tl.load(DO + rows64 * stride_dom + head * stride_doh + offs_d[None, :], mask=ok,
                  other=0.0)
-    tl.store(Delta + head * stride_delta_h + offs, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1),
-             mask=offs < rows)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(Delta + head * stride_delta_h + offs, delta, mask=in_rows)
+    lse = tl.load(Lse + head * stride_lse_h + offs, mask=in_rows, other=0.0)
+    init = Init + (2 * head) * stride_init_h + dqa_row0 + offs
+    tl.store(init, -tl.where(lse == float("-inf"), float("inf"), lse) / sm_scale, mask=in_rows)
+    tl.store(init + stride_init_h, -delta, mask=in_rows)
     if ZERO_DQA:
         tl.store(DQA + (dqa_row0 + rows64) * stride_dqam + head * stride_dqah + offs_d[None, :],
                  tl.zeros([BLOCK, HEAD_DIM], dtype=tl.float32), mask=ok)
