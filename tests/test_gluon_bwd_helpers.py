@@ -1,45 +1,92 @@
 """The plain-Triton helpers of the Gluon backward (``kernels/gluon_bwd_sched.py``): the Δ
-preprocess (with and without zeroing the dQ accumulator), the dK/dV tail zeroing, the per-CTA
-q-step counts and the longest-first work list, against plain PyTorch / Python. Small shapes; on
+preprocess (with and without zeroing the dQ accumulator), the accumulator inits at aligned
+columns, the dK/dV tail zeroing, the per-CTA q-step counts and the longest-first work list, against plain PyTorch / Python. Small shapes; on
 the CPU under the Triton interpreter (fp16 + fp32), on a GPU in fp16 + bf16."""
 import pytest
 import torch
 from conftest import DEVICE, DTYPES
 
-from kvonce.kernels.gluon_bwd_sched import (GluonBwdSchedule, _delta_kernel,
-                                            _zero_key_tail_kernel, block_steps, lpt_work)
+from kvonce.kernels.gluon_bwd_maps import local_order_rows
+from kvonce.kernels.gluon_bwd_sched import (GluonBwdSchedule, _delta_kernel, _init_kernel,
+                                            _zero_key_tail_kernel, block_steps, init_column,
+                                            lpt_work)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("zero_dqa", [False, True])
 def test_delta_kernel(dtype, zero_dqa):
     torch.manual_seed(0)
-    rows, heads, d, row0, scale = 70, 3, 32, 5, 0.125
+    rows, heads, d, row0 = 70, 3, 32, 5
     out = torch.randn(rows, heads, d, dtype=dtype, device=DEVICE)
     dout = torch.randn(rows, heads, d, dtype=dtype, device=DEVICE)
-    lse = torch.randn(heads, rows + 2, device=DEVICE)                    # row stride > rows
-    lse[1, 7] = float("-inf")                                             # a row that saw no key
-    delta = torch.full((heads, rows + 3), float("nan"), device=DEVICE)
-    init = torch.full((2 * heads, row0 + rows + 6), float("nan"), device=DEVICE)
+    delta = torch.full((heads, rows + 3), float("nan"), device=DEVICE)   # row stride > rows
     dqa = torch.full((row0 + rows + 4, heads, d), float("nan"), device=DEVICE)
-    _delta_kernel[(heads, 3)](out, dout, lse, delta, init, dqa, rows, row0, scale,
-                              *out.stride()[:2], *dout.stride()[:2], lse.stride(0),
-                              delta.stride(0), init.stride(0), *dqa.stride()[:2], BLOCK=32,
+    _delta_kernel[(heads, 3)](out, dout, delta, dqa, rows, row0, *out.stride()[:2],
+                              *dout.stride()[:2], delta.stride(0), *dqa.stride()[:2], BLOCK=32,
                               HEAD_DIM=d, ZERO_DQA=zero_dqa)
     ref = (out.float() * dout.float()).sum(-1).t()
     torch.testing.assert_close(delta[:, :rows], ref, rtol=1e-5, atol=1e-4)
     assert torch.isnan(delta[:, rows:]).all()
-    # The accumulator inits at columns row0 + r: -LSE / scale (-inf for LSE -inf) and -Δ.
-    ref_lse = -lse[:, :rows] / scale
-    ref_lse[1, 7] = float("-inf")
-    torch.testing.assert_close(init[0::2, row0:row0 + rows], ref_lse)
-    torch.testing.assert_close(init[1::2, row0:row0 + rows], -ref, rtol=1e-5, atol=1e-4)
-    assert torch.isnan(init[:, :row0]).all() and torch.isnan(init[:, row0 + rows:]).all()
     if zero_dqa:
         assert (dqa[row0:row0 + rows] == 0).all()
         assert torch.isnan(dqa[:row0]).all() and torch.isnan(dqa[row0 + rows:]).all()
     else:
         assert torch.isnan(dqa).all()
+
+
+@pytest.mark.parametrize("local_order", [False, True])
+def test_init_kernel_aligned_segments(local_order):
+    """The Gluon kernel's accumulator inits: group g of sequence b at ``init_column`` (16-byte
+    aligned, segments apart), -LSE / scale (-inf for LSE -inf) and -Δ of the group's rows;
+    padding columns untouched."""
+    torch.manual_seed(1)
+    heads, scale = 3, 0.125
+    lens0, lens1 = [5, 0, 70, 3], [9, 2, 0, 66]
+    batch = len(lens0)
+    cu0 = torch.tensor([0] + list(torch.tensor(lens0).cumsum(0)), dtype=torch.int32,
+                       device=DEVICE)
+    cu1 = torch.tensor([0] + list(torch.tensor(lens1).cumsum(0)), dtype=torch.int32,
+                       device=DEVICE)
+    rows0, rows1 = sum(lens0), sum(lens1)
+    if local_order:
+        rows = rows0 + rows1
+        lse = torch.randn(heads, rows + 1, device=DEVICE)[:, :rows]   # row stride > rows
+        lse[2, 4] = float("-inf")
+        delta = torch.randn(heads, rows, device=DEVICE)
+        table = local_order_rows(cu0, cu1)
+        groups = [(lse, delta, table, 0), (lse, delta, table, 0)]
+        starts = [[int(table[g, b, 0]) for b in range(batch)] for g in (0, 1)]
+    else:
+        lse = [torch.randn(heads, n + 1, device=DEVICE)[:, :n] for n in (rows0, rows1)]
+        lse[0][2, 4] = float("-inf")
+        delta = [torch.randn(heads, n, device=DEVICE) for n in (rows0, rows1)]
+        groups = [(lse[0], delta[0], cu0, 0), (lse[1], delta[1], cu1, rows0)]
+        starts = [cu0[:-1].tolist(), cu1[:-1].tolist()]
+    cols = (rows0 + rows1 + 6 * batch + 4 + 3) // 4 * 4
+    init = torch.full((2 * heads, cols), float("nan"), device=DEVICE)
+    for g, (lse_g, delta_g, info, row0) in enumerate(groups):
+        _init_kernel[(heads, batch, 3)](lse_g, delta_g, init, info, batch, g, row0, scale,
+                                        lse_g.stride(0), delta_g.stride(0), init.stride(0),
+                                        BLOCK=32, LOCAL_ORDER=local_order)
+    written = torch.zeros(cols, dtype=torch.bool)
+    last_end = 0
+    order = sorted((2 * b + g if local_order else g * batch + b, g, b)
+                   for g in (0, 1) for b in range(batch))
+    for segment, g, b in order:
+        n = (lens0, lens1)[g][b]
+        lse_g, delta_g, _, row0 = groups[g]
+        row = starts[g][b]
+        col = init_column(row0 + row, segment)
+        assert col % 4 == 0 and col >= last_end            # aligned; after the last segment
+        last_end = col + n
+        ref_lse = -lse_g[:, row:row + n] / scale
+        ref_lse[torch.isinf(ref_lse)] = float("-inf")
+        torch.testing.assert_close(init[0::2, col:col + n], ref_lse)
+        torch.testing.assert_close(init[1::2, col:col + n], -delta_g[:, row:row + n])
+        written[col:col + n] = True
+    assert last_end <= cols
+    assert torch.isnan(init[:, ~written]).all()            # padding never written
+    assert (init[0::2][:, written] == float("-inf")).sum() == 1
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, DTYPES[0]])

@@ -5,9 +5,10 @@ context-parallel path: the zigzag all-gather buffer read and written in place, b
 in one tensor in a rank's local order; ``gluon_bwd_maps`` draws the row and key maps), in one
 main kernel between a small pre- and postprocess:
 
-1. Δ = rowsum(dO∘O) for every row of both groups (``_delta_kernel``, plain Triton), and the
-   main kernel's accumulator inits -LSE / scale and -Δ staged in one fp32 ``[2 * nheads,
-   rows0 + rows1]`` buffer; the fp32 dQ accumulator ``[rows0 + rows1, nheads * D]`` is zeroed.
+1. Δ = rowsum(dO∘O) for every row of both groups (``_delta_kernel``, plain Triton); the fp32
+   dQ accumulator ``[rows0 + rows1, nheads * D]`` is zeroed; the main kernel's accumulator
+   inits -LSE / scale and -Δ are staged per (group, sequence) at 16-byte aligned columns of
+   one fp32 ``[2 * nheads, cols]`` buffer (``_init_kernel``, ``init_column``).
 2. ``_gluon_bwd_kernel``: one CTA per (KV head, sequence, 128 keys), in the order of
    ``launch_gluon_bwd``'s ``schedule`` (``gluon_bwd_sched``: by default KV heads fastest, key
    block 0 first). Two partitions:
@@ -63,7 +64,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from .gluon_bwd_maps import (BLOCK_M, BLOCK_N, _first_key, _group, _key_rows, _m_range,
                              _n_segments, _segment, _tile, local_order_rows)
 from .gluon_bwd_sched import (DEFAULT_SCHEDULE, ORDERS, GluonBwdSchedule, _delta_kernel,
-                              _zero_key_tail_kernel, lpt_work)
+                              _init_kernel, _zero_key_tail_kernel, lpt_work)
 
 
 LOG2E = gl.constexpr(1.4426950408889634)
@@ -146,7 +147,12 @@ def _load(q0_desc, q1_desc, do0_desc, do1_desc, k_desc, v_desc, q_smem, do_smem,
         row, len_q, end, vis_end = _group(g, seq, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k,
                                           kv_end0, kv_end1, n_chunks, n0, batch,
                                           KV_END_SCALAR, KV_ZIGZAG, LOCAL_ORDER)
-        init_row = gl.where(g == 0, 0, dqa_row1) + row   # the accumulator's row of the group
+        # The segment's first init column (gluon_bwd_sched.init_column): 16-byte aligned.
+        if LOCAL_ORDER:
+            segment = 2 * seq + g
+        else:
+            segment = g * batch + seq
+        init_col = (gl.where(g == 0, 0, dqa_row1) + row + 3 * segment + 3) // 4 * 4
         diag, lo, hi = _m_range(len_q, end, n0, IS_CAUSAL)
         for m0 in range(lo, hi, BLOCK_M):
             s = it % STAGES
@@ -173,10 +179,10 @@ def _load(q0_desc, q1_desc, do0_desc, do1_desc, k_desc, v_desc, q_smem, do_smem,
             # 64 -Δ (the Sᵀ and dPᵀ accumulators' initial rows); consumers wait parity ph.
             mbarrier.expect(init_ready.index(s), 2 * init_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(
-                init_desc, [2 * head, init_row + m0], init_ready.index(s),
+                init_desc, [2 * head, init_col + m0], init_ready.index(s),
                 lse_smem.index(s)._reinterpret(gl.float32, [1, BLOCK_M], INIT_TMA))
             tma.async_copy_global_to_shared(
-                init_desc, [2 * head + 1, init_row + m0], init_ready.index(s),
+                init_desc, [2 * head + 1, init_col + m0], init_ready.index(s),
                 delta_smem.index(s)._reinterpret(gl.float32, [1, BLOCK_M], INIT_TMA))
             it += 1
 
@@ -316,9 +322,9 @@ def _gluon_bwd_kernel(
     ``[BLOCK_M, D]``; k/v: ``[total_k, nheads_k * D]``, block ``[BLOCK_N, D]``; dqa: fp32
     ``[rows0 + rows1, nheads * D]``, block ``[BLOCK_M, D]``, group 1's rows from ``dqa_row1``
     (one descriptor: no branch at the reduce, and ptxas keeps one descriptor address instead of
-    spilling two). init: fp32 ``[2 * nheads, rows0 + rows1]`` (row ``2h``: head ``h``'s
-    -LSE / scale, -inf where LSE is; row ``2h + 1``: -Δ; columns the dqa's rows), block
-    ``[1, BLOCK_M]``.
+    spilling two). init: fp32 ``[2 * nheads, cols]`` (row ``2h``: head ``h``'s -LSE / scale,
+    -inf where LSE is; row ``2h + 1``: -Δ; a (group, sequence)'s rows from column
+    ``gluon_bwd_sched.init_column``), block ``[1, BLOCK_M]``.
     DK/DV: ``[total_k, nheads_k, D]``, last dim contiguous. kv_end*: ints or int32 ``[batch]``.
     Work, n_blocks, batch, ORDER, ROTATE: the CTA order (``_tile``, ``_segment``); QDO_STAGES and
     DQ_STAGES: the Q/dO ring's and the dQ staging's depth (``gluon_bwd_sched``).
@@ -461,13 +467,13 @@ def _desc(t, rows_block: int, head_dim: int):
                             [rows_block, head_dim], layout)
 
 
-def _init_desc(init, cols: int):
-    """TMA descriptor over the accumulator inits ``init [2 * nheads, >= cols]`` (fp32), block
+def _init_desc(init):
+    """TMA descriptor over the accumulator inits ``init [2 * nheads, cols]`` (fp32), block
     ``[1, BLOCK_M]``: one step's 64 values of one head."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    return TensorDescriptor(init, [init.shape[0], max(cols, 1)], [init.stride(0), 1],
-                            [1, BLOCK_M], INIT_TMA.value)
+    return TensorDescriptor(init, list(init.shape), [init.stride(0), 1], [1, BLOCK_M.value],
+                            INIT_TMA.value)
 
 
 def launch_gluon_bwd(
@@ -508,32 +514,43 @@ def launch_gluon_bwd(
     if scalar_end != isinstance(kv_end1, int):
         raise TypeError("kv_end0 and kv_end1 must both be ints or both be tensors")
     sched = DEFAULT_SCHEDULE if schedule is None else schedule
-    # 1. Δ = rowsum(dO∘O) and the accumulator inits of every row of each group; with fuse_prep
-    #    the same kernel zeroes the
+    # 1. Δ = rowsum(dO∘O) of every row of each group; with fuse_prep the same kernel zeroes the
     #    fp32 dQ accumulator (group 0's rows, then group 1's; local order: the one tensor's
     #    rows, group 1's at offset 0 of it), which the main kernel reduce-adds scale * dS K into.
     rows0 = dq0.shape[0]
     if local_order:
         dqa_rows, dqa_row1 = rows0, 0
-        parts = ((out0, dout0, lse0, delta0, 0), )
+        parts = ((out0, dout0, delta0, 0), )
     else:
         dqa_rows, dqa_row1 = rows0 + dq1.shape[0], rows0
-        parts = ((out0, dout0, lse0, delta0, 0), (out1, dout1, lse1, delta1, rows0))
+        parts = ((out0, dout0, delta0, 0), (out1, dout1, delta1, rows0))
     fuse = sched.fuse_prep and out0.shape[0] == rows0 and (local_order
                                                           or out1.shape[0] == dq1.shape[0])
     dqa = (torch.empty if fuse else torch.zeros)(
         (dqa_rows, nheads, head_dim), dtype=torch.float32, device=dq0.device)
-    # The accumulator inits, one column per dqa row (16-byte aligned rows for TMA): columns of
-    # no `out` row stay unwritten; the kernel masks them as rows past a group's length.
-    init = torch.empty((2 * nheads, triton.cdiv(max(dqa_rows, 1), 4) * 4), dtype=torch.float32,
-                       device=dq0.device)
-    for out, dout, lse, delta, row0 in parts:
+    for out, dout, delta, row0 in parts:
         if out.shape[0]:
             _delta_kernel[(nheads, triton.cdiv(out.shape[0], 64))](
-                out, dout, lse, delta, init, dqa, out.shape[0], row0, softmax_scale,
-                *out.stride()[:2], *dout.stride()[:2], lse.stride(0), delta.stride(0),
-                init.stride(0), *dqa.stride()[:2], BLOCK=64, HEAD_DIM=head_dim, ZERO_DQA=fuse,
-                num_warps=4)
+                out, dout, delta, dqa, out.shape[0], row0, *out.stride()[:2],
+                *dout.stride()[:2], delta.stride(0), *dqa.stride()[:2], BLOCK=64,
+                HEAD_DIM=head_dim, ZERO_DQA=fuse, num_warps=4)
+    # The main kernel's accumulator inits (-LSE / scale, -Δ) per (group, sequence) segment at
+    # 16-byte aligned columns (gluon_bwd_sched.init_column): at most 3 padding columns per
+    # segment, never written (the kernel masks rows past a group's length).
+    init = torch.empty((2 * nheads, triton.cdiv(dqa_rows + 6 * batch + 4, 4) * 4),
+                       dtype=torch.float32, device=dq0.device)
+    # LOCAL_ORDER kernels read each (group, sequence)'s first row and row count from a table
+    # (gluon_bwd_maps.local_order_rows) in place of cu_seqlens_q0/q1.
+    cu_q0, cu_q1 = cu_seqlens_q0, cu_seqlens_q1
+    if local_order:
+        cu_q0 = cu_q1 = local_order_rows(cu_seqlens_q0, cu_seqlens_q1)
+    for group, (lse, delta, cu_q, group_row0) in enumerate(((lse0, delta0, cu_q0, 0),
+                                                           (lse1, delta1, cu_q1, dqa_row1))):
+        if batch > 0 and max_seqlen_q > 0:
+            _init_kernel[(nheads, batch, triton.cdiv(max_seqlen_q, 64))](
+                lse, delta, init, cu_q, batch, group, group_row0, softmax_scale,
+                lse.stride(0), delta.stride(0), init.stride(0), BLOCK=64,
+                LOCAL_ORDER=local_order, num_warps=2)
     # 2. The main kernel: one CTA per (KV head, sequence, 128 keys) in the schedule's order;
     #    zigzag: 2 * world chunks of chunk_blocks blocks each (the longest chunk's).
     world = max(zigzag_world_size, 1)
@@ -551,16 +568,11 @@ def launch_gluon_bwd(
             cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1, n_blocks=n_blocks,
             causal=causal, zigzag_world_size=zigzag_world_size, chunk_blocks=chunk_blocks,
             kv_end_in_chunks=local_order)
-    # LOCAL_ORDER kernels read each (group, sequence)'s first row and row count from a table
-    # (gluon_bwd_maps.local_order_rows) in place of cu_seqlens_q0/q1.
-    cu_q0, cu_q1 = cu_seqlens_q0, cu_seqlens_q1
-    if local_order:
-        cu_q0 = cu_q1 = local_order_rows(cu_seqlens_q0, cu_seqlens_q1)
     if batch > 0 and n_blocks > 0:
         _gluon_bwd_kernel[grid](
             _desc(q0, 64, head_dim), _desc(q1, 64, head_dim), _desc(dout0, 64, head_dim),
             _desc(dout1, 64, head_dim), _desc(k, 128, head_dim), _desc(v, 128, head_dim),
-            _desc(dqa, 64, head_dim), dqa_row1, _init_desc(init, dqa_rows),
+            _desc(dqa, 64, head_dim), dqa_row1, _init_desc(init),
             dk, dv, cu_q0, cu_q1, cu_seqlens_k, kv_end0, kv_end1,
             softmax_scale, *dk.stride()[:2], *dv.stride()[:2], nheads // nheads_k, work, n_blocks, batch,
             2 * world, k.shape[0] // world, chunk_blocks, 2 * (nheads // nheads_k),

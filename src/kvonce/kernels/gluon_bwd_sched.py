@@ -77,34 +77,68 @@ VARIANTS = {
 
 
 @triton.jit
-def _delta_kernel(O, DO, Lse, Delta, Init, DQA, rows, dqa_row0, sm_scale, stride_om, stride_oh,
-                  stride_dom, stride_doh, stride_lse_h, stride_delta_h, stride_init_h,
-                  stride_dqam, stride_dqah, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr,
-                  ZERO_DQA: tl.constexpr):
-    """Grid ``(nheads, cdiv(rows, BLOCK))``, over every row ``r`` of one group's tensors (rows of
-    no sequence too): ``Delta[h, r] = sum_d dO[r, h, d] * O[r, h, d]`` in fp32, and the main
-    kernel's accumulator inits at column ``dqa_row0 + r`` of ``Init [2 * nheads, >= rows0 +
-    rows1]``: row ``2h`` -LSE / sm_scale (-inf where LSE is -inf: a row that saw no key gets
-    P = 0), row ``2h + 1`` -Δ. ``ZERO_DQA``: also zero the fp32 accumulator rows ``dqa_row0 + r``
-    of head ``h`` (DQA ``[rows0 + rows1, nheads, HEAD_DIM]``)."""
+def _delta_kernel(O, DO, Delta, DQA, rows, dqa_row0, stride_om, stride_oh, stride_dom,
+                  stride_doh, stride_delta_h, stride_dqam, stride_dqah, BLOCK: tl.constexpr,
+                  HEAD_DIM: tl.constexpr, ZERO_DQA: tl.constexpr):
+    """Grid ``(nheads, cdiv(rows, BLOCK))``: ``Delta[h, r] = sum_d dO[r, h, d] * O[r, h, d]`` in
+    fp32 for every row of one group's tensors (rows of no sequence too: the main kernel never
+    reads theirs). ``ZERO_DQA``: also zero the fp32 accumulator rows ``dqa_row0 + r`` of head
+    ``h`` (DQA ``[rows0 + rows1, nheads, HEAD_DIM]``)."""
     head = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     offs_d = tl.arange(0, HEAD_DIM)
-    in_rows = offs < rows
-    ok = in_rows[:, None]
+    ok = (offs < rows)[:, None]
     rows64 = offs.to(tl.int64)[:, None]
     o = tl.load(O + rows64 * stride_om + head * stride_oh + offs_d[None, :], mask=ok, other=0.0)
     do = tl.load(DO + rows64 * stride_dom + head * stride_doh + offs_d[None, :], mask=ok,
                  other=0.0)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    tl.store(Delta + head * stride_delta_h + offs, delta, mask=in_rows)
-    lse = tl.load(Lse + head * stride_lse_h + offs, mask=in_rows, other=0.0)
-    init = Init + (2 * head) * stride_init_h + dqa_row0 + offs
-    tl.store(init, -tl.where(lse == float("-inf"), float("inf"), lse) / sm_scale, mask=in_rows)
-    tl.store(init + stride_init_h, -delta, mask=in_rows)
+    tl.store(Delta + head * stride_delta_h + offs, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1),
+             mask=offs < rows)
     if ZERO_DQA:
         tl.store(DQA + (dqa_row0 + rows64) * stride_dqam + head * stride_dqah + offs_d[None, :],
                  tl.zeros([BLOCK, HEAD_DIM], dtype=tl.float32), mask=ok)
+
+
+def init_column(row, segment):
+    """The first column of a (group, sequence) segment in the accumulator-init buffer: its
+    first row (group 1's offset by group 0's rows, as in the dQ accumulator) plus 3 per earlier
+    segment, rounded up to 4 floats: TMA loads a box whose inner coordinate is 16-byte aligned
+    (a misaligned one hung the kernel on the H100, 2026-11-25), and segment ``k + 1`` starts at
+    least ``len_k`` past segment ``k``. ``segment``: the index in tensor order (``g * batch + b``;
+    local order ``2 b + g``). Plain integer arithmetic: the Triton kernel below and
+    ``gluon_bwd._load`` compute it the same way."""
+    return (row + 3 * segment + 3) // 4 * 4
+
+
+@triton.jit
+def _init_kernel(Lse, Delta, Init, RowInfo, batch, group, group_row0, sm_scale, stride_lse_h,
+                 stride_delta_h, stride_init_h, BLOCK: tl.constexpr, LOCAL_ORDER: tl.constexpr):
+    """Grid ``(nheads, batch, cdiv(max_seqlen_q, BLOCK))``: the Gluon kernel's accumulator inits
+    of group ``group``'s rows of every sequence, at columns ``init_column`` of ``Init [2 * nheads,
+    cols]``: row ``2h`` -LSE / sm_scale (-inf where LSE is -inf: a row that saw no key gets
+    P = 0), row ``2h + 1`` -Δ. ``RowInfo``: the group's ``cu_seqlens_q`` (or, ``LOCAL_ORDER``,
+    ``gluon_bwd_maps.local_order_rows``' table); ``group_row0``: the group's first column
+    before padding (group 1: group 0's row count; 0 in local order). Lse/Delta ``[nheads, rows]``
+    of the group's tensor. Padding columns are not written: the kernel masks them."""
+    head = tl.program_id(0)
+    seq = tl.program_id(1)
+    if LOCAL_ORDER:
+        entry = RowInfo + (group * batch + seq) * 2
+        row = tl.load(entry)
+        n = tl.load(entry + 1)
+        segment = 2 * seq + group
+    else:
+        row = tl.load(RowInfo + seq)
+        n = tl.load(RowInfo + seq + 1) - row
+        segment = group * batch + seq
+    col = (group_row0 + row + 3 * segment + 3) // 4 * 4   # init_column
+    offs = tl.program_id(2) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < n
+    lse = tl.load(Lse + head * stride_lse_h + row + offs, mask=ok, other=0.0)
+    delta = tl.load(Delta + head * stride_delta_h + row + offs, mask=ok, other=0.0)
+    init = Init + (2 * head) * stride_init_h + col + offs
+    tl.store(init, -tl.where(lse == float("-inf"), float("inf"), lse) / sm_scale, mask=ok)
+    tl.store(init + stride_init_h, -delta, mask=ok)
 
 
 @triton.jit
