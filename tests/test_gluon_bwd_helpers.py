@@ -1,7 +1,8 @@
 """The plain-Triton helpers of the Gluon backward (``kernels/gluon_bwd_sched.py``): the Δ
 preprocess (with and without zeroing the dQ accumulator), the accumulator inits at aligned
-columns, the dK/dV tail zeroing, the per-CTA q-step counts and the longest-first work list, against plain PyTorch / Python. Small shapes; on
-the CPU under the Triton interpreter (fp16 + fp32), on a GPU in fp16 + bf16."""
+columns, the dK/dV tail zeroing, the per-CTA q-step counts and the longest-first work list,
+against plain PyTorch / Python. Small shapes; on the CPU under the Triton interpreter (fp16 +
+fp32), on a GPU in fp16 + bf16."""
 import pytest
 import torch
 from conftest import DEVICE, DTYPES

@@ -1,6 +1,7 @@
 """`make kernel-check` in CI: every Gluon kernel compiles for sm_90a on the CPU (triton.compile,
 the wheel's ptxas and cuobjdump) with no spill in its wgmma loop, no wgmma serialization and
-shared memory within the H100's limit; and the parser really flags what it must (canned ptxas output)."""
+shared memory within the H100's limit; and the parser really flags what it must (canned ptxas
+output and SASS)."""
 import importlib.util
 import sys
 from pathlib import Path

@@ -15,8 +15,8 @@ main kernel between a small pre- and postprocess:
 
    - ``_load`` (1 warp, 24 registers): K and V of the CTA's keys once, by TMA; then a 2-deep
      mbarrier ring of Q and dO tiles (64 rows each, 2-D descriptors over ``[rows, nheads * D]``),
-     each with its rows' -LSE / scale or -Δ (TMA too, on the same barrier), which the consumers
-     take as the initial Sᵀ and dPᵀ accumulators. The loader stores nothing itself: a
+     and of the step's 64 -LSE / scale and -Δ values (TMA too, on their own barrier), which the
+     consumers take as the initial Sᵀ and dPᵀ accumulators. The loader stores nothing itself: a
      generic-proxy store handed over by one lane's mbarrier arrive is what racecheck flagged.
    - ``_consume`` (8 warps = two warpgroups at 240 registers, the research note's layout A):
      warpgroup ``w`` owns keys ``[64w, 64w + 64)`` for Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (async SS
@@ -119,16 +119,16 @@ def tma_reduce_add(desc, coord, src, _semantic=None):
 
 @gluon.jit
 def _load(q0_desc, q1_desc, do0_desc, do1_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem,
-          lse_smem, delta_smem, kv_ready, q_ready, do_ready, init_ready, qdo_empty, init_desc, dqa_row1,
-          cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1,
-          kv_group, Work, n_blocks, batch, n_chunks, rank_rows, chunk_blocks, n_segments,
+          lse_smem, delta_smem, kv_ready, q_ready, do_ready, init_ready, qdo_empty, init_desc,
+          dqa_row1, cu_seqlens_q0, cu_seqlens_q1, cu_seqlens_k, kv_end0, kv_end1, kv_group, Work,
+          n_blocks, batch, n_chunks, rank_rows, chunk_blocks, n_segments,
           HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, KV_END_SCALAR: gl.constexpr,
           ORDER: gl.constexpr, ROTATE: gl.constexpr, KV_ZIGZAG: gl.constexpr,
           LOCAL_ORDER: gl.constexpr):
-    """The loader warp: K/V once, then into the ring, by TMA, every step's Q with its rows'
-    -LSE / scale and its dO with their -Δ (the Sᵀ and dPᵀ accumulators' initial rows, staged by
-    the preprocess in ``init_desc``), in ``_consume``'s step order. No generic-proxy store: every
-    byte the consumers read arrives through the q/dO barriers' transaction counts."""
+    """The loader warp: K/V once, then into the ring, by TMA, every step's Q, dO and its rows'
+    -LSE / scale and -Δ (the Sᵀ and dPᵀ accumulators' initial rows, staged by the preprocess in
+    ``init_desc``), in ``_consume``'s step order. No generic-proxy store: every byte the
+    consumers read arrives through a barrier's transaction count."""
     STAGES: gl.constexpr = q_smem.shape[0]
     kv_head, seq, blk = _tile(Work, n_blocks, batch, ORDER)
     n0, empty = _first_key(cu_seqlens_k, seq, blk, chunk_blocks, KV_ZIGZAG)
@@ -359,8 +359,10 @@ def _gluon_bwd_kernel(
     qdo_empty = gl.allocate_shared_memory(gl.int64, [QDO_STAGES, 1], mbarrier.MBarrierLayout())
     # kv_ready: the loader's expect (the one arrival) + K/V TMA bytes; consumers wait phase 0.
     # With S = QDO_STAGES:
-    # q_ready[s], do_ready[s]: the loader's expect + the TMA bytes of step it's Q and its
-    #   -LSE / scale (dO and its -Δ), s = it % S; consumers wait phase (it // S) & 1.
+    # q_ready[s], do_ready[s]: the loader's expect + the TMA bytes of step it's Q (dO),
+    #   s = it % S; consumers wait phase (it // S) & 1.
+    # init_ready[s]: the loader's expect + the TMA bytes of step it's 64 -LSE / scale and 64 -Δ;
+    #   consumers wait phase (it // S) & 1.
     # qdo_empty[s]: the consumer partition arrives (thread 0, after a partition bar.sync and
     #   its wgmma wait) once step it's wgmmas have read the slot; the loader waits phase
     #   ((it // S) & 1) ^ 1 before refilling (a fresh barrier passes the first round).
@@ -572,9 +574,9 @@ def launch_gluon_bwd(
         _gluon_bwd_kernel[grid](
             _desc(q0, 64, head_dim), _desc(q1, 64, head_dim), _desc(dout0, 64, head_dim),
             _desc(dout1, 64, head_dim), _desc(k, 128, head_dim), _desc(v, 128, head_dim),
-            _desc(dqa, 64, head_dim), dqa_row1, _init_desc(init),
-            dk, dv, cu_q0, cu_q1, cu_seqlens_k, kv_end0, kv_end1,
-            softmax_scale, *dk.stride()[:2], *dv.stride()[:2], nheads // nheads_k, work, n_blocks, batch,
+            _desc(dqa, 64, head_dim), dqa_row1, _init_desc(init), dk, dv, cu_q0, cu_q1,
+            cu_seqlens_k, kv_end0, kv_end1, softmax_scale, *dk.stride()[:2], *dv.stride()[:2],
+            nheads // nheads_k, work, n_blocks, batch,
             2 * world, k.shape[0] // world, chunk_blocks, 2 * (nheads // nheads_k),
             HEAD_DIM=head_dim, IS_CAUSAL=causal, KV_END_SCALAR=scalar_end, ORDER=order,
             ROTATE=sched.rotate_heads, QDO_STAGES=sched.qdo_stages, DQ_STAGES=sched.dq_stages,
