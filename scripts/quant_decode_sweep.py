@@ -1,10 +1,10 @@
 """Launch-config sweep of the quantized paged decode (CUDA), CUDA-graph timing.
 
     PYTHONPATH=src python scripts/quant_decode_sweep.py [--formats int8,int4] [--quick]
-        [--shapes 1x131072] [--grid 64,4,2 128,4,2 128,4,2,6,64]
+        [--shapes 1x131072] [--heads 32/8,12/12] [--grid 64,4,2 128,4,2 128,4,2,6,64]
 (a grid entry: block_n, num_warps, num_stages[, programs_per_sm[, max_merged_splits]])
 
-GQA 32/8, d128, page 16, random page order, q_len 1, fp16 queries, the issue's three shapes.
+GQA 32/8 (or ``--heads``: q/kv head pairs), d128, page 16, random page order, q_len 1, fp16 queries, the issue's three shapes.
 For each format and shape: every (block_n, num_warps, num_stages) in the grid through
 ``PagedDecodePlan(config=...)`` (split count auto), replayed in a CUDA graph (do_bench median);
 prints the best configs and their speedup over the fp16 cache with its own tuned config.
@@ -36,6 +36,7 @@ def main():
     p.add_argument("--formats", default="fp8_e4m3,int8,int4")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--shapes", default="", help="only these BATCHxLEN, comma-separated")
+    p.add_argument("--heads", default="32/8", help="q/kv head counts, comma-separated")
     p.add_argument("--grid", nargs="*", default=[],
                    help="only these BLOCK_N,WARPS,STAGES[,PROGRAMS_PER_SM[,MAX_MERGED_SPLITS]]")
     args = p.parse_args()
@@ -48,14 +49,15 @@ def main():
     shapes = SHAPES
     if args.shapes:
         shapes = [tuple(int(x) for x in sh.split("x")) for sh in args.shapes.split(",")]
-    print("| batch x len | format | best (block_n, warps, stages) | us | 2nd | 3rd | default us |"
+    heads = [tuple(int(x) for x in h.split("/")) for h in args.heads.split(",")]
+    print("| heads | batch x len | format | best (block_n, warps, stages) | us | 2nd | 3rd | default us |"
           " fp16 us | speedup |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for batch, length in shapes:
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for (hq, hk), (batch, length) in itertools.product(heads, shapes):
         torch.manual_seed(0)
         pages = batch * length // 16
-        q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.float16)
-        k = torch.randn(pages, 16, 8, 128, device="cuda", dtype=torch.float16)
+        q = torch.randn(batch, 1, hq, 128, device="cuda", dtype=torch.float16)
+        k = torch.randn(pages, 16, hk, 128, device="cuda", dtype=torch.float16)
         v = torch.randn_like(k)
         table = torch.randperm(pages, device="cuda").reshape(batch, -1).to(torch.int32)
         seqlens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
@@ -88,7 +90,7 @@ def main():
             default_us = graph_us(lambda: pl.run(q, kq, vq, seqlens, table, k_scale=ks,
                                                  v_scale=vs))
             top = [f"{c} {u:.1f}" for u, c in res[1:3]]
-            print(f"| {batch} x {length} | {fmt} | {res[0][1]} | {res[0][0]:.1f} | "
+            print(f"| {hq}/{hk} | {batch} x {length} | {fmt} | {res[0][1]} | {res[0][0]:.1f} | "
                   f"{' | '.join(top)} | {default_us:.1f} | {fp16_us:.1f} | "
                   f"{fp16_us / res[0][0]:.2f} |", flush=True)
         del k, v

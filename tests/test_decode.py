@@ -12,7 +12,7 @@ import torch
 from conftest import poison_empty
 
 import kvonce.paged.decode as decode
-from kvonce import append_paged_kv
+from kvonce import append_paged_kv, quantize_kv
 from kvonce.paged import flash_attn_with_kvcache, merge_attention_states, paged_attention
 from kvonce.paged._alloc import allocator
 from kvonce.paged.splits import MAX_SPLITS
@@ -407,6 +407,33 @@ def test_num_splits_auto_reads_shapes_only():
     assert decode.choose_num_splits(32, 8, 2048, 132, cfg) == 1   # 256 programs: no split
     assert decode.choose_num_splits(16, 12, 4096, 132, cfg) > 1   # 192 programs: split
     assert decode.choose_num_splits(64, 12, 1024, 132, cfg) == 2  # 768: the slow band
+
+
+def test_num_splits_quantized_rows():
+    """The quantized Hopper rows' split counts at the swept shapes (docs/notes.md, 2026-11-26):
+    fp8 rounds 2 programs per SM up, fp8 and int8 keep 2048 keys a split."""
+    from kvonce.kernels.configs import _PAGED_DECODE_QUANT_TABLE
+    fp8 = _PAGED_DECODE_QUANT_TABLE[((9, 0), "fp8_e4m3")][128]
+    assert decode.choose_num_splits(1, 8, 131072, 132, fp8) == 33   # 264 programs
+    assert decode.choose_num_splits(16, 12, 4096, 132, fp8) == 2    # 192 -> 384, not 1
+    assert decode.choose_num_splits(16, 8, 4096, 132, fp8) == 2     # 2048 keys a split
+    assert decode.choose_num_splits(64, 8, 8192, 132, fp8) == 1
+    int8 = _PAGED_DECODE_QUANT_TABLE[((9, 0), "int8")][128]
+    assert decode.choose_num_splits(16, 8, 4096, 132, int8) == 2    # 2048 keys a split
+    assert decode.choose_num_splits(1, 8, 131072, 132, int8) == 49
+
+
+def test_plan_mha_stage_count():
+    """int4's row runs 3 stages where each KV head serves one q head, 2 under GQA."""
+    from kvonce.kernels.configs import _PAGED_DECODE_QUANT_TABLE
+    cfg = _PAGED_DECODE_QUANT_TABLE[((9, 0), "int4")][128]
+    for nheads, stages in ((4, 3), (8, 2)):
+        q = torch.randn(1, 1, nheads, 64, dtype=torch.float16)
+        k, scale = quantize_kv(torch.randn(2, 16, 4, 64, dtype=torch.float16), "int4")
+        plan = decode.PagedDecodePlan(q, k, k, torch.tensor([20], dtype=torch.int32),
+                                      torch.tensor([[0, 1]], dtype=torch.int32), config=cfg,
+                                      kv_format="int4", k_scale=scale, v_scale=scale)
+        assert plan.config.num_stages == stages
 
 
 # ------------------------------------------------------------------------------------------------

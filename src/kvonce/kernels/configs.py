@@ -173,6 +173,9 @@ class PagedDecodeConfig:
         time), so it is kept for the smallest counts.
     combined_block_n: when nonzero, the key tile of launches with more than
         ``max_merged_splits`` splits (those a combine kernel merges).
+    splits_round_up: the auto split count rounds ``programs_per_sm * num_sms / programs`` up
+        (at least that many programs) instead of down (at most that many).
+    mha_num_stages: when nonzero, the stage count where each KV head serves one q head (MHA).
     """
     block_n: int
     num_warps: int
@@ -184,6 +187,8 @@ class PagedDecodeConfig:
     kv_eviction: str = ""
     max_merged_splits: int = 4
     combined_block_n: int = 0
+    splits_round_up: bool = False
+    mha_num_stages: int = 0
 
 
 # (capability major, minor) -> head dim -> config. The Hopper d=128 row comes from
@@ -216,11 +221,24 @@ _paged_warned: set = set()
 # 64-key tiles) and within 5% of the best (128, 4, 4) at 64 x 8192 (614 vs 585 us; its old
 # 64-key row took 982). Yet at 1 x 131072 (49 splits) 64-key tiles won: 166 vs 208 us
 # (combined_block_n; 16 x 4096 runs 3 splits, merged in the launch). A rule from those points
-# only, not understood: sweep split counts next. Other head dims use the fp16 row.
+# only, not understood. 2026-11-26, the split knobs and stages at GQA 32/8 and MHA 12/12 x
+# (16 x 4096, 64 x 8192, 1 x 131072), graphs (scripts/quant_decode_sweep.py --heads, docs/notes.md):
+# - fp8: 2 programs per SM, rounded up, splits of at least 2048 keys: 1 x 131072 GQA 123 us
+#   (33 splits) against 146 (49); MHA 16 x 4096 needs the rounding up (2 splits, 92 us; rounding
+#   down gives 1 split, 109) and GQA 16 x 4096 the 2048 keys (`bench quant`: 2 splits 60 us,
+#   3 splits 74).
+# - int8: splits of at least 2048 keys: GQA 16 x 4096 74 us (2 splits) against 90 (3); the long
+#   rows keep 3 programs per SM (1 x 131072 GQA 125 us at 49 splits, 131 at 33).
+# - int4: every split merged in the launch (1 x 131072 GQA 150 us against 167 through the combine
+#   kernel with 64-key tiles); MHA at 3 stages: 108 / 710 / 203 us against 164 / 900 / 317 at 2,
+#   while GQA keeps 2 (3 stages: 94 against 80 us at 16 x 4096, 168 against 150 at 1 x 131072).
+# Other head dims use the fp16 row.
 _PAGED_DECODE_QUANT_TABLE: dict[tuple[tuple[int, int], str], dict[int, PagedDecodeConfig]] = {
-    ((9, 0), "int8"): {128: PagedDecodeConfig(128, 4, 2)},
-    ((9, 0), "fp8_e4m3"): {128: PagedDecodeConfig(128, 4, 2)},
-    ((9, 0), "int4"): {128: PagedDecodeConfig(128, 4, 2, combined_block_n=64)},
+    ((9, 0), "int8"): {128: PagedDecodeConfig(128, 4, 2, min_keys_per_split=2048)},
+    ((9, 0), "fp8_e4m3"): {128: PagedDecodeConfig(128, 4, 2, programs_per_sm=2.0,
+                                                  splits_round_up=True,
+                                                  min_keys_per_split=2048)},
+    ((9, 0), "int4"): {128: PagedDecodeConfig(128, 4, 2, max_merged_splits=64, mha_num_stages=3)},
 }
 
 

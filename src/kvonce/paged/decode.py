@@ -140,6 +140,8 @@ class PagedDecodePlan:
         self.num_splits = num_splits
         if self.config.combined_block_n and num_splits > self.config.max_merged_splits:
             self.config = dataclasses.replace(self.config, block_n=self.config.combined_block_n)
+        if self.config.mha_num_stages and nheads == k_cache.shape[2]:
+            self.config = dataclasses.replace(self.config, num_stages=self.config.mha_num_stages)
         self.causal = causal
         self.softmax_scale = head_dim ** -0.5 if softmax_scale is None else float(softmax_scale)
         self._q_shape, self._kv_tail = q.shape, k_cache.shape[1:]

@@ -19,8 +19,9 @@ def choose_num_splits(batch: int, nheads_k: int, max_keys: int, num_sms: int,
     per SM (768 on 132 SMs), and splits under 512 keys lost to fewer, longer ones
     (``config.min_keys_per_split``). So: below that target, ``target // base`` splits (but no split
     shorter than ``config.min_keys_per_split`` keys of the longest possible sequence,
-    ``max_pages * page_size``, and at most ``MAX_SPLITS``); from it up, a single pass, or two
-    splits where one pass would land in the slow band.
+    ``max_pages * page_size``, and at most ``MAX_SPLITS``; ``config.splits_round_up``: the
+    smallest count reaching the target instead); from it up, a single pass, or two splits where
+    one pass would land in the slow band.
     """
     base = max(1, batch * nheads_k)
     target = int(config.programs_per_sm * num_sms)
@@ -28,4 +29,5 @@ def choose_num_splits(batch: int, nheads_k: int, max_keys: int, num_sms: int,
         lo, hi = config.slow_programs_per_sm
         return 2 if lo * num_sms <= base <= hi * num_sms else 1
     cap = max(1, max_keys // config.min_keys_per_split)
-    return int(max(1, min(target // base, cap, MAX_SPLITS)))
+    splits = -(-target // base) if config.splits_round_up else target // base
+    return int(max(1, min(splits, cap, MAX_SPLITS)))
