@@ -5,9 +5,12 @@ CPU (interpreter): all three formats, fp16/fp32 queries, small sizes. CUDA: fp16
 """
 import pytest
 import torch
+import triton
+import triton.language as tl
 from conftest import DEVICE, DTYPES, HAS_CUDA, poison_empty
 
 import kvonce
+from kvonce.kernels.paged_decode import _fp8_bytes_to, _ints_to, _nibbles_to
 from kvonce.reference import paged_attention_ref
 
 FORMATS = ("fp8_e4m3", "int8", "int4")
@@ -63,6 +66,46 @@ def test_quantized_decode_matches_dequantized_reference(fmt, shape, num_splits, 
     fin = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), fin)
     assert (lse[fin] - ref_lse[fin]).abs().max() < 1e-2
+
+
+@triton.jit
+def _convert_bytes_kernel(B, Out, KIND: tl.constexpr, DTYPE: tl.constexpr):
+    """Every byte of ``B [16, 128]`` through one of the decode kernels' converters into ``Out``
+    (KIND 0: fp8 e4m3, 1: int8, 2: int4 low nibble, 3: int4 high nibble)."""
+    offs = tl.arange(0, 16)[:, None] * 128 + tl.arange(0, 128)[None, :]
+    if KIND == 1:
+        b = tl.load(B.to(tl.pointer_type(tl.int8)) + offs)
+        y = _ints_to(b, DTYPE)
+    else:
+        b = tl.load(B + offs)
+        if KIND == 0:
+            y = _fp8_bytes_to(b, DTYPE)
+        else:
+            y = _nibbles_to(b, KIND == 3, DTYPE)
+    tl.store(Out + offs, y)
+
+
+@pytest.mark.parametrize("kind", ["fp8", "int8", "int4_low", "int4_high"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_converters_are_exact_for_every_byte(kind, dtype):
+    """The tile converters (packed inline asm on the GPU, plain ops under the interpreter) give
+    exactly torch's value of every byte, sign of zero included. fp8's NaN bytes (0x7F, 0xFF) are
+    left out: quantize_kv writes them only for a NaN input, and the bf16 bit move reads them as
+    +-480 (``_fp8_bytes_to``)."""
+    codes = (torch.arange(16 * 128, device=DEVICE) % 256).to(torch.uint8).reshape(16, 128)
+    out = torch.full((16, 128), float("nan"), device=DEVICE, dtype=dtype)
+    k = ["fp8", "int8", "int4_low", "int4_high"].index(kind)
+    _convert_bytes_kernel[(1,)](codes, out, KIND=k, DTYPE=getattr(tl, str(dtype)[6:]))
+    if kind == "fp8":
+        want = codes.view(torch.float8_e4m3fn).to(dtype)
+    elif kind == "int8":
+        want = codes.view(torch.int8).to(dtype)
+    else:
+        want = ((codes >> (4 if kind == "int4_high" else 0)) & 15).to(dtype) - 8
+    keep = ~torch.isnan(want)
+    assert keep.sum() == (16 * 128 - 16 if kind == "fp8" else 16 * 128)
+    assert torch.equal(out[keep].float(), want[keep].float())
+    assert torch.equal(torch.signbit(out[keep]), torch.signbit(want[keep]))
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

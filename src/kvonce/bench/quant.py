@@ -1,10 +1,12 @@
 """Benchmark: paged decode over quantized KV caches, and the quantizing append (CUDA only).
 
     python -m kvonce bench quant [--shapes 16x4096,64x8192] [--no-peers] [--rep MS]
-                                 [--md docs/benchmarks.md] [--json PATH] [--plot PATH]
+                                 [--dtype fp16|bf16] [--md docs/benchmarks.md] [--json PATH]
+                                 [--plot PATH]
 
 Cases (issue 11): (batch, seqlen) in (16, 4096), (64, 8192), (1, 131072), at GQA 32/8 and MHA
-12/12, head dim 128, page size 16 with pages in random order, q_len 1, fp16 queries. One row per
+12/12, head dim 128, page size 16 with pages in random order, q_len 1, fp16 queries (``--dtype
+bf16``: bf16 queries and a bf16 source cache; "fp16" below then reads "bf16"). One row per
 implementation:
 - ``kvonce fp16 / fp8_e4m3 / int8 / int4``: ``PagedDecodePlan.run`` (plan made beforehand) over
   the cache in that format (``kvonce.quantize_kv`` of the same fp16 K/V; fp8 per KV head).
@@ -43,6 +45,7 @@ HEAD_DIM = 128
 PAGE = 16
 FORMATS = (None, "fp8_e4m3", "int8", "int4")  # None: the fp16 cache
 REF_TOL = 2e-2  # err_ref above this: a kernel bug, not format error
+QUERY_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,19 +100,19 @@ def rel_err(a, b) -> float:
     return ((a - b).norm() / b.norm()).item()
 
 
-def make_inputs(case: Case, seed: int = 0):
-    """fp16 K/V caches in random page order, the block table, lengths and fp16 queries."""
+def make_inputs(case: Case, seed: int = 0, dtype: torch.dtype = torch.float16):
+    """K/V caches in random page order, the block table, lengths and queries, all in ``dtype``."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     pages_per_seq = case.seqlen // PAGE
     num_pages = case.batch * pages_per_seq
     shape = (num_pages, PAGE, case.nheads_k, HEAD_DIM)
-    k = torch.randn(shape, generator=g, device="cuda", dtype=torch.float16)
-    v = torch.randn(shape, generator=g, device="cuda", dtype=torch.float16)
+    k = torch.randn(shape, generator=g, device="cuda", dtype=dtype)
+    v = torch.randn(shape, generator=g, device="cuda", dtype=dtype)
     perm = torch.randperm(num_pages, generator=g, device="cuda").to(torch.int32)
     table = perm.view(case.batch, pages_per_seq).contiguous()
     seqlens = torch.full((case.batch,), case.seqlen, dtype=torch.int32, device="cuda")
     q = torch.randn((case.batch, 1, case.nheads, HEAD_DIM), generator=g, device="cuda",
-                    dtype=torch.float16)
+                    dtype=dtype)
     return q, k, v, seqlens, table
 
 
@@ -151,11 +154,11 @@ def kvonce_rows(case: Case, q, k, v, seqlens, table, eager, graph
     last_slot = pos % PAGE
     saved = (k[last_page, last_slot].clone(), v[last_page, last_slot].clone())
     k_new = torch.randn(case.batch, 1, case.nheads_k, HEAD_DIM, device=q.device,
-                        dtype=torch.float16)
+                        dtype=q.dtype)
     v_new = torch.randn_like(k_new)
     base_out = None
     for fmt in FORMATS:
-        row = {"impl": f"kvonce {fmt or 'fp16'}", "fmt": fmt}
+        row = {"impl": f"kvonce {fmt or _dtype_name(q.dtype)}", "fmt": fmt}
         if fmt is None:
             kc, vc, ks, vs = k, v, None, None
         else:
@@ -173,8 +176,8 @@ def kvonce_rows(case: Case, q, k, v, seqlens, table, eager, graph
             base_out = out
             kd, vd = k, v
         else:
-            kd = kvonce.dequantize_kv(kc, ks, fmt, torch.float16)
-            vd = kvonce.dequantize_kv(vc, vs, fmt, torch.float16)
+            kd = kvonce.dequantize_kv(kc, ks, fmt, q.dtype)
+            vd = kvonce.dequantize_kv(vc, vs, fmt, q.dtype)
         ref, _ = paged_attention_ref(q, kd, vd, seqlens, table)
         del kd, vd
         row["err_fp16"] = rel_err(out, base_out)
@@ -211,7 +214,7 @@ def flashinfer_rows(case: Case, q, k, v, seqlens, table, base_out, eager, graph)
     q3 = q[:, 0].contiguous()
     rows = []
     for fmt in (None, "fp8_e4m3"):
-        row = {"impl": f"flashinfer {'fp8' if fmt else 'fp16'}", "fmt": fmt}
+        row = {"impl": f"flashinfer {'fp8' if fmt else _dtype_name(q.dtype)}", "fmt": fmt}
         try:
             if fmt is None:
                 kc, vc, scales = k, v, {}
@@ -224,7 +227,7 @@ def flashinfer_rows(case: Case, q, k, v, seqlens, table, base_out, eager, graph)
             wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD",
                                                                     use_tensor_cores=True)
             wrapper.plan(indptr, indices, last, case.nheads, case.nheads_k, HEAD_DIM, PAGE,
-                         q_data_type=torch.float16, kv_data_type=kc.dtype)
+                         q_data_type=q.dtype, kv_data_type=kc.dtype)
             run = lambda: wrapper.run(q3, (kc, vc), **scales)
             out = run()[:, None]
             row["err_fp16"] = rel_err(out, base_out)
@@ -246,7 +249,7 @@ def summarize(case: Case, rows: list[dict]) -> list[dict]:
     append times): GB/s, speedups over kvonce fp16 and ns per appended token; '-' where a
     measurement is missing."""
     num = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)
-    base = next((r for r in rows if r["impl"] == "kvonce fp16"), {})
+    base = next((r for r in rows if r["impl"].startswith("kvonce") and r["fmt"] is None), {})
     out = []
     for r in rows:
         g, e = r.get("graph_us", "-"), r.get("eager_us", "-")
@@ -276,9 +279,14 @@ def correctness_failures(rows: list[dict]) -> list[str]:
             for r in rows if r["err_ref"] != "-" and float(r["err_ref"]) > REF_TOL]
 
 
-def run_case(case: Case, *, peers: bool, rep: int) -> list[dict]:
+def _dtype_name(dtype: torch.dtype) -> str:
+    return next(name for name, d in QUERY_DTYPES.items() if d == dtype)
+
+
+def run_case(case: Case, *, peers: bool, rep: int, dtype: torch.dtype = torch.float16
+             ) -> list[dict]:
     eager, graph = _timers(rep)
-    q, k, v, seqlens, table = make_inputs(case)
+    q, k, v, seqlens, table = make_inputs(case, dtype=dtype)
     measured, base_out = kvonce_rows(case, q, k, v, seqlens, table, eager, graph)
     if peers:
         measured += flashinfer_rows(case, q, k, v, seqlens, table, base_out, eager, graph)
@@ -292,6 +300,8 @@ def main(argv: list[str]) -> None:
     p.add_argument("--shapes", default="", help="only these BATCHxSEQLEN, comma-separated")
     p.add_argument("--no-peers", action="store_true", help="skip FlashInfer")
     p.add_argument("--rep", type=int, default=100, help="do_bench time per measurement (ms)")
+    p.add_argument("--dtype", default="fp16", choices=tuple(QUERY_DTYPES),
+                   help="queries and the source cache")
     p.add_argument("--md", default="docs/benchmarks.md", help="append the table here ('' = no)")
     p.add_argument("--json", default="", help="also dump the rows as JSON here")
     p.add_argument("--plot", default="docs/bench_quant.png", help="PNG plot path ('' = no)")
@@ -304,7 +314,8 @@ def main(argv: list[str]) -> None:
     for nheads, nheads_k, label in HEADS:
         for batch, seqlen in shapes:
             case = Case(batch, seqlen, nheads, nheads_k, label)
-            case_rows = run_case(case, peers=not args.no_peers, rep=args.rep)
+            case_rows = run_case(case, peers=not args.no_peers, rep=args.rep,
+                                 dtype=QUERY_DTYPES[args.dtype])
             print(report.format_rows(case_rows), flush=True)
             rows += case_rows
     bad = correctness_failures(rows)
@@ -318,7 +329,7 @@ def main(argv: list[str]) -> None:
     command = ("python -m kvonce bench quant " + " ".join(argv)).strip()
     if args.md:
         report.append_markdown(args.md, "Quantized paged decode and append", rows,
-                               command=command, dtype="fp16 queries",
+                               command=command, dtype=f"{args.dtype} queries",
                                date=datetime.date.today().isoformat())
     if args.plot:
         plot_rows = [dict(r, case=f"{r['heads']} {r['batch x len']} {r['impl']}") for r in rows
