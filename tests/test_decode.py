@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import poison_empty
+from conftest import DEVICE, poison_empty
 
 import kvonce.paged.decode as decode
 from kvonce import append_paged_kv, quantize_kv
@@ -428,10 +428,12 @@ def test_plan_mha_stage_count():
     from kvonce.kernels.configs import _PAGED_DECODE_QUANT_TABLE
     cfg = _PAGED_DECODE_QUANT_TABLE[((9, 0), "int4")][128]
     for nheads, stages in ((4, 3), (8, 2)):
-        q = torch.randn(1, 1, nheads, 64, dtype=torch.float16)
-        k, scale = quantize_kv(torch.randn(2, 16, 4, 64, dtype=torch.float16), "int4")
-        plan = decode.PagedDecodePlan(q, k, k, torch.tensor([20], dtype=torch.int32),
-                                      torch.tensor([[0, 1]], dtype=torch.int32), config=cfg,
+        q = torch.randn(1, 1, nheads, 64, dtype=torch.float16, device=DEVICE)
+        k, scale = quantize_kv(torch.randn(2, 16, 4, 64, dtype=torch.float16, device=DEVICE),
+                               "int4")
+        ints = dict(dtype=torch.int32, device=DEVICE)
+        plan = decode.PagedDecodePlan(q, k, k, torch.tensor([20], **ints),
+                                      torch.tensor([[0, 1]], **ints), config=cfg,
                                       kv_format="int4", k_scale=scale, v_scale=scale)
         assert plan.config.num_stages == stages
 
