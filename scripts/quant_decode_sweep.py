@@ -4,7 +4,9 @@
         [--shapes 1x131072] [--heads 32/8,12/12] [--grid 64,4,2 128,4,2 128,4,2,6,64]
 (a grid entry: block_n, num_warps, num_stages[, programs_per_sm[, max_merged_splits]])
 
-GQA 32/8 (or ``--heads``: q/kv head pairs), d128, page 16, random page order, q_len 1, fp16 queries, the issue's three shapes.
+GQA 32/8 (or ``--heads``: q/kv head pairs), d128, page 16, random page order, q_len 1, fp16
+queries (``--dtype bf16``: bf16 queries and source cache; "fp16" below is then bf16), the issue's
+three shapes.
 For each format and shape: every (block_n, num_warps, num_stages) in the grid through
 ``PagedDecodePlan(config=...)`` (split count auto), replayed in a CUDA graph (do_bench median);
 prints the best configs and their speedup over the fp16 cache with its own tuned config.
@@ -37,6 +39,7 @@ def main():
     p.add_argument("--quick", action="store_true")
     p.add_argument("--shapes", default="", help="only these BATCHxLEN, comma-separated")
     p.add_argument("--heads", default="32/8", help="q/kv head counts, comma-separated")
+    p.add_argument("--dtype", default="fp16", choices=("fp16", "bf16"), help="queries and cache")
     p.add_argument("--grid", nargs="*", default=[],
                    help="only these BLOCK_N,WARPS,STAGES[,PROGRAMS_PER_SM[,MAX_MERGED_SPLITS]]")
     args = p.parse_args()
@@ -50,14 +53,15 @@ def main():
     if args.shapes:
         shapes = [tuple(int(x) for x in sh.split("x")) for sh in args.shapes.split(",")]
     heads = [tuple(int(x) for x in h.split("/")) for h in args.heads.split(",")]
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     print("| heads | batch x len | format | best (block_n, warps, stages) | us | 2nd | 3rd | default us |"
           " fp16 us | speedup |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for (hq, hk), (batch, length) in itertools.product(heads, shapes):
         torch.manual_seed(0)
         pages = batch * length // 16
-        q = torch.randn(batch, 1, hq, 128, device="cuda", dtype=torch.float16)
-        k = torch.randn(pages, 16, hk, 128, device="cuda", dtype=torch.float16)
+        q = torch.randn(batch, 1, hq, 128, device="cuda", dtype=dtype)
+        k = torch.randn(pages, 16, hk, 128, device="cuda", dtype=dtype)
         v = torch.randn_like(k)
         table = torch.randperm(pages, device="cuda").reshape(batch, -1).to(torch.int32)
         seqlens = torch.full((batch,), length, dtype=torch.int32, device="cuda")

@@ -418,9 +418,36 @@ def test_num_splits_quantized_rows():
     assert decode.choose_num_splits(16, 12, 4096, 132, fp8) == 2    # 192 -> 384, not 1
     assert decode.choose_num_splits(16, 8, 4096, 132, fp8) == 2     # 2048 keys a split
     assert decode.choose_num_splits(64, 8, 8192, 132, fp8) == 1
+    int4 = _PAGED_DECODE_QUANT_TABLE[((9, 0), "int4")][128]
+    assert decode.choose_num_splits(64, 8, 8192, 132, int4) == 2    # 512 programs: the slow band
     int8 = _PAGED_DECODE_QUANT_TABLE[((9, 0), "int8")][128]
     assert decode.choose_num_splits(16, 8, 4096, 132, int8) == 2    # 2048 keys a split
     assert decode.choose_num_splits(1, 8, 131072, 132, int8) == 49
+
+
+def test_bf16_queries_take_the_bf16_row(monkeypatch):
+    from kvonce.kernels import configs
+    monkeypatch.setattr(configs, "interpreter_active", lambda: False)  # the Hopper rows, on a CPU
+    table, get = configs._PAGED_DECODE_QUANT_TABLE, configs.get_paged_decode_config
+    assert get((9, 0), 128, "int4", bf16=True) is table[((9, 0), "int4/bf16")][128]
+    assert get((9, 0), 128, "int4") is table[((9, 0), "int4")][128]
+    assert get((9, 0), 128, "int8", bf16=True) is table[((9, 0), "int8")][128]
+    assert get((9, 0), 64, "int4", bf16=True) is get((9, 0), 64)  # no row: the plain one
+
+
+def test_bf16_int4_tile_follows_the_split_length(monkeypatch):
+    """int4 under bf16 queries: 64-key tiles where the splits are shorter than 4096 keys."""
+    from kvonce.kernels import configs
+    cfg = configs._PAGED_DECODE_QUANT_TABLE[((9, 0), "int4/bf16")][128]
+    q = torch.randn(1, 1, 8, 64, dtype=torch.float16, device=DEVICE)
+    k, scale = quantize_kv(torch.randn(2, 16, 4, 64, dtype=torch.float16, device=DEVICE), "int4")
+    for pages, splits, block_n in ((512, 2, 128), (512, 3, 64), (512, 1, 128)):
+        table = torch.zeros(1, pages, dtype=torch.int32, device=DEVICE)
+        plan = decode.PagedDecodePlan(q, k, k, torch.tensor([20], dtype=torch.int32,
+                                                            device=DEVICE), table, config=cfg,
+                                      num_splits=splits, kv_format="int4", k_scale=scale,
+                                      v_scale=scale)
+        assert plan.config.block_n == block_n, (pages * 16 // splits, plan.config.block_n)
 
 
 def test_plan_mha_stage_count():

@@ -171,8 +171,8 @@ class PagedDecodeConfig:
         merge measured 1-4% slower at 2-8 splits and 10-40% slower from 16 up (its program walks
         the splits one by one; H100, docs/notes.md), but it saves a launch (~10 us of host
         time), so it is kept for the smallest counts.
-    combined_block_n: when nonzero, the key tile of launches with more than
-        ``max_merged_splits`` splits (those a combine kernel merges).
+    short_split_block_n: when nonzero, the key tile of split launches whose splits are shorter
+        than ``SHORT_SPLIT_KEYS`` keys.
     splits_round_up: the auto split count rounds ``programs_per_sm * num_sms / programs`` up
         (at least that many programs) instead of down (at most that many).
     mha_num_stages: when nonzero, the stage count where each KV head serves one q head (MHA).
@@ -186,7 +186,7 @@ class PagedDecodeConfig:
     kv_cache_modifier: str = ""
     kv_eviction: str = ""
     max_merged_splits: int = 4
-    combined_block_n: int = 0
+    short_split_block_n: int = 0
     splits_round_up: bool = False
     mha_num_stages: int = 0
 
@@ -220,7 +220,7 @@ _paged_warned: set = set()
 # for fp8, 5-40% for int8); int4's split dots best at (128, 4, 2) at 16 x 4096 (81 vs 95 us for
 # 64-key tiles) and within 5% of the best (128, 4, 4) at 64 x 8192 (614 vs 585 us; its old
 # 64-key row took 982). Yet at 1 x 131072 (49 splits) 64-key tiles won: 166 vs 208 us
-# (combined_block_n; 16 x 4096 runs 3 splits, merged in the launch). A rule from those points
+# (16 x 4096 runs 3 splits, merged in the launch). A rule from those points
 # only, not understood. 2026-11-26, the split knobs and stages at GQA 32/8 and MHA 12/12 x
 # (16 x 4096, 64 x 8192, 1 x 131072), graphs (scripts/quant_decode_sweep.py --heads, docs/notes.md):
 # - fp8: 2 programs per SM, rounded up, splits of at least 2048 keys: 1 x 131072 GQA 123 us
@@ -231,29 +231,44 @@ _paged_warned: set = set()
 #   rows keep 3 programs per SM (1 x 131072 GQA 125 us at 49 splits, 131 at 33).
 # - int4: every split merged in the launch (1 x 131072 GQA 150 us against 167 through the combine
 #   kernel with 64-key tiles); MHA at 3 stages: 108 / 710 / 203 us against 164 / 900 / 317 at 2,
-#   while GQA keeps 2 (3 stages: 94 against 80 us at 16 x 4096, 168 against 150 at 1 x 131072).
+#   while GQA keeps 2 (3 stages: 94 against 80 us at 16 x 4096, 168 against 150 at 1 x 131072);
+#   two splits from 3.5 programs per SM: GQA 64 x 8192 531 us against 602 in one pass (the
+#   kernel holds 255 registers, two programs an SM: more, shorter programs balance the tail).
+# - int4 under bf16 queries (the "bf16" rows): 64-key tiles, 2 stages, where the splits are short
+#   (< SHORT_SPLIT_KEYS): 102 / 188 / 131 / 244 us against 119 / 228 / 170 / 326 with the fp16
+#   row at 16 x 4096 and 1 x 131072 GQA / MHA (its nibble converter costs ~700 more instructions
+#   a tile and spills 4 B at 128 keys); 128-key tiles at 64 x 8192 (GQA, 2 splits of 4096 keys:
+#   616 us against 693 with 64). A rule fitted to those six rows.
 # Other head dims use the fp16 row.
+_INT4 = PagedDecodeConfig(128, 4, 2, max_merged_splits=64, mha_num_stages=3,
+                          slow_programs_per_sm=(3.5, 6.5))
 _PAGED_DECODE_QUANT_TABLE: dict[tuple[tuple[int, int], str], dict[int, PagedDecodeConfig]] = {
     ((9, 0), "int8"): {128: PagedDecodeConfig(128, 4, 2, min_keys_per_split=2048)},
     ((9, 0), "fp8_e4m3"): {128: PagedDecodeConfig(128, 4, 2, programs_per_sm=2.0,
                                                   splits_round_up=True,
                                                   min_keys_per_split=2048)},
-    ((9, 0), "int4"): {128: PagedDecodeConfig(128, 4, 2, max_merged_splits=64, mha_num_stages=3)},
+    ((9, 0), "int4"): {128: _INT4},
+    ((9, 0), "int4/bf16"): {128: dataclasses.replace(_INT4, mha_num_stages=0,
+                                                     short_split_block_n=64)},
 }
+SHORT_SPLIT_KEYS = 4096
 
 
 def get_paged_decode_config(capability: tuple[int, int] | None, head_dim: int,
                             kv_format: str | None = None,
-                            element_size: int = 2) -> PagedDecodeConfig:
+                            element_size: int = 2, bf16: bool = False) -> PagedDecodeConfig:
     """Config for ``head_dim`` (and a quantized cache's ``kv_format``) on a GPU of
     ``capability`` (None: the Triton interpreter); fp32 queries (``element_size`` 4) take the
-    fallback (``FP32_NOTE``)."""
+    fallback (``FP32_NOTE``); ``bf16`` queries take a format's ``"<format>/bf16"`` row where the
+    table has one (their tile converters differ from fp16's)."""
     if capability is None or interpreter_active():
         return _PAGED_DECODE_INTERPRETER
     if element_size > 2:
         return _PAGED_DECODE_FALLBACK
     if kv_format is not None:
-        row = _PAGED_DECODE_QUANT_TABLE.get((tuple(capability), kv_format), {})
+        table = _PAGED_DECODE_QUANT_TABLE
+        row = table.get((tuple(capability), f"{kv_format}/bf16"), {}) if bf16 else {}
+        row = row or table.get((tuple(capability), kv_format), {})
         if head_dim in row:
             return row[head_dim]
     config = _table_row(_PAGED_DECODE_TABLE, capability, head_dim)

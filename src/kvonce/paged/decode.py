@@ -16,7 +16,8 @@ import torch
 
 from .. import _validate as V
 from .._dispatch import like_inputs, use_op
-from ..kernels.configs import PagedDecodeConfig, device_info, get_paged_decode_config
+from ..kernels.configs import (SHORT_SPLIT_KEYS, PagedDecodeConfig, device_info,
+                               get_paged_decode_config)
 from ..kernels._launch import dot_precision
 from ..kernels.paged_decode import PagedDecodeLaunch, decode_row_blocks
 from ._alloc import allocator
@@ -125,7 +126,8 @@ class PagedDecodePlan:
         batch, q_len, nheads, head_dim = q.shape
         capability, num_sms = device_info(q.device)
         self.config = config or get_paged_decode_config(capability, head_dim, self.kv_format,
-                                                        q.element_size())
+                                                        q.element_size(),
+                                                        bf16=q.dtype == torch.bfloat16)
         # Shared-prefix cascade (kvonce.paged.prefix): None unless asked for and paying; a forced
         # num_splits applies to its suffix decode.
         self._cascade = None
@@ -138,8 +140,9 @@ class PagedDecodePlan:
             num_splits = choose_num_splits(batch, k_cache.shape[2],
                                            block_table.shape[1] * page_size, num_sms, self.config)
         self.num_splits = num_splits
-        if self.config.combined_block_n and num_splits > self.config.max_merged_splits:
-            self.config = dataclasses.replace(self.config, block_n=self.config.combined_block_n)
+        split_keys = -(-block_table.shape[1] * page_size // num_splits)
+        if self.config.short_split_block_n and num_splits > 1 and split_keys < SHORT_SPLIT_KEYS:
+            self.config = dataclasses.replace(self.config, block_n=self.config.short_split_block_n)
         if self.config.mha_num_stages and nheads == k_cache.shape[2]:
             self.config = dataclasses.replace(self.config, num_stages=self.config.mha_num_stages)
         self.causal = causal
