@@ -450,6 +450,33 @@ def test_bf16_int4_tile_follows_the_split_length(monkeypatch):
         assert plan.config.block_n == block_n, (pages * 16 // splits, plan.config.block_n)
 
 
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_register_cap_reaches_the_launch(num_splits, monkeypatch):
+    """``PagedDecodeConfig.max_registers`` reaches the compiled launch, by the plan's own launch
+    and through the custom op (the path torch.compile and dispatch modes take), with the same
+    output."""
+    import dataclasses
+    a = _good()
+    args = (a["q"], a["k_cache"], a["v_cache"], a["cache_seqlens"], a["block_table"])
+    cfg = dataclasses.replace(decode.get_paged_decode_config(None, 64), max_registers=168)
+    plan = decode.PagedDecodePlan(*args, config=cfg, num_splits=num_splits)
+    out = plan.run(*args)
+    assert [launch._maxnreg for launch in plan._launches.values()] == [168]
+    caps = []
+
+    class Recording(decode.PagedDecodeLaunch):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            caps.append(self._maxnreg)
+
+    monkeypatch.setattr(decode, "PagedDecodeLaunch", Recording)
+    op_out = plan._run_op(*args)[0]
+    assert caps == [168]
+    assert torch.equal(out, op_out)
+    torch.testing.assert_close(out.float(), paged_attention_ref(*args)[0].float(), atol=2e-3,
+                               rtol=0)
+
+
 def test_plan_mha_stage_count():
     """int4's row runs 3 stages where each KV head serves one q head, 2 under GQA."""
     from kvonce.kernels.configs import _PAGED_DECODE_QUANT_TABLE

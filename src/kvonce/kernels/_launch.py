@@ -99,8 +99,9 @@ def all_aligned(*tensors) -> bool:
 
 
 def launch(kernel, key, grid: tuple[int, int, int], args: tuple, constexprs: dict,
-           num_warps: int, num_stages: int, device_index: int):
-    """``kernel[grid](*args, **constexprs, num_warps=..., num_stages=...)``, cheaply.
+           num_warps: int, num_stages: int, device_index: int, maxnreg: int = 0):
+    """``kernel[grid](*args, **constexprs, num_warps=..., num_stages=...)``, cheaply; ``maxnreg``
+    (when nonzero) caps the registers per thread (ptxas ``-maxrregcount``), and belongs in ``key``.
 
     ``args`` are the runtime arguments in signature order; ``constexprs`` the compile-time ones,
     which must come after them in the signature (true of every kvonce kernel). ``key`` must
@@ -109,7 +110,9 @@ def launch(kernel, key, grid: tuple[int, int, int], args: tuple, constexprs: dic
     """
     compiled = _compiled.get((kernel, key, device_index))
     if compiled is None or not cached_launch_enabled or _knob_hooks_active():
-        compiled = kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
+        options = {"maxnreg": maxnreg} if maxnreg else {}
+        compiled = kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages,
+                                **options)
         if cached_launch_enabled and not interpreter_active() and not _knob_hooks_active():
             tail = tuple(constexprs[name] for name in kernel.arg_names[len(args):])
             _compiled[(kernel, key, device_index)] = (compiled, tail)

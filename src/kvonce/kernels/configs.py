@@ -176,6 +176,10 @@ class PagedDecodeConfig:
     splits_round_up: the auto split count rounds ``programs_per_sm * num_sms / programs`` up
         (at least that many programs) instead of down (at most that many).
     mha_num_stages: when nonzero, the stage count where each KV head serves one q head (MHA).
+    max_registers: when nonzero, the registers per thread ptxas may use (Triton's ``maxnreg``).
+        The int4 kernel at (128, 4, 2) takes 255, two programs an SM; capped at 168 it fits
+        three and spills 20-32 B (compiled for sm_90a on the CPU, scripts/decode_kernel_stats.py).
+        No row sets it yet: not measured on a GPU.
     """
     block_n: int
     num_warps: int
@@ -189,6 +193,7 @@ class PagedDecodeConfig:
     short_split_block_n: int = 0
     splits_round_up: bool = False
     mha_num_stages: int = 0
+    max_registers: int = 0
 
 
 # (capability major, minor) -> head dim -> config. The Hopper d=128 row comes from

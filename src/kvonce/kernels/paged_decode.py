@@ -866,9 +866,10 @@ class PagedDecodeLaunch:
             KV_CACHE=config.kv_cache_modifier, KV_EVICT=config.kv_eviction, KV_FORMAT=kv_format,
             DOT_PRECISION=dot_input_precision(q.dtype))  # fp32 as PyTorch would (fixed per plan)
         self._warps = (config.num_warps, config.num_stages)
+        self._maxnreg = config.max_registers
         self._key = (q.dtype, k_cache.dtype, k_scale.dtype if k_scale is not None else None,
                      self._ints, tuple(self._constexprs.values()),
-                     self._warps)
+                     self._warps, self._maxnreg)
         self._combine = None
         if num_splits > 1 and not merge_here:
             # Final out [batch, q_len, nheads, d] and lse [batch, nheads, q_len], contiguous.
@@ -896,7 +897,7 @@ class PagedDecodeLaunch:
         launch(_paged_decode_kernel, (self._key, aligned), self._grid,
                (q, k_cache, v_cache, k_scale, v_scale, dst_o, dst_l, cache_seqlens, block_table,
                 final_o, final_l, arrivals, self._scale, *self._ints),
-               self._constexprs, *self._warps, self.device_index)
+               self._constexprs, *self._warps, self.device_index, self._maxnreg)
         if self._combine is not None:
             key, grid, ints, constexprs, warps = self._combine
             launch(_combine_splits_kernel, key, grid, (o_part, lse_part, out, lse, *ints),

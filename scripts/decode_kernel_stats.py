@@ -1,0 +1,154 @@
+"""Compile the paged decode kernel for sm_90a on the CPU, as one real launch specializes it, and
+print what decides its speed before a GPU sees it: registers and spills (ptxas -v), the SASS
+instruction count and mix, and the shared-memory tiles of the TTGIR (a 1-byte ``i8`` tile feeding
+the dot means the conversion runs in the MMA operand layout; a 16-bit one means a round trip).
+
+    .venv/bin/python scripts/decode_kernel_stats.py [--format int4] [--dtype fp16,bf16]
+        [--heads 32/8] [--splits 3] [--config 128,4,2] [--maxnreg N] [--keep DIR]
+
+``--config block_n,num_warps,num_stages`` overrides the format's Hopper row (otherwise the row as
+the table holds it for that dtype; the plan's MHA stage count and short-split tile are not
+applied). No GPU: ``triton.compile`` with ``GPUTarget("cuda", 90, 32)`` and the wheel's ptxas /
+cuobjdump (scripts/kernel_check.py's ``_tool``); pointers and the integer arguments that are
+multiples of 16 get Triton's divisibility hint, as a launch would give them.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+POINTER_TYPES = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.uint8: "*u8",
+                 torch.int8: "*i8", torch.int32: "*i32", torch.float32: "*fp32",
+                 torch.float8_e4m3fn: "*fp8e4nv"}
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+FORMAT_CODES = {"fp8_e4m3": 1, "int8": 2, "int4": 3}
+_SASS_LINE = re.compile(r"^\s+/\*[0-9a-f]{4,5}\*/\s+(?:@!?U?P[0-9T] )?([A-Z0-9_]+)")
+
+
+def compile_decode(fmt: str, dtype: torch.dtype, nheads: int, nheads_k: int, splits: int,
+                   config, maxnreg: int = 0):
+    """The compiled ``_paged_decode_kernel`` of a launch with these shapes (CPU tensors stand in:
+    only shapes, strides and dtypes reach the specialization)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    import kvonce
+    from kvonce.kernels import paged_decode as pd
+
+    batch, length = 2, 4096
+    q = torch.zeros(batch, 1, nheads, 128, dtype=dtype)
+    cache, scale = kvonce.quantize_kv(torch.zeros(batch * length // 16, 16, nheads_k, 128,
+                                                  dtype=dtype), fmt)
+    table = torch.zeros(batch, length // 16, dtype=torch.int32)
+    launch = pd.PagedDecodeLaunch(q, cache, cache, table, softmax_scale=0.1, causal=True,
+                                  num_splits=splits, config=config, store_lse=False,
+                                  kv_format=FORMAT_CODES[fmt], k_scale=scale, v_scale=scale)
+    f32, i32 = torch.empty(1, dtype=torch.float32), torch.empty(1, dtype=torch.int32)
+    tensors = [q, cache, cache, scale, scale, f32, f32, i32, table, q, f32, i32]
+    values = tensors + [launch._scale, *launch._ints]
+    names = pd._paged_decode_kernel.arg_names
+    signature, attrs = {}, {}
+    for i, (name, value) in enumerate(zip(names, values)):
+        if isinstance(value, torch.Tensor):
+            signature[name] = POINTER_TYPES[value.dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, float):
+            signature[name] = "fp32"
+        else:
+            signature[name] = "i32"
+            if value and value % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    signature.update({name: "constexpr" for name in names[len(values):]})
+    source = ASTSource(pd._paged_decode_kernel, signature=signature,
+                       constexprs=dict(launch._constexprs), attrs=attrs)
+    warps, stages = launch._warps
+    options = {"num_warps": warps, "num_stages": stages}
+    if maxnreg:
+        options["maxnreg"] = maxnreg
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def stats(compiled, keep: Path | None, stem: str) -> dict:
+    """Registers, spills, SASS count and mix, TTGIR shared-memory tiles of one compiled kernel."""
+    from kernel_check import _REGS, _SPILLS, _tool
+
+    with tempfile.TemporaryDirectory() as tmp:
+        work = keep or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        ptx, cubin = work / f"{stem}.ptx", work / f"{stem}.cubin"
+        ptx.write_text(compiled.asm["ptx"])
+        cubin.write_bytes(compiled.asm["cubin"])
+        if keep:
+            (work / f"{stem}.ttgir").write_text(compiled.asm["ttgir"])
+        ptxas = subprocess.run([_tool("ptxas"), "-v", "--gpu-name", "sm_90a", str(ptx), "-o",
+                                str(work / f"{stem}.ptxas.cubin")], capture_output=True, text=True)
+        sass = subprocess.run([_tool("cuobjdump"), "-sass", str(cubin)], capture_output=True,
+                              text=True).stdout
+        if keep:
+            (work / f"{stem}.sass").write_text(sass)
+    regs = _REGS.search(ptxas.stderr)
+    spills = _SPILLS.search(ptxas.stderr)
+    ops = collections.Counter(m.group(1) for m in map(_SASS_LINE.match, sass.splitlines()) if m)
+    tiles = collections.Counter(re.findall(r"memdesc<(?:\d+x)*\d+x(\w+), #shared",
+                                           compiled.asm["ttgir"]))
+    return {"regs": int(regs.group(1)) if regs else None,
+            "spill": tuple(map(int, spills.groups())) if spills else None,
+            "sass": sum(ops.values()), "ops": ops, "tiles": dict(tiles),
+            "shared": compiled.metadata.shared}
+
+
+def main() -> None:
+    from kvonce.kernels.configs import get_paged_decode_config
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--format", default="int4", choices=tuple(FORMAT_CODES))
+    ap.add_argument("--dtype", default="fp16,bf16")
+    ap.add_argument("--heads", default="32/8")
+    ap.add_argument("--splits", type=int, default=3)
+    ap.add_argument("--config", default="", help="block_n,num_warps,num_stages")
+    ap.add_argument("--maxnreg", type=int, default=0, help="cap the registers (ptxas)")
+    ap.add_argument("--keep", default="", help="write the PTX, TTGIR and SASS here")
+    args = ap.parse_args()
+    nheads, nheads_k = (int(x) for x in args.heads.split("/"))
+    keep = Path(args.keep) if args.keep else None
+    print("| dtype | config | regs | spill st/ld B | SASS | shared B | smem tiles | top ops |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in args.dtype.split(","):
+        dtype = DTYPES[name]
+        # The shipped row (as a plan on the H100 would pick it), the interpreter switch aside.
+        from kvonce.kernels import configs
+        active, configs.interpreter_active = configs.interpreter_active, lambda: False
+        try:
+            config = get_paged_decode_config((9, 0), 128, args.format, 2,
+                                             bf16=dtype == torch.bfloat16)
+        finally:
+            configs.interpreter_active = active
+        if args.config:
+            bn, w, st = (int(x) for x in args.config.split(","))
+            config = dataclasses.replace(config, block_n=bn, num_warps=w, num_stages=st)
+        compiled = compile_decode(args.format, dtype, nheads, nheads_k, args.splits, config,
+                                  args.maxnreg)
+        s = stats(compiled, keep,
+                  f"decode.{args.format}.{name}.{config.block_n}x{config.num_warps}w"
+                  f"{config.num_stages}s")
+        top = " ".join(f"{op} {n}" for op, n in s["ops"].most_common(8))
+        print(f"| {name} | ({config.block_n}, {config.num_warps}, {config.num_stages}) | "
+              f"{s['regs']} | {s['spill']} | {s['sass']} | {s['shared']} | {s['tiles']} | {top} |",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
