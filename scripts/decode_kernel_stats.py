@@ -4,7 +4,7 @@ instruction count and mix, and the shared-memory tiles of the TTGIR (a 1-byte ``
 the dot means the conversion runs in the MMA operand layout; a 16-bit one means a round trip).
 
     .venv/bin/python scripts/decode_kernel_stats.py [--format int4] [--dtype fp16,bf16]
-        [--heads 32/8] [--splits 3] [--config 128,4,2] [--maxnreg N] [--keep DIR]
+        [--heads 32/8] [--splits 3] [--config 128,4,2] [--maxnreg N] [--swap-ab] [--keep DIR]
 
 ``--config block_n,num_warps,num_stages`` overrides the format's Hopper row (otherwise the row as
 the table holds it for that dtype; the plan's MHA stage count and short-split tile are not
@@ -120,6 +120,7 @@ def main() -> None:
     ap.add_argument("--splits", type=int, default=3)
     ap.add_argument("--config", default="", help="block_n,num_warps,num_stages")
     ap.add_argument("--maxnreg", type=int, default=0, help="cap the registers (ptxas)")
+    ap.add_argument("--swap-ab", action="store_true", help="PagedDecodeConfig.swap_ab")
     ap.add_argument("--keep", default="", help="write the PTX, TTGIR and SASS here")
     args = ap.parse_args()
     nheads, nheads_k = (int(x) for x in args.heads.split("/"))
@@ -139,12 +140,14 @@ def main() -> None:
         if args.config:
             bn, w, st = (int(x) for x in args.config.split(","))
             config = dataclasses.replace(config, block_n=bn, num_warps=w, num_stages=st)
+        config = dataclasses.replace(config, swap_ab=args.swap_ab or config.swap_ab)
         compiled = compile_decode(args.format, dtype, nheads, nheads_k, args.splits, config,
                                   args.maxnreg)
         s = stats(compiled, keep,
                   f"decode.{args.format}.{name}.{config.block_n}x{config.num_warps}w"
                   f"{config.num_stages}s")
-        top = " ".join(f"{op} {n}" for op, n in s["ops"].most_common(8))
+        top = " ".join(f"{op} {n}" for op, n in s["ops"].most_common(7))
+        top += f" HGMMA {s['ops'].get('HGMMA', 0)} HMMA {s['ops'].get('HMMA', 0)}"
         print(f"| {name} | ({config.block_n}, {config.num_warps}, {config.num_stages}) | "
               f"{s['regs']} | {s['spill']} | {s['sass']} | {s['shared']} | {s['tiles']} | {top} |",
               flush=True)

@@ -180,6 +180,10 @@ class PagedDecodeConfig:
         The int4 kernel at (128, 4, 2) takes 255, two programs an SM; capped at 168 it fits
         three and spills 20-32 B (compiled for sm_90a on the CPU, scripts/decode_kernel_stats.py).
         No row sets it yet: not measured on a GPU.
+    swap_ab: the dots with the keys on the MMA's M side (Sᵀ = K·qᵀ, Oᵀ += Vᵀ·Pᵀ): sm_90a then
+        compiles m64n16 wgmma where the packed rows (M = 16) get mma.sync; fp8 K x fp8 q would
+        need no K conversion there. Plain, fp8 and int8 caches (int4's split dots ignore it).
+        Interpreter-tested only; no row sets it: not measured on a GPU.
     """
     block_n: int
     num_warps: int
@@ -194,6 +198,7 @@ class PagedDecodeConfig:
     splits_round_up: bool = False
     mha_num_stages: int = 0
     max_registers: int = 0
+    swap_ab: bool = False
 
 
 # (capability major, minor) -> head dim -> config. The Hopper d=128 row comes from

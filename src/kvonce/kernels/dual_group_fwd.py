@@ -34,25 +34,34 @@ from ._launch import all_aligned, dot_input_precision, launch, next_pow2
 
 
 @triton.jit
-def _softmax_step(qk, m_i, l_i, qk_scale, offs_m, offs_n, diag, kv_end, MASKED: tl.constexpr):
+def _softmax_step(qk, m_i, l_i, qk_scale, offs_m, offs_n, diag, kv_end, MASKED: tl.constexpr,
+                  KEYS_AXIS: tl.constexpr = 1):
     """Raw scores ``qk [BLOCK_M, BLOCK_N]`` (fp32, before the softmax scale) of one key tile into
     the online-softmax state (base 2): returns ``(p, alpha, m_new, l_new)``, ``p`` the tile's
     unnormalized probabilities and ``alpha`` the factor that rescales the running output.
-    Row ``i`` sees key ``j`` iff ``j <= i + diag`` and ``j < kv_end`` (checked with MASKED)."""
+    Row ``i`` sees key ``j`` iff ``j <= i + diag`` and ``j < kv_end`` (checked with MASKED).
+    KEYS_AXIS 0: the scores come transposed, ``[BLOCK_N, BLOCK_M]`` (the decode's swapped dots),
+    and so does ``p``."""
+    if KEYS_AXIS == 1:
+        rows = offs_m[:, None]
+        keys = offs_n[None, :]
+    else:
+        rows = offs_m[None, :]
+        keys = offs_n[:, None]
     if MASKED:
-        visible = (offs_n[None, :] <= offs_m[:, None] + diag) & (offs_n[None, :] < kv_end)
+        visible = (keys <= rows + diag) & (keys < kv_end)
         qk = tl.where(visible, qk * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_new = tl.maximum(m_i, tl.max(qk, KEYS_AXIS))
         # A row with no visible key so far keeps m = -inf; subtract 0 instead so that
         # exp2(-inf - -inf) never makes a NaN.
         m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(qk - m_sub[:, None])
+        p = tl.math.exp2(qk - tl.expand_dims(m_sub, KEYS_AXIS))
     else:
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        m_new = tl.maximum(m_i, tl.max(qk, KEYS_AXIS) * qk_scale)
         m_sub = m_new
-        p = tl.math.exp2(qk * qk_scale - m_sub[:, None])
+        p = tl.math.exp2(qk * qk_scale - tl.expand_dims(m_sub, KEYS_AXIS))
     alpha = tl.math.exp2(m_i - m_sub)
-    l_i = l_i * alpha + tl.sum(p, 1)
+    l_i = l_i * alpha + tl.sum(p, KEYS_AXIS)
     return p, alpha, m_new, l_i
 
 

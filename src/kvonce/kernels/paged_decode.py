@@ -436,6 +436,26 @@ def _attend_paged_int4(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end, K,
 
 
 @triton.jit
+def _online_update_swapped(acc_t, m_i, l_i, q, k_t, v, qk_scale, tok, offs_n, diag, kv_end,
+                           MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr, k_scale=1.0,
+                           v_scale=1.0, KEY_SCALES: tl.constexpr = False):
+    """``_online_update`` with the keys on the MMA's M side (TensorRT-LLM XQA's swap): scores
+    ``Sᵀ = K·qᵀ [BLOCK_N, BLOCK_M]`` and ``acc_t [BLOCK_D, BLOCK_M] += Vᵀ·Pᵀ``. Hopper's wgmma
+    needs M >= 64, which a decode tile's 16 packed rows never reach and its keys do (compiled for
+    sm_90a: m64n16k16 wgmma for both dots, where the unswapped loop runs mma.sync)."""
+    s_t = tl.dot(tl.trans(k_t), tl.trans(q), input_precision=DOT_PRECISION)
+    if KEY_SCALES:
+        s_t = s_t * k_scale[:, None]
+    p_t, alpha, m_new, l_i = _softmax_step(s_t, m_i, l_i, qk_scale, tok, offs_n, diag, kv_end,
+                                           MASKED, KEYS_AXIS=0)
+    if KEY_SCALES:
+        p_t = p_t * v_scale[:, None]
+    acc_t = acc_t * alpha[None, :] + tl.dot(tl.trans(v), p_t.to(v.dtype),
+                                            input_precision=DOT_PRECISION)
+    return acc_t, m_new, l_i
+
+
+@triton.jit
 def _attend_paged(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end,
                   K, V, KS, VS, bt_row, stride_kp, stride_kt, stride_vp, stride_vt, stride_ksp,
                   stride_kst, stride_vsp, stride_vst, offs_d, head_dim,
@@ -444,7 +464,7 @@ def _attend_paged(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end,
                   KV_EVICT: tl.constexpr, KV_FORMAT: tl.constexpr, DOT_PRECISION: tl.constexpr,
                   INT64_KV: tl.constexpr = True, PREFETCH_PAGES: tl.constexpr = False, Kd=0,
                   Vd=0, kv_col=0,
-                  USE_DESC: tl.constexpr = False):
+                  USE_DESC: tl.constexpr = False, SWAP_AB: tl.constexpr = False):
     """Key tiles ``[lo, hi)`` (``lo`` a multiple of BLOCK_N) into one packed state: the one loop
     of both the single-pass and the split-K path, and of every cache format (only the tile load
     differs: quantized tiles come in q's dtype, with int8's per-key scales applied to the scores
@@ -453,7 +473,8 @@ def _attend_paged(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end,
     USE_DESC (plain caches, unmasked tiles, ``PAGE_SIZE % BLOCK_N == 0``): every tile lies in one
     page, whose rows come through the TMA descriptors ``Kd, Vd`` (the caches viewed 2-D as
     ``[num_pages * PAGE_SIZE, nheads_k * d]``, this KV head's columns from ``kv_col``); the page
-    id is looked up one tile ahead."""
+    id is looked up one tile ahead. SWAP_AB: ``acc`` is transposed, ``[BLOCK_D, BLOCK_M]``
+    (``_online_update_swapped``)."""
     if USE_DESC:
         tl.static_assert(PAGE_SIZE % BLOCK_N == 0)
         next_page = tl.load(bt_row + lo // PAGE_SIZE, mask=lo < kv_end, other=0)
@@ -492,12 +513,16 @@ def _attend_paged(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end,
         if KV_FORMAT == 2:
             k_scale, v_scale = _load_key_scales(KS, VS, bt_row, offs_n, kv_end, stride_ksp,
                                                 stride_kst, stride_vsp, stride_vst, PAGE_SIZE)
-            acc, m_i, l_i = _online_update(acc, m_i, l_i, q, k_t, v, qk_scale, tok, offs_n,
-                                           diag, kv_end, MASKED, DOT_PRECISION, k_scale, v_scale,
-                                           True)
+        else:
+            k_scale, v_scale = 1.0, 1.0
+        if SWAP_AB:
+            acc, m_i, l_i = _online_update_swapped(acc, m_i, l_i, q, k_t, v, qk_scale, tok,
+                                                   offs_n, diag, kv_end, MASKED, DOT_PRECISION,
+                                                   k_scale, v_scale, KV_FORMAT == 2)
         else:
             acc, m_i, l_i = _online_update(acc, m_i, l_i, q, k_t, v, qk_scale, tok, offs_n,
-                                           diag, kv_end, MASKED, DOT_PRECISION)
+                                           diag, kv_end, MASKED, DOT_PRECISION, k_scale, v_scale,
+                                           KV_FORMAT == 2)
     return acc, m_i, l_i
 
 
@@ -510,11 +535,13 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
                     KV_CACHE: tl.constexpr, KV_EVICT: tl.constexpr, KV_FORMAT: tl.constexpr,
                     DOT_PRECISION: tl.constexpr, INT64_KV: tl.constexpr = True,
                     PREFETCH_PAGES: tl.constexpr = False, Kd=0, Vd=0,
-                    USE_DESC: tl.constexpr = False):
+                    USE_DESC: tl.constexpr = False, SWAP_AB: tl.constexpr = False):
     """One packed tile ``q [BLOCK_M, BLOCK_D]`` against sequence ``seq``'s keys ``[lo, hi)`` of
     one KV head: unmasked tiles ``[lo, full)``, then the masked band ``[full, hi)``; returns the
     unnormalized ``(acc, m, l)`` (base 2), fp8's per-head scales applied. Shared by the decode
-    and the varlen prefill kernels, which differ only in how rows map to tokens and outputs."""
+    and the varlen prefill kernels, which differ only in how rows map to tokens and outputs.
+    SWAP_AB: the dots with the keys on the MMA's M side (``_online_update_swapped``; not the
+    int4 split dots, which ignore it)."""
     K += kv_head * stride_kh
     V += kv_head * stride_vh
     KS += kv_head * stride_ksh
@@ -523,10 +550,10 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
     qk_scale = sm_scale * 1.4426950408889634
     if KV_FORMAT == 1:  # fp8's per-head K scale multiplies every score of this KV head
         qk_scale = qk_scale * tl.load(KS)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     if KV_FORMAT == 3 and BLOCK_D == 128 and EVEN_D:  # int4 at head dim 128: split dots
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         acc, m_i, l_i = _attend_paged_int4(acc, m_i, l_i, q, lo, full, qk_scale, tok, diag, hi,
                                            K, V, KS, VS, bt_row, stride_kp, stride_kt,
                                            stride_vp, stride_vt, stride_ksp, stride_kst,
@@ -538,18 +565,24 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
                                            stride_vsp, stride_vst, True, PAGE_SIZE, BLOCK_M,
                                            BLOCK_N, DOT_PRECISION)
     else:
+        if SWAP_AB:
+            acc = tl.zeros([BLOCK_D, BLOCK_M], dtype=tl.float32)
+        else:
+            acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         acc, m_i, l_i = _attend_paged(acc, m_i, l_i, q, lo, full, qk_scale, tok, diag, hi,
                                       K, V, KS, VS, bt_row, stride_kp, stride_kt, stride_vp,
                                       stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
                                       offs_d, head_dim, False, PAGE_SIZE, BLOCK_N, BLOCK_D, EVEN_D,
                                       KV_CACHE, KV_EVICT, KV_FORMAT, DOT_PRECISION, INT64_KV,
-                                      PREFETCH_PAGES, Kd, Vd, kv_head * BLOCK_D, USE_DESC)
+                                      PREFETCH_PAGES, Kd, Vd, kv_head * BLOCK_D, USE_DESC, SWAP_AB)
         acc, m_i, l_i = _attend_paged(acc, m_i, l_i, q, full, hi, qk_scale, tok, diag, hi,
                                       K, V, KS, VS, bt_row, stride_kp, stride_kt, stride_vp,
                                       stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
                                       offs_d, head_dim, True, PAGE_SIZE, BLOCK_N, BLOCK_D, EVEN_D,
                                       KV_CACHE, KV_EVICT, KV_FORMAT, DOT_PRECISION, INT64_KV,
-                                      PREFETCH_PAGES)
+                                      PREFETCH_PAGES, SWAP_AB=SWAP_AB)
+        if SWAP_AB:
+            acc = tl.trans(acc)
     if KV_FORMAT == 1:  # and its V scale every output row
         acc = acc * tl.load(VS)
     return acc, m_i, l_i
@@ -580,6 +613,7 @@ def _paged_decode_kernel(
     STORE_LSE: tl.constexpr, SPLIT: tl.constexpr, MERGE_HERE: tl.constexpr,
     KV_CACHE: tl.constexpr, KV_EVICT: tl.constexpr, KV_FORMAT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # tl.dot's input_precision: "ieee" or "tf32" (fp32 inputs only)
+    SWAP_AB: tl.constexpr = False,  # keys on the MMA's M side (_online_update_swapped)
 ):
     # Grid: (num_splits * num_m_blocks, nheads_k, batch). Splits vary fastest so that the
     # programs of one sequence's KV head run side by side.
@@ -617,7 +651,8 @@ def _paged_decode_kernel(
         q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS, VS, block_table,
         stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_ksp, stride_kst,
         stride_ksh, stride_vsp, stride_vst, stride_vsh, stride_btb, offs_d, head_dim,
-        PAGE_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, EVEN_D, KV_CACHE, KV_EVICT, KV_FORMAT, DOT_PRECISION)
+        PAGE_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, EVEN_D, KV_CACHE, KV_EVICT, KV_FORMAT, DOT_PRECISION,
+        SWAP_AB=SWAP_AB)
     # out = acc / l (0 where no key was seen, e.g. an empty split), lse natural log (-inf there).
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
@@ -864,7 +899,8 @@ class PagedDecodeLaunch:
             BLOCK_N=config.block_n, BLOCK_D=block_d, EVEN_D=block_d == head_dim,
             STORE_LSE=store_lse, SPLIT=num_splits > 1, MERGE_HERE=merge_here,
             KV_CACHE=config.kv_cache_modifier, KV_EVICT=config.kv_eviction, KV_FORMAT=kv_format,
-            DOT_PRECISION=dot_input_precision(q.dtype))  # fp32 as PyTorch would (fixed per plan)
+            DOT_PRECISION=dot_input_precision(q.dtype),  # fp32 as PyTorch would (fixed per plan)
+            SWAP_AB=config.swap_ab)
         self._warps = (config.num_warps, config.num_stages)
         self._maxnreg = config.max_registers
         self._key = (q.dtype, k_cache.dtype, k_scale.dtype if k_scale is not None else None,
