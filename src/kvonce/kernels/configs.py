@@ -183,7 +183,9 @@ class PagedDecodeConfig:
     swap_ab: the dots with the keys on the MMA's M side (Sᵀ = K·qᵀ, Oᵀ += Vᵀ·Pᵀ): sm_90a then
         compiles m64n16 wgmma where the packed rows (M = 16) get mma.sync; fp8 K x fp8 q would
         need no K conversion there. Plain, fp8 and int8 caches (int4's split dots ignore it).
-        Interpreter-tested only; no row sets it: not measured on a GPU.
+        Interpreter-tested only; no row sets it: not measured on a GPU. Compiled for sm_90a
+        (scripts/decode_kernel_stats.py --swap-ab): fp8/int8 at (64, 4, 2) and (128, 8, 2) take
+        166-179 registers and no spill; at (128, 4, 2) the register-held A tiles spill 124-208 B.
     """
     block_n: int
     num_warps: int
