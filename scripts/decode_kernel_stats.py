@@ -18,9 +18,7 @@ import argparse
 import collections
 import dataclasses
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -83,22 +81,9 @@ def compile_decode(fmt: str, dtype: torch.dtype, nheads: int, nheads_k: int, spl
 
 def stats(compiled, keep: Path | None, stem: str) -> dict:
     """Registers, spills, SASS count and mix, TTGIR shared-memory tiles of one compiled kernel."""
-    from kernel_check import _REGS, _SPILLS, _tool
+    from kernel_check import _REGS, _SPILLS, ptxas_and_sass
 
-    with tempfile.TemporaryDirectory() as tmp:
-        work = keep or Path(tmp)
-        work.mkdir(parents=True, exist_ok=True)
-        ptx, cubin = work / f"{stem}.ptx", work / f"{stem}.cubin"
-        ptx.write_text(compiled.asm["ptx"])
-        cubin.write_bytes(compiled.asm["cubin"])
-        if keep:
-            (work / f"{stem}.ttgir").write_text(compiled.asm["ttgir"])
-        ptxas = subprocess.run([_tool("ptxas"), "-v", "--gpu-name", "sm_90a", str(ptx), "-o",
-                                str(work / f"{stem}.ptxas.cubin")], capture_output=True, text=True)
-        sass = subprocess.run([_tool("cuobjdump"), "-sass", str(cubin)], capture_output=True,
-                              text=True).stdout
-        if keep:
-            (work / f"{stem}.sass").write_text(sass)
+    ptxas, sass = ptxas_and_sass(compiled, stem, keep)
     regs = _REGS.search(ptxas.stderr)
     spills = _SPILLS.search(ptxas.stderr)
     ops = collections.Counter(m.group(1) for m in map(_SASS_LINE.match, sass.splitlines()) if m)

@@ -149,6 +149,27 @@ def discover_specs(package: str = "kvonce.kernels") -> list[tuple]:
     return specs
 
 
+def ptxas_and_sass(compiled, stem: str, keep: Path | None = None):
+    """``(ptxas -v process, SASS text)`` of a kernel compiled for sm_90a; with ``keep``, its PTX,
+    TTGIR, cubin and SASS stay there under ``stem``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        work = keep or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        ptx, cubin = work / f"{stem}.ptx", work / f"{stem}.cubin"
+        ptx.write_text(compiled.asm["ptx"])
+        cubin.write_bytes(compiled.asm["cubin"])
+        if keep:
+            (work / f"{stem}.ttgir").write_text(compiled.asm["ttgir"])
+        proc = subprocess.run([_tool("ptxas"), "-v", "--gpu-name", "sm_90a", str(ptx), "-o",
+                               str(work / f"{stem}.ptxas.cubin")],
+                              capture_output=True, text=True)
+        sass = subprocess.run([_tool("cuobjdump"), "-sass", str(cubin)], capture_output=True,
+                              text=True, check=True).stdout
+        if keep:
+            (work / f"{stem}.sass").write_text(sass)
+    return proc, sass
+
+
 def check_spec(module: str, variant: str, kernel, signature: dict, constexprs: dict,
                options: dict, expected: dict | None = None, keep: Path | None = None) -> Row:
     """Compile one variant for sm_90a and inspect it (never raises: errors become problems)."""
@@ -166,25 +187,10 @@ def check_spec(module: str, variant: str, kernel, signature: dict, constexprs: d
         row.seconds = time.perf_counter() - start
         return row
     row.shared = compiled.metadata.shared
-    with tempfile.TemporaryDirectory() as tmp:
-        work = keep or Path(tmp)
-        work.mkdir(parents=True, exist_ok=True)
-        stem = f"{module}.{kernel.__name__}.{variant}"
-        ptx, cubin = work / f"{stem}.ptx", work / f"{stem}.cubin"
-        ptx.write_text(compiled.asm["ptx"])
-        cubin.write_bytes(compiled.asm["cubin"])
-        if keep:
-            (work / f"{stem}.ttgir").write_text(compiled.asm["ttgir"])
-        proc = subprocess.run([_tool("ptxas"), "-v", "--gpu-name", "sm_90a", str(ptx), "-o",
-                               str(work / f"{stem}.ptxas.cubin")],
-                              capture_output=True, text=True)
-        if proc.returncode:
-            row.problems.append(f"ptxas failed: {proc.stderr[-2000:]}")
-        report = parse_ptxas(proc.stdout + proc.stderr)
-        sass = subprocess.run([_tool("cuobjdump"), "-sass", str(cubin)], capture_output=True,
-                              text=True, check=True).stdout
-        if keep:
-            (work / f"{stem}.sass").write_text(sass)
+    proc, sass = ptxas_and_sass(compiled, f"{module}.{kernel.__name__}.{variant}", keep)
+    if proc.returncode:
+        row.problems.append(f"ptxas failed: {proc.stderr[-2000:]}")
+    report = parse_ptxas(proc.stdout + proc.stderr)
     row.registers, row.spill_bytes = report["registers"], report["spill_bytes"]
     row.counts = count_sass(sass)
     row.problems += problems_of(report, row.shared, sass)
