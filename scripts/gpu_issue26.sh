@@ -4,6 +4,8 @@
 #   quantbench  python -m kvonce bench quant (FlashInfer beside when .peers/fi travels: carry it)
 #   splits      scripts/quant_decode_sweep.py at 1 x 131072: the split count's knobs per format
 #               (programs_per_sm, max_merged_splits) and int4's 64- vs 128-key tiles
+#   knobs       scripts/quant_decode_sweep.py on the split kernel's swap_ab (fp8, int8) and
+#               max_registers (int4) knobs, fp16 and bf16 queries (DTYPES)
 #   hf          scripts/quant_hf_check.py with outlier keys, with and without KeyTransform
 #   prefill     scripts/prefill_sweep.py: one q head per program ('h') against GQA packing, pages
 #               16 and 256, 128x128 / 128x64 tiles, TMA where pages hold whole tiles
@@ -23,8 +25,21 @@ if [[ $STEPS == *quanttest* ]]; then
 fi
 if [[ $STEPS == *quantbench* ]]; then
   step quantbench
-  timeout 420 python3 -m kvonce bench quant --shapes ${QUANT_SHAPES:-64x8192,1x131072} \
-    --md "$OUT/bench_quant.md" --plot '' 2>&1 | grep "^|" | tail -26
+  for dt in ${DTYPES:-fp16}; do
+    timeout 420 python3 -m kvonce bench quant --shapes ${QUANT_SHAPES:-64x8192,1x131072} \
+      --dtype $dt --md "$OUT/bench_quant_$dt.md" --plot '' 2>&1 | grep "^|" | tail -26
+  done
+fi
+if [[ $STEPS == *knobs* ]]; then
+  step knobs
+  for dt in ${DTYPES:-fp16}; do
+    timeout 300 python3 scripts/quant_decode_sweep.py --dtype $dt --formats fp8_e4m3,int8 \
+      --heads 32/8,12/12 --shapes ${KNOB_SHAPES:-64x8192,1x131072} --grid 128,4,2 \
+      64,4,2,3,4,0,1 128,8,2,3,4,0,1 64,4,3,3,4,0,1 2>&1 | tail -12
+    timeout 300 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int4 \
+      --heads 32/8,12/12 --shapes ${KNOB_SHAPES:-64x8192,1x131072} --grid 128,4,2,3,64 \
+      128,4,2,3,64,168 128,4,3,3,64,168 64,4,2,3,64,168 2>&1 | tail -8
+  done
 fi
 if [[ $STEPS == *splits* ]]; then
   step splits

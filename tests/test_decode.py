@@ -435,10 +435,11 @@ def test_bf16_queries_take_the_bf16_row(monkeypatch):
     assert get((9, 0), 64, "int4", bf16=True) is get((9, 0), 64)  # no row: the plain one
 
 
-def test_bf16_int4_tile_follows_the_split_length(monkeypatch):
-    """int4 under bf16 queries: 64-key tiles where the splits are shorter than 4096 keys."""
+def test_short_split_tile_follows_the_split_length(monkeypatch):
+    """``short_split_block_n``: 64-key tiles where the splits are shorter than 4096 keys."""
+    import dataclasses
     from kvonce.kernels import configs
-    cfg = configs._PAGED_DECODE_QUANT_TABLE[((9, 0), "int4/bf16")][128]
+    cfg = dataclasses.replace(configs._INT4, short_split_block_n=64)
     q = torch.randn(1, 1, 8, 64, dtype=torch.float16, device=DEVICE)
     k, scale = quantize_kv(torch.randn(2, 16, 4, 64, dtype=torch.float16, device=DEVICE), "int4")
     for pages, splits, block_n in ((512, 2, 128), (512, 3, 64), (512, 1, 128)):

@@ -250,7 +250,11 @@ _paged_warned: set = set()
 #   (< SHORT_SPLIT_KEYS): 102 / 188 / 131 / 244 us against 119 / 228 / 170 / 326 with the fp16
 #   row at 16 x 4096 and 1 x 131072 GQA / MHA (its nibble converter costs ~700 more instructions
 #   a tile and spills 4 B at 128 keys); 128-key tiles at 64 x 8192 (GQA, 2 splits of 4096 keys:
-#   616 us against 693 with 64). A rule fitted to those six rows.
+#   616 us against 693 with 64). A rule fitted to those six rows. Replaced 2026-11-26 (later
+#   session; the sweep at 64 x 8192 and 1 x 131072, GQA 32/8 and MHA 12/12, bf16 graphs): 128-key
+#   tiles everywhere, 3 stages, the register cap at 168 (three programs an SM, 20-32 B of spill):
+#   618 / 152 / 747 / 203 us against 616 / 190 / 944 / 247 for the 64-key rule. Under fp16
+#   queries the same cap measured 537 -> 616 at GQA 64 x 8192 and within 3% elsewhere: not taken.
 # Other head dims use the fp16 row.
 _INT4 = PagedDecodeConfig(128, 4, 2, max_merged_splits=64, mha_num_stages=3,
                           slow_programs_per_sm=(3.5, 6.5))
@@ -260,8 +264,7 @@ _PAGED_DECODE_QUANT_TABLE: dict[tuple[tuple[int, int], str], dict[int, PagedDeco
                                                   splits_round_up=True,
                                                   min_keys_per_split=2048)},
     ((9, 0), "int4"): {128: _INT4},
-    ((9, 0), "int4/bf16"): {128: dataclasses.replace(_INT4, mha_num_stages=0,
-                                                     short_split_block_n=64)},
+    ((9, 0), "int4/bf16"): {128: dataclasses.replace(_INT4, num_stages=3, max_registers=168)},
 }
 SHORT_SPLIT_KEYS = 4096
 
