@@ -7,6 +7,8 @@
 #   knobs       scripts/quant_decode_sweep.py on the split kernel's swap_ab (fp8, int8) and
 #               max_registers (int4) knobs, fp16 and bf16 queries (DTYPES)
 #   hf          scripts/quant_hf_check.py with outlier keys, with and without KeyTransform
+#   gluon       tests/test_gluon_prefill.py, then scripts/prefill_sweep.py: the Gluon prefill
+#               kernel (g) against the shipped Triton row, pages 16 and 256
 #   prefill     scripts/prefill_sweep.py: one q head per program ('h') against GQA packing, pages
 #               16 and 256, 128x128 / 128x64 tiles, TMA where pages hold whole tiles
 set -u
@@ -50,6 +52,14 @@ fi
 if [[ $STEPS == *hf* ]]; then
   step hf
   timeout 300 python3 scripts/quant_hf_check.py --outliers 30 --key-transform 2>&1 | grep "^|"
+fi
+if [[ $STEPS == *gluon* ]]; then
+  step gluon
+  timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/test_gluon_prefill.py 2>&1 \
+    | tail -15
+  timeout 300 python3 scripts/prefill_sweep.py --rows prefill,chunked --pages 16,256 --cfg \
+    128,64,8,3,r,p,t ${GLUON_CFGS:-128,128,8,2,r,g 128,64,8,2,r,g 128,64,8,3,r,g} 2>&1 \
+    | tail -16
 fi
 if [[ $STEPS == *prefill* ]]; then
   step prefill

@@ -5,8 +5,8 @@
 
 A spec is ``block_m,block_n,num_warps,num_stages`` plus ``r`` for ``last_tiles_first`` and ``i``
 for ``int64_kv_offsets``, ``p`` for ``prefetch_pages``, ``t`` for ``tma``, ``h`` for one q head
-per program (``pack_gqa=False``). Per row,
-page size and config: ``PagedPrefillPlan.run`` time (``do_bench`` median, eager), TFLOP/s and the
+per program (``pack_gqa=False``), ``g`` for the Gluon kernel (``gluon``: block_n, num_stages).
+Per row, page size and config: ``PagedPrefillPlan.run`` time (``do_bench`` median, eager), TFLOP/s and the
 relative error against the first config's output.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ def _config(spec: str) -> PagedPrefillConfig:
     return PagedPrefillConfig(*[int(x) for x in parts if x.isdigit()],
                               last_tiles_first="r" in parts, int64_kv_offsets="i" in parts,
                               prefetch_pages="p" in parts, tma="t" in parts,
-                              pack_gqa="h" not in parts)
+                              pack_gqa="h" not in parts, gluon="g" in parts)
 
 
 def main() -> None:
@@ -55,8 +55,11 @@ def main() -> None:
                     err = ((out - base).norm() / base.norm()).item()
                     ms = triton.testing.do_bench(lambda: plan.run(*a), warmup=25, rep=100,
                                                  return_mode="median")
+                    gluon = any(getattr(launch, "_gluon", None) is not None
+                                for launch in plan._launches.values())
                     rows.append({"row": case.label, "page": page, "config": spec, "ms": ms,
-                                 "TFLOP/s": case.flops() / ms / 1e9, "err": f"{err:.1e}"})
+                                 "TFLOP/s": case.flops() / ms / 1e9, "err": f"{err:.1e}",
+                                 "kernel": "gluon" if gluon else "triton"})
                 except Exception as exc:  # out of resources: report and go on
                     rows.append({"row": case.label, "page": page, "config": spec,
                                  "ms": float("nan"), "TFLOP/s": 0.0,

@@ -458,7 +458,13 @@ class PagedPrefillConfig:
     pack_gqa: the rows of a tile are tokens x the GQA group (each K/V tile read once for all
         the group's heads); False: one q head per program, rows are tokens (BLOCK_M tokens a
         tile, as the contiguous forward's one-group tiles: a shorter causal band per token, each
-        K/V tile read by GROUP programs, from L2). Not yet measured (2026-11-25).
+        K/V tile read by GROUP programs, from L2). Measured 2026-11-26: no faster (366-465
+        TFLOP/s against 388-513 packed).
+    gluon: the warp-specialized Gluon kernel (kernels/gluon_prefill.py: a TMA loader warp
+        bringing K/V page by page, two consumer warpgroups) where it applies
+        (``gluon_prefill.unsupported_reason``), with ``block_n`` keys a tile and ``num_stages``
+        ring slots (block_m, num_warps and the Triton-only knobs do not apply); the Triton
+        kernel elsewhere.
     """
     block_m: int
     block_n: int
@@ -471,6 +477,7 @@ class PagedPrefillConfig:
     prefetch_pages: bool = False
     tma: bool = False
     pack_gqa: bool = True
+    gluon: bool = False
 
 
 # Hopper (H100, triton 3.6, bf16, 32/8 heads, d128; scripts/prefill_sweep.py, 2026-11-24,

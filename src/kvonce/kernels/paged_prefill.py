@@ -222,12 +222,26 @@ class PagedPrefillLaunch:
         self._warps = (config.num_warps, config.num_stages)
         self._key = (q.dtype, k_cache.dtype, k_scale.dtype if k_scale is not None else None,
                      self._ints, tuple(self._constexprs.values()), self._warps)
+        self._gluon = None
+        if config.gluon and config.pack_gqa:
+            from . import gluon_prefill
+
+            if gluon_prefill.unsupported_reason(q, k_cache, v_cache, block_table,
+                                                kv_format=kv_format, block_n=config.block_n,
+                                                stages=config.num_stages) is None:
+                self._gluon = gluon_prefill.GluonPrefillLaunch(
+                    q, k_cache, v_cache, block_table, softmax_scale=softmax_scale,
+                    causal=causal, store_lse=store_lse, block_n=config.block_n,
+                    stages=config.num_stages, last_tiles_first=config.last_tiles_first)
 
     def __call__(self, q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table, out, lse,
                  k_scale=None, v_scale=None) -> None:
         """``out`` must be contiguous ``[total_q, nheads, d]``; ``lse`` float32 contiguous
         ``[nheads, total_q]`` or None."""
         if self.empty:
+            return
+        if self._gluon is not None:
+            self._gluon(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table, out, lse)
             return
         if lse is None:  # never dereferenced (STORE_LSE is off): any pointer will do
             lse = out

@@ -1,0 +1,368 @@
+"""Warp-specialized Hopper (sm90) varlen paged prefill in Gluon: ``_paged_prefill_kernel``'s
+contract (kernels/paged_prefill.py) for plain fp16/bf16 caches, with K/V brought by TMA, page by
+page, by a loader warp.
+
+Rows are packed as in the Triton kernel: one CTA per (M tile, KV head) holds ``BLOCK_Q = BLOCK_M
+// GROUP`` consecutive tokens of one sequence times the ``GROUP`` q heads of the KV head (row
+``r`` -> token ``tok0 + r // GROUP``, head ``kv_head * GROUP + r % GROUP``), so each K/V tile is
+read once for the whole group; the grid, the tile order and the sequence search are the Triton
+kernel's. Two partitions:
+
+- ``_load`` (1 warp): key tile ``j`` (``BLOCK_N`` keys) of the CTA into ring slot ``j % STAGES``
+  as ``BLOCK_N // BOX`` TMA boxes of ``BOX = min(PAGE_SIZE, BLOCK_N)`` rows each, from the caches
+  viewed as ``[num_pages * PAGE_SIZE, nheads_k * D]``: Hopper's TMA cannot gather rows, but a box
+  never crosses a page, so one block-table lookup per box places it. K on ``k_ready[s]``, V on
+  ``v_ready[s]``; the slot is refilled once ``kv_empty[s]`` says both consumer warpgroups are done
+  with it.
+- ``_consume`` (8 warps: two warpgroups of 64 rows): Q loaded once (packed rows gathered by
+  pointers, stored to shared memory), then per tile S = Q Kᵀ (SS wgmma), the online softmax in
+  base 2 (the causal / sequence-end mask only on tiles past ``full``, the keys every row sees),
+  O += P V (RS wgmma: P stays in registers).
+
+Keys past the sequence's end in its last page (and boxes past it, which re-read the sequence's
+last box: the block table past a sequence's pages is never read) hold whatever the page holds
+there: their scores are masked, and the consumers zero those V rows in shared memory before P V,
+since 0 * NaN would be NaN. Rows past a sequence's tokens are computed and never stored.
+Softmax in base 2 (log2(e) folded into the scale), natural-log LSE outside; a row that sees no
+key stores out 0 and lse -inf.
+"""
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+
+LOG2E = gl.constexpr(1.4426950408889634)
+LN2 = gl.constexpr(0.6931471805599453)
+BLOCK_M = gl.constexpr(128)          # packed rows per CTA: two consumer warpgroups of 64
+CONSUMER_WARPS = gl.constexpr(8)
+LOADER_WARPS = gl.constexpr(1)
+LOADER_REGS = gl.constexpr(24)
+
+
+@gluon.constexpr_function
+def mma_layout(n):
+    """wgmma accumulator ``[BLOCK_M, n]`` over the 8 consumer warps: warpgroup w owns rows
+    ``[64 w, 64 w + 64)``."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+                                     instr_shape=[16, n, 16])
+
+
+@gluon.constexpr_function
+def rows_layout(head_dim):
+    """Coalesced ``[BLOCK_M, head_dim]`` layout for the Q load and the O store: 16-byte vectors."""
+    cols = head_dim // 8
+    return gl.BlockedLayout([1, 8], [32 // cols, cols], [8, 1], [1, 0])
+
+
+@gluon.jit
+def _find_sequence(cu_seqlens_q, tile, batch, BLOCK_Q: gl.constexpr):
+    """The last ``b`` with ``cu_seqlens_q[b] // BLOCK_Q + b <= tile`` (binary search)."""
+    lo = tile * 0            # int32 scalars (batch == 1 would be specialized to a constant)
+    hi = lo + batch
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if gl.load(cu_seqlens_q + mid) // BLOCK_Q + mid <= tile:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@gluon.jit
+def _tile(cu_seqlens_q, cache_seqlens, batch, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
+          IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr):
+    """The CTA's sequence, first token and key ranges (as ``_paged_prefill_kernel``): keys
+    ``[0, full)`` are seen by every row of the tile, ``[full, hi)`` need the mask."""
+    if LAST_FIRST:
+        tile = gl.num_programs(0) - 1 - gl.program_id(0)
+    else:
+        tile = gl.program_id(0)
+    seq = _find_sequence(cu_seqlens_q, tile, batch, BLOCK_Q)
+    q_start = gl.load(cu_seqlens_q + seq)
+    q_len = gl.load(cu_seqlens_q + seq + 1) - q_start
+    tok0 = (tile - (q_start // BLOCK_Q + seq)) * BLOCK_Q
+    seqlen = gl.load(cache_seqlens + seq)
+    if IS_CAUSAL:
+        diag = seqlen - q_len                      # row t sees key j <= t + diag
+        last_tok = gl.minimum(tok0 + BLOCK_Q, q_len) - 1
+        hi = gl.maximum(gl.minimum(seqlen, diag + last_tok + 1), 0)
+        all_see = gl.minimum(hi, diag + tok0 + 1)
+    else:
+        diag = seqlen
+        hi = seqlen
+        all_see = seqlen
+    full = gl.maximum(all_see, 0) // BLOCK_N * BLOCK_N
+    return seq, q_start, q_len, tok0, seqlen, diag, hi, full
+
+
+@gluon.jit
+def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, cu_seqlens_q,
+          cache_seqlens, block_table, stride_btb, batch, PAGE_SIZE: gl.constexpr,
+          BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+          IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr):
+    """The loader warp: every key tile of the CTA, box by box, into the K and V rings."""
+    STAGES: gl.constexpr = k_smem.shape[0]
+    BOX: gl.constexpr = k_desc.block_type.shape[0]
+    seq, q_start, q_len, tok0, seqlen, diag, hi, full = _tile(
+        cu_seqlens_q, cache_seqlens, batch, BLOCK_Q, BLOCK_N, IS_CAUSAL, LAST_FIRST)
+    col = gl.program_id(1) * HEAD_DIM
+    bt_row = block_table + seq.to(gl.int64) * stride_btb
+    last_box = gl.maximum(seqlen - 1, 0) // BOX * BOX   # boxes past the end re-read this one
+    # The page of each box of a tile, looked up one tile ahead (one vector load a tile: the
+    # TMA issues of a tile never wait on a block-table load of their own).
+    BOXES: gl.constexpr = BLOCK_N // BOX
+    box = gl.arange(0, BOXES, gl.BlockedLayout([1], [32], [1], [0]))
+    pages = _box_pages(bt_row, 0, box, last_box, BLOCK_N, BOX, PAGE_SIZE)
+    for j in range(gl.cdiv(hi, BLOCK_N)):
+        s = j % STAGES
+        cur = pages
+        pages = _box_pages(bt_row, j + 1, box, last_box, BLOCK_N, BOX, PAGE_SIZE)
+        # kv_empty[s] (count 1): the consumers arrive once both warpgroups' P V on the slot has
+        # retired. Parity ((j // STAGES) & 1) ^ 1: a fresh barrier passes the first round.
+        mbarrier.wait(kv_empty.index(s), ((j // STAGES) & 1) ^ 1)
+        # k_ready[s], v_ready[s] (count 1): this expect + the boxes' bytes.
+        mbarrier.expect(k_ready.index(s), BOXES * k_desc.block_type.nbytes)
+        mbarrier.expect(v_ready.index(s), BOXES * v_desc.block_type.nbytes)
+        for i in gl.static_range(BOXES):
+            key = gl.minimum(j * BLOCK_N + i * BOX, last_box)
+            if BOXES == 1:
+                page = gl.sum(cur, 0)
+            else:
+                page = gl.sum(gl.where(box == i, cur, 0), 0)
+            row = page * PAGE_SIZE + key % PAGE_SIZE
+            tma.async_copy_global_to_shared(k_desc, [row, col], k_ready.index(s),
+                                            k_smem.index(s).slice(i * BOX, BOX))
+            tma.async_copy_global_to_shared(v_desc, [row, col], v_ready.index(s),
+                                            v_smem.index(s).slice(i * BOX, BOX))
+
+
+@gluon.jit
+def _box_pages(bt_row, j, box, last_box, BLOCK_N: gl.constexpr, BOX: gl.constexpr,
+               PAGE_SIZE: gl.constexpr):
+    """Page ids of tile ``j``'s boxes (boxes past the sequence's end: its last box's page, so
+    the block table past the sequence's pages is never read)."""
+    key = gl.minimum(j * BLOCK_N + box * BOX, last_box)
+    return gl.load(bt_row + key // PAGE_SIZE)
+
+
+@gluon.jit
+def _zero_rows_from(smem, first, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """Rows ``>= first`` of a shared ``[BLOCK_N, HEAD_DIM]`` tile set to 0 by the consumer
+    partition, visible to its wgmmas on return."""
+    layout: gl.constexpr = rows_layout(HEAD_DIM)
+    tile = smem.load(layout)
+    keep = gl.arange(0, BLOCK_N, gl.SliceLayout(1, layout)) < first
+    # Idempotent: a thread that reads a row after another zeroed it stores the same zeros.
+    smem.store(gl.where(gl.expand_dims(keep, 1), tile, gl.zeros_like(tile)))
+    fence_async_shared()
+    gl.thread_barrier()
+
+
+@gluon.jit
+def _consume(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, kv_empty, cu_seqlens_q,
+             cache_seqlens, sm_scale, batch, stride_qt, stride_qh, stride_ot, stride_oh,
+             stride_lh, GROUP: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
+             HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr,
+             STORE_LSE: gl.constexpr):
+    """The two consumer warpgroups: the CTA's packed rows against its keys ``[0, hi)``."""
+    S_LAYOUT: gl.constexpr = mma_layout(BLOCK_N)
+    O_LAYOUT: gl.constexpr = mma_layout(HEAD_DIM)
+    P_OPERAND: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
+    ROWS_S: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
+    ROWS_O: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
+    IO: gl.constexpr = rows_layout(HEAD_DIM)
+    STAGES: gl.constexpr = k_smem.shape[0]
+    dtype: gl.constexpr = q_smem.dtype
+    seq, q_start, q_len, tok0, seqlen, diag, hi, full = _tile(
+        cu_seqlens_q, cache_seqlens, batch, BLOCK_Q, BLOCK_N, IS_CAUSAL, LAST_FIRST)
+    kv_head = gl.program_id(1)
+
+    # Q once: packed rows gathered by pointers (rows past q_len read 0), then shared memory.
+    rows = gl.arange(0, BLOCK_M, gl.SliceLayout(1, IO))
+    offs_d = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, IO))
+    tok = tok0 + rows // GROUP
+    head = kv_head * GROUP + rows % GROUP
+    row_ok = gl.expand_dims(tok < q_len, 1)
+    q_rows = (q_start + tok).to(gl.int64)
+    q = gl.load(Q + gl.expand_dims(q_rows * stride_qt + head * stride_qh, 1)
+                + gl.expand_dims(offs_d, 0), mask=row_ok, other=0.0)
+    q_smem.store(q)
+    fence_async_shared()
+    gl.thread_barrier()   # each warpgroup's wgmma reads rows the other stored
+
+    qk_scale = sm_scale * LOG2E
+    last_key = tok0 + gl.arange(0, BLOCK_M, ROWS_S) // GROUP + diag   # row r sees keys <= this
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, ROWS_S)
+    l_i = gl.zeros([BLOCK_M], gl.float32, ROWS_S)
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, O_LAYOUT)
+    zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, S_LAYOUT)
+    for j in range(gl.cdiv(hi, BLOCK_N)):
+        s = j % STAGES
+        ph = (j // STAGES) & 1
+        start = j * BLOCK_N
+        mbarrier.wait(k_ready.index(s), ph)
+        sc = warpgroup_mma(q_smem, k_smem.index(s).permute((1, 0)), zero_s, use_acc=False,
+                           is_async=True)
+        sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
+        if start + BLOCK_N > full:   # the diagonal band and the sequence's end: masked
+            keys = start + gl.arange(0, BLOCK_N, gl.SliceLayout(0, S_LAYOUT))
+            visible = ((gl.expand_dims(keys, 0) <= gl.expand_dims(last_key, 1))
+                       & gl.expand_dims(keys < seqlen, 0))
+            sc = gl.where(visible, sc * qk_scale, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(sc, 1))
+            # A row with no visible key so far keeps m = -inf: subtract 0 (no -inf - -inf).
+            m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
+            p = gl.exp2(sc - gl.expand_dims(m_sub, 1))
+        else:
+            m_new = gl.maximum(m_i, gl.max(sc, 1) * qk_scale)
+            m_sub = m_new
+            p = gl.exp2(sc * qk_scale - gl.expand_dims(m_sub, 1))
+        alpha = gl.exp2(m_i - m_sub)
+        l_i = l_i * alpha + gl.sum(p, 1)
+        m_i = m_new
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROWS_O), 1)
+        p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
+        mbarrier.wait(v_ready.index(s), ph)
+        if start + BLOCK_N > seqlen:
+            _zero_rows_from(v_smem.index(s), seqlen - start, BLOCK_N, HEAD_DIM)
+        acc = warpgroup_mma(p_op, v_smem.index(s), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(kv_empty.index(s))
+
+    seen = l_i > 0.0
+    out = acc / gl.expand_dims(gl.convert_layout(gl.where(seen, l_i, 1.0), ROWS_O), 1)
+    o_rows = (q_rows * stride_ot + head * stride_oh)
+    gl.store(Out + gl.expand_dims(o_rows, 1) + gl.expand_dims(offs_d, 0),
+             gl.convert_layout(out.to(Out.dtype.element_ty), IO), mask=row_ok)
+    if STORE_LSE:
+        rows_s = gl.arange(0, BLOCK_M, ROWS_S)
+        tok_s = tok0 + rows_s // GROUP
+        lse = gl.where(seen, (m_i + gl.log2(gl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
+        gl.store(Lse + (kv_head * GROUP + rows_s % GROUP).to(gl.int64) * stride_lh + q_start
+                 + tok_s, lse, mask=tok_s < q_len)
+
+
+@gluon.jit
+def _gluon_prefill_kernel(
+    Q, k_desc, v_desc, Out, Lse, cu_seqlens_q, cache_seqlens, block_table, sm_scale, batch,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, stride_btb,
+    GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr, PAGE_SIZE: gl.constexpr,
+    BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STORE_LSE: gl.constexpr,
+    LAST_FIRST: gl.constexpr, STAGES: gl.constexpr,
+):
+    """Grid ``(total_q // BLOCK_Q + batch, nheads_k)``. Q, Out ``[total_q, nheads, HEAD_DIM]``
+    (last dim contiguous); k/v descriptors over the caches as ``[num_pages * PAGE_SIZE, nheads_k *
+    HEAD_DIM]``, block ``[min(PAGE_SIZE, BLOCK_N), HEAD_DIM]``; Lse float32 ``[nheads,
+    total_q]``-strided (any pointer without STORE_LSE); cu_seqlens_q int32 ``[batch + 1]``,
+    cache_seqlens int32 ``[batch]``, block_table int32 ``[batch, max_pages]``."""
+    BLOCK_Q: gl.constexpr = BLOCK_M // GROUP
+    seq, q_start, q_len, tok0, seqlen, diag, hi, full = _tile(
+        cu_seqlens_q, cache_seqlens, batch, BLOCK_Q, BLOCK_N, IS_CAUSAL, LAST_FIRST)
+    if tok0 >= q_len:  # surplus program (or an empty sequence's slot)
+        return
+    dtype: gl.constexpr = k_desc.dtype
+    Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], Q_SMEM)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(kv_empty.index(i), count=1)
+
+    gl.warp_specialize([
+        (_consume, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, kv_empty,
+                    cu_seqlens_q, cache_seqlens, sm_scale, batch, stride_qt, stride_qh,
+                    stride_ot, stride_oh, stride_lh, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM,
+                    IS_CAUSAL, LAST_FIRST, STORE_LSE)),
+        (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, cu_seqlens_q,
+                 cache_seqlens, block_table, stride_btb, batch, PAGE_SIZE, BLOCK_Q, BLOCK_N,
+                 HEAD_DIM, IS_CAUSAL, LAST_FIRST)),
+    ], [LOADER_WARPS], [LOADER_REGS])
+
+
+def _pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def unsupported_reason(q, k_cache, v_cache, block_table, *, kv_format: int, block_n: int,
+                       stages: int) -> str | None:
+    """Why ``GluonPrefillLaunch`` cannot run these tensors, or None when it can: a Hopper GPU,
+    a plain fp16/bf16 cache in q's dtype, head dim 64 or 128, a GQA group dividing 128 rows,
+    pages and key tiles that nest (power-of-two sizes, >= 8 rows a box), each page's rows and
+    heads back to back (the caches viewed 2-D as ``[pages * page_size, nheads_k * d]``), 16-byte
+    aligned, and TMA row coordinates below 2^31."""
+    total_q, nheads, head_dim = q.shape
+    num_pages, page_size, nheads_k = k_cache.shape[:3]
+    if kv_format != 0:
+        return "quantized caches take the Triton kernel"
+    if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] != 9:
+        return "needs a Hopper (sm90) GPU"
+    if q.dtype not in (torch.float16, torch.bfloat16) or k_cache.dtype != q.dtype:
+        return "needs fp16/bf16 q and caches of q's dtype"
+    if head_dim not in (64, 128):
+        return f"head_dim must be 64 or 128, got {head_dim}"
+    group = nheads // nheads_k
+    if not _pow2(group) or group > BLOCK_M.value:
+        return f"the GQA group ({group}) must be a power of two <= {BLOCK_M.value}"
+    if block_n not in (64, 128) or stages < 1:
+        return f"block_n must be 64 or 128 and stages >= 1, got {block_n}, {stages}"
+    if not _pow2(page_size) or min(page_size, block_n) < 8:
+        return f"page_size must be a power of two >= 8, got {page_size}"
+    if q.stride(2) != 1:
+        return "q's head dim must be contiguous"
+    if num_pages * page_size >= 2**31:
+        return "the caches' rows pass 2^31"
+    for t in (k_cache, v_cache):
+        if not (t.stride(3) == 1 and t.stride(2) == head_dim
+                and t.stride(1) == nheads_k * head_dim and t.stride(0) == page_size * t.stride(1)
+                and t.data_ptr() % 16 == 0 and (t.stride(1) * t.element_size()) % 16 == 0):
+            return "each page's rows and heads must be back to back and 16-byte aligned"
+    return None
+
+
+class GluonPrefillLaunch:
+    """``PagedPrefillLaunch``'s call for ``_gluon_prefill_kernel``: grid, scalars and constants
+    fixed once from the planned shapes; TMA descriptors per call (host-side, a few us)."""
+
+    def __init__(self, q, k_cache, v_cache, block_table, *, softmax_scale: float, causal: bool,
+                 store_lse: bool, block_n: int, stages: int, last_tiles_first: bool):
+        total_q, nheads, head_dim = q.shape
+        page_size, nheads_k = k_cache.shape[1], k_cache.shape[2]
+        batch = block_table.shape[0]
+        group = nheads // nheads_k
+        self.box = min(page_size, block_n)
+        self.head_dim = head_dim
+        self.empty = total_q == 0 or batch == 0
+        self._grid = (total_q // (BLOCK_M.value // group) + batch, nheads_k)
+        self._scale = float(softmax_scale)
+        self._batch = batch
+        self._constexprs = dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size,
+                                BLOCK_N=block_n, HEAD_DIM=head_dim, STORE_LSE=store_lse,
+                                LAST_FIRST=last_tiles_first, STAGES=stages)
+        self._gl_dtype = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}[q.dtype]
+
+    def _desc(self, cache):
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+        layout = gl.NVMMASharedLayout.get_default_for([self.box, self.head_dim], self._gl_dtype)
+        return TensorDescriptor(cache, [cache.shape[0] * cache.shape[1],
+                                        cache.shape[2] * cache.shape[3]],
+                                [cache.stride(1), 1], [self.box, self.head_dim], layout)
+
+    def __call__(self, q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table, out,
+                 lse) -> None:
+        if self.empty:
+            return
+        lse_arg, stride_lh = (out, 0) if lse is None else (lse, lse.stride(0))
+        _gluon_prefill_kernel[self._grid](
+            q, self._desc(k_cache), self._desc(v_cache), out, lse_arg, cu_seqlens_q,
+            cache_seqlens, block_table, self._scale, self._batch, q.stride(0), q.stride(1),
+            out.stride(0), out.stride(1), stride_lh, block_table.stride(0), **self._constexprs,
+            num_warps=CONSUMER_WARPS.value)

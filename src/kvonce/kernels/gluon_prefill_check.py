@@ -1,0 +1,42 @@
+"""``make kernel-check`` (scripts/kernel_check.py) for the Gluon paged prefill
+(``gluon_prefill.py``): the variants compiled for sm_90a on the CPU, with the SASS counts each
+must show."""
+from __future__ import annotations
+
+from triton.experimental.gluon import language as gl
+
+from .gluon_prefill import _gluon_prefill_kernel
+
+
+def _check_signature(dtype: str, head_dim: int, box: int) -> dict:
+    gl_dtype = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
+    kv = gl.NVMMASharedLayout.get_default_for([box, head_dim], gl_dtype)
+    sig = dict(Q=f"*{dtype}", k_desc=f"tensordesc<{dtype}[{box}, {head_dim}],{kv!r}>",
+               v_desc=f"tensordesc<{dtype}[{box}, {head_dim}],{kv!r}>", Out=f"*{dtype}",
+               Lse="*fp32", cu_seqlens_q="*i32", cache_seqlens="*i32", block_table="*i32",
+               sm_scale="fp32")
+    sig.update({name: "i32" for name in ("batch", "stride_qt", "stride_qh", "stride_ot",
+                                         "stride_oh", "stride_lh", "stride_btb")})
+    for name in ("GROUP", "IS_CAUSAL", "PAGE_SIZE", "BLOCK_N", "HEAD_DIM", "STORE_LSE",
+                 "LAST_FIRST", "STAGES"):
+        sig[name] = "constexpr"
+    return sig
+
+
+def _check_spec(variant, dtype, head_dim, page_size, group=4, causal=True, block_n=128,
+                stages=2):
+    # Per tile and warpgroup: S = Q Kᵀ D/16 m64nBLOCK_Nk16, O += P V BLOCK_N/16 m64nDk16.
+    hgmma = head_dim // 16 + block_n // 16
+    return (variant, _gluon_prefill_kernel,
+            _check_signature(dtype, head_dim, min(page_size, block_n)),
+            dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, BLOCK_N=block_n,
+                 HEAD_DIM=head_dim, STORE_LSE=True, LAST_FIRST=True, STAGES=stages),
+            dict(num_warps=8), dict(HGMMA=hgmma))
+
+
+GLUON_CHECK_SPECS = [
+    _check_spec("d128-bf16-page16-gqa4-causal", "bf16", 128, 16),
+    _check_spec("d128-bf16-page256-gqa4-causal", "bf16", 128, 256),
+    _check_spec("d128-fp16-page16-mha-noncausal", "fp16", 128, 16, group=1, causal=False),
+    _check_spec("d64-bf16-page32-gqa8-causal", "bf16", 64, 32, group=8),
+]

@@ -1,0 +1,119 @@
+"""The warp-specialized Gluon paged prefill (kernels/gluon_prefill.py) against the float32
+reference on a Hopper GPU: every page size it takes (boxes of 8 to 256 rows, tiles spanning
+pages and pages spanning tiles), GQA groups, head dims, causal and not, fp16 and bf16, cache slots
+no sequence owns filled with NaN. On the CPU only the routing is checked (Gluon has no
+interpreter)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from conftest import HAS_CUDA, poison_empty
+from test_paged_prefill import check_lse, make_case, max_q, rel_err
+
+import kvonce
+from kvonce.kernels import gluon_prefill
+from kvonce.kernels.configs import PagedPrefillConfig
+from kvonce.reference import paged_prefill_ref
+
+HOPPER = HAS_CUDA and torch.cuda.get_device_capability()[0] == 9
+hopper_only = pytest.mark.skipif(not HOPPER, reason="the Gluon kernel needs a Hopper GPU")
+GLUON = PagedPrefillConfig(128, 128, 8, 2, last_tiles_first=True, gluon=True)
+TOL = {torch.float16: 3e-3, torch.bfloat16: 2e-2}
+# (q_len, cache_seqlen): no rows, decode rows, chunks over longer histories, whole prompts, and
+# lengths off every tile and page grid.
+LENS = [(0, 900), (1, 3000), (300, 2100), (1000, 1000), (77, 213), (1, 1), (129, 129), (5, 8)]
+
+
+def _poison_unowned(k, v, seqlens, table):
+    """NaN in every cache slot no sequence owns (past a sequence's end in its last page, spare
+    and free pages): the kernel must neither read them into a result nor let 0 * NaN through."""
+    page_size = k.shape[1]
+    owned = torch.zeros(k.shape[:2], dtype=torch.bool, device=k.device)
+    for b, n in enumerate(seqlens.tolist()):
+        pos = torch.arange(n, device=k.device)
+        owned[table[b, pos // page_size].long(), pos % page_size] = True
+    k[~owned] = float("nan")
+    v[~owned] = float("nan")
+
+
+def _launch_is_gluon(plan) -> bool:
+    return all(launch._gluon is not None for launch in plan._launches.values())
+
+
+@hopper_only
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("nheads,nheads_k,head_dim,page_size,block_n", [
+    (32, 8, 128, 16, 128),   # GQA 4, boxes of one page
+    (32, 8, 128, 256, 128),  # pages of two tiles
+    (8, 8, 128, 8, 128),     # MHA, 8-row boxes
+    (16, 2, 64, 32, 64),     # GQA 8, d64, 64-key tiles
+    (4, 2, 128, 128, 64),    # GQA 2, a page of two 64-key tiles
+    (64, 1, 64, 64, 128),    # GQA 64: two tokens a tile
+])
+def test_gluon_prefill_against_reference(dtype, causal, nheads, nheads_k, head_dim, page_size,
+                                         block_n):
+    q, k, v, cu, seqlens, table = make_case(LENS, nheads=nheads, nheads_k=nheads_k,
+                                            head_dim=head_dim, page_size=page_size, dtype=dtype)
+    ref, ref_lse = paged_prefill_ref(q.float(), k.float(), v.float(), cu, seqlens, table,
+                                     causal=causal)
+    _poison_unowned(k, v, seqlens, table)
+    config = dataclasses.replace(GLUON, block_n=block_n)
+    plan = kvonce.PagedPrefillPlan(q, k, v, cu, seqlens, table, max_seqlen_q=max_q(cu),
+                                   causal=causal, config=config)
+    with poison_empty:
+        out, lse = plan.run(q, k, v, cu, seqlens, table, return_lse=True)
+    assert _launch_is_gluon(plan)
+    err = rel_err(out, ref)
+    assert err < TOL[dtype], f"relative error {err:.2e}"
+    check_lse(lse, ref_lse)
+    out2 = plan.run(q, k, v, cu, seqlens, table)   # no lse: the STORE_LSE=False kernel
+    assert torch.equal(out2, out)
+
+
+@hopper_only
+def test_gluon_prefill_strided_q_and_graph_replay():
+    """q as a view with a token stride past its heads (a fused qkv projection's q part), run
+    inside a CUDA graph and replayed on new values."""
+    q_all, k, v, cu, seqlens, table = make_case(LENS, nheads=48, nheads_k=8, head_dim=128,
+                                                page_size=16, dtype=torch.bfloat16)
+    q = q_all[:, :32]
+    plan = kvonce.PagedPrefillPlan(q, k, v, cu, seqlens, table, max_seqlen_q=max_q(cu),
+                                   config=GLUON)
+    out = plan.run(q, k, v, cu, seqlens, table)
+    assert _launch_is_gluon(plan)
+    ref, _ = paged_prefill_ref(q.float(), k.float(), v.float(), cu, seqlens, table, causal=True)
+    assert rel_err(out, ref) < TOL[torch.bfloat16]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = plan.run(q, k, v, cu, seqlens, table)
+    q_all.copy_(torch.randn_like(q_all))
+    graph.replay()
+    ref, _ = paged_prefill_ref(q.float(), k.float(), v.float(), cu, seqlens, table, causal=True)
+    assert rel_err(captured, ref) < TOL[torch.bfloat16]
+
+
+def test_unsupported_arguments_take_the_triton_kernel():
+    """What the Gluon kernel does not cover is named, and the plan then runs the Triton kernel
+    (a quantized cache, GQA groups that do not divide 128 rows, page sizes off powers of two, a
+    CPU tensor)."""
+    q, k, v, cu, seqlens, table = (t.cpu() for t in make_case([(3, 20)], nheads=4, nheads_k=2))
+    reason = gluon_prefill.unsupported_reason
+    assert "Hopper" in reason(q, k, v, table, kv_format=0, block_n=128, stages=2)
+    assert "quantized" in reason(q, k, v, table, kv_format=2, block_n=128, stages=2)
+    if HOPPER:
+        q, k, v, cu, seqlens, table = make_case([(3, 40)], nheads=12, nheads_k=2, head_dim=128,
+                                                dtype=torch.bfloat16)
+        assert "group" in reason(q, k, v, table, kv_format=0, block_n=128, stages=2)
+        q, k, v, cu, seqlens, table = make_case([(3, 40)], nheads=4, nheads_k=2, head_dim=128,
+                                                page_size=24, dtype=torch.bfloat16)
+        assert "page_size" in reason(q, k, v, table, kv_format=0, block_n=128, stages=2)
+        plan = kvonce.PagedPrefillPlan(q, k, v, cu, seqlens, table, max_seqlen_q=3,
+                                       config=GLUON)
+        out = plan.run(q, k, v, cu, seqlens, table)
+        assert not _launch_is_gluon(plan)
+        ref, _ = paged_prefill_ref(q.float(), k.float(), v.float(), cu, seqlens, table,
+                                   causal=True)
+        assert rel_err(out, ref) < TOL[torch.bfloat16]
