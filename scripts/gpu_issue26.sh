@@ -59,7 +59,7 @@ if [[ $STEPS == *gluon* ]]; then
     | tail -15
   timeout 300 python3 scripts/prefill_sweep.py --rows prefill,chunked --pages 16,256 --cfg \
     128,64,8,3,r,p,t ${GLUON_CFGS:-128,128,8,2,r,g 128,64,8,2,r,g 128,64,8,3,r,g} 2>&1 \
-    | tail -16
+    | tail -${GLUON_ROWS:-24}
 fi
 if [[ $STEPS == *prefill* ]]; then
   step prefill

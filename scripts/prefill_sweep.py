@@ -5,9 +5,10 @@
 
 A spec is ``block_m,block_n,num_warps,num_stages`` plus ``r`` for ``last_tiles_first`` and ``i``
 for ``int64_kv_offsets``, ``p`` for ``prefetch_pages``, ``t`` for ``tma``, ``h`` for one q head
-per program (``pack_gqa=False``), ``g`` for the Gluon kernel (``gluon``: block_n, num_stages).
-Per row, page size and config: ``PagedPrefillPlan.run`` time (``do_bench`` median, eager), TFLOP/s and the
-relative error against the first config's output.
+per program (``pack_gqa=False``), ``g`` for the Gluon kernel (``gluon``: block_n, num_stages;
+``s`` its serial loop). Per row, page size and config: ``PagedPrefillPlan.run`` time
+(``do_bench`` median, eager), TFLOP/s, the relative error against the first config's output and
+the kernel that ran.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import triton.testing
 from kvonce import PagedPrefillPlan
 from kvonce.bench import report
 from kvonce.bench.prefill import CASES, make_inputs
+from kvonce.kernels import gluon_prefill
 from kvonce.kernels.configs import PagedPrefillConfig
 
 
@@ -48,8 +50,13 @@ def main() -> None:
             base = None
             for spec in args.cfg:
                 try:
+                    # 's': the Gluon kernel's serial loop (no Q Kᵀ / P V overlap), read when
+                    # the plan builds its launch.
+                    gluon_prefill.OVERLAP = "s" not in spec.split(",")
                     plan = PagedPrefillPlan(*a, max_seqlen_q=max(case.q_lens),
                                             config=_config(spec))
+                    plan.run(*a)
+                    gluon_prefill.OVERLAP = True
                     out = plan.run(*a).float()
                     base = out if base is None else base
                     err = ((out - base).norm() / base.norm()).item()

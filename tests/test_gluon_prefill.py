@@ -1,5 +1,5 @@
 """The warp-specialized Gluon paged prefill (kernels/gluon_prefill.py) against the float32
-reference on a Hopper GPU: every page size it takes (boxes of 8 to 256 rows, tiles spanning
+reference on a Hopper GPU: page sizes 16 to 256 (boxes of 16 to 128 rows, tiles spanning
 pages and pages spanning tiles), GQA groups, head dims, causal and not, fp16 and bf16, cache slots
 no sequence owns filled with NaN. On the CPU only the routing is checked (Gluon has no
 interpreter)."""
@@ -48,7 +48,7 @@ def _launch_is_gluon(plan) -> bool:
 @pytest.mark.parametrize("nheads,nheads_k,head_dim,page_size,block_n", [
     (32, 8, 128, 16, 128),   # GQA 4, boxes of one page
     (32, 8, 128, 256, 128),  # pages of two tiles
-    (8, 8, 128, 8, 128),     # MHA, 8-row boxes
+    (8, 8, 128, 16, 64),     # MHA, 64-key tiles of four pages
     (16, 2, 64, 32, 64),     # GQA 8, d64, 64-key tiles
     (4, 2, 128, 128, 64),    # GQA 2, a page of two 64-key tiles
     (64, 1, 64, 64, 128),    # GQA 64: two tokens a tile
@@ -97,8 +97,7 @@ def test_gluon_prefill_strided_q_and_graph_replay():
 
 def test_unsupported_arguments_take_the_triton_kernel():
     """What the Gluon kernel does not cover is named, and the plan then runs the Triton kernel
-    (a quantized cache, GQA groups that do not divide 128 rows, page sizes off powers of two, a
-    CPU tensor)."""
+    (a quantized cache, GQA groups that do not divide 128 rows, head dim 96, a CPU tensor)."""
     q, k, v, cu, seqlens, table = (t.cpu() for t in make_case([(3, 20)], nheads=4, nheads_k=2))
     reason = gluon_prefill.unsupported_reason
     assert "Hopper" in reason(q, k, v, table, kv_format=0, block_n=128, stages=2)
@@ -107,9 +106,9 @@ def test_unsupported_arguments_take_the_triton_kernel():
         q, k, v, cu, seqlens, table = make_case([(3, 40)], nheads=12, nheads_k=2, head_dim=128,
                                                 dtype=torch.bfloat16)
         assert "group" in reason(q, k, v, table, kv_format=0, block_n=128, stages=2)
-        q, k, v, cu, seqlens, table = make_case([(3, 40)], nheads=4, nheads_k=2, head_dim=128,
-                                                page_size=24, dtype=torch.bfloat16)
-        assert "page_size" in reason(q, k, v, table, kv_format=0, block_n=128, stages=2)
+        q, k, v, cu, seqlens, table = make_case([(3, 40)], nheads=4, nheads_k=2, head_dim=96,
+                                                dtype=torch.bfloat16)
+        assert "head_dim" in reason(q, k, v, table, kv_format=0, block_n=128, stages=2)
         plan = kvonce.PagedPrefillPlan(q, k, v, cu, seqlens, table, max_seqlen_q=3,
                                        config=GLUON)
         out = plan.run(q, k, v, cu, seqlens, table)

@@ -11,13 +11,14 @@ kernel's. Two partitions:
 - ``_load`` (1 warp): key tile ``j`` (``BLOCK_N`` keys) of the CTA into ring slot ``j % STAGES``
   as ``BLOCK_N // BOX`` TMA boxes of ``BOX = min(PAGE_SIZE, BLOCK_N)`` rows each, from the caches
   viewed as ``[num_pages * PAGE_SIZE, nheads_k * D]``: Hopper's TMA cannot gather rows, but a box
-  never crosses a page, so one block-table lookup per box places it. K on ``k_ready[s]``, V on
-  ``v_ready[s]``; the slot is refilled once ``kv_empty[s]`` says both consumer warpgroups are done
-  with it.
+  never crosses a page, so one block-table lookup per box places it (the page ids of a tile are
+  looked up a tile ahead). K on ``k_ready[s]``, V on ``v_ready[s]``; a K (V) slot is refilled once
+  ``k_empty[s]`` (``v_empty[s]``) says both consumer warpgroups are done with it.
 - ``_consume`` (8 warps: two warpgroups of 64 rows): Q loaded once (packed rows gathered by
   pointers, stored to shared memory), then per tile S = Q Kᵀ (SS wgmma), the online softmax in
   base 2 (the causal / sequence-end mask only on tiles past ``full``, the keys every row sees),
-  O += P V (RS wgmma: P stays in registers).
+  O += P V (RS wgmma: P stays in registers). ``OVERLAP`` (FA3's intra-warpgroup overlap): tile
+  j's Q Kᵀ is issued before tile j - 1's P V, whose wgmma runs under tile j's softmax.
 
 Keys past the sequence's end in its last page (and boxes past it, which re-read the sequence's
 last box: the block table past a sequence's pages is never read) hold whatever the page holds
@@ -40,6 +41,8 @@ BLOCK_M = gl.constexpr(128)          # packed rows per CTA: two consumer warpgro
 CONSUMER_WARPS = gl.constexpr(8)
 LOADER_WARPS = gl.constexpr(1)
 LOADER_REGS = gl.constexpr(24)
+# Issue tile j's Q Kᵀ before tile j - 1's P V (``_consume``); False: one tile at a time.
+OVERLAP = True
 
 
 @gluon.constexpr_function
@@ -99,8 +102,8 @@ def _tile(cu_seqlens_q, cache_seqlens, batch, BLOCK_Q: gl.constexpr, BLOCK_N: gl
 
 
 @gluon.jit
-def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, cu_seqlens_q,
-          cache_seqlens, block_table, stride_btb, batch, PAGE_SIZE: gl.constexpr,
+def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+          cu_seqlens_q, cache_seqlens, block_table, stride_btb, batch, PAGE_SIZE: gl.constexpr,
           BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
           IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr):
     """The loader warp: every key tile of the CTA, box by box, into the K and V rings."""
@@ -120,23 +123,35 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, cu_seqlens
         s = j % STAGES
         cur = pages
         pages = _box_pages(bt_row, j + 1, box, last_box, BLOCK_N, BOX, PAGE_SIZE)
-        # kv_empty[s] (count 1): the consumers arrive once both warpgroups' P V on the slot has
-        # retired. Parity ((j // STAGES) & 1) ^ 1: a fresh barrier passes the first round.
-        mbarrier.wait(kv_empty.index(s), ((j // STAGES) & 1) ^ 1)
-        # k_ready[s], v_ready[s] (count 1): this expect + the boxes' bytes.
+        # k_empty[s] / v_empty[s] (count 1): the consumers arrive once both warpgroups' Q Kᵀ
+        # (P V) on the slot has retired; parity ((j // STAGES) & 1) ^ 1: a fresh barrier passes
+        # the first round. K and V slots free apart: K of tile j + STAGES can come while V of
+        # tile j is still being read. k_ready[s], v_ready[s] (count 1): expect + the boxes' bytes.
+        phase = ((j // STAGES) & 1) ^ 1
+        mbarrier.wait(k_empty.index(s), phase)
         mbarrier.expect(k_ready.index(s), BOXES * k_desc.block_type.nbytes)
-        mbarrier.expect(v_ready.index(s), BOXES * v_desc.block_type.nbytes)
         for i in gl.static_range(BOXES):
-            key = gl.minimum(j * BLOCK_N + i * BOX, last_box)
-            if BOXES == 1:
-                page = gl.sum(cur, 0)
-            else:
-                page = gl.sum(gl.where(box == i, cur, 0), 0)
-            row = page * PAGE_SIZE + key % PAGE_SIZE
+            row = _box_row(cur, box, i, j, last_box, BLOCK_N, BOX, PAGE_SIZE)
             tma.async_copy_global_to_shared(k_desc, [row, col], k_ready.index(s),
                                             k_smem.index(s).slice(i * BOX, BOX))
+        mbarrier.wait(v_empty.index(s), phase)
+        mbarrier.expect(v_ready.index(s), BOXES * v_desc.block_type.nbytes)
+        for i in gl.static_range(BOXES):
+            row = _box_row(cur, box, i, j, last_box, BLOCK_N, BOX, PAGE_SIZE)
             tma.async_copy_global_to_shared(v_desc, [row, col], v_ready.index(s),
                                             v_smem.index(s).slice(i * BOX, BOX))
+
+
+@gluon.jit
+def _box_row(pages, box, i: gl.constexpr, j, last_box, BLOCK_N: gl.constexpr,
+             BOX: gl.constexpr, PAGE_SIZE: gl.constexpr):
+    """Cache row of tile ``j``'s box ``i`` (its page taken from ``pages``, ``_box_pages``)."""
+    key = gl.minimum(j * BLOCK_N + i * BOX, last_box)
+    if BOX == BLOCK_N:
+        page = gl.sum(pages, 0)
+    else:
+        page = gl.sum(gl.where(box == i, pages, 0), 0)
+    return page * PAGE_SIZE + key % PAGE_SIZE
 
 
 @gluon.jit
@@ -162,11 +177,35 @@ def _zero_rows_from(smem, first, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
 
 
 @gluon.jit
-def _consume(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, kv_empty, cu_seqlens_q,
+def _softmax_tile(sc, m_i, l_i, start, full, seqlen, last_key, qk_scale, BLOCK_N: gl.constexpr,
+                  S_LAYOUT: gl.constexpr):
+    """Raw scores ``sc [BLOCK_M, BLOCK_N]`` of keys ``start ..`` into the online softmax (base
+    2): ``(p, alpha, m_new, l_new)``. Tiles past ``full`` (the diagonal band, the sequence's end)
+    are masked: row r sees key k iff ``k <= last_key[r]`` and ``k < seqlen``."""
+    if start + BLOCK_N > full:
+        keys = start + gl.arange(0, BLOCK_N, gl.SliceLayout(0, S_LAYOUT))
+        visible = ((gl.expand_dims(keys, 0) <= gl.expand_dims(last_key, 1))
+                   & gl.expand_dims(keys < seqlen, 0))
+        sc = gl.where(visible, sc * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(sc, 1))
+        # A row with no visible key so far keeps m = -inf: subtract 0 (no -inf - -inf).
+        m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp2(sc - gl.expand_dims(m_sub, 1))
+    else:
+        m_new = gl.maximum(m_i, gl.max(sc, 1) * qk_scale)
+        m_sub = m_new
+        p = gl.exp2(sc * qk_scale - gl.expand_dims(m_sub, 1))
+    alpha = gl.exp2(m_i - m_sub)
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
+
+
+@gluon.jit
+def _consume(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+             cu_seqlens_q,
              cache_seqlens, sm_scale, batch, stride_qt, stride_qh, stride_ot, stride_oh,
              stride_lh, GROUP: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
              HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr,
-             STORE_LSE: gl.constexpr):
+             STORE_LSE: gl.constexpr, OVERLAP: gl.constexpr):
     """The two consumer warpgroups: the CTA's packed rows against its keys ``[0, hi)``."""
     S_LAYOUT: gl.constexpr = mma_layout(BLOCK_N)
     O_LAYOUT: gl.constexpr = mma_layout(HEAD_DIM)
@@ -199,44 +238,74 @@ def _consume(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, kv_empty, cu
     l_i = gl.zeros([BLOCK_M], gl.float32, ROWS_S)
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, O_LAYOUT)
     zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, S_LAYOUT)
-    for j in range(gl.cdiv(hi, BLOCK_N)):
-        s = j % STAGES
-        ph = (j // STAGES) & 1
-        start = j * BLOCK_N
-        mbarrier.wait(k_ready.index(s), ph)
-        sc = warpgroup_mma(q_smem, k_smem.index(s).permute((1, 0)), zero_s, use_acc=False,
-                           is_async=True)
-        sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
-        if start + BLOCK_N > full:   # the diagonal band and the sequence's end: masked
-            keys = start + gl.arange(0, BLOCK_N, gl.SliceLayout(0, S_LAYOUT))
-            visible = ((gl.expand_dims(keys, 0) <= gl.expand_dims(last_key, 1))
-                       & gl.expand_dims(keys < seqlen, 0))
-            sc = gl.where(visible, sc * qk_scale, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(sc, 1))
-            # A row with no visible key so far keeps m = -inf: subtract 0 (no -inf - -inf).
-            m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
-            p = gl.exp2(sc - gl.expand_dims(m_sub, 1))
-        else:
-            m_new = gl.maximum(m_i, gl.max(sc, 1) * qk_scale)
-            m_sub = m_new
-            p = gl.exp2(sc * qk_scale - gl.expand_dims(m_sub, 1))
-        alpha = gl.exp2(m_i - m_sub)
-        l_i = l_i * alpha + gl.sum(p, 1)
-        m_i = m_new
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROWS_O), 1)
-        p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
-        mbarrier.wait(v_ready.index(s), ph)
-        if start + BLOCK_N > seqlen:
-            _zero_rows_from(v_smem.index(s), seqlen - start, BLOCK_N, HEAD_DIM)
-        acc = warpgroup_mma(p_op, v_smem.index(s), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        mbarrier.arrive(kv_empty.index(s))
+    n_tiles = gl.cdiv(hi, BLOCK_N)
+    if OVERLAP:
+        # FA3's intra-warpgroup overlap: tile j's S = Q Kᵀ is issued before tile j - 1's P V,
+        # so the softmax of tile j runs while P V of tile j - 1 is in flight (P of tile j - 1
+        # stays in registers as the wgmma's A operand until it retires).
+        if n_tiles > 0:
+            mbarrier.wait(k_ready.index(0), 0)
+            sc = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False,
+                               is_async=True)
+            sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
+            mbarrier.arrive(k_empty.index(0))
+            p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, 0, full, seqlen, last_key,
+                                               qk_scale, BLOCK_N, S_LAYOUT)
+            p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
+            for j in range(1, n_tiles):
+                s = j % STAGES
+                prev = (j - 1) % STAGES
+                mbarrier.wait(k_ready.index(s), (j // STAGES) & 1)
+                sc = warpgroup_mma(q_smem, k_smem.index(s).permute((1, 0)), zero_s,
+                                   use_acc=False, is_async=True)
+                mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+                acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+                sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc, ))
+                mbarrier.arrive(k_empty.index(s))
+                p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, j * BLOCK_N, full, seqlen,
+                                                   last_key, qk_scale, BLOCK_N, S_LAYOUT)
+                acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
+                mbarrier.arrive(v_empty.index(prev))
+                acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROWS_O), 1)
+                p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
+            last = n_tiles - 1
+            s = last % STAGES
+            mbarrier.wait(v_ready.index(s), (last // STAGES) & 1)
+            if last * BLOCK_N + BLOCK_N > seqlen:   # only the last tile reaches past the end
+                _zero_rows_from(v_smem.index(s), seqlen - last * BLOCK_N, BLOCK_N, HEAD_DIM)
+            acc = warpgroup_mma(p_op, v_smem.index(s), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            mbarrier.arrive(v_empty.index(s))
+    else:
+        for j in range(n_tiles):
+            s = j % STAGES
+            ph = (j // STAGES) & 1
+            start = j * BLOCK_N
+            mbarrier.wait(k_ready.index(s), ph)
+            sc = warpgroup_mma(q_smem, k_smem.index(s).permute((1, 0)), zero_s, use_acc=False,
+                               is_async=True)
+            sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
+            mbarrier.arrive(k_empty.index(s))
+            p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, start, full, seqlen, last_key,
+                                               qk_scale, BLOCK_N, S_LAYOUT)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROWS_O), 1)
+            p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
+            mbarrier.wait(v_ready.index(s), ph)
+            if start + BLOCK_N > seqlen:
+                _zero_rows_from(v_smem.index(s), seqlen - start, BLOCK_N, HEAD_DIM)
+            acc = warpgroup_mma(p_op, v_smem.index(s), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            mbarrier.arrive(v_empty.index(s))
 
     seen = l_i > 0.0
     out = acc / gl.expand_dims(gl.convert_layout(gl.where(seen, l_i, 1.0), ROWS_O), 1)
+    # O leaves through q's shared tile (every wgmma that read it has retired), re-read in the
+    # coalesced layout: no separate conversion scratch, which leaves room for a third stage.
+    q_smem.store(out.to(dtype))
+    gl.thread_barrier()
     o_rows = (q_rows * stride_ot + head * stride_oh)
-    gl.store(Out + gl.expand_dims(o_rows, 1) + gl.expand_dims(offs_d, 0),
-             gl.convert_layout(out.to(Out.dtype.element_ty), IO), mask=row_ok)
+    gl.store(Out + gl.expand_dims(o_rows, 1) + gl.expand_dims(offs_d, 0), q_smem.load(IO),
+             mask=row_ok)
     if STORE_LSE:
         rows_s = gl.arange(0, BLOCK_M, ROWS_S)
         tok_s = tok0 + rows_s // GROUP
@@ -251,7 +320,7 @@ def _gluon_prefill_kernel(
     stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, stride_btb,
     GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr, PAGE_SIZE: gl.constexpr,
     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STORE_LSE: gl.constexpr,
-    LAST_FIRST: gl.constexpr, STAGES: gl.constexpr,
+    LAST_FIRST: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr = True,
 ):
     """Grid ``(total_q // BLOCK_Q + batch, nheads_k)``. Q, Out ``[total_q, nheads, HEAD_DIM]``
     (last dim contiguous); k/v descriptors over the caches as ``[num_pages * PAGE_SIZE, nheads_k *
@@ -270,18 +339,21 @@ def _gluon_prefill_kernel(
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(kv_empty.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=1)
+        mbarrier.init(v_empty.index(i), count=1)
 
     gl.warp_specialize([
-        (_consume, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, kv_empty,
+        (_consume, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                     cu_seqlens_q, cache_seqlens, sm_scale, batch, stride_qt, stride_qh,
                     stride_ot, stride_oh, stride_lh, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM,
-                    IS_CAUSAL, LAST_FIRST, STORE_LSE)),
-        (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, cu_seqlens_q,
+                    IS_CAUSAL, LAST_FIRST, STORE_LSE, OVERLAP)),
+        (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                 cu_seqlens_q,
                  cache_seqlens, block_table, stride_btb, batch, PAGE_SIZE, BLOCK_Q, BLOCK_N,
                  HEAD_DIM, IS_CAUSAL, LAST_FIRST)),
     ], [LOADER_WARPS], [LOADER_REGS])
@@ -345,7 +417,7 @@ class GluonPrefillLaunch:
         self._batch = batch
         self._constexprs = dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size,
                                 BLOCK_N=block_n, HEAD_DIM=head_dim, STORE_LSE=store_lse,
-                                LAST_FIRST=last_tiles_first, STAGES=stages)
+                                LAST_FIRST=last_tiles_first, STAGES=stages, OVERLAP=OVERLAP)
         self._gl_dtype = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}[q.dtype]
 
     def _desc(self, cache):
