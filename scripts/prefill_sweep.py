@@ -6,7 +6,7 @@
 A spec is ``block_m,block_n,num_warps,num_stages`` plus ``r`` for ``last_tiles_first`` and ``i``
 for ``int64_kv_offsets``, ``p`` for ``prefetch_pages``, ``t`` for ``tma``, ``h`` for one q head
 per program (``pack_gqa=False``), ``g`` for the Gluon kernel (``gluon``: block_n, num_stages;
-``s`` its serial loop). Per row, page size and config: ``PagedPrefillPlan.run`` time
+``s`` its serial loop, ``w`` two 4-warp consumer partitions). Per row, page size and config: ``PagedPrefillPlan.run`` time
 (``do_bench`` median, eager), TFLOP/s, the relative error against the first config's output and
 the kernel that ran.
 """
@@ -50,13 +50,14 @@ def main() -> None:
             base = None
             for spec in args.cfg:
                 try:
-                    # 's': the Gluon kernel's serial loop (no Q Kᵀ / P V overlap), read when
-                    # the plan builds its launch.
+                    # 's': the Gluon kernel's serial loop (no Q Kᵀ / P V overlap), 'w': its
+                    # two consumer partitions; read when the plan builds its launch.
                     gluon_prefill.OVERLAP = "s" not in spec.split(",")
+                    gluon_prefill.SPLIT = "w" in spec.split(",")
                     plan = PagedPrefillPlan(*a, max_seqlen_q=max(case.q_lens),
                                             config=_config(spec))
                     plan.run(*a)
-                    gluon_prefill.OVERLAP = True
+                    gluon_prefill.OVERLAP, gluon_prefill.SPLIT = True, False
                     out = plan.run(*a).float()
                     base = out if base is None else base
                     err = ((out - base).norm() / base.norm()).item()

@@ -74,6 +74,29 @@ def test_gluon_prefill_against_reference(dtype, causal, nheads, nheads_k, head_d
 
 
 @hopper_only
+@pytest.mark.parametrize("overlap,split", [(False, False), (True, True)])
+@pytest.mark.parametrize("page_size", [16, 256])
+def test_gluon_prefill_loop_variants(overlap, split, page_size, monkeypatch):
+    """The serial loop (no Q Kᵀ / P V overlap) and two 4-warp consumer partitions, which the
+    default (overlapped, one 8-warp partition) is measured against."""
+    monkeypatch.setattr(gluon_prefill, "OVERLAP", overlap)
+    monkeypatch.setattr(gluon_prefill, "SPLIT", split)
+    q, k, v, cu, seqlens, table = make_case(LENS, nheads=32, nheads_k=8, head_dim=128,
+                                            page_size=page_size, dtype=torch.bfloat16)
+    ref, ref_lse = paged_prefill_ref(q.float(), k.float(), v.float(), cu, seqlens, table,
+                                     causal=True)
+    _poison_unowned(k, v, seqlens, table)
+    plan = kvonce.PagedPrefillPlan(q, k, v, cu, seqlens, table, max_seqlen_q=max_q(cu),
+                                   config=GLUON)
+    with poison_empty:
+        out, lse = plan.run(q, k, v, cu, seqlens, table, return_lse=True)
+    launch = next(iter(plan._launches.values()))._gluon
+    assert launch._constexprs["OVERLAP"] == overlap and launch._constexprs["SPLIT"] == split
+    assert rel_err(out, ref) < TOL[torch.bfloat16]
+    check_lse(lse, ref_lse)
+
+
+@hopper_only
 def test_gluon_prefill_strided_q_and_graph_replay():
     """q as a view with a token stride past its heads (a fused qkv projection's q part), run
     inside a CUDA graph and replayed on new values."""

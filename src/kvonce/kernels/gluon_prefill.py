@@ -41,23 +41,32 @@ BLOCK_M = gl.constexpr(128)          # packed rows per CTA: two consumer warpgro
 CONSUMER_WARPS = gl.constexpr(8)
 LOADER_WARPS = gl.constexpr(1)
 LOADER_REGS = gl.constexpr(24)
+SPLIT_REGS = gl.constexpr(232)  # the second consumer warpgroup (the first takes 256): 64K in all
 # Issue tile j's Q Kᵀ before tile j - 1's P V (``_consume``); False: one tile at a time.
 OVERLAP = True
+# Two 4-warp consumer partitions instead of one 8-warp partition (``_gluon_prefill_kernel``).
+SPLIT = False
 
 
 @gluon.constexpr_function
-def mma_layout(n):
-    """wgmma accumulator ``[BLOCK_M, n]`` over the 8 consumer warps: warpgroup w owns rows
-    ``[64 w, 64 w + 64)``."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+def mma_layout(n, warps):
+    """wgmma accumulator ``[16 * warps, n]`` over a consumer partition's warps: warpgroup w of
+    the partition owns rows ``[64 w, 64 w + 64)``."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1],
                                      instr_shape=[16, n, 16])
 
 
 @gluon.constexpr_function
-def rows_layout(head_dim):
-    """Coalesced ``[BLOCK_M, head_dim]`` layout for the Q load and the O store: 16-byte vectors."""
+def consumer_warps(split):
+    """Warps of a consumer partition: one 8-warp partition, or two of 4 (``SPLIT``)."""
+    return 4 if split else 8
+
+
+@gluon.constexpr_function
+def rows_layout(head_dim, warps):
+    """Coalesced ``[rows, head_dim]`` layout for the Q load and the O store: 16-byte vectors."""
     cols = head_dim // 8
-    return gl.BlockedLayout([1, 8], [32 // cols, cols], [8, 1], [1, 0])
+    return gl.BlockedLayout([1, 8], [32 // cols, cols], [warps, 1], [1, 0])
 
 
 @gluon.jit
@@ -164,10 +173,11 @@ def _box_pages(bt_row, j, box, last_box, BLOCK_N: gl.constexpr, BOX: gl.constexp
 
 
 @gluon.jit
-def _zero_rows_from(smem, first, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+def _zero_rows_from(smem, first, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                    WARPS: gl.constexpr):
     """Rows ``>= first`` of a shared ``[BLOCK_N, HEAD_DIM]`` tile set to 0 by the consumer
     partition, visible to its wgmmas on return."""
-    layout: gl.constexpr = rows_layout(HEAD_DIM)
+    layout: gl.constexpr = rows_layout(HEAD_DIM, WARPS)
     tile = smem.load(layout)
     keep = gl.arange(0, BLOCK_N, gl.SliceLayout(1, layout)) < first
     # Idempotent: a thread that reads a row after another zeroed it stores the same zeros.
@@ -179,7 +189,7 @@ def _zero_rows_from(smem, first, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
 @gluon.jit
 def _softmax_tile(sc, m_i, l_i, start, full, seqlen, last_key, qk_scale, BLOCK_N: gl.constexpr,
                   S_LAYOUT: gl.constexpr):
-    """Raw scores ``sc [BLOCK_M, BLOCK_N]`` of keys ``start ..`` into the online softmax (base
+    """Raw scores ``sc [rows, BLOCK_N]`` of keys ``start ..`` into the online softmax (base
     2): ``(p, alpha, m_new, l_new)``. Tiles past ``full`` (the diagonal band, the sequence's end)
     are masked: row r sees key k iff ``k <= last_key[r]`` and ``k < seqlen``."""
     if start + BLOCK_N > full:
@@ -205,14 +215,19 @@ def _consume(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
              cache_seqlens, sm_scale, batch, stride_qt, stride_qh, stride_ot, stride_oh,
              stride_lh, GROUP: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
              HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr,
-             STORE_LSE: gl.constexpr, OVERLAP: gl.constexpr):
-    """The two consumer warpgroups: the CTA's packed rows against its keys ``[0, hi)``."""
-    S_LAYOUT: gl.constexpr = mma_layout(BLOCK_N)
-    O_LAYOUT: gl.constexpr = mma_layout(HEAD_DIM)
+             STORE_LSE: gl.constexpr, OVERLAP: gl.constexpr, SPLIT: gl.constexpr,
+             PART: gl.constexpr):
+    """A consumer partition: its ``ROWS = 16 * num_warps`` of the CTA's packed rows (from
+    ``PART * ROWS``; one 8-warp partition holds all 128, or two 4-warp ones 64 each) against
+    the CTA's keys ``[0, hi)``."""
+    WARPS: gl.constexpr = consumer_warps(SPLIT)
+    ROWS: gl.constexpr = 16 * WARPS
+    S_LAYOUT: gl.constexpr = mma_layout(BLOCK_N, WARPS)
+    O_LAYOUT: gl.constexpr = mma_layout(HEAD_DIM, WARPS)
     P_OPERAND: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
     ROWS_S: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
     ROWS_O: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
-    IO: gl.constexpr = rows_layout(HEAD_DIM)
+    IO: gl.constexpr = rows_layout(HEAD_DIM, WARPS)
     STAGES: gl.constexpr = k_smem.shape[0]
     dtype: gl.constexpr = q_smem.dtype
     seq, q_start, q_len, tok0, seqlen, diag, hi, full = _tile(
@@ -220,7 +235,8 @@ def _consume(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
     kv_head = gl.program_id(1)
 
     # Q once: packed rows gathered by pointers (rows past q_len read 0), then shared memory.
-    rows = gl.arange(0, BLOCK_M, gl.SliceLayout(1, IO))
+    q_smem = q_smem.index(PART)
+    rows = PART * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, IO))
     offs_d = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, IO))
     tok = tok0 + rows // GROUP
     head = kv_head * GROUP + rows % GROUP
@@ -230,14 +246,15 @@ def _consume(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
                 + gl.expand_dims(offs_d, 0), mask=row_ok, other=0.0)
     q_smem.store(q)
     fence_async_shared()
-    gl.thread_barrier()   # each warpgroup's wgmma reads rows the other stored
+    gl.thread_barrier()   # a warpgroup's wgmma reads rows other warps stored
 
     qk_scale = sm_scale * LOG2E
-    last_key = tok0 + gl.arange(0, BLOCK_M, ROWS_S) // GROUP + diag   # row r sees keys <= this
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, ROWS_S)
-    l_i = gl.zeros([BLOCK_M], gl.float32, ROWS_S)
-    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, O_LAYOUT)
-    zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, S_LAYOUT)
+    rows_s = PART * ROWS + gl.arange(0, ROWS, ROWS_S)
+    last_key = tok0 + rows_s // GROUP + diag   # row r sees keys <= this
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, ROWS_S)
+    l_i = gl.zeros([ROWS], gl.float32, ROWS_S)
+    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, O_LAYOUT)
+    zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, S_LAYOUT)
     n_tiles = gl.cdiv(hi, BLOCK_N)
     if OVERLAP:
         # FA3's intra-warpgroup overlap: tile j's S = Q Kᵀ is issued before tile j - 1's P V,
@@ -272,7 +289,7 @@ def _consume(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
             s = last % STAGES
             mbarrier.wait(v_ready.index(s), (last // STAGES) & 1)
             if last * BLOCK_N + BLOCK_N > seqlen:   # only the last tile reaches past the end
-                _zero_rows_from(v_smem.index(s), seqlen - last * BLOCK_N, BLOCK_N, HEAD_DIM)
+                _zero_rows_from(v_smem.index(s), seqlen - last * BLOCK_N, BLOCK_N, HEAD_DIM, WARPS)
             acc = warpgroup_mma(p_op, v_smem.index(s), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             mbarrier.arrive(v_empty.index(s))
@@ -292,7 +309,7 @@ def _consume(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
             p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
             mbarrier.wait(v_ready.index(s), ph)
             if start + BLOCK_N > seqlen:
-                _zero_rows_from(v_smem.index(s), seqlen - start, BLOCK_N, HEAD_DIM)
+                _zero_rows_from(v_smem.index(s), seqlen - start, BLOCK_N, HEAD_DIM, WARPS)
             acc = warpgroup_mma(p_op, v_smem.index(s), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             mbarrier.arrive(v_empty.index(s))
@@ -307,7 +324,6 @@ def _consume(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
     gl.store(Out + gl.expand_dims(o_rows, 1) + gl.expand_dims(offs_d, 0), q_smem.load(IO),
              mask=row_ok)
     if STORE_LSE:
-        rows_s = gl.arange(0, BLOCK_M, ROWS_S)
         tok_s = tok0 + rows_s // GROUP
         lse = gl.where(seen, (m_i + gl.log2(gl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
         gl.store(Lse + (kv_head * GROUP + rows_s % GROUP).to(gl.int64) * stride_lh + q_start
@@ -321,6 +337,7 @@ def _gluon_prefill_kernel(
     GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr, PAGE_SIZE: gl.constexpr,
     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STORE_LSE: gl.constexpr,
     LAST_FIRST: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr = True,
+    SPLIT: gl.constexpr = False,
 ):
     """Grid ``(total_q // BLOCK_Q + batch, nheads_k)``. Q, Out ``[total_q, nheads, HEAD_DIM]``
     (last dim contiguous); k/v descriptors over the caches as ``[num_pages * PAGE_SIZE, nheads_k *
@@ -333,8 +350,13 @@ def _gluon_prefill_kernel(
     if tok0 >= q_len:  # surplus program (or an empty sequence's slot)
         return
     dtype: gl.constexpr = k_desc.dtype
-    Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], Q_SMEM)
+    # SPLIT: two 4-warp consumer partitions of 64 rows (launched with num_warps=4), each
+    # arriving on the empty barriers itself (count 2); else one 8-warp partition, whose arrive
+    # is a bar.sync of both warpgroups first (count 1).
+    PARTS: gl.constexpr = 2 if SPLIT else 1
+    Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M // PARTS, HEAD_DIM],
+                                                                dtype)
+    q_smem = gl.allocate_shared_memory(dtype, [PARTS, BLOCK_M // PARTS, HEAD_DIM], Q_SMEM)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -344,19 +366,35 @@ def _gluon_prefill_kernel(
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=1)
-        mbarrier.init(v_empty.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=PARTS)
+        mbarrier.init(v_empty.index(i), count=PARTS)
 
-    gl.warp_specialize([
-        (_consume, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                    cu_seqlens_q, cache_seqlens, sm_scale, batch, stride_qt, stride_qh,
-                    stride_ot, stride_oh, stride_lh, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM,
-                    IS_CAUSAL, LAST_FIRST, STORE_LSE, OVERLAP)),
-        (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                 cu_seqlens_q,
-                 cache_seqlens, block_table, stride_btb, batch, PAGE_SIZE, BLOCK_Q, BLOCK_N,
-                 HEAD_DIM, IS_CAUSAL, LAST_FIRST)),
-    ], [LOADER_WARPS], [LOADER_REGS])
+    # (The argument lists are spelled out: a tuple built in the kernel would carry the
+    # constexprs as runtime values.)
+    if SPLIT:
+        gl.warp_specialize([
+            (_consume, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                        cu_seqlens_q, cache_seqlens, sm_scale, batch, stride_qt, stride_qh,
+                        stride_ot, stride_oh, stride_lh, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM,
+                        IS_CAUSAL, LAST_FIRST, STORE_LSE, OVERLAP, SPLIT, 0)),
+            (_consume, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                        cu_seqlens_q, cache_seqlens, sm_scale, batch, stride_qt, stride_qh,
+                        stride_ot, stride_oh, stride_lh, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM,
+                        IS_CAUSAL, LAST_FIRST, STORE_LSE, OVERLAP, SPLIT, 1)),
+            (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                     cu_seqlens_q, cache_seqlens, block_table, stride_btb, batch, PAGE_SIZE,
+                     BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST)),
+        ], [4, LOADER_WARPS], [SPLIT_REGS, LOADER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consume, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                        cu_seqlens_q, cache_seqlens, sm_scale, batch, stride_qt, stride_qh,
+                        stride_ot, stride_oh, stride_lh, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM,
+                        IS_CAUSAL, LAST_FIRST, STORE_LSE, OVERLAP, SPLIT, 0)),
+            (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                     cu_seqlens_q, cache_seqlens, block_table, stride_btb, batch, PAGE_SIZE,
+                     BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST)),
+        ], [LOADER_WARPS], [LOADER_REGS])
 
 
 def _pow2(n: int) -> bool:
@@ -417,7 +455,8 @@ class GluonPrefillLaunch:
         self._batch = batch
         self._constexprs = dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size,
                                 BLOCK_N=block_n, HEAD_DIM=head_dim, STORE_LSE=store_lse,
-                                LAST_FIRST=last_tiles_first, STAGES=stages, OVERLAP=OVERLAP)
+                                LAST_FIRST=last_tiles_first, STAGES=stages, OVERLAP=OVERLAP,
+                                SPLIT=SPLIT)
         self._gl_dtype = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}[q.dtype]
 
     def _desc(self, cache):
@@ -437,4 +476,4 @@ class GluonPrefillLaunch:
             q, self._desc(k_cache), self._desc(v_cache), out, lse_arg, cu_seqlens_q,
             cache_seqlens, block_table, self._scale, self._batch, q.stride(0), q.stride(1),
             out.stride(0), out.stride(1), stride_lh, block_table.stride(0), **self._constexprs,
-            num_warps=CONSUMER_WARPS.value)
+            num_warps=4 if self._constexprs["SPLIT"] else CONSUMER_WARPS.value)
