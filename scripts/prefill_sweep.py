@@ -5,10 +5,10 @@
 
 A spec is ``block_m,block_n,num_warps,num_stages`` plus ``r`` for ``last_tiles_first`` and ``i``
 for ``int64_kv_offsets``, ``p`` for ``prefetch_pages``, ``t`` for ``tma``, ``h`` for one q head
-per program (``pack_gqa=False``), ``g`` for the Gluon kernel (``gluon``: block_n, num_stages;
-``s`` its serial loop, ``w`` two 4-warp consumer partitions). Per row, page size and config: ``PagedPrefillPlan.run`` time
-(``do_bench`` median, eager), TFLOP/s, the relative error against the first config's output and
-the kernel that ran.
+per program (``pack_gqa=False``), ``g`` for the Gluon kernel (``gluon``; block_n and num_stages
+are then also its ``gluon_block_n``, ``gluon_stages``). Per row, page size and config:
+``PagedPrefillPlan.run`` time (``do_bench`` median, eager), TFLOP/s, the relative error against
+the first config's output and the kernel that ran.
 """
 from __future__ import annotations
 
@@ -20,16 +20,16 @@ import triton.testing
 from kvonce import PagedPrefillPlan
 from kvonce.bench import report
 from kvonce.bench.prefill import CASES, make_inputs
-from kvonce.kernels import gluon_prefill
 from kvonce.kernels.configs import PagedPrefillConfig
 
 
 def _config(spec: str) -> PagedPrefillConfig:
     parts = spec.split(",")
-    return PagedPrefillConfig(*[int(x) for x in parts if x.isdigit()],
-                              last_tiles_first="r" in parts, int64_kv_offsets="i" in parts,
+    ints = [int(x) for x in parts if x.isdigit()]
+    return PagedPrefillConfig(*ints, last_tiles_first="r" in parts, int64_kv_offsets="i" in parts,
                               prefetch_pages="p" in parts, tma="t" in parts,
-                              pack_gqa="h" not in parts, gluon="g" in parts)
+                              pack_gqa="h" not in parts, gluon="g" in parts,
+                              gluon_block_n=ints[1], gluon_stages=ints[3])
 
 
 def main() -> None:
@@ -50,14 +50,8 @@ def main() -> None:
             base = None
             for spec in args.cfg:
                 try:
-                    # 's': the Gluon kernel's serial loop (no Q Kᵀ / P V overlap), 'w': its
-                    # two consumer partitions; read when the plan builds its launch.
-                    gluon_prefill.OVERLAP = "s" not in spec.split(",")
-                    gluon_prefill.SPLIT = "w" in spec.split(",")
                     plan = PagedPrefillPlan(*a, max_seqlen_q=max(case.q_lens),
                                             config=_config(spec))
-                    plan.run(*a)
-                    gluon_prefill.OVERLAP, gluon_prefill.SPLIT = True, False
                     out = plan.run(*a).float()
                     base = out if base is None else base
                     err = ((out - base).norm() / base.norm()).item()

@@ -19,7 +19,7 @@ from kvonce.reference import paged_prefill_ref
 
 HOPPER = HAS_CUDA and torch.cuda.get_device_capability()[0] == 9
 hopper_only = pytest.mark.skipif(not HOPPER, reason="the Gluon kernel needs a Hopper GPU")
-GLUON = PagedPrefillConfig(128, 128, 8, 2, last_tiles_first=True, gluon=True)
+GLUON = PagedPrefillConfig(128, 64, 8, 3, last_tiles_first=True, gluon=True)
 TOL = {torch.float16: 3e-3, torch.bfloat16: 2e-2}
 # (q_len, cache_seqlen): no rows, decode rows, chunks over longer histories, whole prompts, and
 # lengths off every tile and page grid.
@@ -45,22 +45,23 @@ def _launch_is_gluon(plan) -> bool:
 @hopper_only
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("nheads,nheads_k,head_dim,page_size,block_n", [
-    (32, 8, 128, 16, 128),   # GQA 4, boxes of one page
-    (32, 8, 128, 256, 128),  # pages of two tiles
-    (8, 8, 128, 16, 64),     # MHA, 64-key tiles of four pages
-    (16, 2, 64, 32, 64),     # GQA 8, d64, 64-key tiles
-    (4, 2, 128, 128, 64),    # GQA 2, a page of two 64-key tiles
-    (64, 1, 64, 64, 128),    # GQA 64: two tokens a tile
+@pytest.mark.parametrize("nheads,nheads_k,head_dim,page_size,block_n,stages", [
+    (32, 8, 128, 16, 128, 3),   # GQA 4, boxes of one page (the Hopper row)
+    (32, 8, 128, 256, 128, 3),  # pages of two tiles
+    (32, 8, 128, 16, 128, 2),   # a ring of two slots
+    (8, 8, 128, 16, 64, 3),     # MHA, 64-key tiles of four pages
+    (16, 2, 64, 32, 64, 2),     # GQA 8, d64, 64-key tiles
+    (4, 2, 128, 128, 64, 3),    # GQA 2, a page of two 64-key tiles
+    (64, 1, 64, 64, 128, 3),    # GQA 64: two tokens a tile
 ])
 def test_gluon_prefill_against_reference(dtype, causal, nheads, nheads_k, head_dim, page_size,
-                                         block_n):
+                                         block_n, stages):
     q, k, v, cu, seqlens, table = make_case(LENS, nheads=nheads, nheads_k=nheads_k,
                                             head_dim=head_dim, page_size=page_size, dtype=dtype)
     ref, ref_lse = paged_prefill_ref(q.float(), k.float(), v.float(), cu, seqlens, table,
                                      causal=causal)
     _poison_unowned(k, v, seqlens, table)
-    config = dataclasses.replace(GLUON, block_n=block_n)
+    config = dataclasses.replace(GLUON, gluon_block_n=block_n, gluon_stages=stages)
     plan = kvonce.PagedPrefillPlan(q, k, v, cu, seqlens, table, max_seqlen_q=max_q(cu),
                                    causal=causal, config=config)
     with poison_empty:
@@ -71,29 +72,6 @@ def test_gluon_prefill_against_reference(dtype, causal, nheads, nheads_k, head_d
     check_lse(lse, ref_lse)
     out2 = plan.run(q, k, v, cu, seqlens, table)   # no lse: the STORE_LSE=False kernel
     assert torch.equal(out2, out)
-
-
-@hopper_only
-@pytest.mark.parametrize("overlap,split", [(False, False), (True, True)])
-@pytest.mark.parametrize("page_size", [16, 256])
-def test_gluon_prefill_loop_variants(overlap, split, page_size, monkeypatch):
-    """The serial loop (no Q Kᵀ / P V overlap) and two 4-warp consumer partitions, which the
-    default (overlapped, one 8-warp partition) is measured against."""
-    monkeypatch.setattr(gluon_prefill, "OVERLAP", overlap)
-    monkeypatch.setattr(gluon_prefill, "SPLIT", split)
-    q, k, v, cu, seqlens, table = make_case(LENS, nheads=32, nheads_k=8, head_dim=128,
-                                            page_size=page_size, dtype=torch.bfloat16)
-    ref, ref_lse = paged_prefill_ref(q.float(), k.float(), v.float(), cu, seqlens, table,
-                                     causal=True)
-    _poison_unowned(k, v, seqlens, table)
-    plan = kvonce.PagedPrefillPlan(q, k, v, cu, seqlens, table, max_seqlen_q=max_q(cu),
-                                   config=GLUON)
-    with poison_empty:
-        out, lse = plan.run(q, k, v, cu, seqlens, table, return_lse=True)
-    launch = next(iter(plan._launches.values()))._gluon
-    assert launch._constexprs["OVERLAP"] == overlap and launch._constexprs["SPLIT"] == split
-    assert rel_err(out, ref) < TOL[torch.bfloat16]
-    check_lse(lse, ref_lse)
 
 
 @hopper_only

@@ -462,9 +462,9 @@ class PagedPrefillConfig:
         TFLOP/s against 388-513 packed).
     gluon: the warp-specialized Gluon kernel (kernels/gluon_prefill.py: a TMA loader warp
         bringing K/V page by page, two consumer warpgroups) where it applies
-        (``gluon_prefill.unsupported_reason``), with ``block_n`` keys a tile and ``num_stages``
-        ring slots (block_m, num_warps and the Triton-only knobs do not apply); the Triton
-        kernel elsewhere.
+        (``gluon_prefill.unsupported_reason``: Hopper, plain fp16/bf16 caches, d 64/128, GQA
+        groups dividing 128 rows), with ``gluon_block_n`` keys a tile and ``gluon_stages`` ring
+        slots; the Triton kernel (with the fields above) elsewhere.
     """
     block_m: int
     block_n: int
@@ -478,6 +478,8 @@ class PagedPrefillConfig:
     tma: bool = False
     pack_gqa: bool = True
     gluon: bool = False
+    gluon_block_n: int = 128
+    gluon_stages: int = 3
 
 
 # Hopper (H100, triton 3.6, bf16, 32/8 heads, d128; scripts/prefill_sweep.py, 2026-11-24,
@@ -487,9 +489,12 @@ class PagedPrefillConfig:
 # 8k; against 329/348 (page 16) for the first row (128 x 64, 2 stages, int64, no prefetch) and
 # 392/519 (page 256) for 128 x 128 tiles with TMA, measured in the same runs. d=32..96 reuse the
 # d=128 row (not timed); d=256 halves the tiles for shared memory (untimed).
+# 2026-11-26: the Gluon kernel where it applies (128-key tiles, 3 stages; prefill 8 x 2048
+# 449 / 463 TFLOP/s at pages 16 / 256 against 359 / 402 for the Triton row, chunked 578 / 580
+# against 445 / 488, same run; scripts/prefill_sweep.py, docs/notes.md), this Triton row elsewhere.
 _PAGED_PREFILL_TABLE: dict[tuple[int, int], dict[int, PagedPrefillConfig]] = {
     (9, 0): {hd: PagedPrefillConfig(128, 64, 8, 3, last_tiles_first=True, prefetch_pages=True,
-                                    tma=True)
+                                    tma=True, gluon=True)
              for hd in (32, 64, 96, 128)}
     | {256: PagedPrefillConfig(64, 32, 8, 2)},
 }

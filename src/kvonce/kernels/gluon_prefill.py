@@ -14,11 +14,14 @@ kernel's. Two partitions:
   never crosses a page, so one block-table lookup per box places it (the page ids of a tile are
   looked up a tile ahead). K on ``k_ready[s]``, V on ``v_ready[s]``; a K (V) slot is refilled once
   ``k_empty[s]`` (``v_empty[s]``) says both consumer warpgroups are done with it.
-- ``_consume`` (8 warps: two warpgroups of 64 rows): Q loaded once (packed rows gathered by
-  pointers, stored to shared memory), then per tile S = Q Kᵀ (SS wgmma), the online softmax in
-  base 2 (the causal / sequence-end mask only on tiles past ``full``, the keys every row sees),
-  O += P V (RS wgmma: P stays in registers). ``OVERLAP`` (FA3's intra-warpgroup overlap): tile
-  j's Q Kᵀ is issued before tile j - 1's P V, whose wgmma runs under tile j's softmax.
+- ``_consume`` (two partitions of one warpgroup, 64 rows each): Q loaded once (packed rows
+  gathered by pointers, stored to shared memory), then per tile S = Q Kᵀ (SS wgmma), the online
+  softmax in base 2 (the causal / sequence-end mask only on tiles past ``full``, the keys every
+  row sees), O += P V (RS wgmma: P stays in registers), with FA3's intra-warpgroup overlap (tile
+  j's Q Kᵀ issued before tile j - 1's P V). Each warpgroup frees a slot by its own arrive: as
+  separate partitions they run out of step, so one's softmax meets the other's wgmmas (one
+  8-warp partition, whose arrive is a bar.sync of both warpgroups first, measured 15-25% slower;
+  docs/notes.md).
 
 Keys past the sequence's end in its last page (and boxes past it, which re-read the sequence's
 last box: the block table past a sequence's pages is never read) hold whatever the page holds
@@ -38,35 +41,28 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 LOG2E = gl.constexpr(1.4426950408889634)
 LN2 = gl.constexpr(0.6931471805599453)
 BLOCK_M = gl.constexpr(128)          # packed rows per CTA: two consumer warpgroups of 64
-CONSUMER_WARPS = gl.constexpr(8)
+ROWS = gl.constexpr(64)              # a consumer warpgroup's rows
+# Partitions: the default one is consumer warpgroup 0 (4 warps, the launch's num_warps; Triton
+# gives it 256 registers), then consumer warpgroup 1 and the loader warp; 64K registers in all.
+CONSUMER_WARPS = gl.constexpr(4)
+CONSUMER_REGS = gl.constexpr(232)
 LOADER_WARPS = gl.constexpr(1)
 LOADER_REGS = gl.constexpr(24)
-SPLIT_REGS = gl.constexpr(232)  # the second consumer warpgroup (the first takes 256): 64K in all
-# Issue tile j's Q Kᵀ before tile j - 1's P V (``_consume``); False: one tile at a time.
-OVERLAP = True
-# Two 4-warp consumer partitions instead of one 8-warp partition (``_gluon_prefill_kernel``).
-SPLIT = False
 
 
 @gluon.constexpr_function
-def mma_layout(n, warps):
-    """wgmma accumulator ``[16 * warps, n]`` over a consumer partition's warps: warpgroup w of
-    the partition owns rows ``[64 w, 64 w + 64)``."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1],
+def mma_layout(n):
+    """wgmma accumulator ``[ROWS, n]`` of a consumer warpgroup."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                      instr_shape=[16, n, 16])
 
 
 @gluon.constexpr_function
-def consumer_warps(split):
-    """Warps of a consumer partition: one 8-warp partition, or two of 4 (``SPLIT``)."""
-    return 4 if split else 8
-
-
-@gluon.constexpr_function
-def rows_layout(head_dim, warps):
-    """Coalesced ``[rows, head_dim]`` layout for the Q load and the O store: 16-byte vectors."""
+def rows_layout(head_dim):
+    """Coalesced ``[ROWS, head_dim]`` layout of a warpgroup for the Q load, the O store and the
+    V zeroing: 16-byte vectors."""
     cols = head_dim // 8
-    return gl.BlockedLayout([1, 8], [32 // cols, cols], [warps, 1], [1, 0])
+    return gl.BlockedLayout([1, 8], [32 // cols, cols], [4, 1], [1, 0])
 
 
 @gluon.jit
@@ -173,11 +169,12 @@ def _box_pages(bt_row, j, box, last_box, BLOCK_N: gl.constexpr, BOX: gl.constexp
 
 
 @gluon.jit
-def _zero_rows_from(smem, first, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                    WARPS: gl.constexpr):
-    """Rows ``>= first`` of a shared ``[BLOCK_N, HEAD_DIM]`` tile set to 0 by the consumer
-    partition, visible to its wgmmas on return."""
-    layout: gl.constexpr = rows_layout(HEAD_DIM, WARPS)
+def _zero_rows_from(smem, first, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """Rows ``>= first`` of a shared ``[BLOCK_N, HEAD_DIM]`` tile set to 0 by a consumer
+    warpgroup, visible to its wgmmas on return. Both warpgroups zero the same tile unsynchronized:
+    each store writes a row's final value (0, or the value it holds), so a wgmma of the other
+    warpgroup reads the right bytes whichever store it sees."""
+    layout: gl.constexpr = rows_layout(HEAD_DIM)
     tile = smem.load(layout)
     keep = gl.arange(0, BLOCK_N, gl.SliceLayout(1, layout)) < first
     # Idempotent: a thread that reads a row after another zeroed it stores the same zeros.
@@ -211,23 +208,21 @@ def _softmax_tile(sc, m_i, l_i, start, full, seqlen, last_key, qk_scale, BLOCK_N
 
 @gluon.jit
 def _consume(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-             cu_seqlens_q,
-             cache_seqlens, sm_scale, batch, stride_qt, stride_qh, stride_ot, stride_oh,
-             stride_lh, GROUP: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
-             HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr,
-             STORE_LSE: gl.constexpr, OVERLAP: gl.constexpr, SPLIT: gl.constexpr,
-             PART: gl.constexpr):
-    """A consumer partition: its ``ROWS = 16 * num_warps`` of the CTA's packed rows (from
-    ``PART * ROWS``; one 8-warp partition holds all 128, or two 4-warp ones 64 each) against
-    the CTA's keys ``[0, hi)``."""
-    WARPS: gl.constexpr = consumer_warps(SPLIT)
-    ROWS: gl.constexpr = 16 * WARPS
-    S_LAYOUT: gl.constexpr = mma_layout(BLOCK_N, WARPS)
-    O_LAYOUT: gl.constexpr = mma_layout(HEAD_DIM, WARPS)
+             cu_seqlens_q, cache_seqlens, sm_scale, batch, stride_qt, stride_qh, stride_ot,
+             stride_oh, stride_lh, GROUP: gl.constexpr, BLOCK_Q: gl.constexpr,
+             BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr,
+             LAST_FIRST: gl.constexpr, STORE_LSE: gl.constexpr, PART: gl.constexpr):
+    """Consumer warpgroup ``PART``: packed rows ``[64 PART, 64 PART + 64)`` of the CTA against
+    its keys ``[0, hi)``. FA3's intra-warpgroup overlap: tile j's Q Kᵀ is issued before tile
+    j - 1's P V, whose wgmma runs under tile j's softmax (P of tile j - 1 stays in registers as
+    its A operand until it retires). Each warpgroup frees a slot by its own arrive (the empty
+    barriers count 2): the two drift apart, so one's softmax meets the other's wgmmas."""
+    S_LAYOUT: gl.constexpr = mma_layout(BLOCK_N)
+    O_LAYOUT: gl.constexpr = mma_layout(HEAD_DIM)
     P_OPERAND: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
     ROWS_S: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
     ROWS_O: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
-    IO: gl.constexpr = rows_layout(HEAD_DIM, WARPS)
+    IO: gl.constexpr = rows_layout(HEAD_DIM)
     STAGES: gl.constexpr = k_smem.shape[0]
     dtype: gl.constexpr = q_smem.dtype
     seq, q_start, q_len, tok0, seqlen, diag, hi, full = _tile(
@@ -246,7 +241,7 @@ def _consume(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
                 + gl.expand_dims(offs_d, 0), mask=row_ok, other=0.0)
     q_smem.store(q)
     fence_async_shared()
-    gl.thread_barrier()   # a warpgroup's wgmma reads rows other warps stored
+    gl.thread_barrier()   # the wgmma reads rows every warp of the warpgroup stored
 
     qk_scale = sm_scale * LOG2E
     rows_s = PART * ROWS + gl.arange(0, ROWS, ROWS_S)
@@ -256,63 +251,39 @@ def _consume(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
     acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, O_LAYOUT)
     zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, S_LAYOUT)
     n_tiles = gl.cdiv(hi, BLOCK_N)
-    if OVERLAP:
-        # FA3's intra-warpgroup overlap: tile j's S = Q Kᵀ is issued before tile j - 1's P V,
-        # so the softmax of tile j runs while P V of tile j - 1 is in flight (P of tile j - 1
-        # stays in registers as the wgmma's A operand until it retires).
-        if n_tiles > 0:
-            mbarrier.wait(k_ready.index(0), 0)
-            sc = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False,
-                               is_async=True)
-            sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
-            mbarrier.arrive(k_empty.index(0))
-            p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, 0, full, seqlen, last_key,
-                                               qk_scale, BLOCK_N, S_LAYOUT)
-            p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
-            for j in range(1, n_tiles):
-                s = j % STAGES
-                prev = (j - 1) % STAGES
-                mbarrier.wait(k_ready.index(s), (j // STAGES) & 1)
-                sc = warpgroup_mma(q_smem, k_smem.index(s).permute((1, 0)), zero_s,
-                                   use_acc=False, is_async=True)
-                mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
-                acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-                sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc, ))
-                mbarrier.arrive(k_empty.index(s))
-                p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, j * BLOCK_N, full, seqlen,
-                                                   last_key, qk_scale, BLOCK_N, S_LAYOUT)
-                acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
-                mbarrier.arrive(v_empty.index(prev))
-                acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROWS_O), 1)
-                p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
-            last = n_tiles - 1
-            s = last % STAGES
-            mbarrier.wait(v_ready.index(s), (last // STAGES) & 1)
-            if last * BLOCK_N + BLOCK_N > seqlen:   # only the last tile reaches past the end
-                _zero_rows_from(v_smem.index(s), seqlen - last * BLOCK_N, BLOCK_N, HEAD_DIM, WARPS)
-            acc = warpgroup_mma(p_op, v_smem.index(s), acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            mbarrier.arrive(v_empty.index(s))
-    else:
-        for j in range(n_tiles):
+    if n_tiles > 0:
+        mbarrier.wait(k_ready.index(0), 0)
+        sc = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False,
+                           is_async=True)
+        sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
+        mbarrier.arrive(k_empty.index(0))
+        p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, 0, full, seqlen, last_key,
+                                           qk_scale, BLOCK_N, S_LAYOUT)
+        p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
+        for j in range(1, n_tiles):
             s = j % STAGES
-            ph = (j // STAGES) & 1
-            start = j * BLOCK_N
-            mbarrier.wait(k_ready.index(s), ph)
-            sc = warpgroup_mma(q_smem, k_smem.index(s).permute((1, 0)), zero_s, use_acc=False,
-                               is_async=True)
-            sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
+            prev = (j - 1) % STAGES
+            mbarrier.wait(k_ready.index(s), (j // STAGES) & 1)
+            sc = warpgroup_mma(q_smem, k_smem.index(s).permute((1, 0)), zero_s,
+                               use_acc=False, is_async=True)
+            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+            acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+            sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc, ))
             mbarrier.arrive(k_empty.index(s))
-            p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, start, full, seqlen, last_key,
-                                               qk_scale, BLOCK_N, S_LAYOUT)
+            p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, j * BLOCK_N, full, seqlen,
+                                               last_key, qk_scale, BLOCK_N, S_LAYOUT)
+            acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
+            mbarrier.arrive(v_empty.index(prev))
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROWS_O), 1)
             p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
-            mbarrier.wait(v_ready.index(s), ph)
-            if start + BLOCK_N > seqlen:
-                _zero_rows_from(v_smem.index(s), seqlen - start, BLOCK_N, HEAD_DIM, WARPS)
-            acc = warpgroup_mma(p_op, v_smem.index(s), acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            mbarrier.arrive(v_empty.index(s))
+        last = n_tiles - 1
+        s = last % STAGES
+        mbarrier.wait(v_ready.index(s), (last // STAGES) & 1)
+        if last * BLOCK_N + BLOCK_N > seqlen:   # only the last tile reaches past the end
+            _zero_rows_from(v_smem.index(s), seqlen - last * BLOCK_N, BLOCK_N, HEAD_DIM)
+        acc = warpgroup_mma(p_op, v_smem.index(s), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(v_empty.index(s))
 
     seen = l_i > 0.0
     out = acc / gl.expand_dims(gl.convert_layout(gl.where(seen, l_i, 1.0), ROWS_O), 1)
@@ -336,8 +307,7 @@ def _gluon_prefill_kernel(
     stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, stride_btb,
     GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr, PAGE_SIZE: gl.constexpr,
     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STORE_LSE: gl.constexpr,
-    LAST_FIRST: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr = True,
-    SPLIT: gl.constexpr = False,
+    LAST_FIRST: gl.constexpr, STAGES: gl.constexpr,
 ):
     """Grid ``(total_q // BLOCK_Q + batch, nheads_k)``. Q, Out ``[total_q, nheads, HEAD_DIM]``
     (last dim contiguous); k/v descriptors over the caches as ``[num_pages * PAGE_SIZE, nheads_k *
@@ -350,13 +320,8 @@ def _gluon_prefill_kernel(
     if tok0 >= q_len:  # surplus program (or an empty sequence's slot)
         return
     dtype: gl.constexpr = k_desc.dtype
-    # SPLIT: two 4-warp consumer partitions of 64 rows (launched with num_warps=4), each
-    # arriving on the empty barriers itself (count 2); else one 8-warp partition, whose arrive
-    # is a bar.sync of both warpgroups first (count 1).
-    PARTS: gl.constexpr = 2 if SPLIT else 1
-    Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M // PARTS, HEAD_DIM],
-                                                                dtype)
-    q_smem = gl.allocate_shared_memory(dtype, [PARTS, BLOCK_M // PARTS, HEAD_DIM], Q_SMEM)
+    Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_DIM], dtype)
+    q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], Q_SMEM)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -366,35 +331,24 @@ def _gluon_prefill_kernel(
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=PARTS)
-        mbarrier.init(v_empty.index(i), count=PARTS)
+        mbarrier.init(k_empty.index(i), count=2)   # one arrive per consumer warpgroup
+        mbarrier.init(v_empty.index(i), count=2)
 
     # (The argument lists are spelled out: a tuple built in the kernel would carry the
     # constexprs as runtime values.)
-    if SPLIT:
-        gl.warp_specialize([
-            (_consume, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                        cu_seqlens_q, cache_seqlens, sm_scale, batch, stride_qt, stride_qh,
-                        stride_ot, stride_oh, stride_lh, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM,
-                        IS_CAUSAL, LAST_FIRST, STORE_LSE, OVERLAP, SPLIT, 0)),
-            (_consume, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                        cu_seqlens_q, cache_seqlens, sm_scale, batch, stride_qt, stride_qh,
-                        stride_ot, stride_oh, stride_lh, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM,
-                        IS_CAUSAL, LAST_FIRST, STORE_LSE, OVERLAP, SPLIT, 1)),
-            (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                     cu_seqlens_q, cache_seqlens, block_table, stride_btb, batch, PAGE_SIZE,
-                     BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST)),
-        ], [4, LOADER_WARPS], [SPLIT_REGS, LOADER_REGS])
-    else:
-        gl.warp_specialize([
-            (_consume, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                        cu_seqlens_q, cache_seqlens, sm_scale, batch, stride_qt, stride_qh,
-                        stride_ot, stride_oh, stride_lh, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM,
-                        IS_CAUSAL, LAST_FIRST, STORE_LSE, OVERLAP, SPLIT, 0)),
-            (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                     cu_seqlens_q, cache_seqlens, block_table, stride_btb, batch, PAGE_SIZE,
-                     BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST)),
-        ], [LOADER_WARPS], [LOADER_REGS])
+    gl.warp_specialize([
+        (_consume, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                    cu_seqlens_q, cache_seqlens, sm_scale, batch, stride_qt, stride_qh,
+                    stride_ot, stride_oh, stride_lh, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM,
+                    IS_CAUSAL, LAST_FIRST, STORE_LSE, 0)),
+        (_consume, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                    cu_seqlens_q, cache_seqlens, sm_scale, batch, stride_qt, stride_qh,
+                    stride_ot, stride_oh, stride_lh, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM,
+                    IS_CAUSAL, LAST_FIRST, STORE_LSE, 1)),
+        (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                 cu_seqlens_q, cache_seqlens, block_table, stride_btb, batch, PAGE_SIZE,
+                 BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST)),
+    ], [CONSUMER_WARPS, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
 
 
 def _pow2(n: int) -> bool:
@@ -455,8 +409,7 @@ class GluonPrefillLaunch:
         self._batch = batch
         self._constexprs = dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size,
                                 BLOCK_N=block_n, HEAD_DIM=head_dim, STORE_LSE=store_lse,
-                                LAST_FIRST=last_tiles_first, STAGES=stages, OVERLAP=OVERLAP,
-                                SPLIT=SPLIT)
+                                LAST_FIRST=last_tiles_first, STAGES=stages)
         self._gl_dtype = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}[q.dtype]
 
     def _desc(self, cache):
@@ -476,4 +429,4 @@ class GluonPrefillLaunch:
             q, self._desc(k_cache), self._desc(v_cache), out, lse_arg, cu_seqlens_q,
             cache_seqlens, block_table, self._scale, self._batch, q.stride(0), q.stride(1),
             out.stride(0), out.stride(1), stride_lh, block_table.stride(0), **self._constexprs,
-            num_warps=4 if self._constexprs["SPLIT"] else CONSUMER_WARPS.value)
+            num_warps=CONSUMER_WARPS.value)

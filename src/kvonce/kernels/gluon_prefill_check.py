@@ -18,31 +18,28 @@ def _check_signature(dtype: str, head_dim: int, box: int) -> dict:
     sig.update({name: "i32" for name in ("batch", "stride_qt", "stride_qh", "stride_ot",
                                          "stride_oh", "stride_lh", "stride_btb")})
     for name in ("GROUP", "IS_CAUSAL", "PAGE_SIZE", "BLOCK_N", "HEAD_DIM", "STORE_LSE",
-                 "LAST_FIRST", "STAGES", "OVERLAP", "SPLIT"):
+                 "LAST_FIRST", "STAGES"):
         sig[name] = "constexpr"
     return sig
 
 
 def _check_spec(variant, dtype, head_dim, page_size, group=4, causal=True, block_n=128,
-                stages=2, overlap=True, split=False):
-    # Per tile and warpgroup: S = Q Kᵀ D/16 m64nBLOCK_Nk16, O += P V BLOCK_N/16 m64nDk16.
-    # Overlapped: the loop's pair, the first tile's S and the last tile's P V.
-    hgmma = (head_dim // 16 + block_n // 16) * (2 if overlap else 1)
+                stages=3):
+    # Per tile and consumer warpgroup: S = Q Kᵀ D/16 m64nBLOCK_Nk16, O += P V BLOCK_N/16
+    # m64nDk16; each twice in the code (the loop's pair, the first tile's S and the last tile's
+    # P V), and two warpgroups.
+    hgmma = 4 * (head_dim // 16 + block_n // 16)
     return (variant, _gluon_prefill_kernel,
             _check_signature(dtype, head_dim, min(page_size, block_n)),
             dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, BLOCK_N=block_n,
-                 HEAD_DIM=head_dim, STORE_LSE=True, LAST_FIRST=True, STAGES=stages,
-                 OVERLAP=overlap, SPLIT=split),
-            dict(num_warps=4 if split else 8), dict(HGMMA=hgmma * (2 if split else 1)))
+                 HEAD_DIM=head_dim, STORE_LSE=True, LAST_FIRST=True, STAGES=stages),
+            dict(num_warps=4), dict(HGMMA=hgmma))
 
 
 GLUON_CHECK_SPECS = [
     _check_spec("d128-bf16-page16-gqa4-causal", "bf16", 128, 16),
     _check_spec("d128-bf16-page256-gqa4-causal", "bf16", 128, 256),
     _check_spec("d128-fp16-page16-mha-noncausal", "fp16", 128, 16, group=1, causal=False),
+    _check_spec("d128-bf16-page16-gqa4-causal-2stages", "bf16", 128, 16, stages=2),
     _check_spec("d64-bf16-page32-gqa8-causal", "bf16", 64, 32, group=8),
-    _check_spec("d128-bf16-page16-gqa4-causal-serial", "bf16", 128, 16, overlap=False),
-    _check_spec("d128-bf16-page16-gqa4-causal-3stages", "bf16", 128, 16, stages=3),
-    _check_spec("d128-bf16-page16-gqa4-causal-split", "bf16", 128, 16, split=True),
-    _check_spec("d128-bf16-page256-gqa4-causal-split", "bf16", 128, 256, split=True),
 ]

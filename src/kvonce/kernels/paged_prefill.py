@@ -227,12 +227,12 @@ class PagedPrefillLaunch:
             from . import gluon_prefill
 
             if gluon_prefill.unsupported_reason(q, k_cache, v_cache, block_table,
-                                                kv_format=kv_format, block_n=config.block_n,
-                                                stages=config.num_stages) is None:
+                                                kv_format=kv_format, block_n=config.gluon_block_n,
+                                                stages=config.gluon_stages) is None:
                 self._gluon = gluon_prefill.GluonPrefillLaunch(
                     q, k_cache, v_cache, block_table, softmax_scale=softmax_scale,
-                    causal=causal, store_lse=store_lse, block_n=config.block_n,
-                    stages=config.num_stages, last_tiles_first=config.last_tiles_first)
+                    causal=causal, store_lse=store_lse, block_n=config.gluon_block_n,
+                    stages=config.gluon_stages, last_tiles_first=config.last_tiles_first)
 
     def __call__(self, q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table, out, lse,
                  k_scale=None, v_scale=None) -> None:
