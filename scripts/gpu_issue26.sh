@@ -9,6 +9,8 @@
 #   hf          scripts/quant_hf_check.py with outlier keys, with and without KeyTransform
 #   gluon       tests/test_gluon_prefill.py, then scripts/prefill_sweep.py: the Gluon prefill
 #               kernel (g) against the shipped Triton row, pages 16 and 256
+#   pftests     the paged prefill tests (Gluon and Triton kernels, HF continuous batching)
+#   pfbench     python -m kvonce bench prefill (FlashInfer beside when .peers/fi travels)
 #   prefill     scripts/prefill_sweep.py: one q head per program ('h') against GQA packing, pages
 #               16 and 256, 128x128 / 128x64 tiles, TMA where pages hold whole tiles
 set -u
@@ -60,6 +62,17 @@ if [[ $STEPS == *gluon* ]]; then
   timeout 300 python3 scripts/prefill_sweep.py --rows prefill,chunked --pages 16,256 --cfg \
     128,64,8,3,r,p,t ${GLUON_CFGS:-128,128,8,2,r,g 128,64,8,2,r,g 128,64,8,3,r,g} 2>&1 \
     | tail -${GLUON_ROWS:-24}
+fi
+if [[ $STEPS == *pftests* ]]; then
+  step pftests
+  timeout 420 python3 -m pytest -q -p no:cacheprovider tests/test_gluon_prefill.py \
+    tests/test_paged_prefill.py tests/test_integrations_hf_paged.py tests/test_key_transform.py \
+    tests/test_dispatch_modes.py tests/test_ops.py tests/test_bench_prefill.py 2>&1 | tail -6
+fi
+if [[ $STEPS == *pfbench* ]]; then
+  step pfbench
+  timeout 300 python3 -m kvonce bench prefill --md "$OUT/bench_prefill.md" 2>&1 | grep "^|" \
+    | tail -14
 fi
 if [[ $STEPS == *prefill* ]]; then
   step prefill

@@ -88,3 +88,49 @@ def test_launch_hook_sends_every_launch_through_triton():
     assert len(seen) >= 3  # decode (and its merge), append, dual-group forward
     for a, b in zip(direct, hooked):
         assert torch.equal(a, b)
+
+
+def _decode_signature():
+    """``_paged_decode_kernel``'s parameters (the interpreter's wrapper has no ``params``)."""
+    import inspect
+
+    from kvonce.kernels.paged_decode import _paged_decode_kernel
+
+    return list(inspect.signature(_paged_decode_kernel.fn).parameters.values())
+
+
+def test_constexpr_tail_fills_defaults_in_signature_order():
+    """The cached launch passes every parameter after the runtime ones positionally: a launch
+    that leaves a defaulted constexpr out (the cascade's suffix launch and the decode kernel's
+    SWAP_AB, 2026-11-26) gets its default, in signature order, instead of a KeyError."""
+    import inspect
+    from types import SimpleNamespace
+
+    from kvonce.kernels._launch import constexpr_tail
+
+    sig = _decode_signature()
+    kernel = SimpleNamespace(params=[
+        SimpleNamespace(name=p.name, default=None if p.default is inspect.Parameter.empty
+                        else p.default) for p in sig])
+    first = next(i for i, p in enumerate(sig) if "constexpr" in str(p.annotation))
+    names = [p.name for p in sig[first:]]
+    assert "SWAP_AB" in names
+    given = {name: f"value of {name}" for name in names if name != "SWAP_AB"}
+    tail = constexpr_tail(kernel, first, given)
+    assert len(tail) == len(names)
+    for name, value in zip(names, tail):
+        assert value == (False if name == "SWAP_AB" else f"value of {name}")
+
+
+def test_cascade_suffix_launch_names_every_decode_constexpr():
+    """The cascade's suffix launch of the decode kernel spells out each of its constexprs."""
+    import inspect
+
+    from kvonce.kernels import prefix_decode
+
+    source = inspect.getsource(prefix_decode.CascadeLaunch.__init__)
+    suffix = source[source.index("# 2. sequence-first"):source.index("# 3. combine")]
+    names = [p.name for p in _decode_signature() if "constexpr" in str(p.annotation)]
+    assert "SWAP_AB" in names
+    missing = [name for name in names if f"{name}=" not in suffix]
+    assert not missing, missing

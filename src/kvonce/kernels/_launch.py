@@ -98,6 +98,14 @@ def all_aligned(*tensors) -> bool:
     return bits & 15 == 0
 
 
+def constexpr_tail(kernel, num_args: int, constexprs: dict) -> tuple:
+    """The values of ``kernel``'s parameters after its first ``num_args``, in signature order:
+    ``constexprs``' or, where a launch leaves a defaulted one out, its default (the compiled
+    kernel's ``run`` takes every parameter positionally)."""
+    return tuple(constexprs[p.name] if p.name in constexprs else p.default
+                 for p in kernel.params[num_args:])
+
+
 def launch(kernel, key, grid: tuple[int, int, int], args: tuple, constexprs: dict,
            num_warps: int, num_stages: int, device_index: int, maxnreg: int = 0):
     """``kernel[grid](*args, **constexprs, num_warps=..., num_stages=...)``, cheaply; ``maxnreg``
@@ -114,8 +122,8 @@ def launch(kernel, key, grid: tuple[int, int, int], args: tuple, constexprs: dic
         compiled = kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages,
                                 **options)
         if cached_launch_enabled and not interpreter_active() and not _knob_hooks_active():
-            tail = tuple(constexprs[name] for name in kernel.arg_names[len(args):])
-            _compiled[(kernel, key, device_index)] = (compiled, tail)
+            _compiled[(kernel, key, device_index)] = (compiled,
+                                                      constexpr_tail(kernel, len(args), constexprs))
         return compiled
     ck, tail = compiled
     stream = torch._C._cuda_getCurrentRawStream(device_index)
