@@ -9,6 +9,8 @@
 #   hf          scripts/quant_hf_check.py with outlier keys, with and without KeyTransform
 #   gluon       tests/test_gluon_prefill.py, then scripts/prefill_sweep.py: the Gluon prefill
 #               kernel (g) against the shipped Triton row, pages 16 and 256
+#   verify      what the 2026-11-26 later session left unrun on a GPU: the cascade's launch fix
+#               (dispatch modes, prefix decode) and the Gluon prefill's padded groups
 #   pftests     the paged prefill tests (Gluon and Triton kernels, HF continuous batching)
 #   pfbench     python -m kvonce bench prefill (FlashInfer beside when .peers/fi travels)
 #   prefill     scripts/prefill_sweep.py: one q head per program ('h') against GQA packing, pages
@@ -62,6 +64,11 @@ if [[ $STEPS == *gluon* ]]; then
   timeout 300 python3 scripts/prefill_sweep.py --rows prefill,chunked --pages 16,256 --cfg \
     128,64,8,3,r,p,t ${GLUON_CFGS:-128,128,8,2,r,g 128,64,8,2,r,g 128,64,8,3,r,g} 2>&1 \
     | tail -${GLUON_ROWS:-24}
+fi
+if [[ $STEPS == *verify* ]]; then
+  step verify
+  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_dispatch_modes.py \
+    tests/test_prefix_decode.py tests/test_gluon_prefill.py -rf --tb=line 2>&1 | tail -12
 fi
 if [[ $STEPS == *pftests* ]]; then
   step pftests

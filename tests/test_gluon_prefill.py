@@ -75,6 +75,26 @@ def test_gluon_prefill_against_reference(dtype, causal, nheads, nheads_k, head_d
 
 
 @hopper_only
+@pytest.mark.parametrize("nheads,nheads_k,head_dim", [(12, 2, 128), (28, 4, 128), (40, 8, 64)])
+def test_gluon_prefill_padded_groups(nheads, nheads_k, head_dim, monkeypatch):
+    """Groups that do not divide the 128 rows (6, 7, 5): BLOCK_Q * GROUP rows and padding, with
+    the kernel's group gate (``POW2_GROUPS_ONLY``) lifted."""
+    monkeypatch.setattr(gluon_prefill, "POW2_GROUPS_ONLY", False)
+    q, k, v, cu, seqlens, table = make_case(LENS, nheads=nheads, nheads_k=nheads_k,
+                                            head_dim=head_dim, dtype=torch.bfloat16)
+    ref, ref_lse = paged_prefill_ref(q.float(), k.float(), v.float(), cu, seqlens, table,
+                                     causal=True)
+    _poison_unowned(k, v, seqlens, table)
+    plan = kvonce.PagedPrefillPlan(q, k, v, cu, seqlens, table, max_seqlen_q=max_q(cu),
+                                   config=GLUON)
+    with poison_empty:
+        out, lse = plan.run(q, k, v, cu, seqlens, table, return_lse=True)
+    assert _launch_is_gluon(plan)
+    assert rel_err(out, ref) < TOL[torch.bfloat16]
+    check_lse(lse, ref_lse)
+
+
+@hopper_only
 def test_gluon_prefill_strided_q_and_graph_replay():
     """q as a view with a token stride past its heads (a fused qkv projection's q part), run
     inside a CUDA graph and replayed on new values."""

@@ -66,6 +66,16 @@ def rows_layout(head_dim):
 
 
 @gluon.jit
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def _max(a, b):
+    return gl.maximum(a, b)
+
+
+@gluon.jit
 def _find_sequence(cu_seqlens_q, tile, batch, BLOCK_Q: gl.constexpr):
     """The last ``b`` with ``cu_seqlens_q[b] // BLOCK_Q + b <= tile`` (binary search)."""
     lo = tile * 0            # int32 scalars (batch == 1 would be specialized to a constant)
@@ -80,12 +90,14 @@ def _find_sequence(cu_seqlens_q, tile, batch, BLOCK_Q: gl.constexpr):
 
 
 @gluon.jit
-def _tile(cu_seqlens_q, cache_seqlens, batch, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
-          IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr):
+def _tile(cu_seqlens_q, cache_seqlens, batch, num_tiles, BLOCK_Q: gl.constexpr,
+          BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr):
     """The CTA's sequence, first token and key ranges (as ``_paged_prefill_kernel``): keys
-    ``[0, full)`` are seen by every row of the tile, ``[full, hi)`` need the mask."""
+    ``[0, full)`` are seen by every row of the tile, ``[full, hi)`` need the mask. ``num_tiles``:
+    the grid's first dimension (an argument: the Gluon kernels here call only builtins and
+    their own functions, so that they also compile in a process running Triton's interpreter)."""
     if LAST_FIRST:
-        tile = gl.num_programs(0) - 1 - gl.program_id(0)
+        tile = num_tiles - 1 - gl.program_id(0)
     else:
         tile = gl.program_id(0)
     seq = _find_sequence(cu_seqlens_q, tile, batch, BLOCK_Q)
@@ -108,14 +120,15 @@ def _tile(cu_seqlens_q, cache_seqlens, batch, BLOCK_Q: gl.constexpr, BLOCK_N: gl
 
 @gluon.jit
 def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-          cu_seqlens_q, cache_seqlens, block_table, stride_btb, batch, PAGE_SIZE: gl.constexpr,
+          cu_seqlens_q, cache_seqlens, block_table, stride_btb, batch, num_tiles,
+          PAGE_SIZE: gl.constexpr,
           BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
           IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr):
     """The loader warp: every key tile of the CTA, box by box, into the K and V rings."""
     STAGES: gl.constexpr = k_smem.shape[0]
     BOX: gl.constexpr = k_desc.block_type.shape[0]
     seq, q_start, q_len, tok0, seqlen, diag, hi, full = _tile(
-        cu_seqlens_q, cache_seqlens, batch, BLOCK_Q, BLOCK_N, IS_CAUSAL, LAST_FIRST)
+        cu_seqlens_q, cache_seqlens, batch, num_tiles, BLOCK_Q, BLOCK_N, IS_CAUSAL, LAST_FIRST)
     col = gl.program_id(1) * HEAD_DIM
     bt_row = block_table + seq.to(gl.int64) * stride_btb
     last_box = gl.maximum(seqlen - 1, 0) // BOX * BOX   # boxes past the end re-read this one
@@ -124,7 +137,7 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
     BOXES: gl.constexpr = BLOCK_N // BOX
     box = gl.arange(0, BOXES, gl.BlockedLayout([1], [32], [1], [0]))
     pages = _box_pages(bt_row, 0, box, last_box, BLOCK_N, BOX, PAGE_SIZE)
-    for j in range(gl.cdiv(hi, BLOCK_N)):
+    for j in range((hi + BLOCK_N - 1) // BLOCK_N):
         s = j % STAGES
         cur = pages
         pages = _box_pages(bt_row, j + 1, box, last_box, BLOCK_N, BOX, PAGE_SIZE)
@@ -153,9 +166,9 @@ def _box_row(pages, box, i: gl.constexpr, j, last_box, BLOCK_N: gl.constexpr,
     """Cache row of tile ``j``'s box ``i`` (its page taken from ``pages``, ``_box_pages``)."""
     key = gl.minimum(j * BLOCK_N + i * BOX, last_box)
     if BOX == BLOCK_N:
-        page = gl.sum(pages, 0)
+        page = gl.reduce(pages, 0, _add)
     else:
-        page = gl.sum(gl.where(box == i, pages, 0), 0)
+        page = gl.reduce(gl.where(box == i, pages, 0), 0, _add)
     return page * PAGE_SIZE + key % PAGE_SIZE
 
 
@@ -178,7 +191,7 @@ def _zero_rows_from(smem, first, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
     tile = smem.load(layout)
     keep = gl.arange(0, BLOCK_N, gl.SliceLayout(1, layout)) < first
     # Idempotent: a thread that reads a row after another zeroed it stores the same zeros.
-    smem.store(gl.where(gl.expand_dims(keep, 1), tile, gl.zeros_like(tile)))
+    smem.store(gl.where(gl.expand_dims(keep, 1), tile, 0.0).to(smem.dtype))
     fence_async_shared()
     gl.thread_barrier()
 
@@ -194,22 +207,22 @@ def _softmax_tile(sc, m_i, l_i, start, full, seqlen, last_key, qk_scale, BLOCK_N
         visible = ((gl.expand_dims(keys, 0) <= gl.expand_dims(last_key, 1))
                    & gl.expand_dims(keys < seqlen, 0))
         sc = gl.where(visible, sc * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(sc, 1))
+        m_new = gl.maximum(m_i, gl.reduce(sc, 1, _max))
         # A row with no visible key so far keeps m = -inf: subtract 0 (no -inf - -inf).
         m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
         p = gl.exp2(sc - gl.expand_dims(m_sub, 1))
     else:
-        m_new = gl.maximum(m_i, gl.max(sc, 1) * qk_scale)
+        m_new = gl.maximum(m_i, gl.reduce(sc, 1, _max) * qk_scale)
         m_sub = m_new
         p = gl.exp2(sc * qk_scale - gl.expand_dims(m_sub, 1))
     alpha = gl.exp2(m_i - m_sub)
-    return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
+    return p, alpha, m_new, l_i * alpha + gl.reduce(p, 1, _add)
 
 
 @gluon.jit
 def _consume(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-             cu_seqlens_q, cache_seqlens, sm_scale, batch, stride_qt, stride_qh, stride_ot,
-             stride_oh, stride_lh, GROUP: gl.constexpr, BLOCK_Q: gl.constexpr,
+             cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles, stride_qt, stride_qh,
+             stride_ot, stride_oh, stride_lh, GROUP: gl.constexpr, BLOCK_Q: gl.constexpr,
              BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr,
              LAST_FIRST: gl.constexpr, STORE_LSE: gl.constexpr, PART: gl.constexpr):
     """Consumer warpgroup ``PART``: packed rows ``[64 PART, 64 PART + 64)`` of the CTA against
@@ -226,7 +239,7 @@ def _consume(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
     STAGES: gl.constexpr = k_smem.shape[0]
     dtype: gl.constexpr = q_smem.dtype
     seq, q_start, q_len, tok0, seqlen, diag, hi, full = _tile(
-        cu_seqlens_q, cache_seqlens, batch, BLOCK_Q, BLOCK_N, IS_CAUSAL, LAST_FIRST)
+        cu_seqlens_q, cache_seqlens, batch, num_tiles, BLOCK_Q, BLOCK_N, IS_CAUSAL, LAST_FIRST)
     kv_head = gl.program_id(1)
 
     # Q once: packed rows gathered by pointers (rows past q_len read 0), then shared memory.
@@ -235,7 +248,8 @@ def _consume(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
     offs_d = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, IO))
     tok = tok0 + rows // GROUP
     head = kv_head * GROUP + rows % GROUP
-    row_ok = gl.expand_dims(tok < q_len, 1)
+    # Rows past BLOCK_Q * GROUP (a group that does not divide 128) are padding, as past q_len.
+    row_ok = gl.expand_dims((tok < q_len) & (rows < BLOCK_Q * GROUP), 1)
     q_rows = (q_start + tok).to(gl.int64)
     q = gl.load(Q + gl.expand_dims(q_rows * stride_qt + head * stride_qh, 1)
                 + gl.expand_dims(offs_d, 0), mask=row_ok, other=0.0)
@@ -250,7 +264,7 @@ def _consume(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
     l_i = gl.zeros([ROWS], gl.float32, ROWS_S)
     acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, O_LAYOUT)
     zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, S_LAYOUT)
-    n_tiles = gl.cdiv(hi, BLOCK_N)
+    n_tiles = (hi + BLOCK_N - 1) // BLOCK_N
     if n_tiles > 0:
         mbarrier.wait(k_ready.index(0), 0)
         sc = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False,
@@ -298,25 +312,25 @@ def _consume(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
         tok_s = tok0 + rows_s // GROUP
         lse = gl.where(seen, (m_i + gl.log2(gl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
         gl.store(Lse + (kv_head * GROUP + rows_s % GROUP).to(gl.int64) * stride_lh + q_start
-                 + tok_s, lse, mask=tok_s < q_len)
+                 + tok_s, lse, mask=(tok_s < q_len) & (rows_s < BLOCK_Q * GROUP))
 
 
 @gluon.jit
 def _gluon_prefill_kernel(
     Q, k_desc, v_desc, Out, Lse, cu_seqlens_q, cache_seqlens, block_table, sm_scale, batch,
-    stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, stride_btb,
+    num_tiles, stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, stride_btb,
     GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr, PAGE_SIZE: gl.constexpr,
     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STORE_LSE: gl.constexpr,
     LAST_FIRST: gl.constexpr, STAGES: gl.constexpr,
 ):
-    """Grid ``(total_q // BLOCK_Q + batch, nheads_k)``. Q, Out ``[total_q, nheads, HEAD_DIM]``
-    (last dim contiguous); k/v descriptors over the caches as ``[num_pages * PAGE_SIZE, nheads_k *
+    """Grid ``(num_tiles, nheads_k)``, ``num_tiles = total_q // BLOCK_Q + batch``. Q, Out
+    ``[total_q, nheads, HEAD_DIM]`` (last dim contiguous); k/v descriptors over the caches as ``[num_pages * PAGE_SIZE, nheads_k *
     HEAD_DIM]``, block ``[min(PAGE_SIZE, BLOCK_N), HEAD_DIM]``; Lse float32 ``[nheads,
     total_q]``-strided (any pointer without STORE_LSE); cu_seqlens_q int32 ``[batch + 1]``,
     cache_seqlens int32 ``[batch]``, block_table int32 ``[batch, max_pages]``."""
     BLOCK_Q: gl.constexpr = BLOCK_M // GROUP
     seq, q_start, q_len, tok0, seqlen, diag, hi, full = _tile(
-        cu_seqlens_q, cache_seqlens, batch, BLOCK_Q, BLOCK_N, IS_CAUSAL, LAST_FIRST)
+        cu_seqlens_q, cache_seqlens, batch, num_tiles, BLOCK_Q, BLOCK_N, IS_CAUSAL, LAST_FIRST)
     if tok0 >= q_len:  # surplus program (or an empty sequence's slot)
         return
     dtype: gl.constexpr = k_desc.dtype
@@ -338,17 +352,23 @@ def _gluon_prefill_kernel(
     # constexprs as runtime values.)
     gl.warp_specialize([
         (_consume, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                    cu_seqlens_q, cache_seqlens, sm_scale, batch, stride_qt, stride_qh,
+                    cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles, stride_qt, stride_qh,
                     stride_ot, stride_oh, stride_lh, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM,
                     IS_CAUSAL, LAST_FIRST, STORE_LSE, 0)),
         (_consume, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                    cu_seqlens_q, cache_seqlens, sm_scale, batch, stride_qt, stride_qh,
+                    cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles, stride_qt, stride_qh,
                     stride_ot, stride_oh, stride_lh, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM,
                     IS_CAUSAL, LAST_FIRST, STORE_LSE, 1)),
         (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                 cu_seqlens_q, cache_seqlens, block_table, stride_btb, batch, PAGE_SIZE,
+                 cu_seqlens_q, cache_seqlens, block_table, stride_btb, batch, num_tiles, PAGE_SIZE,
                  BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST)),
     ], [CONSUMER_WARPS, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
+
+
+# Groups that do not divide the 128 rows (12/2, 28/4, 40/8) run with padding rows, as the Triton
+# kernel's do; built 2026-11-26 after the session's device time ran out, so not yet run on a GPU:
+# they take the Triton kernel until tests/test_gluon_prefill.py's padded-group cases pass there.
+POW2_GROUPS_ONLY = True
 
 
 def _pow2(n: int) -> bool:
@@ -358,10 +378,10 @@ def _pow2(n: int) -> bool:
 def unsupported_reason(q, k_cache, v_cache, block_table, *, kv_format: int, block_n: int,
                        stages: int) -> str | None:
     """Why ``GluonPrefillLaunch`` cannot run these tensors, or None when it can: a Hopper GPU,
-    a plain fp16/bf16 cache in q's dtype, head dim 64 or 128, a GQA group dividing 128 rows,
-    pages and key tiles that nest (power-of-two sizes, >= 8 rows a box), each page's rows and
-    heads back to back (the caches viewed 2-D as ``[pages * page_size, nheads_k * d]``), 16-byte
-    aligned, and TMA row coordinates below 2^31."""
+    a plain fp16/bf16 cache in q's dtype, head dim 64 or 128, a power-of-two GQA group
+    (``POW2_GROUPS_ONLY``), pages and key tiles that nest (power-of-two sizes, >= 8 rows a box),
+    each page's rows and heads back to back (the caches viewed 2-D as ``[pages * page_size,
+    nheads_k * d]``), 16-byte aligned, and TMA row coordinates below 2^31."""
     total_q, nheads, head_dim = q.shape
     num_pages, page_size, nheads_k = k_cache.shape[:3]
     if kv_format != 0:
@@ -373,8 +393,9 @@ def unsupported_reason(q, k_cache, v_cache, block_table, *, kv_format: int, bloc
     if head_dim not in (64, 128):
         return f"head_dim must be 64 or 128, got {head_dim}"
     group = nheads // nheads_k
-    if not _pow2(group) or group > BLOCK_M.value:
-        return f"the GQA group ({group}) must be a power of two <= {BLOCK_M.value}"
+    if group > BLOCK_M.value or (POW2_GROUPS_ONLY and not _pow2(group)):
+        return (f"the GQA group ({group}) must be a power of two <= {BLOCK_M.value}"
+                if POW2_GROUPS_ONLY else f"the GQA group ({group}) must be <= {BLOCK_M.value}")
     if block_n not in (64, 128) or stages < 1:
         return f"block_n must be 64 or 128 and stages >= 1, got {block_n}, {stages}"
     if not _pow2(page_size) or min(page_size, block_n) < 8:
@@ -427,6 +448,7 @@ class GluonPrefillLaunch:
         lse_arg, stride_lh = (out, 0) if lse is None else (lse, lse.stride(0))
         _gluon_prefill_kernel[self._grid](
             q, self._desc(k_cache), self._desc(v_cache), out, lse_arg, cu_seqlens_q,
-            cache_seqlens, block_table, self._scale, self._batch, q.stride(0), q.stride(1),
+            cache_seqlens, block_table, self._scale, self._batch, self._grid[0], q.stride(0),
+            q.stride(1),
             out.stride(0), out.stride(1), stride_lh, block_table.stride(0), **self._constexprs,
             num_warps=CONSUMER_WARPS.value)

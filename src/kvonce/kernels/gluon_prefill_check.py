@@ -15,8 +15,8 @@ def _check_signature(dtype: str, head_dim: int, box: int) -> dict:
                v_desc=f"tensordesc<{dtype}[{box}, {head_dim}],{kv!r}>", Out=f"*{dtype}",
                Lse="*fp32", cu_seqlens_q="*i32", cache_seqlens="*i32", block_table="*i32",
                sm_scale="fp32")
-    sig.update({name: "i32" for name in ("batch", "stride_qt", "stride_qh", "stride_ot",
-                                         "stride_oh", "stride_lh", "stride_btb")})
+    sig.update({name: "i32" for name in ("batch", "num_tiles", "stride_qt", "stride_qh",
+                                         "stride_ot", "stride_oh", "stride_lh", "stride_btb")})
     for name in ("GROUP", "IS_CAUSAL", "PAGE_SIZE", "BLOCK_N", "HEAD_DIM", "STORE_LSE",
                  "LAST_FIRST", "STAGES"):
         sig[name] = "constexpr"
@@ -42,4 +42,5 @@ GLUON_CHECK_SPECS = [
     _check_spec("d128-fp16-page16-mha-noncausal", "fp16", 128, 16, group=1, causal=False),
     _check_spec("d128-bf16-page16-gqa4-causal-2stages", "bf16", 128, 16, stages=2),
     _check_spec("d64-bf16-page32-gqa8-causal", "bf16", 64, 32, group=8),
+    _check_spec("d128-bf16-page16-gqa6-causal", "bf16", 128, 16, group=6),
 ]
