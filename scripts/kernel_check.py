@@ -19,7 +19,9 @@ status), or shared memory over the H100's 232448 bytes per block.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
+import json
 import os
 import re
 import subprocess
@@ -227,10 +229,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="check only variants whose name contains this")
     parser.add_argument("--keep", type=Path, help="write ptx/ttgir/sass/cubin files here")
+    parser.add_argument("--json", type=Path, help="also write the rows here (a list of dicts)")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT / "src"))
     os.environ.pop("TRITON_INTERPRET", None)  # Gluon never runs in the interpreter
     rows = run_check(args.only, args.keep)
+    if args.json:
+        args.json.write_text(json.dumps([dataclasses.asdict(r) for r in rows]))
     print(format_table(rows))
     failed = [r for r in rows if r.problems]
     for r in failed:
