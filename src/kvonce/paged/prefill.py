@@ -307,7 +307,8 @@ def _paged_prefill_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                       block_m: int, block_n: int, num_warps: int, num_stages: int,
                       kv_cache_modifier: str, kv_eviction: str, last_tiles_first: bool,
                       int64_kv_offsets: bool, prefetch_pages: bool, tma: bool, pack_gqa: bool,
-                      gluon: bool, gluon_block_n: int, gluon_stages: int, k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+                      gluon: bool, gluon_block_n: int, gluon_stages: int,
+                      k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
                       kv_format: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out [total_q, nheads, d], lse float32 [nheads, total_q])`` of ``paged_prefill``; the
     config's fields one by one (an op cannot take a dataclass), a quantized cache's scales and
