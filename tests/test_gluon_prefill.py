@@ -95,6 +95,29 @@ def test_gluon_prefill_padded_groups(nheads, nheads_k, head_dim, monkeypatch):
 
 
 @hopper_only
+def test_gluon_prefill_cached_launch(monkeypatch):
+    """``CACHED_LAUNCH``: the compiled kernel's launcher with the TMA descriptors as plain
+    arguments gives the JIT launch's bytes, on the first call (which compiles through the JIT)
+    and the next ones (cached), also for new lengths and queries of the same shapes."""
+    q, k, v, cu, seqlens, table = make_case(LENS, nheads=32, nheads_k=8, head_dim=128,
+                                            dtype=torch.bfloat16)
+    plan = kvonce.PagedPrefillPlan(q, k, v, cu, seqlens, table, max_seqlen_q=max_q(cu),
+                                   config=GLUON)
+    want = plan.run(q, k, v, cu, seqlens, table, return_lse=True)
+    monkeypatch.setattr(gluon_prefill, "CACHED_LAUNCH", True)
+    cached = kvonce.PagedPrefillPlan(q, k, v, cu, seqlens, table, max_seqlen_q=max_q(cu),
+                                     config=GLUON)
+    for _ in range(3):
+        got = cached.run(q, k, v, cu, seqlens, table, return_lse=True)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    q2 = torch.randn_like(q)
+    seqlens2 = seqlens + 7
+    ref, _ = paged_prefill_ref(q2.float(), k.float(), v.float(), cu, seqlens2, table,
+                               causal=True)
+    assert rel_err(cached.run(q2, k, v, cu, seqlens2, table), ref) < TOL[torch.bfloat16]
+
+
+@hopper_only
 def test_gluon_prefill_strided_q_and_graph_replay():
     """q as a view with a token stride past its heads (a fused qkv projection's q part), run
     inside a CUDA graph and replayed on new values."""

@@ -38,6 +38,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
+from ._launch import all_aligned, launch
+
 LOG2E = gl.constexpr(1.4426950408889634)
 LN2 = gl.constexpr(0.6931471805599453)
 BLOCK_M = gl.constexpr(128)          # packed rows per CTA: two consumer warpgroups of 64
@@ -365,6 +367,13 @@ def _gluon_prefill_kernel(
     ], [CONSUMER_WARPS, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
 
 
+# Launch through ``_launch.launch``'s cached path (the compiled kernel's C launcher, TMA
+# descriptors as plain arguments) instead of the JIT's per-call binding (~40 us of host time for
+# a kernel of this many arguments, 2026-11-23's `bench host`). Built 2026-11-26 without a GPU:
+# off until tests/test_gluon_prefill.py's cached-launch case passes there and `bench host`
+# measures it.
+CACHED_LAUNCH = False
+
 # Groups that do not divide the 128 rows (12/2, 28/4, 40/8) run with padding rows, as the Triton
 # kernel's do; built 2026-11-26 after the session's device time ran out, so not yet run on a GPU:
 # they take the Triton kernel until tests/test_gluon_prefill.py's padded-group cases pass there.
@@ -414,7 +423,8 @@ def unsupported_reason(q, k_cache, v_cache, block_table, *, kv_format: int, bloc
 
 class GluonPrefillLaunch:
     """``PagedPrefillLaunch``'s call for ``_gluon_prefill_kernel``: grid, scalars and constants
-    fixed once from the planned shapes; TMA descriptors per call (host-side, a few us)."""
+    fixed once from the planned shapes; TMA descriptors per call (host-side, a few us); through
+    the JIT, or the cached launcher with ``CACHED_LAUNCH``."""
 
     def __init__(self, q, k_cache, v_cache, block_table, *, softmax_scale: float, causal: bool,
                  store_lse: bool, block_n: int, stages: int, last_tiles_first: bool):
@@ -446,9 +456,17 @@ class GluonPrefillLaunch:
         if self.empty:
             return
         lse_arg, stride_lh = (out, 0) if lse is None else (lse, lse.stride(0))
-        _gluon_prefill_kernel[self._grid](
-            q, self._desc(k_cache), self._desc(v_cache), out, lse_arg, cu_seqlens_q,
-            cache_seqlens, block_table, self._scale, self._batch, self._grid[0], q.stride(0),
-            q.stride(1),
-            out.stride(0), out.stride(1), stride_lh, block_table.stride(0), **self._constexprs,
-            num_warps=CONSUMER_WARPS.value)
+        args = (q, self._desc(k_cache), self._desc(v_cache), out, lse_arg, cu_seqlens_q,
+                cache_seqlens, block_table, self._scale, self._batch, self._grid[0], q.stride(0),
+                q.stride(1), out.stride(0), out.stride(1), stride_lh, block_table.stride(0))
+        if not CACHED_LAUNCH:
+            _gluon_prefill_kernel[self._grid](*args, **self._constexprs,
+                                              num_warps=CONSUMER_WARPS.value)
+            return
+        ints = tuple(a for a in args[9:])
+        aligned = all_aligned(q, k_cache, v_cache, out, lse_arg, cu_seqlens_q, cache_seqlens,
+                              block_table)
+        launch(_gluon_prefill_kernel, ("gluon-prefill", q.dtype, ints,
+                                       tuple(self._constexprs.values()), aligned),
+               (*self._grid, 1), args, self._constexprs, CONSUMER_WARPS.value, 1,
+               q.device.index)
