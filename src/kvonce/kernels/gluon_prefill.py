@@ -148,18 +148,23 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
         # the first round. K and V slots free apart: K of tile j + STAGES can come while V of
         # tile j is still being read. k_ready[s], v_ready[s] (count 1): expect + the boxes' bytes.
         phase = ((j // STAGES) & 1) ^ 1
-        mbarrier.wait(k_empty.index(s), phase)
-        mbarrier.expect(k_ready.index(s), BOXES * k_desc.block_type.nbytes)
-        for i in gl.static_range(BOXES):
-            row = _box_row(cur, box, i, j, last_box, BLOCK_N, BOX, PAGE_SIZE)
-            tma.async_copy_global_to_shared(k_desc, [row, col], k_ready.index(s),
-                                            k_smem.index(s).slice(i * BOX, BOX))
-        mbarrier.wait(v_empty.index(s), phase)
-        mbarrier.expect(v_ready.index(s), BOXES * v_desc.block_type.nbytes)
-        for i in gl.static_range(BOXES):
-            row = _box_row(cur, box, i, j, last_box, BLOCK_N, BOX, PAGE_SIZE)
-            tma.async_copy_global_to_shared(v_desc, [row, col], v_ready.index(s),
-                                            v_smem.index(s).slice(i * BOX, BOX))
+        _load_tile(k_desc, k_smem.index(s), k_ready.index(s), k_empty.index(s), phase, cur, box,
+                   j, col, last_box, BLOCK_N, PAGE_SIZE)
+        _load_tile(v_desc, v_smem.index(s), v_ready.index(s), v_empty.index(s), phase, cur, box,
+                   j, col, last_box, BLOCK_N, PAGE_SIZE)
+
+
+@gluon.jit
+def _load_tile(desc, smem, ready, empty, phase, pages, box, j, col, last_box,
+               BLOCK_N: gl.constexpr, PAGE_SIZE: gl.constexpr):
+    """Tile ``j`` of K (or V) into the ring slot ``smem`` once ``empty`` passes ``phase``, box by
+    box, on ``ready`` (expect + the boxes' bytes)."""
+    BOX: gl.constexpr = desc.block_type.shape[0]
+    mbarrier.wait(empty, phase)
+    mbarrier.expect(ready, (BLOCK_N // BOX) * desc.block_type.nbytes)
+    for i in gl.static_range(BLOCK_N // BOX):
+        row = _box_row(pages, box, i, j, last_box, BLOCK_N, BOX, PAGE_SIZE)
+        tma.async_copy_global_to_shared(desc, [row, col], ready, smem.slice(i * BOX, BOX))
 
 
 @gluon.jit
