@@ -76,10 +76,8 @@ def test_gluon_prefill_against_reference(dtype, causal, nheads, nheads_k, head_d
 
 @hopper_only
 @pytest.mark.parametrize("nheads,nheads_k,head_dim", [(12, 2, 128), (28, 4, 128), (40, 8, 64)])
-def test_gluon_prefill_padded_groups(nheads, nheads_k, head_dim, monkeypatch):
-    """Groups that do not divide the 128 rows (6, 7, 5): BLOCK_Q * GROUP rows and padding, with
-    the kernel's group gate (``POW2_GROUPS_ONLY``) lifted."""
-    monkeypatch.setattr(gluon_prefill, "POW2_GROUPS_ONLY", False)
+def test_gluon_prefill_padded_groups(nheads, nheads_k, head_dim):
+    """Groups that do not divide the 128 rows (6, 7, 5): BLOCK_Q * GROUP rows and padding."""
     q, k, v, cu, seqlens, table = make_case(LENS, nheads=nheads, nheads_k=nheads_k,
                                             head_dim=head_dim, dtype=torch.bfloat16)
     ref, ref_lse = paged_prefill_ref(q.float(), k.float(), v.float(), cu, seqlens, table,
@@ -103,6 +101,7 @@ def test_gluon_prefill_cached_launch(monkeypatch):
                                             dtype=torch.bfloat16)
     plan = kvonce.PagedPrefillPlan(q, k, v, cu, seqlens, table, max_seqlen_q=max_q(cu),
                                    config=GLUON)
+    monkeypatch.setattr(gluon_prefill, "CACHED_LAUNCH", False)
     want = plan.run(q, k, v, cu, seqlens, table, return_lse=True)
     monkeypatch.setattr(gluon_prefill, "CACHED_LAUNCH", True)
     cached = kvonce.PagedPrefillPlan(q, k, v, cu, seqlens, table, max_seqlen_q=max_q(cu),
@@ -141,13 +140,13 @@ def test_gluon_prefill_strided_q_and_graph_replay():
 
 def test_unsupported_arguments_take_the_triton_kernel():
     """What the Gluon kernel does not cover is named, and the plan then runs the Triton kernel
-    (a quantized cache, GQA groups that do not divide 128 rows, head dim 96, a CPU tensor)."""
+    (a quantized cache, a GQA group over 128 heads, head dim 96, a CPU tensor)."""
     q, k, v, cu, seqlens, table = (t.cpu() for t in make_case([(3, 20)], nheads=4, nheads_k=2))
     reason = gluon_prefill.unsupported_reason
     assert "Hopper" in reason(q, k, v, table, kv_format=0, block_n=128, stages=2)
     assert "quantized" in reason(q, k, v, table, kv_format=2, block_n=128, stages=2)
     if HOPPER:
-        q, k, v, cu, seqlens, table = make_case([(3, 40)], nheads=12, nheads_k=2, head_dim=128,
+        q, k, v, cu, seqlens, table = make_case([(3, 40)], nheads=136, nheads_k=1, head_dim=128,
                                                 dtype=torch.bfloat16)
         assert "group" in reason(q, k, v, table, kv_format=0, block_n=128, stages=2)
         q, k, v, cu, seqlens, table = make_case([(3, 40)], nheads=4, nheads_k=2, head_dim=96,

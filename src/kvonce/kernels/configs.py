@@ -463,7 +463,7 @@ class PagedPrefillConfig:
     gluon: the warp-specialized Gluon kernel (kernels/gluon_prefill.py: a TMA loader warp
         bringing K/V page by page, two consumer warpgroups) where it applies
         (``gluon_prefill.unsupported_reason``: Hopper, plain fp16/bf16 caches, d 64/128,
-        power-of-two GQA groups), with ``gluon_block_n`` keys a tile and ``gluon_stages`` ring
+        GQA groups up to 128), with ``gluon_block_n`` keys a tile and ``gluon_stages`` ring
         slots; the Triton kernel (with the fields above) elsewhere.
     """
     block_m: int

@@ -373,16 +373,10 @@ def _gluon_prefill_kernel(
 
 
 # Launch through ``_launch.launch``'s cached path (the compiled kernel's C launcher, TMA
-# descriptors as plain arguments) instead of the JIT's per-call binding (~40 us of host time for
-# a kernel of this many arguments, 2026-11-23's `bench host`). Built 2026-11-26 without a GPU:
-# off until tests/test_gluon_prefill.py's cached-launch case passes there and `bench host`
-# measures it.
-CACHED_LAUNCH = False
-
-# Groups that do not divide the 128 rows (12/2, 28/4, 40/8) run with padding rows, as the Triton
-# kernel's do; built 2026-11-26 after the session's device time ran out, so not yet run on a GPU:
-# they take the Triton kernel until tests/test_gluon_prefill.py's padded-group cases pass there.
-POW2_GROUPS_ONLY = True
+# descriptors as plain arguments) instead of the JIT's per-call binding: `PagedPrefillPlan.run`
+# 89 -> 61 us of host time on the lent H100, 2026-11-26 (`bench host`'s prefill rows, each way).
+# False keeps the JIT launch (tests compare the two byte for byte).
+CACHED_LAUNCH = True
 
 
 def _pow2(n: int) -> bool:
@@ -392,8 +386,8 @@ def _pow2(n: int) -> bool:
 def unsupported_reason(q, k_cache, v_cache, block_table, *, kv_format: int, block_n: int,
                        stages: int) -> str | None:
     """Why ``GluonPrefillLaunch`` cannot run these tensors, or None when it can: a Hopper GPU,
-    a plain fp16/bf16 cache in q's dtype, head dim 64 or 128, a power-of-two GQA group
-    (``POW2_GROUPS_ONLY``), pages and key tiles that nest (power-of-two sizes, >= 8 rows a box),
+    a plain fp16/bf16 cache in q's dtype, head dim 64 or 128, a GQA group of at most 128 heads
+    (groups that do not divide the 128 rows get padding rows), pages and key tiles that nest (power-of-two sizes, >= 8 rows a box),
     each page's rows and heads back to back (the caches viewed 2-D as ``[pages * page_size,
     nheads_k * d]``), 16-byte aligned, and TMA row coordinates below 2^31."""
     total_q, nheads, head_dim = q.shape
@@ -407,9 +401,8 @@ def unsupported_reason(q, k_cache, v_cache, block_table, *, kv_format: int, bloc
     if head_dim not in (64, 128):
         return f"head_dim must be 64 or 128, got {head_dim}"
     group = nheads // nheads_k
-    if group > BLOCK_M.value or (POW2_GROUPS_ONLY and not _pow2(group)):
-        return (f"the GQA group ({group}) must be a power of two <= {BLOCK_M.value}"
-                if POW2_GROUPS_ONLY else f"the GQA group ({group}) must be <= {BLOCK_M.value}")
+    if group > BLOCK_M.value:
+        return f"the GQA group ({group}) must be <= {BLOCK_M.value}"
     if block_n not in (64, 128) or stages < 1:
         return f"block_n must be 64 or 128 and stages >= 1, got {block_n}, {stages}"
     if not _pow2(page_size) or min(page_size, block_n) < 8:
