@@ -6,9 +6,10 @@
 A spec is ``block_m,block_n,num_warps,num_stages`` plus ``r`` for ``last_tiles_first`` and ``i``
 for ``int64_kv_offsets``, ``p`` for ``prefetch_pages``, ``t`` for ``tma``, ``h`` for one q head
 per program (``pack_gqa=False``), ``g`` for the Gluon kernel (``gluon``; block_n and num_stages
-are then also its ``gluon_block_n``, ``gluon_stages``). Per row, page size and config:
-``PagedPrefillPlan.run`` time (``do_bench`` median, eager), TFLOP/s, the relative error against
-the first config's output and the kernel that ran.
+are then also its ``gluon_block_n``, ``gluon_stages``; ``P`` for ``gluon_persistent``). Per row,
+page size and config: ``PagedPrefillPlan.run`` time (``do_bench`` median, eager; with ``--graph``
+also CUDA-graph replay), TFLOP/s, the relative error against the first config's output and the
+kernel that ran.
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def _config(spec: str) -> PagedPrefillConfig:
     return PagedPrefillConfig(*ints, last_tiles_first="r" in parts, int64_kv_offsets="i" in parts,
                               prefetch_pages="p" in parts, tma="t" in parts,
                               pack_gqa="h" not in parts, gluon="g" in parts,
-                              gluon_block_n=ints[1], gluon_stages=ints[3])
+                              gluon_block_n=ints[1], gluon_stages=ints[3],
+                              gluon_persistent="P" in parts)
 
 
 def main() -> None:
@@ -39,6 +41,8 @@ def main() -> None:
     ap.add_argument("--cfg", nargs="*", default=[
         "128,128,8,3,r", "128,128,8,3,r,p", "128,64,8,2", "128,64,8,2,p", "128,64,8,3,r,p",
         "64,64,4,3,r,p", "128,128,8,2,r,p"])
+    ap.add_argument("--graph", action="store_true",
+                    help="also time CUDA-graph replay (do_bench_cudagraph median)")
     args = ap.parse_args()
     rows = []
     for name in args.rows.split(","):
@@ -59,9 +63,13 @@ def main() -> None:
                                                  return_mode="median")
                     gluon = any(getattr(launch, "_gluon", None) is not None
                                 for launch in plan._launches.values())
-                    rows.append({"row": case.label, "page": page, "config": spec, "ms": ms,
-                                 "TFLOP/s": case.flops() / ms / 1e9, "err": f"{err:.1e}",
-                                 "kernel": "gluon" if gluon else "triton"})
+                    row = {"row": case.label, "page": page, "config": spec, "ms": ms,
+                           "TFLOP/s": case.flops() / ms / 1e9}
+                    if args.graph:
+                        g_ms = triton.testing.do_bench_cudagraph(lambda: plan.run(*a), rep=100,
+                                                                 return_mode="median")
+                        row.update(graph_ms=g_ms, graph_TFLOPs=case.flops() / g_ms / 1e9)
+                    rows.append(dict(row, err=f"{err:.1e}", kernel="gluon" if gluon else "triton"))
                 except Exception as exc:  # out of resources: report and go on
                     rows.append({"row": case.label, "page": page, "config": spec,
                                  "ms": float("nan"), "TFLOP/s": 0.0,

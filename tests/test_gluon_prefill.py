@@ -75,6 +75,41 @@ def test_gluon_prefill_against_reference(dtype, causal, nheads, nheads_k, head_d
 
 
 @hopper_only
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("nheads,nheads_k,head_dim,page_size,block_n,stages", [
+    (32, 8, 128, 16, 128, 3),   # the Hopper row: ~750 work items, ~6 a CTA
+    (32, 8, 128, 256, 128, 2),  # pages of two tiles, a ring of two slots
+    (8, 8, 128, 16, 64, 3),     # MHA, 64-key tiles
+    (12, 2, 128, 32, 128, 3),   # GQA 6: padding rows
+    (16, 2, 64, 32, 64, 2),     # GQA 8, d64: fewer items than SMs
+])
+def test_gluon_prefill_persistent(causal, nheads, nheads_k, head_dim, page_size, block_n,
+                                  stages):
+    """``gluon_persistent``: one CTA an SM walking the work items, its K/V ring and barrier
+    phases running on across items, gives the bytes of one CTA an item (the same arithmetic
+    per item), and the reference's values."""
+    q, k, v, cu, seqlens, table = make_case(LENS, nheads=nheads, nheads_k=nheads_k,
+                                            head_dim=head_dim, page_size=page_size,
+                                            dtype=torch.bfloat16)
+    ref, ref_lse = paged_prefill_ref(q.float(), k.float(), v.float(), cu, seqlens, table,
+                                     causal=causal)
+    _poison_unowned(k, v, seqlens, table)
+    config = dataclasses.replace(GLUON, gluon_block_n=block_n, gluon_stages=stages)
+    outs = []
+    for persistent in (False, True):
+        plan = kvonce.PagedPrefillPlan(
+            q, k, v, cu, seqlens, table, max_seqlen_q=max_q(cu), causal=causal,
+            config=dataclasses.replace(config, gluon_persistent=persistent))
+        with poison_empty:
+            outs.append(plan.run(q, k, v, cu, seqlens, table, return_lse=True))
+        assert _launch_is_gluon(plan)
+    (want, want_lse), (out, lse) = outs
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    assert rel_err(out, ref) < TOL[torch.bfloat16]
+    check_lse(lse, ref_lse)
+
+
+@hopper_only
 @pytest.mark.parametrize("nheads,nheads_k,head_dim", [(12, 2, 128), (28, 4, 128), (40, 8, 64)])
 def test_gluon_prefill_padded_groups(nheads, nheads_k, head_dim):
     """Groups that do not divide the 128 rows (6, 7, 5): BLOCK_Q * GROUP rows and padding."""

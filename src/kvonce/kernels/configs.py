@@ -465,6 +465,9 @@ class PagedPrefillConfig:
         (``gluon_prefill.unsupported_reason``: Hopper, plain fp16/bf16 caches, d 64/128,
         GQA groups up to 128), with ``gluon_block_n`` keys a tile and ``gluon_stages`` ring
         slots; the Triton kernel (with the fields above) elsewhere.
+    gluon_persistent: the Gluon kernel as one CTA an SM walking the work items (its loader
+        fills the next item's first slots while the consumers finish one) instead of one CTA
+        an item.
     """
     block_m: int
     block_n: int
@@ -480,6 +483,7 @@ class PagedPrefillConfig:
     gluon: bool = False
     gluon_block_n: int = 128
     gluon_stages: int = 3
+    gluon_persistent: bool = False
 
 
 # Hopper (H100, triton 3.6, bf16, 32/8 heads, d128; scripts/prefill_sweep.py, 2026-11-24,

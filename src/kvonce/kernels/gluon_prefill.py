@@ -39,6 +39,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
 from ._launch import all_aligned, launch
+from .configs import device_info
 
 LOG2E = gl.constexpr(1.4426950408889634)
 LN2 = gl.constexpr(0.6931471805599453)
@@ -92,16 +93,19 @@ def _find_sequence(cu_seqlens_q, tile, batch, BLOCK_Q: gl.constexpr):
 
 
 @gluon.jit
-def _tile(cu_seqlens_q, cache_seqlens, batch, num_tiles, BLOCK_Q: gl.constexpr,
+def _tile(item, cu_seqlens_q, cache_seqlens, batch, num_tiles, BLOCK_Q: gl.constexpr,
           BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr):
-    """The CTA's sequence, first token and key ranges (as ``_paged_prefill_kernel``): keys
-    ``[0, full)`` are seen by every row of the tile, ``[full, hi)`` need the mask. ``num_tiles``:
-    the grid's first dimension (an argument: the Gluon kernels here call only builtins and
-    their own functions, so that they also compile in a process running Triton's interpreter)."""
+    """Work item ``item`` (``kv_head * num_tiles + t``: the Triton kernel's grid order, M tiles
+    of one KV head back to back) as its KV head, sequence, first token and key ranges (as
+    ``_paged_prefill_kernel``): keys ``[0, full)`` are seen by every row of the tile, ``[full,
+    hi)`` need the mask. ``num_tiles``: M tiles per KV head (an argument: the Gluon kernels here
+    call only builtins and their own functions, so that they also compile in a process running
+    Triton's interpreter)."""
+    kv_head = item // num_tiles
     if LAST_FIRST:
-        tile = num_tiles - 1 - gl.program_id(0)
+        tile = num_tiles - 1 - item % num_tiles
     else:
-        tile = gl.program_id(0)
+        tile = item % num_tiles
     seq = _find_sequence(cu_seqlens_q, tile, batch, BLOCK_Q)
     q_start = gl.load(cu_seqlens_q + seq)
     q_len = gl.load(cu_seqlens_q + seq + 1) - q_start
@@ -117,41 +121,46 @@ def _tile(cu_seqlens_q, cache_seqlens, batch, num_tiles, BLOCK_Q: gl.constexpr,
         hi = seqlen
         all_see = seqlen
     full = gl.maximum(all_see, 0) // BLOCK_N * BLOCK_N
-    return seq, q_start, q_len, tok0, seqlen, diag, hi, full
+    return kv_head, seq, q_start, q_len, tok0, seqlen, diag, hi, full
 
 
 @gluon.jit
 def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-          cu_seqlens_q, cache_seqlens, block_table, stride_btb, batch, num_tiles,
-          PAGE_SIZE: gl.constexpr,
-          BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-          IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr):
-    """The loader warp: every key tile of the CTA, box by box, into the K and V rings."""
+          cu_seqlens_q, cache_seqlens, block_table, stride_btb, batch, num_tiles, num_items,
+          num_programs, PAGE_SIZE: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
+          HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr):
+    """The loader warp: every key tile of the CTA's work items, box by box, into the K and V
+    rings (``it`` counts the CTA's tiles across items, as the consumers do)."""
     STAGES: gl.constexpr = k_smem.shape[0]
     BOX: gl.constexpr = k_desc.block_type.shape[0]
-    seq, q_start, q_len, tok0, seqlen, diag, hi, full = _tile(
-        cu_seqlens_q, cache_seqlens, batch, num_tiles, BLOCK_Q, BLOCK_N, IS_CAUSAL, LAST_FIRST)
-    col = gl.program_id(1) * HEAD_DIM
-    bt_row = block_table + seq.to(gl.int64) * stride_btb
-    last_box = gl.maximum(seqlen - 1, 0) // BOX * BOX   # boxes past the end re-read this one
     # The page of each box of a tile, looked up one tile ahead (one vector load a tile: the
     # TMA issues of a tile never wait on a block-table load of their own).
     BOXES: gl.constexpr = BLOCK_N // BOX
     box = gl.arange(0, BOXES, gl.BlockedLayout([1], [32], [1], [0]))
-    pages = _box_pages(bt_row, 0, box, last_box, BLOCK_N, BOX, PAGE_SIZE)
-    for j in range((hi + BLOCK_N - 1) // BLOCK_N):
-        s = j % STAGES
-        cur = pages
-        pages = _box_pages(bt_row, j + 1, box, last_box, BLOCK_N, BOX, PAGE_SIZE)
-        # k_empty[s] / v_empty[s] (count 1): the consumers arrive once both warpgroups' Q Kᵀ
-        # (P V) on the slot has retired; parity ((j // STAGES) & 1) ^ 1: a fresh barrier passes
-        # the first round. K and V slots free apart: K of tile j + STAGES can come while V of
-        # tile j is still being read. k_ready[s], v_ready[s] (count 1): expect + the boxes' bytes.
-        phase = ((j // STAGES) & 1) ^ 1
-        _load_tile(k_desc, k_smem.index(s), k_ready.index(s), k_empty.index(s), phase, cur, box,
-                   j, col, last_box, BLOCK_N, PAGE_SIZE)
-        _load_tile(v_desc, v_smem.index(s), v_ready.index(s), v_empty.index(s), phase, cur, box,
-                   j, col, last_box, BLOCK_N, PAGE_SIZE)
+    it = 0
+    for item in range(gl.program_id(0), num_items, num_programs):
+        kv_head, seq, q_start, q_len, tok0, seqlen, diag, hi, full = _tile(
+            item, cu_seqlens_q, cache_seqlens, batch, num_tiles, BLOCK_Q, BLOCK_N, IS_CAUSAL,
+            LAST_FIRST)
+        n_tiles = gl.where(tok0 < q_len, (hi + BLOCK_N - 1) // BLOCK_N, 0)
+        col = kv_head * HEAD_DIM
+        bt_row = block_table + seq.to(gl.int64) * stride_btb
+        last_box = gl.maximum(seqlen - 1, 0) // BOX * BOX   # boxes past the end re-read this one
+        pages = _box_pages(bt_row, 0, box, last_box, BLOCK_N, BOX, PAGE_SIZE)
+        for j in range(n_tiles):
+            s = (it + j) % STAGES
+            cur = pages
+            pages = _box_pages(bt_row, j + 1, box, last_box, BLOCK_N, BOX, PAGE_SIZE)
+            # k_empty[s] / v_empty[s] (count 2): both consumer warpgroups' Q Kᵀ (P V) on the
+            # slot has retired; parity ((it // STAGES) & 1) ^ 1: a fresh barrier passes the
+            # first round. K and V slots free apart: K of tile j + STAGES can come while V of
+            # tile j is still being read. k_ready[s], v_ready[s] (count 1): expect + the bytes.
+            phase = (((it + j) // STAGES) & 1) ^ 1
+            _load_tile(k_desc, k_smem.index(s), k_ready.index(s), k_empty.index(s), phase, cur,
+                       box, j, col, last_box, BLOCK_N, PAGE_SIZE)
+            _load_tile(v_desc, v_smem.index(s), v_ready.index(s), v_empty.index(s), phase, cur,
+                       box, j, col, last_box, BLOCK_N, PAGE_SIZE)
+        it += n_tiles
 
 
 @gluon.jit
@@ -228,12 +237,36 @@ def _softmax_tile(sc, m_i, l_i, start, full, seqlen, last_key, qk_scale, BLOCK_N
 
 @gluon.jit
 def _consume(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-             cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles, stride_qt, stride_qh,
-             stride_ot, stride_oh, stride_lh, GROUP: gl.constexpr, BLOCK_Q: gl.constexpr,
-             BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr,
-             LAST_FIRST: gl.constexpr, STORE_LSE: gl.constexpr, PART: gl.constexpr):
-    """Consumer warpgroup ``PART``: packed rows ``[64 PART, 64 PART + 64)`` of the CTA against
-    its keys ``[0, hi)``. FA3's intra-warpgroup overlap: tile j's Q Kᵀ is issued before tile
+             cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles, num_items, num_programs,
+             stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, GROUP: gl.constexpr,
+             BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+             IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr, STORE_LSE: gl.constexpr,
+             PART: gl.constexpr):
+    """Consumer warpgroup ``PART``: packed rows ``[64 PART, 64 PART + 64)`` of each of the
+    CTA's work items against its keys ``[0, hi)`` (``it`` counts the CTA's key tiles across
+    items, as the loader does)."""
+    q_smem = q_smem.index(PART)
+    it = 0
+    for item in range(gl.program_id(0), num_items, num_programs):
+        kv_head, seq, q_start, q_len, tok0, seqlen, diag, hi, full = _tile(
+            item, cu_seqlens_q, cache_seqlens, batch, num_tiles, BLOCK_Q, BLOCK_N, IS_CAUSAL,
+            LAST_FIRST)
+        if tok0 < q_len:   # else a surplus item (or an empty sequence's slot): no key tiles
+            _consume_item(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty,
+                          v_empty, it, kv_head, q_start, q_len, tok0, seqlen, diag, hi, full,
+                          sm_scale, stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, GROUP,
+                          BLOCK_Q, BLOCK_N, HEAD_DIM, STORE_LSE, PART)
+            it += (hi + BLOCK_N - 1) // BLOCK_N
+
+
+@gluon.jit
+def _consume_item(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it,
+                  kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, sm_scale, stride_qt,
+                  stride_qh, stride_ot, stride_oh, stride_lh, GROUP: gl.constexpr,
+                  BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                  STORE_LSE: gl.constexpr, PART: gl.constexpr):
+    """One work item of consumer warpgroup ``PART`` (its ``q_smem`` slice), its key tiles the
+    ring's ``it``-th onwards. FA3's intra-warpgroup overlap: tile j's Q Kᵀ is issued before tile
     j - 1's P V, whose wgmma runs under tile j's softmax (P of tile j - 1 stays in registers as
     its A operand until it retires). Each warpgroup frees a slot by its own arrive (the empty
     barriers count 2): the two drift apart, so one's softmax meets the other's wgmmas."""
@@ -245,12 +278,9 @@ def _consume(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
     IO: gl.constexpr = rows_layout(HEAD_DIM)
     STAGES: gl.constexpr = k_smem.shape[0]
     dtype: gl.constexpr = q_smem.dtype
-    seq, q_start, q_len, tok0, seqlen, diag, hi, full = _tile(
-        cu_seqlens_q, cache_seqlens, batch, num_tiles, BLOCK_Q, BLOCK_N, IS_CAUSAL, LAST_FIRST)
-    kv_head = gl.program_id(1)
 
-    # Q once: packed rows gathered by pointers (rows past q_len read 0), then shared memory.
-    q_smem = q_smem.index(PART)
+    # Q: packed rows gathered by pointers (rows past q_len read 0), then shared memory, once
+    # every warp of the warpgroup has read the last item's O out of it.
     rows = PART * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, IO))
     offs_d = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, IO))
     tok = tok0 + rows // GROUP
@@ -260,6 +290,7 @@ def _consume(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
     q_rows = (q_start + tok).to(gl.int64)
     q = gl.load(Q + gl.expand_dims(q_rows * stride_qt + head * stride_qh, 1)
                 + gl.expand_dims(offs_d, 0), mask=row_ok, other=0.0)
+    gl.thread_barrier()
     q_smem.store(q)
     fence_async_shared()
     gl.thread_barrier()   # the wgmma reads rows every warp of the warpgroup stored
@@ -273,21 +304,23 @@ def _consume(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
     zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, S_LAYOUT)
     n_tiles = (hi + BLOCK_N - 1) // BLOCK_N
     if n_tiles > 0:
-        mbarrier.wait(k_ready.index(0), 0)
-        sc = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False,
+        s = it % STAGES
+        mbarrier.wait(k_ready.index(s), (it // STAGES) & 1)
+        sc = warpgroup_mma(q_smem, k_smem.index(s).permute((1, 0)), zero_s, use_acc=False,
                            is_async=True)
         sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
-        mbarrier.arrive(k_empty.index(0))
+        mbarrier.arrive(k_empty.index(s))
         p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, 0, full, seqlen, last_key,
                                            qk_scale, BLOCK_N, S_LAYOUT)
         p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
         for j in range(1, n_tiles):
-            s = j % STAGES
-            prev = (j - 1) % STAGES
-            mbarrier.wait(k_ready.index(s), (j // STAGES) & 1)
+            g = it + j
+            s = g % STAGES
+            prev = (g - 1) % STAGES
+            mbarrier.wait(k_ready.index(s), (g // STAGES) & 1)
             sc = warpgroup_mma(q_smem, k_smem.index(s).permute((1, 0)), zero_s,
                                use_acc=False, is_async=True)
-            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+            mbarrier.wait(v_ready.index(prev), ((g - 1) // STAGES) & 1)
             acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
             sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc, ))
             mbarrier.arrive(k_empty.index(s))
@@ -298,8 +331,8 @@ def _consume(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROWS_O), 1)
             p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
         last = n_tiles - 1
-        s = last % STAGES
-        mbarrier.wait(v_ready.index(s), (last // STAGES) & 1)
+        s = (it + last) % STAGES
+        mbarrier.wait(v_ready.index(s), ((it + last) // STAGES) & 1)
         if last * BLOCK_N + BLOCK_N > seqlen:   # only the last tile reaches past the end
             _zero_rows_from(v_smem.index(s), seqlen - last * BLOCK_N, BLOCK_N, HEAD_DIM)
         acc = warpgroup_mma(p_op, v_smem.index(s), acc, is_async=True)
@@ -325,21 +358,21 @@ def _consume(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
 @gluon.jit
 def _gluon_prefill_kernel(
     Q, k_desc, v_desc, Out, Lse, cu_seqlens_q, cache_seqlens, block_table, sm_scale, batch,
-    num_tiles, stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, stride_btb,
-    GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr, PAGE_SIZE: gl.constexpr,
+    num_tiles, num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh, stride_lh,
+    stride_btb, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr, PAGE_SIZE: gl.constexpr,
     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STORE_LSE: gl.constexpr,
     LAST_FIRST: gl.constexpr, STAGES: gl.constexpr,
 ):
-    """Grid ``(num_tiles, nheads_k)``, ``num_tiles = total_q // BLOCK_Q + batch``. Q, Out
-    ``[total_q, nheads, HEAD_DIM]`` (last dim contiguous); k/v descriptors over the caches as ``[num_pages * PAGE_SIZE, nheads_k *
-    HEAD_DIM]``, block ``[min(PAGE_SIZE, BLOCK_N), HEAD_DIM]``; Lse float32 ``[nheads,
-    total_q]``-strided (any pointer without STORE_LSE); cu_seqlens_q int32 ``[batch + 1]``,
-    cache_seqlens int32 ``[batch]``, block_table int32 ``[batch, max_pages]``."""
+    """Grid ``(num_programs,)``: CTA ``p`` runs work items ``p, p + num_programs, ..`` of
+    ``num_items = num_tiles * nheads_k`` (``_tile``; ``num_tiles = total_q // BLOCK_Q + batch``
+    M tiles per KV head); ``num_programs = num_items`` is one CTA per item, fewer is persistent
+    (the loader fills the next item's first slots while the consumers finish the last one). Q,
+    Out ``[total_q, nheads, HEAD_DIM]`` (last dim contiguous); k/v descriptors over the caches
+    as ``[num_pages * PAGE_SIZE, nheads_k * HEAD_DIM]``, block ``[min(PAGE_SIZE, BLOCK_N),
+    HEAD_DIM]``; Lse float32 ``[nheads, total_q]``-strided (any pointer without STORE_LSE);
+    cu_seqlens_q int32 ``[batch + 1]``, cache_seqlens int32 ``[batch]``, block_table int32
+    ``[batch, max_pages]``."""
     BLOCK_Q: gl.constexpr = BLOCK_M // GROUP
-    seq, q_start, q_len, tok0, seqlen, diag, hi, full = _tile(
-        cu_seqlens_q, cache_seqlens, batch, num_tiles, BLOCK_Q, BLOCK_N, IS_CAUSAL, LAST_FIRST)
-    if tok0 >= q_len:  # surplus program (or an empty sequence's slot)
-        return
     dtype: gl.constexpr = k_desc.dtype
     Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_DIM], dtype)
     q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], Q_SMEM)
@@ -359,16 +392,17 @@ def _gluon_prefill_kernel(
     # constexprs as runtime values.)
     gl.warp_specialize([
         (_consume, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                    cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles, stride_qt, stride_qh,
-                    stride_ot, stride_oh, stride_lh, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM,
-                    IS_CAUSAL, LAST_FIRST, STORE_LSE, 0)),
+                    cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles, num_items,
+                    num_programs, stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, GROUP,
+                    BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST, STORE_LSE, 0)),
         (_consume, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                    cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles, stride_qt, stride_qh,
-                    stride_ot, stride_oh, stride_lh, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM,
-                    IS_CAUSAL, LAST_FIRST, STORE_LSE, 1)),
+                    cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles, num_items,
+                    num_programs, stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, GROUP,
+                    BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST, STORE_LSE, 1)),
         (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                 cu_seqlens_q, cache_seqlens, block_table, stride_btb, batch, num_tiles, PAGE_SIZE,
-                 BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST)),
+                 cu_seqlens_q, cache_seqlens, block_table, stride_btb, batch, num_tiles,
+                 num_items, num_programs, PAGE_SIZE, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
+                 LAST_FIRST)),
     ], [CONSUMER_WARPS, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
 
 
@@ -425,7 +459,8 @@ class GluonPrefillLaunch:
     the JIT, or the cached launcher with ``CACHED_LAUNCH``."""
 
     def __init__(self, q, k_cache, v_cache, block_table, *, softmax_scale: float, causal: bool,
-                 store_lse: bool, block_n: int, stages: int, last_tiles_first: bool):
+                 store_lse: bool, block_n: int, stages: int, last_tiles_first: bool,
+                 persistent: bool):
         total_q, nheads, head_dim = q.shape
         page_size, nheads_k = k_cache.shape[1], k_cache.shape[2]
         batch = block_table.shape[0]
@@ -433,7 +468,11 @@ class GluonPrefillLaunch:
         self.box = min(page_size, block_n)
         self.head_dim = head_dim
         self.empty = total_q == 0 or batch == 0
-        self._grid = (total_q // (BLOCK_M.value // group) + batch, nheads_k)
+        self._num_tiles = total_q // (BLOCK_M.value // group) + batch   # M tiles per KV head
+        self._num_items = self._num_tiles * nheads_k
+        # Persistent: one CTA an SM (229 KB of shared memory and 64K registers hold one).
+        self._num_programs = (min(self._num_items, device_info(q.device)[1]) if persistent
+                              else self._num_items)
         self._scale = float(softmax_scale)
         self._batch = batch
         self._constexprs = dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size,
@@ -455,16 +494,18 @@ class GluonPrefillLaunch:
             return
         lse_arg, stride_lh = (out, 0) if lse is None else (lse, lse.stride(0))
         args = (q, self._desc(k_cache), self._desc(v_cache), out, lse_arg, cu_seqlens_q,
-                cache_seqlens, block_table, self._scale, self._batch, self._grid[0], q.stride(0),
-                q.stride(1), out.stride(0), out.stride(1), stride_lh, block_table.stride(0))
+                cache_seqlens, block_table, self._scale, self._batch, self._num_tiles,
+                self._num_items, self._num_programs, q.stride(0), q.stride(1), out.stride(0),
+                out.stride(1), stride_lh, block_table.stride(0))
+        grid = (self._num_programs, )
         if not CACHED_LAUNCH:
-            _gluon_prefill_kernel[self._grid](*args, **self._constexprs,
-                                              num_warps=CONSUMER_WARPS.value)
+            _gluon_prefill_kernel[grid](*args, **self._constexprs,
+                                        num_warps=CONSUMER_WARPS.value)
             return
         ints = tuple(a for a in args[9:])
         aligned = all_aligned(q, k_cache, v_cache, out, lse_arg, cu_seqlens_q, cache_seqlens,
                               block_table)
         launch(_gluon_prefill_kernel, ("gluon-prefill", q.dtype, ints,
                                        tuple(self._constexprs.values()), aligned),
-               (*self._grid, 1), args, self._constexprs, CONSUMER_WARPS.value, 1,
+               (*grid, 1, 1), args, self._constexprs, CONSUMER_WARPS.value, 1,
                q.device.index)

@@ -15,8 +15,9 @@ def _check_signature(dtype: str, head_dim: int, box: int) -> dict:
                v_desc=f"tensordesc<{dtype}[{box}, {head_dim}],{kv!r}>", Out=f"*{dtype}",
                Lse="*fp32", cu_seqlens_q="*i32", cache_seqlens="*i32", block_table="*i32",
                sm_scale="fp32")
-    sig.update({name: "i32" for name in ("batch", "num_tiles", "stride_qt", "stride_qh",
-                                         "stride_ot", "stride_oh", "stride_lh", "stride_btb")})
+    sig.update({name: "i32" for name in ("batch", "num_tiles", "num_items", "num_programs",
+                                         "stride_qt", "stride_qh", "stride_ot", "stride_oh",
+                                         "stride_lh", "stride_btb")})
     for name in ("GROUP", "IS_CAUSAL", "PAGE_SIZE", "BLOCK_N", "HEAD_DIM", "STORE_LSE",
                  "LAST_FIRST", "STAGES"):
         sig[name] = "constexpr"

@@ -232,7 +232,8 @@ class PagedPrefillLaunch:
                 self._gluon = gluon_prefill.GluonPrefillLaunch(
                     q, k_cache, v_cache, block_table, softmax_scale=softmax_scale,
                     causal=causal, store_lse=store_lse, block_n=config.gluon_block_n,
-                    stages=config.gluon_stages, last_tiles_first=config.last_tiles_first)
+                    stages=config.gluon_stages, last_tiles_first=config.last_tiles_first,
+                    persistent=config.gluon_persistent)
 
     def __call__(self, q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table, out, lse,
                  k_scale=None, v_scale=None) -> None:

@@ -308,6 +308,7 @@ def _paged_prefill_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                       kv_cache_modifier: str, kv_eviction: str, last_tiles_first: bool,
                       int64_kv_offsets: bool, prefetch_pages: bool, tma: bool, pack_gqa: bool,
                       gluon: bool, gluon_block_n: int, gluon_stages: int,
+                      gluon_persistent: bool,
                       k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
                       kv_format: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out [total_q, nheads, d], lse float32 [nheads, total_q])`` of ``paged_prefill``; the
@@ -319,7 +320,8 @@ def _paged_prefill_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                                 int64_kv_offsets=int64_kv_offsets,
                                 prefetch_pages=prefetch_pages, tma=tma, pack_gqa=pack_gqa,
                                 gluon=gluon, gluon_block_n=gluon_block_n,
-                                gluon_stages=gluon_stages)
+                                gluon_stages=gluon_stages,
+                                gluon_persistent=gluon_persistent)
     out, lse = _outputs(q, allocator.empty)
     PagedPrefillLaunch(q, k_cache, v_cache, block_table, softmax_scale=softmax_scale,
                        causal=causal, config=config, store_lse=True, kv_format=kv_format,
