@@ -466,8 +466,8 @@ class PagedPrefillConfig:
         GQA groups up to 128), with ``gluon_block_n`` keys a tile and ``gluon_stages`` ring
         slots; the Triton kernel (with the fields above) elsewhere.
     gluon_persistent: the Gluon kernel as one CTA an SM walking the work items (its loader
-        fills the next item's first slots while the consumers finish one) instead of one CTA
-        an item.
+        fills the next item's first slots, and its consumers look the next item's tile and Q
+        up, while they finish one) instead of one CTA an item.
     """
     block_m: int
     block_n: int
@@ -496,9 +496,13 @@ class PagedPrefillConfig:
 # 2026-11-26: the Gluon kernel where it applies (128-key tiles, 3 stages; prefill 8 x 2048
 # 449 / 463 TFLOP/s at pages 16 / 256 against 359 / 402 for the Triton row, chunked 578 / 580
 # against 445 / 488, same run; scripts/prefill_sweep.py, docs/notes.md), this Triton row elsewhere.
+# Later the same day, persistent (one CTA an SM, the next item's tile and Q looked up under the
+# last P V): prefill 8 x 2048 455 / 500 eager, 424 / 455 graphs (pages 16 / 256) against 423-440
+# / 436-452 and 409-414 / 424-443 one CTA an item in the same run; chunked and mixed 1-4% slower
+# eager, -2..+1% in graphs (scripts/prefill_sweep.py --graph).
 _PAGED_PREFILL_TABLE: dict[tuple[int, int], dict[int, PagedPrefillConfig]] = {
     (9, 0): {hd: PagedPrefillConfig(128, 64, 8, 3, last_tiles_first=True, prefetch_pages=True,
-                                    tma=True, gluon=True)
+                                    tma=True, gluon=True, gluon_persistent=True)
              for hd in (32, 64, 96, 128)}
     | {256: PagedPrefillConfig(64, 32, 8, 2)},
 }

@@ -244,32 +244,82 @@ def _consume(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
              PART: gl.constexpr):
     """Consumer warpgroup ``PART``: packed rows ``[64 PART, 64 PART + 64)`` of each of the
     CTA's work items against its keys ``[0, hi)`` (``it`` counts the CTA's key tiles across
-    items, as the loader does)."""
+    items, as the loader does). The next item's tile and Q rows are looked up while this one's
+    last P V runs (``_next_item``), so a persistent CTA starts an item on data already loaded."""
     q_smem = q_smem.index(PART)
     it = 0
-    for item in range(gl.program_id(0), num_items, num_programs):
-        kv_head, seq, q_start, q_len, tok0, seqlen, diag, hi, full = _tile(
-            item, cu_seqlens_q, cache_seqlens, batch, num_tiles, BLOCK_Q, BLOCK_N, IS_CAUSAL,
-            LAST_FIRST)
+    item = gl.program_id(0)
+    kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, q = _next_item(
+        Q, cu_seqlens_q, cache_seqlens, batch, num_tiles, item, True, stride_qt, stride_qh,
+        GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST, PART)
+    while item < num_items:
+        nxt = item + num_programs
         if tok0 < q_len:   # else a surplus item (or an empty sequence's slot): no key tiles
-            _consume_item(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty,
-                          v_empty, it, kv_head, q_start, q_len, tok0, seqlen, diag, hi, full,
-                          sm_scale, stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, GROUP,
-                          BLOCK_Q, BLOCK_N, HEAD_DIM, STORE_LSE, PART)
-            it += (hi + BLOCK_N - 1) // BLOCK_N
+            n_tiles = (hi + BLOCK_N - 1) // BLOCK_N
+            n_head, n_start, n_len, n_tok0, n_seqlen, n_diag, n_hi, n_full, n_q = _consume_item(
+                Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it,
+                kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, sm_scale, stride_qt,
+                stride_qh, stride_ot, stride_oh, stride_lh, cu_seqlens_q, cache_seqlens, batch,
+                num_tiles, nxt, nxt < num_items, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
+                LAST_FIRST, STORE_LSE, PART)
+            it += n_tiles
+        else:
+            n_head, n_start, n_len, n_tok0, n_seqlen, n_diag, n_hi, n_full, n_q = _next_item(
+                Q, cu_seqlens_q, cache_seqlens, batch, num_tiles, nxt, nxt < num_items,
+                stride_qt, stride_qh, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST,
+                PART)
+        item = nxt
+        kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, q = (
+            n_head, n_start, n_len, n_tok0, n_seqlen, n_diag, n_hi, n_full, n_q)
 
 
 @gluon.jit
-def _consume_item(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it,
-                  kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, sm_scale, stride_qt,
-                  stride_qh, stride_ot, stride_oh, stride_lh, GROUP: gl.constexpr,
+def _q_rows(kv_head, q_start, q_len, tok0, GROUP: gl.constexpr, BLOCK_Q: gl.constexpr,
+            HEAD_DIM: gl.constexpr, PART: gl.constexpr):
+    """A consumer warpgroup's packed rows of an item in the coalesced layout: ``(q_rows`` (the
+    rows' token in Q/Out, int64), ``head``, ``row_ok`` (a real token, not padding))."""
+    IO: gl.constexpr = rows_layout(HEAD_DIM)
+    rows = PART * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, IO))
+    tok = tok0 + rows // GROUP
+    head = kv_head * GROUP + rows % GROUP
+    # Rows past BLOCK_Q * GROUP (a group that does not divide 128) are padding, as past q_len.
+    row_ok = (tok < q_len) & (rows < BLOCK_Q * GROUP)
+    return (q_start + tok).to(gl.int64), head, row_ok
+
+
+@gluon.jit
+def _next_item(Q, cu_seqlens_q, cache_seqlens, batch, num_tiles, item, valid, stride_qt,
+               stride_qh, GROUP: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
+               HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr,
+               PART: gl.constexpr):
+    """Work item ``item``'s tile (``_tile``, less the sequence index) and the warpgroup's Q
+    rows in registers (rows past q_len, or every row where not ``valid``: 0, no load)."""
+    kv_head, seq, q_start, q_len, tok0, seqlen, diag, hi, full = _tile(
+        item, cu_seqlens_q, cache_seqlens, batch, num_tiles, BLOCK_Q, BLOCK_N, IS_CAUSAL,
+        LAST_FIRST)
+    q_rows, head, row_ok = _q_rows(kv_head, q_start, q_len, tok0, GROUP, BLOCK_Q, HEAD_DIM,
+                                   PART)
+    offs_d = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, rows_layout(HEAD_DIM)))
+    q = gl.load(Q + gl.expand_dims(q_rows * stride_qt + head * stride_qh, 1)
+                + gl.expand_dims(offs_d, 0), mask=gl.expand_dims(row_ok & valid, 1), other=0.0)
+    return kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, q
+
+
+@gluon.jit
+def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                  it, kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, sm_scale,
+                  stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, cu_seqlens_q,
+                  cache_seqlens, batch, num_tiles, nxt, nxt_valid, GROUP: gl.constexpr,
                   BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                  STORE_LSE: gl.constexpr, PART: gl.constexpr):
-    """One work item of consumer warpgroup ``PART`` (its ``q_smem`` slice), its key tiles the
-    ring's ``it``-th onwards. FA3's intra-warpgroup overlap: tile j's Q Kᵀ is issued before tile
-    j - 1's P V, whose wgmma runs under tile j's softmax (P of tile j - 1 stays in registers as
-    its A operand until it retires). Each warpgroup frees a slot by its own arrive (the empty
-    barriers count 2): the two drift apart, so one's softmax meets the other's wgmmas."""
+                  IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr, STORE_LSE: gl.constexpr,
+                  PART: gl.constexpr):
+    """One work item of consumer warpgroup ``PART`` (its ``q_smem`` slice; ``q`` its Q rows in
+    registers), its key tiles the ring's ``it``-th onwards; returns ``_next_item(nxt)``, looked
+    up under the item's last P V. FA3's intra-warpgroup overlap: tile j's Q Kᵀ is issued before
+    tile j - 1's P V, whose wgmma runs under tile j's softmax (P of tile j - 1 stays in
+    registers as its A operand until it retires). Each warpgroup frees a slot by its own arrive
+    (the empty barriers count 2): the two drift apart, so one's softmax meets the other's
+    wgmmas."""
     S_LAYOUT: gl.constexpr = mma_layout(BLOCK_N)
     O_LAYOUT: gl.constexpr = mma_layout(HEAD_DIM)
     P_OPERAND: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
@@ -279,17 +329,7 @@ def _consume_item(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty
     STAGES: gl.constexpr = k_smem.shape[0]
     dtype: gl.constexpr = q_smem.dtype
 
-    # Q: packed rows gathered by pointers (rows past q_len read 0), then shared memory, once
-    # every warp of the warpgroup has read the last item's O out of it.
-    rows = PART * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, IO))
-    offs_d = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, IO))
-    tok = tok0 + rows // GROUP
-    head = kv_head * GROUP + rows % GROUP
-    # Rows past BLOCK_Q * GROUP (a group that does not divide 128) are padding, as past q_len.
-    row_ok = gl.expand_dims((tok < q_len) & (rows < BLOCK_Q * GROUP), 1)
-    q_rows = (q_start + tok).to(gl.int64)
-    q = gl.load(Q + gl.expand_dims(q_rows * stride_qt + head * stride_qh, 1)
-                + gl.expand_dims(offs_d, 0), mask=row_ok, other=0.0)
+    # Q into shared memory once every warp of the warpgroup has read the last item's O out of it.
     gl.thread_barrier()
     q_smem.store(q)
     fence_async_shared()
@@ -336,8 +376,15 @@ def _consume_item(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty
         if last * BLOCK_N + BLOCK_N > seqlen:   # only the last tile reaches past the end
             _zero_rows_from(v_smem.index(s), seqlen - last * BLOCK_N, BLOCK_N, HEAD_DIM)
         acc = warpgroup_mma(p_op, v_smem.index(s), acc, is_async=True)
+        nxt_item = _next_item(Q, cu_seqlens_q, cache_seqlens, batch, num_tiles, nxt, nxt_valid,
+                              stride_qt, stride_qh, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
+                              LAST_FIRST, PART)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(v_empty.index(s))
+    else:
+        nxt_item = _next_item(Q, cu_seqlens_q, cache_seqlens, batch, num_tiles, nxt, nxt_valid,
+                              stride_qt, stride_qh, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
+                              LAST_FIRST, PART)
 
     seen = l_i > 0.0
     out = acc / gl.expand_dims(gl.convert_layout(gl.where(seen, l_i, 1.0), ROWS_O), 1)
@@ -345,14 +392,16 @@ def _consume_item(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty
     # coalesced layout: no separate conversion scratch, which leaves room for a third stage.
     q_smem.store(out.to(dtype))
     gl.thread_barrier()
-    o_rows = (q_rows * stride_ot + head * stride_oh)
-    gl.store(Out + gl.expand_dims(o_rows, 1) + gl.expand_dims(offs_d, 0), q_smem.load(IO),
-             mask=row_ok)
+    q_rows, head, row_ok = _q_rows(kv_head, q_start, q_len, tok0, GROUP, BLOCK_Q, HEAD_DIM, PART)
+    offs_d = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, IO))
+    gl.store(Out + gl.expand_dims(q_rows * stride_ot + head * stride_oh, 1)
+             + gl.expand_dims(offs_d, 0), q_smem.load(IO), mask=gl.expand_dims(row_ok, 1))
     if STORE_LSE:
         tok_s = tok0 + rows_s // GROUP
         lse = gl.where(seen, (m_i + gl.log2(gl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
         gl.store(Lse + (kv_head * GROUP + rows_s % GROUP).to(gl.int64) * stride_lh + q_start
                  + tok_s, lse, mask=(tok_s < q_len) & (rows_s < BLOCK_Q * GROUP))
+    return nxt_item
 
 
 @gluon.jit
