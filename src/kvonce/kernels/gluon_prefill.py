@@ -2,20 +2,22 @@
 contract (kernels/paged_prefill.py) for plain fp16/bf16 caches, with K/V brought by TMA, page by
 page, by a loader warp.
 
-Rows are packed as in the Triton kernel: one CTA per (M tile, KV head) holds ``BLOCK_Q = BLOCK_M
+Rows are packed as in the Triton kernel: a work item (M tile, KV head) holds ``BLOCK_Q = BLOCK_M
 // GROUP`` consecutive tokens of one sequence times the ``GROUP`` q heads of the KV head (row
 ``r`` -> token ``tok0 + r // GROUP``, head ``kv_head * GROUP + r % GROUP``), so each K/V tile is
-read once for the whole group; the grid, the tile order and the sequence search are the Triton
-kernel's. Two partitions:
+read once for the whole group; the item order and the sequence search are the Triton kernel's.
+A CTA runs one item, or (persistent) walks items ``p, p + G, ..`` with its ring running on
+across them. Two partitions:
 
-- ``_load`` (1 warp): key tile ``j`` (``BLOCK_N`` keys) of the CTA into ring slot ``j % STAGES``
+- ``_load`` (1 warp): key tile ``j`` (``BLOCK_N`` keys) of an item into ring slot ``j % STAGES``
   as ``BLOCK_N // BOX`` TMA boxes of ``BOX = min(PAGE_SIZE, BLOCK_N)`` rows each, from the caches
   viewed as ``[num_pages * PAGE_SIZE, nheads_k * D]``: Hopper's TMA cannot gather rows, but a box
   never crosses a page, so one block-table lookup per box places it (the page ids of a tile are
   looked up a tile ahead). K on ``k_ready[s]``, V on ``v_ready[s]``; a K (V) slot is refilled once
   ``k_empty[s]`` (``v_empty[s]``) says both consumer warpgroups are done with it.
-- ``_consume`` (two partitions of one warpgroup, 64 rows each): Q loaded once (packed rows
-  gathered by pointers, stored to shared memory), then per tile S = Q Kᵀ (SS wgmma), the online
+- ``_consume`` (two partitions of one warpgroup, 64 rows each): an item's Q (packed rows
+  gathered by pointers into registers under the previous item's last P V, then stored to shared
+  memory), then per tile S = Q Kᵀ (SS wgmma), the online
   softmax in base 2 (the causal / sequence-end mask only on tiles past ``full``, the keys every
   row sees), O += P V (RS wgmma: P stays in registers), with FA3's intra-warpgroup overlap (tile
   j's Q Kᵀ issued before tile j - 1's P V). Each warpgroup frees a slot by its own arrive: as
@@ -503,9 +505,10 @@ def unsupported_reason(q, k_cache, v_cache, block_table, *, kv_format: int, bloc
 
 
 class GluonPrefillLaunch:
-    """``PagedPrefillLaunch``'s call for ``_gluon_prefill_kernel``: grid, scalars and constants
-    fixed once from the planned shapes; TMA descriptors per call (host-side, a few us); through
-    the JIT, or the cached launcher with ``CACHED_LAUNCH``."""
+    """``PagedPrefillLaunch``'s call for ``_gluon_prefill_kernel``: grid (one CTA an item, or
+    with ``persistent`` one an SM), scalars and constants fixed once from the planned shapes; TMA
+    descriptors per call (host-side, a few us); through the JIT, or the cached launcher with
+    ``CACHED_LAUNCH``."""
 
     def __init__(self, q, k_cache, v_cache, block_table, *, softmax_scale: float, causal: bool,
                  store_lse: bool, block_n: int, stages: int, last_tiles_first: bool,
