@@ -498,8 +498,8 @@ class PagedPrefillConfig:
 # against 445 / 488, same run; scripts/prefill_sweep.py, docs/notes.md), this Triton row elsewhere.
 # Later the same day, persistent (one CTA an SM, the next item's tile and Q looked up under the
 # last P V): prefill 8 x 2048 455 / 500 eager, 424 / 455 graphs (pages 16 / 256) against 423-440
-# / 436-452 and 409-414 / 424-443 one CTA an item in the same run; chunked and mixed 1-4% slower
-# eager, -2..+1% in graphs (scripts/prefill_sweep.py --graph).
+# / 436-452 and 409-414 / 424-443 one CTA an item in the same run; chunked and mixed 1-5% slower
+# eager, -2..+2% in graphs (scripts/prefill_sweep.py --graph).
 _PAGED_PREFILL_TABLE: dict[tuple[int, int], dict[int, PagedPrefillConfig]] = {
     (9, 0): {hd: PagedPrefillConfig(128, 64, 8, 3, last_tiles_first=True, prefetch_pages=True,
                                     tma=True, gluon=True, gluon_persistent=True)
