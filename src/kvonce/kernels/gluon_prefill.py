@@ -257,22 +257,20 @@ def _consume(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
     while item < num_items:
         nxt = item + num_programs
         if tok0 < q_len:   # else a surplus item (or an empty sequence's slot): no key tiles
-            n_tiles = (hi + BLOCK_N - 1) // BLOCK_N
-            n_head, n_start, n_len, n_tok0, n_seqlen, n_diag, n_hi, n_full, n_q = _consume_item(
+            it_next = it + (hi + BLOCK_N - 1) // BLOCK_N
+            kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, q = _consume_item(
                 Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it,
                 kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, sm_scale, stride_qt,
                 stride_qh, stride_ot, stride_oh, stride_lh, cu_seqlens_q, cache_seqlens, batch,
                 num_tiles, nxt, nxt < num_items, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
                 LAST_FIRST, STORE_LSE, PART)
-            it += n_tiles
+            it = it_next
         else:
-            n_head, n_start, n_len, n_tok0, n_seqlen, n_diag, n_hi, n_full, n_q = _next_item(
+            kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, q = _next_item(
                 Q, cu_seqlens_q, cache_seqlens, batch, num_tiles, nxt, nxt < num_items,
                 stride_qt, stride_qh, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST,
                 PART)
         item = nxt
-        kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, q = (
-            n_head, n_start, n_len, n_tok0, n_seqlen, n_diag, n_hi, n_full, n_q)
 
 
 @gluon.jit
