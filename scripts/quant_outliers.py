@@ -302,11 +302,13 @@ def s_int4_token(asymmetric):
     return f
 
 
-def s_dense_sparse(n, centre, int4_token_rotated=False):
+def s_dense_sparse(n, centre, int4_token_rotated=False, sparse_int8=False):
     """KVQuant dense-and-sparse with a fixed channel set: the n channels of largest calibration
     |k| (after centring) per KV head kept in fp16, the rest quantized (those channels zeroed).
     ``int4_token_rotated``: the dense part Hadamard-rotated and int4 with one asymmetric scale per
-    token (issue 26 section 1 item 3's int4 format); the sparse dot uses q unrotated."""
+    token (issue 26 section 1 item 3's int4 format); the sparse dot uses q unrotated.
+    ``sparse_int8``: the n kept channels in int8 with one fp16 scale per token over them (n + 2
+    bytes instead of 2n)."""
     def f(fmt, case):
         if int4_token_rotated and fmt != "int4":
             return None
@@ -321,8 +323,12 @@ def s_dense_sparse(n, centre, int4_token_rotated=False):
             dense_hat, nbytes = _int4_tok_asym(dense @ h) @ h.T, 68
         else:
             dense_hat, nbytes = std_format(dense, fmt), BASE_BYTES[fmt]
+        if sparse_int8:   # the kept channels gathered, int8 with a per-token scale, scattered back
+            gather = idx.expand(*x.shape[:-1], n)
+            sparse = x.gather(-1, gather)
+            x = x.scatter(-1, gather, sym(sparse, 8, -1))
         k_hat = torch.where(keep, x, dense_hat)
-        return case.q, k_hat + c, nbytes + 2 * n
+        return case.q, k_hat + c, nbytes + (n + 2 if sparse_int8 else 2 * n)
     return f
 
 
@@ -366,6 +372,9 @@ SCHEMES = [
     ("dense&sparse n=8", "d&s", s_dense_sparse(8, False)),
     ("centre + d&s n=4", "d&s", s_dense_sparse(4, True)),
     ("centre + d&s n=8", "d&s", s_dense_sparse(8, True)),
+    ("d&s n=8, sparse int8/token", "d&s-int8", s_dense_sparse(8, False, sparse_int8=True)),
+    ("centre + d&s n=8, sparse int8/token", "d&s-int8", s_dense_sparse(8, True, sparse_int8=True)),
+    ("d&s n=4, sparse int8/token", "d&s-int8", s_dense_sparse(4, False, sparse_int8=True)),
     ("centre + static per-channel scale", "static-ch", s_static_channel),
     ("int4/token sym", "int4-token", s_int4_token(False)),
     ("int4/token asym", "int4-token", s_int4_token(True)),
@@ -400,6 +409,10 @@ LEGEND = {
             "a second dot per tile q[:, idx] (M x n, n padded to 16) . K_sparse (n x N), fp16; "
             "+2n B loaded per key", "gather n channels, zero them in the quantized part",
             "yes (channel set per layer, KV head)"),
+    "d&s-int8": ("+n + 2 B (int8 values of n fixed channels, one fp16 scale per token)",
+                 "as d&s, the sparse dot's n-column operand converted from int8 and its scores "
+                 "scaled per key", "as d&s, plus one amax over n per token",
+                 "yes (channel set per layer, KV head)"),
     "static-ch": ("-4 B int8 (no per-token scale), int4 -8 B",
                   "q * s once per query row; no per-key scale at all",
                   "one vector subtract and divide per token",
