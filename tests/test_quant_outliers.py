@@ -44,6 +44,23 @@ def test_dense_sparse_keeps_outlier_channels_exactly():
     assert torch.equal(k_hat[..., list(qo.OUTLIER_CH)], case.k[..., list(qo.OUTLIER_CH)])
 
 
+def test_dense_sparse_int8_sparse_channels():
+    """``sparse_int8``: the kept channels as int8 with one scale per token over them (n + 2
+    bytes), within half a step of that token's own scale; the dense channels as with fp16 ones."""
+    case = qo.make_case("offset", 0, **SMALL)
+    ch = list(qo.OUTLIER_CH)
+    _, fp16_sparse, _ = qo.s_dense_sparse(4, False)("int8", case)
+    _, k_hat, kbytes = qo.s_dense_sparse(4, False, sparse_int8=True)("int8", case)
+    assert kbytes == qo.BASE_BYTES["int8"] + 4 + 2
+    dense = [c for c in range(case.k.shape[-1]) if c not in ch]
+    assert torch.equal(k_hat[..., dense], fp16_sparse[..., dense])
+    kept = case.k[..., ch]
+    step = kept.abs().amax(-1, keepdim=True) / 127
+    err = (k_hat[..., ch] - kept).abs()
+    assert not torch.equal(k_hat[..., ch], kept)
+    assert bool((err <= step * 0.5 + 1e-3 * step + 1e-6).all()), (err / step).max()
+
+
 def test_rope_keeps_norms_and_pair_ties():
     x = torch.randn(3, 5, 2, 128)
     y = qo.rope(x, torch.arange(5) * 100)
