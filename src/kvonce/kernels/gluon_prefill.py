@@ -470,9 +470,10 @@ def unsupported_reason(q, k_cache, v_cache, block_table, *, kv_format: int, bloc
                        stages: int) -> str | None:
     """Why ``GluonPrefillLaunch`` cannot run these tensors, or None when it can: a Hopper GPU,
     a plain fp16/bf16 cache in q's dtype, head dim 64 or 128, a GQA group of at most 128 heads
-    (groups that do not divide the 128 rows get padding rows), pages and key tiles that nest (power-of-two sizes, >= 8 rows a box),
-    each page's rows and heads back to back (the caches viewed 2-D as ``[pages * page_size,
-    nheads_k * d]``), 16-byte aligned, and TMA row coordinates below 2^31."""
+    (groups that do not divide the 128 rows get padding rows), pages and key tiles that nest
+    (power-of-two sizes, >= 8 rows a box), each page's rows and heads back to back (the caches
+    viewed 2-D as ``[pages * page_size, nheads_k * d]``), 16-byte aligned, and TMA row
+    coordinates below 2^31."""
     total_q, nheads, head_dim = q.shape
     num_pages, page_size, nheads_k = k_cache.shape[:3]
     if kv_format != 0:
