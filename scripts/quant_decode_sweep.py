@@ -3,7 +3,7 @@
     PYTHONPATH=src python scripts/quant_decode_sweep.py [--formats int8,int4] [--quick]
         [--shapes 1x131072] [--heads 32/8,12/12] [--grid 64,4,2 128,4,2 128,4,2,6,64]
 (a grid entry: block_n, num_warps, num_stages[, programs_per_sm[, max_merged_splits[,
-max_registers[, swap_ab]]]])
+max_registers[, swap_ab[, f16_math]]]]])
 
 GQA 32/8 (or ``--heads``: q/kv head pairs), d128, page 16, random page order, q_len 1, fp16
 queries (``--dtype bf16``: bf16 queries and source cache; "fp16" below is then bf16), the issue's
@@ -43,7 +43,7 @@ def main():
     p.add_argument("--dtype", default="fp16", choices=("fp16", "bf16"), help="queries and cache")
     p.add_argument("--grid", nargs="*", default=[],
                    help="only these BLOCK_N,WARPS,STAGES[,PROGRAMS_PER_SM[,MAX_MERGED_SPLITS"
-                        "[,MAX_REGISTERS[,SWAP_AB]]]]")
+                        "[,MAX_REGISTERS[,SWAP_AB[,F16_MATH]]]]]")
     args = p.parse_args()
     base_cfg = get_paged_decode_config(torch.cuda.get_device_capability(), 128)
     grid = list(itertools.product((32, 64, 128), (4, 8), (2, 3, 4)))
@@ -84,6 +84,8 @@ def main():
                     cfg = dataclasses.replace(cfg, max_registers=spec[5])
                 if len(spec) > 6:  # 1: the swapped dots
                     cfg = dataclasses.replace(cfg, swap_ab=bool(spec[6]))
+                if len(spec) > 7:  # 1: bf16 q x fp8 cache with fp16 dots
+                    cfg = dataclasses.replace(cfg, f16_math=bool(spec[7]))
                 try:
                     pl = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks,
                                                 v_scale=vs, config=cfg,

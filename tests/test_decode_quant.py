@@ -142,6 +142,40 @@ def test_swapped_dots_match_the_reference(fmt, num_splits):
     assert plan._run_op(q, kq, vq, seqlens, table, *op_scales)[0].equal(out)
 
 
+@pytest.mark.parametrize("magnitude", [1.0, 1e6, 1e-9])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_bf16_queries_on_fp8_take_fp16_dots_without_loss(magnitude, num_splits):
+    """``PagedDecodeConfig.f16_math``: bf16 q against an fp8 cache runs both dots in fp16, each q
+    row scaled by its own power of two. Rows far outside fp16's range (1e6 overflows a plain
+    cast to fp16, 1e-9 flushes to zero there), with the softmax scale keeping their scores O(1),
+    and rows of unlike magnitude within one tile, still match the reference at bf16's accuracy;
+    the causal band, an empty sequence and lengths off the tile grid are in the case, and the
+    custom op carries the flag. fp16 dots: this runs in the interpreter too."""
+    import dataclasses
+
+    from kvonce.kernels.configs import get_paged_decode_config
+    q, k, v, seqlens, table = _case(3, 2, 8, 2, 128, 16, [37, 0, 150], torch.float32)
+    heads = torch.tensor([1.0, 2.0 ** -7, 2.0 ** 5, 3.0] * 2, device=DEVICE)
+    q = (q * heads[:, None] * magnitude).to(torch.bfloat16)
+    scale = 128 ** -0.5 / magnitude
+    kq, ks, vq, vs, kd, vd = _quantized(k.to(torch.bfloat16), v.to(torch.bfloat16), "fp8_e4m3")
+    ref, ref_lse = paged_attention_ref(q.float(), kd, vd, seqlens, table, softmax_scale=scale)
+    cap = torch.cuda.get_device_capability() if HAS_CUDA else None
+    base = get_paged_decode_config(cap, 128, "fp8_e4m3", 2, bf16=True)
+    plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
+                                  softmax_scale=scale, num_splits=num_splits,
+                                  config=dataclasses.replace(base, f16_math=True))
+    with poison_empty:
+        out, lse = plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs, return_lse=True)
+    assert [la._constexprs["F16_MATH"] for la in plan._launches.values()] == [True]
+    assert out.dtype == torch.bfloat16
+    _check(out, ref, torch.bfloat16)
+    fin = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), fin)
+    assert (lse[fin] - ref_lse[fin]).abs().max() < 1e-2
+    assert plan._run_op(q, kq, vq, seqlens, table, ks, vs)[0].equal(out)
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_one_plan_serves_layers_with_their_own_scales(fmt):
     q, k, v, seqlens, table = _case(2, 1, 4, 2, 64, 16, [40, 17], DTYPES[0])

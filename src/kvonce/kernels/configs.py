@@ -186,6 +186,10 @@ class PagedDecodeConfig:
         Interpreter-tested only; no row sets it: not measured on a GPU. Compiled for sm_90a
         (scripts/decode_kernel_stats.py --swap-ab): fp8/int8 at (64, 4, 2) and (128, 8, 2) take
         166-179 registers and no spill; at (128, 4, 2) the register-held A tiles spill 124-208 B.
+    f16_math: bf16 queries against an fp8 cache run both dots in fp16 (each q row scaled by a
+        power of two into fp16's range, ``paged_decode._f16_rows``: no precision lost), so the
+        tiles take fp16's packed e4m3 cvt instead of bf16's 5-instruction bit move. Other
+        formats and query dtypes ignore it.
     """
     block_n: int
     num_warps: int
@@ -201,6 +205,7 @@ class PagedDecodeConfig:
     mha_num_stages: int = 0
     max_registers: int = 0
     swap_ab: bool = False
+    f16_math: bool = False
 
 
 # (capability major, minor) -> head dim -> config. The Hopper d=128 row comes from
@@ -262,7 +267,7 @@ _PAGED_DECODE_QUANT_TABLE: dict[tuple[tuple[int, int], str], dict[int, PagedDeco
     ((9, 0), "int8"): {128: PagedDecodeConfig(128, 4, 2, min_keys_per_split=2048)},
     ((9, 0), "fp8_e4m3"): {128: PagedDecodeConfig(128, 4, 2, programs_per_sm=2.0,
                                                   splits_round_up=True,
-                                                  min_keys_per_split=2048)},
+                                                  min_keys_per_split=2048, f16_math=True)},
     ((9, 0), "int4"): {128: _INT4},
     ((9, 0), "int4/bf16"): {128: dataclasses.replace(_INT4, num_stages=3, max_registers=168)},
 }

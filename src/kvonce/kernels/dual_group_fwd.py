@@ -35,13 +35,18 @@ from ._launch import all_aligned, dot_input_precision, launch, next_pow2
 
 @triton.jit
 def _softmax_step(qk, m_i, l_i, qk_scale, offs_m, offs_n, diag, kv_end, MASKED: tl.constexpr,
-                  KEYS_AXIS: tl.constexpr = 1):
+                  KEYS_AXIS: tl.constexpr = 1, ROW_SCALE: tl.constexpr = False):
     """Raw scores ``qk [BLOCK_M, BLOCK_N]`` (fp32, before the softmax scale) of one key tile into
     the online-softmax state (base 2): returns ``(p, alpha, m_new, l_new)``, ``p`` the tile's
     unnormalized probabilities and ``alpha`` the factor that rescales the running output.
     Row ``i`` sees key ``j`` iff ``j <= i + diag`` and ``j < kv_end`` (checked with MASKED).
     KEYS_AXIS 0: the scores come transposed, ``[BLOCK_N, BLOCK_M]`` (the decode's swapped dots),
-    and so does ``p``."""
+    and so does ``p``. ROW_SCALE: ``qk_scale`` is a ``[BLOCK_M]`` vector, one scale per row (the
+    decode's power-of-two row factors, ``paged_decode._f16_rows``), else a scalar."""
+    if ROW_SCALE:
+        scale = tl.expand_dims(qk_scale, KEYS_AXIS)
+    else:
+        scale = qk_scale
     if KEYS_AXIS == 1:
         rows = offs_m[:, None]
         keys = offs_n[None, :]
@@ -50,7 +55,7 @@ def _softmax_step(qk, m_i, l_i, qk_scale, offs_m, offs_n, diag, kv_end, MASKED: 
         keys = offs_n[:, None]
     if MASKED:
         visible = (keys <= rows + diag) & (keys < kv_end)
-        qk = tl.where(visible, qk * qk_scale, float("-inf"))
+        qk = tl.where(visible, qk * scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, KEYS_AXIS))
         # A row with no visible key so far keeps m = -inf; subtract 0 instead so that
         # exp2(-inf - -inf) never makes a NaN.
@@ -59,7 +64,7 @@ def _softmax_step(qk, m_i, l_i, qk_scale, offs_m, offs_n, diag, kv_end, MASKED: 
     else:
         m_new = tl.maximum(m_i, tl.max(qk, KEYS_AXIS) * qk_scale)
         m_sub = m_new
-        p = tl.math.exp2(qk * qk_scale - tl.expand_dims(m_sub, KEYS_AXIS))
+        p = tl.math.exp2(qk * scale - tl.expand_dims(m_sub, KEYS_AXIS))
     alpha = tl.math.exp2(m_i - m_sub)
     l_i = l_i * alpha + tl.sum(p, KEYS_AXIS)
     return p, alpha, m_new, l_i
@@ -68,7 +73,7 @@ def _softmax_step(qk, m_i, l_i, qk_scale, offs_m, offs_n, diag, kv_end, MASKED: 
 @triton.jit
 def _online_update(acc, m_i, l_i, q, k_t, v, qk_scale, offs_m, offs_n, diag, kv_end,
                    MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr, k_scale=1.0, v_scale=1.0,
-                   KEY_SCALES: tl.constexpr = False):
+                   KEY_SCALES: tl.constexpr = False, ROW_SCALE: tl.constexpr = False):
     """One key tile into one online-softmax state (base 2).
 
     acc [BLOCK_M, BLOCK_D] fp32, m_i/l_i [BLOCK_M] fp32, q [BLOCK_M, BLOCK_D],
@@ -78,12 +83,13 @@ def _online_update(acc, m_i, l_i, q, k_t, v, qk_scale, offs_m, offs_n, diag, kv_
     of a quantized K/V tile, applied to the scores' and the probabilities' columns (BLOCK_M x
     BLOCK_N multiplies instead of BLOCK_D x BLOCK_N on the tiles). (A flag, not ``is None``: a
     None default reaches a nested jit function as a constexpr, which ``is not None``.)
+    ROW_SCALE: ``qk_scale [BLOCK_M]``, one per row (``_softmax_step``).
     """
     qk = tl.dot(q, k_t, input_precision=DOT_PRECISION)
     if KEY_SCALES:
         qk = qk * k_scale[None, :]
     p, alpha, m_new, l_i = _softmax_step(qk, m_i, l_i, qk_scale, offs_m, offs_n, diag, kv_end,
-                                         MASKED)
+                                         MASKED, ROW_SCALE=ROW_SCALE)
     if KEY_SCALES:
         acc = acc * alpha[:, None] + tl.dot((p * v_scale[None, :]).to(v.dtype), v,
                                             input_precision=DOT_PRECISION)

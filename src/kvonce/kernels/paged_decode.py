@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 
+import torch
 import triton
 import triton.language as tl
 
@@ -168,6 +169,27 @@ def _fp8_bytes_to(b, dtype: tl.constexpr):
     else:
         y = b.to(tl.float8e4nv, bitcast=True).to(dtype)
     return y
+
+
+@triton.jit
+def _f16_rows(q):
+    """bf16 query rows ``q [BLOCK_M, BLOCK_D]`` as fp16 rows, each times a power of two, and the
+    inverse factors (fp32 ``[BLOCK_M]``, for the scores). An fp8 tile then converts with fp16's
+    one packed cvt per two values (bf16 has none: 5 instructions per two, ``_fp8_bytes_to``) and
+    both dots run in fp16. Nothing is lost: the factor puts each row's largest magnitude in
+    [2^13, 2^14), so every element down to 2^-27 of it is an fp16 normal with 10 significand
+    bits (bf16 has 7: exact), and smaller ones are off by at most 2^-38 of the row's largest, far
+    under its bf16 rounding; the products and sums are fp32 as before (|q| < 2^14, |k| <= 448).
+    The probabilities go to fp16 instead of bf16 (finer in [0, 1]). The exponent comes from the
+    bits of the row's fp32 max, clamped to [-100, 127] so both factors stay fp32 normals (a row
+    under 2^-100 is scaled as if it were 2^-100: still fp16 normal at the top)."""
+    qf = q.to(tl.float32)
+    amax = tl.max(tl.abs(qf), 1)
+    e = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # floor(log2); -127 for 0
+    e = tl.minimum(tl.maximum(e, -100), 127)
+    up = ((140 - e) << 23).to(tl.float32, bitcast=True)  # 2^(13 - e)
+    down = ((114 + e) << 23).to(tl.float32, bitcast=True)  # 2^(e - 13)
+    return (qf * up[:, None]).to(tl.float16), down
 
 
 @triton.jit
@@ -438,7 +460,8 @@ def _attend_paged_int4(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end, K,
 @triton.jit
 def _online_update_swapped(acc_t, m_i, l_i, q, k_t, v, qk_scale, tok, offs_n, diag, kv_end,
                            MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr, k_scale=1.0,
-                           v_scale=1.0, KEY_SCALES: tl.constexpr = False):
+                           v_scale=1.0, KEY_SCALES: tl.constexpr = False,
+                           ROW_SCALE: tl.constexpr = False):
     """``_online_update`` with the keys on the MMA's M side (TensorRT-LLM XQA's swap): scores
     ``Sᵀ = K·qᵀ [BLOCK_N, BLOCK_M]`` and ``acc_t [BLOCK_D, BLOCK_M] += Vᵀ·Pᵀ``. Hopper's wgmma
     needs M >= 64, which a decode tile's 16 packed rows never reach and its keys do (compiled for
@@ -447,7 +470,7 @@ def _online_update_swapped(acc_t, m_i, l_i, q, k_t, v, qk_scale, tok, offs_n, di
     if KEY_SCALES:
         s_t = s_t * k_scale[:, None]
     p_t, alpha, m_new, l_i = _softmax_step(s_t, m_i, l_i, qk_scale, tok, offs_n, diag, kv_end,
-                                           MASKED, KEYS_AXIS=0)
+                                           MASKED, KEYS_AXIS=0, ROW_SCALE=ROW_SCALE)
     if KEY_SCALES:
         p_t = p_t * v_scale[:, None]
     acc_t = acc_t * alpha[None, :] + tl.dot(tl.trans(v), p_t.to(v.dtype),
@@ -464,7 +487,8 @@ def _attend_paged(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end,
                   KV_EVICT: tl.constexpr, KV_FORMAT: tl.constexpr, DOT_PRECISION: tl.constexpr,
                   INT64_KV: tl.constexpr = True, PREFETCH_PAGES: tl.constexpr = False, Kd=0,
                   Vd=0, kv_col=0,
-                  USE_DESC: tl.constexpr = False, SWAP_AB: tl.constexpr = False):
+                  USE_DESC: tl.constexpr = False, SWAP_AB: tl.constexpr = False,
+                  ROW_SCALE: tl.constexpr = False):
     """Key tiles ``[lo, hi)`` (``lo`` a multiple of BLOCK_N) into one packed state: the one loop
     of both the single-pass and the split-K path, and of every cache format (only the tile load
     differs: quantized tiles come in q's dtype, with int8's per-key scales applied to the scores
@@ -474,7 +498,7 @@ def _attend_paged(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end,
     page, whose rows come through the TMA descriptors ``Kd, Vd`` (the caches viewed 2-D as
     ``[num_pages * PAGE_SIZE, nheads_k * d]``, this KV head's columns from ``kv_col``); the page
     id is looked up one tile ahead. SWAP_AB: ``acc`` is transposed, ``[BLOCK_D, BLOCK_M]``
-    (``_online_update_swapped``)."""
+    (``_online_update_swapped``). ROW_SCALE: ``qk_scale`` is per row (``_f16_rows``)."""
     if USE_DESC:
         tl.static_assert(PAGE_SIZE % BLOCK_N == 0)
         next_page = tl.load(bt_row + lo // PAGE_SIZE, mask=lo < kv_end, other=0)
@@ -518,11 +542,11 @@ def _attend_paged(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end,
         if SWAP_AB:
             acc, m_i, l_i = _online_update_swapped(acc, m_i, l_i, q, k_t, v, qk_scale, tok,
                                                    offs_n, diag, kv_end, MASKED, DOT_PRECISION,
-                                                   k_scale, v_scale, KV_FORMAT == 2)
+                                                   k_scale, v_scale, KV_FORMAT == 2, ROW_SCALE)
         else:
             acc, m_i, l_i = _online_update(acc, m_i, l_i, q, k_t, v, qk_scale, tok, offs_n,
                                            diag, kv_end, MASKED, DOT_PRECISION, k_scale, v_scale,
-                                           KV_FORMAT == 2)
+                                           KV_FORMAT == 2, ROW_SCALE)
     return acc, m_i, l_i
 
 
@@ -535,13 +559,16 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
                     KV_CACHE: tl.constexpr, KV_EVICT: tl.constexpr, KV_FORMAT: tl.constexpr,
                     DOT_PRECISION: tl.constexpr, INT64_KV: tl.constexpr = True,
                     PREFETCH_PAGES: tl.constexpr = False, Kd=0, Vd=0,
-                    USE_DESC: tl.constexpr = False, SWAP_AB: tl.constexpr = False):
+                    USE_DESC: tl.constexpr = False, SWAP_AB: tl.constexpr = False,
+                    F16_MATH: tl.constexpr = False):
     """One packed tile ``q [BLOCK_M, BLOCK_D]`` against sequence ``seq``'s keys ``[lo, hi)`` of
     one KV head: unmasked tiles ``[lo, full)``, then the masked band ``[full, hi)``; returns the
     unnormalized ``(acc, m, l)`` (base 2), fp8's per-head scales applied. Shared by the decode
     and the varlen prefill kernels, which differ only in how rows map to tokens and outputs.
     SWAP_AB: the dots with the keys on the MMA's M side (``_online_update_swapped``; not the
-    int4 split dots, which ignore it)."""
+    int4 split dots, which ignore it). F16_MATH (bf16 q, fp8 cache): q as fp16 rows times a
+    power of two each (``_f16_rows``), so the tiles convert to fp16 and both dots run in fp16;
+    the factors come off with the softmax scale, per row."""
     K += kv_head * stride_kh
     V += kv_head * stride_vh
     KS += kv_head * stride_ksh
@@ -550,6 +577,10 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
     qk_scale = sm_scale * 1.4426950408889634
     if KV_FORMAT == 1:  # fp8's per-head K scale multiplies every score of this KV head
         qk_scale = qk_scale * tl.load(KS)
+    if F16_MATH:
+        tl.static_assert(KV_FORMAT == 1)
+        q, row_factor = _f16_rows(q)
+        qk_scale = qk_scale * row_factor
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     if KV_FORMAT == 3 and BLOCK_D == 128 and EVEN_D:  # int4 at head dim 128: split dots
@@ -574,13 +605,14 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
                                       stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
                                       offs_d, head_dim, False, PAGE_SIZE, BLOCK_N, BLOCK_D, EVEN_D,
                                       KV_CACHE, KV_EVICT, KV_FORMAT, DOT_PRECISION, INT64_KV,
-                                      PREFETCH_PAGES, Kd, Vd, kv_head * BLOCK_D, USE_DESC, SWAP_AB)
+                                      PREFETCH_PAGES, Kd, Vd, kv_head * BLOCK_D, USE_DESC, SWAP_AB,
+                                      F16_MATH)
         acc, m_i, l_i = _attend_paged(acc, m_i, l_i, q, full, hi, qk_scale, tok, diag, hi,
                                       K, V, KS, VS, bt_row, stride_kp, stride_kt, stride_vp,
                                       stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
                                       offs_d, head_dim, True, PAGE_SIZE, BLOCK_N, BLOCK_D, EVEN_D,
                                       KV_CACHE, KV_EVICT, KV_FORMAT, DOT_PRECISION, INT64_KV,
-                                      PREFETCH_PAGES, SWAP_AB=SWAP_AB)
+                                      PREFETCH_PAGES, SWAP_AB=SWAP_AB, ROW_SCALE=F16_MATH)
         if SWAP_AB:
             acc = tl.trans(acc)
     if KV_FORMAT == 1:  # and its V scale every output row
@@ -614,6 +646,7 @@ def _paged_decode_kernel(
     KV_CACHE: tl.constexpr, KV_EVICT: tl.constexpr, KV_FORMAT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # tl.dot's input_precision: "ieee" or "tf32" (fp32 inputs only)
     SWAP_AB: tl.constexpr = False,  # keys on the MMA's M side (_online_update_swapped)
+    F16_MATH: tl.constexpr = False,  # bf16 q x fp8 cache, dots in fp16 (_f16_rows)
 ):
     # Grid: (num_splits * num_m_blocks, nheads_k, batch). Splits vary fastest so that the
     # programs of one sequence's KV head run side by side.
@@ -652,7 +685,7 @@ def _paged_decode_kernel(
         stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_ksp, stride_kst,
         stride_ksh, stride_vsp, stride_vst, stride_vsh, stride_btb, offs_d, head_dim,
         PAGE_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, EVEN_D, KV_CACHE, KV_EVICT, KV_FORMAT, DOT_PRECISION,
-        SWAP_AB=SWAP_AB)
+        SWAP_AB=SWAP_AB, F16_MATH=F16_MATH)
     # out = acc / l (0 where no key was seen, e.g. an empty split), lse natural log (-inf there).
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
@@ -900,7 +933,8 @@ class PagedDecodeLaunch:
             STORE_LSE=store_lse, SPLIT=num_splits > 1, MERGE_HERE=merge_here,
             KV_CACHE=config.kv_cache_modifier, KV_EVICT=config.kv_eviction, KV_FORMAT=kv_format,
             DOT_PRECISION=dot_input_precision(q.dtype),  # fp32 as PyTorch would (fixed per plan)
-            SWAP_AB=config.swap_ab)
+            SWAP_AB=config.swap_ab,
+            F16_MATH=config.f16_math and kv_format == 1 and q.dtype == torch.bfloat16)
         self._warps = (config.num_warps, config.num_stages)
         self._maxnreg = config.max_registers
         self._key = (q.dtype, k_cache.dtype, k_scale.dtype if k_scale is not None else None,
