@@ -3,12 +3,13 @@
     PYTHONPATH=src python scripts/quant_decode_sweep.py [--formats int8,int4] [--quick]
         [--shapes 1x131072] [--heads 32/8,12/12] [--grid 64,4,2 128,4,2 128,4,2,6,64]
 (a grid entry: block_n, num_warps, num_stages[, programs_per_sm[, max_merged_splits[,
-max_registers[, swap_ab[, f16_math]]]]])
+max_registers[, swap_ab[, f16_math]]]]]; -1 keeps the row's value)
 
 GQA 32/8 (or ``--heads``: q/kv head pairs), d128, page 16, random page order, q_len 1, fp16
 queries (``--dtype bf16``: bf16 queries and source cache; "fp16" below is then bf16), the issue's
 three shapes.
-For each format and shape: every (block_n, num_warps, num_stages) in the grid through
+For each format and shape: every (block_n, num_warps, num_stages) in the grid (over the format's
+own config row: its split knobs stay unless the entry sets them) through
 ``PagedDecodePlan(config=...)`` (split count auto), replayed in a CUDA graph (do_bench median);
 prints the best configs and their speedup over the fp16 cache with its own tuned config.
 """
@@ -41,11 +42,11 @@ def main():
     p.add_argument("--shapes", default="", help="only these BATCHxLEN, comma-separated")
     p.add_argument("--heads", default="32/8", help="q/kv head counts, comma-separated")
     p.add_argument("--dtype", default="fp16", choices=("fp16", "bf16"), help="queries and cache")
+    p.add_argument("--all", action="store_true", help="also print every grid entry's time")
     p.add_argument("--grid", nargs="*", default=[],
                    help="only these BLOCK_N,WARPS,STAGES[,PROGRAMS_PER_SM[,MAX_MERGED_SPLITS"
                         "[,MAX_REGISTERS[,SWAP_AB[,F16_MATH]]]]]")
     args = p.parse_args()
-    base_cfg = get_paged_decode_config(torch.cuda.get_device_capability(), 128)
     grid = list(itertools.product((32, 64, 128), (4, 8), (2, 3, 4)))
     if args.quick:
         grid = list(itertools.product((128, 256), (4, 8), (2, 3)))
@@ -72,20 +73,20 @@ def main():
         for fmt in args.formats.split(","):
             kq, ks = kvonce.quantize_kv(k, fmt)
             vq, vs = kvonce.quantize_kv(v, fmt)
+            # Grid entries override the format's own row (its split knobs and f16_math kept).
+            fmt_cfg = get_paged_decode_config(torch.cuda.get_device_capability(), 128, fmt, 2,
+                                              bf16=dtype == torch.bfloat16)
             res = []
             for spec in grid:
                 bn, w, st = spec[:3]
-                cfg = dataclasses.replace(base_cfg, block_n=bn, num_warps=w, num_stages=st)
-                if len(spec) > 3:  # the split count's knobs (choose_num_splits)
-                    cfg = dataclasses.replace(cfg, programs_per_sm=float(spec[3]))
-                if len(spec) > 4:
-                    cfg = dataclasses.replace(cfg, max_merged_splits=spec[4])
-                if len(spec) > 5:  # a register cap (0: none)
-                    cfg = dataclasses.replace(cfg, max_registers=spec[5])
-                if len(spec) > 6:  # 1: the swapped dots
-                    cfg = dataclasses.replace(cfg, swap_ab=bool(spec[6]))
-                if len(spec) > 7:  # 1: bf16 q x fp8 cache with fp16 dots
-                    cfg = dataclasses.replace(cfg, f16_math=bool(spec[7]))
+                cfg = dataclasses.replace(fmt_cfg, block_n=bn, num_warps=w, num_stages=st)
+                # optional fields; -1 keeps the row's value
+                fields = ("programs_per_sm", "max_merged_splits", "max_registers", "swap_ab",
+                          "f16_math")
+                kinds = (float, int, int, bool, bool)
+                for name, kind, value in zip(fields, kinds, spec[3:]):
+                    if value >= 0:
+                        cfg = dataclasses.replace(cfg, **{name: kind(value)})
                 try:
                     pl = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks,
                                                 v_scale=vs, config=cfg,
@@ -96,6 +97,9 @@ def main():
                     print(f"  {fmt} {spec}: {type(exc).__name__}"[:120])
                     continue
                 res.append((us, tuple(spec)))
+            if args.all:
+                print(f"  {hq}/{hk} {batch}x{length} {fmt}: "
+                      + ", ".join(f"{c} {u:.1f}" for u, c in res), flush=True)
             res.sort()
             pl = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
                                         kv_format="int4" if fmt == "int4" else None)
