@@ -177,6 +177,33 @@ def test_bf16_queries_on_fp8_take_fp16_dots_without_loss(magnitude, num_splits):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
+def test_int32_and_int64_offsets_agree(fmt):
+    """Quantized caches address K/V and scales in int32 where every offset fits (the default)
+    and in int64 with ``int64_kv_offsets``: the same bytes out, split and unsplit."""
+    import dataclasses
+
+    from kvonce.kernels.configs import get_paged_decode_config
+    dtype = DTYPES[0]
+    q, k, v, seqlens, table = _case(3, 2, 8, 2, 128, 16, [37, 0, 150], dtype)
+    kq, ks, vq, vs, kd, vd = _quantized(k, v, fmt)
+    cap = torch.cuda.get_device_capability() if HAS_CUDA else None
+    base = get_paged_decode_config(cap, 128, fmt, q.element_size())
+    outs = []
+    for wide in (False, True):
+        for splits in (1, 3):
+            plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
+                                          kv_format="int4" if fmt == "int4" else None,
+                                          num_splits=splits,
+                                          config=dataclasses.replace(base, int64_kv_offsets=wide))
+            outs.append(plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs))
+            assert [la._constexprs["INT64_KV"] for la in plan._launches.values()] == [wide]
+            assert plan._run_op(q, kq, vq, seqlens, table, ks, vs)[0].equal(outs[-1])
+    assert outs[0].equal(outs[2]) and outs[1].equal(outs[3])
+    ref, _ = paged_attention_ref(q.float(), kd, vd, seqlens, table)
+    _check(outs[0], ref, dtype)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_one_plan_serves_layers_with_their_own_scales(fmt):
     q, k, v, seqlens, table = _case(2, 1, 4, 2, 64, 16, [40, 17], DTYPES[0])
     plan = None

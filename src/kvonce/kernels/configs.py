@@ -190,6 +190,9 @@ class PagedDecodeConfig:
         power of two into fp16's range, ``paged_decode._f16_rows``: no precision lost), so the
         tiles take fp16's packed e4m3 cvt instead of bf16's 5-instruction bit move. Other
         formats and query dtypes ignore it.
+    int64_kv_offsets: quantized caches address K/V and their scales in int64 even where every
+        offset fits int32 (by default int32 there: 626 IMADs a kernel instead of 1047 for fp8,
+        compiled for sm_90a). Plain caches always use int64 (their rows were tuned so).
     """
     block_n: int
     num_warps: int
@@ -206,6 +209,7 @@ class PagedDecodeConfig:
     max_registers: int = 0
     swap_ab: bool = False
     f16_math: bool = False
+    int64_kv_offsets: bool = False
 
 
 # (capability major, minor) -> head dim -> config. The Hopper d=128 row comes from

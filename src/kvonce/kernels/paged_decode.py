@@ -197,7 +197,8 @@ def _load_quant_kv_tile(K, V, KS, VS, bt_row, start_n, kv_end, stride_kp, stride
                         stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst, offs_d,
                         head_dim, dtype: tl.constexpr, PAGE_SIZE: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr,
-                        KV_FORMAT: tl.constexpr, EVEN_D: tl.constexpr = False):
+                        KV_FORMAT: tl.constexpr, EVEN_D: tl.constexpr = False,
+                        INT64_KV: tl.constexpr = True):
     """``_load_paged_kv_tile`` for a quantized cache (``kvonce.paged.quant``): K transposed
     ``[BLOCK_D, BLOCK_N]`` and V ``[BLOCK_N, BLOCK_D]`` in ``dtype`` (q's).
 
@@ -207,22 +208,25 @@ def _load_quant_kv_tile(K, V, KS, VS, bt_row, start_n, kv_end, stride_kp, stride
     ``[BLOCK_M, BLOCK_N]`` scores and probabilities instead of the ``[BLOCK_D, BLOCK_N]`` tiles.
     3 = int4 at head dims other than 128 (128 runs ``_attend_paged_int4``): each channel's nibble
     (channel i low in byte i, i + d/2 high; q + 8) times its group's fp16 scale, per element
-    (``_int4_tile``)."""
+    (``_int4_tile``). INT64_KV=False: offsets in int32 (the caller knows caches and scales stay
+    below 2^31 elements)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     in_range = offs_n < kv_end
     if MASKED:
         page = tl.load(bt_row + offs_n // PAGE_SIZE, mask=in_range, other=0)
     else:
         page = tl.load(bt_row + offs_n // PAGE_SIZE)
+    if INT64_KV:
+        page = page.to(tl.int64)
     slot = offs_n % PAGE_SIZE
-    k_rows = page.to(tl.int64) * stride_kp + slot * stride_kt
-    v_rows = page.to(tl.int64) * stride_vp + slot * stride_vt
+    k_rows = page * stride_kp + slot * stride_kt
+    v_rows = page * stride_vp + slot * stride_vt
     # One return at the end: code after a return under a constexpr `if` is still compiled.
     if KV_FORMAT == 3:
         # Generic int4 path (head dims other than 128): each channel c addresses its own byte
         # (c, or c - d/2 in the high nibble) and its group's scale, in V's orientation for both.
-        ks_rows = page.to(tl.int64) * stride_ksp + slot * stride_kst
-        vs_rows = page.to(tl.int64) * stride_vsp + slot * stride_vst
+        ks_rows = page * stride_ksp + slot * stride_kst
+        vs_rows = page * stride_vsp + slot * stride_vst
         k_t = tl.trans(_int4_tile(K, KS, k_rows, ks_rows, in_range, offs_d, head_dim, dtype,
                                   MASKED))
         v = _int4_tile(V, VS, v_rows, vs_rows, in_range, offs_d, head_dim, dtype, MASKED)
@@ -260,11 +264,13 @@ def _load_quant_kv_tile(K, V, KS, VS, bt_row, start_n, kv_end, stride_kp, stride
 
 @triton.jit
 def _load_key_scales(KS, VS, bt_row, offs_n, kv_end, stride_ksp, stride_kst, stride_vsp,
-                     stride_vst, PAGE_SIZE: tl.constexpr):
+                     stride_vst, PAGE_SIZE: tl.constexpr, INT64_KV: tl.constexpr = True):
     """int8's per-key K and V scales of key positions ``offs_n``, float32 ``[BLOCK_N]`` (0 past
     ``kv_end``). The block-table entries are the tile load's, so they come from L1."""
     in_range = offs_n < kv_end
-    page = tl.load(bt_row + offs_n // PAGE_SIZE, mask=in_range, other=0).to(tl.int64)
+    page = tl.load(bt_row + offs_n // PAGE_SIZE, mask=in_range, other=0)
+    if INT64_KV:
+        page = page.to(tl.int64)
     slot = offs_n % PAGE_SIZE
     ks = tl.load(KS + page * stride_ksp + slot * stride_kst, mask=in_range, other=0.0)
     vs = tl.load(VS + page * stride_vsp + slot * stride_vst, mask=in_range, other=0.0)
@@ -420,7 +426,7 @@ def _attend_paged_int4(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end, K,
                        bt_row, stride_kp, stride_kt, stride_vp, stride_vt, stride_ksp,
                        stride_kst, stride_vsp, stride_vst, MASKED: tl.constexpr,
                        PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       DOT_PRECISION: tl.constexpr):
+                       DOT_PRECISION: tl.constexpr, INT64_KV: tl.constexpr = True):
     """``_attend_paged`` for an int4 cache at head dim 128, as split dots: no tile is widened,
     interleaved or scaled per element. Bytes 32k .. 32k + 31 of a key hold group k in their low
     nibbles and group k + 2 in their high ones (``kvonce.paged.quant``), so each nibble plane is
@@ -434,9 +440,11 @@ def _attend_paged_int4(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end, K,
         offs_n = start_n + tl.arange(0, BLOCK_N)
         in_range = offs_n < kv_end
         if MASKED:
-            page = tl.load(bt_row + offs_n // PAGE_SIZE, mask=in_range, other=0).to(tl.int64)
+            page = tl.load(bt_row + offs_n // PAGE_SIZE, mask=in_range, other=0)
         else:
-            page = tl.load(bt_row + offs_n // PAGE_SIZE).to(tl.int64)
+            page = tl.load(bt_row + offs_n // PAGE_SIZE)
+        if INT64_KV:
+            page = page.to(tl.int64)
         slot = offs_n % PAGE_SIZE
         k_rows = page * stride_kp + slot * stride_kt
         v_rows = page * stride_vp + slot * stride_vt
@@ -533,10 +541,11 @@ def _attend_paged(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end,
             offs_n, k_t, v = _load_quant_kv_tile(
                 K, V, KS, VS, bt_row, start_n, kv_end, stride_kp, stride_kt, stride_vp,
                 stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst, offs_d, head_dim,
-                q.dtype, PAGE_SIZE, BLOCK_N, BLOCK_D, MASKED, KV_FORMAT, EVEN_D)
+                q.dtype, PAGE_SIZE, BLOCK_N, BLOCK_D, MASKED, KV_FORMAT, EVEN_D, INT64_KV)
         if KV_FORMAT == 2:
             k_scale, v_scale = _load_key_scales(KS, VS, bt_row, offs_n, kv_end, stride_ksp,
-                                                stride_kst, stride_vsp, stride_vst, PAGE_SIZE)
+                                                stride_kst, stride_vsp, stride_vst, PAGE_SIZE,
+                                                INT64_KV)
         else:
             k_scale, v_scale = 1.0, 1.0
         if SWAP_AB:
@@ -589,12 +598,12 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
                                            K, V, KS, VS, bt_row, stride_kp, stride_kt,
                                            stride_vp, stride_vt, stride_ksp, stride_kst,
                                            stride_vsp, stride_vst, False, PAGE_SIZE, BLOCK_M,
-                                           BLOCK_N, DOT_PRECISION)
+                                           BLOCK_N, DOT_PRECISION, INT64_KV)
         acc, m_i, l_i = _attend_paged_int4(acc, m_i, l_i, q, full, hi, qk_scale, tok, diag, hi,
                                            K, V, KS, VS, bt_row, stride_kp, stride_kt,
                                            stride_vp, stride_vt, stride_ksp, stride_kst,
                                            stride_vsp, stride_vst, True, PAGE_SIZE, BLOCK_M,
-                                           BLOCK_N, DOT_PRECISION)
+                                           BLOCK_N, DOT_PRECISION, INT64_KV)
     else:
         if SWAP_AB:
             acc = tl.zeros([BLOCK_D, BLOCK_M], dtype=tl.float32)
@@ -647,6 +656,7 @@ def _paged_decode_kernel(
     DOT_PRECISION: tl.constexpr,  # tl.dot's input_precision: "ieee" or "tf32" (fp32 inputs only)
     SWAP_AB: tl.constexpr = False,  # keys on the MMA's M side (_online_update_swapped)
     F16_MATH: tl.constexpr = False,  # bf16 q x fp8 cache, dots in fp16 (_f16_rows)
+    INT64_KV: tl.constexpr = True,  # False: K/V (and scale) offsets fit int32
 ):
     # Grid: (num_splits * num_m_blocks, nheads_k, batch). Splits vary fastest so that the
     # programs of one sequence's KV head run side by side.
@@ -685,7 +695,7 @@ def _paged_decode_kernel(
         stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_ksp, stride_kst,
         stride_ksh, stride_vsp, stride_vst, stride_vsh, stride_btb, offs_d, head_dim,
         PAGE_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, EVEN_D, KV_CACHE, KV_EVICT, KV_FORMAT, DOT_PRECISION,
-        SWAP_AB=SWAP_AB, F16_MATH=F16_MATH)
+        INT64_KV=INT64_KV, SWAP_AB=SWAP_AB, F16_MATH=F16_MATH)
     # out = acc / l (0 where no key was seen, e.g. an empty split), lse natural log (-inf there).
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
@@ -880,6 +890,11 @@ def _scale_strides(scale, kv_format: int) -> tuple[int, int, int]:
     return tuple(scale.stride()[:3])
 
 
+def _span(t) -> int:
+    """One past the largest element offset of ``t`` from its data pointer."""
+    return sum(max(n - 1, 0) * st for n, st in zip(t.shape, t.stride())) + 1
+
+
 def decode_row_blocks(nheads: int, nheads_k: int, q_len: int) -> tuple[int, int]:
     """``(BLOCK_M, M-blocks)`` of one (sequence, KV head): its ``nheads // nheads_k * q_len``
     packed rows, padded to >= 16 for tl.dot; past 64 rows the state no longer fits comfortably
@@ -934,7 +949,11 @@ class PagedDecodeLaunch:
             KV_CACHE=config.kv_cache_modifier, KV_EVICT=config.kv_eviction, KV_FORMAT=kv_format,
             DOT_PRECISION=dot_input_precision(q.dtype),  # fp32 as PyTorch would (fixed per plan)
             SWAP_AB=config.swap_ab,
-            F16_MATH=config.f16_math and kv_format == 1 and q.dtype == torch.bfloat16)
+            F16_MATH=config.f16_math and kv_format == 1 and q.dtype == torch.bfloat16,
+            # Quantized caches: int32 offsets where everything fits (fewer IMADs per key row; the
+            # plain-cache rows were tuned with int64 and keep it).
+            INT64_KV=kv_format == 0 or config.int64_kv_offsets or max(
+                _span(t) for t in (k_cache, v_cache, k_scale, v_scale) if t is not None) >= 2**31)
         self._warps = (config.num_warps, config.num_stages)
         self._maxnreg = config.max_registers
         self._key = (q.dtype, k_cache.dtype, k_scale.dtype if k_scale is not None else None,

@@ -38,7 +38,7 @@ import triton.language as tl
 
 from ._launch import all_aligned, dot_input_precision, launch, next_pow2
 # The shared key loop (plain and quantized tile loads, online softmax) and the scale strides.
-from .paged_decode import _attend_kv_head, _scale_strides
+from .paged_decode import _attend_kv_head, _scale_strides, _span
 
 
 @triton.jit
@@ -164,11 +164,6 @@ def _tma_ok(config, k_cache, v_cache, kv_format: int, head_dim: int, block_d: in
                and t.stride(1) == t.shape[2] * head_dim and t.stride(0) == t.shape[1] * t.stride(1)
                and t.data_ptr() % 16 == 0 and (t.stride(1) * t.element_size()) % 16 == 0
                for t in (k_cache, v_cache))
-
-
-def _span(t) -> int:
-    """One past the largest element offset of ``t`` from its data pointer."""
-    return sum(max(n - 1, 0) * st for n, st in zip(t.shape, t.stride())) + 1
 
 
 def prefill_block_m(config_block_m: int, group: int) -> int:
