@@ -264,6 +264,11 @@ _paged_warned: set = set()
 #   tiles everywhere, 3 stages, the register cap at 168 (three programs an SM, 20-32 B of spill):
 #   618 / 152 / 747 / 203 us against 616 / 190 / 944 / 247 for the 64-key rule. Under fp16
 #   queries the same cap measured 537 -> 616 at GQA 64 x 8192 and within 3% elsewhere: not taken.
+# - int32 offsets for quantized caches (2026-11-26, third session, graphs, fp16 q, int32 against
+#   int64 in one run; 64 x 8192 and 1 x 131072, GQA / MHA): int4 521 / 148 / 704 / 200 us against
+#   540 / 152 / 718 / 206, int8 443 / 124 / 674 / 172 against 450 / 125 / 669 / 174; fp8 415 / 124 /
+#   622 / 170 against 421 / 123 / 591 / 171: MHA 64 x 8192 5% slower (not understood), so the fp8
+#   row keeps int64.
 # Other head dims use the fp16 row.
 _INT4 = PagedDecodeConfig(128, 4, 2, max_merged_splits=64, mha_num_stages=3,
                           slow_programs_per_sm=(3.5, 6.5))
@@ -271,7 +276,8 @@ _PAGED_DECODE_QUANT_TABLE: dict[tuple[tuple[int, int], str], dict[int, PagedDeco
     ((9, 0), "int8"): {128: PagedDecodeConfig(128, 4, 2, min_keys_per_split=2048)},
     ((9, 0), "fp8_e4m3"): {128: PagedDecodeConfig(128, 4, 2, programs_per_sm=2.0,
                                                   splits_round_up=True,
-                                                  min_keys_per_split=2048, f16_math=True)},
+                                                  min_keys_per_split=2048, f16_math=True,
+                                                  int64_kv_offsets=True)},
     ((9, 0), "int4"): {128: _INT4},
     ((9, 0), "int4/bf16"): {128: dataclasses.replace(_INT4, num_stages=3, max_registers=168)},
 }
