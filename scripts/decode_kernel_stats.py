@@ -4,7 +4,7 @@ instruction count and mix, and the shared-memory tiles of the TTGIR (a 1-byte ``
 the dot means the conversion runs in the MMA operand layout; a 16-bit one means a round trip).
 
     .venv/bin/python scripts/decode_kernel_stats.py [--format int4] [--dtype fp16,bf16]
-        [--heads 32/8] [--splits 3] [--config 128,4,2] [--maxnreg N] [--swap-ab] [--no-f16-math]
+        [--heads 32/8] [--splits 3] [--config 128,4,2] [--maxnreg N] [--swap-ab] [--no-f16-math] [--v-pairs]
         [--keep DIR]
 
 ``--config block_n,num_warps,num_stages`` overrides the format's Hopper row (otherwise the row as
@@ -109,6 +109,7 @@ def main() -> None:
     ap.add_argument("--swap-ab", action="store_true", help="PagedDecodeConfig.swap_ab")
     ap.add_argument("--no-f16-math", action="store_true",
                     help="PagedDecodeConfig.f16_math off (bf16 q x fp8: bf16 dots)")
+    ap.add_argument("--v-pairs", action="store_true", help="PagedDecodeConfig.fp8_v_pairs")
     ap.add_argument("--keep", default="", help="write the PTX, TTGIR and SASS here")
     args = ap.parse_args()
     nheads, nheads_k = (int(x) for x in args.heads.split("/"))
@@ -129,7 +130,8 @@ def main() -> None:
             bn, w, st = (int(x) for x in args.config.split(","))
             config = dataclasses.replace(config, block_n=bn, num_warps=w, num_stages=st)
         config = dataclasses.replace(config, swap_ab=args.swap_ab or config.swap_ab,
-                                     f16_math=config.f16_math and not args.no_f16_math)
+                                     f16_math=config.f16_math and not args.no_f16_math,
+                                     fp8_v_pairs=args.v_pairs or config.fp8_v_pairs)
         compiled = compile_decode(args.format, dtype, nheads, nheads_k, args.splits, config,
                                   args.maxnreg)
         s = stats(compiled, keep,

@@ -3,7 +3,8 @@
     PYTHONPATH=src python scripts/quant_decode_sweep.py [--formats int8,int4] [--quick]
         [--shapes 1x131072] [--heads 32/8,12/12] [--grid 64,4,2 128,4,2 128,4,2,6,64]
 (a grid entry: block_n, num_warps, num_stages[, programs_per_sm[, max_merged_splits[,
-max_registers[, swap_ab[, f16_math[, int64_kv_offsets]]]]]]; -1 keeps the row's value)
+max_registers[, swap_ab[, f16_math[, int64_kv_offsets[, fp8_v_pairs]]]]]]];
+-1 keeps the row's value)
 
 GQA 32/8 (or ``--heads``: q/kv head pairs), d128, page 16, random page order, q_len 1, fp16
 queries (``--dtype bf16``: bf16 queries and source cache; "fp16" below is then bf16), the issue's
@@ -45,7 +46,7 @@ def main():
     p.add_argument("--all", action="store_true", help="also print every grid entry's time")
     p.add_argument("--grid", nargs="*", default=[],
                    help="only these BLOCK_N,WARPS,STAGES[,PROGRAMS_PER_SM[,MAX_MERGED_SPLITS"
-                        "[,MAX_REGISTERS[,SWAP_AB[,F16_MATH[,INT64]]]]]]")
+                        "[,MAX_REGISTERS[,SWAP_AB[,F16_MATH[,INT64[,V_PAIRS]]]]]]]")
     args = p.parse_args()
     grid = list(itertools.product((32, 64, 128), (4, 8), (2, 3, 4)))
     if args.quick:
@@ -82,8 +83,8 @@ def main():
                 cfg = dataclasses.replace(fmt_cfg, block_n=bn, num_warps=w, num_stages=st)
                 # optional fields; -1 keeps the row's value
                 fields = ("programs_per_sm", "max_merged_splits", "max_registers", "swap_ab",
-                          "f16_math", "int64_kv_offsets")
-                kinds = (float, int, int, bool, bool, bool)
+                          "f16_math", "int64_kv_offsets", "fp8_v_pairs")
+                kinds = (float, int, int, bool, bool, bool, bool)
                 for name, kind, value in zip(fields, kinds, spec[3:]):
                     if value >= 0:
                         cfg = dataclasses.replace(cfg, **{name: kind(value)})

@@ -193,6 +193,9 @@ class PagedDecodeConfig:
     int64_kv_offsets: quantized caches address K/V and their scales in int64 even where every
         offset fits int32 (by default int32 there: 626 IMADs a kernel instead of 1047 for fp8,
         compiled for sm_90a). Plain caches always use int64 (their rows were tuned so).
+    fp8_v_pairs: an fp8 cache's V tile is read as 16-bit channel pairs and dotted as its even
+        and odd channels (``kernels/paged_decode_fp8.py``), where the MMA operand load transposes
+        it instead of gathering bytes. fp16 compute only (fp16 q, or bf16 q with ``f16_math``).
     """
     block_n: int
     num_warps: int
@@ -210,6 +213,7 @@ class PagedDecodeConfig:
     swap_ab: bool = False
     f16_math: bool = False
     int64_kv_offsets: bool = False
+    fp8_v_pairs: bool = False
 
 
 # (capability major, minor) -> head dim -> config. The Hopper d=128 row comes from

@@ -38,6 +38,7 @@ import triton.language as tl
 # The state-in/state-out online-softmax step is shared with the varlen kernels.
 from ._launch import all_aligned, dot_input_precision, launch, next_pow2
 from .dual_group_fwd import _online_update, _softmax_step
+from .paged_decode_fp8 import _attend_paged_fp8_pairs
 
 LOG2E = 1.4426950408889634
 # Packed inline-asm converters (int8 and int4 -> fp16, fp8 -> bf16) on the GPU; the CPU interpreter
@@ -569,7 +570,7 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
                     DOT_PRECISION: tl.constexpr, INT64_KV: tl.constexpr = True,
                     PREFETCH_PAGES: tl.constexpr = False, Kd=0, Vd=0,
                     USE_DESC: tl.constexpr = False, SWAP_AB: tl.constexpr = False,
-                    F16_MATH: tl.constexpr = False):
+                    F16_MATH: tl.constexpr = False, V_PAIRS: tl.constexpr = False):
     """One packed tile ``q [BLOCK_M, BLOCK_D]`` against sequence ``seq``'s keys ``[lo, hi)`` of
     one KV head: unmasked tiles ``[lo, full)``, then the masked band ``[full, hi)``; returns the
     unnormalized ``(acc, m, l)`` (base 2), fp8's per-head scales applied. Shared by the decode
@@ -577,7 +578,8 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
     SWAP_AB: the dots with the keys on the MMA's M side (``_online_update_swapped``; not the
     int4 split dots, which ignore it). F16_MATH (bf16 q, fp8 cache): q as fp16 rows times a
     power of two each (``_f16_rows``), so the tiles convert to fp16 and both dots run in fp16;
-    the factors come off with the softmax scale, per row."""
+    the factors come off with the softmax scale, per row. V_PAIRS (fp8, fp16 compute): V read
+    as channel pairs (``paged_decode_fp8``)."""
     K += kv_head * stride_kh
     V += kv_head * stride_vh
     KS += kv_head * stride_ksh
@@ -604,6 +606,19 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
                                            stride_vp, stride_vt, stride_ksp, stride_kst,
                                            stride_vsp, stride_vst, True, PAGE_SIZE, BLOCK_M,
                                            BLOCK_N, DOT_PRECISION, INT64_KV)
+    elif V_PAIRS:
+        tl.static_assert(KV_FORMAT == 1 and EVEN_D and not SWAP_AB)
+        acc_even = tl.zeros([BLOCK_M, BLOCK_D // 2], dtype=tl.float32)
+        acc_odd = tl.zeros([BLOCK_M, BLOCK_D // 2], dtype=tl.float32)
+        acc_even, acc_odd, m_i, l_i = _attend_paged_fp8_pairs(
+            acc_even, acc_odd, m_i, l_i, q, lo, full, qk_scale, tok, diag, hi, K, V, bt_row,
+            stride_kp, stride_kt, stride_vp, stride_vt, offs_d, False, PAGE_SIZE, BLOCK_N,
+            BLOCK_D, DOT_PRECISION, INT64_KV, F16_MATH)
+        acc_even, acc_odd, m_i, l_i = _attend_paged_fp8_pairs(
+            acc_even, acc_odd, m_i, l_i, q, full, hi, qk_scale, tok, diag, hi, K, V, bt_row,
+            stride_kp, stride_kt, stride_vp, stride_vt, offs_d, True, PAGE_SIZE, BLOCK_N,
+            BLOCK_D, DOT_PRECISION, INT64_KV, F16_MATH)
+        acc = tl.reshape(tl.join(acc_even, acc_odd), [BLOCK_M, BLOCK_D])  # channel 2p + odd
     else:
         if SWAP_AB:
             acc = tl.zeros([BLOCK_D, BLOCK_M], dtype=tl.float32)
@@ -657,6 +672,7 @@ def _paged_decode_kernel(
     SWAP_AB: tl.constexpr = False,  # keys on the MMA's M side (_online_update_swapped)
     F16_MATH: tl.constexpr = False,  # bf16 q x fp8 cache, dots in fp16 (_f16_rows)
     INT64_KV: tl.constexpr = True,  # False: K/V (and scale) offsets fit int32
+    V_PAIRS: tl.constexpr = False,  # fp8 V as channel pairs (paged_decode_fp8)
 ):
     # Grid: (num_splits * num_m_blocks, nheads_k, batch). Splits vary fastest so that the
     # programs of one sequence's KV head run side by side.
@@ -695,7 +711,7 @@ def _paged_decode_kernel(
         stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_ksp, stride_kst,
         stride_ksh, stride_vsp, stride_vst, stride_vsh, stride_btb, offs_d, head_dim,
         PAGE_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, EVEN_D, KV_CACHE, KV_EVICT, KV_FORMAT, DOT_PRECISION,
-        INT64_KV=INT64_KV, SWAP_AB=SWAP_AB, F16_MATH=F16_MATH)
+        INT64_KV=INT64_KV, SWAP_AB=SWAP_AB, F16_MATH=F16_MATH, V_PAIRS=V_PAIRS)
     # out = acc / l (0 where no key was seen, e.g. an empty split), lse natural log (-inf there).
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
@@ -952,6 +968,11 @@ class PagedDecodeLaunch:
             F16_MATH=config.f16_math and kv_format == 1 and q.dtype == torch.bfloat16,
             # Quantized caches: int32 offsets where everything fits (fewer IMADs per key row; the
             # plain-cache rows were tuned with int64 and keep it).
+            V_PAIRS=(config.fp8_v_pairs and kv_format == 1 and not config.swap_ab
+                     and block_d == head_dim and head_dim % 2 == 0
+                     and all(st % 2 == 0 for st in v_cache.stride()[:3])
+                     and (q.dtype == torch.float16 or (
+                         config.f16_math and q.dtype == torch.bfloat16))),
             INT64_KV=kv_format == 0 or config.int64_kv_offsets or max(
                 _span(t) for t in (k_cache, v_cache, k_scale, v_scale) if t is not None) >= 2**31)
         self._warps = (config.num_warps, config.num_stages)
