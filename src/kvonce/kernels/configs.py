@@ -273,6 +273,13 @@ _paged_warned: set = set()
 #   540 / 152 / 718 / 206, int8 443 / 124 / 674 / 172 against 450 / 125 / 669 / 174; fp8 415 / 124 /
 #   622 / 170 against 421 / 123 / 591 / 171: MHA 64 x 8192 5% slower (not understood), so the fp8
 #   row keeps int64.
+# - fp8 V as channel pairs (`fp8_v_pairs`, same session, graphs, us, fp16 / bf16 q, default row
+#   against pairs; GQA 64 x 8192, GQA 1 x 131072, MHA 64 x 8192, MHA 1 x 131072): 421 / 123 / 591 /
+#   173 against 444 / 118 / 571 / 168 (fp16), 422 / 124 / 589 / 174 against 433 / 118 / 571 / 164
+#   (bf16). The pairs kernel holds 168 registers (177 before): three programs an SM, and GQA
+#   64 x 8192's 512 programs (3.9 an SM) ran 1.3 waves in one pass; two splits there (the slow
+#   band from 3.5 programs an SM, as int4's) gave 400 us (fp16 and bf16). Two splits everywhere
+#   (programs_per_sm 4) cost the 1 x 131072 rows 10-15%.
 # Other head dims use the fp16 row.
 _INT4 = PagedDecodeConfig(128, 4, 2, max_merged_splits=64, mha_num_stages=3,
                           slow_programs_per_sm=(3.5, 6.5))
@@ -281,7 +288,8 @@ _PAGED_DECODE_QUANT_TABLE: dict[tuple[tuple[int, int], str], dict[int, PagedDeco
     ((9, 0), "fp8_e4m3"): {128: PagedDecodeConfig(128, 4, 2, programs_per_sm=2.0,
                                                   splits_round_up=True,
                                                   min_keys_per_split=2048, f16_math=True,
-                                                  int64_kv_offsets=True)},
+                                                  int64_kv_offsets=True, fp8_v_pairs=True,
+                                                  slow_programs_per_sm=(3.5, 6.5))},
     ((9, 0), "int4"): {128: _INT4},
     ((9, 0), "int4/bf16"): {128: dataclasses.replace(_INT4, num_stages=3, max_registers=168)},
 }
