@@ -43,6 +43,20 @@ def _check(out, ref, dtype):
     assert rel < (1e-4 if dtype == torch.float32 else 2e-2), f"relative error {rel:.3e}"
 
 
+def _run_and_check(plan, q, kq, vq, seqlens, table, ks, vs, ref, ref_lse, flag, dtype):
+    """``plan.run`` on NaN-poisoned outputs against the reference (out and LSE), with the
+    kernel constant ``flag`` on in the plan's launch and the custom op giving the same bytes."""
+    with poison_empty:
+        out, lse = plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs, return_lse=True)
+    assert [la._constexprs[flag] for la in plan._launches.values()] == [True]
+    assert out.dtype == q.dtype
+    _check(out, ref, dtype)
+    fin = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), fin)
+    assert (lse[fin] - ref_lse[fin]).abs().max() < 1e-2
+    assert plan._run_op(q, kq, vq, seqlens, table, ks, vs)[0].equal(out)
+
+
 # (head dim 128 takes int4's split-dot path; 64 and 96 its per-channel path)
 SHAPES = ([(3, 1, 4, 2, 64, 16, [37, 0, 64]), (2, 3, 8, 2, 96, 32, [70, 5]),
            (2, 2, 4, 1, 128, 16, [150, 33])] if not HAS_CUDA else
@@ -194,15 +208,8 @@ def test_bf16_queries_on_fp8_take_fp16_dots_without_loss(magnitude, num_splits):
     plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
                                   softmax_scale=scale, num_splits=num_splits,
                                   config=dataclasses.replace(base, f16_math=True))
-    with poison_empty:
-        out, lse = plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs, return_lse=True)
-    assert [la._constexprs["F16_MATH"] for la in plan._launches.values()] == [True]
-    assert out.dtype == torch.bfloat16
-    _check(out, ref, torch.bfloat16)
-    fin = torch.isfinite(ref_lse)
-    assert torch.equal(torch.isfinite(lse), fin)
-    assert (lse[fin] - ref_lse[fin]).abs().max() < 1e-2
-    assert plan._run_op(q, kq, vq, seqlens, table, ks, vs)[0].equal(out)
+    _run_and_check(plan, q, kq, vq, seqlens, table, ks, vs, ref, ref_lse, "F16_MATH",
+                   torch.bfloat16)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -253,14 +260,8 @@ def test_fp8_v_as_channel_pairs_matches_the_reference(qdtype, num_splits):
                                   num_splits=num_splits,
                                   config=dataclasses.replace(base, fp8_v_pairs=True,
                                                              f16_math=True))
-    with poison_empty:
-        out, lse = plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs, return_lse=True)
-    assert [la._constexprs["V_PAIRS"] for la in plan._launches.values()] == [True]
-    _check(out, ref, torch.bfloat16)
-    fin = torch.isfinite(ref_lse)
-    assert torch.equal(torch.isfinite(lse), fin)
-    assert (lse[fin] - ref_lse[fin]).abs().max() < 1e-2
-    assert plan._run_op(q, kq, vq, seqlens, table, ks, vs)[0].equal(out)
+    _run_and_check(plan, q, kq, vq, seqlens, table, ks, vs, ref, ref_lse, "V_PAIRS",
+                   torch.bfloat16)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -39,6 +39,7 @@ import triton.language as tl
 from ._launch import all_aligned, dot_input_precision, launch, next_pow2
 from .dual_group_fwd import _online_update, _softmax_step
 from .paged_decode_fp8 import _attend_paged_fp8_pairs
+from .paged_tiles import _tile_rows
 
 LOG2E = 1.4426950408889634
 # Packed inline-asm converters (int8 and int4 -> fp16, fp8 -> bf16) on the GPU; the CPU interpreter
@@ -211,15 +212,8 @@ def _load_quant_kv_tile(K, V, KS, VS, bt_row, start_n, kv_end, stride_kp, stride
     (channel i low in byte i, i + d/2 high; q + 8) times its group's fp16 scale, per element
     (``_int4_tile``). INT64_KV=False: offsets in int32 (the caller knows caches and scales stay
     below 2^31 elements)."""
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    in_range = offs_n < kv_end
-    if MASKED:
-        page = tl.load(bt_row + offs_n // PAGE_SIZE, mask=in_range, other=0)
-    else:
-        page = tl.load(bt_row + offs_n // PAGE_SIZE)
-    if INT64_KV:
-        page = page.to(tl.int64)
-    slot = offs_n % PAGE_SIZE
+    offs_n, in_range, page, slot = _tile_rows(bt_row, start_n, kv_end, PAGE_SIZE, BLOCK_N,
+                                              MASKED, INT64_KV)
     k_rows = page * stride_kp + slot * stride_kt
     v_rows = page * stride_vp + slot * stride_vt
     # One return at the end: code after a return under a constexpr `if` is still compiled.
@@ -438,15 +432,8 @@ def _attend_paged_int4(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end, K,
     q0, q1, q2, q3 = _split_int4_groups(q, BLOCK_M)
     a0, a1, a2, a3 = _split_int4_groups(acc, BLOCK_M)
     for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        in_range = offs_n < kv_end
-        if MASKED:
-            page = tl.load(bt_row + offs_n // PAGE_SIZE, mask=in_range, other=0)
-        else:
-            page = tl.load(bt_row + offs_n // PAGE_SIZE)
-        if INT64_KV:
-            page = page.to(tl.int64)
-        slot = offs_n % PAGE_SIZE
+        offs_n, in_range, page, slot = _tile_rows(bt_row, start_n, kv_end, PAGE_SIZE,
+                                                  BLOCK_N, MASKED, INT64_KV)
         k_rows = page * stride_kp + slot * stride_kt
         v_rows = page * stride_vp + slot * stride_vt
         ks_rows = page * stride_ksp + slot * stride_kst

@@ -22,9 +22,26 @@ import triton
 import triton.language as tl
 
 from .dual_group_fwd import _softmax_step
+from .paged_tiles import _tile_rows
 
 # Inline PTX on the GPU; the interpreter runs no PTX and takes the plain-op form (bit-identical).
 PACKED_CVT: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
+
+
+def _pair_asm(selector: str) -> str:
+    """PTX for two uint16 units in ``$1``: bytes (of key k, key k + 1) picked by ``selector`` into
+    the low half, converted as e4m3 x 2 into ``$0`` (f16 x 2)."""
+    return f"""{{
+    .reg .b32 t;
+    .reg .b16 lo, hi;
+    prmt.b32 t, $1, 0, {selector};
+    mov.b32 {{lo, hi}}, t;
+    cvt.rn.f16x2.e4m3x2 $0, lo;
+    }}"""
+
+
+_PAIR_EVEN: tl.constexpr = tl.constexpr(_pair_asm("0x3320"))  # bytes 0, 2: channel 2p
+_PAIR_ODD: tl.constexpr = tl.constexpr(_pair_asm("0x3331"))   # bytes 1, 3: channel 2p + 1
 
 
 @triton.jit
@@ -35,25 +52,11 @@ def _fp8_pair_units_to_f16(units, ODD: tl.constexpr):
     ``cvt.rn.f16x2.e4m3x2`` converts both."""
     if PACKED_CVT:
         if ODD:
-            y = tl.inline_asm_elementwise(
-                """{
-                .reg .b32 t;
-                .reg .b16 lo, hi;
-                prmt.b32 t, $1, 0, 0x3331;
-                mov.b32 {lo, hi}, t;
-                cvt.rn.f16x2.e4m3x2 $0, lo;
-                }""",
-                "=r,r", [units], dtype=tl.float16, is_pure=True, pack=2)
+            asm: tl.constexpr = _PAIR_ODD
         else:
-            y = tl.inline_asm_elementwise(
-                """{
-                .reg .b32 t;
-                .reg .b16 lo, hi;
-                prmt.b32 t, $1, 0, 0x3320;
-                mov.b32 {lo, hi}, t;
-                cvt.rn.f16x2.e4m3x2 $0, lo;
-                }""",
-                "=r,r", [units], dtype=tl.float16, is_pure=True, pack=2)
+            asm: tl.constexpr = _PAIR_EVEN
+        y = tl.inline_asm_elementwise(asm, "=r,r", [units], dtype=tl.float16, is_pure=True,
+                                      pack=2)
     else:
         if ODD:
             b = units >> 8
@@ -77,15 +80,8 @@ def _attend_paged_fp8_pairs(acc_even, acc_odd, m_i, l_i, q, lo, hi, qk_scale, to
     V16 = V.to(tl.pointer_type(tl.uint16))
     K8 = K.to(tl.pointer_type(tl.uint8))
     for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        in_range = offs_n < kv_end
-        if MASKED:
-            page = tl.load(bt_row + offs_n // PAGE_SIZE, mask=in_range, other=0)
-        else:
-            page = tl.load(bt_row + offs_n // PAGE_SIZE)
-        if INT64_KV:
-            page = page.to(tl.int64)
-        slot = offs_n % PAGE_SIZE
+        offs_n, in_range, page, slot = _tile_rows(bt_row, start_n, kv_end, PAGE_SIZE, BLOCK_N,
+                                                  MASKED, INT64_KV)
         k_ptrs = K8 + (page * stride_kp + slot * stride_kt)[None, :] + offs_d[:, None]
         v_ptrs = (V16 + (page * (stride_vp // 2) + slot * (stride_vt // 2))[:, None]
                   + offs_p[None, :])
