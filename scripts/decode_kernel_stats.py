@@ -109,7 +109,7 @@ def main() -> None:
     ap.add_argument("--swap-ab", action="store_true", help="PagedDecodeConfig.swap_ab")
     ap.add_argument("--no-f16-math", action="store_true",
                     help="PagedDecodeConfig.f16_math off (bf16 q x fp8: bf16 dots)")
-    ap.add_argument("--v-pairs", action="store_true", help="PagedDecodeConfig.fp8_v_pairs")
+    ap.add_argument("--v-pairs", action="store_true", help="PagedDecodeConfig.v_pairs")
     ap.add_argument("--keep", default="", help="write the PTX, TTGIR and SASS here")
     args = ap.parse_args()
     nheads, nheads_k = (int(x) for x in args.heads.split("/"))
@@ -131,7 +131,7 @@ def main() -> None:
             config = dataclasses.replace(config, block_n=bn, num_warps=w, num_stages=st)
         config = dataclasses.replace(config, swap_ab=args.swap_ab or config.swap_ab,
                                      f16_math=config.f16_math and not args.no_f16_math,
-                                     fp8_v_pairs=args.v_pairs or config.fp8_v_pairs)
+                                     v_pairs=args.v_pairs or config.v_pairs)
         compiled = compile_decode(args.format, dtype, nheads, nheads_k, args.splits, config,
                                   args.maxnreg)
         s = stats(compiled, keep,

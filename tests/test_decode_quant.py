@@ -10,8 +10,8 @@ import triton.language as tl
 from conftest import DEVICE, DTYPES, HAS_CUDA, poison_empty
 
 import kvonce
-from kvonce.kernels.paged_decode import _fp8_bytes_to, _ints_to, _nibbles_to
-from kvonce.kernels.paged_decode_fp8 import _fp8_pair_units_to_f16
+from kvonce.kernels.quant_convert import (_fp8_bytes_to, _ints_to, _nibbles_to,
+                                          _pair_units_to_f16)
 from kvonce.reference import paged_attention_ref
 
 FORMATS = ("fp8_e4m3", "int8", "int4")
@@ -124,29 +124,32 @@ def test_converters_are_exact_for_every_byte(kind, dtype):
 
 
 @triton.jit
-def _convert_units_kernel(U, Even, Odd):
+def _convert_units_kernel(U, Even, Odd, KV_FORMAT: tl.constexpr):
     """Every uint16 unit of ``U [65536]`` (16 x 128 per program) through the channel-pair
     converter, even and odd channel."""
     offs = tl.program_id(0) * 2048 + tl.arange(0, 16)[:, None] * 128 + tl.arange(0, 128)[None, :]
     units = tl.load(U.to(tl.pointer_type(tl.uint16)) + offs)
-    tl.store(Even + offs, _fp8_pair_units_to_f16(units, False))
-    tl.store(Odd + offs, _fp8_pair_units_to_f16(units, True))
+    tl.store(Even + offs, _pair_units_to_f16(units, False, KV_FORMAT))
+    tl.store(Odd + offs, _pair_units_to_f16(units, True, KV_FORMAT))
 
 
-def test_fp8_channel_pair_converter_is_exact_for_every_unit():
-    """``fp8_v_pairs``' converter (prmt + cvt on the GPU, plain ops in the interpreter) gives
-    torch's fp16 of the low byte (even channel) and the high byte (odd channel) of every 16-bit
-    unit, sign of zero included. The NaN bytes (0x7F, 0xFF) are left out, as in the test above
-    (the interpreter's conversion reads them as +-480)."""
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8"])
+def test_channel_pair_converter_is_exact_for_every_unit(fmt):
+    """``v_pairs``' converter (prmt + cvt or xor + prmt + sub on the GPU, plain ops in the
+    interpreter) gives torch's fp16 of the low byte (even channel) and the high byte (odd
+    channel) of every 16-bit unit, sign of zero included. fp8's NaN bytes (0x7F, 0xFF) are left
+    out, as in the test above (the interpreter's conversion reads them as +-480)."""
     codes = torch.arange(65536, device=DEVICE)
     pairs = torch.stack([codes % 256, codes // 256], -1).to(torch.uint8)  # little-endian units
     even = torch.full((65536,), float("nan"), device=DEVICE, dtype=torch.float16)
     odd = even.clone()
-    _convert_units_kernel[(32,)](pairs.view(torch.int16), even, odd)
+    _convert_units_kernel[(32,)](pairs.view(torch.int16), even, odd,
+                                 KV_FORMAT=1 if fmt == "fp8_e4m3" else 2)
+    view = torch.float8_e4m3fn if fmt == "fp8_e4m3" else torch.int8
     for got, byte in ((even, pairs[:, 0]), (odd, pairs[:, 1])):
-        want = byte.contiguous().view(torch.float8_e4m3fn).to(torch.float16)
+        want = byte.contiguous().view(view).to(torch.float16)
         nan = torch.isnan(want)
-        assert nan.sum() == 512
+        assert nan.sum() == (512 if fmt == "fp8_e4m3" else 0)
         assert torch.equal(got[~nan], want[~nan])
         assert torch.equal(torch.signbit(got[~nan]), torch.signbit(want[~nan]))
 
@@ -239,27 +242,29 @@ def test_int32_and_int64_offsets_agree(fmt):
     _check(outs[0], ref, dtype)
 
 
-@pytest.mark.parametrize("qdtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("case", ["fp8/fp16", "fp8/bf16", "int8/fp16"])
 @pytest.mark.parametrize("num_splits", [1, 3])
-def test_fp8_v_as_channel_pairs_matches_the_reference(qdtype, num_splits):
-    """``PagedDecodeConfig.fp8_v_pairs``: V read as 16-bit channel pairs, dotted as its even and
-    odd channels and interleaved at the end, gives the reference's output with fp16 queries and
-    with bf16 queries through ``f16_math``: GQA rows, q_len > 1 (causal band), an empty
-    sequence, lengths off the tile grid; the custom op carries the flag."""
+def test_v_as_channel_pairs_matches_the_reference(case, num_splits):
+    """``PagedDecodeConfig.v_pairs``: V read as 16-bit channel pairs, dotted as its even and odd
+    channels and interleaved at the end, gives the reference's output for fp8 (fp16 queries, and
+    bf16 queries through ``f16_math``) and int8 (its per-key scales on the scores and the
+    probabilities): GQA rows, q_len > 1 (causal band), an empty sequence, lengths off the tile
+    grid; the custom op carries the flag."""
     import dataclasses
 
     from kvonce.kernels.configs import get_paged_decode_config
+    fmt, qdtype = case.split("/")
+    fmt = {"fp8": "fp8_e4m3", "int8": "int8"}[fmt]
     dtype = torch.float16 if qdtype == "fp16" else torch.bfloat16
     q, k, v, seqlens, table = _case(3, 2, 8, 2, 128, 16, [37, 0, 150], torch.float32)
     q = q.to(dtype)
-    kq, ks, vq, vs, kd, vd = _quantized(k.to(dtype), v.to(dtype), "fp8_e4m3")
+    kq, ks, vq, vs, kd, vd = _quantized(k.to(dtype), v.to(dtype), fmt)
     ref, ref_lse = paged_attention_ref(q.float(), kd, vd, seqlens, table)
     cap = torch.cuda.get_device_capability() if HAS_CUDA else None
-    base = get_paged_decode_config(cap, 128, "fp8_e4m3", 2, bf16=dtype == torch.bfloat16)
+    base = get_paged_decode_config(cap, 128, fmt, 2, bf16=dtype == torch.bfloat16)
     plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
                                   num_splits=num_splits,
-                                  config=dataclasses.replace(base, fp8_v_pairs=True,
-                                                             f16_math=True))
+                                  config=dataclasses.replace(base, v_pairs=True, f16_math=True))
     _run_and_check(plan, q, kq, vq, seqlens, table, ks, vs, ref, ref_lse, "V_PAIRS",
                    torch.bfloat16)
 

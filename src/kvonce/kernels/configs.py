@@ -193,9 +193,11 @@ class PagedDecodeConfig:
     int64_kv_offsets: quantized caches address K/V and their scales in int64 even where every
         offset fits int32 (by default int32 there: 626 IMADs a kernel instead of 1047 for fp8,
         compiled for sm_90a). Plain caches always use int64 (their rows were tuned so).
-    fp8_v_pairs: an fp8 cache's V tile is read as 16-bit channel pairs and dotted as its even
-        and odd channels (``kernels/paged_decode_fp8.py``), where the MMA operand load transposes
-        it instead of gathering bytes. fp16 compute only (fp16 q, or bf16 q with ``f16_math``).
+    v_pairs: an fp8 or int8 cache's V tile is read as 16-bit channel pairs and dotted as its
+        even and odd channels (``kernels/paged_decode_pairs.py``), where the MMA operand load
+        transposes it instead of gathering bytes. fp16 compute only (fp16 q, or bf16 q against
+        fp8 with ``f16_math``). On in the fp8 row (measured); int8: interpreter-tested and
+        compiled only, not yet measured on a GPU.
     """
     block_n: int
     num_warps: int
@@ -213,7 +215,7 @@ class PagedDecodeConfig:
     swap_ab: bool = False
     f16_math: bool = False
     int64_kv_offsets: bool = False
-    fp8_v_pairs: bool = False
+    v_pairs: bool = False
 
 
 # (capability major, minor) -> head dim -> config. The Hopper d=128 row comes from
@@ -273,7 +275,7 @@ _paged_warned: set = set()
 #   540 / 152 / 718 / 206, int8 443 / 124 / 674 / 172 against 450 / 125 / 669 / 174; fp8 415 / 124 /
 #   622 / 170 against 421 / 123 / 591 / 171: MHA 64 x 8192 5% slower (not understood), so the fp8
 #   row keeps int64.
-# - fp8 V as channel pairs (`fp8_v_pairs`, same session, graphs, us, fp16 / bf16 q, default row
+# - fp8 V as channel pairs (`v_pairs`, same session, graphs, us, fp16 / bf16 q, default row
 #   against pairs; GQA 64 x 8192, GQA 1 x 131072, MHA 64 x 8192, MHA 1 x 131072): 421 / 123 / 591 /
 #   173 against 444 / 118 / 571 / 168 (fp16), 422 / 124 / 589 / 174 against 433 / 118 / 571 / 164
 #   (bf16). The pairs kernel holds 168 registers (177 before): three programs an SM, and GQA
@@ -288,7 +290,7 @@ _PAGED_DECODE_QUANT_TABLE: dict[tuple[tuple[int, int], str], dict[int, PagedDeco
     ((9, 0), "fp8_e4m3"): {128: PagedDecodeConfig(128, 4, 2, programs_per_sm=2.0,
                                                   splits_round_up=True,
                                                   min_keys_per_split=2048, f16_math=True,
-                                                  int64_kv_offsets=True, fp8_v_pairs=True,
+                                                  int64_kv_offsets=True, v_pairs=True,
                                                   slow_programs_per_sm=(3.5, 6.5))},
     ((9, 0), "int4"): {128: _INT4},
     ((9, 0), "int4/bf16"): {128: dataclasses.replace(_INT4, num_stages=3, max_registers=168)},

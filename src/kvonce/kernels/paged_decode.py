@@ -29,8 +29,6 @@ natural log: ``lse = (m + log2(l)) * ln 2``.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -38,13 +36,11 @@ import triton.language as tl
 # The state-in/state-out online-softmax step is shared with the varlen kernels.
 from ._launch import all_aligned, dot_input_precision, launch, next_pow2
 from .dual_group_fwd import _online_update, _softmax_step
-from .paged_decode_fp8 import _attend_paged_fp8_pairs
+from .paged_decode_pairs import _attend_paged_pairs
+from .quant_convert import _fp8_bytes_to, _ints_to, _nibbles_to
 from .paged_tiles import _tile_rows
 
 LOG2E = 1.4426950408889634
-# Packed inline-asm converters (int8 and int4 -> fp16, fp8 -> bf16) on the GPU; the CPU interpreter
-# runs no PTX, so there the same values come from plain Triton ops (bit-identical: both are exact).
-PACKED_CVT: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
 LN2 = 0.6931471805599453
 
 
@@ -104,73 +100,6 @@ def _load_paged_kv_tile(K, V, bt_row, start_n, kv_end, stride_kp, stride_kt, str
             v = tl.load(v_ptrs, mask=offs_d[None, :] < head_dim, other=0.0,
                         cache_modifier=KV_CACHE, eviction_policy=KV_EVICT)
     return offs_n, k_t, v
-
-
-@triton.jit
-def _ints_to(x, dtype: tl.constexpr):
-    """int8 values to ``dtype`` exactly. For fp16 through the bit pattern: ``0x6400`` is 1024.0,
-    where the fp16 ulp is 1, so bits ``0x6400 + (x + 128)`` are ``1152 + x``. On the GPU four
-    values at a time (``PACKED_CVT``): one ``xor`` biases the four bytes (x + 128), two ``prmt``
-    put each biased byte under a 0x64 high byte (two fp16 per register), two ``sub.f16x2``
-    subtract 1152: 5 instructions per 4 values, where the per-value form (sign-extend, 16-bit add,
-    subtract) took about 2 per value (SASS; measured in docs/notes.md). int->float conversion
-    proper is quarter rate on the SM, which is why neither uses it."""
-    if dtype == tl.float16:
-        if PACKED_CVT:
-            y = tl.inline_asm_elementwise(
-                """{
-                .reg .b32 t, c;
-                xor.b32 t, $2, 0x80808080;
-                mov.b32 c, 0x64806480;
-                prmt.b32 $0, t, 0x64646464, 0x4140;
-                prmt.b32 $1, t, 0x64646464, 0x4342;
-                sub.f16x2 $0, $0, c;
-                sub.f16x2 $1, $1, c;
-                }""",
-                "=r,=r,r", [x], dtype=tl.float16, is_pure=True, pack=4)
-        else:
-            y = (x.to(tl.int16) + 0x6480).to(tl.float16, bitcast=True) - 1152.0
-    else:
-        # bf16: through fp32 (an int -> float cvt a value). A packed form through fp32 magic
-        # numbers (xor, 4 prmt, 4 sub.f32, 2 cvt.rn.bf16x2.f32 per 4 values) measured 3-7% slower
-        # on the H100 (docs/notes.md, 2026-11-26).
-        y = x.to(tl.float32).to(dtype)
-    return y
-
-
-@triton.jit
-def _fp8_bytes_to(b, dtype: tl.constexpr):
-    """e4m3 bytes ``b`` (uint8) to ``dtype``, exactly. fp16: the hardware's packed
-    ``cvt.rn.f16x2.e4m3x2``. bf16 has no such cvt (Triton goes through fp16: three cvt per two
-    values), so on the GPU a bit move, four values at a time: each byte ``s eeee mmm`` becomes the
-    bf16 ``s 000 eeee mmm 0000`` (prmt puts the byte in a half's high byte, and/shr move exponent
-    and mantissa down four bits, the sign stays), whose value is the e4m3 value times 2^-120
-    (bias 127 against 7; e4m3 subnormals land on bf16 subnormals), then one fma.bf16x2 by 2^120:
-    5 instructions per 2 values. NaN bytes (0x7F / 0xFF, which ``quantize_kv`` writes only for a
-    NaN input) read as +-480 there, not NaN."""
-    if dtype == tl.bfloat16 and PACKED_CVT:
-        y = tl.inline_asm_elementwise(
-            """{
-            .reg .b32 t, u, s, c, z;
-            prmt.b32 t, $2, 0, 0x1404;
-            prmt.b32 u, $2, 0, 0x3424;
-            mov.b32 c, 0x7B807B80;
-            mov.b32 z, 0x80008000;
-            and.b32 s, t, 0x7F007F00;
-            shr.b32 s, s, 4;
-            and.b32 t, t, 0x80008000;
-            or.b32 t, t, s;
-            fma.rn.bf16x2 $0, t, c, z;
-            and.b32 s, u, 0x7F007F00;
-            shr.b32 s, s, 4;
-            and.b32 u, u, 0x80008000;
-            or.b32 u, u, s;
-            fma.rn.bf16x2 $1, u, c, z;
-            }""",
-            "=r,=r,r", [b], dtype=tl.bfloat16, is_pure=True, pack=4)
-    else:
-        y = b.to(tl.float8e4nv, bitcast=True).to(dtype)
-    return y
 
 
 @triton.jit
@@ -293,60 +222,6 @@ def _int4_tile(C, CS, rows, scale_rows, in_range, offs_d, head_dim, dtype: tl.co
     else:
         x = ((q - 8).to(tl.float32) * s.to(tl.float32)).to(dtype)
     return x
-
-
-@triton.jit
-def _nibbles_to(b, HIGH: tl.constexpr, dtype: tl.constexpr):
-    """The low (or, HIGH, high) nibbles of int4 bytes ``b`` (uint8, each nibble q + 8) as the
-    values q in ``dtype``, exactly. Bit patterns, not int->float conversions (quarter rate): fp16
-    ``0x6400 + n`` is 1024 + n (ulp 1 there), bf16 ``0x4300 + n`` is 128 + n; minus 1032 / 136.
-    Only integer ops, a bitcast and a subtract of a constant: Triton keeps the bytes in shared
-    memory and runs this in the MMA operand layout."""
-    if dtype == tl.float16 and PACKED_CVT:
-        # Four bytes at a time: two prmt put bytes (0, 1) and (2, 3) under 0x64 high bytes
-        # (f16x2 pairs in the bytes' order), one lop3 each keeps the low nibble (1024 + n) or
-        # the high one (1024 + 16 n), and one sub.f16x2 (- 1032) or fma.f16x2 (/ 16 - 72)
-        # gives n - 8: 6 instructions per 4 values, exact. One output per asm: a two-output asm
-        # would not be hoisted to the MMA operand layout.
-        if HIGH:
-            y = tl.inline_asm_elementwise(
-                """{
-                .reg .b32 t, u, a, c;
-                prmt.b32 t, $2, 0x64646464, 0x4140;
-                prmt.b32 u, $2, 0x64646464, 0x4342;
-                mov.b32 a, 0x2C002C00;
-                mov.b32 c, 0xD480D480;
-                and.b32 t, t, 0xFFF0FFF0;
-                and.b32 u, u, 0xFFF0FFF0;
-                fma.rn.f16x2 $0, t, a, c;
-                fma.rn.f16x2 $1, u, a, c;
-                }""",
-                "=r,=r,r", [b], dtype=tl.float16, is_pure=True, pack=4)
-        else:
-            y = tl.inline_asm_elementwise(
-                """{
-                .reg .b32 t, u, c;
-                prmt.b32 t, $2, 0x64646464, 0x4140;
-                prmt.b32 u, $2, 0x64646464, 0x4342;
-                mov.b32 c, 0x64086408;
-                and.b32 t, t, 0xFF0FFF0F;
-                and.b32 u, u, 0xFF0FFF0F;
-                sub.f16x2 $0, t, c;
-                sub.f16x2 $1, u, c;
-                }""",
-                "=r,=r,r", [b], dtype=tl.float16, is_pure=True, pack=4)
-    else:
-        if HIGH:
-            n = b >> 4
-        else:
-            n = b & 15
-        if dtype == tl.float16:
-            y = (n.to(tl.int16) + 0x6400).to(tl.float16, bitcast=True) - 1032.0
-        elif dtype == tl.bfloat16:
-            y = (n.to(tl.int16) + 0x4300).to(tl.bfloat16, bitcast=True) - 136.0
-        else:
-            y = (n.to(tl.float32) - 8.0).to(dtype)
-    return y
 
 
 @triton.jit
@@ -565,8 +440,8 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
     SWAP_AB: the dots with the keys on the MMA's M side (``_online_update_swapped``; not the
     int4 split dots, which ignore it). F16_MATH (bf16 q, fp8 cache): q as fp16 rows times a
     power of two each (``_f16_rows``), so the tiles convert to fp16 and both dots run in fp16;
-    the factors come off with the softmax scale, per row. V_PAIRS (fp8, fp16 compute): V read
-    as channel pairs (``paged_decode_fp8``)."""
+    the factors come off with the softmax scale, per row. V_PAIRS (fp8 or int8, fp16 compute):
+    V read as channel pairs (``paged_decode_pairs``)."""
     K += kv_head * stride_kh
     V += kv_head * stride_vh
     KS += kv_head * stride_ksh
@@ -594,17 +469,19 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
                                            stride_vsp, stride_vst, True, PAGE_SIZE, BLOCK_M,
                                            BLOCK_N, DOT_PRECISION, INT64_KV)
     elif V_PAIRS:
-        tl.static_assert(KV_FORMAT == 1 and EVEN_D and not SWAP_AB)
+        tl.static_assert((KV_FORMAT == 1 or KV_FORMAT == 2) and EVEN_D and not SWAP_AB)
         acc_even = tl.zeros([BLOCK_M, BLOCK_D // 2], dtype=tl.float32)
         acc_odd = tl.zeros([BLOCK_M, BLOCK_D // 2], dtype=tl.float32)
-        acc_even, acc_odd, m_i, l_i = _attend_paged_fp8_pairs(
-            acc_even, acc_odd, m_i, l_i, q, lo, full, qk_scale, tok, diag, hi, K, V, bt_row,
-            stride_kp, stride_kt, stride_vp, stride_vt, offs_d, False, PAGE_SIZE, BLOCK_N,
-            BLOCK_D, DOT_PRECISION, INT64_KV, F16_MATH)
-        acc_even, acc_odd, m_i, l_i = _attend_paged_fp8_pairs(
-            acc_even, acc_odd, m_i, l_i, q, full, hi, qk_scale, tok, diag, hi, K, V, bt_row,
-            stride_kp, stride_kt, stride_vp, stride_vt, offs_d, True, PAGE_SIZE, BLOCK_N,
-            BLOCK_D, DOT_PRECISION, INT64_KV, F16_MATH)
+        acc_even, acc_odd, m_i, l_i = _attend_paged_pairs(
+            acc_even, acc_odd, m_i, l_i, q, lo, full, qk_scale, tok, diag, hi, K, V, KS, VS,
+            bt_row, stride_kp, stride_kt, stride_vp, stride_vt, stride_ksp, stride_kst,
+            stride_vsp, stride_vst, offs_d, False, PAGE_SIZE, BLOCK_N, BLOCK_D, KV_FORMAT,
+            DOT_PRECISION, INT64_KV, F16_MATH)
+        acc_even, acc_odd, m_i, l_i = _attend_paged_pairs(
+            acc_even, acc_odd, m_i, l_i, q, full, hi, qk_scale, tok, diag, hi, K, V, KS, VS,
+            bt_row, stride_kp, stride_kt, stride_vp, stride_vt, stride_ksp, stride_kst,
+            stride_vsp, stride_vst, offs_d, True, PAGE_SIZE, BLOCK_N, BLOCK_D, KV_FORMAT,
+            DOT_PRECISION, INT64_KV, F16_MATH)
         acc = tl.reshape(tl.join(acc_even, acc_odd), [BLOCK_M, BLOCK_D])  # channel 2p + odd
     else:
         if SWAP_AB:
@@ -659,7 +536,7 @@ def _paged_decode_kernel(
     SWAP_AB: tl.constexpr = False,  # keys on the MMA's M side (_online_update_swapped)
     F16_MATH: tl.constexpr = False,  # bf16 q x fp8 cache, dots in fp16 (_f16_rows)
     INT64_KV: tl.constexpr = True,  # False: K/V (and scale) offsets fit int32
-    V_PAIRS: tl.constexpr = False,  # fp8 V as channel pairs (paged_decode_fp8)
+    V_PAIRS: tl.constexpr = False,  # fp8/int8 V as channel pairs (paged_decode_pairs)
 ):
     # Grid: (num_splits * num_m_blocks, nheads_k, batch). Splits vary fastest so that the
     # programs of one sequence's KV head run side by side.
@@ -955,11 +832,11 @@ class PagedDecodeLaunch:
             F16_MATH=config.f16_math and kv_format == 1 and q.dtype == torch.bfloat16,
             # Quantized caches: int32 offsets where everything fits (fewer IMADs per key row; the
             # plain-cache rows were tuned with int64 and keep it).
-            V_PAIRS=(config.fp8_v_pairs and kv_format == 1 and not config.swap_ab
+            V_PAIRS=(config.v_pairs and kv_format in (1, 2) and not config.swap_ab
                      and block_d == head_dim and head_dim % 2 == 0
                      and all(st % 2 == 0 for st in v_cache.stride()[:3])
                      and (q.dtype == torch.float16 or (
-                         config.f16_math and q.dtype == torch.bfloat16))),
+                         kv_format == 1 and config.f16_math and q.dtype == torch.bfloat16))),
             INT64_KV=kv_format == 0 or config.int64_kv_offsets or max(
                 _span(t) for t in (k_cache, v_cache, k_scale, v_scale) if t is not None) >= 2**31)
         self._warps = (config.num_warps, config.num_stages)

@@ -1,4 +1,4 @@
-"""Key-tile addressing shared by the paged decode loops (``paged_decode``, ``paged_decode_fp8``)."""
+"""Key-tile addressing shared by the paged decode loops (``paged_decode``, ``paged_decode_pairs``)."""
 from __future__ import annotations
 
 import triton

@@ -287,7 +287,7 @@ class PagedDecodePlan:
         launch_fields = (self.softmax_scale, self.causal, c.block_n, c.num_warps, c.num_stages,
                          c.kv_cache_modifier, c.kv_eviction, c.max_merged_splits, k_scale,
                          v_scale, self._kv_code, c.max_registers, c.swap_ab, c.f16_math,
-                         c.int64_kv_offsets, c.fp8_v_pairs)
+                         c.int64_kv_offsets, c.v_pairs)
         if self.num_splits == 1:
             return torch.ops.kvonce.paged_decode(q, k_cache, v_cache, cache_seqlens, block_table,
                                                  *launch_fields)
@@ -404,11 +404,11 @@ def _paged_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, o_part, 
                        arrivals, softmax_scale, causal, block_n, num_warps, num_stages,
                        kv_cache_modifier, kv_eviction, max_merged_splits, k_scale, v_scale,
                        kv_format, max_registers, swap_ab, f16_math, int64_kv_offsets,
-                       fp8_v_pairs):
+                       v_pairs):
     config = PagedDecodeConfig(block_n, num_warps, num_stages, kv_cache_modifier=kv_cache_modifier,
                                kv_eviction=kv_eviction, max_merged_splits=max_merged_splits,
                                max_registers=max_registers, swap_ab=swap_ab, f16_math=f16_math,
-                               int64_kv_offsets=int64_kv_offsets, fp8_v_pairs=fp8_v_pairs)
+                               int64_kv_offsets=int64_kv_offsets, v_pairs=v_pairs)
     out, lse = _decode_outputs(q, allocator.empty)
     num_splits = 1 if o_part is None else o_part.shape[3]
     PagedDecodeLaunch(q, k_cache, v_cache, block_table, softmax_scale=softmax_scale,
@@ -427,7 +427,7 @@ def _paged_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
                      kv_format: int = 0, max_registers: int = 0, swap_ab: bool = False,
                      f16_math: bool = False, int64_kv_offsets: bool = False,
-                     fp8_v_pairs: bool = False
+                     v_pairs: bool = False
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """Single-pass paged decode (``PagedDecodePlan.run`` with ``num_splits == 1``): ``(out
     [batch, q_len, nheads, d], lse float32 [batch, nheads, q_len])``; the config's launch fields
@@ -437,7 +437,7 @@ def _paged_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                               softmax_scale, causal, block_n, num_warps, num_stages,
                               kv_cache_modifier, kv_eviction, max_merged_splits, k_scale,
                               v_scale, kv_format, max_registers, swap_ab, f16_math,
-                              int64_kv_offsets, fp8_v_pairs)
+                              int64_kv_offsets, v_pairs)
 
 
 @_paged_decode_op.register_fake
@@ -457,7 +457,7 @@ def _paged_decode_split_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            v_scale: torch.Tensor | None = None, kv_format: int = 0,
                            max_registers: int = 0, swap_ab: bool = False,
                            f16_math: bool = False, int64_kv_offsets: bool = False,
-                           fp8_v_pairs: bool = False
+                           v_pairs: bool = False
                            ) -> tuple[torch.Tensor, torch.Tensor]:
     """Split-K paged decode and its merge (in the same launch up to ``max_merged_splits``
     splits, else a combine launch); ``o_part`` float32 ``[batch, q_len,
@@ -468,7 +468,7 @@ def _paged_decode_split_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                               arrivals, softmax_scale, causal, block_n, num_warps, num_stages,
                               kv_cache_modifier, kv_eviction, max_merged_splits, k_scale,
                               v_scale, kv_format, max_registers, swap_ab, f16_math,
-                              int64_kv_offsets, fp8_v_pairs)
+                              int64_kv_offsets, v_pairs)
 
 
 @_paged_decode_split_op.register_fake
