@@ -6,6 +6,9 @@
 #               (programs_per_sm, max_merged_splits) and int4's 64- vs 128-key tiles
 #   knobs       scripts/quant_decode_sweep.py on the split kernel's swap_ab (fp8, int8) and
 #               max_registers (int4) knobs, fp16 and bf16 queries (DTYPES)
+#   pairs       scripts/quant_decode_sweep.py: V as channel pairs (v_pairs) for int8, alone and
+#               with two splits from 3.5 programs an SM (the fp8 row's rule), and fp8's pairs with
+#               int32 offsets; fp16 and bf16 queries (DTYPES), the six shapes
 #   hf          scripts/quant_hf_check.py with outlier keys, with and without KeyTransform
 #   gluon       tests/test_gluon_prefill.py, then scripts/prefill_sweep.py: the Gluon prefill
 #               kernel (g) against the shipped Triton row, pages 16 and 256
@@ -45,6 +48,20 @@ if [[ $STEPS == *knobs* ]]; then
     timeout 300 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int4 \
       --heads 32/8,12/12 --shapes ${KNOB_SHAPES:-64x8192,1x131072} --grid 128,4,2,3,64 \
       128,4,2,3,64,168 128,4,3,3,64,168 64,4,2,3,64,168 2>&1 | tail -8
+  done
+fi
+if [[ $STEPS == *pairs* ]]; then
+  step pairs
+  # grid fields: block_n,warps,stages,programs_per_sm,max_merged,max_regs,swap_ab,f16_math,
+  # int64_kv_offsets,v_pairs (-1 keeps the row's value); the slow band is not a grid field, so
+  # programs_per_sm 4 stands in for "two splits at 64 x 8192" there.
+  for dt in ${DTYPES:-fp16 bf16}; do
+    timeout 200 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int8 --all \
+      --heads 32/8,12/12 --shapes 16x4096,64x8192,1x131072 --grid 128,4,2 \
+      128,4,2,-1,-1,-1,-1,-1,-1,1 128,4,2,4,-1,-1,-1,-1,-1,1 2>&1 | grep -v "^|---"
+    timeout 200 python3 scripts/quant_decode_sweep.py --dtype $dt --formats fp8_e4m3 --all \
+      --heads 32/8,12/12 --shapes 16x4096,64x8192,1x131072 --grid 128,4,2 \
+      128,4,2,-1,-1,-1,-1,-1,0 2>&1 | grep -v "^|---"
   done
 fi
 if [[ $STEPS == *splits* ]]; then
