@@ -8,7 +8,7 @@
 #               max_registers (int4) knobs, fp16 and bf16 queries (DTYPES)
 #   pairs       scripts/quant_decode_sweep.py: V as channel pairs (v_pairs) for int8, alone and
 #               with two splits from 3.5 programs an SM (the fp8 row's rule), and fp8's pairs with
-#               int32 offsets; fp16 and bf16 queries (DTYPES), the six shapes
+#               int32 offsets; fp16 (int8, fp8) and bf16 (fp8) queries (DTYPES), the six shapes
 #   hf          scripts/quant_hf_check.py with outlier keys, with and without KeyTransform
 #   gluon       tests/test_gluon_prefill.py, then scripts/prefill_sweep.py: the Gluon prefill
 #               kernel (g) against the shipped Triton row, pages 16 and 256
@@ -56,7 +56,8 @@ if [[ $STEPS == *pairs* ]]; then
   # int64_kv_offsets,v_pairs (-1 keeps the row's value); the slow band is not a grid field, so
   # programs_per_sm 4 stands in for "two splits at 64 x 8192" there.
   for dt in ${DTYPES:-fp16 bf16}; do
-    timeout 200 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int8 --all \
+    # int8 pairs need fp16 compute: bf16 queries keep the byte-gathered V (f16_math is fp8's)
+    [[ $dt == fp16 ]] && timeout 200 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int8 --all \
       --heads 32/8,12/12 --shapes 16x4096,64x8192,1x131072 --grid 128,4,2 \
       128,4,2,-1,-1,-1,-1,-1,-1,1 128,4,2,4,-1,-1,-1,-1,-1,1 2>&1 | grep -v "^|---"
     timeout 200 python3 scripts/quant_decode_sweep.py --dtype $dt --formats fp8_e4m3 --all \
