@@ -36,8 +36,9 @@ import triton.language as tl
 # The state-in/state-out online-softmax step is shared with the varlen kernels.
 from ._launch import all_aligned, dot_input_precision, launch, next_pow2
 from .dual_group_fwd import _online_update, _softmax_step
+from .paged_decode_int4 import _attend_paged_int4, _int4_tile
 from .paged_decode_pairs import _attend_paged_pairs
-from .quant_convert import _fp8_bytes_to, _ints_to, _nibbles_to
+from .quant_convert import _fp8_bytes_to, _ints_to
 from .paged_tiles import _tile_rows
 
 LOG2E = 1.4426950408889634
@@ -199,133 +200,6 @@ def _load_key_scales(KS, VS, bt_row, offs_n, kv_end, stride_ksp, stride_kst, str
     ks = tl.load(KS + page * stride_ksp + slot * stride_kst, mask=in_range, other=0.0)
     vs = tl.load(VS + page * stride_vsp + slot * stride_vst, mask=in_range, other=0.0)
     return ks.to(tl.float32), vs.to(tl.float32)
-
-
-@triton.jit
-def _int4_tile(C, CS, rows, scale_rows, in_range, offs_d, head_dim, dtype: tl.constexpr,
-               MASKED: tl.constexpr):
-    """One int4 cache's tile ``[BLOCK_N, BLOCK_D]`` in ``dtype`` (channels past ``head_dim`` and,
-    MASKED, keys out of range read 0): key n's channel c is the low nibble of byte c (c < d/2) or
-    the high nibble of byte c - d/2, times the fp16 scale of group c // 32, rounded once (as
-    ``dequantize_kv`` to that dtype). Each byte is addressed twice (the second read hits L1)."""
-    half = head_dim // 2
-    high = offs_d >= half
-    ok = (offs_d < head_dim)[None, :]
-    if MASKED:
-        ok = ok & in_range[:, None]
-    b = tl.load(C + rows[:, None] + tl.where(high, offs_d - half, offs_d)[None, :], mask=ok,
-                other=0x88).to(tl.int16)
-    s = tl.load(CS + scale_rows[:, None] + (offs_d // 32)[None, :], mask=ok, other=0.0)
-    q = (b >> tl.where(high, 4, 0)[None, :].to(tl.int16)) & 15
-    if dtype == tl.float16:  # (1024 + nibble) - 1032: exact; the fp16 product rounds once
-        x = ((q + 0x6400).to(tl.float16, bitcast=True) - 1032.0) * s
-    else:
-        x = ((q - 8).to(tl.float32) * s.to(tl.float32)).to(dtype)
-    return x
-
-
-@triton.jit
-def _split_int4_groups(x, BLOCK_M: tl.constexpr):
-    """``x [BLOCK_M, 128]`` -> its four 32-channel groups ``[BLOCK_M, 32]`` (group g: channels
-    ``32g .. 32g + 31``, one int4 scale each)."""
-    x4 = tl.permute(tl.reshape(x, [BLOCK_M, 2, 2, 32]), (0, 3, 2, 1))  # (c, g % 2, g // 2)
-    g01, g23 = tl.split(x4)
-    g0, g1 = tl.split(g01)
-    g2, g3 = tl.split(g23)
-    return g0, g1, g2, g3
-
-
-@triton.jit
-def _join_int4_groups(g0, g1, g2, g3, BLOCK_M: tl.constexpr):
-    """The inverse of ``_split_int4_groups``: four ``[BLOCK_M, 32]`` groups -> ``[BLOCK_M, 128]``."""
-    x4 = tl.join(tl.join(g0, g1), tl.join(g2, g3))  # (c, g % 2, g // 2)
-    return tl.reshape(tl.permute(x4, (0, 3, 2, 1)), [BLOCK_M, 128])
-
-
-@triton.jit
-def _int4_chunk_scores(qk, q_low, q_high, K, KS, k_rows, ks_rows, in_range, k: tl.constexpr,
-                       MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """``qk [BLOCK_M, BLOCK_N]`` plus the scores of int4 bytes ``32k .. 32k + 31`` of each key
-    (head dim 128): their low nibbles are group k (against ``q_low``, q's channels of group k),
-    their high nibbles group k + 2 (against ``q_high``); each dot's scores times its group's
-    per-key scale. The bytes, transposed ``[32, BLOCK_N]``, go from memory to the MMA operand
-    with only integer ops between (32 contiguous bytes: Triton stages them in shared memory as
-    they are; 16 were too few for it)."""
-    offs_b = 32 * k + tl.arange(0, 32)
-    if MASKED:  # 0x88: both nibbles 8, the value 0 (the scores are masked anyway)
-        kb = tl.load(K + k_rows[None, :] + offs_b[:, None], mask=in_range[None, :], other=0x88)
-        s_low = tl.load(KS + ks_rows + k, mask=in_range, other=0.0)
-        s_high = tl.load(KS + ks_rows + k + 2, mask=in_range, other=0.0)
-    else:
-        kb = tl.load(K + k_rows[None, :] + offs_b[:, None])
-        s_low = tl.load(KS + ks_rows + k)
-        s_high = tl.load(KS + ks_rows + k + 2)
-    dtype: tl.constexpr = q_low.dtype
-    low = tl.dot(q_low, _nibbles_to(kb, False, dtype), input_precision=DOT_PRECISION)
-    high = tl.dot(q_high, _nibbles_to(kb, True, dtype), input_precision=DOT_PRECISION)
-    return qk + low * s_low.to(tl.float32)[None, :] + high * s_high.to(tl.float32)[None, :]
-
-
-@triton.jit
-def _int4_chunk_values(acc_low, acc_high, p, alpha, V, VS, v_rows, vs_rows, in_range,
-                       k: tl.constexpr, dtype: tl.constexpr, MASKED: tl.constexpr,
-                       DOT_PRECISION: tl.constexpr):
-    """Groups k and k + 2 of the output (``acc_low``, ``acc_high [BLOCK_M, 32]``, rescaled by
-    ``alpha``) plus ``p`` times the values of int4 bytes ``32k .. 32k + 31`` ``[BLOCK_N, 32]``:
-    each nibble plane's dot takes ``p`` with its group's per-key scale on the columns."""
-    offs_b = 32 * k + tl.arange(0, 32)
-    if MASKED:
-        vb = tl.load(V + v_rows[:, None] + offs_b[None, :], mask=in_range[:, None], other=0x88)
-        s_low = tl.load(VS + vs_rows + k, mask=in_range, other=0.0)
-        s_high = tl.load(VS + vs_rows + k + 2, mask=in_range, other=0.0)
-    else:
-        vb = tl.load(V + v_rows[:, None] + offs_b[None, :])
-        s_low = tl.load(VS + vs_rows + k)
-        s_high = tl.load(VS + vs_rows + k + 2)
-    p_low = (p * s_low.to(tl.float32)[None, :]).to(dtype)
-    p_high = (p * s_high.to(tl.float32)[None, :]).to(dtype)
-    acc_low = tl.dot(p_low, _nibbles_to(vb, False, dtype), acc_low * alpha[:, None],
-                     input_precision=DOT_PRECISION)
-    acc_high = tl.dot(p_high, _nibbles_to(vb, True, dtype), acc_high * alpha[:, None],
-                      input_precision=DOT_PRECISION)
-    return acc_low, acc_high
-
-
-@triton.jit
-def _attend_paged_int4(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end, K, V, KS, VS,
-                       bt_row, stride_kp, stride_kt, stride_vp, stride_vt, stride_ksp,
-                       stride_kst, stride_vsp, stride_vst, MASKED: tl.constexpr,
-                       PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       DOT_PRECISION: tl.constexpr, INT64_KV: tl.constexpr = True):
-    """``_attend_paged`` for an int4 cache at head dim 128, as split dots: no tile is widened,
-    interleaved or scaled per element. Bytes 32k .. 32k + 31 of a key hold group k in their low
-    nibbles and group k + 2 in their high ones (``kvonce.paged.quant``), so each nibble plane is
-    one dot against q's (or the output's) channels of one group, with that group's per-key scale
-    on the scores' (or the probabilities') columns. q and the output are split into their four
-    groups once per call (``_split_int4_groups``). Same state in and out as ``_attend_paged``."""
-    dtype: tl.constexpr = q.dtype
-    q0, q1, q2, q3 = _split_int4_groups(q, BLOCK_M)
-    a0, a1, a2, a3 = _split_int4_groups(acc, BLOCK_M)
-    for start_n in range(lo, hi, BLOCK_N):
-        offs_n, in_range, page, slot = _tile_rows(bt_row, start_n, kv_end, PAGE_SIZE,
-                                                  BLOCK_N, MASKED, INT64_KV)
-        k_rows = page * stride_kp + slot * stride_kt
-        v_rows = page * stride_vp + slot * stride_vt
-        ks_rows = page * stride_ksp + slot * stride_kst
-        vs_rows = page * stride_vsp + slot * stride_vst
-        qk = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        qk = _int4_chunk_scores(qk, q0, q2, K, KS, k_rows, ks_rows, in_range, 0, MASKED,
-                                DOT_PRECISION)
-        qk = _int4_chunk_scores(qk, q1, q3, K, KS, k_rows, ks_rows, in_range, 1, MASKED,
-                                DOT_PRECISION)
-        p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, qk_scale, tok, offs_n, diag, kv_end,
-                                           MASKED)
-        a0, a2 = _int4_chunk_values(a0, a2, p, alpha, V, VS, v_rows, vs_rows, in_range, 0,
-                                    dtype, MASKED, DOT_PRECISION)
-        a1, a3 = _int4_chunk_values(a1, a3, p, alpha, V, VS, v_rows, vs_rows, in_range, 1,
-                                    dtype, MASKED, DOT_PRECISION)
-    acc = _join_int4_groups(a0, a1, a2, a3, BLOCK_M)
-    return acc, m_i, l_i
 
 
 @triton.jit
