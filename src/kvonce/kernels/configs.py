@@ -270,7 +270,7 @@ _paged_warned: set = set()
 #   tiles everywhere, 3 stages, the register cap at 168 (three programs an SM, 20-32 B of spill):
 #   618 / 152 / 747 / 203 us against 616 / 190 / 944 / 247 for the 64-key rule. Under fp16
 #   queries the same cap measured 537 -> 616 at GQA 64 x 8192 and within 3% elsewhere: not taken.
-# - int32 offsets for quantized caches (2026-11-26, third session, graphs, fp16 q, int32 against
+# - int32 offsets for quantized caches (2026-11-26, fourth session, graphs, fp16 q, int32 against
 #   int64 in one run; 64 x 8192 and 1 x 131072, GQA / MHA): int4 521 / 148 / 704 / 200 us against
 #   540 / 152 / 718 / 206, int8 443 / 124 / 674 / 172 against 450 / 125 / 669 / 174; fp8 415 / 124 /
 #   622 / 170 against 421 / 123 / 591 / 171: MHA 64 x 8192 5% slower (not understood), so the fp8
