@@ -286,11 +286,12 @@ _paged_warned: set = set()
 _INT4 = PagedDecodeConfig(128, 4, 2, max_merged_splits=64, mha_num_stages=3,
                           slow_programs_per_sm=(3.5, 6.5))
 _PAGED_DECODE_QUANT_TABLE: dict[tuple[tuple[int, int], str], dict[int, PagedDecodeConfig]] = {
-    ((9, 0), "int8"): {128: PagedDecodeConfig(128, 4, 2, min_keys_per_split=2048)},
+    ((9, 0), "int8"): {128: PagedDecodeConfig(128, 4, 2, min_keys_per_split=2048, v_pairs=True,
+                                              slow_programs_per_sm=(3.5, 6.5))},
     ((9, 0), "fp8_e4m3"): {128: PagedDecodeConfig(128, 4, 2, programs_per_sm=2.0,
                                                   splits_round_up=True,
                                                   min_keys_per_split=2048, f16_math=True,
-                                                  int64_kv_offsets=True, v_pairs=True,
+                                                  v_pairs=True,
                                                   slow_programs_per_sm=(3.5, 6.5))},
     ((9, 0), "int4"): {128: _INT4},
     ((9, 0), "int4/bf16"): {128: dataclasses.replace(_INT4, num_stages=3, max_registers=168)},
