@@ -3,7 +3,7 @@
     PYTHONPATH=src python scripts/quant_decode_sweep.py [--formats int8,int4] [--quick]
         [--shapes 1x131072] [--heads 32/8,12/12] [--grid 64,4,2 128,4,2 128,4,2,6,64]
 (a grid entry: block_n, num_warps, num_stages[, programs_per_sm[, max_merged_splits[,
-max_registers[, swap_ab[, f16_math[, int64_kv_offsets[, v_pairs[, slow_lo]]]]]]]]];
+max_registers[, swap_ab[, f16_math[, int64_kv_offsets[, v_pairs[, slow_lo[, round_up]]]]]]]]]];
 -1 keeps the row's value; slow_lo x sets slow_programs_per_sm to (x, 6.5))
 
 GQA 32/8 (or ``--heads``: q/kv head pairs), d128, page 16, random page order, q_len 1, fp16
@@ -84,8 +84,9 @@ def main():
                 cfg = dataclasses.replace(fmt_cfg, block_n=bn, num_warps=w, num_stages=st)
                 # optional fields; -1 keeps the row's value
                 fields = ("programs_per_sm", "max_merged_splits", "max_registers", "swap_ab",
-                          "f16_math", "int64_kv_offsets", "v_pairs", "slow_programs_per_sm")
-                kinds = (float, int, int, bool, bool, bool, bool, lambda x: (x, 6.5))
+                          "f16_math", "int64_kv_offsets", "v_pairs", "slow_programs_per_sm",
+                          "splits_round_up")
+                kinds = (float, int, int, bool, bool, bool, bool, lambda x: (x, 6.5), bool)
                 for name, kind, value in zip(fields, kinds, spec[3:]):
                     if value >= 0:
                         cfg = dataclasses.replace(cfg, **{name: kind(value)})

@@ -410,12 +410,14 @@ def test_num_splits_auto_reads_shapes_only():
 
 
 def test_num_splits_quantized_rows():
-    """The quantized Hopper rows' split counts at the swept shapes (docs/notes.md, 2026-11-26):
-    fp8 rounds 2 programs per SM up, fp8 and int8 keep 2048 keys a split, fp8 (channel pairs:
-    three programs an SM) and int4 split from 3.5 programs per SM."""
+    """The quantized Hopper rows' split counts at the swept shapes (docs/notes.md, 2026-11-26
+    and -27): fp8 and int8 aim at 3 programs per SM (their kernels hold 168 registers: three
+    fit) and keep 2048 keys a split; fp8 and int8 (channel pairs) and int4 split from 3.5
+    programs per SM."""
     from kvonce.kernels.configs import _PAGED_DECODE_QUANT_TABLE
     fp8 = _PAGED_DECODE_QUANT_TABLE[((9, 0), "fp8_e4m3")][128]
-    assert decode.choose_num_splits(1, 8, 131072, 132, fp8) == 33   # 264 programs
+    assert decode.choose_num_splits(1, 8, 131072, 132, fp8) == 49   # 392 programs
+    assert decode.choose_num_splits(1, 12, 131072, 132, fp8) == 33  # 396 programs
     assert decode.choose_num_splits(16, 12, 4096, 132, fp8) == 2    # 192 -> 384, not 1
     assert decode.choose_num_splits(16, 8, 4096, 132, fp8) == 2     # 2048 keys a split
     assert decode.choose_num_splits(64, 8, 8192, 132, fp8) == 2     # 512 programs: slow band
@@ -424,6 +426,7 @@ def test_num_splits_quantized_rows():
     int8 = _PAGED_DECODE_QUANT_TABLE[((9, 0), "int8")][128]
     assert decode.choose_num_splits(16, 8, 4096, 132, int8) == 2    # 2048 keys a split
     assert decode.choose_num_splits(1, 8, 131072, 132, int8) == 49
+    assert decode.choose_num_splits(64, 8, 8192, 132, int8) == 2    # 512 programs: slow band
 
 
 def test_bf16_queries_take_the_bf16_row(monkeypatch):

@@ -43,14 +43,16 @@ def _check(out, ref, dtype):
     assert rel < (1e-4 if dtype == torch.float32 else 2e-2), f"relative error {rel:.3e}"
 
 
-def _run_and_check(plan, q, kq, vq, seqlens, table, ks, vs, ref, ref_lse, flag, dtype):
+def _run_and_check(plan, q, kq, vq, seqlens, table, ks, vs, ref, ref_lse, flag, dtype,
+                   out_scale=1.0):
     """``plan.run`` on NaN-poisoned outputs against the reference (out and LSE), with the
-    kernel constant ``flag`` on in the plan's launch and the custom op giving the same bytes."""
+    kernel constant ``flag`` on in the plan's launch and the custom op giving the same bytes.
+    ``out_scale``: the output is compared times this (``ref`` given at that scale)."""
     with poison_empty:
         out, lse = plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs, return_lse=True)
     assert [la._constexprs[flag] for la in plan._launches.values()] == [True]
     assert out.dtype == q.dtype
-    _check(out, ref, dtype)
+    _check(out.float() * out_scale, ref, dtype)
     fin = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), fin)
     assert (lse[fin] - ref_lse[fin]).abs().max() < 1e-2
@@ -188,15 +190,19 @@ def test_swapped_dots_match_the_reference(fmt, num_splits):
     assert plan._run_op(q, kq, vq, seqlens, table, *op_scales)[0].equal(out)
 
 
-@pytest.mark.parametrize("magnitude", [1.0, 1e6, 1e-9])
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8"])
+@pytest.mark.parametrize("magnitude,v_magnitude", [(1.0, 1.0), (1e6, 1.0), (1e-9, 1.0),
+                                                   (1.0, 1e8)])
 @pytest.mark.parametrize("num_splits", [1, 3])
-def test_bf16_queries_on_fp8_take_fp16_dots_without_loss(magnitude, num_splits):
-    """``PagedDecodeConfig.f16_math``: bf16 q against an fp8 cache runs both dots in fp16, each q
-    row scaled by its own power of two. Rows far outside fp16's range (1e6 overflows a plain
-    cast to fp16, 1e-9 flushes to zero there), with the softmax scale keeping their scores O(1),
-    and rows of unlike magnitude within one tile, still match the reference at bf16's accuracy;
-    the causal band, an empty sequence and lengths off the tile grid are in the case, and the
-    custom op carries the flag. fp16 dots: this runs in the interpreter too."""
+def test_bf16_queries_take_fp16_dots_without_loss(fmt, magnitude, v_magnitude, num_splits):
+    """``PagedDecodeConfig.f16_math``: bf16 q against an fp8 or int8 cache runs both dots in
+    fp16, each q row scaled by its own power of two. Rows far outside fp16's range (1e6
+    overflows a plain cast to fp16, 1e-9 flushes to zero there), with the softmax scale keeping
+    their scores O(1), and rows of unlike magnitude within one tile, still match the reference
+    at bf16's accuracy. V of 1e8 (int8 scales near 1e6, past fp16's max: probabilities times
+    those scales would overflow fp16 unscaled) stays finite and right. The causal band, an empty
+    sequence and lengths off the tile grid are in the case, and the custom op carries the flag.
+    fp16 dots: this runs in the interpreter too."""
     import dataclasses
 
     from kvonce.kernels.configs import get_paged_decode_config
@@ -204,15 +210,17 @@ def test_bf16_queries_on_fp8_take_fp16_dots_without_loss(magnitude, num_splits):
     heads = torch.tensor([1.0, 2.0 ** -7, 2.0 ** 5, 3.0] * 2, device=DEVICE)
     q = (q * heads[:, None] * magnitude).to(torch.bfloat16)
     scale = 128 ** -0.5 / magnitude
-    kq, ks, vq, vs, kd, vd = _quantized(k.to(torch.bfloat16), v.to(torch.bfloat16), "fp8_e4m3")
+    # per-key V magnitudes spread over 2^-6 .. 1 of v_magnitude: unlike scales in one tile
+    v = v * v_magnitude * 2.0 ** -torch.randint(0, 7, v.shape[:3] + (1,), device=DEVICE)
+    kq, ks, vq, vs, kd, vd = _quantized(k.to(torch.bfloat16), v.to(torch.bfloat16), fmt)
     ref, ref_lse = paged_attention_ref(q.float(), kd, vd, seqlens, table, softmax_scale=scale)
     cap = torch.cuda.get_device_capability() if HAS_CUDA else None
-    base = get_paged_decode_config(cap, 128, "fp8_e4m3", 2, bf16=True)
+    base = get_paged_decode_config(cap, 128, fmt, 2, bf16=True)
     plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
                                   softmax_scale=scale, num_splits=num_splits,
-                                  config=dataclasses.replace(base, f16_math=True))
-    _run_and_check(plan, q, kq, vq, seqlens, table, ks, vs, ref, ref_lse, "F16_MATH",
-                   torch.bfloat16)
+                                  config=dataclasses.replace(base, f16_math=True, v_pairs=True))
+    _run_and_check(plan, q, kq, vq, seqlens, table, ks, vs, ref / v_magnitude, ref_lse,
+                   "F16_MATH", torch.bfloat16, out_scale=1 / v_magnitude)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -186,18 +186,19 @@ class PagedDecodeConfig:
         Interpreter-tested only; no row sets it: not measured on a GPU. Compiled for sm_90a
         (scripts/decode_kernel_stats.py --swap-ab): fp8/int8 at (64, 4, 2) and (128, 8, 2) take
         166-179 registers and no spill; at (128, 4, 2) the register-held A tiles spill 124-208 B.
-    f16_math: bf16 queries against an fp8 cache run both dots in fp16 (each q row scaled by a
-        power of two into fp16's range, ``paged_decode._f16_rows``: no precision lost), so the
-        tiles take fp16's packed e4m3 cvt instead of bf16's 5-instruction bit move. Other
-        formats and query dtypes ignore it.
+    f16_math: bf16 queries against an fp8 or int8 cache run both dots in fp16 (each q row
+        scaled by a power of two into fp16's range, ``paged_decode._f16_rows``: no precision
+        lost), so the tiles take fp16's packed converters (fp8's one cvt, int8's prmt + sub)
+        instead of bf16's bit moves. int8 only with ``v_pairs`` (whose loop keeps each tile's
+        probabilities times V scales under 1, so bf16-range V scales cannot overflow fp16).
+        Other formats and query dtypes ignore it.
     int64_kv_offsets: quantized caches address K/V and their scales in int64 even where every
         offset fits int32 (by default int32 there: 626 IMADs a kernel instead of 1047 for fp8,
         compiled for sm_90a). Plain caches always use int64 (their rows were tuned so).
     v_pairs: an fp8 or int8 cache's V tile is read as 16-bit channel pairs and dotted as its
         even and odd channels (``kernels/paged_decode_pairs.py``), where the MMA operand load
-        transposes it instead of gathering bytes. fp16 compute only (fp16 q, or bf16 q against
-        fp8 with ``f16_math``). On in the fp8 row (measured); int8: interpreter-tested and
-        compiled only, not yet measured on a GPU.
+        transposes it instead of gathering bytes. fp16 compute only (fp16 q, or bf16 q with
+        ``f16_math``). On in the fp8 and int8 rows (measured).
     """
     block_n: int
     num_warps: int
@@ -282,16 +283,23 @@ _paged_warned: set = set()
 #   64 x 8192's 512 programs (3.9 an SM) ran 1.3 waves in one pass; two splits there (the slow
 #   band from 3.5 programs an SM, as int4's) gave 400 us (fp16 and bf16). Two splits everywhere
 #   (programs_per_sm 4) cost the 1 x 131072 rows 10-15%.
+# - 2026-11-27 (graphs, us; GQA 32/8 then MHA 12/12 at 16 x 4096, 64 x 8192, 1 x 131072):
+#   int8 V as channel pairs, fp16 q: 70.6 / 461 / 121 / 92 / 592 / 169 against 74 / 448 / 124 /
+#   122 / 674 / 171 byte-gathered; GQA 64 x 8192's 512 programs then run best as two splits
+#   from 3.5 programs an SM (417 us). bf16 q x int8 through fp16 dots (`f16_math`, pairs): 71 /
+#   418 / 122 / 92 / 593 / 169 against 76 / 477 / 125 / 124 / 689 / 174 with bf16 dots. fp8
+#   with int32 offsets (the pairs kernel): 68.1 / 398 / 119 / 89 / 567 / 164 against 68.9 / 400 /
+#   119 / 90 / 571 / 168 with int64 (the 5% loss above is gone). fp8's pairs kernel holds 168
+#   registers, three programs an SM, so it takes int8's 3 programs per SM (rounded down):
+#   1 x 131072 GQA 116.4 us (49 splits) against 118.4 (33), MHA 161.9 against 163.2.
 # Other head dims use the fp16 row.
 _INT4 = PagedDecodeConfig(128, 4, 2, max_merged_splits=64, mha_num_stages=3,
                           slow_programs_per_sm=(3.5, 6.5))
 _PAGED_DECODE_QUANT_TABLE: dict[tuple[tuple[int, int], str], dict[int, PagedDecodeConfig]] = {
     ((9, 0), "int8"): {128: PagedDecodeConfig(128, 4, 2, min_keys_per_split=2048, v_pairs=True,
-                                              slow_programs_per_sm=(3.5, 6.5))},
-    ((9, 0), "fp8_e4m3"): {128: PagedDecodeConfig(128, 4, 2, programs_per_sm=2.0,
-                                                  splits_round_up=True,
-                                                  min_keys_per_split=2048, f16_math=True,
-                                                  v_pairs=True,
+                                              f16_math=True, slow_programs_per_sm=(3.5, 6.5))},
+    ((9, 0), "fp8_e4m3"): {128: PagedDecodeConfig(128, 4, 2, min_keys_per_split=2048,
+                                                  f16_math=True, v_pairs=True,
                                                   slow_programs_per_sm=(3.5, 6.5))},
     ((9, 0), "int4"): {128: _INT4},
     ((9, 0), "int4/bf16"): {128: dataclasses.replace(_INT4, num_stages=3, max_registers=168)},

@@ -312,9 +312,9 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
     unnormalized ``(acc, m, l)`` (base 2), fp8's per-head scales applied. Shared by the decode
     and the varlen prefill kernels, which differ only in how rows map to tokens and outputs.
     SWAP_AB: the dots with the keys on the MMA's M side (``_online_update_swapped``; not the
-    int4 split dots, which ignore it). F16_MATH (bf16 q, fp8 cache): q as fp16 rows times a
-    power of two each (``_f16_rows``), so the tiles convert to fp16 and both dots run in fp16;
-    the factors come off with the softmax scale, per row. V_PAIRS (fp8 or int8, fp16 compute):
+    int4 split dots, which ignore it). F16_MATH (bf16 q; fp8, or int8 with V_PAIRS): q as fp16
+    rows times a power of two each (``_f16_rows``), so the tiles convert to fp16 and both dots
+    run in fp16; the factors come off with the softmax scale, per row. V_PAIRS (fp8 or int8, fp16 compute):
     V read as channel pairs (``paged_decode_pairs``)."""
     K += kv_head * stride_kh
     V += kv_head * stride_vh
@@ -325,7 +325,7 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
     if KV_FORMAT == 1:  # fp8's per-head K scale multiplies every score of this KV head
         qk_scale = qk_scale * tl.load(KS)
     if F16_MATH:
-        tl.static_assert(KV_FORMAT == 1)
+        tl.static_assert(KV_FORMAT == 1 or (KV_FORMAT == 2 and V_PAIRS))
         q, row_factor = _f16_rows(q)
         qk_scale = qk_scale * row_factor
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -408,7 +408,7 @@ def _paged_decode_kernel(
     KV_CACHE: tl.constexpr, KV_EVICT: tl.constexpr, KV_FORMAT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # tl.dot's input_precision: "ieee" or "tf32" (fp32 inputs only)
     SWAP_AB: tl.constexpr = False,  # keys on the MMA's M side (_online_update_swapped)
-    F16_MATH: tl.constexpr = False,  # bf16 q x fp8 cache, dots in fp16 (_f16_rows)
+    F16_MATH: tl.constexpr = False,  # bf16 q x fp8 / int8 cache, dots in fp16 (_f16_rows)
     INT64_KV: tl.constexpr = True,  # False: K/V (and scale) offsets fit int32
     V_PAIRS: tl.constexpr = False,  # fp8/int8 V as channel pairs (paged_decode_pairs)
 ):
@@ -696,21 +696,23 @@ class PagedDecodeLaunch:
             *_scale_strides(v_scale, kv_format), *dst_o, *dst_l, block_table.stride(0))
         self._scale = float(softmax_scale)
         self._grid = (num_splits * num_m_blocks, nheads_k, batch)
+        # fp16 compute for bf16 q: fp8 anywhere, int8 only through the pairs loop (which keeps
+        # its probabilities times per-key V scales under fp16's max; _attend_paged_pairs).
+        f16 = config.f16_math and kv_format in (1, 2) and q.dtype == torch.bfloat16
+        v_pairs = (config.v_pairs and kv_format in (1, 2) and not config.swap_ab
+                   and block_d == head_dim and head_dim % 2 == 0
+                   and all(st % 2 == 0 for st in v_cache.stride()[:3])
+                   and (q.dtype == torch.float16 or f16))
+        f16_math = f16 and (kv_format == 1 or v_pairs)
         self._constexprs = dict(
             GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, BLOCK_M=block_m,
             BLOCK_N=config.block_n, BLOCK_D=block_d, EVEN_D=block_d == head_dim,
             STORE_LSE=store_lse, SPLIT=num_splits > 1, MERGE_HERE=merge_here,
             KV_CACHE=config.kv_cache_modifier, KV_EVICT=config.kv_eviction, KV_FORMAT=kv_format,
             DOT_PRECISION=dot_input_precision(q.dtype),  # fp32 as PyTorch would (fixed per plan)
-            SWAP_AB=config.swap_ab,
-            F16_MATH=config.f16_math and kv_format == 1 and q.dtype == torch.bfloat16,
+            SWAP_AB=config.swap_ab, F16_MATH=f16_math, V_PAIRS=v_pairs,
             # Quantized caches: int32 offsets where everything fits (fewer IMADs per key row; the
             # plain-cache rows were tuned with int64 and keep it).
-            V_PAIRS=(config.v_pairs and kv_format in (1, 2) and not config.swap_ab
-                     and block_d == head_dim and head_dim % 2 == 0
-                     and all(st % 2 == 0 for st in v_cache.stride()[:3])
-                     and (q.dtype == torch.float16 or (
-                         kv_format == 1 and config.f16_math and q.dtype == torch.bfloat16))),
             INT64_KV=kv_format == 0 or config.int64_kv_offsets or max(
                 _span(t) for t in (k_cache, v_cache, k_scale, v_scale) if t is not None) >= 2**31)
         self._warps = (config.num_warps, config.num_stages)
