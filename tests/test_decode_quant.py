@@ -364,3 +364,42 @@ def test_compile_quantized_plan_run(fmt, num_splits):
     out, lse = compiled(q, kq, vq, seqlens, table, ks, vs)
     assert torch.equal(out, eager[0]) and torch.equal(lse, eager[1])
     _check(out, paged_attention_ref(q.float(), kd, vd, seqlens, table)[0], q.dtype)
+
+
+def _head_major(t):
+    """The same ``[pages, page_size, nheads_k, ...]`` tensor stored head-major (HND: each
+    page's rows of one KV head contiguous, as TensorRT-LLM and FlashInfer's "HND" keep them)."""
+    return t.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_head_major_pages_decode_and_append_alike(fmt):
+    """Caches (and per-token scales) stored head-major are read and written through their
+    strides: the same decode output, bit for bit, split and unsplit, and the same appended bytes
+    and scales as the token-major cache."""
+    dtype = DTYPES[0]
+    q, k, v, seqlens, table = _case(3, 1, 8, 2, 128, 16, [37, 0, 150], dtype)
+    kq, ks, vq, vs, _, _ = _quantized(k, v, fmt)
+    per_token = ks.dim() > 1  # int8 / int4 scales follow the pages; fp8's are per head
+    hnd = [_head_major(t) if t.dim() > 1 else t for t in (kq, ks, vq, vs)]
+    assert hnd[0].stride(2) > hnd[0].stride(1)  # head-major indeed
+    kind = "int4" if fmt == "int4" else None
+    for splits in (1, 3):
+        outs = []
+        for kc, kss, vc, vss in ((kq, ks, vq, vs), hnd):
+            plan = kvonce.PagedDecodePlan(q, kc, vc, seqlens, table, k_scale=kss, v_scale=vss,
+                                          kv_format=kind, num_splits=splits)
+            outs.append(plan.run(q, kc, vc, seqlens, table, k_scale=kss, v_scale=vss))
+        assert not torch.isnan(outs[0]).any() and torch.equal(outs[0], outs[1])
+    k_new = torch.randn(3, 2, 2, 128, device=DEVICE).to(dtype)
+    v_new = torch.randn_like(k_new)
+    at = torch.tensor([5, 0, 149], dtype=torch.int32, device=DEVICE)
+    caches = [[t.clone() for t in (kq, ks, vq, vs)], [t.clone() for t in hnd]]
+    for kc, kss, vc, vss in caches:
+        kvonce.append_paged_kv(k_new, v_new, kc, vc, at, table, k_scale=kss, v_scale=vss,
+                               kv_format=kind)
+    bits = lambda t: t.contiguous().view(torch.uint8) if t.element_size() == 1 else t
+    for a, b in zip(*caches):
+        assert torch.equal(bits(a), bits(b))
+    assert per_token or torch.equal(caches[1][1], ks)
+    assert not torch.equal(caches[0][0], kq)  # the append wrote something

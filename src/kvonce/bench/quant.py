@@ -1,16 +1,18 @@
 """Benchmark: paged decode over quantized KV caches, and the quantizing append (CUDA only).
 
     python -m kvonce bench quant [--shapes 16x4096,64x8192] [--no-peers] [--rep MS]
-                                 [--dtype fp16|bf16] [--md docs/benchmarks.md] [--json PATH]
-                                 [--plot PATH]
+                                 [--dtype fp16|bf16] [--layout nhd|hnd] [--md docs/benchmarks.md]
+                                 [--json PATH] [--plot PATH]
 
 Cases (issue 11): (batch, seqlen) in (16, 4096), (64, 8192), (1, 131072), at GQA 32/8 and MHA
 12/12, head dim 128, page size 16 with pages in random order, q_len 1, fp16 queries (``--dtype
-bf16``: bf16 queries and a bf16 source cache; "fp16" below then reads "bf16"). One row per
-implementation:
+bf16``: bf16 queries and a bf16 source cache; "fp16" below then reads "bf16"). Pages are
+token-major (NHD: ``[pages, page, heads_k, d]`` storage) or, with ``--layout hnd``, head-major
+(each page's rows of one KV head contiguous, TensorRT-LLM's layout and FlashInfer's "HND"): the
+same logical tensors, every cache, scale and peer stored that way. One row per implementation:
 - ``kvonce fp16 / fp8_e4m3 / int8 / int4``: ``PagedDecodePlan.run`` (plan made beforehand) over
   the cache in that format (``kvonce.quantize_kv`` of the same fp16 K/V; fp8 per KV head).
-- ``flashinfer fp16 / fp8``: ``BatchDecodeWithPagedKVCacheWrapper`` (NHD, page 16,
+- ``flashinfer fp16 / fp8``: ``BatchDecodeWithPagedKVCacheWrapper`` (NHD or HND, page 16,
   ``use_tensor_cores=True``), when ``import flashinfer`` works; fp8 with one scale per tensor
   (its API takes ``k_scale``/``v_scale`` floats; it multiplies the output by ``v_scale`` in a
   separate kernel, which its time includes).
@@ -100,14 +102,25 @@ def rel_err(a, b) -> float:
     return ((a - b).norm() / b.norm()).item()
 
 
-def make_inputs(case: Case, seed: int = 0, dtype: torch.dtype = torch.float16):
-    """K/V caches in random page order, the block table, lengths and queries, all in ``dtype``."""
+def stored(t, layout: str):
+    """A page-indexed tensor ``[pages, page, heads_k, ...]`` in ``layout``'s storage: as it is
+    ("nhd", token-major) or head-major ("hnd": the same logical tensor, dims 1 and 2 swapped in
+    memory). Per-head scales (fewer than 3 dims) are returned as they are."""
+    if layout == "nhd" or t.dim() < 3:
+        return t
+    return t.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+def make_inputs(case: Case, seed: int = 0, dtype: torch.dtype = torch.float16,
+                layout: str = "nhd"):
+    """K/V caches in random page order (stored per ``layout``), the block table, lengths and
+    queries, all in ``dtype``."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     pages_per_seq = case.seqlen // PAGE
     num_pages = case.batch * pages_per_seq
     shape = (num_pages, PAGE, case.nheads_k, HEAD_DIM)
-    k = torch.randn(shape, generator=g, device="cuda", dtype=dtype)
-    v = torch.randn(shape, generator=g, device="cuda", dtype=dtype)
+    k = stored(torch.randn(shape, generator=g, device="cuda", dtype=dtype), layout)
+    v = stored(torch.randn(shape, generator=g, device="cuda", dtype=dtype), layout)
     perm = torch.randperm(num_pages, generator=g, device="cuda").to(torch.int32)
     table = perm.view(case.batch, pages_per_seq).contiguous()
     seqlens = torch.full((case.batch,), case.seqlen, dtype=torch.int32, device="cuda")
@@ -138,7 +151,7 @@ def _timed(row: dict, prefix: str, fn, eager, graph) -> None:
             row[f"{prefix}{kind}_us"] = "-"
 
 
-def kvonce_rows(case: Case, q, k, v, seqlens, table, eager, graph
+def kvonce_rows(case: Case, q, k, v, seqlens, table, eager, graph, layout: str = "nhd"
                 ) -> tuple[list[dict], torch.Tensor]:
     """kvonce's four cache formats (errors first, then decode and append times), and the fp16
     cache's output (the base of every ``err_fp16``)."""
@@ -162,8 +175,8 @@ def kvonce_rows(case: Case, q, k, v, seqlens, table, eager, graph
         if fmt is None:
             kc, vc, ks, vs = k, v, None, None
         else:
-            kc, ks = kvonce.quantize_kv(k, fmt)
-            vc, vs = kvonce.quantize_kv(v, fmt)
+            kc, ks = (stored(t, layout) for t in kvonce.quantize_kv(k, fmt))
+            vc, vs = (stored(t, layout) for t in kvonce.quantize_kv(v, fmt))
         kv_format = "int4" if fmt == "int4" else None
         plan = kvonce.PagedDecodePlan(q, kc, vc, seqlens, table, k_scale=ks, v_scale=vs,
                                       kv_format=kv_format)
@@ -197,7 +210,8 @@ def kvonce_rows(case: Case, q, k, v, seqlens, table, eager, graph
     return rows, base_out
 
 
-def flashinfer_rows(case: Case, q, k, v, seqlens, table, base_out, eager, graph) -> list[dict]:
+def flashinfer_rows(case: Case, q, k, v, seqlens, table, base_out, eager, graph,
+                    layout: str = "nhd") -> list[dict]:
     """FlashInfer's fp16 and fp8 paged decode on the same pages (tensor-core path); [] if absent."""
     try:
         import flashinfer
@@ -223,8 +237,11 @@ def flashinfer_rows(case: Case, q, k, v, seqlens, table, base_out, eager, graph)
                 v_amax = v.abs().amax().float()
                 kc, ks = kvonce.quantize_kv(k, fmt, scale=(k_amax / 448.0).reshape(()))
                 vc, vs = kvonce.quantize_kv(v, fmt, scale=(v_amax / 448.0).reshape(()))
+                kc, vc = stored(kc, layout), stored(vc, layout)
                 scales = {"k_scale": float(ks), "v_scale": float(vs)}  # sync-ok: setup
-            wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD",
+            if layout == "hnd":  # FlashInfer takes HND pages as [pages, heads_k, page, d]
+                kc, vc = kc.transpose(1, 2), vc.transpose(1, 2)
+            wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, layout.upper(),
                                                                     use_tensor_cores=True)
             wrapper.plan(indptr, indices, last, case.nheads, case.nheads_k, HEAD_DIM, PAGE,
                          q_data_type=q.dtype, kv_data_type=kc.dtype)
@@ -283,13 +300,14 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return next(name for name, d in QUERY_DTYPES.items() if d == dtype)
 
 
-def run_case(case: Case, *, peers: bool, rep: int, dtype: torch.dtype = torch.float16
-             ) -> list[dict]:
+def run_case(case: Case, *, peers: bool, rep: int, dtype: torch.dtype = torch.float16,
+             layout: str = "nhd") -> list[dict]:
     eager, graph = _timers(rep)
-    q, k, v, seqlens, table = make_inputs(case, dtype=dtype)
-    measured, base_out = kvonce_rows(case, q, k, v, seqlens, table, eager, graph)
+    q, k, v, seqlens, table = make_inputs(case, dtype=dtype, layout=layout)
+    measured, base_out = kvonce_rows(case, q, k, v, seqlens, table, eager, graph, layout)
     if peers:
-        measured += flashinfer_rows(case, q, k, v, seqlens, table, base_out, eager, graph)
+        measured += flashinfer_rows(case, q, k, v, seqlens, table, base_out, eager, graph,
+                                    layout)
     del q, k, v, base_out
     torch.cuda.empty_cache()
     return summarize(case, measured)
@@ -302,6 +320,8 @@ def main(argv: list[str]) -> None:
     p.add_argument("--rep", type=int, default=100, help="do_bench time per measurement (ms)")
     p.add_argument("--dtype", default="fp16", choices=tuple(QUERY_DTYPES),
                    help="queries and the source cache")
+    p.add_argument("--layout", default="nhd", choices=("nhd", "hnd"),
+                   help="page storage: token-major (nhd) or head-major (hnd)")
     p.add_argument("--md", default="docs/benchmarks.md", help="append the table here ('' = no)")
     p.add_argument("--json", default="", help="also dump the rows as JSON here")
     p.add_argument("--plot", default="docs/bench_quant.png", help="PNG plot path ('' = no)")
@@ -315,7 +335,7 @@ def main(argv: list[str]) -> None:
         for batch, seqlen in shapes:
             case = Case(batch, seqlen, nheads, nheads_k, label)
             case_rows = run_case(case, peers=not args.no_peers, rep=args.rep,
-                                 dtype=QUERY_DTYPES[args.dtype])
+                                 dtype=QUERY_DTYPES[args.dtype], layout=args.layout)
             print(report.format_rows(case_rows), flush=True)
             rows += case_rows
     bad = correctness_failures(rows)
@@ -329,7 +349,8 @@ def main(argv: list[str]) -> None:
     command = ("python -m kvonce bench quant " + " ".join(argv)).strip()
     if args.md:
         report.append_markdown(args.md, "Quantized paged decode and append", rows,
-                               command=command, dtype=f"{args.dtype} queries",
+                               command=command,
+                               dtype=f"{args.dtype} queries, {args.layout.upper()} pages",
                                date=datetime.date.today().isoformat())
     if args.plot:
         plot_rows = [dict(r, case=f"{r['heads']} {r['batch x len']} {r['impl']}") for r in rows
