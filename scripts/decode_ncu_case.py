@@ -1,0 +1,36 @@
+"""One paged-decode plan run three times, for a profiler (ncu skips the first run):
+
+    ncu -k regex:"paged_decode_kernel|combine_splits" --launch-skip 2 --launch-count 2 \
+        --metrics ... python scripts/decode_ncu_case.py FORMAT HQ HK BATCH LEN
+
+FORMAT is plain, fp8_e4m3, int8 or int4; d128, page 16, random page order, fp16 q.
+"""
+import sys
+
+import torch
+
+import kvonce
+
+
+def main(fmt: str, hq: int, hk: int, batch: int, length: int) -> None:
+    torch.manual_seed(0)
+    pages = batch * length // 16
+    q = torch.randn(batch, 1, hq, 128, device="cuda", dtype=torch.float16)
+    k = torch.randn(pages, 16, hk, 128, device="cuda", dtype=torch.float16)
+    v = torch.randn_like(k)
+    table = torch.randperm(pages, device="cuda").reshape(batch, -1).to(torch.int32)
+    seqlens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
+    kw = {}
+    if fmt != "plain":
+        k, ks = kvonce.quantize_kv(k, fmt)
+        v, vs = kvonce.quantize_kv(v, fmt)
+        kw = dict(k_scale=ks, v_scale=vs)
+    plan = kvonce.PagedDecodePlan(q, k, v, seqlens, table, **kw,
+                                  kv_format="int4" if fmt == "int4" else None)
+    for _ in range(3):
+        plan.run(q, k, v, seqlens, table, **kw)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], *(int(x) for x in sys.argv[2:6]))
