@@ -573,14 +573,18 @@ def _combine_splits_kernel(
     stride_ob, stride_ot, stride_oh,
     stride_lb, stride_lt, stride_lh,
     BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, STORE_LSE: tl.constexpr,
+    D_SPLITS: tl.constexpr = 1,
 ):
-    """One program per (head, token, sequence): the S partials, BLOCK_S at a time (one chunk
-    unless S > BLOCK_S), as whole tiles: a serial load-merge chain over the splits would cost a
-    memory latency per split."""
-    head = tl.program_id(0)
+    """One program per (head, head-dim chunk, token, sequence): the S partials of its
+    ``BLOCK_D`` channels (chunk ``pid0 % D_SPLITS``), BLOCK_S splits at a time (one chunk unless
+    S > BLOCK_S), as whole tiles: a serial load-merge chain over the splits would cost a memory
+    latency per split, and channel chunks put more programs on a combine of few heads (each
+    recomputes its head's weights from the S LSEs; the first chunk stores the LSE)."""
+    head = tl.program_id(0) // D_SPLITS
+    d_chunk = tl.program_id(0) % D_SPLITS
     tok = tl.program_id(1)
     seq = tl.program_id(2).to(tl.int64)
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_d = d_chunk * BLOCK_D + tl.arange(0, BLOCK_D)
     offs_s = tl.arange(0, BLOCK_S)
     d_ok = offs_d < head_dim
     p_base = Opart + seq * stride_pb + tok * stride_pt + head * stride_ph
@@ -599,7 +603,20 @@ def _combine_splits_kernel(
     tl.store(Out + seq * stride_ob + tok * stride_ot + head * stride_oh + offs_d,
              o.to(Out.dtype.element_ty), mask=d_ok)
     if STORE_LSE:
-        tl.store(Lse + seq * stride_lb + tok * stride_lt + head * stride_lh, lse)
+        if d_chunk == 0:
+            tl.store(Lse + seq * stride_lb + tok * stride_lt + head * stride_lh, lse)
+
+
+def combine_launch_shape(nheads: int, q_len: int, batch: int, num_splits: int, block_d: int):
+    """``(grid, constexprs, (num_warps, num_stages))`` of ``_combine_splits_kernel`` (``STORE_LSE``
+    left to the caller): channel chunks of 32 and up to 128 splits a tile, so one program's
+    merge is one or two rounds of independent loads (the combine after a long split-K: 198
+    splits of 2 heads were 12 programs walking 7 rounds each)."""
+    chunk = min(32, block_d)
+    d_splits = block_d // chunk
+    constexprs = dict(BLOCK_S=min(128, next_pow2(num_splits)), BLOCK_D=chunk,
+                      D_SPLITS=d_splits)
+    return (nheads * d_splits, q_len, batch), constexprs, (4, 3)
 
 
 @triton.jit
@@ -725,11 +742,11 @@ class PagedDecodeLaunch:
             # Final out [batch, q_len, nheads, d] and lse [batch, nheads, q_len], contiguous.
             ints = (num_splits, head_dim, *dst_o, *dst_l, q_len * nheads * head_dim,
                     nheads * head_dim, head_dim, nheads * q_len, 1, q_len)
-            constexprs = dict(BLOCK_S=min(32, next_pow2(num_splits)), BLOCK_D=block_d,
-                              STORE_LSE=store_lse)
-            warps = (4 if block_d <= 128 else 8, 3)  # 3 stages: Triton's default
-            self._combine = ((q.dtype, ints, tuple(constexprs.values())), (nheads, q_len, batch),
-                             ints, constexprs, warps)
+            grid, constexprs, warps = combine_launch_shape(nheads, q_len, batch, num_splits,
+                                                           block_d)
+            constexprs["STORE_LSE"] = store_lse
+            self._combine = ((q.dtype, ints, tuple(constexprs.values())), grid, ints,
+                             constexprs, warps)
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, out, lse,
                  o_part=None, lse_part=None, arrivals=None, k_scale=None, v_scale=None) -> None:

@@ -43,7 +43,7 @@ import triton.language as tl
 from ._launch import all_aligned, dot_input_precision, launch, next_pow2
 from .dual_group_fwd import _online_update
 from .paged_decode import (_combine_splits_kernel, _load_paged_kv_tile, _paged_decode_kernel,
-                           decode_row_blocks)
+                           combine_launch_shape, decode_row_blocks)
 
 # Columns of one work item in the plan's int32 ``work [num_work, WORK_FIELDS]`` table.
 WORK_FIELDS = 6  # member_start, member_count, row0, key_lo, key_hi, slot
@@ -257,14 +257,13 @@ class CascadeLaunch:
                          warps), (suffix_splits * num_m_blocks, nheads_k, batch), scale, ints,
                         constexprs, warps)
 
-        # 3. combine: one program per (head, token, sequence) over the S slots.
+        # 3. combine: one program per (head, channel chunk, token, sequence) over the S slots.
         ints = (slots, head_dim, *dst_o, *dst_l, q_len * nheads * head_dim, nheads * head_dim,
                 head_dim, nheads * q_len, 1, q_len)
-        constexprs = dict(BLOCK_S=min(32, next_pow2(slots)), BLOCK_D=block_d,
-                          STORE_LSE=store_lse)
-        warps = (4 if block_d <= 128 else 8, 3)
+        grid, constexprs, warps = combine_launch_shape(nheads, q_len, batch, slots, block_d)
+        constexprs["STORE_LSE"] = store_lse
         self._combine = (("combine", q.dtype, ints, tuple(constexprs.values())),
-                         (nheads, q_len, batch), ints, constexprs, warps)
+                         grid, ints, constexprs, warps)
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, work, members,
                  prefix_pages, o_part, lse_part, suffix_table, suffix_seqlens, out, lse) -> None:
