@@ -314,8 +314,8 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
     SWAP_AB: the dots with the keys on the MMA's M side (``_online_update_swapped``; not the
     int4 split dots, which ignore it). F16_MATH (bf16 q; fp8, or int8 with V_PAIRS): q as fp16
     rows times a power of two each (``_f16_rows``), so the tiles convert to fp16 and both dots
-    run in fp16; the factors come off with the softmax scale, per row. V_PAIRS (fp8 or int8, fp16 compute):
-    V read as channel pairs (``paged_decode_pairs``)."""
+    run in fp16; the factors come off with the softmax scale, per row. V_PAIRS (fp8 or int8,
+    fp16 compute): V read as channel pairs (``paged_decode_pairs``)."""
     K += kv_head * stride_kh
     V += kv_head * stride_vh
     KS += kv_head * stride_ksh
