@@ -192,7 +192,7 @@ def test_swapped_dots_match_the_reference(fmt, num_splits):
 
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8"])
 @pytest.mark.parametrize("magnitude,v_magnitude", [(1.0, 1.0), (1e6, 1.0), (1e-9, 1.0),
-                                                   (1.0, 1e8)])
+                                                   (1.0, 1e8), (1.0, 1e-6)])
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_bf16_queries_take_fp16_dots_without_loss(fmt, magnitude, v_magnitude, num_splits):
     """``PagedDecodeConfig.f16_math``: bf16 q against an fp8 or int8 cache runs both dots in
@@ -200,9 +200,10 @@ def test_bf16_queries_take_fp16_dots_without_loss(fmt, magnitude, v_magnitude, n
     overflows a plain cast to fp16, 1e-9 flushes to zero there), with the softmax scale keeping
     their scores O(1), and rows of unlike magnitude within one tile, still match the reference
     at bf16's accuracy. V of 1e8 (int8 scales near 1e6, past fp16's max: probabilities times
-    those scales would overflow fp16 unscaled) stays finite and right. The causal band, an empty
-    sequence and lengths off the tile grid are in the case, and the custom op carries the flag.
-    fp16 dots: this runs in the interpreter too."""
+    those scales would overflow fp16 unscaled) stays finite and right, and V of 1e-6 (scales
+    near 1e-7: probabilities times them would be fp16 subnormals, a few ulps) keeps its
+    precision. The causal band, an empty sequence and lengths off the tile grid are in the case,
+    and the custom op carries the flag. fp16 dots: this runs in the interpreter too."""
     import dataclasses
 
     from kvonce.kernels.configs import get_paged_decode_config

@@ -71,9 +71,10 @@ def _attend_paged_pairs(acc_even, acc_odd, m_i, l_i, q, lo, hi, qk_scale, tok, d
             vs = tl.load(VS + page * stride_vsp + slot * stride_vst, mask=in_range,
                          other=0.0).to(tl.float32)
             if ROW_SCALE:
-                # bf16 sources: a V scale may pass fp16's max (|v| > 65504 * 127 / 1), so the
-                # tile's probabilities take the scales over the tile's largest (<= 1) and the
-                # products come back times it, in fp32.
+                # bf16 sources: a V scale may pass fp16's max (|v| > 65504 * 127) or put the
+                # products among fp16's subnormals (|v| < ~1e-2), so the tile's probabilities
+                # take the scales over the tile's largest (<= 1) and the products come back
+                # times it, in fp32.
                 vs_max = tl.max(vs, 0)
                 vs_max = tl.where(vs_max > 0.0, vs_max, 1.0)  # a tile past kv_end: all zero
                 p = p * (vs * (1.0 / vs_max))[None, :]
