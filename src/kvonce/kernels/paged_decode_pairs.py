@@ -14,10 +14,10 @@ loop does two dots a tile, ``O_even += P V[:, 0::2]`` and ``O_odd += P V[:, 1::2
 caller interleaves the output once at the end.
 
 fp16 compute only: fp16 queries, or bf16 queries with ``f16_math``
-(``paged_decode._f16_rows``); int8 from bf16 sources then keeps each tile's probabilities
-times V scales at most 1 (the tile's largest scale comes back on the fp32 products). Head dims with an even ``BLOCK_D == head_dim``, V strides even
+(``paged_decode._f16_rows``). Head dims with an even ``BLOCK_D == head_dim``, V strides even
 (16-bit units). int8's per-key scales go on the scores' and probabilities' columns, as in
-``_online_update``.
+``_online_update``; the probabilities times V scales are kept at most 1 per tile (the tile's
+largest scale comes back on the fp32 products).
 """
 from __future__ import annotations
 
@@ -70,25 +70,21 @@ def _attend_paged_pairs(acc_even, acc_odd, m_i, l_i, q, lo, hi, qk_scale, tok, d
         if KV_FORMAT == 2:
             vs = tl.load(VS + page * stride_vsp + slot * stride_vst, mask=in_range,
                          other=0.0).to(tl.float32)
-            if ROW_SCALE:
-                # bf16 sources: a V scale may pass fp16's max (|v| > 65504 * 127) or put the
-                # products among fp16's subnormals (|v| < ~1e-2), so the tile's probabilities
-                # take the scales over the tile's largest (<= 1) and the products come back
-                # times it, in fp32.
-                vs_max = tl.max(vs, 0)
-                vs_max = tl.where(vs_max > 0.0, vs_max, 1.0)  # a tile past kv_end: all zero
-                p = p * (vs * (1.0 / vs_max))[None, :]
-            else:
-                p = p * vs[None, :]
+            # The probabilities go to fp16 times int8's per-key V scales: a scale past fp16's
+            # max (bf16 |v| > 65504 * 127) would overflow, small values (|v| < ~1e-2) would
+            # land among fp16's subnormals. So they take the scales over the tile's largest
+            # (products <= 1), which comes back on the fp32 dot results.
+            vs_max = tl.max(vs, 0)
+            vs_max = tl.where(vs_max > 0.0, vs_max, 1.0)  # a tile past kv_end: all zero
+            p = p * (vs * (1.0 / vs_max))[None, :]
         p = p.to(tl.float16)
         pv_even = tl.dot(p, _pair_units_to_f16(units, False, KV_FORMAT),
                          input_precision=DOT_PRECISION)
         pv_odd = tl.dot(p, _pair_units_to_f16(units, True, KV_FORMAT),
                         input_precision=DOT_PRECISION)
-        if KV_FORMAT == 2 and ROW_SCALE:
-            acc_even = acc_even * alpha[:, None] + pv_even * vs_max
-            acc_odd = acc_odd * alpha[:, None] + pv_odd * vs_max
-        else:
-            acc_even = acc_even * alpha[:, None] + pv_even
-            acc_odd = acc_odd * alpha[:, None] + pv_odd
+        if KV_FORMAT == 2:
+            pv_even = pv_even * vs_max
+            pv_odd = pv_odd * vs_max
+        acc_even = acc_even * alpha[:, None] + pv_even
+        acc_odd = acc_odd * alpha[:, None] + pv_odd
     return acc_even, acc_odd, m_i, l_i
