@@ -106,9 +106,9 @@ def _convert_bytes_kernel(B, Out, KIND: tl.constexpr, DTYPE: tl.constexpr):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_converters_are_exact_for_every_byte(kind, dtype):
     """The tile converters (packed inline asm on the GPU, plain ops under the interpreter) give
-    exactly torch's value of every byte, sign of zero included. fp8's NaN bytes (0x7F, 0xFF) are
-    left out: quantize_kv writes them only for a NaN input, and the bf16 bit move reads them as
-    +-480 (``_fp8_bytes_to``)."""
+    exactly torch's value of every byte, sign of zero included. fp8's NaN bytes (0x7F, 0xFF),
+    which quantize_kv writes only for a NaN input, are checked apart (``_check_fp8_nan_bytes``):
+    NaN through the GPU's fp16 cvt, +-480 through the bf16 bit move (``_fp8_bytes_to``)."""
     codes = (torch.arange(16 * 128, device=DEVICE) % 256).to(torch.uint8).reshape(16, 128)
     out = torch.full((16, 128), float("nan"), device=DEVICE, dtype=dtype)
     k = ["fp8", "int8", "int4_low", "int4_high"].index(kind)
@@ -123,6 +123,18 @@ def test_converters_are_exact_for_every_byte(kind, dtype):
     assert keep.sum() == (16 * 128 - 16 if kind == "fp8" else 16 * 128)
     assert torch.equal(out[keep].float(), want[keep].float())
     assert torch.equal(torch.signbit(out[keep]), torch.signbit(want[keep]))
+    if kind == "fp8":  # the NaN bytes: the GPU's fp16 cvt gives NaN, bit moves give +-480
+        _check_fp8_nan_bytes(out[~keep], fp16_cvt=HAS_CUDA and dtype == torch.float16)
+
+
+def _check_fp8_nan_bytes(got, fp16_cvt: bool):
+    """What fp8's NaN bytes (0x7F, 0xFF) convert to: NaN through the hardware's e4m3 -> fp16
+    cvt (PTX defines it so), +-480 through the bf16 bit move and under the interpreter (its
+    conversion treats them as the next finite step) -- the README states both."""
+    if fp16_cvt:
+        assert torch.isnan(got).all()
+    else:
+        assert torch.equal(got.float().abs(), torch.full_like(got.float(), 480.0))
 
 
 @triton.jit
@@ -139,8 +151,8 @@ def _convert_units_kernel(U, Even, Odd, KV_FORMAT: tl.constexpr):
 def test_channel_pair_converter_is_exact_for_every_unit(fmt):
     """``v_pairs``' converter (prmt + cvt or xor + prmt + sub on the GPU, plain ops in the
     interpreter) gives torch's fp16 of the low byte (even channel) and the high byte (odd
-    channel) of every 16-bit unit, sign of zero included. fp8's NaN bytes (0x7F, 0xFF) are left
-    out, as in the test above (the interpreter's conversion reads them as +-480)."""
+    channel) of every 16-bit unit, sign of zero included; fp8's NaN bytes as in the test above
+    (NaN on the GPU, +-480 under the interpreter)."""
     codes = torch.arange(65536, device=DEVICE)
     pairs = torch.stack([codes % 256, codes // 256], -1).to(torch.uint8)  # little-endian units
     even = torch.full((65536,), float("nan"), device=DEVICE, dtype=torch.float16)
@@ -154,6 +166,8 @@ def test_channel_pair_converter_is_exact_for_every_unit(fmt):
         assert nan.sum() == (512 if fmt == "fp8_e4m3" else 0)
         assert torch.equal(got[~nan], want[~nan])
         assert torch.equal(torch.signbit(got[~nan]), torch.signbit(want[~nan]))
+        if fmt == "fp8_e4m3":
+            _check_fp8_nan_bytes(got[nan], fp16_cvt=HAS_CUDA)
 
 
 @pytest.mark.parametrize("fmt", (None,) + FORMATS)
