@@ -292,11 +292,13 @@ def test_v_as_channel_pairs_matches_the_reference(case, num_splits):
                    torch.bfloat16)
 
 
+@pytest.mark.parametrize("pairs", [True, False])
 @pytest.mark.parametrize("num_splits", [1, 3])
-def test_int8_pairs_keep_small_values_precise_under_fp16_queries(num_splits):
-    """int8 through the channel-pair loop with fp16 queries: V of 1e-4 (scales near 3e-6) would
-    put the probabilities times the scales among fp16's subnormals (1.2-1.5e-2 relative error,
-    checked); the per-tile normalization keeps the output at fp16's accuracy (3.3e-4)."""
+def test_int8_keeps_small_values_precise_under_fp16_queries(pairs, num_splits):
+    """int8 with fp16 queries, through the channel-pair loop and the byte-gathered one: V of 1e-4
+    (scales near 3e-6) would put the probabilities times the scales among fp16's subnormals
+    (1.2-1.5e-2 relative error, checked); the per-tile normalization keeps the output at fp16's
+    accuracy (3.3e-4)."""
     import dataclasses
 
     from kvonce.kernels.configs import get_paged_decode_config
@@ -309,10 +311,10 @@ def test_int8_pairs_keep_small_values_precise_under_fp16_queries(num_splits):
     base = get_paged_decode_config(cap, 128, "int8", 2)
     plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
                                   num_splits=num_splits,
-                                  config=dataclasses.replace(base, v_pairs=True))
+                                  config=dataclasses.replace(base, v_pairs=pairs))
     with poison_empty:
         out = plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs)
-    assert [la._constexprs["V_PAIRS"] for la in plan._launches.values()] == [True]
+    assert [la._constexprs["V_PAIRS"] for la in plan._launches.values()] == [pairs]
     rel = ((out.float() - ref).norm() / ref.norm()).item()
     assert rel < 2e-3, f"relative error {rel:.3e}"  # 3.3e-4; 1.2-1.5e-2 unnormalized
 

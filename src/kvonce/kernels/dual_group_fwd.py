@@ -81,7 +81,8 @@ def _online_update(acc, m_i, l_i, q, k_t, v, qk_scale, offs_m, offs_n, diag, kv_
     Row ``i`` sees key ``j`` iff ``j <= i + diag`` and ``j < kv_end``.
     With KEY_SCALES, ``k_scale``/``v_scale [BLOCK_N]`` (fp32) are per-key dequantization scales
     of a quantized K/V tile, applied to the scores' and the probabilities' columns (BLOCK_M x
-    BLOCK_N multiplies instead of BLOCK_D x BLOCK_N on the tiles). (A flag, not ``is None``: a
+    BLOCK_N multiplies instead of BLOCK_D x BLOCK_N on the tiles; fp16 tiles take the V scales
+    over the tile's largest, which multiplies the fp32 products). (A flag, not ``is None``: a
     None default reaches a nested jit function as a constexpr, which ``is not None``.)
     ROW_SCALE: ``qk_scale [BLOCK_M]``, one per row (``_softmax_step``).
     """
@@ -90,7 +91,16 @@ def _online_update(acc, m_i, l_i, q, k_t, v, qk_scale, offs_m, offs_n, diag, kv_
         qk = qk * k_scale[None, :]
     p, alpha, m_new, l_i = _softmax_step(qk, m_i, l_i, qk_scale, offs_m, offs_n, diag, kv_end,
                                          MASKED, ROW_SCALE=ROW_SCALE)
-    if KEY_SCALES:
+    if KEY_SCALES and v.dtype == tl.float16:
+        # fp16 probabilities times the V scales: over the tile's largest scale (<= 1), which
+        # comes back on the fp32 products, so small values (|v| < ~1e-2: p x scale among fp16's
+        # subnormals) keep their precision
+        top = tl.max(v_scale, 0)
+        top = tl.where(top > 0.0, top, 1.0)  # every key past kv_end: all zero
+        pv = tl.dot((p * (v_scale * (1.0 / top))[None, :]).to(v.dtype), v,
+                    input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + pv * top
+    elif KEY_SCALES:
         acc = acc * alpha[:, None] + tl.dot((p * v_scale[None, :]).to(v.dtype), v,
                                             input_precision=DOT_PRECISION)
     else:
