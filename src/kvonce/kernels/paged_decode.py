@@ -15,10 +15,9 @@ shapes only, the ranges from ``cache_seqlens`` on the device: no host sync, CUDA
 With ``S = 1`` the kernel writes the final output (q's dtype) and LSE directly; otherwise each
 program stores float32 partials. Up to ``config.max_merged_splits`` splits, each program then
 bumps an arrival count of its (sequence, KV head, M-block) and the last of the ``S`` to arrive
-merges them (``_merge_rows``, ``_merge_chunk``'s arithmetic) and resets the count: one launch.
-Past that, the merging program's serial walk over the splits costs more than a second launch
-(H100, docs/notes.md), and ``_combine_splits_kernel`` merges them, tile by tile, with
-``_merge_chunk``, the same helper ``merge_attention_states`` uses.
+merges them (``paged_combine._combine_splits``) and resets the count: one launch. Past that,
+the merging program's serial walk over the splits costs more than a second launch (H100,
+docs/notes.md), and ``paged_combine._combine_splits_kernel`` merges them, tile by tile.
 
 Causal is bottom-right: row t sees key ``j <= t + seqlen - q_len``. Key tiles wholly visible to
 every row take the unmasked loop; the last tiles of the range (the diagonal, the sequence end) the
@@ -36,13 +35,11 @@ import triton.language as tl
 # The state-in/state-out online-softmax step is shared with the varlen kernels.
 from ._launch import all_aligned, dot_input_precision, launch, next_pow2
 from .dual_group_fwd import _online_update, _softmax_step
+from .paged_combine import _combine_splits, _combine_splits_kernel, combine_launch_shape
 from .paged_decode_int4 import _attend_paged_int4, _int4_tile
 from .paged_decode_pairs import _attend_paged_pairs
 from .quant_convert import _fp8_bytes_to, _ints_to
 from .paged_tiles import _tile_rows
-
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
 
 
 @triton.jit
@@ -485,171 +482,6 @@ def _paged_decode_kernel(
             tl.atomic_xchg(Arrivals + slot, 0)  # ready for the next launch (CUDA-graph replays)
 
 
-@triton.jit
-def _merge_rows(acc, m, l, o, lse):
-    """Fold one split's normalized partial rows into per-row merge states (state in, state out):
-    ``acc, o [BLOCK_M, BLOCK_D]`` fp32, ``m, l, lse [BLOCK_M]`` (natural log), starting from
-    ``(0, -inf, 0)``; a ``-inf`` row weighs exactly zero. ``_merge_chunk``'s arithmetic, with the
-    splits folded one at a time and the rows side by side."""
-    m_new = tl.maximum(m, lse)
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.math.exp2((m - m_safe) * 1.4426950408889634)
-    w = tl.math.exp2((lse - m_safe) * 1.4426950408889634)
-    acc = acc * alpha[:, None] + tl.where(w[:, None] > 0.0, o * w[:, None], 0.0)
-    return acc, m_new, l * alpha + w
-
-
-@triton.jit
-def _combine_splits(Opart, Lpart, Out, Lse, seq, tok, head, row_ok, offs_d, num_splits, q_len,
-                    nheads, head_dim, stride_pb, stride_pt, stride_ph, stride_ps,
-                    stride_lpb, stride_lpt, stride_lph, stride_lps, STORE_LSE: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Merge the ``num_splits`` partials of one program's packed rows and store the result
-    (``out`` contiguous ``[batch, q_len, nheads, d]``, ``lse`` contiguous ``[batch, nheads,
-    q_len]``). The splits' loads are independent, so the loop pipelines."""
-    seq = seq.to(tl.int64)
-    mask = row_ok[:, None] & (offs_d[None, :] < head_dim)
-    p_ptrs = (Opart + seq * stride_pb + (tok * stride_pt + head * stride_ph)[:, None]
-              + offs_d[None, :])
-    l_ptrs = Lpart + seq * stride_lpb + tok * stride_lpt + head * stride_lph
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for s in range(num_splits):
-        o = tl.load(p_ptrs + s * stride_ps, mask=mask, other=0.0, cache_modifier=".cg")
-        lse = tl.load(l_ptrs + s * stride_lps, mask=row_ok, other=float("-inf"),
-                      cache_modifier=".cg")
-        acc, m, l = _merge_rows(acc, m, l, o, lse)
-    seen = l > 0.0
-    out = acc / tl.where(seen, l, 1.0)[:, None]
-    o_ptrs = (Out + seq * q_len * nheads * head_dim
-              + (tok * nheads * head_dim + head * head_dim)[:, None] + offs_d[None, :])
-    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=mask)
-    if STORE_LSE:
-        lse = tl.where(seen, m + tl.math.log2(tl.where(seen, l, 1.0)) * 0.6931471805599453,
-                       float("-inf"))
-        tl.store(Lse + seq * nheads * q_len + head * q_len + tok, lse, mask=row_ok)
-
-
-@triton.jit
-def _merge_chunk(acc, m, l, o, lse):
-    """Fold a chunk of normalized partial results into a merge state (state in, state out).
-
-    ``o [BLOCK_S, BLOCK_D]`` fp32, ``lse [BLOCK_S]`` fp32 natural log; the state is
-    ``acc [BLOCK_D]`` (weighted sum of o), ``m`` (running max, natural log) and ``l`` (sum of
-    weights), starting from ``(0, -inf, 0)``. A ``-inf`` entry weighs exactly zero, whatever its
-    ``o`` holds. The split-K combine and ``merge_attention_states`` both run this code. Base 2
-    inside."""
-    # m stays in natural-log units (only the exponent is base 2) so that a lone finite input's
-    # lse comes back bit for bit: m + log2(1) * ln 2 = m.
-    m_new = tl.maximum(m, tl.max(lse, 0))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.math.exp2((m - m_safe) * 1.4426950408889634)
-    w = tl.math.exp2((lse - m_safe) * 1.4426950408889634)
-    acc = acc * alpha + tl.sum(tl.where(w[:, None] > 0.0, o * w[:, None], 0.0), 0)
-    l = l * alpha + tl.sum(w, 0)
-    return acc, m_new, l
-
-
-@triton.jit
-def _merge_finish(acc, m, l):
-    """Merge state -> ``(o [BLOCK_D], lse)``; ``(0, -inf)`` when every input was ``-inf``."""
-    seen = l > 0.0
-    o = acc / tl.where(seen, l, 1.0)
-    lse = tl.where(seen, m + tl.math.log2(tl.where(seen, l, 1.0)) * 0.6931471805599453,
-                   float("-inf"))
-    return o, lse
-
-
-@triton.jit
-def _combine_splits_kernel(
-    Opart,             # float32 [batch, q_len, nheads, S, HEAD_DIM]
-    Lpart,             # float32 [batch, q_len, nheads, S]
-    Out,               # [batch, q_len, nheads, HEAD_DIM], q's dtype
-    Lse,               # float32 [batch, nheads, q_len]
-    num_splits, head_dim,
-    stride_pb, stride_pt, stride_ph, stride_ps,
-    stride_lpb, stride_lpt, stride_lph, stride_lps,
-    stride_ob, stride_ot, stride_oh,
-    stride_lb, stride_lt, stride_lh,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, STORE_LSE: tl.constexpr,
-    D_SPLITS: tl.constexpr = 1,
-):
-    """One program per (head, head-dim chunk, token, sequence): the S partials of its
-    ``BLOCK_D`` channels (chunk ``pid0 % D_SPLITS``), BLOCK_S splits at a time (one chunk unless
-    S > BLOCK_S), as whole tiles: a serial load-merge chain over the splits would cost a memory
-    latency per split, and channel chunks put more programs on a combine of few heads (each
-    recomputes its head's weights from the S LSEs; the first chunk stores the LSE)."""
-    head = tl.program_id(0) // D_SPLITS
-    d_chunk = tl.program_id(0) % D_SPLITS
-    tok = tl.program_id(1)
-    seq = tl.program_id(2).to(tl.int64)
-    offs_d = d_chunk * BLOCK_D + tl.arange(0, BLOCK_D)
-    offs_s = tl.arange(0, BLOCK_S)
-    d_ok = offs_d < head_dim
-    p_base = Opart + seq * stride_pb + tok * stride_pt + head * stride_ph
-    l_base = Lpart + seq * stride_lpb + tok * stride_lpt + head * stride_lph
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    m = tl.max(tl.full([BLOCK_S], float("-inf"), dtype=tl.float32), 0)
-    l = tl.sum(tl.zeros([BLOCK_S], dtype=tl.float32), 0)
-    for s0 in range(0, num_splits, BLOCK_S):
-        s = s0 + offs_s
-        s_ok = s < num_splits
-        o = tl.load(p_base + s[:, None] * stride_ps + offs_d[None, :],
-                    mask=s_ok[:, None] & d_ok[None, :], other=0.0)
-        lse = tl.load(l_base + s * stride_lps, mask=s_ok, other=float("-inf"))
-        acc, m, l = _merge_chunk(acc, m, l, o, lse)
-    o, lse = _merge_finish(acc, m, l)
-    tl.store(Out + seq * stride_ob + tok * stride_ot + head * stride_oh + offs_d,
-             o.to(Out.dtype.element_ty), mask=d_ok)
-    if STORE_LSE:
-        if d_chunk == 0:
-            tl.store(Lse + seq * stride_lb + tok * stride_lt + head * stride_lh, lse)
-
-
-def combine_launch_shape(nheads: int, q_len: int, batch: int, num_splits: int, block_d: int):
-    """``(grid, constexprs, (num_warps, num_stages))`` of ``_combine_splits_kernel`` (``STORE_LSE``
-    left to the caller): channel chunks of 32 and up to 128 splits a tile, so one program's
-    merge is one or two rounds of independent loads (the combine after a long split-K: 198
-    splits of 2 heads were 12 programs walking 7 rounds each)."""
-    chunk = min(32, block_d)
-    d_splits = block_d // chunk
-    constexprs = dict(BLOCK_S=min(128, next_pow2(num_splits)), BLOCK_D=chunk,
-                      D_SPLITS=d_splits)
-    return (nheads * d_splits, q_len, batch), constexprs, (4, 3)
-
-
-@triton.jit
-def _merge_states_kernel(
-    Oa, La, Ob, Lb, Out, Lse,   # o: [n, nheads, HEAD_DIM]; lse: float32 [n, nheads]
-    head_dim,
-    stride_oan, stride_oah, stride_obn, stride_obh, stride_on, stride_oh,
-    stride_lan, stride_lah, stride_lbn, stride_lbh, stride_ln, stride_lh,
-    BLOCK_D: tl.constexpr,
-):
-    """One program per (row, head): the two inputs as one 2-row chunk of ``_merge_chunk``."""
-    row = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
-    offs_d = tl.arange(0, BLOCK_D)
-    side = tl.arange(0, 2)
-    d_ok = offs_d < head_dim
-    is_a = side == 0
-    o_ptrs = tl.where(is_a[:, None], Oa + row * stride_oan + head * stride_oah + offs_d[None, :],
-                      Ob + row * stride_obn + head * stride_obh + offs_d[None, :])
-    l_ptrs = tl.where(is_a, La + row * stride_lan + head * stride_lah,
-                      Lb + row * stride_lbn + head * stride_lbh)
-    o = tl.load(o_ptrs, mask=d_ok[None, :] & (side[:, None] < 2), other=0.0).to(tl.float32)
-    lse = tl.load(l_ptrs)
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    m = tl.max(tl.full([2], float("-inf"), dtype=tl.float32), 0)
-    l = tl.sum(tl.zeros([2], dtype=tl.float32), 0)
-    acc, m, l = _merge_chunk(acc, m, l, o, lse)
-    o, lse = _merge_finish(acc, m, l)
-    tl.store(Out + row * stride_on + head * stride_oh + offs_d, o.to(Out.dtype.element_ty),
-             mask=d_ok)
-    tl.store(Lse + row * stride_ln + head * stride_lh, lse)
-
-
 def _scale_strides(scale, kv_format: int) -> tuple[int, int, int]:
     """(page, slot, KV head) strides of a quantized cache's scales: fp8 ``[nheads_k]`` or 0-dim
     (one per head or per tensor), int8 ``[pages, page_size, nheads_k]``, int4 ``[pages,
@@ -769,19 +601,3 @@ class PagedDecodeLaunch:
             key, grid, ints, constexprs, warps = self._combine
             launch(_combine_splits_kernel, key, grid, (o_part, lse_part, out, lse, *ints),
                    constexprs, *warps, self.device_index)
-
-
-def launch_merge_states(o_a, lse_a, o_b, lse_b, out, lse) -> None:
-    """``out, lse = merge(o_a, lse_a, o_b, lse_b)`` row by row (shapes checked by the caller)."""
-    n, nheads, head_dim = o_a.shape
-    if n == 0 or nheads == 0:
-        return
-    block_d = max(16, next_pow2(head_dim))
-    ints = (head_dim, o_a.stride(0), o_a.stride(1), o_b.stride(0), o_b.stride(1), out.stride(0),
-            out.stride(1), lse_a.stride(0), lse_a.stride(1), lse_b.stride(0), lse_b.stride(1),
-            lse.stride(0), lse.stride(1))
-    num_warps = 1 if block_d <= 128 else 2
-    key = (o_a.dtype, ints, block_d, all_aligned(o_a, lse_a, o_b, lse_b, out, lse))
-    launch(_merge_states_kernel, key, (n, nheads, 1), (o_a, lse_a, o_b, lse_b, out, lse, *ints),
-           dict(BLOCK_D=block_d), num_warps, 3,
-           o_a.device.index if o_a.device.type == "cuda" else -1)

@@ -20,7 +20,7 @@ A cascade step is three launches, in this order on one stream:
    float32 partials (split-K layout, never merged in the launch) into slots ``[0, S_suffix)``.
    Causal masking is invariant to the shift: row t sees suffix key ``j' <= t + (L - P) - q_len``
    iff it sees key ``j' + P <= t + L - q_len``.
-3. ``paged_decode._combine_splits_kernel`` merges the ``S`` slots of each row (a slot a row does
+3. ``paged_combine._combine_splits_kernel`` merges the ``S`` slots of each row (a slot a row does
    not use holds ``lse = -inf``, set once at plan time: it weighs exactly zero).
 
 Slot layout of ``o_part [batch, q_len, nheads, S, d]``: suffix splits first, then for each node
@@ -42,8 +42,8 @@ import triton.language as tl
 
 from ._launch import all_aligned, dot_input_precision, launch, next_pow2
 from .dual_group_fwd import _online_update
-from .paged_decode import (_combine_splits_kernel, _load_paged_kv_tile, _paged_decode_kernel,
-                           combine_launch_shape, decode_row_blocks)
+from .paged_combine import _combine_splits_kernel, combine_launch_shape
+from .paged_decode import _load_paged_kv_tile, _paged_decode_kernel, decode_row_blocks
 
 # Columns of one work item in the plan's int32 ``work [num_work, WORK_FIELDS]`` table.
 WORK_FIELDS = 6  # member_start, member_count, row0, key_lo, key_hi, slot

@@ -6,7 +6,7 @@ import torch
 
 from .. import _validate as V
 from .._dispatch import use_op
-from ..kernels.paged_decode import launch_merge_states
+from ..kernels.paged_combine import launch_merge_states
 from ._alloc import allocator
 from .checks import check_device_ok
 
