@@ -7,33 +7,17 @@ the kernels reading them through their strides; CUDA-graph medians, GQA 32/8 and
 64 x 8192 and 1 x 131072, d128, page 16, random page order, fp16 q. The head-major output is
 checked against the token-major one first. (docs/benchmarks.md, 2026-11-27.)
 """
-import torch
-import triton.testing
-
 import kvonce
+from decode_ncu_case import paged_case
 from kvonce.bench.quant import stored
-
-
-def graph_us(fn) -> float:
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return 1e3 * triton.testing.do_bench(g.replay, warmup=10, rep=60, return_mode="median")
+from quant_decode_sweep import graph_us
 
 
 def main() -> None:
     print("| heads | shape | format | NHD us | HND us | NHD/HND | GB | NHD TB/s | HND TB/s |")
     for hq, hk in ((32, 8), (12, 12)):
         for batch, length in ((64, 8192), (1, 131072)):
-            torch.manual_seed(0)
-            pages = batch * length // 16
-            q = torch.randn(batch, 1, hq, 128, device="cuda", dtype=torch.float16)
-            k = torch.randn(pages, 16, hk, 128, device="cuda", dtype=torch.float16)
-            v = torch.randn_like(k)
-            table = torch.randperm(pages, device="cuda").reshape(batch, -1).to(torch.int32)
-            seqlens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
+            q, k, v, table, seqlens = paged_case(hq, hk, batch, length)
             for fmt in ("plain", "fp8_e4m3", "int8", "int4"):
                 if fmt == "plain":
                     tensors = (k, None, v, None)
@@ -50,7 +34,7 @@ def main() -> None:
                     run = lambda: plan.run(q, kc, vc, seqlens, table, **kw)
                     outs.append(run())
                     times.append(graph_us(run))
-                assert torch.equal(outs[0], outs[1]), fmt
+                assert outs[0].equal(outs[1]), fmt
                 nhd, hnd = times
                 print(f"| {hq}/{hk} | {batch}x{length} | {fmt} | {nhd:.1f} | {hnd:.1f} | "
                       f"{nhd / hnd:.3f} | {nbytes / 1e9:.3f} | {nbytes / nhd / 1e6:.2f} | "

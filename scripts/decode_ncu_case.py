@@ -12,7 +12,8 @@ import torch
 import kvonce
 
 
-def main(fmt: str, hq: int, hk: int, batch: int, length: int) -> None:
+def paged_case(hq: int, hk: int, batch: int, length: int):
+    """``q, k, v, table, seqlens``: fp16, d128, page 16, pages in random order, seed 0."""
     torch.manual_seed(0)
     pages = batch * length // 16
     q = torch.randn(batch, 1, hq, 128, device="cuda", dtype=torch.float16)
@@ -20,6 +21,11 @@ def main(fmt: str, hq: int, hk: int, batch: int, length: int) -> None:
     v = torch.randn_like(k)
     table = torch.randperm(pages, device="cuda").reshape(batch, -1).to(torch.int32)
     seqlens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
+    return q, k, v, table, seqlens
+
+
+def main(fmt: str, hq: int, hk: int, batch: int, length: int) -> None:
+    q, k, v, table, seqlens = paged_case(hq, hk, batch, length)
     kw = {}
     if fmt != "plain":
         k, ks = kvonce.quantize_kv(k, fmt)
