@@ -27,12 +27,7 @@ def main() -> None:
     print("| heads | batch x len | cache | splits | before us | after us | before/after |")
     print("|---|---|---|---|---|---|---|")
     for hq, hk, batch, length, fmt in ROWS:
-        q, k, v, table, seqlens = paged_case(hq, hk, batch, length)
-        kw = {}
-        if fmt != "plain":
-            k, ks = kvonce.quantize_kv(k, fmt)
-            v, vs = kvonce.quantize_kv(v, fmt)
-            kw = dict(k_scale=ks, v_scale=vs)
+        q, k, v, table, seqlens, kw = paged_case(hq, hk, batch, length, fmt)
         times, outs = [], []
         for shape in (old_shape, new_shape):
             paged_decode.combine_launch_shape = shape

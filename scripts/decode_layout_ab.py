@@ -17,7 +17,7 @@ def main() -> None:
     print("| heads | shape | format | NHD us | HND us | NHD/HND | GB | NHD TB/s | HND TB/s |")
     for hq, hk in ((32, 8), (12, 12)):
         for batch, length in ((64, 8192), (1, 131072)):
-            q, k, v, table, seqlens = paged_case(hq, hk, batch, length)
+            q, k, v, table, seqlens, _ = paged_case(hq, hk, batch, length)
             for fmt in ("plain", "fp8_e4m3", "int8", "int4"):
                 if fmt == "plain":
                     tensors = (k, None, v, None)

@@ -12,8 +12,9 @@ import torch
 import kvonce
 
 
-def paged_case(hq: int, hk: int, batch: int, length: int):
-    """``q, k, v, table, seqlens``: fp16, d128, page 16, pages in random order, seed 0."""
+def paged_case(hq: int, hk: int, batch: int, length: int, fmt: str = "plain"):
+    """``q, k, v, table, seqlens, scales``: fp16 q, d128, page 16, pages in random order, seed
+    0; K/V in ``fmt`` ("plain" or a ``quantize_kv`` format), ``scales`` the run's keywords."""
     torch.manual_seed(0)
     pages = batch * length // 16
     q = torch.randn(batch, 1, hq, 128, device="cuda", dtype=torch.float16)
@@ -21,16 +22,16 @@ def paged_case(hq: int, hk: int, batch: int, length: int):
     v = torch.randn_like(k)
     table = torch.randperm(pages, device="cuda").reshape(batch, -1).to(torch.int32)
     seqlens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
-    return q, k, v, table, seqlens
-
-
-def main(fmt: str, hq: int, hk: int, batch: int, length: int) -> None:
-    q, k, v, table, seqlens = paged_case(hq, hk, batch, length)
     kw = {}
     if fmt != "plain":
         k, ks = kvonce.quantize_kv(k, fmt)
         v, vs = kvonce.quantize_kv(v, fmt)
         kw = dict(k_scale=ks, v_scale=vs)
+    return q, k, v, table, seqlens, kw
+
+
+def main(fmt: str, hq: int, hk: int, batch: int, length: int) -> None:
+    q, k, v, table, seqlens, kw = paged_case(hq, hk, batch, length, fmt)
     plan = kvonce.PagedDecodePlan(q, k, v, seqlens, table, **kw,
                                   kv_format="int4" if fmt == "int4" else None)
     for _ in range(3):
