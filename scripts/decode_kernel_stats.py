@@ -56,7 +56,7 @@ def compile_decode(fmt: str, dtype: torch.dtype, nheads: int, nheads_k: int, spl
                                   num_splits=splits, config=config, store_lse=False,
                                   kv_format=FORMAT_CODES[fmt], k_scale=scale, v_scale=scale)
     f32, i32 = torch.empty(1, dtype=torch.float32), torch.empty(1, dtype=torch.int32)
-    tensors = [q, cache, cache, scale, scale, f32, f32, i32, table, q, f32, i32]
+    tensors = [q, cache, cache, scale, scale, f32, f32, i32, table, q, f32, i32, q, i32]
     values = tensors + [launch._scale, *launch._ints]
     names = pd._paged_decode_kernel.arg_names
     signature, attrs = {}, {}

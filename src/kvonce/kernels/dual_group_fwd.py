@@ -73,7 +73,8 @@ def _softmax_step(qk, m_i, l_i, qk_scale, offs_m, offs_n, diag, kv_end, MASKED: 
 @triton.jit
 def _online_update(acc, m_i, l_i, q, k_t, v, qk_scale, offs_m, offs_n, diag, kv_end,
                    MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr, k_scale=1.0, v_scale=1.0,
-                   KEY_SCALES: tl.constexpr = False, ROW_SCALE: tl.constexpr = False):
+                   KEY_SCALES: tl.constexpr = False, ROW_SCALE: tl.constexpr = False,
+                   qk_bias=0.0, HAS_BIAS: tl.constexpr = False):
     """One key tile into one online-softmax state (base 2).
 
     acc [BLOCK_M, BLOCK_D] fp32, m_i/l_i [BLOCK_M] fp32, q [BLOCK_M, BLOCK_D],
@@ -84,11 +85,15 @@ def _online_update(acc, m_i, l_i, q, k_t, v, qk_scale, offs_m, offs_n, diag, kv_
     BLOCK_N multiplies instead of BLOCK_D x BLOCK_N on the tiles; fp16 tiles take the V scales
     over the tile's largest, which multiplies the fp32 products). (A flag, not ``is None``: a
     None default reaches a nested jit function as a constexpr, which ``is not None``.)
-    ROW_SCALE: ``qk_scale [BLOCK_M]``, one per row (``_softmax_step``).
+    ROW_SCALE: ``qk_scale [BLOCK_M]``, one per row (``_softmax_step``). HAS_BIAS: ``qk_bias
+    [BLOCK_M, BLOCK_N]`` fp32 added to the scores after the key scales (outlier channels:
+    ``paged_outliers``).
     """
     qk = tl.dot(q, k_t, input_precision=DOT_PRECISION)
     if KEY_SCALES:
         qk = qk * k_scale[None, :]
+    if HAS_BIAS:
+        qk = qk + qk_bias
     p, alpha, m_new, l_i = _softmax_step(qk, m_i, l_i, qk_scale, offs_m, offs_n, diag, kv_end,
                                          MASKED, ROW_SCALE=ROW_SCALE)
     if KEY_SCALES and v.dtype == tl.float16:

@@ -38,6 +38,7 @@ from .dual_group_fwd import _online_update, _softmax_step
 from .paged_combine import _combine_splits, _combine_splits_kernel, combine_launch_shape
 from .paged_decode_int4 import _attend_paged_int4, _int4_tile
 from .paged_decode_pairs import _attend_paged_pairs
+from .paged_outliers import _outlier_queries, _outlier_scores
 from .quant_convert import _fp8_bytes_to, _ints_to
 from .paged_tiles import _tile_rows
 
@@ -230,7 +231,8 @@ def _attend_paged(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end,
                   INT64_KV: tl.constexpr = True, PREFETCH_PAGES: tl.constexpr = False, Kd=0,
                   Vd=0, kv_col=0,
                   USE_DESC: tl.constexpr = False, SWAP_AB: tl.constexpr = False,
-                  ROW_SCALE: tl.constexpr = False):
+                  ROW_SCALE: tl.constexpr = False, q_out=0.0, KO=0, stride_kop=0, stride_kot=0,
+                  out_scale=1.0, N_OUT: tl.constexpr = 0):
     """Key tiles ``[lo, hi)`` (``lo`` a multiple of BLOCK_N) into one packed state: the one loop
     of both the single-pass and the split-K path, and of every cache format (only the tile load
     differs: quantized tiles come in q's dtype, with int8's per-key scales applied to the scores
@@ -240,7 +242,9 @@ def _attend_paged(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end,
     page, whose rows come through the TMA descriptors ``Kd, Vd`` (the caches viewed 2-D as
     ``[num_pages * PAGE_SIZE, nheads_k * d]``, this KV head's columns from ``kv_col``); the page
     id is looked up one tile ahead. SWAP_AB: ``acc`` is transposed, ``[BLOCK_D, BLOCK_M]``
-    (``_online_update_swapped``). ROW_SCALE: ``qk_scale`` is per row (``_f16_rows``)."""
+    (``_online_update_swapped``). ROW_SCALE: ``qk_scale`` is per row (``_f16_rows``).
+    N_OUT > 0 (quantized caches): the outlier channels' scores (``paged_outliers``: ``q_out``
+    against side cache ``KO``, times ``out_scale``) join each tile's scores."""
     if USE_DESC:
         tl.static_assert(PAGE_SIZE % BLOCK_N == 0)
         next_page = tl.load(bt_row + lo // PAGE_SIZE, mask=lo < kv_end, other=0)
@@ -282,6 +286,14 @@ def _attend_paged(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end,
                                                 INT64_KV)
         else:
             k_scale, v_scale = 1.0, 1.0
+        if N_OUT > 0:
+            tl.static_assert(KV_FORMAT != 0 and not SWAP_AB)
+            _, o_in, o_page, o_slot = _tile_rows(bt_row, start_n, kv_end, PAGE_SIZE, BLOCK_N,
+                                                 MASKED, INT64_KV)
+            bias = _outlier_scores(q_out, KO, o_page, o_slot, o_in, stride_kop, stride_kot,
+                                   MASKED, N_OUT, DOT_PRECISION) * out_scale
+        else:
+            bias = 0.0
         if SWAP_AB:
             acc, m_i, l_i = _online_update_swapped(acc, m_i, l_i, q, k_t, v, qk_scale, tok,
                                                    offs_n, diag, kv_end, MASKED, DOT_PRECISION,
@@ -289,7 +301,7 @@ def _attend_paged(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end,
         else:
             acc, m_i, l_i = _online_update(acc, m_i, l_i, q, k_t, v, qk_scale, tok, offs_n,
                                            diag, kv_end, MASKED, DOT_PRECISION, k_scale, v_scale,
-                                           KV_FORMAT == 2, ROW_SCALE)
+                                           KV_FORMAT == 2, ROW_SCALE, bias, N_OUT > 0)
     return acc, m_i, l_i
 
 
@@ -303,7 +315,8 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
                     DOT_PRECISION: tl.constexpr, INT64_KV: tl.constexpr = True,
                     PREFETCH_PAGES: tl.constexpr = False, Kd=0, Vd=0,
                     USE_DESC: tl.constexpr = False, SWAP_AB: tl.constexpr = False,
-                    F16_MATH: tl.constexpr = False, V_PAIRS: tl.constexpr = False):
+                    F16_MATH: tl.constexpr = False, V_PAIRS: tl.constexpr = False, q_out=0.0,
+                    KO=0, stride_kop=0, stride_kot=0, stride_koh=0, N_OUT: tl.constexpr = 0):
     """One packed tile ``q [BLOCK_M, BLOCK_D]`` against sequence ``seq``'s keys ``[lo, hi)`` of
     one KV head: unmasked tiles ``[lo, full)``, then the masked band ``[full, hi)``; returns the
     unnormalized ``(acc, m, l)`` (base 2), fp8's per-head scales applied. Shared by the decode
@@ -312,7 +325,9 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
     int4 split dots, which ignore it). F16_MATH (bf16 q; fp8, or int8 with V_PAIRS): q as fp16
     rows times a power of two each (``_f16_rows``), so the tiles convert to fp16 and both dots
     run in fp16; the factors come off with the softmax scale, per row. V_PAIRS (fp8 or int8,
-    fp16 compute): V read as channel pairs (``paged_decode_pairs``)."""
+    fp16 compute): V read as channel pairs (``paged_decode_pairs``). N_OUT > 0 (quantized
+    caches): dense-and-sparse keys, ``q_out [BLOCK_M, 16]`` the rows' values at this KV head's
+    outlier channels (``paged_outliers._outlier_queries``), ``KO`` the side cache."""
     K += kv_head * stride_kh
     V += kv_head * stride_vh
     KS += kv_head * stride_ksh
@@ -321,10 +336,18 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
     qk_scale = sm_scale * 1.4426950408889634
     if KV_FORMAT == 1:  # fp8's per-head K scale multiplies every score of this KV head
         qk_scale = qk_scale * tl.load(KS)
+    out_scale = 1.0
+    if N_OUT > 0:
+        tl.static_assert(KV_FORMAT != 0 and not SWAP_AB)
+        KO += kv_head * stride_koh
+        if KV_FORMAT == 1:  # the outlier scores are unscaled: undo the K scale folded above
+            out_scale = 1.0 / tl.load(KS)
     if F16_MATH:
         tl.static_assert(KV_FORMAT == 1 or (KV_FORMAT == 2 and V_PAIRS))
         q, row_factor = _f16_rows(q)
         qk_scale = qk_scale * row_factor
+        if N_OUT > 0:  # the same power of two per row, exact in q_out's (bf16) dtype
+            q_out = (q_out.to(tl.float32) / row_factor[:, None]).to(q_out.dtype)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     if KV_FORMAT == 3 and BLOCK_D == 128 and EVEN_D:  # int4 at head dim 128: split dots
@@ -333,12 +356,14 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
                                            K, V, KS, VS, bt_row, stride_kp, stride_kt,
                                            stride_vp, stride_vt, stride_ksp, stride_kst,
                                            stride_vsp, stride_vst, False, PAGE_SIZE, BLOCK_M,
-                                           BLOCK_N, DOT_PRECISION, INT64_KV)
+                                           BLOCK_N, DOT_PRECISION, INT64_KV, q_out, KO,
+                                           stride_kop, stride_kot, N_OUT)
         acc, m_i, l_i = _attend_paged_int4(acc, m_i, l_i, q, full, hi, qk_scale, tok, diag, hi,
                                            K, V, KS, VS, bt_row, stride_kp, stride_kt,
                                            stride_vp, stride_vt, stride_ksp, stride_kst,
                                            stride_vsp, stride_vst, True, PAGE_SIZE, BLOCK_M,
-                                           BLOCK_N, DOT_PRECISION, INT64_KV)
+                                           BLOCK_N, DOT_PRECISION, INT64_KV, q_out, KO,
+                                           stride_kop, stride_kot, N_OUT)
     elif V_PAIRS:
         tl.static_assert((KV_FORMAT == 1 or KV_FORMAT == 2) and EVEN_D and not SWAP_AB)
         acc_even = tl.zeros([BLOCK_M, BLOCK_D // 2], dtype=tl.float32)
@@ -347,12 +372,14 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
             acc_even, acc_odd, m_i, l_i, q, lo, full, qk_scale, tok, diag, hi, K, V, KS, VS,
             bt_row, stride_kp, stride_kt, stride_vp, stride_vt, stride_ksp, stride_kst,
             stride_vsp, stride_vst, offs_d, False, PAGE_SIZE, BLOCK_N, BLOCK_D, KV_FORMAT,
-            DOT_PRECISION, INT64_KV, F16_MATH)
+            DOT_PRECISION, INT64_KV, F16_MATH, q_out, KO, stride_kop, stride_kot, out_scale,
+            N_OUT)
         acc_even, acc_odd, m_i, l_i = _attend_paged_pairs(
             acc_even, acc_odd, m_i, l_i, q, full, hi, qk_scale, tok, diag, hi, K, V, KS, VS,
             bt_row, stride_kp, stride_kt, stride_vp, stride_vt, stride_ksp, stride_kst,
             stride_vsp, stride_vst, offs_d, True, PAGE_SIZE, BLOCK_N, BLOCK_D, KV_FORMAT,
-            DOT_PRECISION, INT64_KV, F16_MATH)
+            DOT_PRECISION, INT64_KV, F16_MATH, q_out, KO, stride_kop, stride_kot, out_scale,
+            N_OUT)
         acc = tl.reshape(tl.join(acc_even, acc_odd), [BLOCK_M, BLOCK_D])  # channel 2p + odd
     else:
         if SWAP_AB:
@@ -365,13 +392,16 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
                                       offs_d, head_dim, False, PAGE_SIZE, BLOCK_N, BLOCK_D, EVEN_D,
                                       KV_CACHE, KV_EVICT, KV_FORMAT, DOT_PRECISION, INT64_KV,
                                       PREFETCH_PAGES, Kd, Vd, kv_head * BLOCK_D, USE_DESC, SWAP_AB,
-                                      F16_MATH)
+                                      F16_MATH, q_out, KO, stride_kop, stride_kot, out_scale,
+                                      N_OUT)
         acc, m_i, l_i = _attend_paged(acc, m_i, l_i, q, full, hi, qk_scale, tok, diag, hi,
                                       K, V, KS, VS, bt_row, stride_kp, stride_kt, stride_vp,
                                       stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
                                       offs_d, head_dim, True, PAGE_SIZE, BLOCK_N, BLOCK_D, EVEN_D,
                                       KV_CACHE, KV_EVICT, KV_FORMAT, DOT_PRECISION, INT64_KV,
-                                      PREFETCH_PAGES, SWAP_AB=SWAP_AB, ROW_SCALE=F16_MATH)
+                                      PREFETCH_PAGES, SWAP_AB=SWAP_AB, ROW_SCALE=F16_MATH,
+                                      q_out=q_out, KO=KO, stride_kop=stride_kop,
+                                      stride_kot=stride_kot, out_scale=out_scale, N_OUT=N_OUT)
         if SWAP_AB:
             acc = tl.trans(acc)
     if KV_FORMAT == 1:  # and its V scale every output row
@@ -392,6 +422,8 @@ def _paged_decode_kernel(
     FinalOut,          # split-K: [batch, q_len, nheads, HEAD_DIM] contiguous, q's dtype
     FinalLse,          # split-K: float32 [batch, nheads, q_len] contiguous
     Arrivals,          # split-K: int32 [batch, nheads_k, num_m_blocks], zero between launches
+    KO, KOC,           # N_OUT > 0: outlier values [num_pages, PAGE_SIZE, nheads_k, N_OUT] (q's
+                       # dtype) and channels int32 [nheads_k, N_OUT] (kernels/paged_outliers.py)
     sm_scale, q_len, num_splits, num_m_blocks, head_dim,
     stride_qb, stride_qt, stride_qh,
     stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
@@ -399,6 +431,7 @@ def _paged_decode_kernel(
     stride_ob, stride_ot, stride_oh, stride_os,
     stride_lb, stride_lt, stride_lh, stride_ls,
     stride_btb,
+    stride_kop, stride_kot, stride_koh,
     GROUP: tl.constexpr, IS_CAUSAL: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     STORE_LSE: tl.constexpr, SPLIT: tl.constexpr, MERGE_HERE: tl.constexpr,
@@ -408,6 +441,7 @@ def _paged_decode_kernel(
     F16_MATH: tl.constexpr = False,  # bf16 q x fp8 / int8 cache, dots in fp16 (_f16_rows)
     INT64_KV: tl.constexpr = True,  # False: K/V (and scale) offsets fit int32
     V_PAIRS: tl.constexpr = False,  # fp8/int8 V as channel pairs (paged_decode_pairs)
+    N_OUT: tl.constexpr = 0,  # outlier channels per KV head kept at q's precision (0: none)
 ):
     # Grid: (num_splits * num_m_blocks, nheads_k, batch). Splits vary fastest so that the
     # programs of one sequence's KV head run side by side.
@@ -432,6 +466,11 @@ def _paged_decode_kernel(
         q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
     else:
         q = tl.load(q_ptrs, mask=row_ok[:, None] & (offs_d[None, :] < head_dim), other=0.0)
+    if N_OUT > 0:
+        q_out = _outlier_queries(Q + seq.to(tl.int64) * stride_qb + tok * stride_qt
+                                 + head * stride_qh, KOC, kv_head, row_ok, N_OUT)
+    else:
+        q_out = 0.0
 
     if IS_CAUSAL:
         diag = seqlen - q_len              # row t sees key j <= t + diag
@@ -446,7 +485,8 @@ def _paged_decode_kernel(
         stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_ksp, stride_kst,
         stride_ksh, stride_vsp, stride_vst, stride_vsh, stride_btb, offs_d, head_dim,
         PAGE_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, EVEN_D, KV_CACHE, KV_EVICT, KV_FORMAT, DOT_PRECISION,
-        INT64_KV=INT64_KV, SWAP_AB=SWAP_AB, F16_MATH=F16_MATH, V_PAIRS=V_PAIRS)
+        INT64_KV=INT64_KV, SWAP_AB=SWAP_AB, F16_MATH=F16_MATH, V_PAIRS=V_PAIRS, q_out=q_out,
+        KO=KO, stride_kop=stride_kop, stride_kot=stride_kot, stride_koh=stride_koh, N_OUT=N_OUT)
     # out = acc / l (0 where no key was seen, e.g. an empty split), lse natural log (-inf there).
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
@@ -519,11 +559,14 @@ class PagedDecodeLaunch:
     scratch is float32 contiguous ``o_part [batch, q_len, nheads, S, d]`` and ``lse_part [batch,
     q_len, nheads, S]``, plus int32 zeros ``arrivals [batch, nheads_k, M-blocks]``
     (``decode_row_blocks``), which the kernel leaves zero again. With ``store_lse=False`` no LSE is written (``lse`` may be None).
+    ``outlier_values`` (quantized caches): the side cache of dense-and-sparse keys
+    (``kvonce.paged.outliers``; ``[num_pages, page_size, nheads_k, n]``, q's dtype), whose
+    channels come with each call.
     """
 
     def __init__(self, q, k_cache, v_cache, block_table, *, softmax_scale: float, causal: bool,
                  num_splits: int, config, store_lse: bool, kv_format: int = 0,
-                 k_scale=None, v_scale=None):
+                 k_scale=None, v_scale=None, outlier_values=None):
         batch, q_len, nheads, head_dim = q.shape
         page_size, nheads_k = k_cache.shape[1], k_cache.shape[2]
         group = nheads // nheads_k
@@ -542,7 +585,8 @@ class PagedDecodeLaunch:
         self._ints = (
             q_len, num_splits, num_m_blocks, head_dim, *q.stride()[:3], *k_cache.stride()[:3],
             *v_cache.stride()[:3], *_scale_strides(k_scale, kv_format),
-            *_scale_strides(v_scale, kv_format), *dst_o, *dst_l, block_table.stride(0))
+            *_scale_strides(v_scale, kv_format), *dst_o, *dst_l, block_table.stride(0),
+            *(outlier_values.stride()[:3] if outlier_values is not None else (0, 0, 0)))
         self._scale = float(softmax_scale)
         self._grid = (num_splits * num_m_blocks, nheads_k, batch)
         # fp16 compute for bf16 q: fp8 anywhere, int8 only through the pairs loop (which keeps
@@ -560,13 +604,16 @@ class PagedDecodeLaunch:
             KV_CACHE=config.kv_cache_modifier, KV_EVICT=config.kv_eviction, KV_FORMAT=kv_format,
             DOT_PRECISION=dot_input_precision(q.dtype),  # fp32 as PyTorch would (fixed per plan)
             SWAP_AB=config.swap_ab, F16_MATH=f16_math, V_PAIRS=v_pairs,
+            N_OUT=outlier_values.shape[3] if outlier_values is not None else 0,
             # Quantized caches: int32 offsets where everything fits (fewer IMADs per key row; the
             # plain-cache rows were tuned with int64 and keep it).
             INT64_KV=kv_format == 0 or config.int64_kv_offsets or max(
-                _span(t) for t in (k_cache, v_cache, k_scale, v_scale) if t is not None) >= 2**31)
+                _span(t) for t in (k_cache, v_cache, k_scale, v_scale, outlier_values)
+                if t is not None) >= 2**31)
         self._warps = (config.num_warps, config.num_stages)
         self._maxnreg = config.max_registers
         self._key = (q.dtype, k_cache.dtype, k_scale.dtype if k_scale is not None else None,
+                     outlier_values.dtype if outlier_values is not None else None,
                      self._ints, tuple(self._constexprs.values()),
                      self._warps, self._maxnreg)
         self._combine = None
@@ -581,7 +628,8 @@ class PagedDecodeLaunch:
                              constexprs, warps)
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, out, lse,
-                 o_part=None, lse_part=None, arrivals=None, k_scale=None, v_scale=None) -> None:
+                 o_part=None, lse_part=None, arrivals=None, k_scale=None, v_scale=None,
+                 outlier_values=None, outlier_channels=None) -> None:
         if self.batch == 0:
             return
         if lse is None:  # never dereferenced (STORE_LSE is off): any pointer will do
@@ -592,10 +640,14 @@ class PagedDecodeLaunch:
             dst_o, dst_l, final_o, final_l, arrivals = out, lse, out, lse, cache_seqlens
         if k_scale is None:  # plain cache: never dereferenced
             k_scale = v_scale = cache_seqlens
-        aligned = all_aligned(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale)
+        if outlier_values is None:  # N_OUT = 0: never dereferenced
+            outlier_values = outlier_channels = cache_seqlens
+        aligned = all_aligned(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale,
+                              outlier_values, outlier_channels)
         launch(_paged_decode_kernel, (self._key, aligned), self._grid,
                (q, k_cache, v_cache, k_scale, v_scale, dst_o, dst_l, cache_seqlens, block_table,
-                final_o, final_l, arrivals, self._scale, *self._ints),
+                final_o, final_l, arrivals, outlier_values, outlier_channels, self._scale,
+                *self._ints),
                self._constexprs, *self._warps, self.device_index, self._maxnreg)
         if self._combine is not None:
             key, grid, ints, constexprs, warps = self._combine

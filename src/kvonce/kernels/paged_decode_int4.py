@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 from .dual_group_fwd import _softmax_step
+from .paged_outliers import _outlier_scores
 from .paged_tiles import _tile_rows
 from .quant_convert import _nibbles_to
 
@@ -108,13 +109,15 @@ def _attend_paged_int4(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end, K,
                        bt_row, stride_kp, stride_kt, stride_vp, stride_vt, stride_ksp,
                        stride_kst, stride_vsp, stride_vst, MASKED: tl.constexpr,
                        PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       DOT_PRECISION: tl.constexpr, INT64_KV: tl.constexpr = True):
+                       DOT_PRECISION: tl.constexpr, INT64_KV: tl.constexpr = True, q_out=0.0,
+                       KO=0, stride_kop=0, stride_kot=0, N_OUT: tl.constexpr = 0):
     """``_attend_paged`` for an int4 cache at head dim 128, as split dots: no tile is widened,
     interleaved or scaled per element. Bytes 32k .. 32k + 31 of a key hold group k in their low
     nibbles and group k + 2 in their high ones (``kvonce.paged.quant``), so each nibble plane is
     one dot against q's (or the output's) channels of one group, with that group's per-key scale
     on the scores' (or the probabilities') columns. q and the output are split into their four
-    groups once per call (``_split_int4_groups``). Same state in and out as ``_attend_paged``."""
+    groups once per call (``_split_int4_groups``). Same state in and out as ``_attend_paged``;
+    N_OUT > 0: the outlier channels' scores start each tile's (``paged_outliers``)."""
     dtype: tl.constexpr = q.dtype
     q0, q1, q2, q3 = _split_int4_groups(q, BLOCK_M)
     a0, a1, a2, a3 = _split_int4_groups(acc, BLOCK_M)
@@ -125,7 +128,11 @@ def _attend_paged_int4(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end, K,
         v_rows = page * stride_vp + slot * stride_vt
         ks_rows = page * stride_ksp + slot * stride_kst
         vs_rows = page * stride_vsp + slot * stride_vst
-        qk = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        if N_OUT > 0:
+            qk = _outlier_scores(q_out, KO, page, slot, in_range, stride_kop, stride_kot, MASKED,
+                                 N_OUT, DOT_PRECISION)
+        else:
+            qk = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         qk = _int4_chunk_scores(qk, q0, q2, K, KS, k_rows, ks_rows, in_range, 0, MASKED,
                                 DOT_PRECISION)
         qk = _int4_chunk_scores(qk, q1, q3, K, KS, k_rows, ks_rows, in_range, 1, MASKED,

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from .dual_group_fwd import _softmax_step
+from .paged_outliers import _outlier_scores
 from .paged_tiles import _tile_rows
 from .quant_convert import _fp8_bytes_to, _ints_to, _pair_units_to_f16
 
@@ -36,11 +37,12 @@ def _attend_paged_pairs(acc_even, acc_odd, m_i, l_i, q, lo, hi, qk_scale, tok, d
                         MASKED: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_D: tl.constexpr, KV_FORMAT: tl.constexpr,
                         DOT_PRECISION: tl.constexpr, INT64_KV: tl.constexpr,
-                        ROW_SCALE: tl.constexpr):
+                        ROW_SCALE: tl.constexpr, q_out=0.0, KO=0, stride_kop=0, stride_kot=0,
+                        out_scale=1.0, N_OUT: tl.constexpr = 0):
     """Key tiles ``[lo, hi)`` of an fp8 (KV_FORMAT 1) or int8 (2) cache (K, V, KS, VS: this KV
     head's base pointers) into the state ``(acc_even, acc_odd [BLOCK_M, BLOCK_D / 2], m_i,
-    l_i)``: the output's even and odd channels. q: fp16 ``[BLOCK_M, BLOCK_D]``; the rest as
-    ``paged_decode._attend_paged``."""
+    l_i)``: the output's even and odd channels. q: fp16 ``[BLOCK_M, BLOCK_D]``; the rest (the
+    outlier channels' ``q_out .. N_OUT`` included) as ``paged_decode._attend_paged``."""
     offs_p = tl.arange(0, BLOCK_D // 2)
     V16 = V.to(tl.pointer_type(tl.uint16))
     if KV_FORMAT == 1:  # an fp8 load takes no `other`: through a uint8 view
@@ -65,6 +67,9 @@ def _attend_paged_pairs(acc_even, acc_odd, m_i, l_i, q, lo, hi, qk_scale, tok, d
         if KV_FORMAT == 2:  # per-key scales (0 past kv_end)
             ks = tl.load(KS + page * stride_ksp + slot * stride_kst, mask=in_range, other=0.0)
             qk = qk * ks.to(tl.float32)[None, :]
+        if N_OUT > 0:
+            qk += _outlier_scores(q_out, KO, page, slot, in_range, stride_kop, stride_kot,
+                                  MASKED, N_OUT, DOT_PRECISION) * out_scale
         p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, qk_scale, tok, offs_n, diag, kv_end,
                                            MASKED, ROW_SCALE=ROW_SCALE)
         if KV_FORMAT == 2:

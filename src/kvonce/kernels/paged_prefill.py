@@ -39,6 +39,7 @@ import triton.language as tl
 from ._launch import all_aligned, dot_input_precision, launch, next_pow2
 # The shared key loop (plain and quantized tile loads, online softmax) and the scale strides.
 from .paged_decode import _attend_kv_head, _scale_strides, _span
+from .paged_outliers import _outlier_queries
 
 
 @triton.jit
@@ -71,12 +72,14 @@ def _paged_prefill_kernel(
     cu_seqlens_q,      # int32 [batch + 1]
     cache_seqlens,     # int32 [batch]
     block_table,       # int32 [batch, max_pages]
+    KO, KOC,           # N_OUT > 0: outlier values and channels (kernels/paged_outliers.py)
     sm_scale, batch, head_dim,
     stride_qt, stride_qh,
     stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
     stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh,
     stride_ot, stride_oh, stride_lh,
     stride_btb,
+    stride_kop, stride_kot, stride_koh,
     GROUP: tl.constexpr, IS_CAUSAL: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     STORE_LSE: tl.constexpr, KV_CACHE: tl.constexpr, KV_EVICT: tl.constexpr,
@@ -84,6 +87,7 @@ def _paged_prefill_kernel(
     INT64_KV: tl.constexpr, PREFETCH_PAGES: tl.constexpr, USE_DESC: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # tl.dot's input_precision: "ieee" or "tf32" (fp32 inputs only)
     PACK_GQA: tl.constexpr = True,
+    N_OUT: tl.constexpr = 0,  # outlier channels per KV head kept at q's precision (0: none)
 ):
     # PACK_GQA: BLOCK_Q = BLOCK_M // GROUP tokens per tile, grid (total_q // BLOCK_Q + batch,
     # nheads_k). Otherwise one q head per program: BLOCK_Q = BLOCK_M, grid (.., nheads).
@@ -120,6 +124,11 @@ def _paged_prefill_kernel(
         q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
     else:
         q = tl.load(q_ptrs, mask=row_ok[:, None] & (offs_d[None, :] < head_dim), other=0.0)
+    if N_OUT > 0:
+        q_out = _outlier_queries(Q + q_rows * stride_qt + head * stride_qh, KOC, kv_head, row_ok,
+                                 N_OUT)
+    else:
+        q_out = 0.0
 
     if IS_CAUSAL:
         diag = seqlen - q_len                       # row t sees key j <= t + diag
@@ -137,7 +146,8 @@ def _paged_prefill_kernel(
         stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_ksp, stride_kst,
         stride_ksh, stride_vsp, stride_vst, stride_vsh, stride_btb, offs_d, head_dim,
         PAGE_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, EVEN_D, KV_CACHE, KV_EVICT, KV_FORMAT,
-        DOT_PRECISION, INT64_KV, PREFETCH_PAGES, Kd, Vd, USE_DESC)
+        DOT_PRECISION, INT64_KV, PREFETCH_PAGES, Kd, Vd, USE_DESC, q_out=q_out, KO=KO,
+        stride_kop=stride_kop, stride_kot=stride_kot, stride_koh=stride_koh, N_OUT=N_OUT)
 
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
@@ -183,7 +193,8 @@ class PagedPrefillLaunch:
     """
 
     def __init__(self, q, k_cache, v_cache, block_table, *, softmax_scale: float, causal: bool,
-                 config, store_lse: bool, kv_format: int = 0, k_scale=None, v_scale=None):
+                 config, store_lse: bool, kv_format: int = 0, k_scale=None, v_scale=None,
+                 outlier_values=None):
         total_q, nheads, head_dim = q.shape
         page_size, nheads_k = k_cache.shape[1], k_cache.shape[2]
         batch = block_table.shape[0]
@@ -200,7 +211,8 @@ class PagedPrefillLaunch:
         self._ints = (batch, head_dim, *q.stride()[:2], *k_cache.stride()[:3],
                       *v_cache.stride()[:3], *_scale_strides(k_scale, kv_format),
                       *_scale_strides(v_scale, kv_format), nheads * head_dim, head_dim, total_q,
-                      block_table.stride(0))
+                      block_table.stride(0),
+                      *(outlier_values.stride()[:3] if outlier_values is not None else (0, 0, 0)))
         self._scale = float(softmax_scale)
         self._grid = (total_q // block_q + batch, nheads_k if config.pack_gqa else nheads, 1)
         self._constexprs = dict(
@@ -213,9 +225,11 @@ class PagedPrefillLaunch:
             PREFETCH_PAGES=config.prefetch_pages,
             USE_DESC=_tma_ok(config, k_cache, v_cache, kv_format, head_dim, block_d),
             DOT_PRECISION=dot_input_precision(q.dtype),  # fp32 as PyTorch would (fixed per plan)
-            PACK_GQA=config.pack_gqa)
+            PACK_GQA=config.pack_gqa,
+            N_OUT=outlier_values.shape[3] if outlier_values is not None else 0)
         self._warps = (config.num_warps, config.num_stages)
         self._key = (q.dtype, k_cache.dtype, k_scale.dtype if k_scale is not None else None,
+                     outlier_values.dtype if outlier_values is not None else None,
                      self._ints, tuple(self._constexprs.values()), self._warps)
         self._gluon = None
         if config.gluon and config.pack_gqa:
@@ -231,9 +245,10 @@ class PagedPrefillLaunch:
                     persistent=config.gluon_persistent)
 
     def __call__(self, q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table, out, lse,
-                 k_scale=None, v_scale=None) -> None:
+                 k_scale=None, v_scale=None, outlier_values=None, outlier_channels=None) -> None:
         """``out`` must be contiguous ``[total_q, nheads, d]``; ``lse`` float32 contiguous
-        ``[nheads, total_q]`` or None."""
+        ``[nheads, total_q]`` or None; ``outlier_values``/``outlier_channels``: dense-and-sparse
+        keys (the launch was built with those values' shape and strides)."""
         if self.empty:
             return
         if self._gluon is not None:
@@ -243,6 +258,8 @@ class PagedPrefillLaunch:
             lse = out
         if k_scale is None:  # plain cache: never dereferenced
             k_scale = v_scale = cache_seqlens
+        if outlier_values is None:  # N_OUT = 0: never dereferenced
+            outlier_values = outlier_channels = cache_seqlens
         if self._constexprs["USE_DESC"]:
             # Descriptors per call (a few us of host time), launched through Triton's own path.
             from triton.tools.tensor_descriptor import TensorDescriptor
@@ -252,12 +269,14 @@ class PagedPrefillLaunch:
                                       [t.stride(1), 1], block) for t in (k_cache, v_cache)]
             _paged_prefill_kernel[self._grid](
                 q, k_cache, v_cache, k_scale, v_scale, *descs, out, lse, cu_seqlens_q,
-                cache_seqlens, block_table, self._scale, *self._ints, **self._constexprs,
+                cache_seqlens, block_table, outlier_values, outlier_channels, self._scale,
+                *self._ints, **self._constexprs,
                 num_warps=self._warps[0], num_stages=self._warps[1])
             return
         aligned = all_aligned(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table,
-                              k_scale, v_scale, out, lse)
+                              k_scale, v_scale, out, lse, outlier_values, outlier_channels)
         launch(_paged_prefill_kernel, (self._key, aligned), self._grid,
                (q, k_cache, v_cache, k_scale, v_scale, None, None, out, lse, cu_seqlens_q,
-                cache_seqlens, block_table, self._scale, *self._ints),
+                cache_seqlens, block_table, outlier_values, outlier_channels, self._scale,
+                *self._ints),
                self._constexprs, *self._warps, self.device_index)

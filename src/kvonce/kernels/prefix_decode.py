@@ -244,14 +244,15 @@ class CascadeLaunch:
         # pointers and strides are never read).
         block_m_dec, num_m_blocks = decode_row_blocks(nheads, nheads_k, q_len)
         ints = (q_len, suffix_splits, num_m_blocks, head_dim, *q.stride()[:3], *kv_strides,
-                0, 0, 0, 0, 0, 0, *dst_o, *dst_l, suffix_width)
+                0, 0, 0, 0, 0, 0, *dst_o, *dst_l, suffix_width, 0, 0, 0)
         c = decode_config
         constexprs = dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size,
                           BLOCK_M=block_m_dec, BLOCK_N=c.block_n, BLOCK_D=block_d,
                           EVEN_D=block_d == head_dim, STORE_LSE=True, SPLIT=True,
                           MERGE_HERE=False, KV_CACHE=c.kv_cache_modifier,
                           KV_EVICT=c.kv_eviction, KV_FORMAT=0, DOT_PRECISION=precision,
-                          SWAP_AB=c.swap_ab, F16_MATH=False, INT64_KV=True, V_PAIRS=False)
+                          SWAP_AB=c.swap_ab, F16_MATH=False, INT64_KV=True, V_PAIRS=False,
+                          N_OUT=0)
         warps = (c.num_warps, c.num_stages)
         self._suffix = (("suffix", q.dtype, k_cache.dtype, ints, tuple(constexprs.values()),
                          warps), (suffix_splits * num_m_blocks, nheads_k, batch), scale, ints,
@@ -280,10 +281,12 @@ class CascadeLaunch:
                 o_part, lse_part, suffix_table, suffix_seqlens, scale, *ints),
                constexprs, *warps, self.device_index)
         key, grid, scale, ints, constexprs, warps = self._suffix
-        # FinalOut, FinalLse, Arrivals, KS, VS: never dereferenced (no MERGE_HERE, plain cache).
+        # FinalOut, FinalLse, Arrivals, KS, VS, KO, KOC: never dereferenced (no MERGE_HERE, a
+        # plain cache, no outlier channels).
         launch(_paged_decode_kernel, (key, aligned), grid,
                (q, k_cache, v_cache, suffix_seqlens, suffix_seqlens, o_part, lse_part,
-                suffix_seqlens, suffix_table, out, lse, suffix_seqlens, scale, *ints),
+                suffix_seqlens, suffix_table, out, lse, suffix_seqlens, suffix_seqlens,
+                suffix_seqlens, scale, *ints),
                constexprs, *warps, self.device_index)
         key, grid, ints, constexprs, warps = self._combine
         launch(_combine_splits_kernel, (key, aligned), grid, (o_part, lse_part, out, lse, *ints),

@@ -10,6 +10,7 @@ from ..kernels.configs import interpreter_active
 from ..kernels.paged_append import launch_append_paged_kv
 from .checks import (QUANT_FORMATS, check_block_table_values, check_device_ok, check_scale,
                      resolve_kv_format, validate_cache, validate_quantized_cache)
+from .outliers import write_outliers
 from .quant import INT4_GROUP
 
 __all__ = ["append_paged_kv"]
@@ -28,6 +29,7 @@ def append_paged_kv(
     kv_format: str | None = None,
     check_block_table: bool = False,
     key_transform=None,
+    key_outliers=None,
 ) -> None:
     """Write new tokens' K/V into their pages, in place, quantizing them for a quantized cache.
 
@@ -53,6 +55,10 @@ def append_paged_kv(
     key_transform : a ``kvonce.paged.KeyTransform``: the keys stored (and quantized) are
         ``key_transform.keys(k)`` (float32, cast to a plain cache's dtype); attention over the
         cache then takes the same transform (``paged_attention(..., key_transform=)``).
+    key_outliers : a ``kvonce.paged.KeyOutliers`` (quantized caches): the new keys' outlier
+        channels go to its side cache (``values``, at the tokens' positions), the rest of each
+        key, those channels set to 0, is quantized into ``k_cache``; attention over the cache
+        then takes the same object (``paged_attention(..., key_outliers=)``).
 
     The stored bytes and scales are ``quantize_kv``'s for the same tokens (fp8 with the cache's
     ``scale``); an fp16 int8 scale is ``quantize_kv``'s float32 scale rounded to fp16 (what copying
@@ -60,6 +66,29 @@ def append_paged_kv(
     computed on the device (no host sync; CUDA-graph capturable); that the table has pages for
     them is the caller's contract. Every argument is checked before anything is written.
     """
+    if key_outliers is not None:
+        if key_transform is not None:
+            raise ValueError("key_outliers and key_transform: use one (a rotated key spreads its "
+                             "outlier channels over every channel)")
+        fmt = resolve_kv_format(k_cache, kv_format)
+        V.check_tensor("k", k, ndim=4, dtypes=V.ATTN_DTYPES)
+        if fmt is None:
+            raise ValueError("key_outliers is for quantized caches (fp8/int8/int4): a 16-bit "
+                             "cache keeps every channel already")
+        if key_outliers.values.shape[:3] != k_cache.shape[:3]:
+            raise ValueError(f"key_outliers.values must be [{', '.join(map(str, k_cache.shape[:3]))}"
+                             f", n] like k_cache's pages, got {tuple(key_outliers.values.shape)}")
+        if key_outliers.max_channel >= k.shape[-1]:
+            raise ValueError(f"key_outliers.channels must be < head dim {k.shape[-1]}, got "
+                             f"{key_outliers.max_channel}")
+        V.check_same_device(k=k, channels=key_outliers.channels, values=key_outliers.values)
+        # Everything append checks about k, the caches and the table before any write.
+        _validate_append(k, v, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale,
+                         kv_format)
+        if check_block_table:
+            check_block_table_values(cache_seqlens, block_table, k_cache.shape[0],
+                                     k_cache.shape[1], k.shape[1])
+        k = write_outliers(key_outliers, k, cache_seqlens, block_table)
     if key_transform is not None:
         k = key_transform.keys(k)     # float32
         if k_cache.dtype in (torch.float16, torch.bfloat16, torch.float32):

@@ -130,10 +130,11 @@ def check_scale(name: str, scale, fmt: str, cache_shape, head_dim: int) -> None:
 
 
 def launch_layout(q, k_cache, v_cache, block_table, return_lse: bool, k_scale=None,
-                  v_scale=None) -> tuple:
+                  v_scale=None, *extra) -> tuple:
     """The key of a launch bound once per stride layout (decode with scales, prefill): strides
-    of q, the caches and the table, ``return_lse``, and each scale's shape, strides and dtype.
-    Never tensor values, so a plan looks it up on every run without a host sync."""
+    of q, the caches and the table, ``return_lse``, and each scale's (and each ``extra``
+    tensor's: the outlier channels' side cache) shape, strides and dtype. Never tensor values,
+    so a plan looks it up on every run without a host sync."""
     return (q.stride(), k_cache.stride(), v_cache.stride(), block_table.stride(), return_lse,
-            None if k_scale is None else (k_scale.shape, k_scale.stride(), k_scale.dtype),
-            None if v_scale is None else (v_scale.shape, v_scale.stride(), v_scale.dtype))
+            *(None if t is None else (t.shape, t.stride(), t.dtype)
+              for t in (k_scale, v_scale, *extra)))

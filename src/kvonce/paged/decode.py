@@ -174,10 +174,21 @@ class PagedDecodePlan:
                 f"{', '.join(map(str, self._kv_tail))}], unit last-dim strides): make a new plan")
 
     def run(self, q, k_cache, v_cache, cache_seqlens, block_table, *, k_scale=None, v_scale=None,
-            return_lse: bool = False, key_transform=None):
+            return_lse: bool = False, key_transform=None, key_outliers=None):
         """Attention for tensors shaped like the planned ones; returns like ``paged_attention``.
         A quantized cache takes this layer's ``k_scale``/``v_scale`` (shapes as planned), and
-        ``key_transform`` where its keys were stored through one (``paged_attention``)."""
+        ``key_transform`` or ``key_outliers`` where its keys were stored through one
+        (``paged_attention``)."""
+        if key_outliers is not None:
+            if key_transform is not None:
+                raise ValueError("key_outliers and key_transform: use one")
+            if self.kv_format is None:
+                raise ValueError("key_outliers is for quantized caches (fp8/int8/int4): a 16-bit "
+                                 "cache keeps every channel already")
+            if self.config.swap_ab:
+                raise ValueError("key_outliers: not with PagedDecodeConfig.swap_ab")
+            return self._run_quantized(q, k_cache, v_cache, cache_seqlens, block_table, k_scale,
+                                       v_scale, return_lse, key_outliers)
         if key_transform is None:
             return self._run(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale,
                              return_lse)
@@ -220,28 +231,37 @@ class PagedDecodePlan:
         return (out, lse) if return_lse else out
 
     def _run_quantized(self, q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale,
-                       return_lse):
+                       return_lse, key_outliers=None):
         """Eager quantized decode: full checks on the first call of a stride layout (scales
-        included), then launches only."""
-        if use_op(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale):
+        and outlier channels included), then launches only."""
+        ko = key_outliers
+        values, channels = (None, None) if ko is None else (ko.values, ko.channels)
+        if use_op(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, values,
+                  channels):
             _validate_quantized(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale,
                                 self.kv_format)
+            if ko is not None:
+                ko.check_for(q, k_cache, self.kv_format)
             self._check_like_plan(q, k_cache, v_cache, cache_seqlens, block_table)
             out, lse = self._run_op(q, k_cache, v_cache, cache_seqlens, block_table, k_scale,
-                                    v_scale)
+                                    v_scale, values, channels)
             return (out, lse) if return_lse else out
-        layout = launch_layout(q, k_cache, v_cache, block_table, return_lse, k_scale, v_scale)
+        layout = launch_layout(q, k_cache, v_cache, block_table, return_lse, k_scale, v_scale,
+                               values, channels)
         launch = self._launches.get(layout)
         if (launch is None or q.shape != self._q_shape or k_cache.shape[1:] != self._kv_tail
-                or k_cache.dtype is not self._kv_dtype or q.dtype is not self._dtype):
+                or k_cache.dtype is not self._kv_dtype or q.dtype is not self._dtype
+                or (ko is not None and values.shape[:3] != k_cache.shape[:3])):
             _validate_quantized(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale,
                                 self.kv_format)
+            if ko is not None:
+                ko.check_for(q, k_cache, self.kv_format)
             self._check_like_plan(q, k_cache, v_cache, cache_seqlens, block_table)
             launch = PagedDecodeLaunch(q, k_cache, v_cache, block_table,
                                        softmax_scale=self.softmax_scale, causal=self.causal,
                                        num_splits=self.num_splits, config=self.config,
                                        store_lse=return_lse, kv_format=self._kv_code,
-                                       k_scale=k_scale, v_scale=v_scale)
+                                       k_scale=k_scale, v_scale=v_scale, outlier_values=values)
             self._launches[layout] = launch
         out = allocator.empty(self._q_shape, dtype=self._dtype, device=self._device)
         lse = None
@@ -249,7 +269,7 @@ class PagedDecodePlan:
             batch, q_len, nheads, _ = self._q_shape
             lse = allocator.empty((batch, nheads, q_len), dtype=torch.float32, device=self._device)
         launch(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, *self._scratch(),
-               k_scale, v_scale)
+               k_scale, v_scale, values, channels)
         return (out, lse) if return_lse else out
 
     def _scratch(self):
@@ -282,12 +302,12 @@ class PagedDecodePlan:
         return launch
 
     def _run_op(self, q, k_cache, v_cache, cache_seqlens, block_table, k_scale=None,
-                v_scale=None):
+                v_scale=None, outlier_values=None, outlier_channels=None):
         c = self.config
         launch_fields = (self.softmax_scale, self.causal, c.block_n, c.num_warps, c.num_stages,
                          c.kv_cache_modifier, c.kv_eviction, c.max_merged_splits, k_scale,
                          v_scale, self._kv_code, c.max_registers, c.swap_ab, c.f16_math,
-                         c.int64_kv_offsets, c.v_pairs)
+                         c.int64_kv_offsets, c.v_pairs, outlier_values, outlier_channels)
         if self.num_splits == 1:
             return torch.ops.kvonce.paged_decode(q, k_cache, v_cache, cache_seqlens, block_table,
                                                  *launch_fields)
@@ -313,6 +333,7 @@ def paged_attention(
     v_scale: torch.Tensor | None = None,
     kv_format: str | None = None,
     key_transform=None,
+    key_outliers=None,
 ):
     """Attention of the newest ``q_len`` tokens of each sequence over its paged KV cache.
 
@@ -348,6 +369,10 @@ def paged_attention(
         (``append_paged_kv(..., key_transform=)``: keys with outlier channels). ``q`` is
         transformed to match (``(q * s) @ H`` in q's dtype, two small PyTorch ops per call) and
         the LSE corrected by ``softmax_scale * q . c``; the output is that of the original keys.
+    key_outliers : a ``kvonce.paged.KeyOutliers`` (quantized caches): the keys' outlier channels
+        kept at q's precision in its side cache (``append_paged_kv(..., key_outliers=)``); each
+        score adds ``q[channels] . values`` to the quantized keys' part. Not with
+        ``key_transform``.
 
     Returns
     -------
@@ -372,9 +397,10 @@ def paged_attention(
         _one_shot_plans.add(signature, plan)
     if plan.kv_format is not None:
         return plan.run(q, k_cache, v_cache, cache_seqlens, block_table, k_scale=k_scale,
-                        v_scale=v_scale, return_lse=return_lse, key_transform=key_transform)
+                        v_scale=v_scale, return_lse=return_lse, key_transform=key_transform,
+                        key_outliers=key_outliers)
     return plan.run(q, k_cache, v_cache, cache_seqlens, block_table, return_lse=return_lse,
-                    key_transform=key_transform)
+                    key_transform=key_transform, key_outliers=key_outliers)
 
 
 # One-shot calls reuse the plan of an earlier call with the same signature: everything the checks
@@ -404,7 +430,7 @@ def _paged_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, o_part, 
                        arrivals, softmax_scale, causal, block_n, num_warps, num_stages,
                        kv_cache_modifier, kv_eviction, max_merged_splits, k_scale, v_scale,
                        kv_format, max_registers, swap_ab, f16_math, int64_kv_offsets,
-                       v_pairs):
+                       v_pairs, outlier_values=None, outlier_channels=None):
     config = PagedDecodeConfig(block_n, num_warps, num_stages, kv_cache_modifier=kv_cache_modifier,
                                kv_eviction=kv_eviction, max_merged_splits=max_merged_splits,
                                max_registers=max_registers, swap_ab=swap_ab, f16_math=f16_math,
@@ -413,9 +439,10 @@ def _paged_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, o_part, 
     num_splits = 1 if o_part is None else o_part.shape[3]
     PagedDecodeLaunch(q, k_cache, v_cache, block_table, softmax_scale=softmax_scale,
                       causal=causal, num_splits=num_splits, config=config, store_lse=True,
-                      kv_format=kv_format, k_scale=k_scale, v_scale=v_scale)(
+                      kv_format=kv_format, k_scale=k_scale, v_scale=v_scale,
+                      outlier_values=outlier_values)(
         q, k_cache, v_cache, cache_seqlens, block_table, out, lse, o_part, lse_part, arrivals,
-        k_scale, v_scale)
+        k_scale, v_scale, outlier_values, outlier_channels)
     return out, lse
 
 
@@ -427,17 +454,19 @@ def _paged_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
                      kv_format: int = 0, max_registers: int = 0, swap_ab: bool = False,
                      f16_math: bool = False, int64_kv_offsets: bool = False,
-                     v_pairs: bool = False
+                     v_pairs: bool = False, outlier_values: torch.Tensor | None = None,
+                     outlier_channels: torch.Tensor | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """Single-pass paged decode (``PagedDecodePlan.run`` with ``num_splits == 1``): ``(out
     [batch, q_len, nheads, d], lse float32 [batch, nheads, q_len])``; the config's launch fields
     are passed one by one (a dataclass cannot be an op argument). A quantized cache comes with
-    its scales and its kernel format code (``QUANT_FORMATS``)."""
+    its scales and its kernel format code (``QUANT_FORMATS``), and dense-and-sparse keys their
+    side cache and channels (``KeyOutliers``)."""
     return _paged_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, None, None, None,
                               softmax_scale, causal, block_n, num_warps, num_stages,
                               kv_cache_modifier, kv_eviction, max_merged_splits, k_scale,
                               v_scale, kv_format, max_registers, swap_ab, f16_math,
-                              int64_kv_offsets, v_pairs)
+                              int64_kv_offsets, v_pairs, outlier_values, outlier_channels)
 
 
 @_paged_decode_op.register_fake
@@ -457,7 +486,8 @@ def _paged_decode_split_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            v_scale: torch.Tensor | None = None, kv_format: int = 0,
                            max_registers: int = 0, swap_ab: bool = False,
                            f16_math: bool = False, int64_kv_offsets: bool = False,
-                           v_pairs: bool = False
+                           v_pairs: bool = False, outlier_values: torch.Tensor | None = None,
+                           outlier_channels: torch.Tensor | None = None
                            ) -> tuple[torch.Tensor, torch.Tensor]:
     """Split-K paged decode and its merge (in the same launch up to ``max_merged_splits``
     splits, else a combine launch); ``o_part`` float32 ``[batch, q_len,
@@ -468,7 +498,7 @@ def _paged_decode_split_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                               arrivals, softmax_scale, causal, block_n, num_warps, num_stages,
                               kv_cache_modifier, kv_eviction, max_merged_splits, k_scale,
                               v_scale, kv_format, max_registers, swap_ab, f16_math,
-                              int64_kv_offsets, v_pairs)
+                              int64_kv_offsets, v_pairs, outlier_values, outlier_channels)
 
 
 @_paged_decode_split_op.register_fake

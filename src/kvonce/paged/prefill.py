@@ -22,6 +22,7 @@ from .checks import (QUANT_FORMATS, check_block_table_values, check_device_ok, c
                      validate_quantized_cache)
 from .decode import PagedDecodePlan
 from .key_transform import KeyTransform
+from .outliers import KeyOutliers
 
 __all__ = ["paged_prefill", "PagedPrefillPlan"]
 
@@ -145,10 +146,16 @@ class PagedPrefillPlan:
 
     def run(self, q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table, *,
             k_scale=None, v_scale=None, return_lse: bool = False,
-            key_transform: KeyTransform | None = None):
+            key_transform: KeyTransform | None = None, key_outliers: KeyOutliers | None = None):
         """Attention for tensors shaped like the planned ones; returns like ``paged_prefill``.
         A quantized cache takes this layer's ``k_scale``/``v_scale`` (shapes as planned), and
-        ``key_transform`` where its keys were stored through one (``paged_prefill``)."""
+        ``key_transform`` or ``key_outliers`` where its keys were stored through one
+        (``paged_prefill``)."""
+        if key_outliers is not None:
+            if key_transform is not None:
+                raise ValueError("key_outliers and key_transform: use one")
+            return self._run(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table,
+                             k_scale, v_scale, return_lse, key_outliers)
         if key_transform is None:
             return self._run(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table,
                              k_scale, v_scale, return_lse)
@@ -162,24 +169,30 @@ class PagedPrefillPlan:
         return out, lse + key_transform.lse_offset(q, self.softmax_scale).t()
 
     def _run(self, q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table, k_scale,
-             v_scale, return_lse):
+             v_scale, return_lse, key_outliers=None):
         self._check_like_plan(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table)
+        ko = key_outliers
+        if ko is not None:
+            ko.check_for(q, k_cache, self.kv_format)
         if self._decode is not None:  # its run takes the decode op where use_op says
             batch, nheads, head_dim = self._batch, q.shape[1], q.shape[2]
             res = self._decode.run(q.view(batch, 1, nheads, head_dim), k_cache, v_cache,
                                    cache_seqlens, block_table, k_scale=k_scale, v_scale=v_scale,
-                                   return_lse=return_lse)
+                                   return_lse=return_lse, key_outliers=ko)
             if not return_lse:
                 return res.view(q.shape)
             out, lse = res  # lse [batch, nheads, 1] -> [nheads, total_q]
             return out.view(q.shape), lse.view(batch, nheads).t().contiguous()
+        values, channels = (None, None) if ko is None else (ko.values, ko.channels)
         if use_op(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table, k_scale,
-                  v_scale):
+                  v_scale, values, channels):
             out, lse = torch.ops.kvonce.paged_prefill(
                 q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table, self.softmax_scale,
-                self.causal, *op_fields(self.config), k_scale, v_scale, self._kv_code)
+                self.causal, *op_fields(self.config), k_scale, v_scale, self._kv_code, values,
+                channels)
             return (out, lse) if return_lse else out
-        layout = launch_layout(q, k_cache, v_cache, block_table, return_lse, k_scale, v_scale)
+        layout = launch_layout(q, k_cache, v_cache, block_table, return_lse, k_scale, v_scale,
+                               values, channels)
         launch = self._launches.get(layout)
         if launch is None:
             _validate(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table,
@@ -187,11 +200,12 @@ class PagedPrefillPlan:
             launch = PagedPrefillLaunch(q, k_cache, v_cache, block_table,
                                         softmax_scale=self.softmax_scale, causal=self.causal,
                                         config=self.config, store_lse=return_lse,
-                                        kv_format=self._kv_code, k_scale=k_scale, v_scale=v_scale)
+                                        kv_format=self._kv_code, k_scale=k_scale, v_scale=v_scale,
+                                        outlier_values=values)
             self._launches[layout] = launch
         out, lse = _outputs(q, allocator.empty)
         launch(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table, out,
-               lse if return_lse else None, k_scale, v_scale)
+               lse if return_lse else None, k_scale, v_scale, values, channels)
         return (out, lse) if return_lse else out
 
 
@@ -213,6 +227,7 @@ def paged_prefill(
     check_block_table: bool = False,
     config: PagedPrefillConfig | None = None,
     key_transform: KeyTransform | None = None,
+    key_outliers: KeyOutliers | None = None,
 ):
     """Attention of each sequence's newest tokens over its paged KV cache, for a varlen batch
     that mixes prefill, chunked-prefill and decode rows (one launch).
@@ -254,6 +269,7 @@ def paged_prefill(
         transformed to match (``(q * s) @ H`` in q's dtype, two small PyTorch ops per call) and
         the LSE corrected by ``softmax_scale * q . c`` (``-inf`` rows stay ``-inf``); the output
         is that of the original keys.
+    key_outliers : a ``kvonce.paged.KeyOutliers`` (quantized caches), as in ``paged_attention``.
 
     Returns
     -------
@@ -279,7 +295,7 @@ def paged_prefill(
         _one_shot_plans.add(signature, plan)
     return plan.run(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table,
                     k_scale=k_scale, v_scale=v_scale, return_lse=return_lse,
-                    key_transform=key_transform)
+                    key_transform=key_transform, key_outliers=key_outliers)
 
 
 # One-shot calls reuse the plan of an earlier call with the same signature (shapes, strides,
@@ -310,10 +326,13 @@ def _paged_prefill_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                       gluon: bool, gluon_block_n: int, gluon_stages: int,
                       gluon_persistent: bool,
                       k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-                      kv_format: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                      kv_format: int = 0, outlier_values: torch.Tensor | None = None,
+                      outlier_channels: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out [total_q, nheads, d], lse float32 [nheads, total_q])`` of ``paged_prefill``; the
     config's fields one by one (an op cannot take a dataclass), a quantized cache's scales and
-    its kernel format code (``QUANT_FORMATS``)."""
+    its kernel format code (``QUANT_FORMATS``), and dense-and-sparse keys' side cache and
+    channels (``KeyOutliers``)."""
     config = PagedPrefillConfig(block_m, block_n, num_warps, num_stages,
                                 kv_cache_modifier=kv_cache_modifier, kv_eviction=kv_eviction,
                                 last_tiles_first=last_tiles_first,
@@ -325,9 +344,9 @@ def _paged_prefill_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     out, lse = _outputs(q, allocator.empty)
     PagedPrefillLaunch(q, k_cache, v_cache, block_table, softmax_scale=softmax_scale,
                        causal=causal, config=config, store_lse=True, kv_format=kv_format,
-                       k_scale=k_scale, v_scale=v_scale)(
+                       k_scale=k_scale, v_scale=v_scale, outlier_values=outlier_values)(
         q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table, out, lse, k_scale,
-        v_scale)
+        v_scale, outlier_values, outlier_channels)
     return out, lse
 
 

@@ -1,0 +1,150 @@
+"""Dense-and-sparse keys: a quantized cache whose keys keep a few outlier channels per KV head at
+the queries' precision (issue 26 section 2; KVQuant's dense-and-sparse with a fixed channel set).
+
+Real keys carry a few channels far larger than the rest (fixed-sign offsets before RoPE, which
+RoPE turns with position over low-frequency rotary pairs), and a per-token (int8, int4) or
+per-head (fp8) scale then spends its range on them. ``KeyOutliers`` keeps ``n <= 16`` channels
+per KV head out of the quantized keys:
+
+    stored key   quantize_kv(k with those channels set to 0)     (any kv_format; V unchanged)
+    side cache   values[page, slot, kv_head, :] = k[kv_head, channels[kv_head]]   (q's dtype)
+    score        q . dequantize(stored) + q[channels] . values
+
+The kernels add the second term as one more small dot per key tile (``kernels/paged_outliers``).
+The channels are fixed per (layer, KV head) when the cache is created (``calibrate_outlier_
+channels`` on calibration keys), so pages shared by several sequences are stored once. Bytes per
+token and KV head: ``2n`` more (fp16/bf16 values; n = 8: fp8 K+V 256 -> 272 B, 1.88x under a
+16-bit cache's 512; int8 280, 1.83x; int4 160, 3.20x). Measured accuracy: docs/notes.md,
+"Dense-and-sparse keys".
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from .. import _validate as V
+
+MAX_OUTLIERS = 16  # the kernels' padded dot width
+VALUE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _is_real(t: torch.Tensor) -> bool:
+    """A tensor whose values can be read here (not fake, meta or a tracing proxy)."""
+    return (type(t) is torch.Tensor and t.device.type != "meta"
+            and not torch.compiler.is_compiling())
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class KeyOutliers:
+    """The outlier channels of one layer's quantized key cache and their values.
+
+    ``channels``: int32 ``[nheads_k, n]``, ``1 <= n <= 16``, each row's channels distinct and in
+    ``[0, head_dim)`` (checked here, where the values are on hand: not per call).
+    ``values``: ``[num_pages, page_size, nheads_k, n]`` fp16/bf16/fp32, the queries' dtype, last
+    dim contiguous: the side cache, written by ``append_paged_kv(..., key_outliers=)``.
+    Build one with ``new_key_outliers``; pass it to ``append_paged_kv``, ``paged_attention``,
+    ``PagedDecodePlan.run``, ``paged_prefill`` and ``PagedPrefillPlan.run``.
+    """
+
+    channels: torch.Tensor
+    values: torch.Tensor
+
+    def __post_init__(self):
+        V.check_tensor("channels", self.channels, ndim=2, dtypes=(torch.int32,))
+        V.check_tensor("values", self.values, ndim=4, dtypes=VALUE_DTYPES)
+        heads_k, n = self.channels.shape
+        if not 1 <= n <= MAX_OUTLIERS:
+            raise ValueError(f"KeyOutliers keeps 1..{MAX_OUTLIERS} channels per KV head, got {n}")
+        if not self.channels.is_contiguous():
+            raise ValueError("KeyOutliers.channels must be contiguous")
+        if self.values.shape[2:] != (heads_k, n):
+            raise ValueError(f"KeyOutliers.values must be [num_pages, page_size, {heads_k}, {n}] "
+                             f"for channels {tuple(self.channels.shape)}, got "
+                             f"{tuple(self.values.shape)}")
+        if self.values.stride(-1) != 1:
+            raise ValueError("KeyOutliers.values must have a contiguous last dim")
+        V.check_same_device(channels=self.channels, values=self.values)
+        top = -1
+        if _is_real(self.channels) and self.channels.numel():
+            c = self.channels.cpu()
+            if int(c.min()) < 0:
+                raise ValueError("KeyOutliers.channels must be >= 0")
+            if (c.sort(dim=1).values.diff(dim=1) == 0).any():
+                raise ValueError("KeyOutliers.channels: each KV head's channels must be distinct")
+            top = int(c.max())
+        object.__setattr__(self, "max_channel", top)
+
+    @property
+    def num_channels(self) -> int:
+        return self.channels.shape[1]
+
+    def split(self, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys ``k [..., nheads_k, d]`` -> ``(dense, sparse)``: ``dense`` is ``k`` with the
+        outlier channels set to 0 (k's dtype; quantize it as a key), ``sparse [..., nheads_k,
+        n]`` their values in the side cache's dtype (a cast only: fp32 keys into a 16-bit side
+        cache round there)."""
+        index = self.channels.long().expand(*k.shape[:-1], -1)
+        dense = k.scatter(-1, index, 0)
+        return dense, k.gather(-1, index).to(self.values.dtype)
+
+    def merge(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        """The inverse of ``split`` (in ``dense``'s dtype): keys as the kernels see them, e.g.
+        ``merge(dequantize_kv(k_cache, k_scale, fmt), values)`` for a reference."""
+        index = self.channels.long().expand(*dense.shape[:-1], -1)
+        return dense.scatter(-1, index, sparse.to(dense.dtype))
+
+    def check_for(self, q: torch.Tensor, k_cache: torch.Tensor, kv_format) -> None:
+        """The checks of one attention call over ``k_cache`` with queries ``q [..., nheads,
+        head_dim]``: a quantized cache, the side cache's pages, heads and dtype matching."""
+        if kv_format is None:
+            raise ValueError("key_outliers is for quantized caches (fp8/int8/int4): a 16-bit "
+                             "cache keeps every channel already")
+        if self.values.shape[:3] != k_cache.shape[:3]:
+            raise ValueError(f"key_outliers.values must be [{', '.join(map(str, k_cache.shape[:3]))}"
+                             f", n] like k_cache's pages, got {tuple(self.values.shape)}")
+        if self.values.dtype != q.dtype:
+            raise ValueError(f"key_outliers.values must have q's dtype {q.dtype}, got "
+                             f"{self.values.dtype}")
+        if self.max_channel >= q.shape[-1]:
+            raise ValueError(f"key_outliers.channels must be < head dim {q.shape[-1]}, got "
+                             f"{self.max_channel}")
+        V.check_same_device(q=q, channels=self.channels, values=self.values)
+
+
+def new_key_outliers(channels: torch.Tensor, num_pages: int, page_size: int,
+                     dtype: torch.dtype) -> KeyOutliers:
+    """An empty side cache for ``channels`` (int32 ``[nheads_k, n]``) on its device:
+    ``values`` zeros ``[num_pages, page_size, nheads_k, n]`` in ``dtype`` (the queries')."""
+    heads_k, n = channels.shape
+    values = torch.zeros(num_pages, page_size, heads_k, n, dtype=dtype, device=channels.device)
+    return KeyOutliers(channels, values)
+
+
+def calibrate_outlier_channels(keys: torch.Tensor, n: int = 8) -> torch.Tensor:
+    """The ``n`` channels of largest magnitude per KV head over calibration keys ``keys [...,
+    nheads_k, d]`` (post-RoPE keys over the position range the cache will hold): int32
+    ``[nheads_k, n]``, ascending. RoPE turns an offset between the two channels of a rotary
+    pair, so both stand out and both are kept (n = 8: four pairs; 4 channels missed half of
+    each pair in the study and lost 4.2x)."""
+    V.check_tensor("keys", keys, dtypes=V.ATTN_DTYPES)
+    if keys.dim() < 2:
+        raise ValueError(f"keys must be [..., nheads_k, d], got shape {tuple(keys.shape)}")
+    d = keys.shape[-1]
+    if not 1 <= n <= min(MAX_OUTLIERS, d):
+        raise ValueError(f"n must be in 1..{min(MAX_OUTLIERS, d)}, got {n}")
+    amax = keys.float().abs().reshape(-1, keys.shape[-2], d).amax(0)
+    return amax.topk(n, dim=-1).indices.sort(dim=-1).values.to(torch.int32).contiguous()
+
+
+def write_outliers(key_outliers: KeyOutliers, k: torch.Tensor, cache_seqlens: torch.Tensor,
+                   block_table: torch.Tensor) -> torch.Tensor:
+    """Store new keys' outlier values (``k [batch, new_len, nheads_k, d]``) at positions
+    ``cache_seqlens[b] + i`` of their pages and return the dense keys to quantize. Positions come
+    from the device tensors (no host sync; capturable)."""
+    dense, sparse = key_outliers.split(k)
+    page_size = key_outliers.values.shape[1]
+    pos = cache_seqlens.long()[:, None] + torch.arange(k.shape[1], device=k.device)
+    page = block_table.long().gather(1, pos // page_size)
+    key_outliers.values[page, pos % page_size] = sparse
+    return dense
