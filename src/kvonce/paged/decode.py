@@ -251,7 +251,10 @@ class PagedDecodePlan:
         launch = self._launches.get(layout)
         if (launch is None or q.shape != self._q_shape or k_cache.shape[1:] != self._kv_tail
                 or k_cache.dtype is not self._kv_dtype or q.dtype is not self._dtype
-                or (ko is not None and values.shape[:3] != k_cache.shape[:3])):
+                or (ko is not None and (values.shape[:3] != k_cache.shape[:3]
+                                        or ko.max_channel >= q.shape[-1]
+                                        or values.device != q.device
+                                        or channels.device != q.device))):
             _validate_quantized(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale,
                                 self.kv_format)
             if ko is not None:
