@@ -1,10 +1,12 @@
-"""Keys with outlier channels through the library's KeyTransform (issue 26 section 2): decode
-output error against a float32 reference, per quantized format and key set, for today's format
-and for the format through ``calibrate_key_transform`` + ``paged_attention(..., key_transform=)``,
-and each error's ratio to the same path's error on random keys. No emulation: the caches are
-``quantize_kv``'s bytes (of ``key_transform.keys(k)`` for the transform), the newest
+"""Keys with outlier channels through the library's KeyTransform and KeyOutliers (issue 26
+section 2): decode output error against a float32 reference, per quantized format and key set,
+for today's format, the format through ``calibrate_key_transform`` + ``paged_attention(...,
+key_transform=)``, and dense-and-sparse keys (``calibrate_outlier_channels`` + ``KeyOutliers``,
+``--outliers`` channels at q's precision), and each error's ratio to the same path's error on
+random keys. No emulation: the caches are ``quantize_kv``'s bytes (of ``key_transform.keys(k)``
+for the transform, of the keys with the outlier channels zeroed for dense-and-sparse), the newest
 ``--append`` tokens of every sequence zeroed and written again by ``append_paged_kv`` (with
-``key_transform=`` for the transform), and the attention is ``kvonce.paged_attention``.
+``key_transform=`` / ``key_outliers=``), and the attention is ``kvonce.paged_attention``.
 
     TRITON_INTERPRET=1 PYTHONPATH=src python scripts/key_transform_accuracy.py   # CPU, < 2 min
     PYTHONPATH=src python scripts/key_transform_accuracy.py --device cuda          # bf16, larger
@@ -43,6 +45,7 @@ import kvonce  # noqa: E402
 from kvonce.reference import paged_attention_ref  # noqa: E402
 
 FORMATS = ("plain", "fp8_e4m3", "int8", "int4")
+SCHEMES = ("today", "key_transform", "outliers")
 CASES = ("random", "scaled", "offset", "rope-1k", "rope-8k")
 SCALED = ((3, 30.0), (40, 20.0), (77, 10.0), (100, 15.0))  # quant_accuracy.py's outliers
 PAGE = 16
@@ -80,12 +83,18 @@ def paged_cache(x, table, page=PAGE):
     return out
 
 
-def run_case(fmt, q, k, v, seqlens, table, dtype, transform, n_append):
+def run_case(fmt, q, k, v, seqlens, table, dtype, transform, n_append, channels=None):
     """(out, lse) of kvonce.paged_attention over a cache of ``fmt`` holding k (through
-    ``transform`` when given) and v."""
+    ``transform`` when given; with ``channels``, dense-and-sparse: those channels per KV head in
+    a side cache) and v."""
     batch, length = k.shape[:2]
     keys = k if transform is None else transform.keys(k)
     k_cache, v_cache = paged_cache(keys, table), paged_cache(v, table)
+    outliers = None
+    if channels is not None:
+        outliers = kvonce.new_key_outliers(channels, k_cache.shape[0], PAGE, dtype)
+        k_cache, sparse = outliers.split(k_cache)
+        outliers.values.copy_(sparse)
     if fmt == "plain":
         k_cache, v_cache, ks, vs = k_cache.to(dtype), v_cache.to(dtype), None, None
     else:
@@ -98,15 +107,18 @@ def run_case(fmt, q, k, v, seqlens, table, dtype, transform, n_append):
     pages, slots = table[:, pos // PAGE].long(), pos % PAGE
     k_cache.view(torch.uint8)[pages, slots] = 0
     v_cache.view(torch.uint8)[pages, slots] = 0
+    if outliers is not None:
+        outliers.values[pages, slots] = 0
     new_k, new_v = k[:, start:], v[:, start:]
     if fmt == "plain":
         new_k, new_v = new_k.to(dtype), new_v.to(dtype)
     kvonce.append_paged_kv(new_k.contiguous(), new_v.contiguous(), k_cache, v_cache,
                            torch.full_like(seqlens, start), table, k_scale=ks, v_scale=vs,
-                           kv_format=kv_format, key_transform=transform)
+                           kv_format=kv_format, key_transform=transform, key_outliers=outliers)
     out, lse = kvonce.paged_attention(q[:, None].to(dtype), k_cache, v_cache, seqlens, table,
                                       return_lse=True, k_scale=ks, v_scale=vs,
-                                      kv_format=kv_format, key_transform=transform)
+                                      kv_format=kv_format, key_transform=transform,
+                                      key_outliers=outliers)
     return out[:, 0].float(), lse[:, :, 0]
 
 
@@ -118,6 +130,8 @@ def main(argv=None):
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--alpha", type=float, default=0.75, help="calibrate_key_transform's alpha")
+    ap.add_argument("--outliers", type=int, default=8,
+                    help="dense-and-sparse: channels per KV head kept at q's precision")
     ap.add_argument("--append", type=int, default=16,
                     help="newest tokens per sequence written by append_paged_kv")
     ap.add_argument("--shape", help="batch,length,heads,heads_k,d (default per device: "
@@ -145,34 +159,44 @@ def main(argv=None):
                                            paged_cache(v, table), seqlens, table)
         ref, ref_lse = ref[:, 0], ref_lse[:, :, 0]
         kt = kvonce.calibrate_key_transform(calib, alpha=args.alpha)
+        channels = kvonce.calibrate_outlier_channels(calib, n=args.outliers)
         for fmt in formats:
-            for name, transform in (("today", None), ("key_transform", kt)):
-                out, lse = run_case(fmt, q, k, v, seqlens, table, dtype, transform, args.append)
+            for name in SCHEMES:
+                if name == "outliers" and fmt == "plain":
+                    errs[fmt, kind, name] = None, None
+                    continue
+                out, lse = run_case(fmt, q, k, v, seqlens, table, dtype,
+                                    kt if name == "key_transform" else None, args.append,
+                                    channels if name == "outliers" else None)
                 err = ((out - ref).norm() / ref.norm()).item()
                 errs[fmt, kind, name] = err, (lse - ref_lse).abs().max().item()
     print(f"Decode output relative error vs float32 attention over the original keys "
           f"({args.device}, q {str(dtype).removeprefix('torch.')}, batch {batch} x {length} keys, "
-          f"{heads}/{heads_k} heads, d {d}, page {PAGE}, alpha {args.alpha}, seed {args.seed}, "
-          f"newest {args.append} tokens appended). x random: the same path's error on random "
-          f"keys. lse: max |lse error|.\n")
-    print("| format | key set | today | x random | lse | key_transform | x random | lse |")
-    print("|---|---|---|---|---|---|---|---|")
+          f"{heads}/{heads_k} heads, d {d}, page {PAGE}, alpha {args.alpha}, outlier channels "
+          f"{args.outliers}, seed {args.seed}, newest {args.append} tokens appended). x random: "
+          f"the same path's error on random keys. lse: max |lse error|.\n")
+    print("| format | key set | " + " | ".join(f"{n} | x random | lse" for n in SCHEMES) + " |")
+    print("|---|---|" + "---|---|---|" * len(SCHEMES))
     for fmt in formats:
         for kind in cases:
             cells = []
-            for name in ("today", "key_transform"):
+            for name in SCHEMES:
                 err, lse_err = errs[fmt, kind, name]
+                if err is None:
+                    cells += ["-", "-", "-"]
+                    continue
                 base = errs.get((fmt, "random", name), (None,))[0]
                 ratio = f"{err / base:.2f}x" if base else "-"
                 cells += [f"{err:.2e}", ratio, f"{lse_err:.1e}"]
             print(f"| {fmt} | {kind} | " + " | ".join(cells) + " |")
     if "random" in cases and len(cases) > 1:
-        print("\n| format | worst x random: today | key_transform |")
-        print("|---|---|---|")
+        print("\n| format | worst x random: " + " | ".join(SCHEMES) + " |")
+        print("|---|" + "---|" * len(SCHEMES))
         for fmt in formats:
-            worst = [max(errs[fmt, c, n][0] for c in cases if c != "random")
-                     / errs[fmt, "random", n][0] for n in ("today", "key_transform")]
-            print(f"| {fmt} | {worst[0]:.2f}x | {worst[1]:.2f}x |")
+            worst = ["-" if errs[fmt, "random", n][0] is None else
+                     f"{max(errs[fmt, c, n][0] for c in cases if c != 'random') / errs[fmt, 'random', n][0]:.2f}x"
+                     for n in SCHEMES]
+            print(f"| {fmt} | " + " | ".join(worst) + " |")
     print(f"\n({time.time() - t0:.1f} s)")
 
 
