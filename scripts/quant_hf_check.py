@@ -52,6 +52,9 @@ def parse_args(argv):
                         "in the two lowest-frequency rotary pairs (0: none)")
     p.add_argument("--key-transform", action="store_true",
                    help="also run each format with a KeyTransform per layer")
+    p.add_argument("--key-outliers", type=int, default=0,
+                   help="also run each format with dense-and-sparse keys: this many channels "
+                        "per KV head (calibrated per layer from the prompt) in a KeyOutliers")
     return p.parse_args(argv)
 
 
@@ -102,10 +105,12 @@ class PagedKV:
     step's tokens at that position, and ``advance`` moves it once the whole model has run."""
 
     def __init__(self, torch, kvonce, kv_format, batch, max_len, nheads_k, head_dim, dtype,
-                 device, page_size=16, seed=0, key_transform=False):
+                 device, page_size=16, seed=0, key_transform=False, key_outliers=0):
         self.torch, self.kvonce = torch, kvonce
         self.key_transform = key_transform
+        self.key_outliers = key_outliers
         self.transforms: dict[int, object] = {}
+        self.outliers: dict[int, object] = {}
         self.kv_format, self.dtype, self.device = kv_format, dtype, device
         self.page_size, self.nheads_k, self.head_dim = page_size, nheads_k, head_dim
         pages_per_seq = -(-max_len // page_size)
@@ -151,13 +156,20 @@ class PagedKV:
                 self.transforms[layer] = kvonce.calibrate_key_transform(
                     k.reshape(-1, *k.shape[2:]))
                 k_stored = self.transforms[layer].keys(k)  # fp8's scale: of the stored keys
+            if self.key_outliers:  # channels from this layer's prompt keys
+                channels = kvonce.calibrate_outlier_channels(k.reshape(-1, *k.shape[2:]),
+                                                             n=self.key_outliers)
+                self.outliers[layer] = kvonce.new_key_outliers(channels, self.num_pages,
+                                                               self.page_size, self.dtype)
+                k_stored = self.outliers[layer].split(k)[0]
             self.layers[layer] = self._new_layer(k_stored, v)
         k_cache, v_cache, k_scale, v_scale = self.layers[layer]
         kt = self.transforms.get(layer)
+        ko = self.outliers.get(layer)
         kv_format = "int4" if self.kv_format == "int4" else None
         kvonce.append_paged_kv(k, v, k_cache, v_cache, self.cache_seqlens, self.block_table,
                                k_scale=k_scale, v_scale=v_scale, kv_format=kv_format,
-                               key_transform=kt)
+                               key_transform=kt, key_outliers=ko)
         new = query.shape[2]
         if new > 1:  # prefill: the prompt attends to itself (the cache holds it for later)
             out = torch.nn.functional.scaled_dot_product_attention(
@@ -166,7 +178,8 @@ class PagedKV:
         q = query.transpose(1, 2).contiguous()
         out = kvonce.paged_attention(q, k_cache, v_cache, self.cache_seqlens + new,
                                      self.block_table, softmax_scale=scaling, k_scale=k_scale,
-                                     v_scale=v_scale, kv_format=kv_format, key_transform=kt)
+                                     v_scale=v_scale, kv_format=kv_format, key_transform=kt,
+                                     key_outliers=ko)
         return out, None
 
     def advance(self, n: int) -> None:
@@ -198,13 +211,14 @@ def greedy(torch, model, prompt, steps, step_fn, forced=None):
     return torch.stack(tokens, 1), torch.stack(all_logits)
 
 
-def kvonce_step_fn(torch, kvonce, model, kv_format, batch, max_len, seed, key_transform=False):
+def kvonce_step_fn(torch, kvonce, model, kv_format, batch, max_len, seed, key_transform=False,
+                   key_outliers=0):
     """A step function running ``model`` with kvonce's paged attention over a fresh cache."""
     global _active
     cfg = model.config
     _active = PagedKV(torch, kvonce, kv_format, batch, max_len, cfg.num_key_value_heads,
                       cfg.head_dim, model.dtype, model.device, seed=seed,
-                      key_transform=key_transform)
+                      key_transform=key_transform, key_outliers=key_outliers)
     model.set_attn_implementation(ATTN_NAME)
     state = _active
 
@@ -273,9 +287,9 @@ def main(argv):
     g = torch.Generator().manual_seed(args.seed + 1)
     prompt = torch.randint(0, cfg.vocab_size, (batch, prompt_len), generator=g).to(args.device)
     max_len = prompt_len + steps
-    run = lambda fmt, forced=None, kt=False: greedy(
+    run = lambda fmt, forced=None, kt=False, ko=0: greedy(
         torch, model, prompt, steps,
-        kvonce_step_fn(torch, kvonce, model, fmt, batch, max_len, args.seed, kt), forced)
+        kvonce_step_fn(torch, kvonce, model, fmt, batch, max_len, args.seed, kt, ko), forced)
 
     plain_tokens, plain_logits = run(None)
     rows = []
@@ -294,6 +308,12 @@ def main(argv):
             tokens, _ = run(fmt, kt=True)
             _, forced = run(fmt, forced=plain_tokens, kt=True)
             rows.append({"run": f"kvonce {fmt} cache + key transform", "vs": plain_name,
+                         **compare(tokens, plain_tokens, forced, plain_logits)})
+        if args.key_outliers:
+            tokens, _ = run(fmt, ko=args.key_outliers)
+            _, forced = run(fmt, forced=plain_tokens, ko=args.key_outliers)
+            rows.append({"run": f"kvonce {fmt} cache + {args.key_outliers} outlier channels",
+                         "vs": plain_name,
                          **compare(tokens, plain_tokens, forced, plain_logits)})
     headers = list(rows[0])
     print("| " + " | ".join(headers) + " |")
