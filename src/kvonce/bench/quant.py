@@ -1,7 +1,8 @@
 """Benchmark: paged decode over quantized KV caches, and the quantizing append (CUDA only).
 
     python -m kvonce bench quant [--shapes 16x4096,64x8192] [--no-peers] [--rep MS]
-                                 [--dtype fp16|bf16] [--layout nhd|hnd] [--md docs/benchmarks.md]
+                                 [--dtype fp16|bf16] [--layout nhd|hnd] [--outliers N]
+                                 [--md docs/benchmarks.md]
                                  [--json PATH] [--plot PATH]
 
 Cases (issue 11): (batch, seqlen) in (16, 4096), (64, 8192), (1, 131072), at GQA 32/8 and MHA
@@ -12,6 +13,9 @@ token-major (NHD: ``[pages, page, heads_k, d]`` storage) or, with ``--layout hnd
 same logical tensors, every cache, scale and peer stored that way. One row per implementation:
 - ``kvonce fp16 / fp8_e4m3 / int8 / int4``: ``PagedDecodePlan.run`` (plan made beforehand) over
   the cache in that format (``kvonce.quantize_kv`` of the same fp16 K/V; fp8 per KV head).
+- ``kvonce fp8_e4m3+N / int8+N / int4+N`` (``--outliers N``): dense-and-sparse keys
+  (``kvonce.KeyOutliers``): N channels per KV head (``calibrate_outlier_channels`` of the first
+  pages' keys) in a side cache in q's dtype, the rest of each key quantized; append included.
 - ``flashinfer fp16 / fp8``: ``BatchDecodeWithPagedKVCacheWrapper`` (NHD or HND, page 16,
   ``use_tensor_cores=True``), when ``import flashinfer`` works; fp8 with one scale per tensor
   (its API takes ``k_scale``/``v_scale`` floats; it multiplies the output by ``v_scale`` in a
@@ -63,10 +67,12 @@ class Case:
         return self.batch * self.seqlen
 
 
-def bytes_read(case: Case, fmt: str | None, *, per_tensor_scale: bool = False) -> int:
+def bytes_read(case: Case, fmt: str | None, *, per_tensor_scale: bool = False,
+               outliers: int = 0) -> int:
     """K/V bytes a decode call reads: data plus scales (both caches). fp16 2 B a value, fp8/int8
     1 B, int4 half a byte; scales: int8 one float32 per (token, KV head), int4 one fp16 per 32
-    channels per token, fp8 one float32 per KV head (or per tensor)."""
+    channels per token, fp8 one float32 per KV head (or per tensor); ``outliers`` 16-bit values
+    per (token, KV head) in the side cache."""
     values = case.tokens * case.nheads_k * HEAD_DIM
     if fmt is None:
         data, scales = 2 * values, 0
@@ -78,7 +84,7 @@ def bytes_read(case: Case, fmt: str | None, *, per_tensor_scale: bool = False) -
         data, scales = values // 2, 2 * case.tokens * case.nheads_k * (HEAD_DIM // 32)
     else:
         raise ValueError(f"unknown format {fmt!r}")
-    return 2 * (data + scales)
+    return 2 * (data + scales) + 2 * outliers * case.tokens * case.nheads_k
 
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:
@@ -151,10 +157,11 @@ def _timed(row: dict, prefix: str, fn, eager, graph) -> None:
             row[f"{prefix}{kind}_us"] = "-"
 
 
-def kvonce_rows(case: Case, q, k, v, seqlens, table, eager, graph, layout: str = "nhd"
-                ) -> tuple[list[dict], torch.Tensor]:
-    """kvonce's four cache formats (errors first, then decode and append times), and the fp16
-    cache's output (the base of every ``err_fp16``)."""
+def kvonce_rows(case: Case, q, k, v, seqlens, table, eager, graph, layout: str = "nhd",
+                outliers: int = 0) -> tuple[list[dict], torch.Tensor]:
+    """kvonce's four cache formats (errors first, then decode and append times), with
+    ``outliers`` the quantized ones again as dense-and-sparse keys, and the fp16 cache's output
+    (the base of every ``err_fp16``)."""
     import kvonce
     from ..reference import paged_attention_ref
 
@@ -170,12 +177,23 @@ def kvonce_rows(case: Case, q, k, v, seqlens, table, eager, graph, layout: str =
                         dtype=q.dtype)
     v_new = torch.randn_like(k_new)
     base_out = None
-    for fmt in FORMATS:
-        row = {"impl": f"kvonce {fmt or _dtype_name(q.dtype)}", "fmt": fmt}
+    variants = [(fmt, 0) for fmt in FORMATS]
+    if outliers:
+        variants += [(fmt, outliers) for fmt in FORMATS if fmt is not None]
+    for fmt, n_out in variants:
+        name = fmt or _dtype_name(q.dtype)
+        row = {"impl": f"kvonce {name}" + (f"+{n_out}" if n_out else ""), "fmt": fmt}
+        ko, keys = None, k
+        if n_out:  # channels from the first 2048 keys; the side cache in q's dtype
+            channels = kvonce.calibrate_outlier_channels(k.reshape(-1, *k.shape[2:])[:2048],
+                                                         n=n_out)
+            ko = kvonce.new_key_outliers(channels, k.shape[0], PAGE, q.dtype)
+            keys, sparse = ko.split(k)
+            ko = kvonce.KeyOutliers(channels, stored(sparse, layout))
         if fmt is None:
             kc, vc, ks, vs = k, v, None, None
         else:
-            kc, ks = (stored(t, layout) for t in kvonce.quantize_kv(k, fmt))
+            kc, ks = (stored(t, layout) for t in kvonce.quantize_kv(keys, fmt))
             vc, vs = (stored(t, layout) for t in kvonce.quantize_kv(v, fmt))
         kv_format = "int4" if fmt == "int4" else None
         plan = kvonce.PagedDecodePlan(q, kc, vc, seqlens, table, k_scale=ks, v_scale=vs,
@@ -183,22 +201,26 @@ def kvonce_rows(case: Case, q, k, v, seqlens, table, eager, graph, layout: str =
         if fmt is None:
             run = lambda: plan.run(q, kc, vc, seqlens, table)
         else:
-            run = lambda: plan.run(q, kc, vc, seqlens, table, k_scale=ks, v_scale=vs)
+            run = lambda: plan.run(q, kc, vc, seqlens, table, k_scale=ks, v_scale=vs,
+                                   key_outliers=ko)
         out = run()
         if fmt is None:
             base_out = out
             kd, vd = k, v
         else:
             kd = kvonce.dequantize_kv(kc, ks, fmt, q.dtype)
+            if ko is not None:
+                kd = ko.merge(kd, ko.values)
             vd = kvonce.dequantize_kv(vc, vs, fmt, q.dtype)
         ref, _ = paged_attention_ref(q, kd, vd, seqlens, table)
         del kd, vd
         row["err_fp16"] = rel_err(out, base_out)
         row["err_ref"] = rel_err(out, ref)
-        row["bytes"] = bytes_read(case, fmt)
+        row["bytes"] = bytes_read(case, fmt, outliers=n_out)
         _timed(row, "", run, eager, graph)
         append = lambda: kvonce.append_paged_kv(k_new, v_new, kc, vc, append_at, table,
-                                                k_scale=ks, v_scale=vs, kv_format=kv_format)
+                                                k_scale=ks, v_scale=vs, kv_format=kv_format,
+                                                key_outliers=ko)
         _timed(row, "app_", append, eager, graph)
         if fmt is None:
             k[last_page, last_slot], v[last_page, last_slot] = saved
@@ -301,10 +323,11 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def run_case(case: Case, *, peers: bool, rep: int, dtype: torch.dtype = torch.float16,
-             layout: str = "nhd") -> list[dict]:
+             layout: str = "nhd", outliers: int = 0) -> list[dict]:
     eager, graph = _timers(rep)
     q, k, v, seqlens, table = make_inputs(case, dtype=dtype, layout=layout)
-    measured, base_out = kvonce_rows(case, q, k, v, seqlens, table, eager, graph, layout)
+    measured, base_out = kvonce_rows(case, q, k, v, seqlens, table, eager, graph, layout,
+                                     outliers)
     if peers:
         measured += flashinfer_rows(case, q, k, v, seqlens, table, base_out, eager, graph,
                                     layout)
@@ -322,6 +345,8 @@ def main(argv: list[str]) -> None:
                    help="queries and the source cache")
     p.add_argument("--layout", default="nhd", choices=("nhd", "hnd"),
                    help="page storage: token-major (nhd) or head-major (hnd)")
+    p.add_argument("--outliers", type=int, default=0,
+                   help="also each quantized format with N outlier channels (KeyOutliers)")
     p.add_argument("--md", default="docs/benchmarks.md", help="append the table here ('' = no)")
     p.add_argument("--json", default="", help="also dump the rows as JSON here")
     p.add_argument("--plot", default="docs/bench_quant.png", help="PNG plot path ('' = no)")
@@ -335,7 +360,8 @@ def main(argv: list[str]) -> None:
         for batch, seqlen in shapes:
             case = Case(batch, seqlen, nheads, nheads_k, label)
             case_rows = run_case(case, peers=not args.no_peers, rep=args.rep,
-                                 dtype=QUERY_DTYPES[args.dtype], layout=args.layout)
+                                 dtype=QUERY_DTYPES[args.dtype], layout=args.layout,
+                                 outliers=args.outliers)
             print(report.format_rows(case_rows), flush=True)
             rows += case_rows
     bad = correctness_failures(rows)

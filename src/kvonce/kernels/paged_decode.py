@@ -291,7 +291,7 @@ def _attend_paged(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end,
             _, o_in, o_page, o_slot = _tile_rows(bt_row, start_n, kv_end, PAGE_SIZE, BLOCK_N,
                                                  MASKED, INT64_KV)
             bias = _outlier_scores(q_out, KO, o_page, o_slot, o_in, stride_kop, stride_kot,
-                                   MASKED, N_OUT, DOT_PRECISION) * out_scale
+                                   MASKED, N_OUT, DOT_PRECISION) * out_scale[:, None]
         else:
             bias = 0.0
         if SWAP_AB:
@@ -338,16 +338,25 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
         qk_scale = qk_scale * tl.load(KS)
     out_scale = 1.0
     if N_OUT > 0:
+        # Each row's outlier scores times out_scale [BLOCK_M] join the dense scores in their
+        # units: fp8's K scale (folded into qk_scale above) undone, and the row factors below.
         tl.static_assert(KV_FORMAT != 0 and not SWAP_AB)
         KO += kv_head * stride_koh
-        if KV_FORMAT == 1:  # the outlier scores are unscaled: undo the K scale folded above
-            out_scale = 1.0 / tl.load(KS)
+        out_scale = tl.full([BLOCK_M], 1.0, tl.float32)
+        if KV_FORMAT == 1:
+            out_scale = out_scale / tl.load(KS)
+        if q_out.dtype == tl.bfloat16 and KO.dtype.element_ty == tl.float16:
+            # fp16 outlier values (11 significant bits; bf16's 8 cost int8 its accuracy):
+            # bf16 q's values at those channels as fp16 rows times a power of two (exact),
+            # the factor back on the scores.
+            q_out, out_factor = _f16_rows(q_out)
+            out_scale = out_scale * out_factor
     if F16_MATH:
         tl.static_assert(KV_FORMAT == 1 or (KV_FORMAT == 2 and V_PAIRS))
         q, row_factor = _f16_rows(q)
         qk_scale = qk_scale * row_factor
-        if N_OUT > 0:  # the same power of two per row, exact in q_out's (bf16) dtype
-            q_out = (q_out.to(tl.float32) / row_factor[:, None]).to(q_out.dtype)
+        if N_OUT > 0:  # the dense scores are q's times 1 / row_factor
+            out_scale = out_scale / row_factor
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     if KV_FORMAT == 3 and BLOCK_D == 128 and EVEN_D:  # int4 at head dim 128: split dots
@@ -357,13 +366,13 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
                                            stride_vp, stride_vt, stride_ksp, stride_kst,
                                            stride_vsp, stride_vst, False, PAGE_SIZE, BLOCK_M,
                                            BLOCK_N, DOT_PRECISION, INT64_KV, q_out, KO,
-                                           stride_kop, stride_kot, N_OUT)
+                                           stride_kop, stride_kot, out_scale, N_OUT)
         acc, m_i, l_i = _attend_paged_int4(acc, m_i, l_i, q, full, hi, qk_scale, tok, diag, hi,
                                            K, V, KS, VS, bt_row, stride_kp, stride_kt,
                                            stride_vp, stride_vt, stride_ksp, stride_kst,
                                            stride_vsp, stride_vst, True, PAGE_SIZE, BLOCK_M,
                                            BLOCK_N, DOT_PRECISION, INT64_KV, q_out, KO,
-                                           stride_kop, stride_kot, N_OUT)
+                                           stride_kop, stride_kot, out_scale, N_OUT)
     elif V_PAIRS:
         tl.static_assert((KV_FORMAT == 1 or KV_FORMAT == 2) and EVEN_D and not SWAP_AB)
         acc_even = tl.zeros([BLOCK_M, BLOCK_D // 2], dtype=tl.float32)

@@ -110,7 +110,8 @@ def _attend_paged_int4(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end, K,
                        stride_kst, stride_vsp, stride_vst, MASKED: tl.constexpr,
                        PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        DOT_PRECISION: tl.constexpr, INT64_KV: tl.constexpr = True, q_out=0.0,
-                       KO=0, stride_kop=0, stride_kot=0, N_OUT: tl.constexpr = 0):
+                       KO=0, stride_kop=0, stride_kot=0, out_scale=1.0,
+                       N_OUT: tl.constexpr = 0):
     """``_attend_paged`` for an int4 cache at head dim 128, as split dots: no tile is widened,
     interleaved or scaled per element. Bytes 32k .. 32k + 31 of a key hold group k in their low
     nibbles and group k + 2 in their high ones (``kvonce.paged.quant``), so each nibble plane is
@@ -130,7 +131,7 @@ def _attend_paged_int4(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end, K,
         vs_rows = page * stride_vsp + slot * stride_vst
         if N_OUT > 0:
             qk = _outlier_scores(q_out, KO, page, slot, in_range, stride_kop, stride_kot, MASKED,
-                                 N_OUT, DOT_PRECISION)
+                                 N_OUT, DOT_PRECISION) * out_scale[:, None]
         else:
             qk = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         qk = _int4_chunk_scores(qk, q0, q2, K, KS, k_rows, ks_rows, in_range, 0, MASKED,

@@ -69,7 +69,7 @@ def _attend_paged_pairs(acc_even, acc_odd, m_i, l_i, q, lo, hi, qk_scale, tok, d
             qk = qk * ks.to(tl.float32)[None, :]
         if N_OUT > 0:
             qk += _outlier_scores(q_out, KO, page, slot, in_range, stride_kop, stride_kot,
-                                  MASKED, N_OUT, DOT_PRECISION) * out_scale
+                                  MASKED, N_OUT, DOT_PRECISION) * out_scale[:, None]
         p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, qk_scale, tok, offs_n, diag, kv_end,
                                            MASKED, ROW_SCALE=ROW_SCALE)
         if KV_FORMAT == 2:

@@ -1,9 +1,11 @@
 """The sparse half of dense-and-sparse keys (``kvonce.paged.outliers``): a quantized cache whose
-keys keep ``N_OUT <= 16`` outlier channels per KV head at q's precision, in a side cache
-``values [num_pages, PAGE_SIZE, nheads_k, N_OUT]``, those channels stored as 0 in the quantized
-keys. A key's score is then ``q . dequant(k_dense) + q[:, channels] . values``: the second term
-is one more small dot per key tile (``N_OUT`` padded to 16 columns), added to the scores after
-the dense dot's own per-key (int8) or per-head (fp8) scale. Shared by the decode loops and the
+keys keep ``N_OUT <= 16`` outlier channels per KV head at 16 bits (fp16, or q's dtype), in a
+side cache ``values [num_pages, PAGE_SIZE, nheads_k, N_OUT]``, those channels stored as 0 in the
+quantized keys. A key's score is then ``q . dequant(k_dense) + q[:, channels] . values``: the
+second term is one more small dot per key tile (``N_OUT`` padded to 16 columns; in fp16 for
+fp16 values, bf16 q's values there taken to fp16 rows times a power of two each), added to the
+scores after the dense dot's own per-key (int8) or per-head (fp8) scale, times a per-row
+factor (``paged_decode._attend_kv_head``'s ``out_scale``). Shared by the decode loops and the
 varlen prefill (through ``paged_decode._attend_kv_head``).
 """
 from __future__ import annotations
@@ -38,5 +40,5 @@ def _outlier_scores(q_out, KO, page, slot, in_range, stride_op, stride_ot,
     mask = offs_o[:, None] < N_OUT
     if MASKED:
         mask = mask & in_range[None, :]
-    values_t = tl.load(ptrs, mask=mask, other=0.0)
+    values_t = tl.load(ptrs, mask=mask, other=0.0).to(q_out.dtype)  # fp16 -> fp32 q: exact
     return tl.dot(q_out, values_t, input_precision=DOT_PRECISION)

@@ -7,8 +7,14 @@ per-head (fp8) scale then spends its range on them. ``KeyOutliers`` keeps ``n <=
 per KV head out of the quantized keys:
 
     stored key   quantize_kv(k with those channels set to 0)     (any kv_format; V unchanged)
-    side cache   values[page, slot, kv_head, :] = k[kv_head, channels[kv_head]]   (q's dtype)
+    side cache   values[page, slot, kv_head, :] = k[kv_head, channels[kv_head]]   (fp16)
     score        q . dequantize(stored) + q[channels] . values
+
+The values are fp16 by default, for bf16 queries too: bf16's 8 significant bits put an
+outlier's rounding (|k| / 512) above int8's error on the other channels (measured: int8 2.0x its
+random-key error with bf16 values, docs/notes.md), fp16's 11 do not. fp16 holds |k| <= 65504
+(larger values saturate there, as fp8 saturates at 448 times its scale). Values in q's own dtype
+(bf16, fp32) are allowed too.
 
 The kernels add the second term as one more small dot per key tile (``kernels/paged_outliers``).
 The channels are fixed per (layer, KV head) when the cache is created (``calibrate_outlier_
@@ -41,8 +47,9 @@ class KeyOutliers:
 
     ``channels``: int32 ``[nheads_k, n]``, ``1 <= n <= 16``, each row's channels distinct and in
     ``[0, head_dim)`` (checked here, where the values are on hand: not per call).
-    ``values``: ``[num_pages, page_size, nheads_k, n]`` fp16/bf16/fp32, the queries' dtype, last
-    dim contiguous: the side cache, written by ``append_paged_kv(..., key_outliers=)``.
+    ``values``: ``[num_pages, page_size, nheads_k, n]`` fp16 (any queries), or the queries'
+    dtype (bf16, fp32), last dim contiguous: the side cache, written by ``append_paged_kv(...,
+    key_outliers=)``.
     Build one with ``new_key_outliers``; pass it to ``append_paged_kv``, ``paged_attention``,
     ``PagedDecodePlan.run``, ``paged_prefill`` and ``PagedPrefillPlan.run``.
     """
@@ -82,11 +89,14 @@ class KeyOutliers:
     def split(self, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys ``k [..., nheads_k, d]`` -> ``(dense, sparse)``: ``dense`` is ``k`` with the
         outlier channels set to 0 (k's dtype; quantize it as a key), ``sparse [..., nheads_k,
-        n]`` their values in the side cache's dtype (a cast only: fp32 keys into a 16-bit side
-        cache round there)."""
+        n]`` their values in the side cache's dtype (rounded to nearest; into fp16, saturated at
+        +-65504, not inf)."""
         index = self.channels.long().expand(*k.shape[:-1], -1)
         dense = k.scatter(-1, index, 0)
-        return dense, k.gather(-1, index).to(self.values.dtype)
+        sparse = k.gather(-1, index)
+        if self.values.dtype == torch.float16 and k.dtype != torch.float16:
+            sparse = sparse.float().clamp(-65504.0, 65504.0)
+        return dense, sparse.to(self.values.dtype)
 
     def merge(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
         """The inverse of ``split`` (in ``dense``'s dtype): keys as the kernels see them, e.g.
@@ -103,8 +113,8 @@ class KeyOutliers:
         if self.values.shape[:3] != k_cache.shape[:3]:
             raise ValueError(f"key_outliers.values must be [{', '.join(map(str, k_cache.shape[:3]))}"
                              f", n] like k_cache's pages, got {tuple(self.values.shape)}")
-        if self.values.dtype != q.dtype:
-            raise ValueError(f"key_outliers.values must have q's dtype {q.dtype}, got "
+        if self.values.dtype not in (torch.float16, q.dtype):
+            raise ValueError(f"key_outliers.values must be float16 or q's dtype {q.dtype}, got "
                              f"{self.values.dtype}")
         if self.max_channel >= q.shape[-1]:
             raise ValueError(f"key_outliers.channels must be < head dim {q.shape[-1]}, got "
@@ -113,9 +123,10 @@ class KeyOutliers:
 
 
 def new_key_outliers(channels: torch.Tensor, num_pages: int, page_size: int,
-                     dtype: torch.dtype) -> KeyOutliers:
+                     dtype: torch.dtype = torch.float16) -> KeyOutliers:
     """An empty side cache for ``channels`` (int32 ``[nheads_k, n]``) on its device:
-    ``values`` zeros ``[num_pages, page_size, nheads_k, n]`` in ``dtype`` (the queries')."""
+    ``values`` zeros ``[num_pages, page_size, nheads_k, n]`` in ``dtype`` (fp16, or the
+    queries' dtype)."""
     heads_k, n = channels.shape
     values = torch.zeros(num_pages, page_size, heads_k, n, dtype=dtype, device=channels.device)
     return KeyOutliers(channels, values)
