@@ -37,7 +37,8 @@ _SASS_LINE = re.compile(r"^\s+/\*[0-9a-f]{4,5}\*/\s+(?:@!?U?P[0-9T] )?([A-Z0-9_]
 
 
 def compile_decode(fmt: str, dtype: torch.dtype, nheads: int, nheads_k: int, splits: int,
-                   config, maxnreg: int = 0):
+                   config, maxnreg: int = 0, outliers: int = 0,
+                   outlier_dtype: torch.dtype = torch.float16):
     """The compiled ``_paged_decode_kernel`` of a launch with these shapes (CPU tensors stand in:
     only shapes, strides and dtypes reach the specialization)."""
     import triton
@@ -52,11 +53,15 @@ def compile_decode(fmt: str, dtype: torch.dtype, nheads: int, nheads_k: int, spl
     cache, scale = kvonce.quantize_kv(torch.zeros(batch * length // 16, 16, nheads_k, 128,
                                                   dtype=dtype), fmt)
     table = torch.zeros(batch, length // 16, dtype=torch.int32)
+    values = (torch.zeros(*cache.shape[:3], outliers, dtype=outlier_dtype) if outliers
+              else None)
     launch = pd.PagedDecodeLaunch(q, cache, cache, table, softmax_scale=0.1, causal=True,
                                   num_splits=splits, config=config, store_lse=False,
-                                  kv_format=FORMAT_CODES[fmt], k_scale=scale, v_scale=scale)
+                                  kv_format=FORMAT_CODES[fmt], k_scale=scale, v_scale=scale,
+                                  outlier_values=values)
     f32, i32 = torch.empty(1, dtype=torch.float32), torch.empty(1, dtype=torch.int32)
-    tensors = [q, cache, cache, scale, scale, f32, f32, i32, table, q, f32, i32, q, i32]
+    tensors = [q, cache, cache, scale, scale, f32, f32, i32, table, q, f32, i32,
+               values if outliers else q, i32]
     values = tensors + [launch._scale, *launch._ints]
     names = pd._paged_decode_kernel.arg_names
     signature, attrs = {}, {}
@@ -110,6 +115,8 @@ def main() -> None:
     ap.add_argument("--no-f16-math", action="store_true",
                     help="PagedDecodeConfig.f16_math off (bf16 q x fp8: bf16 dots)")
     ap.add_argument("--v-pairs", action="store_true", help="PagedDecodeConfig.v_pairs")
+    ap.add_argument("--outliers", type=int, default=0,
+                    help="dense-and-sparse keys: N fp16 outlier channels (KeyOutliers)")
     ap.add_argument("--keep", default="", help="write the PTX, TTGIR and SASS here")
     args = ap.parse_args()
     nheads, nheads_k = (int(x) for x in args.heads.split("/"))
@@ -133,7 +140,7 @@ def main() -> None:
                                      f16_math=config.f16_math and not args.no_f16_math,
                                      v_pairs=args.v_pairs or config.v_pairs)
         compiled = compile_decode(args.format, dtype, nheads, nheads_k, args.splits, config,
-                                  args.maxnreg)
+                                  args.maxnreg, args.outliers)
         s = stats(compiled, keep,
                   f"decode.{args.format}.{name}.{config.block_n}x{config.num_warps}w"
                   f"{config.num_stages}s")

@@ -92,7 +92,7 @@ def run_case(fmt, q, k, v, seqlens, table, dtype, transform, n_append, channels=
     k_cache, v_cache = paged_cache(keys, table), paged_cache(v, table)
     outliers = None
     if channels is not None:
-        outliers = kvonce.new_key_outliers(channels, k_cache.shape[0], PAGE, dtype)
+        outliers = kvonce.new_key_outliers(channels, k_cache.shape[0], PAGE)
         k_cache, sparse = outliers.split(k_cache)
         outliers.values.copy_(sparse)
     if fmt == "plain":

@@ -160,7 +160,7 @@ class PagedKV:
                 channels = kvonce.calibrate_outlier_channels(k.reshape(-1, *k.shape[2:]),
                                                              n=self.key_outliers)
                 self.outliers[layer] = kvonce.new_key_outliers(channels, self.num_pages,
-                                                               self.page_size, self.dtype)
+                                                               self.page_size)  # fp16
                 k_stored = self.outliers[layer].split(k)[0]
             self.layers[layer] = self._new_layer(k_stored, v)
         k_cache, v_cache, k_scale, v_scale = self.layers[layer]

@@ -330,12 +330,12 @@ def test_plan_run_layers_compile_and_opcheck():
 def test_fp16_values_saturate():
     """Outlier values past fp16's range are stored as +-65504 (saturated, as fp8 is), not inf;
     bf16 values keep them."""
-    channels = torch.tensor([[1, 5]], dtype=torch.int32, device=DEVICE)
-    k = torch.zeros(2, 1, 8, device=DEVICE, dtype=torch.bfloat16)
+    channels = torch.tensor([[1, 5, 8, 9, 10, 11, 12, 13]], dtype=torch.int32, device=DEVICE)
+    k = torch.zeros(2, 1, 16, device=DEVICE, dtype=torch.bfloat16)
     k[0, 0, 1], k[1, 0, 5], k[1, 0, 2] = 1e6, -3e5, 7.0
     dense, sparse = new_key_outliers(channels, 1, 16).split(k)
     assert sparse.dtype == torch.float16
-    assert sparse.flatten().tolist() == [65504.0, 0.0, 0.0, -65504.0]
+    assert sparse[:, 0, :2].flatten().tolist() == [65504.0, 0.0, 0.0, -65504.0]
     assert dense[1, 0, 2] == 7.0 and (dense[:, :, [1, 5]] == 0).all()
     _, kept = new_key_outliers(channels, 1, 16, torch.bfloat16).split(k)
     assert kept[0, 0, 0] == 1e6
@@ -347,9 +347,10 @@ def test_calibration():
     keys = torch.randn(512, 2, 64, generator=gen)
     keys[:, 0, [5, 9, 40]] *= 50.0
     keys[:, 1, [1, 63]] += 80.0
-    channels = calibrate_outlier_channels(keys.to(DEVICE), n=3)
-    assert channels.dtype == torch.int32 and channels.shape == (2, 3)
-    assert channels[0].tolist() == [5, 9, 40]
+    keys[:, 0, [12, 20, 33, 50, 61]] *= 20.0
+    channels = calibrate_outlier_channels(keys.to(DEVICE), n=8)
+    assert channels.dtype == torch.int32 and channels.shape == (2, 8)
+    assert channels[0].tolist() == [5, 9, 12, 20, 33, 40, 50, 61]
     assert {1, 63} <= set(channels[1].tolist())
     assert channels[1].tolist() == sorted(channels[1].tolist())
 
@@ -376,9 +377,14 @@ def test_bad_arguments_raise():
         dup = channels.clone()
         dup[0, 1] = dup[0, 0]
         new_key_outliers(dup, 4, 16, dtype)
-    with pytest.raises(ValueError, match="1..16"):
-        new_key_outliers(torch.arange(17, dtype=torch.int32).expand(2, 17).contiguous(), 4, 16,
-                         dtype)
+    for n in (4, 17):
+        with pytest.raises(ValueError, match="8 or 16"):
+            new_key_outliers(torch.arange(n, dtype=torch.int32).expand(2, n).contiguous(), 4,
+                             16, dtype)
+    with pytest.raises(ValueError, match="multiples of 8"):
+        KeyOutliers(channels, torch.zeros(4, 16, 2, 9, device=DEVICE)[..., :8])
+    with pytest.raises(ValueError, match="aligned"):
+        KeyOutliers(channels, torch.zeros(4 * 16 * 2 * 8 + 1, device=DEVICE)[1:].view(4, 16, 2, 8))
     with pytest.raises(ValueError, match=">= 0"):
         new_key_outliers(channels - 100, 4, 16, dtype)
     with pytest.raises(TypeError):
@@ -388,8 +394,8 @@ def test_bad_arguments_raise():
     kt = kvonce.calibrate_key_transform(calib.float(), rotate=False)
     with pytest.raises(ValueError, match="one"):
         call(key_outliers=ko, key_transform=kt)
-    with pytest.raises(ValueError, match="calibrate|n must"):
-        calibrate_outlier_channels(calib, n=17)
+    with pytest.raises(ValueError, match="n must be 8 or 16"):
+        calibrate_outlier_channels(calib, n=12)
     new = k[:1, :2].expand(q.shape[0], 2, -1, -1).contiguous()
     with pytest.raises(ValueError, match="quantized caches"):
         kvonce.append_paged_kv(new, new, k.clone(), v.clone(), seqlens, table, key_outliers=ko)

@@ -187,7 +187,7 @@ def kvonce_rows(case: Case, q, k, v, seqlens, table, eager, graph, layout: str =
         if n_out:  # channels from the first 2048 keys; the side cache in q's dtype
             channels = kvonce.calibrate_outlier_channels(k.reshape(-1, *k.shape[2:])[:2048],
                                                          n=n_out)
-            ko = kvonce.new_key_outliers(channels, k.shape[0], PAGE, q.dtype)
+            ko = kvonce.new_key_outliers(channels, k.shape[0], PAGE)  # fp16 values
             keys, sparse = ko.split(k)
             ko = kvonce.KeyOutliers(channels, stored(sparse, layout))
         if fmt is None:

@@ -197,6 +197,11 @@ class PagedDecodeConfig:
     int64_kv_offsets: quantized caches address K/V and their scales in int64 even where every
         offset fits int32 (by default int32 there: 626 IMADs a kernel instead of 1047 for fp8,
         compiled for sm_90a). Plain caches always use int64 (their rows were tuned so).
+    outlier_max_registers: when nonzero, ``max_registers`` for the launches with dense-and-sparse
+        keys (``kvonce.KeyOutliers``: one more dot a tile). Their fp8 / int8 kernels take
+        195-200 registers, two programs an SM where the split counts aim at three; at 168 fp8
+        spills nothing and int8 16-28 B (compiled for sm_90a, scripts/decode_kernel_stats.py
+        --outliers 8).
     v_pairs: an fp8 or int8 cache's V tile is read as 16-bit channel pairs and dotted as its
         even and odd channels (``kernels/paged_decode_pairs.py``), where the MMA operand load
         transposes it instead of gathering bytes. fp16 compute only (fp16 q, or bf16 q with
@@ -219,6 +224,7 @@ class PagedDecodeConfig:
     f16_math: bool = False
     int64_kv_offsets: bool = False
     v_pairs: bool = False
+    outlier_max_registers: int = 0
 
 
 # (capability major, minor) -> head dim -> config. The Hopper d=128 row comes from
@@ -299,10 +305,12 @@ _INT4 = PagedDecodeConfig(128, 4, 2, max_merged_splits=64, mha_num_stages=3,
                           slow_programs_per_sm=(3.5, 6.5))
 _PAGED_DECODE_QUANT_TABLE: dict[tuple[tuple[int, int], str], dict[int, PagedDecodeConfig]] = {
     ((9, 0), "int8"): {128: PagedDecodeConfig(128, 4, 2, min_keys_per_split=2048, v_pairs=True,
-                                              f16_math=True, slow_programs_per_sm=(3.5, 6.5))},
+                                              f16_math=True, slow_programs_per_sm=(3.5, 6.5),
+                                              outlier_max_registers=168)},
     ((9, 0), "fp8_e4m3"): {128: PagedDecodeConfig(128, 4, 2, min_keys_per_split=2048,
                                                   f16_math=True, v_pairs=True,
-                                                  slow_programs_per_sm=(3.5, 6.5))},
+                                                  slow_programs_per_sm=(3.5, 6.5),
+                                                  outlier_max_registers=168)},
     ((9, 0), "int4"): {128: _INT4},
     ((9, 0), "int4/bf16"): {128: dataclasses.replace(_INT4, num_stages=3, max_registers=168)},
 }

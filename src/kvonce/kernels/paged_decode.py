@@ -341,7 +341,7 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
         # Each row's outlier scores times out_scale [BLOCK_M] join the dense scores in their
         # units: fp8's K scale (folded into qk_scale above) undone, and the row factors below.
         tl.static_assert(KV_FORMAT != 0 and not SWAP_AB)
-        KO += kv_head * stride_koh
+        KO += tl.multiple_of(kv_head * stride_koh, 8)  # KeyOutliers: strides multiples of 8
         out_scale = tl.full([BLOCK_M], 1.0, tl.float32)
         if KV_FORMAT == 1:
             out_scale = out_scale / tl.load(KS)
@@ -621,6 +621,8 @@ class PagedDecodeLaunch:
                 if t is not None) >= 2**31)
         self._warps = (config.num_warps, config.num_stages)
         self._maxnreg = config.max_registers
+        if outlier_values is not None and config.outlier_max_registers:
+            self._maxnreg = config.outlier_max_registers
         self._key = (q.dtype, k_cache.dtype, k_scale.dtype if k_scale is not None else None,
                      outlier_values.dtype if outlier_values is not None else None,
                      self._ints, tuple(self._constexprs.values()),

@@ -36,8 +36,12 @@ def _outlier_scores(q_out, KO, page, slot, in_range, stride_op, stride_ot,
     in_range [BLOCK_N]``: the tile's keys (``paged_tiles._tile_rows``). Keys out of range read 0
     (their slots may hold anything, NaN included)."""
     offs_o = tl.arange(0, OUT_COLS)
-    ptrs = KO + (page * stride_op + slot * stride_ot)[None, :] + offs_o[:, None]
-    mask = offs_o[:, None] < N_OUT
+    # N_OUT is 8 or 16 and every stride a multiple of 8 (KeyOutliers checks it): each key's
+    # values are 16-byte aligned runs and the mask is constant over 8-channel groups, so the
+    # loads are 16 bytes wide (cp.async: the software pipeliner prefetches them with K and V).
+    rows = tl.multiple_of(page * stride_op + slot * stride_ot, 8)
+    ptrs = KO + rows[None, :] + offs_o[:, None]
+    mask = (offs_o // 8 < N_OUT // 8)[:, None]
     if MASKED:
         mask = mask & in_range[None, :]
     values_t = tl.load(ptrs, mask=mask, other=0.0).to(q_out.dtype)  # fp16 -> fp32 q: exact

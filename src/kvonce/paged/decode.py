@@ -307,9 +307,12 @@ class PagedDecodePlan:
     def _run_op(self, q, k_cache, v_cache, cache_seqlens, block_table, k_scale=None,
                 v_scale=None, outlier_values=None, outlier_channels=None):
         c = self.config
+        max_registers = c.max_registers  # the launch's own choice (PagedDecodeLaunch)
+        if outlier_values is not None and c.outlier_max_registers:
+            max_registers = c.outlier_max_registers
         launch_fields = (self.softmax_scale, self.causal, c.block_n, c.num_warps, c.num_stages,
                          c.kv_cache_modifier, c.kv_eviction, c.max_merged_splits, k_scale,
-                         v_scale, self._kv_code, c.max_registers, c.swap_ab, c.f16_math,
+                         v_scale, self._kv_code, max_registers, c.swap_ab, c.f16_math,
                          c.int64_kv_offsets, c.v_pairs, outlier_values, outlier_channels)
         if self.num_splits == 1:
             return torch.ops.kvonce.paged_decode(q, k_cache, v_cache, cache_seqlens, block_table,

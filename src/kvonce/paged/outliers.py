@@ -3,8 +3,8 @@ the queries' precision (issue 26 section 2; KVQuant's dense-and-sparse with a fi
 
 Real keys carry a few channels far larger than the rest (fixed-sign offsets before RoPE, which
 RoPE turns with position over low-frequency rotary pairs), and a per-token (int8, int4) or
-per-head (fp8) scale then spends its range on them. ``KeyOutliers`` keeps ``n <= 16`` channels
-per KV head out of the quantized keys:
+per-head (fp8) scale then spends its range on them. ``KeyOutliers`` keeps ``n`` (8 or 16)
+channels per KV head out of the quantized keys:
 
     stored key   quantize_kv(k with those channels set to 0)     (any kv_format; V unchanged)
     side cache   values[page, slot, kv_head, :] = k[kv_head, channels[kv_head]]   (fp16)
@@ -31,7 +31,7 @@ import torch
 
 from .. import _validate as V
 
-MAX_OUTLIERS = 16  # the kernels' padded dot width
+OUTLIER_COUNTS = (8, 16)  # 16-byte runs of fp16 values a key: the kernels' loads stay wide
 VALUE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -45,10 +45,11 @@ def _is_real(t: torch.Tensor) -> bool:
 class KeyOutliers:
     """The outlier channels of one layer's quantized key cache and their values.
 
-    ``channels``: int32 ``[nheads_k, n]``, ``1 <= n <= 16``, each row's channels distinct and in
+    ``channels``: int32 ``[nheads_k, n]``, ``n`` 8 or 16, each row's channels distinct and in
     ``[0, head_dim)`` (checked here, where the values are on hand: not per call).
     ``values``: ``[num_pages, page_size, nheads_k, n]`` fp16 (any queries), or the queries'
-    dtype (bf16, fp32), last dim contiguous: the side cache, written by ``append_paged_kv(...,
+    dtype (bf16, fp32), last dim contiguous, every stride a multiple of 8 and the data 16-byte
+    aligned (a fresh tensor is): the side cache, written by ``append_paged_kv(...,
     key_outliers=)``.
     Build one with ``new_key_outliers``; pass it to ``append_paged_kv``, ``paged_attention``,
     ``PagedDecodePlan.run``, ``paged_prefill`` and ``PagedPrefillPlan.run``.
@@ -61,16 +62,18 @@ class KeyOutliers:
         V.check_tensor("channels", self.channels, ndim=2, dtypes=(torch.int32,))
         V.check_tensor("values", self.values, ndim=4, dtypes=VALUE_DTYPES)
         heads_k, n = self.channels.shape
-        if not 1 <= n <= MAX_OUTLIERS:
-            raise ValueError(f"KeyOutliers keeps 1..{MAX_OUTLIERS} channels per KV head, got {n}")
+        if n not in OUTLIER_COUNTS:
+            raise ValueError(f"KeyOutliers keeps 8 or 16 channels per KV head, got {n}")
         if not self.channels.is_contiguous():
             raise ValueError("KeyOutliers.channels must be contiguous")
         if self.values.shape[2:] != (heads_k, n):
             raise ValueError(f"KeyOutliers.values must be [num_pages, page_size, {heads_k}, {n}] "
                              f"for channels {tuple(self.channels.shape)}, got "
                              f"{tuple(self.values.shape)}")
-        if self.values.stride(-1) != 1:
-            raise ValueError("KeyOutliers.values must have a contiguous last dim")
+        if (self.values.stride(-1) != 1 or any(s % 8 for s in self.values.stride()[:3])
+                or (_is_real(self.values) and self.values.data_ptr() % 16)):
+            raise ValueError("KeyOutliers.values must have a contiguous last dim, strides that "
+                             "are multiples of 8 and 16-byte aligned data (a fresh tensor has)")
         V.check_same_device(channels=self.channels, values=self.values)
         top = -1
         if _is_real(self.channels) and self.channels.numel():
@@ -142,8 +145,8 @@ def calibrate_outlier_channels(keys: torch.Tensor, n: int = 8) -> torch.Tensor:
     if keys.dim() < 2:
         raise ValueError(f"keys must be [..., nheads_k, d], got shape {tuple(keys.shape)}")
     d = keys.shape[-1]
-    if not 1 <= n <= min(MAX_OUTLIERS, d):
-        raise ValueError(f"n must be in 1..{min(MAX_OUTLIERS, d)}, got {n}")
+    if n not in OUTLIER_COUNTS or n > d:
+        raise ValueError(f"n must be 8 or 16 (and at most the head dim {d}), got {n}")
     amax = keys.float().abs().reshape(-1, keys.shape[-2], d).amax(0)
     return amax.topk(n, dim=-1).indices.sort(dim=-1).values.to(torch.int32).contiguous()
 
