@@ -381,10 +381,12 @@ def test_bad_arguments_raise():
         with pytest.raises(ValueError, match="8 or 16"):
             new_key_outliers(torch.arange(n, dtype=torch.int32).expand(2, n).contiguous(), 4,
                              16, dtype)
+    heads_k = channels.shape[0]
     with pytest.raises(ValueError, match="multiples of 8"):
-        KeyOutliers(channels, torch.zeros(4, 16, 2, 9, device=DEVICE)[..., :8])
+        KeyOutliers(channels, torch.zeros(4, 16, heads_k, 9, device=DEVICE)[..., :8])
     with pytest.raises(ValueError, match="aligned"):
-        KeyOutliers(channels, torch.zeros(4 * 16 * 2 * 8 + 1, device=DEVICE)[1:].view(4, 16, 2, 8))
+        KeyOutliers(channels, torch.zeros(4 * 16 * heads_k * 8 + 1,
+                                          device=DEVICE)[1:].view(4, 16, heads_k, 8))
     with pytest.raises(ValueError, match=">= 0"):
         new_key_outliers(channels - 100, 4, 16, dtype)
     with pytest.raises(TypeError):
