@@ -1,0 +1,556 @@
+"""Warp-specialized Hopper (sm_90a) paged decode in Gluon for an fp8 e4m3 KV cache: the contract of
+``_paged_decode_kernel`` (kernels/paged_decode.py) with SPLIT (float32 partials, merged by
+``paged_combine``), for fp16 queries, head dim 128, pages a multiple of 16 keys. A prototype
+(docs/notes.md, "A Gluon decode for the quantized caches"): compiled and inspected on the CPU
+(``make kernel-check``, ``gluon_decode_check.py``); correctness and speed are
+``scripts/gluon_decode_check.py``'s, on the GPU.
+
+NOT WIRED into ``paged_attention``: on the lent H100 (2026-11-27, CUDA graphs, decode + combine)
+it passed every correctness case but ran 2-11% slower than the Triton kernel it copies
+(GQA 32/8 1 x 131072: 108.8-115.2 us against 102.6; MHA 12/12 1 x 131072 154.7-160.3 against
+147.1; the 64 x 8192 rows 0.98x). Its 255 registers leave one CTA, four compute warps, an SM
+(docs/notes.md, "Issue 26, 2026-11-27, later session").
+
+Why. Triton's 2-stage software pipeline keeps about one K/V tile in flight per program and each
+tile's softmax does cross-warp reductions (CTA barriers): the 1 x 131072 fp8 rows read DRAM at
+71-73% of peak. Here a loader warp keeps ``STAGES`` tiles (32 KB each) in flight by TMA, and the
+consumer warps' steady loop has no cross-warp reduction.
+
+Grid ``(num_splits, nheads_k, batch)``: a CTA takes one (split, KV head, sequence); the split
+rule is the Triton kernel's (``split_len = cdiv(cdiv(seqlen, S), 128) * 128``, keys ``[s *
+split_len, min((s + 1) * split_len, seqlen))``). Rows are GQA-packed as there: row ``r`` of the
+16-row tile is token ``r // GROUP``, q head ``kv_head * GROUP + r % GROUP`` (``GROUP * q_len <=
+16``, the rest zero padding, never stored). Two partitions:
+
+- ``_load`` (1 warp, 24 registers): ``gluon_prefill._load``'s scheme. Key tile ``j`` (128 keys)
+  into ring slot ``j % STAGES`` (K 16 KB + V 16 KB) as ``128 / BOX`` TMA boxes of ``[BOX, 128]``
+  bytes (``BOX`` = the largest of 128/64/32/16 dividing the page: 8 boxes at page 16) from the
+  caches viewed as ``[num_pages * page_size, nheads_k * 128]`` uint8: TMA cannot gather rows,
+  but a box never crosses a page, so one block-table lookup per box places it (a tile's page ids
+  are looked up a tile ahead). K on ``k_ready[s]``, V on ``v_ready[s]``; a slot is refilled
+  once ``k_empty[s]`` (``v_empty[s]``) says the consumers are done reading it.
+- ``_consume`` (the default partition, 4 warps): warp ``w`` owns keys ``32 w .. 32 w + 31`` of
+  every tile and its own softmax state ``(m, l [16], acc [16, 128])`` (FlashDecoding's split
+  inside the CTA). Every register tensor is rank 3 with the warp as the leading (batch) dim of a
+  batched ``mma_v2`` (``NVMMADistributedLayout`` version 2, ``warps_per_cta [4, 1, 1]``), so
+  the row max and sum over a warp's 32 keys are shuffles within the warp. Per tile and warp:
+  S [16, 32] = q [16, 128] K_w^T (32 m16n8k16; the slot reshaped ``[4, 32, 128]`` and permuted
+  to ``[4, 128, 32]``, read by ``ldmatrix`` with ``k_width`` 4, each byte pair converted by
+  ``cvt.rn.f16x2.e4m3x2``); the online softmax in base 2 (fp8's K scale folded into the score
+  scale); P stays in registers as the A operand; V read as 16-bit units (the slot reinterpreted
+  ``[128, 64]`` uint16, ``[4, 32, 64]``, ``ldmatrix.trans``) and converted by the channel-pair
+  trick (``quant_convert._pair_units_to_f16``: a ``prmt`` and one cvt give the fp16 pair of the
+  even or odd channel of two keys), two dots (even and odd output channels, 32 m16n8k16). Once
+  per CTA the four warps' states are merged (max, rescale, sum: Triton's cross-warp reductions
+  through shared memory), V's scale applied, and the partial stored, even and odd channels
+  interleaved by the store addresses.
+
+Ring slots are freed by every consumer thread's own arrive (``THREAD_ARRIVE``, count 128,
+``cp.async.mbarrier.arrive.noinc``: no cp.async is pending, so it arrives at once), not by
+Gluon's ``mbarrier.arrive``, whose single elected arrive Triton's membar pass fences with a
+``bar.sync`` of the 4 consumer warps (two per tile). One ``bar.sync`` of the consumer warps per
+tile remains, which membar puts before the K wait (it cannot tell the ring slots and the
+barriers of a partition's captured allocations apart); the loader warp never joins it.
+
+Keys past the sequence's end in its last tile (boxes past the end re-read the sequence's last
+box: the block table past a sequence's pages is never read) hold whatever the page holds there,
+NaN bytes included: their scores are masked to -inf and, on the masked tile only, their V units
+zeroed in registers before the convert (0 * NaN would be NaN). Causal is bottom-right (row ``t``
+sees key ``j <= t + seqlen - q_len``); tiles wholly visible to every row take the unmasked loop.
+Natural-log LSE out; an empty split, or a row that sees no key of its split (causal, the first
+rows when q_len > seqlen), stores out 0, lse -inf: a warp whose keys a row never saw keeps
+``m = -inf, l = 0, acc = 0``, and every ``exp2`` of an ``m`` subtracts ``m_sub`` (``m`` with -inf
+read as 0), so no ``-inf - -inf`` (NaN) is ever formed: ``alpha`` and the merge weight are
+``exp2(-inf) = 0`` there, and the output's ``1 / l`` is taken only where ``l > 0``.
+
+Host side: ``GluonDecodeLaunch`` validates and builds the TMA descriptors once (a call is then
+the decode launch, plus the combine's: CUDA-graph capturable); ``launch_gluon_decode_fp8`` does
+both per call.
+"""
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+
+LOG2E = gl.constexpr(1.4426950408889634)
+LN2 = gl.constexpr(0.6931471805599453)
+HEAD_DIM = gl.constexpr(128)
+BLOCK_N = gl.constexpr(128)          # keys a ring slot (a tile), 32 per consumer warp
+ROWS = gl.constexpr(16)              # packed q rows (GROUP * q_len <= 16, zero padded)
+WARPS = gl.constexpr(4)              # consumer warps: the default partition (num_warps)
+WARP_KEYS = gl.constexpr(32)         # a consumer warp's keys of a tile
+LOADER_WARPS = gl.constexpr(1)
+LOADER_REGS = gl.constexpr(24)
+
+# Batched mma.sync (m16n8k16): the leading dim is the consumer warp, so every tensor below is
+# warp-private: a reduction over its last two dims never leaves the warp.
+MMA = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1],
+                                             instr_shape=[1, 16, 8]))
+# S = Q Kᵀ: k_width 4 (each thread holds 4 consecutive channels of a key: the K slot is read by
+# ldmatrix, 16 B a row segment, and q in the same order, so the dot's sum is unchanged).
+Q_OP = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=4))
+K_OP = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=4))
+# O += P V: P straight from the S accumulator (k_width 2), V units by ldmatrix.trans.
+P_OP = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2))
+V_OP = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2))
+ROW_STATE = gl.constexpr(gl.SliceLayout(2, MMA))     # m, l: [WARPS, ROWS]
+
+
+@gluon.jit
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def _max(a, b):
+    return gl.maximum(a, b)
+
+
+@gluon.jit
+def _split_range(cache_seqlens, seq, split, num_splits):
+    """``(seqlen, lo, hi)``: split ``split``'s keys ``[lo, hi)`` (the Triton kernel's rule)."""
+    seqlen = gl.load(cache_seqlens + seq)
+    split_len = (((seqlen + num_splits - 1) // num_splits + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
+    lo = split * split_len
+    hi = gl.minimum(lo + split_len, seqlen)
+    return seqlen, lo, hi
+
+
+# ----------------------------------------------------------------------------------------------
+# Loader warp
+# ----------------------------------------------------------------------------------------------
+
+@gluon.jit
+def _box_pages(bt_row, start, box, last_box, BOX: gl.constexpr, PAGE_SIZE: gl.constexpr):
+    """Page ids of the boxes of the tile at key ``start`` (boxes past the end: the sequence's
+    last box's page, so the block table past the sequence's pages is never read)."""
+    key = gl.minimum(start + box * BOX, last_box)
+    return gl.load(bt_row + key // PAGE_SIZE)
+
+
+@gluon.jit
+def _load_tile(desc, smem, ready, empty, phase, pages, box, start, col, last_box,
+               PAGE_SIZE: gl.constexpr):
+    """The tile at key ``start`` of K (or V) into the ring slot ``smem`` once ``empty`` passes
+    ``phase``, box by box, on ``ready`` (expect + the boxes' bytes)."""
+    BOX: gl.constexpr = desc.block_type.shape[0]
+    mbarrier.wait(empty, phase)
+    mbarrier.expect(ready, (BLOCK_N // BOX) * desc.block_type.nbytes)
+    for i in gl.static_range(BLOCK_N // BOX):
+        key = gl.minimum(start + i * BOX, last_box)
+        if BOX == BLOCK_N:
+            page = gl.reduce(pages, 0, _add)
+        else:
+            page = gl.reduce(gl.where(box == i, pages, 0), 0, _add)
+        row = page * PAGE_SIZE + key % PAGE_SIZE
+        tma.async_copy_global_to_shared(desc, [row, col], ready, smem.slice(i * BOX, BOX))
+
+
+@gluon.jit
+def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, cache_seqlens,
+          block_table, num_splits, stride_btb, PAGE_SIZE: gl.constexpr):
+    """The loader warp: the split's key tiles into the K and V rings."""
+    STAGES: gl.constexpr = k_smem.shape[0]
+    BOX: gl.constexpr = k_desc.block_type.shape[0]
+    BOXES: gl.constexpr = BLOCK_N // BOX
+    split = gl.program_id(0)
+    kv_head = gl.program_id(1)
+    seq = gl.program_id(2)
+    seqlen, lo, hi = _split_range(cache_seqlens, seq, split, num_splits)
+    n_tiles = gl.maximum(hi - lo + BLOCK_N - 1, 0) // BLOCK_N
+    col = kv_head * HEAD_DIM
+    bt_row = block_table + seq.to(gl.int64) * stride_btb
+    box = gl.arange(0, BOXES, gl.BlockedLayout([1], [32], [1], [0]))
+    last_box = gl.maximum(seqlen - 1, 0) // BOX * BOX
+    pages = _box_pages(bt_row, lo, box, last_box, BOX, PAGE_SIZE)
+    for j in range(n_tiles):
+        s = j % STAGES
+        phase = ((j // STAGES) & 1) ^ 1      # a fresh empty barrier passes the first round
+        start = lo + j * BLOCK_N
+        cur = pages
+        pages = _box_pages(bt_row, start + BLOCK_N, box, last_box, BOX, PAGE_SIZE)
+        _load_tile(k_desc, k_smem.index(s), k_ready.index(s), k_empty.index(s), phase, cur, box,
+                   start, col, last_box, PAGE_SIZE)
+        _load_tile(v_desc, v_smem.index(s), v_ready.index(s), v_empty.index(s), phase, cur, box,
+                   start, col, last_box, PAGE_SIZE)
+
+
+# ----------------------------------------------------------------------------------------------
+# Consumer warps
+# ----------------------------------------------------------------------------------------------
+
+@gluon.jit
+def _fp8_pairs_to_f16(units, ODD: gl.constexpr):
+    """uint16 units (low byte channel 2p, high byte 2p + 1 of one key) -> fp16 channel 2p (or,
+    ODD, 2p + 1), two keys an instruction pair (``quant_convert._pair_units_to_f16``)."""
+    if ODD:
+        y = gl.inline_asm_elementwise(
+            """{
+            .reg .b32 t;
+            .reg .b16 lo, hi;
+            prmt.b32 t, $1, 0, 0x3331;
+            mov.b32 {lo, hi}, t;
+            cvt.rn.f16x2.e4m3x2 $0, lo;
+            }""", "=r,r", [units], dtype=gl.float16, is_pure=True, pack=2)
+    else:
+        y = gl.inline_asm_elementwise(
+            """{
+            .reg .b32 t;
+            .reg .b16 lo, hi;
+            prmt.b32 t, $1, 0, 0x3320;
+            mov.b32 {lo, hi}, t;
+            cvt.rn.f16x2.e4m3x2 $0, lo;
+            }""", "=r,r", [units], dtype=gl.float16, is_pure=True, pack=2)
+    return y
+
+
+@gluon.constexpr_function
+def _release_count(thread_arrive):
+    """Arrivals that free a ring slot: every consumer thread's, or the partition's one."""
+    return 32 * WARPS.value if thread_arrive else 1
+
+
+@gluon.jit
+def _release(bar, THREAD_ARRIVE: gl.constexpr):
+    """The consumers are done reading a ring slot (their shared loads are issued). THREAD_ARRIVE:
+    each thread arrives by itself (``cp.async.mbarrier.arrive.noinc``: with no cp.async of its
+    own pending it arrives at once); else Gluon's ``mbarrier.arrive``: one elected thread,
+    after a ``bar.sync`` of the 4 consumer warps (Triton's membar puts it there)."""
+    if THREAD_ARRIVE:
+        async_copy.mbarrier_arrive(bar, increment_count=False)
+    else:
+        mbarrier.arrive(bar)
+
+
+@gluon.jit
+def _tile(q, acc_e, acc_o, m_i, l_i, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, j,
+          start, hi, last_key, qk_scale, MASKED: gl.constexpr, THREAD_ARRIVE: gl.constexpr):
+    """Key tile ``j`` of the ring (keys ``start ..``) into each warp's state: warp w takes keys
+    ``start + 32 w ..``."""
+    STAGES: gl.constexpr = k_smem.shape[0]
+    s = j % STAGES
+    phase = (j // STAGES) & 1
+    U16: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+
+    mbarrier.wait(k_ready.index(s), phase)
+    kb = k_smem.index(s).reshape([WARPS, WARP_KEYS, HEAD_DIM]).permute((0, 2, 1)).load(K_OP)
+    _release(k_empty.index(s), THREAD_ARRIVE)
+    kf = kb.to(gl.float8e4nv, bitcast=True).to(gl.float16)
+    sc = mma_v2(q, kf, gl.zeros([WARPS, ROWS, WARP_KEYS], gl.float32, MMA))
+    if MASKED:
+        w = gl.arange(0, WARPS, gl.SliceLayout(1, gl.SliceLayout(2, MMA)))
+        n = gl.arange(0, WARP_KEYS, gl.SliceLayout(0, gl.SliceLayout(1, MMA)))
+        keys = start + gl.expand_dims(gl.expand_dims(w * WARP_KEYS, 1), 2) \
+            + gl.expand_dims(gl.expand_dims(n, 0), 1)
+        visible = (keys < hi) & (keys <= gl.expand_dims(gl.expand_dims(last_key, 0), 2))
+        sc = gl.where(visible, sc * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.reduce(sc, 2, _max))
+        m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp2(sc - gl.expand_dims(m_sub, 2))
+    else:
+        m_new = gl.maximum(m_i, gl.reduce(sc, 2, _max) * qk_scale)
+        m_sub = m_new
+        p = gl.exp2(sc * qk_scale - gl.expand_dims(m_sub, 2))
+    alpha = gl.exp2(m_i - m_sub)
+    l_i = l_i * alpha + gl.reduce(p, 2, _add)
+    p_op = gl.convert_layout(p.to(gl.float16), P_OP)
+
+    mbarrier.wait(v_ready.index(s), phase)
+    units = v_smem.index(s)._reinterpret(gl.uint16, [BLOCK_N, HEAD_DIM // 2], U16).reshape(
+        [WARPS, WARP_KEYS, HEAD_DIM // 2]).load(V_OP)
+    _release(v_empty.index(s), THREAD_ARRIVE)
+    if MASKED:   # V rows past the end may hold anything (NaN bytes): 0 * NaN would be NaN
+        wv = gl.arange(0, WARPS, gl.SliceLayout(1, gl.SliceLayout(2, V_OP)))
+        kv = gl.arange(0, WARP_KEYS, gl.SliceLayout(0, gl.SliceLayout(2, V_OP)))
+        vkeys = start + gl.expand_dims(gl.expand_dims(wv * WARP_KEYS, 1), 2) \
+            + gl.expand_dims(gl.expand_dims(kv, 0), 2)
+        units = gl.where(vkeys < hi, units, 0)
+    a3 = gl.expand_dims(alpha, 2)
+    acc_e = mma_v2(p_op, _fp8_pairs_to_f16(units, False), acc_e * a3)
+    acc_o = mma_v2(p_op, _fp8_pairs_to_f16(units, True), acc_o * a3)
+    return acc_e, acc_o, m_new, l_i
+
+
+@gluon.jit
+def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+             cache_seqlens, sm_scale, q_len, num_splits, stride_qb, stride_qt, stride_qh,
+             stride_ksh, stride_vsh, stride_ob, stride_ot, stride_oh, stride_os, stride_lb,
+             stride_lt, stride_lh, stride_ls, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr,
+             THREAD_ARRIVE: gl.constexpr):
+    split = gl.program_id(0)
+    kv_head = gl.program_id(1)
+    seq = gl.program_id(2)
+    seqlen, lo, hi = _split_range(cache_seqlens, seq, split, num_splits)
+
+    # Q rows [WARPS, ROWS, D], the same in every warp, loaded straight into the operand layout.
+    r = gl.arange(0, ROWS, gl.SliceLayout(0, gl.SliceLayout(2, Q_OP)))
+    d = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, gl.SliceLayout(1, Q_OP)))
+    wq = gl.arange(0, WARPS, gl.SliceLayout(1, gl.SliceLayout(2, Q_OP)))
+    q_row = (r // GROUP) * stride_qt + (kv_head * GROUP + r % GROUP) * stride_qh
+    q_ptrs = (Q + seq.to(gl.int64) * stride_qb
+              + gl.expand_dims(gl.expand_dims(wq * 0, 1) + gl.expand_dims(q_row, 0), 2)
+              + gl.expand_dims(gl.expand_dims(d, 0), 1))
+    q_ok = gl.expand_dims(gl.expand_dims(wq >= 0, 1) & gl.expand_dims(r < GROUP * q_len, 0), 2)
+    q = gl.load(q_ptrs, mask=q_ok, other=0.0)
+
+    if IS_CAUSAL:
+        diag = seqlen - q_len                       # row t sees key j <= t + diag
+        all_see = gl.minimum(hi, diag + 1)
+    else:
+        diag = seqlen
+        all_see = hi
+    full = lo + gl.maximum(all_see - lo, 0) // BLOCK_N * BLOCK_N
+    n_full = (full - lo) // BLOCK_N
+    n_tiles = gl.maximum(hi - lo + BLOCK_N - 1, 0) // BLOCK_N
+    rs = gl.arange(0, ROWS, gl.SliceLayout(0, ROW_STATE))
+    last_key = rs // GROUP + diag
+    qk_scale = sm_scale * LOG2E * gl.load(KS + kv_head * stride_ksh)
+
+    m_i = gl.full([WARPS, ROWS], float("-inf"), gl.float32, ROW_STATE)
+    l_i = gl.zeros([WARPS, ROWS], gl.float32, ROW_STATE)
+    acc_e = gl.zeros([WARPS, ROWS, HEAD_DIM // 2], gl.float32, MMA)
+    acc_o = gl.zeros([WARPS, ROWS, HEAD_DIM // 2], gl.float32, MMA)
+    for j in range(0, n_full):
+        acc_e, acc_o, m_i, l_i = _tile(q, acc_e, acc_o, m_i, l_i, k_smem, v_smem, k_ready,
+                                       v_ready, k_empty, v_empty, j, lo + j * BLOCK_N, hi,
+                                       last_key, qk_scale, False, THREAD_ARRIVE)
+    for j in range(n_full, n_tiles):
+        acc_e, acc_o, m_i, l_i = _tile(q, acc_e, acc_o, m_i, l_i, k_smem, v_smem, k_ready,
+                                       v_ready, k_empty, v_empty, j, lo + j * BLOCK_N, hi,
+                                       last_key, qk_scale, True, THREAD_ARRIVE)
+
+    # The four warps' states merged once.
+    m = gl.reduce(m_i, 0, _max)
+    m_sub = gl.where(m == float("-inf"), 0.0, m)
+    w = gl.exp2(m_i - gl.expand_dims(m_sub, 0))                  # [WARPS, ROWS], 0 for -inf
+    l = gl.reduce(l_i * w, 0, _add)
+    w3 = gl.expand_dims(w, 2)
+    o_e = gl.reduce(acc_e * w3, 0, _add)
+    o_o = gl.reduce(acc_o * w3, 0, _add)
+    seen = l > 0.0
+    inv = gl.where(seen, gl.load(VS + kv_head * stride_vsh) / gl.where(seen, l, 1.0), 0.0)
+    lse = gl.where(seen, (m + gl.log2(gl.where(seen, l, 1.0))) * LN2, float("-inf"))
+
+    OUT2: gl.constexpr = gl.SliceLayout(0, MMA)
+    ro = gl.arange(0, ROWS, gl.SliceLayout(1, OUT2))
+    po = gl.arange(0, HEAD_DIM // 2, gl.SliceLayout(0, OUT2))
+    o_row = (seq.to(gl.int64) * stride_ob + split * stride_os + (ro // GROUP) * stride_ot
+             + (kv_head * GROUP + ro % GROUP) * stride_oh)
+    o_ptrs = Out + gl.expand_dims(o_row, 1) + gl.expand_dims(po * 2, 0)
+    o_ok = gl.expand_dims(ro < GROUP * q_len, 1)
+    inv_o = gl.expand_dims(gl.convert_layout(inv, gl.SliceLayout(1, OUT2)), 1)
+    gl.store(o_ptrs, o_e * inv_o, mask=o_ok)
+    gl.store(o_ptrs + 1, o_o * inv_o, mask=o_ok)
+    LSE1: gl.constexpr = gl.SliceLayout(0, ROW_STATE)
+    rl = gl.arange(0, ROWS, LSE1)
+    gl.store(Lse + seq.to(gl.int64) * stride_lb + split * stride_ls + (rl // GROUP) * stride_lt
+             + (kv_head * GROUP + rl % GROUP) * stride_lh, lse, mask=rl < GROUP * q_len)
+
+
+@gluon.jit
+def _gluon_decode_kernel(
+    Q, k_desc, v_desc, KS, VS, Out, Lse, cache_seqlens, block_table, sm_scale, q_len,
+    num_splits, stride_qb, stride_qt, stride_qh, stride_ksh, stride_vsh, stride_ob, stride_ot,
+    stride_oh, stride_os, stride_lb, stride_lt, stride_lh, stride_ls, stride_btb,
+    GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr, PAGE_SIZE: gl.constexpr,
+    STAGES: gl.constexpr, THREAD_ARRIVE: gl.constexpr = True,
+):
+    k_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=_release_count(THREAD_ARRIVE))
+        mbarrier.init(v_empty.index(i), count=_release_count(THREAD_ARRIVE))
+    gl.warp_specialize([
+        (_consume, (Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                    cache_seqlens, sm_scale, q_len, num_splits, stride_qb, stride_qt, stride_qh,
+                    stride_ksh, stride_vsh, stride_ob, stride_ot, stride_oh, stride_os,
+                    stride_lb, stride_lt, stride_lh, stride_ls, GROUP, IS_CAUSAL, THREAD_ARRIVE)),
+        (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                 cache_seqlens, block_table, num_splits, stride_btb, PAGE_SIZE)),
+    ], [LOADER_WARPS], [LOADER_REGS])
+
+
+# ----------------------------------------------------------------------------------------------
+# Host side
+# ----------------------------------------------------------------------------------------------
+
+def box_rows(page_size: int) -> int:
+    """Rows of a TMA box: the largest of 128, 64, 32, 16 that divides the page (a box never
+    crosses a page, and a 128-key tile is a whole number of boxes)."""
+    for rows in (128, 64, 32, 16):
+        if page_size % rows == 0:
+            return rows
+    raise ValueError(f"page_size must be a multiple of 16, got {page_size}")
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+def _check_scale(name: str, scale, nheads_k: int, device) -> int:
+    """fp8 per-KV-head scale: float32 ``[nheads_k]`` or 0-dim; returns its head stride."""
+    _check(isinstance(scale, torch.Tensor) and scale.dtype == torch.float32,
+           f"{name} must be a float32 tensor")
+    _check(scale.shape in ((), (nheads_k,)),
+           f"{name} must be [nheads_k] = [{nheads_k}] or 0-dim, got {tuple(scale.shape)}")
+    _check(scale.device == device, f"{name} must be on {device}, got {scale.device}")
+    return scale.stride(0) if scale.dim() == 1 else 0
+
+
+def _validate(q, k_cache, v_cache, k_scale, v_scale, cache_seqlens, block_table, out_partial,
+              lse_partial, num_splits):
+    _check(isinstance(q, torch.Tensor) and q.dim() == 4, "q must be [batch, q_len, nheads, 128]")
+    batch, q_len, nheads, head_dim = q.shape
+    _check(q.dtype == torch.float16, f"q must be float16, got {q.dtype}")
+    _check(head_dim == HEAD_DIM.value, f"head dim must be {HEAD_DIM.value}, got {head_dim}")
+    _check(q.stride(3) == 1, "q's last dim must be contiguous")
+    _check(q.is_cuda, "q must be a CUDA tensor")
+    _check(torch.cuda.get_device_capability(q.device)[0] == 9, "needs a Hopper (sm90) GPU")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        _check(isinstance(t, torch.Tensor) and t.dim() == 4,
+               f"{name} must be [num_pages, page_size, nheads_k, 128]")
+        _check(t.dtype == torch.float8_e4m3fn, f"{name} must be float8_e4m3fn, got {t.dtype}")
+        _check(t.shape == k_cache.shape, f"k_cache and v_cache shapes differ: "
+               f"{tuple(k_cache.shape)} vs {tuple(v_cache.shape)}")
+        _check(t.device == q.device, f"{name} must be on {q.device}")
+    num_pages, page_size, nheads_k, d = k_cache.shape
+    _check(d == head_dim, f"caches' head dim must be {head_dim}, got {d}")
+    _check(page_size % 16 == 0, f"page_size must be a multiple of 16, got {page_size}")
+    _check(nheads % nheads_k == 0, f"nheads ({nheads}) must be a multiple of nheads_k "
+           f"({nheads_k})")
+    group = nheads // nheads_k
+    _check(group * q_len <= ROWS.value,
+           f"GQA group x q_len must be <= {ROWS.value}, got {group} x {q_len}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        _check(t.stride(3) == 1 and t.stride(2) == d and t.stride(1) == nheads_k * d
+               and t.stride(0) == page_size * t.stride(1),
+               f"{name}: each page's rows and heads must be back to back (contiguous pages)")
+        _check(t.data_ptr() % 16 == 0, f"{name} must be 16-byte aligned")
+    _check(num_pages * page_size < 2**31, "the caches' rows pass 2^31 (TMA coordinates)")
+    _check(isinstance(num_splits, int) and num_splits >= 1,
+           f"num_splits must be a positive int, got {num_splits!r}")
+    _check(cache_seqlens.dtype == torch.int32 and cache_seqlens.shape == (batch,),
+           f"cache_seqlens must be int32 [{batch}]")
+    _check(block_table.dtype == torch.int32 and block_table.dim() == 2
+           and block_table.shape[0] == batch and block_table.stride(1) == 1,
+           f"block_table must be int32 [{batch}, max_pages], last dim contiguous")
+    _check(cache_seqlens.is_contiguous(), "cache_seqlens must be contiguous")
+    _check(out_partial.dtype == torch.float32
+           and tuple(out_partial.shape) == (batch, q_len, nheads, num_splits, head_dim)
+           and out_partial.stride(4) == 1,
+           f"out_partial must be float32 [{batch}, {q_len}, {nheads}, {num_splits}, {head_dim}]"
+           " with the last dim contiguous")
+    _check(lse_partial.dtype == torch.float32
+           and tuple(lse_partial.shape) == (batch, q_len, nheads, num_splits),
+           f"lse_partial must be float32 [{batch}, {q_len}, {nheads}, {num_splits}]")
+    for name, t in (("cache_seqlens", cache_seqlens), ("block_table", block_table),
+                    ("out_partial", out_partial), ("lse_partial", lse_partial)):
+        _check(t.device == q.device, f"{name} must be on {q.device}")
+    return (_check_scale("k_scale", k_scale, nheads_k, q.device),
+            _check_scale("v_scale", v_scale, nheads_k, q.device))
+
+
+def _desc(cache, box: int):
+    """TMA descriptor over the fp8 cache's bytes as ``[num_pages * page_size, nheads_k * 128]``,
+    box ``[box, 128]`` (128-byte swizzle)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    raw = cache.view(torch.uint8)
+    layout = gl.NVMMASharedLayout.get_default_for([box, HEAD_DIM.value], gl.uint8)
+    return TensorDescriptor(raw, [raw.shape[0] * raw.shape[1], raw.shape[2] * raw.shape[3]],
+                            [raw.stride(1), 1], [box, HEAD_DIM.value], layout)
+
+
+class GluonDecodeLaunch:
+    """``_gluon_decode_kernel`` (and, given ``out``, the combine) bound to fixed tensors:
+    validated and the two TMA descriptors built once, so ``decode()`` is one kernel launch and
+    ``__call__()`` two (decode + ``combine_partials`` into ``out`` / ``lse``): no allocation, no
+    host sync, CUDA-graph capturable (the descriptors travel by value in the kernel parameters,
+    so they must describe the caches a captured graph replays on). Arguments as in
+    ``launch_gluon_decode_fp8``; ``out`` fp16 ``[batch, q_len, nheads, 128]`` and ``lse`` float32
+    ``[batch, nheads, q_len]``, contiguous, optional."""
+
+    def __init__(self, q, k_cache, v_cache, k_scale, v_scale, cache_seqlens, block_table,
+                 out_partial, lse_partial, out=None, lse=None, *, softmax_scale: float,
+                 num_splits: int, causal: bool, stages: int = 4, thread_arrive: bool = True):
+        ksh, vsh = _validate(q, k_cache, v_cache, k_scale, v_scale, cache_seqlens, block_table,
+                             out_partial, lse_partial, num_splits)
+        _check(stages >= 2, f"stages must be >= 2, got {stages}")
+        batch, q_len, nheads, _ = q.shape
+        page_size, nheads_k = k_cache.shape[1], k_cache.shape[2]
+        if out is not None:
+            _check(out.shape == q.shape and out.is_contiguous() and out.device == q.device,
+                   f"out must be contiguous {tuple(q.shape)} on {q.device}")
+        if lse is not None:
+            _check(out is not None and lse.dtype == torch.float32 and lse.is_contiguous()
+                   and tuple(lse.shape) == (batch, nheads, q_len),
+                   f"lse must be contiguous float32 [{batch}, {nheads}, {q_len}] (with out)")
+        self.out_partial, self.lse_partial, self.out, self.lse = out_partial, lse_partial, out, lse
+        self.grid = (num_splits, nheads_k, batch)
+        box = box_rows(page_size)
+        self.args = (
+            q, _desc(k_cache, box), _desc(v_cache, box), k_scale, v_scale, out_partial,
+            lse_partial, cache_seqlens, block_table, float(softmax_scale), q_len, num_splits,
+            q.stride(0), q.stride(1), q.stride(2), ksh, vsh, *out_partial.stride()[:4],
+            *lse_partial.stride(), block_table.stride(0))
+        self.constexprs = dict(GROUP=nheads // nheads_k, IS_CAUSAL=bool(causal),
+                               PAGE_SIZE=page_size, STAGES=stages,
+                               THREAD_ARRIVE=bool(thread_arrive), num_warps=WARPS.value)
+
+    def decode(self):
+        """The decode kernel alone (the partials); returns the compiled kernel."""
+        if self.grid[2] == 0:
+            return None
+        return _gluon_decode_kernel[self.grid](*self.args, **self.constexprs)
+
+    def __call__(self):
+        """Decode + combine (needs ``out``); returns ``(out, lse)``."""
+        self.decode()
+        if self.grid[2]:
+            combine_partials(self.out_partial, self.lse_partial, self.out, self.lse)
+        return self.out, self.lse
+
+
+def launch_gluon_decode_fp8(q, k_cache, v_cache, k_scale, v_scale, cache_seqlens, block_table,
+                            out_partial, lse_partial, *, softmax_scale: float, num_splits: int,
+                            causal: bool, stages: int = 4, thread_arrive: bool = True):
+    """``_gluon_decode_kernel`` on an fp8 e4m3 paged cache: the float32 split partials
+    ``out_partial [batch, q_len, nheads, num_splits, 128]`` (normalized) and ``lse_partial
+    [batch, q_len, nheads, num_splits]`` (natural log; ``-inf`` and 0 for an empty split or a
+    row that sees no key), what ``_paged_decode_kernel`` stores with SPLIT, so
+    ``combine_partials`` (``paged_combine``) merges them. q fp16 ``[batch, q_len, nheads, 128]``;
+    caches float8_e4m3fn ``[num_pages, page_size, nheads_k, 128]`` (contiguous pages, page_size a
+    multiple of 16); k_scale / v_scale float32 ``[nheads_k]`` or 0-dim (``kvonce.paged.quant``);
+    ``GROUP * q_len <= 16``. Validates and builds the TMA descriptors on every call (a
+    ``GluonDecodeLaunch`` does that once). Returns the compiled kernel."""
+    return GluonDecodeLaunch(q, k_cache, v_cache, k_scale, v_scale, cache_seqlens, block_table,
+                             out_partial, lse_partial, softmax_scale=softmax_scale,
+                             num_splits=num_splits, causal=causal, stages=stages,
+                             thread_arrive=thread_arrive).decode()
+
+
+def combine_partials(out_partial, lse_partial, out, lse=None) -> None:
+    """``paged_combine._combine_splits_kernel`` over the partials: ``out [batch, q_len, nheads,
+    128]`` (its dtype) and, if given, ``lse`` float32 ``[batch, nheads, q_len]``, both
+    contiguous (as ``PagedDecodeLaunch`` calls it)."""
+    from .paged_combine import _combine_splits_kernel, combine_launch_shape
+
+    batch, q_len, nheads, num_splits, head_dim = out_partial.shape
+    grid, constexprs, (warps, stages) = combine_launch_shape(nheads, q_len, batch, num_splits,
+                                                             head_dim)
+    constexprs["STORE_LSE"] = lse is not None
+    _combine_splits_kernel[grid](
+        out_partial, lse_partial, out, out if lse is None else lse, num_splits, head_dim,
+        *out_partial.stride()[:4], *lse_partial.stride(), q_len * nheads * head_dim,
+        nheads * head_dim, head_dim, nheads * q_len, 1, q_len, **constexprs, num_warps=warps,
+        num_stages=stages)

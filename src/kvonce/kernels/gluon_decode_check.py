@@ -1,0 +1,131 @@
+"""``make kernel-check`` (scripts/kernel_check.py) for the Gluon fp8 paged decode
+(``gluon_decode.py``): the variants compiled for sm_90a on the CPU. kernel_check's SASS counts are
+wgmma's (this kernel runs mma.sync: all 0); its steady loops are inspected here instead:
+
+    .venv/bin/python -m kvonce.kernels.gluon_decode_check [--only SUBSTRING] [--keep DIR]
+
+compiles every variant (through kernel_check's ``check_spec``) and prints, per variant, the
+registers, spills and shared memory, and for each consumer key-tile loop (a backward branch's
+range holding HMMA; the out-of-line mbarrier retry blocks, which sit past EXIT, are not loops)
+its instructions per tile per warp (NOPs not counted), HMMA, BAR.SYNC, LDSM, the fp8 converts
+(F2FP.F16.E4M3) and MUFU.EX2. Each consumer warp runs the loop body once per 128-key tile.
+"""
+from __future__ import annotations
+
+import collections
+import re
+
+from triton.experimental.gluon import language as gl
+
+from .gluon_decode import _gluon_decode_kernel, box_rows
+
+
+def _check_signature(box: int) -> dict:
+    kv = gl.NVMMASharedLayout.get_default_for([box, 128], gl.uint8)
+    sig = dict(Q="*fp16", k_desc=f"tensordesc<u8[{box}, 128],{kv!r}>",
+               v_desc=f"tensordesc<u8[{box}, 128],{kv!r}>", KS="*fp32", VS="*fp32",
+               Out="*fp32", Lse="*fp32", cache_seqlens="*i32", block_table="*i32",
+               sm_scale="fp32")
+    sig.update({name: "i32" for name in (
+        "q_len", "num_splits", "stride_qb", "stride_qt", "stride_qh", "stride_ksh",
+        "stride_vsh", "stride_ob", "stride_ot", "stride_oh", "stride_os", "stride_lb",
+        "stride_lt", "stride_lh", "stride_ls", "stride_btb")})
+    for name in ("GROUP", "IS_CAUSAL", "PAGE_SIZE", "STAGES", "THREAD_ARRIVE"):
+        sig[name] = "constexpr"
+    return sig
+
+
+def _check_spec(variant, group, page_size, stages=4, causal=False, thread_arrive=True):
+    return (variant, _gluon_decode_kernel, _check_signature(box_rows(page_size)),
+            dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, STAGES=stages,
+                 THREAD_ARRIVE=thread_arrive),
+            dict(num_warps=4), dict(HGMMA=0))
+
+
+GLUON_CHECK_SPECS = [
+    _check_spec("fp8-page16-gqa4-4stages", 4, 16),
+    _check_spec("fp8-page16-gqa4-3stages", 4, 16, stages=3),
+    _check_spec("fp8-page16-mha-4stages", 1, 16),
+    _check_spec("fp8-page16-mha-3stages", 1, 16, stages=3),
+    _check_spec("fp8-page64-gqa4-4stages", 4, 64),
+    _check_spec("fp8-page64-mha-3stages", 1, 64, stages=3),
+    _check_spec("fp8-page16-gqa4-causal-4stages", 4, 16, causal=True),
+    _check_spec("fp8-page16-gqa4-4stages-elected-arrive", 4, 16, thread_arrive=False),
+]
+
+
+_SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);")
+_BRANCH_TARGET = re.compile(r"\bBRA\b.*0x([0-9a-f]+)\s*$")
+_PRED = re.compile(r"^@!?U?P\w+\s+")
+
+
+def _opcode(op: str) -> str:
+    op = _PRED.sub("", op)
+    return op.split()[0] if op else op
+
+
+def tile_loops(sass: str) -> list[dict]:
+    """The HMMA loops of ``cuobjdump -sass`` text (the consumers' key-tile loops): per loop its
+    address range, instruction count without NOPs, and opcode counts."""
+    code = [(int(m.group(1), 16), m.group(2).strip()) for m in _SASS_LINE.finditer(sass)]
+    loops = []
+    for addr, op in code:
+        m = _BRANCH_TARGET.search(op)
+        if not (m and int(m.group(1), 16) < addr):
+            continue
+        lo = int(m.group(1), 16)
+        body = [_opcode(o) for a, o in code if lo <= a <= addr]
+        if "EXIT" in body or not any(o.startswith("HMMA") for o in body):
+            continue
+        counts = collections.Counter(body)
+        loops.append(dict(range=f"{lo:#06x}-{addr:#06x}",
+                          instructions=sum(n for o, n in counts.items() if o != "NOP"),
+                          counts=counts))
+    return loops
+
+
+def _sum(counts, prefix: str) -> int:
+    return sum(n for o, n in counts.items() if o.startswith(prefix))
+
+
+def loop_summary(loop: dict) -> str:
+    c = loop["counts"]
+    return (f"{loop['range']}: {loop['instructions']} instr/tile/warp, HMMA {_sum(c, 'HMMA')}, "
+            f"BAR.SYNC {_sum(c, 'BAR.SYNC')}, LDSM {_sum(c, 'LDSM')}, "
+            f"F2FP.E4M3 {_sum(c, 'F2FP.F16.E4M3')}, MUFU.EX2 {_sum(c, 'MUFU.EX2')}, "
+            f"SHFL {_sum(c, 'SHFL')}, STS {_sum(c, 'STS')}, LDS {_sum(c, 'LDS.')}")
+
+
+def main(argv=None) -> int:
+    import argparse
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
+    import kernel_check
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only")
+    parser.add_argument("--keep", type=Path)
+    args = parser.parse_args(argv)
+    keep = args.keep or Path(tempfile.mkdtemp(prefix="gluon_decode_check."))
+    failed = 0
+    for variant, kernel, sig, constexprs, options, expected in GLUON_CHECK_SPECS:
+        if args.only and args.only not in variant:
+            continue
+        row = kernel_check.check_spec("gluon_decode_check", variant, kernel, sig, constexprs,
+                                      options, expected, keep)
+        print(f"{variant}: regs {row.registers}, spill B {row.spill_bytes}, smem B {row.shared}"
+              f", {row.seconds:.1f} s" + ("" if not row.problems else
+                                          "  FAIL: " + "; ".join(row.problems)))
+        failed += bool(row.problems)
+        sass = keep / f"gluon_decode_check.{kernel.__name__}.{variant}.sass"
+        if sass.exists():
+            for loop in tile_loops(sass.read_text()):
+                print("    loop " + loop_summary(loop))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
