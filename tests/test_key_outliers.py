@@ -325,13 +325,16 @@ def test_plan_run_layers_compile_and_opcheck():
                            dtype=torch.int32, device=DEVICE)
     torch.library.opcheck(torch.ops.kvonce.paged_decode_split,
                           (q, kq, vq, seqlens, table, o_part, lse_part, arrivals, *fields))
+    torch.library.opcheck(torch.ops.kvonce.append_paged_kv,
+                          (new_k, new_v, kq, vq, seqlens, table, ks, vs, 2, ko.values,
+                           ko.channels))
 
 
 def test_fp16_values_saturate():
     """Outlier values past fp16's range are stored as +-65504 (saturated, as fp8 is), not inf;
     bf16 values keep them."""
     channels = torch.tensor([[1, 5, 8, 9, 10, 11, 12, 13]], dtype=torch.int32, device=DEVICE)
-    k = torch.zeros(2, 1, 16, device=DEVICE, dtype=torch.bfloat16)
+    k = torch.zeros(2, 1, 32, device=DEVICE, dtype=torch.bfloat16)
     k[0, 0, 1], k[1, 0, 5], k[1, 0, 2] = 1e6, -3e5, 7.0
     dense, sparse = new_key_outliers(channels, 1, 16).split(k)
     assert sparse.dtype == torch.float16
@@ -339,6 +342,18 @@ def test_fp16_values_saturate():
     assert dense[1, 0, 2] == 7.0 and (dense[:, :, [1, 5]] == 0).all()
     _, kept = new_key_outliers(channels, 1, 16, torch.bfloat16).split(k)
     assert kept[0, 0, 0] == 1e6
+    # The append kernel stores the same: fp32 keys into an int8 cache with fp16 values.
+    ko = new_key_outliers(channels, 2, 16)
+    kq, ks = kvonce.quantize_kv(torch.zeros(2, 16, 1, 32, device=DEVICE), "int8")
+    vq, vs = kvonce.quantize_kv(torch.zeros(2, 16, 1, 32, device=DEVICE), "int8")
+    table = torch.tensor([[1, 0]], dtype=torch.int32, device=DEVICE)
+    kvonce.append_paged_kv(k.float()[None], k.float()[None], kq, vq,
+                           torch.tensor([15], dtype=torch.int32, device=DEVICE), table,
+                           k_scale=ks, v_scale=vs, key_outliers=ko)
+    assert torch.equal(ko.values[1, 15, 0], sparse[0, 0]) and torch.equal(ko.values[0, 0, 0],
+                                                                          sparse[1, 0])
+    assert torch.equal(kq[1, 15, 0], kvonce.quantize_kv(dense[0].float(), "int8")[0][0])
+    assert ko.values.count_nonzero() == 2  # the two slots written, one outlier each
 
 
 def test_calibration():

@@ -15,6 +15,10 @@ round-half ties), so the bytes equal ``quantize_kv``'s for the same tokens:
 ``rint`` is round half to even (``torch.round``), done on the fraction of ``|y|`` (exact):
 ``.to(tl.int8)`` truncates, ``libdevice.rint`` does not run under the interpreter, and
 ``floor(y + 0.5)`` alone is wrong where ``y + 0.5`` rounds (0.49999997 -> 1).
+
+Dense-and-sparse keys (``N_OUT > 0``, ``kvonce.paged.outliers``): the program also stores each
+head's ``N_OUT`` outlier channels of K into the side cache (``KeyOutliers.split``'s values:
+fp16 saturated at +-65504) and quantizes K with those channels set to 0.
 """
 from __future__ import annotations
 
@@ -108,6 +112,25 @@ def _store_token_row(x, Cache, Scale, dst, scale_dst, offs_h, h_ok, head_dim, st
 
 
 @triton.jit
+def _store_outliers(k, KO, KOC, dst, offs_h, h_ok, stride_koh, N_OUT: tl.constexpr,
+                    BLOCK_D: tl.constexpr):
+    """One token's K rows ``k`` float32 ``[BLOCK_H, BLOCK_D]``: each head's outlier channels
+    (``KOC [nheads_k, N_OUT]``) stored at ``KO + dst`` in the side cache's dtype (fp16 saturated
+    at +-65504, as ``KeyOutliers.split``), and ``k`` returned with them set to 0."""
+    offs_o = tl.arange(0, N_OUT)
+    chans = tl.load(KOC + offs_h[:, None] * N_OUT + offs_o[None, :], mask=h_ok[:, None],
+                    other=0)
+    values = tl.gather(k, chans, 1)
+    if KO.dtype.element_ty == tl.float16:
+        values = tl.minimum(tl.maximum(values, -65504.0), 65504.0)
+    tl.store(KO + dst + offs_h[:, None].to(tl.int64) * stride_koh + offs_o[None, :],
+             values.to(KO.dtype.element_ty), mask=h_ok[:, None])
+    offs_d = tl.arange(0, BLOCK_D)
+    hit = tl.max((offs_d[None, :, None] == chans[:, None, :]).to(tl.int32), axis=2)
+    return tl.where(hit != 0, 0.0, k)
+
+
+@triton.jit
 def _append_paged_kv_kernel(
     K, V,              # new tokens [batch, new_len, nheads_k, HEAD_DIM], last dim contiguous
     KCache, VCache,    # [num_pages, PAGE_SIZE, nheads_k, HEAD_DIM (int4: HEAD_DIM // 2 bytes)],
@@ -122,8 +145,11 @@ def _append_paged_kv_kernel(
     stride_cp, stride_ct, stride_ch, stride_vcp, stride_vct, stride_vch,
     stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh,
     stride_btb,
+    KO, KOC,           # N_OUT > 0: outlier values [num_pages, PAGE_SIZE, nheads_k, N_OUT]
+                       # (written) and channels int32 [nheads_k, N_OUT]
+    stride_kop, stride_kot, stride_koh,
     PAGE_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    KV_FORMAT: tl.constexpr, FP8_ROUND: tl.constexpr,
+    KV_FORMAT: tl.constexpr, FP8_ROUND: tl.constexpr, N_OUT: tl.constexpr = 0,
 ):
     """One program per (new token, sequence): its K and V rows (all KV heads) into their page
     slot, quantized there for a quantized cache (module docstring). Positions come from
@@ -144,6 +170,9 @@ def _append_paged_kv_kernel(
     if KV_FORMAT != 0:  # quantize_kv works in float32 (exact from fp16/bf16)
         k = k.to(tl.float32)
         v = v.to(tl.float32)
+    if N_OUT > 0:
+        k = _store_outliers(k, KO, KOC, page * stride_kop + slot * stride_kot, offs_h, h_ok,
+                            stride_koh, N_OUT, BLOCK_D)
     _store_token_row(k, KCache, KS, page * stride_cp + slot * stride_ct,
                      page * stride_ksp + slot * stride_kst, offs_h, h_ok, head_dim, stride_ch,
                      stride_ksh, KV_FORMAT, FP8_ROUND, BLOCK_H, BLOCK_D)
@@ -153,11 +182,14 @@ def _append_paged_kv_kernel(
 
 
 def launch_append_paged_kv(k, v, k_cache, v_cache, cache_seqlens, block_table, k_scale=None,
-                           v_scale=None, kv_format: int = 0, fp8_round: bool = False) -> None:
+                           v_scale=None, kv_format: int = 0, fp8_round: bool = False,
+                           outlier_values=None, outlier_channels=None) -> None:
     """Write ``k, v [batch, new_len, nheads_k, d]`` into their pages, quantized per
     ``kv_format`` (0 plain, 1 fp8 e4m3, 2 int8, 3 int4; decode's codes), scales as
-    ``quantize_kv`` returns them. Checks are the caller's. ``fp8_round``: the interpreter's
-    rounding step (``_round_to_e4m3_grid``), for the CPU interpreter only."""
+    ``quantize_kv`` returns them; with ``outlier_values``/``outlier_channels`` (a
+    ``KeyOutliers``' tensors) K's outlier channels into the side cache. Checks are the caller's.
+    ``fp8_round``: the interpreter's rounding step (``_round_to_e4m3_grid``), for the CPU
+    interpreter only."""
     batch, new_len, nheads_k, head_dim = k.shape
     if batch == 0 or new_len == 0:
         return
@@ -166,12 +198,22 @@ def launch_append_paged_kv(k, v, k_cache, v_cache, cache_seqlens, block_table, k
     ints = (nheads_k, head_dim, *k.stride()[:3], *v.stride()[:3], *k_cache.stride()[:3],
             *v_cache.stride()[:3], *_scale_strides(k_scale, kv_format),
             *_scale_strides(v_scale, kv_format), block_table.stride(0))
+    if outlier_values is None:  # N_OUT = 0: never dereferenced
+        outlier_values = outlier_channels = cache_seqlens
+        ints += (0, 0, 0)
+        n_out = 0
+    else:
+        ints += tuple(outlier_values.stride()[:3])
+        n_out = outlier_values.shape[3]
     constexprs = dict(PAGE_SIZE=k_cache.shape[1], BLOCK_H=next_pow2(nheads_k),
                       BLOCK_D=max(32, next_pow2(head_dim)), KV_FORMAT=kv_format,
-                      FP8_ROUND=bool(fp8_round and kv_format == 1))
-    key = (k.dtype, k_cache.dtype, k_scale.dtype, v_scale.dtype, ints, tuple(constexprs.values()),
-           all_aligned(k, v, k_cache, v_cache, k_scale, v_scale, cache_seqlens, block_table))
+                      FP8_ROUND=bool(fp8_round and kv_format == 1), N_OUT=n_out)
+    key = (k.dtype, k_cache.dtype, k_scale.dtype, v_scale.dtype, outlier_values.dtype, ints,
+           tuple(constexprs.values()),
+           all_aligned(k, v, k_cache, v_cache, k_scale, v_scale, cache_seqlens, block_table,
+                       outlier_values, outlier_channels))
     launch(_append_paged_kv_kernel, key, (new_len, batch, 1),
-           (k, v, k_cache, v_cache, k_scale, v_scale, cache_seqlens, block_table, *ints),
+           (k, v, k_cache, v_cache, k_scale, v_scale, cache_seqlens, block_table, *ints[:-3],
+            outlier_values, outlier_channels, *ints[-3:]),
            constexprs, 4 if nheads_k * head_dim >= 1024 else 1, 1,
            k.device.index if k.device.type == "cuda" else -1)

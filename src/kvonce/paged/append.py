@@ -10,7 +10,6 @@ from ..kernels.configs import interpreter_active
 from ..kernels.paged_append import launch_append_paged_kv
 from .checks import (QUANT_FORMATS, check_block_table_values, check_device_ok, check_scale,
                      resolve_kv_format, validate_cache, validate_quantized_cache)
-from .outliers import write_outliers
 from .quant import INT4_GROUP
 
 __all__ = ["append_paged_kv"]
@@ -82,13 +81,9 @@ def append_paged_kv(
             raise ValueError(f"key_outliers.channels must be < head dim {k.shape[-1]}, got "
                              f"{key_outliers.max_channel}")
         V.check_same_device(k=k, channels=key_outliers.channels, values=key_outliers.values)
-        # Everything append checks about k, the caches and the table before any write.
-        _validate_append(k, v, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale,
-                         kv_format)
-        if check_block_table:
-            check_block_table_values(cache_seqlens, block_table, k_cache.shape[0],
-                                     k_cache.shape[1], k.shape[1])
-        k = write_outliers(key_outliers, k, cache_seqlens, block_table)
+    values = channels = None
+    if key_outliers is not None:
+        values, channels = key_outliers.values, key_outliers.channels
     if key_transform is not None:
         k = key_transform.keys(k)     # float32
         if k_cache.dtype in (torch.float16, torch.bfloat16, torch.float32):
@@ -114,12 +109,13 @@ def append_paged_kv(
     code = 0 if fmt is None else QUANT_FORMATS[fmt][0]
     # The op (declaring the caches and scales mutated) where _dispatch.use_op says: compiling, a
     # dispatch or function mode, fake/meta/subclass tensors; plain eager calls launch directly.
-    if use_op(k, v, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale):
+    if use_op(k, v, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, values,
+              channels):
         torch.ops.kvonce.append_paged_kv(k, v, k_cache, v_cache, cache_seqlens, block_table,
-                                         k_scale, v_scale, code)
+                                         k_scale, v_scale, code, values, channels)
     else:
         _append_paged_kv_impl(k, v, k_cache, v_cache, cache_seqlens, block_table, k_scale,
-                              v_scale, code)
+                              v_scale, code, values, channels)
 
 
 # Signatures (shapes, strides, dtypes, devices, scalars: everything the checks read, never
@@ -170,27 +166,33 @@ def _validate_append(k, v, k_cache, v_cache, cache_seqlens, block_table, k_scale
 
 
 def _append_paged_kv_impl(k, v, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale,
-                          kv_format: int) -> None:
+                          kv_format: int, outlier_values=None, outlier_channels=None) -> None:
     # One launch; plain PyTorch needed two gathers and an indexed store per cache (99 us of host
     # time per call on the lent H100, docs/benchmarks.md 2026-11-23), and a quantized cache a
-    # quantize_kv pass before them.
+    # quantize_kv pass before them; the outlier channels go to their side cache in it too.
     launch_append_paged_kv(k, v, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale,
-                           kv_format, fp8_round=kv_format == 1 and interpreter_active())
+                           kv_format, fp8_round=kv_format == 1 and interpreter_active(),
+                           outlier_values=outlier_values, outlier_channels=outlier_channels)
 
 
 @torch.library.custom_op("kvonce::append_paged_kv",
-                         mutates_args=("k_cache", "v_cache", "k_scale", "v_scale"))
+                         mutates_args=("k_cache", "v_cache", "k_scale", "v_scale",
+                                       "outlier_values"))
 def _append_paged_kv_op(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                         v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
                         block_table: torch.Tensor, k_scale: torch.Tensor | None,
-                        v_scale: torch.Tensor | None, kv_format: int) -> None:
+                        v_scale: torch.Tensor | None, kv_format: int,
+                        outlier_values: torch.Tensor | None = None,
+                        outlier_channels: torch.Tensor | None = None) -> None:
     """``append_paged_kv`` after its checks: writes into ``k_cache`` and ``v_cache`` and, for
     int8/int4 caches (``kv_format`` 2/3, ``checks.QUANT_FORMATS``' codes), their scales (fp8's
-    are only read, but one schema serves every format, so they are declared mutated)."""
+    are only read, but one schema serves every format, so they are declared mutated), and a
+    ``KeyOutliers``' side cache ``outlier_values`` (channels ``outlier_channels``)."""
     _append_paged_kv_impl(k, v, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale,
-                          kv_format)
+                          kv_format, outlier_values, outlier_channels)
 
 
 @_append_paged_kv_op.register_fake
-def _(k, v, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, kv_format):
+def _(k, v, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, kv_format,
+      outlier_values=None, outlier_channels=None):
     return None

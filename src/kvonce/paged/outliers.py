@@ -149,16 +149,3 @@ def calibrate_outlier_channels(keys: torch.Tensor, n: int = 8) -> torch.Tensor:
         raise ValueError(f"n must be 8 or 16 (and at most the head dim {d}), got {n}")
     amax = keys.float().abs().reshape(-1, keys.shape[-2], d).amax(0)
     return amax.topk(n, dim=-1).indices.sort(dim=-1).values.to(torch.int32).contiguous()
-
-
-def write_outliers(key_outliers: KeyOutliers, k: torch.Tensor, cache_seqlens: torch.Tensor,
-                   block_table: torch.Tensor) -> torch.Tensor:
-    """Store new keys' outlier values (``k [batch, new_len, nheads_k, d]``) at positions
-    ``cache_seqlens[b] + i`` of their pages and return the dense keys to quantize. Positions come
-    from the device tensors (no host sync; capturable)."""
-    dense, sparse = key_outliers.split(k)
-    page_size = key_outliers.values.shape[1]
-    pos = cache_seqlens.long()[:, None] + torch.arange(k.shape[1], device=k.device)
-    page = block_table.long().gather(1, pos // page_size)
-    key_outliers.values[page, pos % page_size] = sparse
-    return dense
