@@ -178,7 +178,8 @@ def test_append_op_declares_its_mutation():
     """An undeclared mutation is silently dropped by the compiler: the schema must say so."""
     schema = torch.ops.kvonce.append_paged_kv.default._schema
     mutated = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
-    assert mutated == {"k_cache", "v_cache", "k_scale", "v_scale"}  # int8/int4 scales: written
+    # int8/int4 scales and a KeyOutliers' side cache: written
+    assert mutated == {"k_cache", "v_cache", "k_scale", "v_scale", "outlier_values"}
     schema = torch.ops.kvonce.paged_decode_split.default._schema
     mutated = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
     assert mutated == {"o_part", "lse_part", "arrivals"}
