@@ -307,7 +307,7 @@ def _op_args(fmt):
     one = torch.full((2,), 0.02, device=DEVICE)
     kc, vc, ks, vs = _empty_cache(fmt, num_pages, 16, 2, 64, fp8_scale=one)
     code = {"fp8_e4m3": 1, "int8": 2, "int4": 3}[fmt]
-    return (k, v, kc, vc, seqlens, table, ks, vs, code)
+    return (k, v, kc, vc, seqlens, table, ks, vs, code, None, None)  # no KeyOutliers
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -325,7 +325,7 @@ def test_opcheck_quantized(fmt):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "int4"] if not HAS_CUDA else FORMATS)
 def test_compile_equals_eager(fmt, backend):
-    k, v, kc, vc, seqlens, table, ks, vs, _ = _op_args(fmt)
+    k, v, kc, vc, seqlens, table, ks, vs = _op_args(fmt)[:8]
     kv_format = "int4" if fmt == "int4" else None
 
     def step(k, v, kc, vc, seqlens, table, ks, vs):
@@ -349,7 +349,7 @@ def test_compile_equals_eager(fmt, backend):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_append_in_cuda_graph(fmt):
     """Captured once, replayed with new tokens and new positions (read on the device)."""
-    k, v, kc, vc, seqlens, table, ks, vs, _ = _op_args(fmt)
+    k, v, kc, vc, seqlens, table, ks, vs = _op_args(fmt)[:8]
     kv_format = "int4" if fmt == "int4" else None
     run = lambda: kvonce.append_paged_kv(k, v, kc, vc, seqlens, table, k_scale=ks, v_scale=vs,
                                          kv_format=kv_format)

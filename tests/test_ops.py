@@ -140,7 +140,8 @@ def _merge_op_args():
 def _append_op_args():
     q, k_cache, v_cache, seqlens, table = paged_inputs()
     return (randn(2, 3, 2, 32), randn(2, 3, 2, 32), k_cache, v_cache, seqlens, table, None, None,
-            0)  # plain cache: no scales, kv_format code 0 (quantized: tests/test_append_quant.py)
+            0, None, None)  # plain cache: no scales, kv_format code 0, no KeyOutliers (quantized:
+    # tests/test_append_quant.py; outliers: tests/test_key_outliers.py)
 
 
 def _prefill_op_args():

@@ -182,17 +182,19 @@ def _append_paged_kv_op(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                         v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
                         block_table: torch.Tensor, k_scale: torch.Tensor | None,
                         v_scale: torch.Tensor | None, kv_format: int,
-                        outlier_values: torch.Tensor | None = None,
-                        outlier_channels: torch.Tensor | None = None) -> None:
+                        outlier_values: torch.Tensor | None,
+                        outlier_channels: torch.Tensor | None) -> None:
     """``append_paged_kv`` after its checks: writes into ``k_cache`` and ``v_cache`` and, for
     int8/int4 caches (``kv_format`` 2/3, ``checks.QUANT_FORMATS``' codes), their scales (fp8's
     are only read, but one schema serves every format, so they are declared mutated), and a
-    ``KeyOutliers``' side cache ``outlier_values`` (channels ``outlier_channels``)."""
+    ``KeyOutliers``' side cache ``outlier_values`` (channels ``outlier_channels``; both None
+    without one: no defaults, since torch 2.11's autograd wrapper indexes every declared
+    mutated argument in the positional arguments)."""
     _append_paged_kv_impl(k, v, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale,
                           kv_format, outlier_values, outlier_channels)
 
 
 @_append_paged_kv_op.register_fake
 def _(k, v, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, kv_format,
-      outlier_values=None, outlier_channels=None):
+      outlier_values, outlier_channels):
     return None
