@@ -448,7 +448,7 @@ def test_append_op_schema_declares_cache_and_scale_writes():
     func, _ = rec.only_call("append_paged_kv")
     written = {a.name for a in func._schema.arguments
                if a.alias_info is not None and a.alias_info.is_write}
-    assert written == {"k_cache", "v_cache", "k_scale", "v_scale"}
+    assert written == {"k_cache", "v_cache", "k_scale", "v_scale", "outlier_values"}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
