@@ -75,6 +75,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
+from .gluon_prefill import _add, _max  # the reduce combiners
+
 LOG2E = gl.constexpr(1.4426950408889634)
 LN2 = gl.constexpr(0.6931471805599453)
 HEAD_DIM = gl.constexpr(128)
@@ -97,16 +99,6 @@ K_OP = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=4))
 P_OP = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2))
 V_OP = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2))
 ROW_STATE = gl.constexpr(gl.SliceLayout(2, MMA))     # m, l: [WARPS, ROWS]
-
-
-@gluon.jit
-def _add(a, b):
-    return a + b
-
-
-@gluon.jit
-def _max(a, b):
-    return gl.maximum(a, b)
 
 
 @gluon.jit
@@ -186,25 +178,16 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, ca
 def _fp8_pairs_to_f16(units, ODD: gl.constexpr):
     """uint16 units (low byte channel 2p, high byte 2p + 1 of one key) -> fp16 channel 2p (or,
     ODD, 2p + 1), two keys an instruction pair (``quant_convert._pair_units_to_f16``)."""
-    if ODD:
-        y = gl.inline_asm_elementwise(
-            """{
-            .reg .b32 t;
-            .reg .b16 lo, hi;
-            prmt.b32 t, $1, 0, 0x3331;
-            mov.b32 {lo, hi}, t;
-            cvt.rn.f16x2.e4m3x2 $0, lo;
-            }""", "=r,r", [units], dtype=gl.float16, is_pure=True, pack=2)
-    else:
-        y = gl.inline_asm_elementwise(
-            """{
-            .reg .b32 t;
-            .reg .b16 lo, hi;
-            prmt.b32 t, $1, 0, 0x3320;
-            mov.b32 {lo, hi}, t;
-            cvt.rn.f16x2.e4m3x2 $0, lo;
-            }""", "=r,r", [units], dtype=gl.float16, is_pure=True, pack=2)
-    return y
+    # prmt selector: bytes 1 and 3 (odd channels) or 0 and 2 (even) of the two keys' units.
+    SELECT: gl.constexpr = "0x3331" if ODD else "0x3320"
+    return gl.inline_asm_elementwise(
+        """{
+        .reg .b32 t;
+        .reg .b16 lo, hi;
+        prmt.b32 t, $1, 0, """ + SELECT + """;
+        mov.b32 {lo, hi}, t;
+        cvt.rn.f16x2.e4m3x2 $0, lo;
+        }""", "=r,r", [units], dtype=gl.float16, is_pure=True, pack=2)
 
 
 @gluon.constexpr_function

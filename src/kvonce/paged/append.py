@@ -69,18 +69,8 @@ def append_paged_kv(
         if key_transform is not None:
             raise ValueError("key_outliers and key_transform: use one (a rotated key spreads its "
                              "outlier channels over every channel)")
-        fmt = resolve_kv_format(k_cache, kv_format)
         V.check_tensor("k", k, ndim=4, dtypes=V.ATTN_DTYPES)
-        if fmt is None:
-            raise ValueError("key_outliers is for quantized caches (fp8/int8/int4): a 16-bit "
-                             "cache keeps every channel already")
-        if key_outliers.values.shape[:3] != k_cache.shape[:3]:
-            raise ValueError(f"key_outliers.values must be [{', '.join(map(str, k_cache.shape[:3]))}"
-                             f", n] like k_cache's pages, got {tuple(key_outliers.values.shape)}")
-        if key_outliers.max_channel >= k.shape[-1]:
-            raise ValueError(f"key_outliers.channels must be < head dim {k.shape[-1]}, got "
-                             f"{key_outliers.max_channel}")
-        V.check_same_device(k=k, channels=key_outliers.channels, values=key_outliers.values)
+        key_outliers.check_cache(k_cache, resolve_kv_format(k_cache, kv_format), k.shape[-1], k)
     values = channels = None
     if key_outliers is not None:
         values, channels = key_outliers.values, key_outliers.channels

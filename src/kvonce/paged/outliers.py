@@ -107,22 +107,29 @@ class KeyOutliers:
         index = self.channels.long().expand(*dense.shape[:-1], -1)
         return dense.scatter(-1, index, sparse.to(dense.dtype))
 
-    def check_for(self, q: torch.Tensor, k_cache: torch.Tensor, kv_format) -> None:
-        """The checks of one attention call over ``k_cache`` with queries ``q [..., nheads,
-        head_dim]``: a quantized cache, the side cache's pages, heads and dtype matching."""
+    def check_cache(self, k_cache: torch.Tensor, kv_format, head_dim: int,
+                    like: torch.Tensor) -> None:
+        """The checks of an append or attention call over ``k_cache``: a quantized cache, the
+        side cache's pages and heads matching it, channels below ``head_dim``, and the tensors
+        on ``like``'s device."""
         if kv_format is None:
             raise ValueError("key_outliers is for quantized caches (fp8/int8/int4): a 16-bit "
                              "cache keeps every channel already")
         if self.values.shape[:3] != k_cache.shape[:3]:
             raise ValueError(f"key_outliers.values must be [{', '.join(map(str, k_cache.shape[:3]))}"
                              f", n] like k_cache's pages, got {tuple(self.values.shape)}")
+        if self.max_channel >= head_dim:
+            raise ValueError(f"key_outliers.channels must be < head dim {head_dim}, got "
+                             f"{self.max_channel}")
+        V.check_same_device(like=like, channels=self.channels, values=self.values)
+
+    def check_for(self, q: torch.Tensor, k_cache: torch.Tensor, kv_format) -> None:
+        """``check_cache`` for attention with queries ``q [..., nheads, head_dim]``, and the
+        values' dtype (fp16 or q's)."""
+        self.check_cache(k_cache, kv_format, q.shape[-1], q)
         if self.values.dtype not in (torch.float16, q.dtype):
             raise ValueError(f"key_outliers.values must be float16 or q's dtype {q.dtype}, got "
                              f"{self.values.dtype}")
-        if self.max_channel >= q.shape[-1]:
-            raise ValueError(f"key_outliers.channels must be < head dim {q.shape[-1]}, got "
-                             f"{self.max_channel}")
-        V.check_same_device(q=q, channels=self.channels, values=self.values)
 
 
 def new_key_outliers(channels: torch.Tensor, num_pages: int, page_size: int,
