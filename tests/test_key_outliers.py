@@ -100,8 +100,12 @@ def _fmt_kw(fmt):
     return dict(kv_format="int4" if fmt == "int4" else None)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("values", ["fp16", "q"])
+# (q dtype, values dtype): fp16 values under every q, and values in q's own dtype where it differs.
+VALUE_CASES = [(dt, "fp16") for dt in DTYPES] + [(dt, "q") for dt in DTYPES
+                                                   if dt != torch.float16]
+
+
+@pytest.mark.parametrize("dtype,values", VALUE_CASES)
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_decode_is_attention_over_the_merged_keys(fmt, dtype, values, num_splits):
@@ -109,8 +113,6 @@ def test_decode_is_attention_over_the_merged_keys(fmt, dtype, values, num_splits
     (the keys the format defines), GQA, q_len > 1 causal on CPU, an empty sequence (out 0, lse
     -inf), unused side-cache slots NaN; fp16 values under any q (bf16 q: through fp16 rows) and
     values in q's dtype; dropping the side cache gives another answer."""
-    if values == "q" and dtype == torch.float16:
-        pytest.skip("fp16 q: the 'fp16' case")
     q, k, v, seqlens, table, calib = _case("offset", dtype)
     ko, kq, ks, vq, vs = _store(k, v, fmt, calibrate_outlier_channels(calib),
                                 torch.float16 if values == "fp16" else dtype)

@@ -77,7 +77,7 @@ class KeyOutliers:
         V.check_same_device(channels=self.channels, values=self.values)
         top = -1
         if _is_real(self.channels) and self.channels.numel():
-            c = self.channels.cpu()
+            c = self.channels.cpu()  # sync-ok: once, when the cache is made (not per call)
             if int(c.min()) < 0:
                 raise ValueError("KeyOutliers.channels must be >= 0")
             if (c.sort(dim=1).values.diff(dim=1) == 0).any():
