@@ -3,8 +3,10 @@
     PYTHONPATH=src python scripts/quant_decode_sweep.py [--formats int8,int4] [--quick]
         [--shapes 1x131072] [--heads 32/8,12/12] [--grid 64,4,2 128,4,2 128,4,2,6,64]
 (a grid entry: block_n, num_warps, num_stages[, programs_per_sm[, max_merged_splits[,
-max_registers[, swap_ab[, f16_math[, int64_kv_offsets[, v_pairs[, slow_lo[, round_up]]]]]]]]]];
--1 keeps the row's value; slow_lo x sets slow_programs_per_sm to (x, 6.5))
+max_registers[, swap_ab[, f16_math[, int64_kv_offsets[, v_pairs[, slow_lo[, round_up[,
+outlier_max_registers]]]]]]]]]]]; -1 keeps the row's value; slow_lo x sets slow_programs_per_sm to
+(x, 6.5)). ``--outliers N``: every quantized cache as dense-and-sparse keys (``KeyOutliers``, N
+fp16 channels per KV head from the first 2048 keys), its launches with ``key_outliers=``.
 
 GQA 32/8 (or ``--heads``: q/kv head pairs), d128, page 16, random page order, q_len 1, fp16
 queries (``--dtype bf16``: bf16 queries and source cache; "fp16" below is then bf16), the issue's
@@ -44,6 +46,7 @@ def main():
     p.add_argument("--heads", default="32/8", help="q/kv head counts, comma-separated")
     p.add_argument("--dtype", default="fp16", choices=("fp16", "bf16"), help="queries and cache")
     p.add_argument("--all", action="store_true", help="also print every grid entry's time")
+    p.add_argument("--outliers", type=int, default=0, help="KeyOutliers with N channels")
     p.add_argument("--grid", nargs="*", default=[],
                    help="only these BLOCK_N,WARPS,STAGES[,PROGRAMS_PER_SM[,MAX_MERGED_SPLITS"
                         "[,MAX_REGISTERS[,SWAP_AB[,F16_MATH[,INT64[,V_PAIRS]]]]]]]")
@@ -73,7 +76,13 @@ def main():
         plan = kvonce.PagedDecodePlan(q, k, v, seqlens, table)
         fp16_us = graph_us(lambda: plan.run(q, k, v, seqlens, table))
         for fmt in args.formats.split(","):
-            kq, ks = kvonce.quantize_kv(k, fmt)
+            ko, keys = None, k
+            if args.outliers:
+                ko = kvonce.new_key_outliers(kvonce.calibrate_outlier_channels(
+                    k.reshape(-1, hk, 128)[:2048], n=args.outliers), pages, 16)
+                keys, sparse = ko.split(k)
+                ko.values.copy_(sparse)
+            kq, ks = kvonce.quantize_kv(keys, fmt)
             vq, vs = kvonce.quantize_kv(v, fmt)
             # Grid entries override the format's own row (its split knobs and f16_math kept).
             fmt_cfg = get_paged_decode_config(torch.cuda.get_device_capability(), 128, fmt, 2,
@@ -85,8 +94,8 @@ def main():
                 # optional fields; -1 keeps the row's value
                 fields = ("programs_per_sm", "max_merged_splits", "max_registers", "swap_ab",
                           "f16_math", "int64_kv_offsets", "v_pairs", "slow_programs_per_sm",
-                          "splits_round_up")
-                kinds = (float, int, int, bool, bool, bool, bool, lambda x: (x, 6.5), bool)
+                          "splits_round_up", "outlier_max_registers")
+                kinds = (float, int, int, bool, bool, bool, bool, lambda x: (x, 6.5), bool, int)
                 for name, kind, value in zip(fields, kinds, spec[3:]):
                     if value >= 0:
                         cfg = dataclasses.replace(cfg, **{name: kind(value)})
@@ -95,7 +104,7 @@ def main():
                                                 v_scale=vs, config=cfg,
                                                 kv_format="int4" if fmt == "int4" else None)
                     us = graph_us(lambda: pl.run(q, kq, vq, seqlens, table, k_scale=ks,
-                                                 v_scale=vs))
+                                                 v_scale=vs, key_outliers=ko))
                 except Exception as exc:  # noqa: BLE001 (out of shared memory etc.)
                     print(f"  {fmt} {spec}: {type(exc).__name__}"[:120])
                     continue
@@ -107,7 +116,7 @@ def main():
             pl = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
                                         kv_format="int4" if fmt == "int4" else None)
             default_us = graph_us(lambda: pl.run(q, kq, vq, seqlens, table, k_scale=ks,
-                                                 v_scale=vs))
+                                                 v_scale=vs, key_outliers=ko))
             top = [f"{c} {u:.1f}" for u, c in res[1:3]]
             print(f"| {hq}/{hk} | {batch} x {length} | {fmt} | {res[0][1]} | {res[0][0]:.1f} | "
                   f"{' | '.join(top)} | {default_us:.1f} | {fp16_us:.1f} | "
