@@ -3,6 +3,7 @@ against a float32 reference, then its speed against the Triton path (``kvonce.pa
 on the same fp8 cache). Hopper only (TMA, sm_90a).
 
     .venv/bin/python scripts/gluon_decode_check.py [--skip-bench] [--skip-correctness]
+        [--variants 1cta-4st,2cta-3st,2cta-2st]
 
 (a) Correctness: the caches quantized with ``kvonce.paged.quant.quantize_kv`` (per-KV-head fp8
 scales), the reference plain float32 softmax attention over the dequantized keys (one sequence
@@ -21,10 +22,18 @@ beside it.
 cache of random bytes, fp16 q, page 16, random page order, causal q_len 1): the Triton path
 (``PagedDecodePlan.run``) and the Gluon decode + combine (``GluonDecodeLaunch``: descriptors and
 buffers made once), each timed as CUDA-graph replays (``do_bench_cudagraph``, median: no host
-launch cost, which eager ``do_bench`` adds to a short kernel) and eagerly; the Gluon decode
-kernel alone too. At the Triton plan's split count (4 and 3 stages) and, at batch 1, a sweep of
-whole waves (one CTA an SM: CTAs = splits x nheads_k x batch). Effective bandwidth = K + V
-bytes / time.
+launch cost, which eager ``do_bench`` adds to a short kernel), the Gluon decode kernel alone
+too, and eagerly at the plan's split count. An A/B of ``VARIANTS`` (``--variants``): 1cta-4st
+(the 2026-11-27 kernel, one CTA an SM) against 2cta-3st / 2cta-2st (launched at 128 registers,
+consumers at 232 after setmaxnreg, the merge through the K ring: two CTAs an SM), back to back
+at the plan's split count and at whole waves of two CTAs an SM (``BENCH_SHAPES``). Effective
+bandwidth = K + V bytes / time.
+
+(0) First, every variant (and ``OCCUPANCY_ONLY``'s) is launched once and the driver asked for its
+launch registers, static / dynamic shared memory and CTAs an SM
+(``cuOccupancyMaxActiveBlocksPerMultiprocessor``); a timed variant that does not fit its CTAs
+an SM fails the run. (a2) checks the 2-CTA variants (and the ring merge at one CTA) on the
+correctness cases.
 
 Everything printed also goes to ``$OUT/gluon_decode.txt`` when ``OUT`` is set. Each part is
 wrapped so that one failure prints its traceback and the rest still runs; exit status 1 if any
@@ -166,7 +175,7 @@ def reference(q, k_q, v_q, k_scale, v_scale, seqlens, table, softmax_scale, caus
 
 
 def run_gluon(q, k_q, v_q, k_scale, v_scale, seqlens_t, table, softmax_scale, num_splits,
-              causal, stages=4, thread_arrive=True):
+              causal, stages=4, thread_arrive=True, ctas_per_sm=1, ring_merge=False):
     """Gluon decode + combine: ``(out fp16 [b, t, h, d], lse [b, h, t], out_partial,
     lse_partial)``."""
     from kvonce.kernels.gluon_decode import GluonDecodeLaunch
@@ -179,7 +188,8 @@ def run_gluon(q, k_q, v_q, k_scale, v_scale, seqlens_t, table, softmax_scale, nu
     lse = torch.empty(batch, nheads, q_len, dtype=torch.float32, device=q.device)
     GluonDecodeLaunch(q, k_q, v_q, k_scale, v_scale, seqlens_t, table, o_part, l_part, out, lse,
                       softmax_scale=softmax_scale, num_splits=num_splits, causal=causal,
-                      stages=stages, thread_arrive=thread_arrive)()
+                      stages=stages, thread_arrive=thread_arrive, ctas_per_sm=ctas_per_sm,
+                      ring_merge=ring_merge)()
     return out, lse, o_part, l_part
 
 
@@ -204,10 +214,27 @@ def fp16_ulp(x: float) -> float:
 
 REL_TOL = 4e-3   # bench data: max |out - ref| <= REL_TOL * max |ref| (>= 4 fp16 ulps there)
 
+# The A/B: GluonDecodeLaunch options. 1cta-4st is the kernel measured on 2026-11-27 (255 launch
+# registers: one CTA an SM); the 2cta ones launch at TWO_CTA_MAXNREG = 128 registers (consumers
+# setmaxnreg 232) with the merge through the idle K ring (98684 B at 3 stages, 65860 B at 2).
+VARIANTS = {
+    "1cta-4st": dict(stages=4),
+    "2cta-3st": dict(stages=3, ctas_per_sm=2, ring_merge=True),
+    "2cta-2st": dict(stages=2, ctas_per_sm=2, ring_merge=True),
+}
+# Compiled and their occupancy read, not timed: the 1-CTA 3-stage form, the ring merge alone,
+# and the 2-CTA registers with the reduce-scratch merge (114812 B: two CTAs only if the 1 KB a
+# CTA that cuobjdump shows as static shared memory is the driver's reserve, counted once).
+OCCUPANCY_ONLY = {
+    "1cta-3st": dict(stages=3),
+    "1cta-4st-ring": dict(stages=4, ring_merge=True),
+    "2cta-3st-scratch": dict(stages=3, ctas_per_sm=2),
+}
+
 
 def check_case(name, *, seqlens, nheads, nheads_k, q_len=1, page_size=16, num_splits=1,
-               causal=True, stages=4, thread_arrive=True, seed=0, also_triton=False,
-               bench_data=False):
+               causal=True, stages=4, thread_arrive=True, ctas_per_sm=1, ring_merge=False,
+               seed=0, also_triton=False, bench_data=False):
     """One case against ``reference``. ``bench_data``: the speed part's caches (random fp8
     bytes, k_scale 0.02, v_scale 0.5: heavy-tailed values, outputs up to ~200, where one fp16
     ulp is 0.0625-0.125), checked relative to the largest output (REL_TOL); otherwise caches
@@ -226,7 +253,8 @@ def check_case(name, *, seqlens, nheads, nheads_k, q_len=1, page_size=16, num_sp
     scale = 128 ** -0.5
     ref_out, ref_lse = reference(q, k_q, v_q, k_scale, v_scale, seqlens, table, scale, causal)
     out, lse, o_part, l_part = run_gluon(q, k_q, v_q, k_scale, v_scale, seqlens_t, table, scale,
-                                         num_splits, causal, stages, thread_arrive)
+                                         num_splits, causal, stages, thread_arrive, ctas_per_sm,
+                                         ring_merge)
     torch.cuda.synchronize()
     ref_max = float(ref_out.abs().max()) if ref_out.numel() else 0.0
     tol_o = REL_TOL * ref_max if bench_data else 2e-2
@@ -300,6 +328,53 @@ def correctness() -> None:
                                   ("bench data 64x8192 MHA 12/12 splits1", 12, 12, 1)):
         guarded(name, check_case, name, seqlens=[8192] * 64, nheads=nh, nheads_k=nhk,
                 num_splits=splits, seed=3, also_triton=True, bench_data=True)
+    correctness_variants()
+
+
+def correctness_variants() -> None:
+    """The two-CTA variants (and the ring merge at one CTA) on the cases above."""
+    log("== (a2) correctness of the 2-CTA variants (maxnreg 128, merge through the K ring)")
+    seqlens = [1, 200, 1000]
+    for vname in ("2cta-3st", "2cta-2st"):
+        for nh, nhk in ((12, 12), (32, 8)):
+            for splits in (1, 4):
+                name = f"{vname} b3 seqlens {seqlens} {nh}/{nhk} q_len1 page16 splits{splits}"
+                guarded(name, check_case, name, seqlens=seqlens, nheads=nh, nheads_k=nhk,
+                        num_splits=splits, **VARIANTS[vname])
+    more = [
+        ("2cta-3st", "GQA 32/8 page64 splits2", dict(nheads=32, nheads_k=8, num_splits=2,
+                                                     page_size=64)),
+        ("2cta-3st", "MHA 12/12 page48 splits3", dict(nheads=12, nheads_k=12, num_splits=3,
+                                                      page_size=48)),
+        ("2cta-3st", "GQA 32/8 page256 splits1", dict(nheads=32, nheads_k=8, page_size=256)),
+        ("2cta-3st", "GQA 32/8 q_len2 causal splits4", dict(nheads=32, nheads_k=8, q_len=2,
+                                                            num_splits=4)),
+        ("2cta-3st", "GQA 32/8 q_len3 causal splits1", dict(nheads=32, nheads_k=8, q_len=3)),
+        ("2cta-3st", "MHA 12/12 q_len4 causal splits3", dict(nheads=12, nheads_k=12, q_len=4,
+                                                             num_splits=3)),
+        ("2cta-3st", "GQA 32/8 q_len2 non-causal splits2", dict(nheads=32, nheads_k=8,
+                                                                q_len=2, num_splits=2,
+                                                                causal=False)),
+        ("2cta-3st", "GQA 16/1 (group 16) splits4", dict(nheads=16, nheads_k=1, num_splits=4)),
+        ("2cta-2st", "GQA 32/8 q_len2 causal splits4", dict(nheads=32, nheads_k=8, q_len=2,
+                                                            num_splits=4)),
+        ("2cta-2st", "GQA 16/1 (group 16) page48 splits3", dict(nheads=16, nheads_k=1,
+                                                                num_splits=3, page_size=48)),
+        ("1cta-4st-ring", "GQA 32/8 splits4", dict(nheads=32, nheads_k=8, num_splits=4)),
+        ("1cta-4st-ring", "MHA 12/12 q_len4 causal splits3", dict(nheads=12, nheads_k=12,
+                                                                  q_len=4, num_splits=3)),
+    ]
+    for vname, case, kw in more:
+        name = f"{vname} {case}"
+        opts = {**VARIANTS, **OCCUPANCY_ONLY}[vname]
+        guarded(name, check_case, name, seqlens=[1, 200, 1000, 129, 4097], seed=1, **opts, **kw)
+    for vname in ("2cta-3st", "2cta-2st"):
+        name = f"{vname} b2 seqlens [20000, 131] GQA 32/8 splits 66"
+        guarded(name, check_case, name, seqlens=[20000, 131], nheads=32, nheads_k=8,
+                num_splits=66, seed=2, **VARIANTS[vname])
+    name = "2cta-3st bench data 64x8192 GQA 32/8 splits2"
+    guarded(name, check_case, name, seqlens=[8192] * 64, nheads=32, nheads_k=8, num_splits=2,
+            seed=3, bench_data=True, **VARIANTS["2cta-3st"])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -338,7 +413,81 @@ def eager_us(fn) -> float:
     return triton.testing.do_bench(fn, warmup=10, rep=50) * 1e3
 
 
-def bench_shape(label, batch, seqlen, nheads, nheads_k, sweep, rows):
+def _cuda():
+    import ctypes
+
+    return ctypes, ctypes.CDLL("libcuda.so.1")
+
+
+def device_limits() -> dict:
+    """The driver's shared memory and register limits of the current device."""
+    ctypes, lib = _cuda()
+    dev = ctypes.c_int(0)
+    lib.cuDeviceGet(ctypes.byref(dev), ctypes.c_int(torch.cuda.current_device()))
+    out = {}
+    for name, attr in (("smem_per_sm", 81), ("smem_per_block_optin", 97),
+                       ("reserved_smem_per_block", 111), ("regs_per_sm", 82), ("sms", 16)):
+        v = ctypes.c_int(0)
+        rc = lib.cuDeviceGetAttribute(ctypes.byref(v), ctypes.c_int(attr), dev)
+        out[name] = v.value if rc == 0 else f"err {rc}"
+    return out
+
+
+def occupancy(kernel) -> dict:
+    """A loaded CompiledKernel's launch registers, shared memory and CTAs an SM, from the
+    driver (``cuFuncGetAttribute``, ``cuOccupancyMaxActiveBlocksPerMultiprocessor``)."""
+    ctypes, lib = _cuda()
+    kernel._init_handles()
+    fn = ctypes.c_void_p(kernel.function)
+
+    def attr(a):
+        v = ctypes.c_int(0)
+        rc = lib.cuFuncGetAttribute(ctypes.byref(v), ctypes.c_int(a), fn)
+        return v.value if rc == 0 else f"err {rc}"
+
+    threads = kernel.metadata.num_warps * 32
+    n = ctypes.c_int(0)
+    rc = lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+        ctypes.byref(n), fn, ctypes.c_int(threads), ctypes.c_size_t(kernel.metadata.shared))
+    return dict(threads=threads, regs=attr(4), spills=kernel.n_spills, static_smem=attr(1),
+                dyn_smem=kernel.metadata.shared, max_dyn_smem=attr(8),
+                ctas_per_sm=n.value if rc == 0 else f"err {rc}")
+
+
+OCCUPANCY: dict = {}   # variant -> occupancy(), filled by occupancy_check
+
+
+def occupancy_check() -> None:
+    """Every variant launched once (GQA 32/8, 2 x 1000 keys) and the driver asked how many
+    CTAs an SM it fits; the 2-CTA variants that the A/B times must fit two."""
+    from kvonce.kernels.gluon_decode import GluonDecodeLaunch
+
+    log("== occupancy (driver): " + ", ".join(f"{k} {v}" for k, v in device_limits().items()))
+    device = torch.device("cuda")
+    gen = torch.Generator().manual_seed(4)
+    seqlens = [1000, 1000]
+    k_q, v_q, k_scale, v_scale, table = make_cache(seqlens, 8, 16, device, gen)
+    q = torch.randn(2, 1, 32, 128, generator=gen).to(device, torch.float16)
+    seqlens_t = torch.tensor(seqlens, dtype=torch.int32, device=device)
+    o_part = torch.empty(2, 1, 32, 4, 128, dtype=torch.float32, device=device)
+    l_part = torch.empty(2, 1, 32, 4, dtype=torch.float32, device=device)
+    for vname, opts in {**VARIANTS, **OCCUPANCY_ONLY}.items():
+        kernel = GluonDecodeLaunch(q, k_q, v_q, k_scale, v_scale, seqlens_t, table, o_part,
+                                   l_part, softmax_scale=128 ** -0.5, num_splits=4, causal=True,
+                                   **opts).decode()
+        torch.cuda.synchronize()
+        occ = occupancy(kernel)
+        OCCUPANCY[vname] = occ
+        log(f"  {vname} {opts}: " + ", ".join(f"{k} {v}" for k, v in occ.items()))
+        if vname in VARIANTS and occ["ctas_per_sm"] != opts.get("ctas_per_sm", 1):
+            FAILURES.append(f"occupancy {vname}: {occ['ctas_per_sm']} CTAs an SM, expected "
+                            f"{opts.get('ctas_per_sm', 1)}")
+            log(f"  FAIL {vname}: {occ['ctas_per_sm']} CTAs an SM")
+
+
+def bench_shape(label, batch, seqlen, nheads, nheads_k, sweep, rows, variants):
+    """The Triton plan, then every variant at the plan's split count and each of ``sweep``
+    (variants back to back at each split count)."""
     import kvonce  # noqa: F401  (registers the ops)
     from kvonce.kernels.gluon_decode import GluonDecodeLaunch
     from kvonce.paged.decode import PagedDecodePlan
@@ -377,45 +526,58 @@ def bench_shape(label, batch, seqlen, nheads, nheads_k, sweep, rows):
     log(f"  {label}: triton plan {plan_splits} splits: graph {fmt(t_tri)}, eager "
         f"{t_tri_e:.1f} us (max|out| {ref_max:.1f}, fp16 ulp there {fp16_ulp(ref_max):.3g})")
 
-    configs = [(plan_splits, 4), (plan_splits, 3)]
-    configs += [(s_, 4) for s_ in sweep if s_ != plan_splits]
     out = torch.empty_like(q)
-    for splits, stages in configs:
+    split_list = [plan_splits] + [s_ for s_ in sweep if s_ != plan_splits]
+    for splits in split_list:
         o_part = torch.empty(batch, 1, nheads, splits, 128, dtype=torch.float32, device=device)
         l_part = torch.empty(batch, 1, nheads, splits, dtype=torch.float32, device=device)
-        launch = GluonDecodeLaunch(q, k_q, v_q, k_scale, v_scale, seqlens_t, table, o_part,
-                                   l_part, out, None, softmax_scale=scale, num_splits=splits,
-                                   causal=True, stages=stages)
-        launch()
-        torch.cuda.synchronize()
-        diff = max_err(out, ref)
-        t = graph_us(launch)
-        t_dec = graph_us(launch.decode)
-        t_e = eager_us(launch)
-        ctas = splits * nheads_k * batch
-        what = f"gluon {splits} splits, {stages} stages ({ctas} CTAs, {ctas / sms:.2f} waves)"
-        rows.append((label, what, fmt(t), f"{t_e:.1f}", f"{t_dec:.1f}", f"{t_tri / t:.2f}x",
-                     f"{diff:.1e} ({diff / fp16_ulp(ref_max):.1f} ulp)"))
-        log(f"  {label}: {what}: graph {fmt(t)}, decode kernel alone {t_dec:.1f} us, eager "
-            f"{t_e:.1f} us, speedup {t_tri / t:.2f}x, max |gluon - triton| {diff:.1e} = "
-            f"{diff / fp16_ulp(ref_max):.1f} fp16 ulp of max|out|")
-        if not diff <= REL_TOL * ref_max:
-            FAILURES.append(f"{label} {what}: gluon vs triton {diff} > {REL_TOL} * {ref_max}")
-        del o_part, l_part, launch
+        for vname in variants:
+            opts = VARIANTS[vname]
+            launch = GluonDecodeLaunch(q, k_q, v_q, k_scale, v_scale, seqlens_t, table, o_part,
+                                       l_part, out, None, softmax_scale=scale,
+                                       num_splits=splits, causal=True, **opts)
+            launch()
+            torch.cuda.synchronize()
+            diff = max_err(out, ref)
+            t = graph_us(launch)
+            t_dec = graph_us(launch.decode)
+            t_e = eager_us(launch) if splits == plan_splits else float("nan")
+            ctas = splits * nheads_k * batch
+            per_sm = OCCUPANCY.get(vname, {}).get("ctas_per_sm", opts.get("ctas_per_sm", 1))
+            waves = ctas / (sms * per_sm) if isinstance(per_sm, int) and per_sm else float("nan")
+            what = f"gluon {vname}, {splits} splits ({ctas} CTAs, {waves:.2f} waves)"
+            rows.append((label, what, fmt(t), f"{t_e:.1f}", f"{t_dec:.1f}",
+                         f"{t_tri / t:.2f}x", f"{diff:.1e} ({diff / fp16_ulp(ref_max):.1f} ulp)"))
+            log(f"  {label}: {what}: graph {fmt(t)}, decode kernel alone {t_dec:.1f} us, eager "
+                f"{t_e:.1f} us, speedup {t_tri / t:.2f}x, max |gluon - triton| {diff:.1e} = "
+                f"{diff / fp16_ulp(ref_max):.1f} fp16 ulp of max|out|")
+            if not diff <= REL_TOL * ref_max:
+                FAILURES.append(f"{label} {what}: gluon vs triton {diff} > {REL_TOL} * {ref_max}")
+            del launch
+        del o_part, l_part
     del k_q, v_q, plan
     torch.cuda.empty_cache()
 
 
-def bench() -> None:
+# Split counts beside the plan's: for GQA (8 KV heads) 33 / 66 / 99 are 1 / 2 / 3 waves of
+# 264 CTAs (two an SM on 132 SMs; 2 / 4 / 6 waves of one), for MHA (12) 22 / 44 / 66; 11 and
+# 49 are the 1-CTA sweep's of 2026-11-27.
+BENCH_SHAPES = (
+    ("GQA 32/8 64x8192", 64, 8192, 32, 8, (4,)),
+    ("GQA 32/8 1x131072", 1, 131072, 32, 8, (33, 66, 99)),
+    ("MHA 12/12 64x8192", 64, 8192, 12, 12, (4,)),
+    ("MHA 12/12 1x131072", 1, 131072, 12, 12, (11, 22, 44, 66)),
+)
+
+
+def bench(variants) -> None:
     log("== (b) speed: fp8 cache (random bytes), fp16 q, page 16, random page order, causal "
-        "q_len 1; CUDA-graph replay medians (do_bench_cudagraph), eager do_bench for reference")
+        "q_len 1; CUDA-graph replay medians (do_bench_cudagraph), eager do_bench (L2 flushed) "
+        f"at the plan's splits only; variants {variants}")
     rows: list = []
-    for label, batch, seqlen, nh, nhk, sweep in (
-            ("GQA 32/8 64x8192", 64, 8192, 32, 8, ()),
-            ("GQA 32/8 1x131072", 1, 131072, 32, 8, (33, 49, 66, 99)),
-            ("MHA 12/12 64x8192", 64, 8192, 12, 12, ()),
-            ("MHA 12/12 1x131072", 1, 131072, 12, 12, (11, 22, 33, 44))):
-        guarded(f"bench {label}", bench_shape, label, batch, seqlen, nh, nhk, sweep, rows)
+    for label, batch, seqlen, nh, nhk, sweep in BENCH_SHAPES:
+        guarded(f"bench {label}", bench_shape, label, batch, seqlen, nh, nhk, sweep, rows,
+                variants)
     if rows:
         log("")
         log("| shape | run | graph: decode + combine, K+V bandwidth (% of peak) | eager us "
@@ -429,7 +591,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-bench", action="store_true")
     parser.add_argument("--skip-correctness", action="store_true")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"comma-separated, of {list(VARIANTS)} (the timed ones)")
     args = parser.parse_args(argv)
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variants {unknown}; known: {list(VARIANTS)}")
     start = time.time()
     try:
         import triton
@@ -438,10 +606,11 @@ def main(argv=None) -> int:
     except Exception:  # noqa: BLE001
         log(f"EXCEPTION at start:\n{traceback.format_exc()}")
         return 1
+    guarded("occupancy", occupancy_check)
     if not args.skip_correctness:
         guarded("correctness", correctness)
     if not args.skip_bench:
-        guarded("bench", bench)
+        guarded("bench", bench, variants)
     log(f"done in {time.time() - start:.0f} s; "
         + ("all checks passed" if not FAILURES else f"FAILED: {FAILURES}"))
     return 1 if FAILURES else 0

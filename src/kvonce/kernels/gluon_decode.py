@@ -63,6 +63,19 @@ rows when q_len > seqlen), stores out 0, lse -inf: a warp whose keys a row never
 read as 0), so no ``-inf - -inf`` (NaN) is ever formed: ``alpha`` and the merge weight are
 ``exp2(-inf) = 0`` there, and the output's ``1 / l`` is taken only where ``l > 0``.
 
+Two CTAs an SM (``ctas_per_sm=2``, not yet measured). The launch is 8 warps, 256 threads, not
+5: Triton's allocate-warp-groups pass pads the loader warp to a warpgroup (``setmaxnreg`` works
+per warpgroup; ``metadata.num_warps`` 8, PTX ``.reqntid 256``). Unset, the kernel's ``.maxnreg``
+is 65536 / 256 = 256 (ptxas: 255 registers at launch, one CTA an SM) and the consumers'
+``setmaxnreg.inc`` 256; they use R0-R216. The ``maxnreg`` compile option (module attribute
+``ttg.maxnreg``) replaces that base: at ``TWO_CTA_MAXNREG`` = 128 the PTX has ``.maxnreg 128``
+(128 x 256 x 2 = 65536: two CTAs), the loader warpgroup ``setmaxnreg.dec`` 24 and the consumers
+``setmaxnreg.inc`` (128 x 256 - 24 x 128) / 128 = 232; no spill, the same steady loop. Shared
+memory: the ring is 32 KB a stage; the four warps' merge goes through Triton's reduce scratch
+(16 KB more: 4 stages 147588 B, 3 stages 114812 B) or, ``ring_merge=True`` (constexpr
+``RING_MERGE``), through the idle K ring (3 stages 98684 B, 2 stages 65860 B), which fits two
+CTAs (228 KB an SM, 1 KB reserved a CTA) with room to spare.
+
 Host side: ``GluonDecodeLaunch`` validates and builds the TMA descriptors once (a call is then
 the decode launch, plus the combine's: CUDA-graph capturable); ``launch_gluon_decode_fp8`` does
 both per call.
@@ -99,6 +112,20 @@ K_OP = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=4))
 P_OP = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2))
 V_OP = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2))
 ROW_STATE = gl.constexpr(gl.SliceLayout(2, MMA))     # m, l: [WARPS, ROWS]
+# RING_MERGE: the four warps' weighted accumulators go through the (idle) K ring, fp32 [WARPS,
+# ROWS, 64] for the even channels in slot 0 and the odd in slot 1, XOR-swizzled by row (16-byte
+# units: the MMA layout's 8-byte stores and the loads are at the minimum wavefronts), read back
+# with the warp dim inside each thread (4 warps x 2 channel pairs a thread); each thread sums
+# its 4 warps' values and stores 4 consecutive channels (even and odd joined) as 16 B.
+MERGE_SMEM = gl.constexpr(gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8,
+                                                  order=[1, 0]))
+MERGE_LOAD = gl.constexpr(gl.BlockedLayout([4, 1, 2], [1, 1, 32], [1, 4, 1], [2, 1, 0]))
+MERGE_OUT = gl.constexpr(gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0]))   # [ROWS, 128]
+# Launch registers for two CTAs an SM: the launch is 8 warps (4 consumer + the loader warp
+# padded to a warpgroup by Triton's allocate-warp-groups pass), 65536 / 2 / 256 = 128. Passed
+# as the ``maxnreg`` compile option (``ttg.maxnreg`` -> the PTX ``.maxnreg``), from which the
+# same pass sizes the consumers' ``setmaxnreg.inc``: (128 * 256 - 24 * 128) / 128 = 232.
+TWO_CTA_MAXNREG = 128
 
 
 @gluon.jit
@@ -262,7 +289,7 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
              cache_seqlens, sm_scale, q_len, num_splits, stride_qb, stride_qt, stride_qh,
              stride_ksh, stride_vsh, stride_ob, stride_ot, stride_oh, stride_os, stride_lb,
              stride_lt, stride_lh, stride_ls, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr,
-             THREAD_ARRIVE: gl.constexpr):
+             THREAD_ARRIVE: gl.constexpr, RING_MERGE: gl.constexpr):
     split = gl.program_id(0)
     kv_head = gl.program_id(1)
     seq = gl.program_id(2)
@@ -311,22 +338,48 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
     w = gl.exp2(m_i - gl.expand_dims(m_sub, 0))                  # [WARPS, ROWS], 0 for -inf
     l = gl.reduce(l_i * w, 0, _add)
     w3 = gl.expand_dims(w, 2)
-    o_e = gl.reduce(acc_e * w3, 0, _add)
-    o_o = gl.reduce(acc_o * w3, 0, _add)
+    if not RING_MERGE:   # Triton's cross-warp reduction (shared-memory scratch)
+        o_e = gl.reduce(acc_e * w3, 0, _add)
+        o_o = gl.reduce(acc_o * w3, 0, _add)
     seen = l > 0.0
     inv = gl.where(seen, gl.load(VS + kv_head * stride_vsh) / gl.where(seen, l, 1.0), 0.0)
     lse = gl.where(seen, (m + gl.log2(gl.where(seen, l, 1.0))) * LN2, float("-inf"))
 
-    OUT2: gl.constexpr = gl.SliceLayout(0, MMA)
-    ro = gl.arange(0, ROWS, gl.SliceLayout(1, OUT2))
-    po = gl.arange(0, HEAD_DIM // 2, gl.SliceLayout(0, OUT2))
-    o_row = (seq.to(gl.int64) * stride_ob + split * stride_os + (ro // GROUP) * stride_ot
-             + (kv_head * GROUP + ro % GROUP) * stride_oh)
-    o_ptrs = Out + gl.expand_dims(o_row, 1) + gl.expand_dims(po * 2, 0)
-    o_ok = gl.expand_dims(ro < GROUP * q_len, 1)
-    inv_o = gl.expand_dims(gl.convert_layout(inv, gl.SliceLayout(1, OUT2)), 1)
-    gl.store(o_ptrs, o_e * inv_o, mask=o_ok)
-    gl.store(o_ptrs + 1, o_o * inv_o, mask=o_ok)
+    if RING_MERGE:
+        # Every tile's K and V waits are behind every consumer warp and the loader issues no
+        # tile past the last, so the ring is idle: K slot 0 takes the even channels' weighted
+        # accumulators, slot 1 the odd ones' (fp32 [WARPS, ROWS, 64], 16 KB each). Membar puts a
+        # bar.sync of the consumer warps between the last tile's ldmatrix and these stores (the
+        # views alias the K ring) and another between the stores and the loads.
+        ev = k_smem.index(0)._reinterpret(gl.float32, [WARPS * ROWS, HEAD_DIM // 2],
+                                          MERGE_SMEM).reshape([WARPS, ROWS, HEAD_DIM // 2])
+        od = k_smem.index(1)._reinterpret(gl.float32, [WARPS * ROWS, HEAD_DIM // 2],
+                                          MERGE_SMEM).reshape([WARPS, ROWS, HEAD_DIM // 2])
+        ev.store(acc_e * w3)
+        od.store(acc_o * w3)
+        o_e = gl.sum(ev.load(MERGE_LOAD), 0)                   # [ROWS, 64], 2 pairs a thread
+        o_o = gl.sum(od.load(MERGE_LOAD), 0)
+        o = gl.convert_layout(gl.join(o_e, o_o).reshape([ROWS, HEAD_DIM]), MERGE_OUT,
+                              assert_trivial=True)             # channels 4i .. 4i + 3
+        ro = gl.arange(0, ROWS, gl.SliceLayout(1, MERGE_OUT))
+        po = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, MERGE_OUT))
+        o_row = (seq.to(gl.int64) * stride_ob + split * stride_os + (ro // GROUP) * stride_ot
+                 + (kv_head * GROUP + ro % GROUP) * stride_oh)
+        o_ptrs = Out + gl.expand_dims(o_row, 1) + gl.expand_dims(po, 0)
+        o_ok = gl.expand_dims(ro < GROUP * q_len, 1)
+        inv_o = gl.expand_dims(gl.convert_layout(inv, gl.SliceLayout(1, MERGE_OUT)), 1)
+        gl.store(o_ptrs, o * inv_o, mask=o_ok)
+    else:
+        OUT2: gl.constexpr = gl.SliceLayout(0, MMA)
+        ro = gl.arange(0, ROWS, gl.SliceLayout(1, OUT2))
+        po = gl.arange(0, HEAD_DIM // 2, gl.SliceLayout(0, OUT2))
+        o_row = (seq.to(gl.int64) * stride_ob + split * stride_os + (ro // GROUP) * stride_ot
+                 + (kv_head * GROUP + ro % GROUP) * stride_oh)
+        o_ptrs = Out + gl.expand_dims(o_row, 1) + gl.expand_dims(po * 2, 0)
+        o_ok = gl.expand_dims(ro < GROUP * q_len, 1)
+        inv_o = gl.expand_dims(gl.convert_layout(inv, gl.SliceLayout(1, OUT2)), 1)
+        gl.store(o_ptrs, o_e * inv_o, mask=o_ok)
+        gl.store(o_ptrs + 1, o_o * inv_o, mask=o_ok)
     LSE1: gl.constexpr = gl.SliceLayout(0, ROW_STATE)
     rl = gl.arange(0, ROWS, LSE1)
     gl.store(Lse + seq.to(gl.int64) * stride_lb + split * stride_ls + (rl // GROUP) * stride_lt
@@ -339,7 +392,7 @@ def _gluon_decode_kernel(
     num_splits, stride_qb, stride_qt, stride_qh, stride_ksh, stride_vsh, stride_ob, stride_ot,
     stride_oh, stride_os, stride_lb, stride_lt, stride_lh, stride_ls, stride_btb,
     GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr, PAGE_SIZE: gl.constexpr,
-    STAGES: gl.constexpr, THREAD_ARRIVE: gl.constexpr = True,
+    STAGES: gl.constexpr, THREAD_ARRIVE: gl.constexpr = True, RING_MERGE: gl.constexpr = False,
 ):
     k_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
@@ -356,7 +409,8 @@ def _gluon_decode_kernel(
         (_consume, (Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                     cache_seqlens, sm_scale, q_len, num_splits, stride_qb, stride_qt, stride_qh,
                     stride_ksh, stride_vsh, stride_ob, stride_ot, stride_oh, stride_os,
-                    stride_lb, stride_lt, stride_lh, stride_ls, GROUP, IS_CAUSAL, THREAD_ARRIVE)),
+                    stride_lb, stride_lt, stride_lh, stride_ls, GROUP, IS_CAUSAL, THREAD_ARRIVE,
+                    RING_MERGE)),
         (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                  cache_seqlens, block_table, num_splits, stride_btb, PAGE_SIZE)),
     ], [LOADER_WARPS], [LOADER_REGS])
@@ -465,10 +519,12 @@ class GluonDecodeLaunch:
 
     def __init__(self, q, k_cache, v_cache, k_scale, v_scale, cache_seqlens, block_table,
                  out_partial, lse_partial, out=None, lse=None, *, softmax_scale: float,
-                 num_splits: int, causal: bool, stages: int = 4, thread_arrive: bool = True):
+                 num_splits: int, causal: bool, stages: int = 4, thread_arrive: bool = True,
+                 ctas_per_sm: int = 1, ring_merge: bool = False):
         ksh, vsh = _validate(q, k_cache, v_cache, k_scale, v_scale, cache_seqlens, block_table,
                              out_partial, lse_partial, num_splits)
         _check(stages >= 2, f"stages must be >= 2, got {stages}")
+        _check(ctas_per_sm in (1, 2), f"ctas_per_sm must be 1 or 2, got {ctas_per_sm}")
         batch, q_len, nheads, _ = q.shape
         page_size, nheads_k = k_cache.shape[1], k_cache.shape[2]
         if out is not None:
@@ -488,7 +544,10 @@ class GluonDecodeLaunch:
             *lse_partial.stride(), block_table.stride(0))
         self.constexprs = dict(GROUP=nheads // nheads_k, IS_CAUSAL=bool(causal),
                                PAGE_SIZE=page_size, STAGES=stages,
-                               THREAD_ARRIVE=bool(thread_arrive), num_warps=WARPS.value)
+                               THREAD_ARRIVE=bool(thread_arrive), RING_MERGE=bool(ring_merge),
+                               num_warps=WARPS.value)
+        if ctas_per_sm == 2:
+            self.constexprs["maxnreg"] = TWO_CTA_MAXNREG
 
     def decode(self):
         """The decode kernel alone (the partials); returns the compiled kernel."""
@@ -506,7 +565,8 @@ class GluonDecodeLaunch:
 
 def launch_gluon_decode_fp8(q, k_cache, v_cache, k_scale, v_scale, cache_seqlens, block_table,
                             out_partial, lse_partial, *, softmax_scale: float, num_splits: int,
-                            causal: bool, stages: int = 4, thread_arrive: bool = True):
+                            causal: bool, stages: int = 4, thread_arrive: bool = True,
+                            ctas_per_sm: int = 1, ring_merge: bool = False):
     """``_gluon_decode_kernel`` on an fp8 e4m3 paged cache: the float32 split partials
     ``out_partial [batch, q_len, nheads, num_splits, 128]`` (normalized) and ``lse_partial
     [batch, q_len, nheads, num_splits]`` (natural log; ``-inf`` and 0 for an empty split or a
@@ -514,12 +574,16 @@ def launch_gluon_decode_fp8(q, k_cache, v_cache, k_scale, v_scale, cache_seqlens
     ``combine_partials`` (``paged_combine``) merges them. q fp16 ``[batch, q_len, nheads, 128]``;
     caches float8_e4m3fn ``[num_pages, page_size, nheads_k, 128]`` (contiguous pages, page_size a
     multiple of 16); k_scale / v_scale float32 ``[nheads_k]`` or 0-dim (``kvonce.paged.quant``);
-    ``GROUP * q_len <= 16``. Validates and builds the TMA descriptors on every call (a
+    ``GROUP * q_len <= 16``. ``stages``: ring slots (2-4); ``ctas_per_sm`` 2: the launch at
+    ``TWO_CTA_MAXNREG`` registers (consumers 232 after ``setmaxnreg``), for two CTAs an SM with
+    ``stages`` <= 3 and ``ring_merge`` (the end-of-CTA merge through the idle K ring instead of
+    16 KB of reduce scratch). Validates and builds the TMA descriptors on every call (a
     ``GluonDecodeLaunch`` does that once). Returns the compiled kernel."""
     return GluonDecodeLaunch(q, k_cache, v_cache, k_scale, v_scale, cache_seqlens, block_table,
                              out_partial, lse_partial, softmax_scale=softmax_scale,
                              num_splits=num_splits, causal=causal, stages=stages,
-                             thread_arrive=thread_arrive).decode()
+                             thread_arrive=thread_arrive, ctas_per_sm=ctas_per_sm,
+                             ring_merge=ring_merge).decode()
 
 
 def combine_partials(out_partial, lse_partial, out, lse=None) -> None:

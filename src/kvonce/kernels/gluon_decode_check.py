@@ -8,7 +8,11 @@ compiles every variant (through kernel_check's ``check_spec``) and prints, per v
 registers, spills and shared memory, and for each consumer key-tile loop (a backward branch's
 range holding HMMA; the out-of-line mbarrier retry blocks, which sit past EXIT, are not loops)
 its instructions per tile per warp (NOPs not counted), HMMA, BAR.SYNC, LDSM, the fp8 converts
-(F2FP.F16.E4M3) and MUFU.EX2. Each consumer warp runs the loop body once per 128-key tile.
+(F2FP.F16.E4M3) and MUFU.EX2. Each consumer warp runs the loop body once per 128-key tile. Also
+the SASS's setmaxnreg immediates and highest register; a variant fails here on any spill and,
+for the two-CTA ones (``maxnreg`` = ``TWO_CTA_MAXNREG``), on launch registers over 128 or shared
+memory over half an SM (kernel_check itself fails spills only inside wgmma loops, and this
+kernel has none).
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import re
 
 from triton.experimental.gluon import language as gl
 
-from .gluon_decode import _gluon_decode_kernel, box_rows
+from .gluon_decode import TWO_CTA_MAXNREG, _gluon_decode_kernel, box_rows
 
 
 def _check_signature(box: int) -> dict:
@@ -30,19 +34,24 @@ def _check_signature(box: int) -> dict:
         "q_len", "num_splits", "stride_qb", "stride_qt", "stride_qh", "stride_ksh",
         "stride_vsh", "stride_ob", "stride_ot", "stride_oh", "stride_os", "stride_lb",
         "stride_lt", "stride_lh", "stride_ls", "stride_btb")})
-    for name in ("GROUP", "IS_CAUSAL", "PAGE_SIZE", "STAGES", "THREAD_ARRIVE"):
+    for name in ("GROUP", "IS_CAUSAL", "PAGE_SIZE", "STAGES", "THREAD_ARRIVE", "RING_MERGE"):
         sig[name] = "constexpr"
     return sig
 
 
-def _check_spec(variant, group, page_size, stages=4, causal=False, thread_arrive=True):
+def _check_spec(variant, group, page_size, stages=4, causal=False, thread_arrive=True,
+                ring_merge=False, ctas_per_sm=1):
+    options = dict(num_warps=4)
+    if ctas_per_sm == 2:
+        options["maxnreg"] = TWO_CTA_MAXNREG
     return (variant, _gluon_decode_kernel, _check_signature(box_rows(page_size)),
             dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, STAGES=stages,
-                 THREAD_ARRIVE=thread_arrive),
-            dict(num_warps=4), dict(HGMMA=0))
+                 THREAD_ARRIVE=thread_arrive, RING_MERGE=ring_merge),
+            options, dict(HGMMA=0))
 
 
 GLUON_CHECK_SPECS = [
+    # One CTA an SM (the launch's .maxnreg 256; Triton's reduce scratch for the merge).
     _check_spec("fp8-page16-gqa4-4stages", 4, 16),
     _check_spec("fp8-page16-gqa4-3stages", 4, 16, stages=3),
     _check_spec("fp8-page16-mha-4stages", 1, 16),
@@ -51,10 +60,50 @@ GLUON_CHECK_SPECS = [
     _check_spec("fp8-page64-mha-3stages", 1, 64, stages=3),
     _check_spec("fp8-page16-gqa4-causal-4stages", 4, 16, causal=True),
     _check_spec("fp8-page16-gqa4-4stages-elected-arrive", 4, 16, thread_arrive=False),
+    _check_spec("fp8-page16-gqa4-4stages-ring-merge", 4, 16, ring_merge=True),
+    # Two CTAs an SM: .maxnreg 128 (consumers setmaxnreg 232), the merge through the K ring.
+    _check_spec("fp8-page16-gqa4-3stages-2cta", 4, 16, stages=3, ring_merge=True, ctas_per_sm=2),
+    _check_spec("fp8-page16-gqa4-2stages-2cta", 4, 16, stages=2, ring_merge=True, ctas_per_sm=2),
+    _check_spec("fp8-page16-mha-3stages-2cta", 1, 16, stages=3, ring_merge=True, ctas_per_sm=2),
+    _check_spec("fp8-page16-mha-2stages-2cta", 1, 16, stages=2, ring_merge=True, ctas_per_sm=2),
+    _check_spec("fp8-page64-gqa4-3stages-2cta", 4, 64, stages=3, ring_merge=True, ctas_per_sm=2),
+    _check_spec("fp8-page16-gqa4-causal-3stages-2cta", 4, 16, stages=3, causal=True,
+                ring_merge=True, ctas_per_sm=2),
+    # The 2-CTA registers with the reduce-scratch merge: 114812 B, 1.8 KB under half an SM with
+    # the 1 KB reserve counted once (the occupancy API on the GPU decides).
+    _check_spec("fp8-page16-gqa4-3stages-2cta-scratch-merge", 4, 16, stages=3, ctas_per_sm=2),
 ]
+
+SM_SMEM = 233472           # H100: shared memory an SM (228 KB)
+CTA_RESERVED_SMEM = 1024   # reserved a CTA (cuobjdump -res-usage: SHARED:1024 static)
+
+
+def two_cta_problems(options: dict, registers: int, shared: int) -> list[str]:
+    """What keeps a ``maxnreg`` = ``TWO_CTA_MAXNREG`` variant from two CTAs an SM."""
+    if options.get("maxnreg") != TWO_CTA_MAXNREG:
+        return []
+    problems = []
+    if registers > TWO_CTA_MAXNREG:
+        problems.append(f"launch registers {registers} > {TWO_CTA_MAXNREG}")
+    if 2 * (shared + CTA_RESERVED_SMEM) > SM_SMEM:
+        problems.append(f"2 x ({shared} + {CTA_RESERVED_SMEM}) B shared > {SM_SMEM}")
+    return problems
 
 
 _SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);")
+_SETMAXREG = re.compile(r"USETMAXREG\.(\w+)\S*\s+(?:UP\d+,\s*)?(0x[0-9a-f]+)")
+_REG = re.compile(r"\bR(\d+)\b")
+
+
+def register_summary(sass: str) -> str:
+    """The setmaxnreg immediates (``dealloc`` / ``alloc`` register counts) and the highest
+    register index the SASS names (+ 1: the registers the widest partition really uses)."""
+    sets = sorted({(kind.split(".")[0].lower(), int(n, 16))
+                   for kind, n in _SETMAXREG.findall(sass)})
+    used = max((int(r) for r in _REG.findall(sass)), default=-1) + 1
+    return (", ".join(f"{kind} {n}" for kind, n in sets) or "no setmaxnreg") + \
+        f"; R0-R{used - 1} used"
+
 _BRANCH_TARGET = re.compile(r"\bBRA\b.*0x([0-9a-f]+)\s*$")
 _PRED = re.compile(r"^@!?U?P\w+\s+")
 
@@ -116,13 +165,19 @@ def main(argv=None) -> int:
             continue
         row = kernel_check.check_spec("gluon_decode_check", variant, kernel, sig, constexprs,
                                       options, expected, keep)
-        print(f"{variant}: regs {row.registers}, spill B {row.spill_bytes}, smem B {row.shared}"
-              f", {row.seconds:.1f} s" + ("" if not row.problems else
-                                          "  FAIL: " + "; ".join(row.problems)))
-        failed += bool(row.problems)
+        problems = row.problems + ([f"{row.spill_bytes} bytes spilled"] if row.spill_bytes
+                                   and not row.problems else [])
+        if row.registers:
+            problems += two_cta_problems(options, row.registers, row.shared)
+        print(f"{variant}: launch regs {row.registers} (maxnreg {options.get('maxnreg', '-')})"
+              f", spill B {row.spill_bytes}, smem B {row.shared}, {row.seconds:.1f} s"
+              + ("" if not problems else "  FAIL: " + "; ".join(problems)))
+        failed += bool(problems)
         sass = keep / f"gluon_decode_check.{kernel.__name__}.{variant}.sass"
         if sass.exists():
-            for loop in tile_loops(sass.read_text()):
+            text = sass.read_text()
+            print("    setmaxnreg: " + register_summary(text))
+            for loop in tile_loops(text):
                 print("    loop " + loop_summary(loop))
     return 1 if failed else 0
 
