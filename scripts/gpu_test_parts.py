@@ -13,7 +13,8 @@ the fast tier and the shards read.
 
 Run on a CUDA machine with torch and triton installed, from the repository root:
     python3 scripts/gpu_test_parts.py [--tier fast|full] [--part N ...] [--jobs N]
-                                      [--update-durations] [-- extra pytest arguments]
+                                      [--update-durations] [--log-dir DIR]
+                                      [-- extra pytest arguments]
 """
 from __future__ import annotations
 
@@ -49,14 +50,23 @@ def all_parts() -> dict[int, list[str]]:
     return parts
 
 
-def run_part(modules: list[str], tier: str, jobs: int, extra: list[str]):
+def run_part(modules: list[str], tier: str, jobs: int, extra: list[str], log_dir: Path | None = None,
+             label: str = ""):
     """``jobs`` pytest processes, one shard each; returns (rows by test id, wall, slowest shard,
-    worst exit code). Exit code 5 (a shard with no tests) counts as success."""
+    worst exit code). Exit code 5 (a shard with no tests) counts as success. With ``log_dir``,
+    each shard's pytest output and its per-test durations (JSON lines, written as each test ends)
+    stay there as ``{label}shard{i}.log`` / ``.jsonl``, so a run cut off by a time limit shows
+    which shard was still running and what it had done."""
     logs, procs = [], []
     start = time.perf_counter()
     for index in range(jobs):
-        fd, log = tempfile.mkstemp(suffix=".jsonl")
-        os.close(fd)
+        if log_dir is None:
+            fd, log = tempfile.mkstemp(suffix=".jsonl")
+            os.close(fd)
+            stdout = None
+        else:
+            log = str(log_dir / f"{label}shard{index}.jsonl")
+            stdout = open(log_dir / f"{label}shard{index}.log", "w")  # noqa: SIM115 (Popen owns it)
         logs.append(log)
         env = dict(os.environ, KVONCE_DURATIONS_OUT=log, KVONCE_TEST_TIER=tier,
                    PYTHONPATH=str(ROOT / "src"))
@@ -64,7 +74,9 @@ def run_part(modules: list[str], tier: str, jobs: int, extra: list[str]):
             env["KVONCE_TEST_SHARD"] = f"{index}/{jobs}"
         cmd = [sys.executable, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", *extra,
                *modules]
-        procs.append((subprocess.Popen(cmd, cwd=ROOT, env=env), time.perf_counter()))
+        procs.append((subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=stdout,
+                                       stderr=subprocess.STDOUT if stdout else None),
+                      time.perf_counter()))
     shard_walls, worst = [], 0
     for proc, began in procs:
         rc = proc.wait()
@@ -73,8 +85,10 @@ def run_part(modules: list[str], tier: str, jobs: int, extra: list[str]):
     wall = time.perf_counter() - start
     rows = {}
     for log in logs:
-        rows.update({r["nodeid"]: r for r in map(json.loads, Path(log).read_text().splitlines())})
-        os.unlink(log)
+        lines = Path(log).read_text().splitlines() if Path(log).exists() else []
+        rows.update({r["nodeid"]: r for r in map(json.loads, lines)})
+        if log_dir is None:
+            os.unlink(log)
     return rows, wall, max(shard_walls), worst
 
 
@@ -87,6 +101,8 @@ def main() -> int:
                     help="every module as one part (the fast tier's default)")
     ap.add_argument("--jobs", type=int, default=4, help="pytest processes per part (default 4)")
     ap.add_argument("--update-durations", action="store_true")
+    ap.add_argument("--log-dir", type=Path,
+                    help="keep each shard's output and per-test durations here (e.g. $OUT)")
     ap.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = ap.parse_args()
     parts = all_parts()
@@ -99,7 +115,10 @@ def main() -> int:
     for k in chosen:
         if k not in parts:
             ap.error(f"--part must be one of {sorted(parts)}, got {k}")
-        rows, wall, slowest, rc = run_part(parts[k], args.tier, args.jobs, args.pytest_args)
+        if args.log_dir:
+            args.log_dir.mkdir(parents=True, exist_ok=True)
+        rows, wall, slowest, rc = run_part(parts[k], args.tier, args.jobs, args.pytest_args,
+                                           args.log_dir, f"part{k}_")
         measured.update({n: r["seconds"] for n, r in rows.items()})
         count = lambda o: sum(r["outcome"] == o for r in rows.values())  # noqa: E731
         summary.append((k, count("passed"), count("failed"), count("skipped"), wall, slowest, rc))
