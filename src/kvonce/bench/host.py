@@ -9,7 +9,8 @@ Each callable is warmed up (20 calls, then a sync); then, ``--rounds`` times (15
 the calls. The shapes are small: the launch queue never fills, the GPU never holds the host back.
 Decode rows: 12 q / 2 KV heads, batch 64, seqlen 1024 (``--shapes``: others), head dim 128,
 fp16, page size 16, pages in random order (bench/decode.py's inputs); quantized-cache rows
-(int8, fp8 e4m3, int4) on the same cache quantized. Varlen paged prefill rows
+(int8, fp8 e4m3, int4) on the same cache quantized, and fp8 with dense-and-sparse keys (8 fp16
+outlier channels per KV head: decode, and the append that also writes the side cache). Varlen paged prefill rows
 (``PagedPrefillPlan.run``, one-shot ``paged_prefill``): 16 decode rows over 1024 cached tokens and
 one 256-token prompt in one call, 32 q / 8 KV heads (bench/prefill.py's inputs, fp16, page 16),
 checked against reference.paged_prefill_ref. Dual-group rows (forward, backward, the zigzag
@@ -47,9 +48,10 @@ import torch
 import triton
 import triton.testing
 
-from ..paged import (PagedDecodePlan, PagedPrefillPlan, append_paged_kv, dequantize_kv,
-                     flash_attn_with_kvcache, merge_attention_states, paged_attention,
-                     paged_prefill, quantize_kv)
+from ..paged import (PagedDecodePlan, PagedPrefillPlan, append_paged_kv,
+                     calibrate_outlier_channels, dequantize_kv, flash_attn_with_kvcache,
+                     merge_attention_states, new_key_outliers, paged_attention, paged_prefill,
+                     quantize_kv)
 from ..reference import (dual_group_attention_ref, merge_attention_states_ref,
                          paged_attention_ref, paged_prefill_ref, varlen_attention_ref)
 from ..varlen import (fused_zigzag_llama3_flash_attn_varlen_backward,
@@ -160,6 +162,8 @@ def decode_cases(case: Case) -> list[Entry]:
                       lambda r: rel_err(r, quant_ref)))
     rows += [_quantized_decode_row(fmt, q, k_cache, v_cache, seqlens, block_table, shape)
              for fmt in ("fp8_e4m3", "int4")]
+    rows += _outlier_rows(q, k_cache, v_cache, seqlens, block_table, shape,
+                          (k_new, v_new, last, page, slot), case)
     kq_app, ks_app, vq_app, vs_app = kq.clone(), ks.clone(), vq.clone(), vs.clone()
     rows.append(Entry("append_paged_kv int8 cache", f"{case.batch}x1 {case.label}",
                       lambda: append_paged_kv(k_new, v_new, kq_app, vq_app, last, block_table,
@@ -192,6 +196,35 @@ def _quantized_decode_row(fmt: str, q, k_cache, v_cache, seqlens, block_table, s
                               dequantize_kv(vq, vs, fmt, torch.float32), seqlens, block_table)[0]
     return Entry(f"PagedDecodePlan.run {fmt} cache", shape,
                  lambda: plan.run(*args, k_scale=ks, v_scale=vs), lambda r: rel_err(r, ref))
+
+
+def _outlier_rows(q, k_cache, v_cache, seqlens, block_table, shape, new, case) -> list[Entry]:
+    """Dense-and-sparse keys (fp8 cache, 8 fp16 outlier channels per KV head): decode through the
+    plan, and the quantizing append that also writes the side cache."""
+    channels = calibrate_outlier_channels(k_cache.flatten(0, 1)[:2048], n=8)
+    ko = new_key_outliers(channels, k_cache.shape[0], k_cache.shape[1])
+    dense, sparse = ko.split(k_cache)
+    ko.values.copy_(sparse)
+    kq, ks = quantize_kv(dense, "fp8_e4m3")
+    vq, vs = quantize_kv(v_cache, "fp8_e4m3")
+    args = (q, kq, vq, seqlens, block_table)
+    plan = PagedDecodePlan(*args, k_scale=ks, v_scale=vs)
+    keys = ko.merge(dequantize_kv(kq, ks, "fp8_e4m3", torch.float32), ko.values)
+    ref = paged_attention_ref(q.float(), keys, dequantize_kv(vq, vs, "fp8_e4m3", torch.float32),
+                              seqlens, block_table)[0]
+    k_new, v_new, last, page, slot = new
+    app = (kq.clone(), vq.clone(), ks.clone(), vs.clone(),
+           new_key_outliers(channels, k_cache.shape[0], k_cache.shape[1]))
+    kept = app[4].split(k_new[:, 0])[1]
+    return [
+        Entry("PagedDecodePlan.run fp8_e4m3 cache + 8 outliers", shape,
+              lambda: plan.run(*args, k_scale=ks, v_scale=vs, key_outliers=ko),
+              lambda r: rel_err(r, ref)),
+        Entry("append_paged_kv fp8_e4m3 cache + 8 outliers", f"{case.batch}x1 {case.label}",
+              lambda: append_paged_kv(k_new, v_new, app[0], app[1], last, block_table,
+                                      k_scale=app[2], v_scale=app[3], key_outliers=app[4]),
+              lambda _: rel_err(app[4].values[page, slot], kept)),
+    ]
 
 
 def prefill_cases() -> list[Entry]:
