@@ -265,6 +265,36 @@ def test_int32_and_int64_offsets_agree(fmt):
     _check(outs[0], ref, dtype)
 
 
+def _at_odd_half_word(t):
+    """``t``'s values in a tensor 2 bytes past a 4-byte boundary (an odd fp16 offset)."""
+    buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    view = buf[1:].view(t.shape)
+    view.copy_(t)
+    assert view.data_ptr() % 4 == 2
+    return view
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_int4_scales_load_as_32_bit_pairs_where_aligned(num_splits):
+    """int4 at head dim 128 reads each key's four fp16 group scales as two 32-bit words
+    (SCALE_PAIRS) where the scales are aligned, and as fp16 where they sit at an odd fp16
+    offset (a 32-bit load there would be misaligned): both equal the reference, bit for bit
+    each other."""
+    dtype = DTYPES[0]
+    q, k, v, seqlens, table = _case(3, 2, 8, 2, 128, 16, [37, 0, 150], dtype)
+    kq, ks, vq, vs, kd, vd = _quantized(k, v, "int4")
+    ref, ref_lse = paged_attention_ref(q.float(), kd, vd, seqlens, table)
+    plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
+                                  kv_format="int4", num_splits=num_splits)
+    _run_and_check(plan, q, kq, vq, seqlens, table, ks, vs, ref, ref_lse, "SCALE_PAIRS", dtype)
+    aligned = plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs)
+    with poison_empty:
+        unaligned = plan.run(q, kq, vq, seqlens, table, k_scale=_at_odd_half_word(ks),
+                             v_scale=_at_odd_half_word(vs))
+    _check(unaligned, ref, dtype)
+    assert unaligned.equal(aligned)
+
+
 @pytest.mark.parametrize("case", ["fp8/fp16", "fp8/bf16", "int8/fp16"])
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_v_as_channel_pairs_matches_the_reference(case, num_splits):

@@ -316,7 +316,8 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
                     PREFETCH_PAGES: tl.constexpr = False, Kd=0, Vd=0,
                     USE_DESC: tl.constexpr = False, SWAP_AB: tl.constexpr = False,
                     F16_MATH: tl.constexpr = False, V_PAIRS: tl.constexpr = False, q_out=0.0,
-                    KO=0, stride_kop=0, stride_kot=0, stride_koh=0, N_OUT: tl.constexpr = 0):
+                    KO=0, stride_kop=0, stride_kot=0, stride_koh=0, N_OUT: tl.constexpr = 0,
+                    SCALE_PAIRS: tl.constexpr = False):
     """One packed tile ``q [BLOCK_M, BLOCK_D]`` against sequence ``seq``'s keys ``[lo, hi)`` of
     one KV head: unmasked tiles ``[lo, full)``, then the masked band ``[full, hi)``; returns the
     unnormalized ``(acc, m, l)`` (base 2), fp8's per-head scales applied. Shared by the decode
@@ -327,7 +328,9 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
     run in fp16; the factors come off with the softmax scale, per row. V_PAIRS (fp8 or int8,
     fp16 compute): V read as channel pairs (``paged_decode_pairs``). N_OUT > 0 (quantized
     caches): dense-and-sparse keys, ``q_out [BLOCK_M, 16]`` the rows' values at this KV head's
-    outlier channels (``paged_outliers._outlier_queries``), ``KO`` the side cache."""
+    outlier channels (``paged_outliers._outlier_queries``), ``KO`` the side cache.
+    SCALE_PAIRS (int4 at head dim 128, scale rows 4-byte aligned): each key's four group scales
+    as two 32-bit loads (``paged_decode_int4._int4_scales``)."""
     K += kv_head * stride_kh
     V += kv_head * stride_vh
     KS += kv_head * stride_ksh
@@ -366,13 +369,15 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
                                            stride_vp, stride_vt, stride_ksp, stride_kst,
                                            stride_vsp, stride_vst, False, PAGE_SIZE, BLOCK_M,
                                            BLOCK_N, DOT_PRECISION, INT64_KV, q_out, KO,
-                                           stride_kop, stride_kot, out_scale, N_OUT)
+                                           stride_kop, stride_kot, out_scale, N_OUT,
+                                           SCALE_PAIRS)
         acc, m_i, l_i = _attend_paged_int4(acc, m_i, l_i, q, full, hi, qk_scale, tok, diag, hi,
                                            K, V, KS, VS, bt_row, stride_kp, stride_kt,
                                            stride_vp, stride_vt, stride_ksp, stride_kst,
                                            stride_vsp, stride_vst, True, PAGE_SIZE, BLOCK_M,
                                            BLOCK_N, DOT_PRECISION, INT64_KV, q_out, KO,
-                                           stride_kop, stride_kot, out_scale, N_OUT)
+                                           stride_kop, stride_kot, out_scale, N_OUT,
+                                           SCALE_PAIRS)
     elif V_PAIRS:
         tl.static_assert((KV_FORMAT == 1 or KV_FORMAT == 2) and EVEN_D and not SWAP_AB)
         acc_even = tl.zeros([BLOCK_M, BLOCK_D // 2], dtype=tl.float32)
@@ -451,6 +456,7 @@ def _paged_decode_kernel(
     INT64_KV: tl.constexpr = True,  # False: K/V (and scale) offsets fit int32
     V_PAIRS: tl.constexpr = False,  # fp8/int8 V as channel pairs (paged_decode_pairs)
     N_OUT: tl.constexpr = 0,  # outlier channels per KV head kept at q's precision (0: none)
+    SCALE_PAIRS: tl.constexpr = False,  # int4 d128: group scales as 32-bit pairs (4 B aligned)
 ):
     # Grid: (num_splits * num_m_blocks, nheads_k, batch). Splits vary fastest so that the
     # programs of one sequence's KV head run side by side.
@@ -495,7 +501,8 @@ def _paged_decode_kernel(
         stride_ksh, stride_vsp, stride_vst, stride_vsh, stride_btb, offs_d, head_dim,
         PAGE_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, EVEN_D, KV_CACHE, KV_EVICT, KV_FORMAT, DOT_PRECISION,
         INT64_KV=INT64_KV, SWAP_AB=SWAP_AB, F16_MATH=F16_MATH, V_PAIRS=V_PAIRS, q_out=q_out,
-        KO=KO, stride_kop=stride_kop, stride_kot=stride_kot, stride_koh=stride_koh, N_OUT=N_OUT)
+        KO=KO, stride_kop=stride_kop, stride_kot=stride_kot, stride_koh=stride_koh, N_OUT=N_OUT,
+        SCALE_PAIRS=SCALE_PAIRS)
     # out = acc / l (0 where no key was seen, e.g. an empty split), lse natural log (-inf there).
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
@@ -606,6 +613,13 @@ class PagedDecodeLaunch:
                    and all(st % 2 == 0 for st in v_cache.stride()[:3])
                    and (q.dtype == torch.float16 or f16))
         f16_math = f16 and (kv_format == 1 or v_pairs)
+        # int4 split dots: each key's four fp16 group scales as two 32-bit loads, which the
+        # pipeliner prefetches (cp.async takes 4 bytes and up) where 2-byte loads waited in the
+        # loop and crossed layouts through shared memory. Even strides here; 4-byte aligned
+        # pointers per call (the launch's 16-byte alignment bit: without it, fp16 loads).
+        scale_pairs = (kv_format == 3 and block_d == 128 and head_dim == 128
+                       and all(st % 2 == 0 for t in (k_scale, v_scale)
+                               for st in t.stride()[:3]))
         self._constexprs = dict(
             GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, BLOCK_M=block_m,
             BLOCK_N=config.block_n, BLOCK_D=block_d, EVEN_D=block_d == head_dim,
@@ -614,6 +628,7 @@ class PagedDecodeLaunch:
             DOT_PRECISION=dot_input_precision(q.dtype),  # fp32 as PyTorch would (fixed per plan)
             SWAP_AB=config.swap_ab, F16_MATH=f16_math, V_PAIRS=v_pairs,
             N_OUT=outlier_values.shape[3] if outlier_values is not None else 0,
+            SCALE_PAIRS=scale_pairs,
             # Quantized caches: int32 offsets where everything fits (fewer IMADs per key row; the
             # plain-cache rows were tuned with int64 and keep it).
             INT64_KV=kv_format == 0 or config.int64_kv_offsets or max(
@@ -627,6 +642,7 @@ class PagedDecodeLaunch:
                      outlier_values.dtype if outlier_values is not None else None,
                      self._ints, tuple(self._constexprs.values()),
                      self._warps, self._maxnreg)
+        self._unaligned_constexprs = dict(self._constexprs, SCALE_PAIRS=False)
         self._combine = None
         if num_splits > 1 and not merge_here:
             # Final out [batch, q_len, nheads, d] and lse [batch, nheads, q_len], contiguous.
@@ -659,7 +675,8 @@ class PagedDecodeLaunch:
                (q, k_cache, v_cache, k_scale, v_scale, dst_o, dst_l, cache_seqlens, block_table,
                 final_o, final_l, arrivals, outlier_values, outlier_channels, self._scale,
                 *self._ints),
-               self._constexprs, *self._warps, self.device_index, self._maxnreg)
+               self._constexprs if aligned else self._unaligned_constexprs, *self._warps,
+               self.device_index, self._maxnreg)
         if self._combine is not None:
             key, grid, ints, constexprs, warps = self._combine
             launch(_combine_splits_kernel, key, grid, (o_part, lse_part, out, lse, *ints),

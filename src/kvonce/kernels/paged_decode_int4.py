@@ -56,47 +56,73 @@ def _join_int4_groups(g0, g1, g2, g3, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def _int4_chunk_scores(qk, q_low, q_high, K, KS, k_rows, ks_rows, in_range, k: tl.constexpr,
+def _int4_scales(CS, rows, in_range, MASKED: tl.constexpr, SCALE_PAIRS: tl.constexpr):
+    """The four group scales of each key of a tile (``CS + rows``: its first, fp16), as float32
+    ``[BLOCK_N]`` each. SCALE_PAIRS (scale rows 4-byte aligned): two 32-bit loads a key, which
+    the pipeliner prefetches with cp.async into shared memory and reads back in the layout the
+    scores' columns use; fp16 loads (2 bytes) it cannot, so they wait in the loop and each
+    crosses to that layout through shared memory behind a CTA barrier."""
+    if SCALE_PAIRS:
+        C32 = CS.to(tl.pointer_type(tl.uint32))
+        if MASKED:
+            s01 = tl.load(C32 + rows // 2, mask=in_range, other=0)
+            s23 = tl.load(C32 + rows // 2 + 1, mask=in_range, other=0)
+        else:
+            s01 = tl.load(C32 + rows // 2)
+            s23 = tl.load(C32 + rows // 2 + 1)
+        s0 = (s01 & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
+        s1 = (s01 >> 16).to(tl.uint16).to(tl.float16, bitcast=True)
+        s2 = (s23 & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
+        s3 = (s23 >> 16).to(tl.uint16).to(tl.float16, bitcast=True)
+    else:
+        if MASKED:
+            s0 = tl.load(CS + rows, mask=in_range, other=0.0)
+            s1 = tl.load(CS + rows + 1, mask=in_range, other=0.0)
+            s2 = tl.load(CS + rows + 2, mask=in_range, other=0.0)
+            s3 = tl.load(CS + rows + 3, mask=in_range, other=0.0)
+        else:
+            s0 = tl.load(CS + rows)
+            s1 = tl.load(CS + rows + 1)
+            s2 = tl.load(CS + rows + 2)
+            s3 = tl.load(CS + rows + 3)
+    return s0.to(tl.float32), s1.to(tl.float32), s2.to(tl.float32), s3.to(tl.float32)
+
+
+@triton.jit
+def _int4_chunk_scores(qk, q_low, q_high, K, k_rows, s_low, s_high, in_range, k: tl.constexpr,
                        MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """``qk [BLOCK_M, BLOCK_N]`` plus the scores of int4 bytes ``32k .. 32k + 31`` of each key
     (head dim 128): their low nibbles are group k (against ``q_low``, q's channels of group k),
     their high nibbles group k + 2 (against ``q_high``); each dot's scores times its group's
-    per-key scale. The bytes, transposed ``[32, BLOCK_N]``, go from memory to the MMA operand
-    with only integer ops between (32 contiguous bytes: Triton stages them in shared memory as
-    they are; 16 were too few for it)."""
+    per-key scale (``s_low``, ``s_high``: float32 ``[BLOCK_N]``). The bytes, transposed ``[32,
+    BLOCK_N]``, go from memory to the MMA operand with only integer ops between (32 contiguous
+    bytes: Triton stages them in shared memory as they are; 16 were too few for it)."""
     offs_b = 32 * k + tl.arange(0, 32)
     if MASKED:  # 0x88: both nibbles 8, the value 0 (the scores are masked anyway)
         kb = tl.load(K + k_rows[None, :] + offs_b[:, None], mask=in_range[None, :], other=0x88)
-        s_low = tl.load(KS + ks_rows + k, mask=in_range, other=0.0)
-        s_high = tl.load(KS + ks_rows + k + 2, mask=in_range, other=0.0)
     else:
         kb = tl.load(K + k_rows[None, :] + offs_b[:, None])
-        s_low = tl.load(KS + ks_rows + k)
-        s_high = tl.load(KS + ks_rows + k + 2)
     dtype: tl.constexpr = q_low.dtype
     low = tl.dot(q_low, _nibbles_to(kb, False, dtype), input_precision=DOT_PRECISION)
     high = tl.dot(q_high, _nibbles_to(kb, True, dtype), input_precision=DOT_PRECISION)
-    return qk + low * s_low.to(tl.float32)[None, :] + high * s_high.to(tl.float32)[None, :]
+    return qk + low * s_low[None, :] + high * s_high[None, :]
 
 
 @triton.jit
-def _int4_chunk_values(acc_low, acc_high, p, alpha, V, VS, v_rows, vs_rows, in_range,
+def _int4_chunk_values(acc_low, acc_high, p, alpha, V, v_rows, s_low, s_high, in_range,
                        k: tl.constexpr, dtype: tl.constexpr, MASKED: tl.constexpr,
                        DOT_PRECISION: tl.constexpr):
     """Groups k and k + 2 of the output (``acc_low``, ``acc_high [BLOCK_M, 32]``, rescaled by
     ``alpha``) plus ``p`` times the values of int4 bytes ``32k .. 32k + 31`` ``[BLOCK_N, 32]``:
-    each nibble plane's dot takes ``p`` with its group's per-key scale on the columns."""
+    each nibble plane's dot takes ``p`` with its group's per-key scale (``s_low``, ``s_high``)
+    on the columns."""
     offs_b = 32 * k + tl.arange(0, 32)
     if MASKED:
         vb = tl.load(V + v_rows[:, None] + offs_b[None, :], mask=in_range[:, None], other=0x88)
-        s_low = tl.load(VS + vs_rows + k, mask=in_range, other=0.0)
-        s_high = tl.load(VS + vs_rows + k + 2, mask=in_range, other=0.0)
     else:
         vb = tl.load(V + v_rows[:, None] + offs_b[None, :])
-        s_low = tl.load(VS + vs_rows + k)
-        s_high = tl.load(VS + vs_rows + k + 2)
-    p_low = (p * s_low.to(tl.float32)[None, :]).to(dtype)
-    p_high = (p * s_high.to(tl.float32)[None, :]).to(dtype)
+    p_low = (p * s_low[None, :]).to(dtype)
+    p_high = (p * s_high[None, :]).to(dtype)
     acc_low = tl.dot(p_low, _nibbles_to(vb, False, dtype), acc_low * alpha[:, None],
                      input_precision=DOT_PRECISION)
     acc_high = tl.dot(p_high, _nibbles_to(vb, True, dtype), acc_high * alpha[:, None],
@@ -111,14 +137,15 @@ def _attend_paged_int4(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end, K,
                        PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        DOT_PRECISION: tl.constexpr, INT64_KV: tl.constexpr = True, q_out=0.0,
                        KO=0, stride_kop=0, stride_kot=0, out_scale=1.0,
-                       N_OUT: tl.constexpr = 0):
+                       N_OUT: tl.constexpr = 0, SCALE_PAIRS: tl.constexpr = False):
     """``_attend_paged`` for an int4 cache at head dim 128, as split dots: no tile is widened,
     interleaved or scaled per element. Bytes 32k .. 32k + 31 of a key hold group k in their low
     nibbles and group k + 2 in their high ones (``kvonce.paged.quant``), so each nibble plane is
     one dot against q's (or the output's) channels of one group, with that group's per-key scale
     on the scores' (or the probabilities') columns. q and the output are split into their four
     groups once per call (``_split_int4_groups``). Same state in and out as ``_attend_paged``;
-    N_OUT > 0: the outlier channels' scores start each tile's (``paged_outliers``)."""
+    N_OUT > 0: the outlier channels' scores start each tile's (``paged_outliers``).
+    SCALE_PAIRS: each key's four scales as two 32-bit loads (``_int4_scales``)."""
     dtype: tl.constexpr = q.dtype
     q0, q1, q2, q3 = _split_int4_groups(q, BLOCK_M)
     a0, a1, a2, a3 = _split_int4_groups(acc, BLOCK_M)
@@ -134,15 +161,17 @@ def _attend_paged_int4(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end, K,
                                  N_OUT, DOT_PRECISION) * out_scale[:, None]
         else:
             qk = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        qk = _int4_chunk_scores(qk, q0, q2, K, KS, k_rows, ks_rows, in_range, 0, MASKED,
+        k0, k1, k2, k3 = _int4_scales(KS, ks_rows, in_range, MASKED, SCALE_PAIRS)
+        qk = _int4_chunk_scores(qk, q0, q2, K, k_rows, k0, k2, in_range, 0, MASKED,
                                 DOT_PRECISION)
-        qk = _int4_chunk_scores(qk, q1, q3, K, KS, k_rows, ks_rows, in_range, 1, MASKED,
+        qk = _int4_chunk_scores(qk, q1, q3, K, k_rows, k1, k3, in_range, 1, MASKED,
                                 DOT_PRECISION)
         p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, qk_scale, tok, offs_n, diag, kv_end,
                                            MASKED)
-        a0, a2 = _int4_chunk_values(a0, a2, p, alpha, V, VS, v_rows, vs_rows, in_range, 0,
-                                    dtype, MASKED, DOT_PRECISION)
-        a1, a3 = _int4_chunk_values(a1, a3, p, alpha, V, VS, v_rows, vs_rows, in_range, 1,
-                                    dtype, MASKED, DOT_PRECISION)
+        v0, v1, v2, v3 = _int4_scales(VS, vs_rows, in_range, MASKED, SCALE_PAIRS)
+        a0, a2 = _int4_chunk_values(a0, a2, p, alpha, V, v_rows, v0, v2, in_range, 0, dtype,
+                                    MASKED, DOT_PRECISION)
+        a1, a3 = _int4_chunk_values(a1, a3, p, alpha, V, v_rows, v1, v3, in_range, 1, dtype,
+                                    MASKED, DOT_PRECISION)
     acc = _join_int4_groups(a0, a1, a2, a3, BLOCK_M)
     return acc, m_i, l_i
