@@ -4,16 +4,20 @@ fp16 loads (the same cache's scales copied to an odd fp16 offset, where the laun
 them: the path before 2026-11-27). Same plan, same data, same run; the 16-bit cache beside.
 
     PYTHONPATH=src python scripts/int4_scale_pairs_ab.py [--dtype fp16,bf16] [--outliers 0,8]
+        [--heads 32/8,12/12] [--shapes 64x8192,1x131072] [--repeat N] [--max-registers N]
 
 GQA 32/8 and MHA 12/12, d128, page 16, random page order, q_len 1, at 64 x 8192 and 1 x 131072
-(``bench quant``'s rows). Prints us and the speed over the 16-bit cache.
+(``bench quant``'s rows). Prints us and the speed over the 16-bit cache; ``--repeat N`` times
+the two forms N times each, alternating, and prints each time.
 """
 import argparse
+import dataclasses
 
 import torch
 import triton.testing
 
 import kvonce
+from kvonce.kernels.configs import get_paged_decode_config
 
 
 def graph_us(fn):
@@ -36,14 +40,19 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dtype", default="fp16,bf16")
     ap.add_argument("--outliers", default="0,8")
+    ap.add_argument("--heads", default="32/8,12/12")
+    ap.add_argument("--shapes", default="64x8192,1x131072")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--max-registers", type=int, default=-1,
+                    help="the int4 plan's max_registers (-1: its config row's)")
     args = ap.parse_args()
     print("| q | heads | batch x len | outliers | 16-bit us | int4 fp16 scale loads us | "
           "int4 32-bit pairs us | x before | x after | max abs diff |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for dname in args.dtype.split(","):
         dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dname]
-        for hq, hk in ((32, 8), (12, 12)):
-            for batch, length in ((64, 8192), (1, 131072)):
+        for hq, hk in (tuple(map(int, h.split("/"))) for h in args.heads.split(",")):
+            for batch, length in (tuple(map(int, x.split("x"))) for x in args.shapes.split(",")):
                 torch.manual_seed(0)
                 pages = batch * length // 16
                 q = torch.randn(batch, 1, hq, 128, device="cuda", dtype=dtype)
@@ -63,16 +72,22 @@ def main():
                     kq, ks = kvonce.quantize_kv(keys, "int4")
                     vq, vs = kvonce.quantize_kv(v, "int4")
                     ks_odd, vs_odd = odd_offset(ks), odd_offset(vs)
+                    config = get_paged_decode_config(torch.cuda.get_device_capability(), 128,
+                                                     "int4", 2, bf16=dtype == torch.bfloat16)
+                    if args.max_registers >= 0:
+                        config = dataclasses.replace(config, max_registers=args.max_registers)
                     plan = kvonce.PagedDecodePlan(q, kq, vq, lens, table, k_scale=ks,
-                                                  v_scale=vs, kv_format="int4")
+                                                  v_scale=vs, kv_format="int4", config=config)
                     run = lambda a, b: plan.run(q, kq, vq, lens, table, k_scale=a,  # noqa: E731
                                                 v_scale=b, key_outliers=ko)
                     diff = (run(ks, vs).float() - run(ks_odd, vs_odd).float()).abs().max().item()
-                    before = graph_us(lambda: run(ks_odd, vs_odd))
-                    after = graph_us(lambda: run(ks, vs))
-                    print(f"| {dname} | {hq}/{hk} | {batch} x {length} | {n} | {dense_us:.1f} | "
-                          f"{before:.1f} | {after:.1f} | {dense_us / before:.2f} | "
-                          f"{dense_us / after:.2f} | {diff:.1e} |", flush=True)
+                    for _ in range(args.repeat):
+                        before = graph_us(lambda: run(ks_odd, vs_odd))
+                        after = graph_us(lambda: run(ks, vs))
+                        print(f"| {dname} | {hq}/{hk} | {batch} x {length} | {n} | "
+                              f"{dense_us:.1f} | {before:.1f} | {after:.1f} | "
+                              f"{dense_us / before:.2f} | {dense_us / after:.2f} | {diff:.1e} |",
+                              flush=True)
 
 
 if __name__ == "__main__":

@@ -179,7 +179,7 @@ class PagedDecodeConfig:
     max_registers: when nonzero, the registers per thread ptxas may use (Triton's ``maxnreg``).
         The int4 kernel at (128, 4, 2) takes 255, two programs an SM; capped at 168 it fits
         three and spills 20-32 B (compiled for sm_90a on the CPU, scripts/decode_kernel_stats.py).
-        The ``"int4/bf16"`` row sets it (measured on the H100).
+        The int4 rows set it (measured on the H100).
     swap_ab: the dots with the keys on the MMA's M side (Sᵀ = K·qᵀ, Oᵀ += Vᵀ·Pᵀ): sm_90a then
         compiles m64n16 wgmma where the packed rows (M = 16) get mma.sync; fp8 K x fp8 q would
         need no K conversion there. Plain, fp8 and int8 caches (int4's split dots ignore it).
@@ -301,11 +301,15 @@ _paged_warned: set = set()
 #   registers, three programs an SM, so it takes int8's 3 programs per SM (rounded down):
 #   1 x 131072 GQA 116.4 us (49 splits) against 118.4 (33), MHA 161.9 against 163.2.
 # Other head dims use the fp16 row.
-# int4 with dense-and-sparse keys at 168 registers (3 programs an SM; uncapped it takes 255), fp16
-# q, graphs, 2026-11-27 (quant_decode_sweep.py --formats int4 --outliers 8): GQA 64 x 8192 557 us
-# against 622 uncapped, 1 x 131072 156 vs 232; MHA 743 vs 905, 207 vs 313. 3 stages within 2%.
+# int4 at 168 registers (3 programs an SM; uncapped the kernel takes 255), 2026-11-27, graphs,
+# H100, fp16 q: with dense-and-sparse keys (quant_decode_sweep.py --formats int4 --outliers 8)
+# GQA 64 x 8192 557 us against 622 uncapped, 1 x 131072 156 vs 232; MHA 743 vs 905, 207 vs 313.
+# Then, with the group scales as 32-bit pairs (scripts/int4_scale_pairs_ab.py), the plain cache
+# too: 403 / 122 / 579 / 163 us against 469 / 180 / 758 / 262 uncapped (speed over the fp16
+# cache 1.80 / 1.61 / 1.92 / 1.75; before the pairs, 168 had lost at GQA 64 x 8192).
 _INT4 = PagedDecodeConfig(128, 4, 2, max_merged_splits=64, mha_num_stages=3,
-                          slow_programs_per_sm=(3.5, 6.5), outlier_max_registers=168)
+                          slow_programs_per_sm=(3.5, 6.5), max_registers=168,
+                          outlier_max_registers=168)
 _PAGED_DECODE_QUANT_TABLE: dict[tuple[tuple[int, int], str], dict[int, PagedDecodeConfig]] = {
     ((9, 0), "int8"): {128: PagedDecodeConfig(128, 4, 2, min_keys_per_split=2048, v_pairs=True,
                                               f16_math=True, slow_programs_per_sm=(3.5, 6.5),
