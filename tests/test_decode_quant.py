@@ -322,6 +322,44 @@ def test_v_as_channel_pairs_matches_the_reference(case, num_splits):
                    torch.bfloat16)
 
 
+def _at_odd_byte(t):
+    """``t``'s values (1-byte elements) in a tensor 1 byte past a 2-byte boundary."""
+    buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    view = buf[1:].view(t.shape)
+    view.copy_(t)
+    assert view.data_ptr() % 2 == 1
+    return view
+
+
+# bf16 x int8 falls back to bf16 dots, which the interpreter computes wrongly (triton 3.6)
+@pytest.mark.parametrize("case", ["fp8/fp16", "int8/fp16"] + (["int8/bf16"] if HAS_CUDA else []))
+def test_v_pairs_fall_back_where_v_is_not_aligned(case):
+    """A V cache at an odd byte offset, where V's 16-bit channel-pair loads would be misaligned:
+    the call takes the byte-gathered loop instead (bf16 x int8 then in bf16 dots) and still
+    gives the reference's output; the aligned call keeps the pairs. (On the GPU the pairs' loads
+    would be misaligned there; the interpreter reads them anyway: the CPU checks the values.)"""
+    fmt, qdtype = case.split("/")
+    fmt = {"fp8": "fp8_e4m3", "int8": "int8"}[fmt]
+    dtype = torch.float16 if qdtype == "fp16" else torch.bfloat16
+    q, k, v, seqlens, table = _case(3, 2, 8, 2, 128, 16, [37, 0, 150], torch.float32)
+    q = q.to(dtype)
+    kq, ks, vq, vs, kd, vd = _quantized(k.to(dtype), v.to(dtype), fmt)
+    ref, ref_lse = paged_attention_ref(q.float(), kd, vd, seqlens, table)
+    import dataclasses
+
+    from kvonce.kernels.configs import get_paged_decode_config
+    cap = torch.cuda.get_device_capability() if HAS_CUDA else None
+    base = get_paged_decode_config(cap, 128, fmt, 2, bf16=dtype == torch.bfloat16)
+    plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
+                                  config=dataclasses.replace(base, v_pairs=True, f16_math=True))
+    _run_and_check(plan, q, kq, vq, seqlens, table, ks, vs, ref, ref_lse, "V_PAIRS",
+                   torch.bfloat16)
+    with poison_empty:
+        out = plan.run(q, kq, _at_odd_byte(vq), seqlens, table, k_scale=ks, v_scale=vs)
+    _check(out, ref, torch.bfloat16)
+    assert not any(la._unaligned_constexprs["V_PAIRS"] for la in plan._launches.values())
+
+
 @pytest.mark.parametrize("pairs", [True, False])
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_int8_keeps_small_values_precise_under_fp16_queries(pairs, num_splits):

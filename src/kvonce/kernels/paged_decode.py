@@ -642,7 +642,11 @@ class PagedDecodeLaunch:
                      outlier_values.dtype if outlier_values is not None else None,
                      self._ints, tuple(self._constexprs.values()),
                      self._warps, self._maxnreg)
-        self._unaligned_constexprs = dict(self._constexprs, SCALE_PAIRS=False)
+        # A call with a pointer off 16 bytes (a view at an odd offset) takes no 32-bit scale
+        # pairs and no 16-bit V units, whose loads would be misaligned there; int8's fp16 dots
+        # need the V units (f16_math above).
+        self._unaligned_constexprs = dict(self._constexprs, SCALE_PAIRS=False, V_PAIRS=False,
+                                          F16_MATH=f16 and kv_format == 1)
         self._combine = None
         if num_splits > 1 and not merge_here:
             # Final out [batch, q_len, nheads, d] and lse [batch, nheads, q_len], contiguous.
