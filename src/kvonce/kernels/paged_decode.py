@@ -616,7 +616,7 @@ class PagedDecodeLaunch:
         # int4 split dots: each key's four fp16 group scales as two 32-bit loads, which the
         # pipeliner prefetches (cp.async takes 4 bytes and up) where 2-byte loads waited in the
         # loop and crossed layouts through shared memory. Even strides here; 4-byte aligned
-        # pointers per call (the launch's 16-byte alignment bit: without it, fp16 loads).
+        # pointers per call (__call__: otherwise the fp16 loads).
         scale_pairs = (kv_format == 3 and block_d == 128 and head_dim == 128
                        and all(st % 2 == 0 for t in (k_scale, v_scale)
                                for st in t.stride()[:3]))
@@ -642,9 +642,9 @@ class PagedDecodeLaunch:
                      outlier_values.dtype if outlier_values is not None else None,
                      self._ints, tuple(self._constexprs.values()),
                      self._warps, self._maxnreg)
-        # A call with a pointer off 16 bytes (a view at an odd offset) takes no 32-bit scale
-        # pairs and no 16-bit V units, whose loads would be misaligned there; int8's fp16 dots
-        # need the V units (f16_math above).
+        # A call whose V is at an odd byte or whose scales are off 4 bytes (a view at an odd
+        # offset; __call__) takes no 32-bit scale pairs and no 16-bit V units, whose loads would
+        # be misaligned there; int8's fp16 dots need the V units (f16_math above).
         self._unaligned_constexprs = dict(self._constexprs, SCALE_PAIRS=False, V_PAIRS=False,
                                           F16_MATH=f16 and kv_format == 1)
         self._combine = None
@@ -673,14 +673,19 @@ class PagedDecodeLaunch:
             k_scale = v_scale = cache_seqlens
         if outlier_values is None:  # N_OUT = 0: never dereferenced
             outlier_values = outlier_channels = cache_seqlens
-        aligned = all_aligned(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale,
-                              outlier_values, outlier_channels)
-        launch(_paged_decode_kernel, (self._key, aligned), self._grid,
+        key, constexprs = (self._key, True), self._constexprs
+        if not all_aligned(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale,
+                           outlier_values, outlier_channels):
+            # Some pointer is off 16 bytes (rare: a view at an offset). The pairs' loads need
+            # only V 2-byte and the scales 4-byte aligned; past that, the forms without them.
+            fits = not (v_cache.data_ptr() & 1 or (k_scale.data_ptr() | v_scale.data_ptr()) & 3)
+            key = (self._key, False, fits)
+            constexprs = self._constexprs if fits else self._unaligned_constexprs
+        launch(_paged_decode_kernel, key, self._grid,
                (q, k_cache, v_cache, k_scale, v_scale, dst_o, dst_l, cache_seqlens, block_table,
                 final_o, final_l, arrivals, outlier_values, outlier_channels, self._scale,
                 *self._ints),
-               self._constexprs if aligned else self._unaligned_constexprs, *self._warps,
-               self.device_index, self._maxnreg)
+               constexprs, *self._warps, self.device_index, self._maxnreg)
         if self._combine is not None:
             key, grid, ints, constexprs, warps = self._combine
             launch(_combine_splits_kernel, key, grid, (o_part, lse_part, out, lse, *ints),
