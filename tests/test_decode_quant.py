@@ -295,14 +295,9 @@ def test_int4_scales_load_as_32_bit_pairs_where_aligned(num_splits):
     assert unaligned.equal(aligned)
 
 
-@pytest.mark.parametrize("case", ["fp8/fp16", "fp8/bf16", "int8/fp16"])
-@pytest.mark.parametrize("num_splits", [1, 3])
-def test_v_as_channel_pairs_matches_the_reference(case, num_splits):
-    """``PagedDecodeConfig.v_pairs``: V read as 16-bit channel pairs, dotted as its even and odd
-    channels and interleaved at the end, gives the reference's output for fp8 (fp16 queries, and
-    bf16 queries through ``f16_math``) and int8 (its per-key scales on the scores and the
-    probabilities): GQA rows, q_len > 1 (causal band), an empty sequence, lengths off the tile
-    grid; the custom op carries the flag."""
+def _v_pairs_case(case, num_splits=0):
+    """``case`` ("fp8/fp16", "int8/bf16", ...): the quantized cache, the reference and a plan
+    with ``v_pairs`` and ``f16_math`` on over its format's config row; the tensors as a dict."""
     import dataclasses
 
     from kvonce.kernels.configs import get_paged_decode_config
@@ -318,8 +313,21 @@ def test_v_as_channel_pairs_matches_the_reference(case, num_splits):
     plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
                                   num_splits=num_splits,
                                   config=dataclasses.replace(base, v_pairs=True, f16_math=True))
-    _run_and_check(plan, q, kq, vq, seqlens, table, ks, vs, ref, ref_lse, "V_PAIRS",
-                   torch.bfloat16)
+    return dict(plan=plan, q=q, kq=kq, vq=vq, seqlens=seqlens, table=table, ks=ks, vs=vs,
+                ref=ref, ref_lse=ref_lse)
+
+
+@pytest.mark.parametrize("case", ["fp8/fp16", "fp8/bf16", "int8/fp16"])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_v_as_channel_pairs_matches_the_reference(case, num_splits):
+    """``PagedDecodeConfig.v_pairs``: V read as 16-bit channel pairs, dotted as its even and odd
+    channels and interleaved at the end, gives the reference's output for fp8 (fp16 queries, and
+    bf16 queries through ``f16_math``) and int8 (its per-key scales on the scores and the
+    probabilities): GQA rows, q_len > 1 (causal band), an empty sequence, lengths off the tile
+    grid; the custom op carries the flag."""
+    c = _v_pairs_case(case, num_splits)
+    _run_and_check(c["plan"], c["q"], c["kq"], c["vq"], c["seqlens"], c["table"], c["ks"],
+                   c["vs"], c["ref"], c["ref_lse"], "V_PAIRS", torch.bfloat16)
 
 
 def _at_odd_byte(t):
@@ -338,25 +346,14 @@ def test_v_pairs_fall_back_where_v_is_not_aligned(case):
     the call takes the byte-gathered loop instead (bf16 x int8 then in bf16 dots) and still
     gives the reference's output; the aligned call keeps the pairs. (On the GPU the pairs' loads
     would be misaligned there; the interpreter reads them anyway: the CPU checks the values.)"""
-    fmt, qdtype = case.split("/")
-    fmt = {"fp8": "fp8_e4m3", "int8": "int8"}[fmt]
-    dtype = torch.float16 if qdtype == "fp16" else torch.bfloat16
-    q, k, v, seqlens, table = _case(3, 2, 8, 2, 128, 16, [37, 0, 150], torch.float32)
-    q = q.to(dtype)
-    kq, ks, vq, vs, kd, vd = _quantized(k.to(dtype), v.to(dtype), fmt)
-    ref, ref_lse = paged_attention_ref(q.float(), kd, vd, seqlens, table)
-    import dataclasses
-
-    from kvonce.kernels.configs import get_paged_decode_config
-    cap = torch.cuda.get_device_capability() if HAS_CUDA else None
-    base = get_paged_decode_config(cap, 128, fmt, 2, bf16=dtype == torch.bfloat16)
-    plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
-                                  config=dataclasses.replace(base, v_pairs=True, f16_math=True))
-    _run_and_check(plan, q, kq, vq, seqlens, table, ks, vs, ref, ref_lse, "V_PAIRS",
-                   torch.bfloat16)
+    c = _v_pairs_case(case)
+    plan = c["plan"]
+    _run_and_check(plan, c["q"], c["kq"], c["vq"], c["seqlens"], c["table"], c["ks"], c["vs"],
+                   c["ref"], c["ref_lse"], "V_PAIRS", torch.bfloat16)
     with poison_empty:
-        out = plan.run(q, kq, _at_odd_byte(vq), seqlens, table, k_scale=ks, v_scale=vs)
-    _check(out, ref, torch.bfloat16)
+        out = plan.run(c["q"], c["kq"], _at_odd_byte(c["vq"]), c["seqlens"], c["table"],
+                       k_scale=c["ks"], v_scale=c["vs"])
+    _check(out, c["ref"], torch.bfloat16)
     assert not any(la._unaligned_constexprs["V_PAIRS"] for la in plan._launches.values())
 
 
