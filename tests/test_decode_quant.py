@@ -265,12 +265,13 @@ def test_int32_and_int64_offsets_agree(fmt):
     _check(outs[0], ref, dtype)
 
 
-def _at_odd_half_word(t):
-    """``t``'s values in a tensor 2 bytes past a 4-byte boundary (an odd fp16 offset)."""
+def _misaligned(t, align):
+    """``t``'s values in a tensor one element past an ``align``-byte boundary: fp16 scales 2
+    bytes off 4 (``align=4``), a 1-byte cache 1 byte off 2 (``align=2``)."""
     buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
     view = buf[1:].view(t.shape)
     view.copy_(t)
-    assert view.data_ptr() % 4 == 2
+    assert view.data_ptr() % align == t.element_size()
     return view
 
 
@@ -289,8 +290,8 @@ def test_int4_scales_load_as_32_bit_pairs_where_aligned(num_splits):
     _run_and_check(plan, q, kq, vq, seqlens, table, ks, vs, ref, ref_lse, "SCALE_PAIRS", dtype)
     aligned = plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs)
     with poison_empty:
-        unaligned = plan.run(q, kq, vq, seqlens, table, k_scale=_at_odd_half_word(ks),
-                             v_scale=_at_odd_half_word(vs))
+        unaligned = plan.run(q, kq, vq, seqlens, table, k_scale=_misaligned(ks, 4),
+                             v_scale=_misaligned(vs, 4))
     _check(unaligned, ref, dtype)
     assert unaligned.equal(aligned)
 
@@ -330,15 +331,6 @@ def test_v_as_channel_pairs_matches_the_reference(case, num_splits):
                    c["vs"], c["ref"], c["ref_lse"], "V_PAIRS", torch.bfloat16)
 
 
-def _at_odd_byte(t):
-    """``t``'s values (1-byte elements) in a tensor 1 byte past a 2-byte boundary."""
-    buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
-    view = buf[1:].view(t.shape)
-    view.copy_(t)
-    assert view.data_ptr() % 2 == 1
-    return view
-
-
 # bf16 x int8 falls back to bf16 dots, which the interpreter computes wrongly (triton 3.6)
 @pytest.mark.parametrize("case", ["fp8/fp16", "int8/fp16"] + (["int8/bf16"] if HAS_CUDA else []))
 def test_v_pairs_fall_back_where_v_is_not_aligned(case):
@@ -351,7 +343,7 @@ def test_v_pairs_fall_back_where_v_is_not_aligned(case):
     _run_and_check(plan, c["q"], c["kq"], c["vq"], c["seqlens"], c["table"], c["ks"], c["vs"],
                    c["ref"], c["ref_lse"], "V_PAIRS", torch.bfloat16)
     with poison_empty:
-        out = plan.run(c["q"], c["kq"], _at_odd_byte(c["vq"]), c["seqlens"], c["table"],
+        out = plan.run(c["q"], c["kq"], _misaligned(c["vq"], 2), c["seqlens"], c["table"],
                        k_scale=c["ks"], v_scale=c["vs"])
     _check(out, c["ref"], torch.bfloat16)
     assert not any(la._unaligned_constexprs["V_PAIRS"] for la in plan._launches.values())
