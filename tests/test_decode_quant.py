@@ -280,13 +280,19 @@ def test_int4_scales_load_as_32_bit_pairs_where_aligned(num_splits):
     """int4 at head dim 128 reads each key's four fp16 group scales as two 32-bit words
     (SCALE_PAIRS) where the scales are aligned, and as fp16 where they sit at an odd fp16
     offset (a 32-bit load there would be misaligned): both equal the reference, bit for bit
-    each other."""
+    each other (V as bytes in both: the misaligned call also drops ``v_pairs``, whose V scaling
+    rounds differently)."""
+    import dataclasses
+
+    from kvonce.kernels.configs import get_paged_decode_config
     dtype = DTYPES[0]
     q, k, v, seqlens, table = _case(3, 2, 8, 2, 128, 16, [37, 0, 150], dtype)
     kq, ks, vq, vs, kd, vd = _quantized(k, v, "int4")
     ref, ref_lse = paged_attention_ref(q.float(), kd, vd, seqlens, table)
+    cap = torch.cuda.get_device_capability() if HAS_CUDA else None
+    config = dataclasses.replace(get_paged_decode_config(cap, 128, "int4"), v_pairs=False)
     plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
-                                  kv_format="int4", num_splits=num_splits)
+                                  kv_format="int4", num_splits=num_splits, config=config)
     _run_and_check(plan, q, kq, vq, seqlens, table, ks, vs, ref, ref_lse, "SCALE_PAIRS", dtype)
     aligned = plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs)
     with poison_empty:
@@ -303,7 +309,7 @@ def _v_pairs_case(case, num_splits=0):
 
     from kvonce.kernels.configs import get_paged_decode_config
     fmt, qdtype = case.split("/")
-    fmt = {"fp8": "fp8_e4m3", "int8": "int8"}[fmt]
+    fmt = {"fp8": "fp8_e4m3", "int8": "int8", "int4": "int4"}[fmt]
     dtype = torch.float16 if qdtype == "fp16" else torch.bfloat16
     q, k, v, seqlens, table = _case(3, 2, 8, 2, 128, 16, [37, 0, 150], torch.float32)
     q = q.to(dtype)
@@ -313,26 +319,50 @@ def _v_pairs_case(case, num_splits=0):
     base = get_paged_decode_config(cap, 128, fmt, 2, bf16=dtype == torch.bfloat16)
     plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
                                   num_splits=num_splits,
+                                  kv_format="int4" if fmt == "int4" else None,
                                   config=dataclasses.replace(base, v_pairs=True, f16_math=True))
     return dict(plan=plan, q=q, kq=kq, vq=vq, seqlens=seqlens, table=table, ks=ks, vs=vs,
                 ref=ref, ref_lse=ref_lse)
 
 
-@pytest.mark.parametrize("case", ["fp8/fp16", "fp8/bf16", "int8/fp16"])
+@pytest.mark.parametrize("case", ["fp8/fp16", "fp8/bf16", "int8/fp16", "int4/fp16"])
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_v_as_channel_pairs_matches_the_reference(case, num_splits):
     """``PagedDecodeConfig.v_pairs``: V read as 16-bit channel pairs, dotted as its even and odd
     channels and interleaved at the end, gives the reference's output for fp8 (fp16 queries, and
-    bf16 queries through ``f16_math``) and int8 (its per-key scales on the scores and the
-    probabilities): GQA rows, q_len > 1 (causal band), an empty sequence, lengths off the tile
-    grid; the custom op carries the flag."""
+    bf16 queries through ``f16_math``), int8 (its per-key scales on the scores and the
+    probabilities) and int4 (fp16 queries: four nibble planes of 16-bit units, the group scales
+    on V): GQA rows, q_len > 1 (causal band), an empty sequence, lengths off the tile grid; the
+    custom op carries the flag."""
     c = _v_pairs_case(case, num_splits)
     _run_and_check(c["plan"], c["q"], c["kq"], c["vq"], c["seqlens"], c["table"], c["ks"],
                    c["vs"], c["ref"], c["ref_lse"], "V_PAIRS", torch.bfloat16)
 
 
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_calls_misaligned_at_different_pointers_compile_apart(fmt):
+    """One plan called with its scales off (int4's fp16 scales 2 bytes off 4, int8's fp32 ones 4
+    bytes off 16), then with V off 2 bytes (same shapes): each
+    call compiles for its own pointers. With one "some pointer is off" bit in the launch key the
+    second call reused the first's kernel, which Triton had specialized with V 16-byte aligned
+    (the GPU faulted on the misaligned load); both equal the aligned call's reference."""
+    c = _v_pairs_case(f"{fmt}/fp16")
+    plan = c["plan"]
+    args = (c["q"], c["kq"], c["vq"], c["seqlens"], c["table"])
+    align = 4 if fmt == "int4" else 16
+    with poison_empty:
+        scales_off = plan.run(*args, k_scale=_misaligned(c["ks"], align),
+                              v_scale=_misaligned(c["vs"], align))
+    _check(scales_off, c["ref"], torch.float16)
+    with poison_empty:
+        v_off = plan.run(c["q"], c["kq"], _misaligned(c["vq"], 2), c["seqlens"], c["table"],
+                         k_scale=c["ks"], v_scale=c["vs"])
+    _check(v_off, c["ref"], torch.float16)
+
+
 # bf16 x int8 falls back to bf16 dots, which the interpreter computes wrongly (triton 3.6)
-@pytest.mark.parametrize("case", ["fp8/fp16", "int8/fp16"] + (["int8/bf16"] if HAS_CUDA else []))
+@pytest.mark.parametrize("case", ["fp8/fp16", "int8/fp16", "int4/fp16"]
+                         + (["int8/bf16"] if HAS_CUDA else []))
 def test_v_pairs_fall_back_where_v_is_not_aligned(case):
     """A V cache at an odd byte offset, where V's 16-bit channel-pair loads would be misaligned:
     the call takes the byte-gathered loop instead (bf16 x int8 then in bf16 dots) and still

@@ -134,3 +134,16 @@ def test_cascade_suffix_launch_names_every_decode_constexpr():
     assert "SWAP_AB" in names
     missing = [name for name in names if f"{name}=" not in suffix]
     assert not missing, missing
+
+
+def test_alignment_key_names_each_misaligned_pointer():
+    """All pointers 16-byte aligned: the key is True (one OR over the pointers). Otherwise it
+    names which ones are aligned, so a kernel Triton specialized for one misaligned set (some
+    other pointer assumed aligned) is never reused for a call misaligned elsewhere."""
+    buf = torch.empty(64, dtype=torch.uint8)
+    a, b = buf[:16], buf[16:32]  # storage offsets 0 and 16
+    off_a, off_b = buf[1:17], buf[17:33]
+    assert a.data_ptr() % 16 == 0  # torch's CPU allocator aligns to 64
+    assert L.alignment_key(a, b) is True
+    first, second = L.alignment_key(off_a, b), L.alignment_key(a, off_b)
+    assert first == (False, True) and second == (True, False) and first != second

@@ -90,12 +90,19 @@ def next_pow2(x: int) -> int:
     return 1 << max(0, x - 1).bit_length()
 
 
-def all_aligned(*tensors) -> bool:
-    """Every tensor's data pointer is 16-byte aligned (Triton specializes pointers on that)."""
+def alignment_key(*tensors):
+    """The part of a launch's key that Triton's pointer specialization depends on: ``True``
+    when every tensor's data pointer is 16-byte aligned (the common case: one OR over the
+    pointers), else the tuple of each one's 16-byte alignment. Triton specializes each pointer
+    on its own alignment, so a kernel compiled for one set of misaligned pointers may assume
+    another pointer aligned: one bit for "some pointer is off" let a second call, off at a
+    different pointer, reuse it (a misaligned vector load)."""
     bits = 0
     for t in tensors:
         bits |= t.data_ptr()
-    return bits & 15 == 0
+    if bits & 15 == 0:
+        return True
+    return tuple(t.data_ptr() & 15 == 0 for t in tensors)
 
 
 def constexpr_tail(kernel, num_args: int, constexprs: dict) -> tuple:

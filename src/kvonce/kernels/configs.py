@@ -205,7 +205,10 @@ class PagedDecodeConfig:
     v_pairs: an fp8 or int8 cache's V tile is read as 16-bit channel pairs and dotted as its
         even and odd channels (``kernels/paged_decode_pairs.py``), where the MMA operand load
         transposes it instead of gathering bytes. fp16 compute only (fp16 q, or bf16 q with
-        ``f16_math``). On in the fp8 and int8 rows (measured).
+        ``f16_math``). int4 at head dim 128 (fp16 q): V read as 16-bit units, each of its four
+        nibble planes scaled by its group's scale on V and staged as fp16 for the dot, so one
+        probability tile feeds full-width dots (``paged_decode_int4``
+        ``_attend_paged_int4_vpairs``). On in the fp8, int8 and int4 rows (measured).
     """
     block_n: int
     num_warps: int
@@ -307,9 +310,13 @@ _paged_warned: set = set()
 # Then, with the group scales as 32-bit pairs (scripts/int4_scale_pairs_ab.py), the plain cache
 # too: 403 / 122 / 579 / 163 us against 469 / 180 / 758 / 262 uncapped (speed over the fp16
 # cache 1.80 / 1.61 / 1.92 / 1.75; before the pairs, 168 had lost at GQA 64 x 8192).
+# V as 16-bit units with its group scales on V (`v_pairs`, fp16 q; kernels/paged_decode_int4.py
+# `_attend_paged_int4_vpairs`), same call, graphs, us, GQA 64 x 8192 / 1 x 131072, MHA 64 x 8192 /
+# 1 x 131072: 362.7 / 109.8 / 492.0 / 144.3 against 405.9 / 122.8 / 582.5 / 163.5 (H100,
+# 2026-11-27; fp16 cache 725 / 197 / 1113 / 285).
 _INT4 = PagedDecodeConfig(128, 4, 2, max_merged_splits=64, mha_num_stages=3,
                           slow_programs_per_sm=(3.5, 6.5), max_registers=168,
-                          outlier_max_registers=168)
+                          outlier_max_registers=168, v_pairs=True)
 _PAGED_DECODE_QUANT_TABLE: dict[tuple[tuple[int, int], str], dict[int, PagedDecodeConfig]] = {
     ((9, 0), "int8"): {128: PagedDecodeConfig(128, 4, 2, min_keys_per_split=2048, v_pairs=True,
                                               f16_math=True, slow_programs_per_sm=(3.5, 6.5),

@@ -30,7 +30,7 @@ import dataclasses
 import triton
 import triton.language as tl
 
-from ._launch import all_aligned, dot_input_precision, launch, next_pow2
+from ._launch import alignment_key, dot_input_precision, launch, next_pow2
 
 
 @triton.jit
@@ -554,7 +554,7 @@ def launch_dual_group_fwd(
     # Integer ends are specialized on by Triton like any int argument: part of the key.
     key = (q0.dtype, out0.dtype, ints, tuple(constexprs.values()), config.num_warps,
            config.num_stages, ends if kv_end_scalar else None,
-           all_aligned(*pointers, out_start0, out_start1, *(() if kv_end_scalar else ends)))
+           alignment_key(*pointers, out_start0, out_start1, *(() if kv_end_scalar else ends)))
     args = (*pointers[:4], None, None, *pointers[4:], *ends, out_start0, out_start1,
             softmax_scale, *ints)
     return launch(_fused_dual_group_fwd_kernel_varlen, key, grid, args, constexprs,

@@ -40,7 +40,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
-from ._launch import all_aligned, launch
+from ._launch import alignment_key, launch
 from .configs import device_info
 
 LOG2E = gl.constexpr(1.4426950408889634)
@@ -554,7 +554,7 @@ class GluonPrefillLaunch:
                                         num_warps=CONSUMER_WARPS.value)
             return
         ints = tuple(a for a in args[9:])
-        aligned = all_aligned(q, k_cache, v_cache, out, lse_arg, cu_seqlens_q, cache_seqlens,
+        aligned = alignment_key(q, k_cache, v_cache, out, lse_arg, cu_seqlens_q, cache_seqlens,
                               block_table)
         launch(_gluon_prefill_kernel, ("gluon-prefill", q.dtype, ints,
                                        tuple(self._constexprs.values()), aligned),

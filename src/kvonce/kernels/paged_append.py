@@ -25,7 +25,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._launch import all_aligned, launch, next_pow2
+from ._launch import alignment_key, launch, next_pow2
 from .paged_decode import _scale_strides  # the decode kernel reads the same scale layouts
 
 # Globals a @triton.jit function reads must be constexpr (compiled; the interpreter does not care).
@@ -210,7 +210,7 @@ def launch_append_paged_kv(k, v, k_cache, v_cache, cache_seqlens, block_table, k
                       FP8_ROUND=bool(fp8_round and kv_format == 1), N_OUT=n_out)
     key = (k.dtype, k_cache.dtype, k_scale.dtype, v_scale.dtype, outlier_values.dtype, ints,
            tuple(constexprs.values()),
-           all_aligned(k, v, k_cache, v_cache, k_scale, v_scale, cache_seqlens, block_table,
+           alignment_key(k, v, k_cache, v_cache, k_scale, v_scale, cache_seqlens, block_table,
                        outlier_values, outlier_channels))
     launch(_append_paged_kv_kernel, key, (new_len, batch, 1),
            (k, v, k_cache, v_cache, k_scale, v_scale, cache_seqlens, block_table, *ints[:-3],

@@ -8,7 +8,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._launch import all_aligned, launch, next_pow2
+from ._launch import alignment_key, launch, next_pow2
 
 
 @triton.jit
@@ -187,7 +187,7 @@ def launch_merge_states(o_a, lse_a, o_b, lse_b, out, lse) -> None:
             out.stride(1), lse_a.stride(0), lse_a.stride(1), lse_b.stride(0), lse_b.stride(1),
             lse.stride(0), lse.stride(1))
     num_warps = 1 if block_d <= 128 else 2
-    key = (o_a.dtype, ints, block_d, all_aligned(o_a, lse_a, o_b, lse_b, out, lse))
+    key = (o_a.dtype, ints, block_d, alignment_key(o_a, lse_a, o_b, lse_b, out, lse))
     launch(_merge_states_kernel, key, (n, nheads, 1), (o_a, lse_a, o_b, lse_b, out, lse, *ints),
            dict(BLOCK_D=block_d), num_warps, 3,
            o_a.device.index if o_a.device.type == "cuda" else -1)

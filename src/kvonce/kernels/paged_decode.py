@@ -33,10 +33,10 @@ import triton
 import triton.language as tl
 
 # The state-in/state-out online-softmax step is shared with the varlen kernels.
-from ._launch import all_aligned, dot_input_precision, launch, next_pow2
+from ._launch import alignment_key, dot_input_precision, launch, next_pow2
 from .dual_group_fwd import _online_update, _softmax_step
 from .paged_combine import _combine_splits, _combine_splits_kernel, combine_launch_shape
-from .paged_decode_int4 import _attend_paged_int4, _int4_tile
+from .paged_decode_int4 import _attend_paged_int4, _attend_paged_int4_vpairs, _int4_tile
 from .paged_decode_pairs import _attend_paged_pairs
 from .paged_outliers import _outlier_queries, _outlier_scores
 from .quant_convert import _fp8_bytes_to, _ints_to
@@ -362,7 +362,19 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
             out_scale = out_scale / row_factor
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    if KV_FORMAT == 3 and BLOCK_D == 128 and EVEN_D:  # int4 at head dim 128: split dots
+    if KV_FORMAT == 3 and BLOCK_D == 128 and EVEN_D and V_PAIRS:  # fp16 q: V scaled on V
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        acc, m_i, l_i = _attend_paged_int4_vpairs(
+            acc, m_i, l_i, q, lo, full, qk_scale, tok, diag, hi, K, V, KS, VS, bt_row, stride_kp,
+            stride_kt, stride_vp, stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
+            False, PAGE_SIZE, BLOCK_M, BLOCK_N, DOT_PRECISION, INT64_KV, q_out, KO, stride_kop,
+            stride_kot, out_scale, N_OUT, SCALE_PAIRS)
+        acc, m_i, l_i = _attend_paged_int4_vpairs(
+            acc, m_i, l_i, q, full, hi, qk_scale, tok, diag, hi, K, V, KS, VS, bt_row, stride_kp,
+            stride_kt, stride_vp, stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
+            True, PAGE_SIZE, BLOCK_M, BLOCK_N, DOT_PRECISION, INT64_KV, q_out, KO, stride_kop,
+            stride_kot, out_scale, N_OUT, SCALE_PAIRS)
+    elif KV_FORMAT == 3 and BLOCK_D == 128 and EVEN_D:  # int4 at head dim 128: split dots
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         acc, m_i, l_i = _attend_paged_int4(acc, m_i, l_i, q, lo, full, qk_scale, tok, diag, hi,
                                            K, V, KS, VS, bt_row, stride_kp, stride_kt,
@@ -608,7 +620,8 @@ class PagedDecodeLaunch:
         # fp16 compute for bf16 q: fp8 anywhere, int8 only through the pairs loop (which keeps
         # its probabilities times per-key V scales under fp16's max; _attend_paged_pairs).
         f16 = config.f16_math and kv_format in (1, 2) and q.dtype == torch.bfloat16
-        v_pairs = (config.v_pairs and kv_format in (1, 2) and not config.swap_ab
+        v_pairs = (config.v_pairs and (kv_format in (1, 2) or (kv_format == 3 and head_dim == 128))
+                   and not config.swap_ab
                    and block_d == head_dim and head_dim % 2 == 0
                    and all(st % 2 == 0 for st in v_cache.stride()[:3])
                    and (q.dtype == torch.float16 or f16))
@@ -673,14 +686,16 @@ class PagedDecodeLaunch:
             k_scale = v_scale = cache_seqlens
         if outlier_values is None:  # N_OUT = 0: never dereferenced
             outlier_values = outlier_channels = cache_seqlens
-        key, constexprs = (self._key, True), self._constexprs
-        if not all_aligned(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale,
-                           outlier_values, outlier_channels):
+        constexprs, fits = self._constexprs, True
+        aligned = alignment_key(q, k_cache, v_cache, k_scale, v_scale, dst_o, dst_l,
+                                cache_seqlens, block_table, final_o, final_l, arrivals,
+                                outlier_values, outlier_channels)
+        if aligned is not True:
             # Some pointer is off 16 bytes (rare: a view at an offset). The pairs' loads need
             # only V 2-byte and the scales 4-byte aligned; past that, the forms without them.
             fits = not (v_cache.data_ptr() & 1 or (k_scale.data_ptr() | v_scale.data_ptr()) & 3)
-            key = (self._key, False, fits)
             constexprs = self._constexprs if fits else self._unaligned_constexprs
+        key = (self._key, aligned, fits)
         launch(_paged_decode_kernel, key, self._grid,
                (q, k_cache, v_cache, k_scale, v_scale, dst_o, dst_l, cache_seqlens, block_table,
                 final_o, final_l, arrivals, outlier_values, outlier_channels, self._scale,

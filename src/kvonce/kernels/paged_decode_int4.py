@@ -11,7 +11,7 @@ import triton.language as tl
 from .dual_group_fwd import _softmax_step
 from .paged_outliers import _outlier_scores
 from .paged_tiles import _tile_rows
-from .quant_convert import _nibbles_to
+from .quant_convert import _int4_units_to_f16, _nibbles_to
 
 
 @triton.jit
@@ -128,6 +128,89 @@ def _int4_chunk_values(acc_low, acc_high, p, alpha, V, v_rows, s_low, s_high, in
     acc_high = tl.dot(p_high, _nibbles_to(vb, True, dtype), acc_high * alpha[:, None],
                       input_precision=DOT_PRECISION)
     return acc_low, acc_high
+
+
+@triton.jit
+def _int4_values_scaled(V16, v_units, s0, s1, s2, s3, in_range, MASKED: tl.constexpr):
+    """A tile's int4 values as four fp16 planes ``[BLOCK_N, 32]`` times their group scales: the
+    even and odd channels of the low nibbles (channels ``2u``, ``2u + 1``: groups 0 and 1) and of
+    the high nibbles (``64 + 2u``, ``65 + 2u``: groups 2 and 3). The row is read as 16-bit units
+    ``[BLOCK_N, 32]`` (unit u: bytes ``2u, 2u + 1``; 16-byte cp.async runs) and each plane comes
+    out of a unit with a lop3 and a subtract (``quant_convert._int4_units_to_f16``). Triton
+    converts and scales in a blocked layout (the scale operand keeps it from hoisting the chain
+    into the MMA operand layout) and stages the four fp16 planes in shared memory for the dots
+    (compiled for sm_90a: 863 instructions a tile a warp against 1212 for the byte-gathered
+    loop, 12 CTA barriers against 14). ``s0 .. s3``: fp32 ``[BLOCK_N]``; each value rounds once
+    to fp16 (as ``dequantize_kv`` to fp16)."""
+    offs_u = tl.arange(0, 32)
+    if MASKED:
+        units = tl.load(V16 + v_units[:, None] + offs_u[None, :], mask=in_range[:, None],
+                        other=0x8888)
+    else:
+        units = tl.load(V16 + v_units[:, None] + offs_u[None, :])
+    first = (offs_u < 16)[None, :]
+    s_low = tl.where(first, s0.to(tl.float16)[:, None], s1.to(tl.float16)[:, None])
+    s_high = tl.where(first, s2.to(tl.float16)[:, None], s3.to(tl.float16)[:, None])
+    even_low = _int4_units_to_f16(units, False, False) * s_low
+    odd_low = _int4_units_to_f16(units, True, False) * s_low
+    even_high = _int4_units_to_f16(units, False, True) * s_high
+    odd_high = _int4_units_to_f16(units, True, True) * s_high
+    return even_low, odd_low, even_high, odd_high
+
+
+@triton.jit
+def _attend_paged_int4_vpairs(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end, K, V, KS,
+                              VS, bt_row, stride_kp, stride_kt, stride_vp, stride_vt,
+                              stride_ksp, stride_kst, stride_vsp, stride_vst,
+                              MASKED: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                              DOT_PRECISION: tl.constexpr, INT64_KV: tl.constexpr = True,
+                              q_out=0.0, KO=0, stride_kop=0, stride_kot=0, out_scale=1.0,
+                              N_OUT: tl.constexpr = 0, SCALE_PAIRS: tl.constexpr = False):
+    """``_attend_paged_int4`` (fp16 q) with V's group scales on V (``_int4_values_scaled``)
+    instead of on the probabilities: one fp16 probability tile a tile feeds four full-width
+    dots (the output's even and odd channels of each nibble plane), where the per-group form
+    scaled and moved four. ``acc [BLOCK_M, 128]`` in and out."""
+    tl.static_assert(q.dtype == tl.float16)
+    q0, q1, q2, q3 = _split_int4_groups(q, BLOCK_M)
+    # acc's channel c: plane c // 64, parity c % 2, column (c % 64) // 2
+    a4 = tl.reshape(acc, [BLOCK_M, 2, 32, 2])
+    a4 = tl.permute(a4, (0, 2, 3, 1))  # (m, col, parity, plane)
+    a_low, a_high = tl.split(a4)
+    even_low, odd_low = tl.split(a_low)
+    even_high, odd_high = tl.split(a_high)
+    V16 = V.to(tl.pointer_type(tl.uint16))
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n, in_range, page, slot = _tile_rows(bt_row, start_n, kv_end, PAGE_SIZE,
+                                                  BLOCK_N, MASKED, INT64_KV)
+        k_rows = page * stride_kp + slot * stride_kt
+        ks_rows = page * stride_ksp + slot * stride_kst
+        vs_rows = page * stride_vsp + slot * stride_vst
+        if N_OUT > 0:
+            qk = _outlier_scores(q_out, KO, page, slot, in_range, stride_kop, stride_kot, MASKED,
+                                 N_OUT, DOT_PRECISION) * out_scale[:, None]
+        else:
+            qk = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        k0, k1, k2, k3 = _int4_scales(KS, ks_rows, in_range, MASKED, SCALE_PAIRS)
+        qk = _int4_chunk_scores(qk, q0, q2, K, k_rows, k0, k2, in_range, 0, MASKED,
+                                DOT_PRECISION)
+        qk = _int4_chunk_scores(qk, q1, q3, K, k_rows, k1, k3, in_range, 1, MASKED,
+                                DOT_PRECISION)
+        p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, qk_scale, tok, offs_n, diag, kv_end,
+                                           MASKED)
+        v0, v1, v2, v3 = _int4_scales(VS, vs_rows, in_range, MASKED, SCALE_PAIRS)
+        v_el, v_ol, v_eh, v_oh = _int4_values_scaled(
+            V16, page * (stride_vp // 2) + slot * (stride_vt // 2), v0, v1, v2, v3, in_range,
+            MASKED)
+        p16 = p.to(tl.float16)
+        even_low = tl.dot(p16, v_el, even_low * alpha[:, None], input_precision=DOT_PRECISION)
+        odd_low = tl.dot(p16, v_ol, odd_low * alpha[:, None], input_precision=DOT_PRECISION)
+        even_high = tl.dot(p16, v_eh, even_high * alpha[:, None],
+                           input_precision=DOT_PRECISION)
+        odd_high = tl.dot(p16, v_oh, odd_high * alpha[:, None], input_precision=DOT_PRECISION)
+    a4 = tl.join(tl.join(even_low, odd_low), tl.join(even_high, odd_high))
+    acc = tl.reshape(tl.permute(a4, (0, 3, 1, 2)), [BLOCK_M, 128])
+    return acc, m_i, l_i
 
 
 @triton.jit

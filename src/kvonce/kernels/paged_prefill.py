@@ -36,7 +36,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._launch import all_aligned, dot_input_precision, launch, next_pow2
+from ._launch import alignment_key, dot_input_precision, launch, next_pow2
 # The shared key loop (plain and quantized tile loads, online softmax) and the scale strides.
 from .paged_decode import _attend_kv_head, _scale_strides, _span
 from .paged_outliers import _outlier_queries
@@ -273,7 +273,7 @@ class PagedPrefillLaunch:
                 *self._ints, **self._constexprs,
                 num_warps=self._warps[0], num_stages=self._warps[1])
             return
-        aligned = all_aligned(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table,
+        aligned = alignment_key(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table,
                               k_scale, v_scale, out, lse, outlier_values, outlier_channels)
         launch(_paged_prefill_kernel, (self._key, aligned), self._grid,
                (q, k_cache, v_cache, k_scale, v_scale, None, None, out, lse, cu_seqlens_q,

@@ -40,7 +40,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._launch import all_aligned, dot_input_precision, launch, next_pow2
+from ._launch import alignment_key, dot_input_precision, launch, next_pow2
 from .dual_group_fwd import _online_update
 from .paged_combine import _combine_splits_kernel, combine_launch_shape
 from .paged_decode import _load_paged_kv_tile, _paged_decode_kernel, decode_row_blocks
@@ -272,7 +272,7 @@ class CascadeLaunch:
             return
         if lse is None:  # STORE_LSE is off: never dereferenced
             lse = out
-        aligned = all_aligned(q, k_cache, v_cache, cache_seqlens, block_table, work, members,
+        aligned = alignment_key(q, k_cache, v_cache, cache_seqlens, block_table, work, members,
                               prefix_pages, o_part, lse_part, suffix_table, suffix_seqlens, out,
                               lse)
         key, grid, scale, ints, constexprs, warps = self._chunk

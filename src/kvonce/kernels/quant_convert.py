@@ -193,3 +193,66 @@ def _pair_units_to_f16(units, ODD: tl.constexpr, KV_FORMAT: tl.constexpr):
         else:
             y = _ints_to(b.to(tl.int8, bitcast=True), tl.float16)
     return y
+
+
+# int4 V units (two bytes of one key: bytes 2u, 2u + 1 of its row), two units to a register
+# (whichever two the layout packs). A nibble of each unit's even byte sits at bits 0-7 and 16-23,
+# so one lop3 puts both under 0x64 high bytes (fp16 1024 + n, or 1024 + 16 n for the high nibble)
+# with no byte moves; the odd bytes first shift down 8 (the low unit's odd byte into bits 0-7, the
+# high unit's into 16-23; the rest is masked off). Each 16-bit lane only sees its own unit.
+_I4_LOW = "sub.f16x2 $0, t, c;"
+_I4_HIGH = "mov.b32 a, 0x2C002C00;\n    fma.rn.f16x2 $0, t, a, c;"
+
+
+def _int4_unit_asm(odd: bool, high: bool) -> str:
+    src = "s" if odd else "$1"
+    shift = "shr.b32 s, $1, 8;" if odd else ""
+    mask = "0x00F000F0" if high else "0x000F000F"
+    bias = "0xD480D480" if high else "0x64086408"  # -72 after / 16, or 1032
+    return f"""{{
+    .reg .b32 s, t, a, c;
+    {shift}
+    lop3.b32 t, {src}, {mask}, 0x64006400, 0xEA;
+    mov.b32 c, {bias};
+    {_I4_HIGH if high else _I4_LOW}
+    }}"""
+
+
+_I4_UNIT_ASM = {(odd, high): tl.constexpr(_int4_unit_asm(odd, high))
+                for odd in (False, True) for high in (False, True)}
+_I4_EVEN_LOW: tl.constexpr = _I4_UNIT_ASM[(False, False)]
+_I4_ODD_LOW: tl.constexpr = _I4_UNIT_ASM[(True, False)]
+_I4_EVEN_HIGH: tl.constexpr = _I4_UNIT_ASM[(False, True)]
+_I4_ODD_HIGH: tl.constexpr = _I4_UNIT_ASM[(True, True)]
+
+
+@triton.jit
+def _int4_units_to_f16(units, ODD: tl.constexpr, HIGH: tl.constexpr):
+    """uint16 units of an int4 V chunk (low byte: channels of byte 2p, high byte: byte 2p + 1,
+    each byte's nibbles q + 8) -> the fp16 value q of the even (or, ODD, odd) byte's low (or,
+    HIGH, high) nibble, exactly. On the GPU two units (two keys) a register: a lop3 and a
+    subtract (or fma), plus a shift for the odd byte."""
+    if PACKED_CVT:
+        if ODD:
+            if HIGH:
+                asm: tl.constexpr = _I4_ODD_HIGH
+            else:
+                asm: tl.constexpr = _I4_ODD_LOW
+        else:
+            if HIGH:
+                asm: tl.constexpr = _I4_EVEN_HIGH
+            else:
+                asm: tl.constexpr = _I4_EVEN_LOW
+        y = tl.inline_asm_elementwise(asm, "=r,r", [units], dtype=tl.float16, is_pure=True,
+                                      pack=2)
+    else:
+        if ODD:
+            b = units >> 8
+        else:
+            b = units & 0xFF
+        if HIGH:
+            n = (b >> 4) & 15
+        else:
+            n = b & 15
+        y = (n.to(tl.int16) + 0x6400).to(tl.float16, bitcast=True) - 1032.0
+    return y
