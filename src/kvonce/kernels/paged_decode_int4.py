@@ -131,6 +131,34 @@ def _int4_chunk_values(acc_low, acc_high, p, alpha, V, v_rows, s_low, s_high, in
 
 
 @triton.jit
+def _int4_tile_probabilities(m_i, l_i, q0, q1, q2, q3, start_n, qk_scale, tok, diag, kv_end, K,
+                             KS, bt_row, stride_kp, stride_kt, stride_ksp, stride_kst,
+                             MASKED: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                             DOT_PRECISION: tl.constexpr, INT64_KV: tl.constexpr, q_out, KO,
+                             stride_kop, stride_kot, out_scale, N_OUT: tl.constexpr,
+                             SCALE_PAIRS: tl.constexpr):
+    """The scores half of one int4 key tile (keys ``start_n ..``), shared by both V forms: each
+    nibble plane of K dotted against q's group (``q0 .. q3``), its group scale on the columns,
+    the outlier channels' scores first (N_OUT > 0), then the online-softmax step. Returns
+    ``(p, alpha, m_i, l_i, in_range, page, slot)``."""
+    offs_n, in_range, page, slot = _tile_rows(bt_row, start_n, kv_end, PAGE_SIZE, BLOCK_N,
+                                              MASKED, INT64_KV)
+    k_rows = page * stride_kp + slot * stride_kt
+    if N_OUT > 0:
+        qk = _outlier_scores(q_out, KO, page, slot, in_range, stride_kop, stride_kot, MASKED,
+                             N_OUT, DOT_PRECISION) * out_scale[:, None]
+    else:
+        qk = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    k0, k1, k2, k3 = _int4_scales(KS, page * stride_ksp + slot * stride_kst, in_range, MASKED,
+                                  SCALE_PAIRS)
+    qk = _int4_chunk_scores(qk, q0, q2, K, k_rows, k0, k2, in_range, 0, MASKED, DOT_PRECISION)
+    qk = _int4_chunk_scores(qk, q1, q3, K, k_rows, k1, k3, in_range, 1, MASKED, DOT_PRECISION)
+    p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, qk_scale, tok, offs_n, diag, kv_end, MASKED)
+    return p, alpha, m_i, l_i, in_range, page, slot
+
+
+@triton.jit
 def _int4_values_scaled(V16, v_units, s0, s1, s2, s3, in_range, MASKED: tl.constexpr):
     """A tile's int4 values as four fp16 planes ``[BLOCK_N, 32]`` times their group scales: the
     even and odd channels of the low nibbles (channels ``2u``, ``2u + 1``: groups 0 and 1) and of
@@ -181,24 +209,13 @@ def _attend_paged_int4_vpairs(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_
     even_high, odd_high = tl.split(a_high)
     V16 = V.to(tl.pointer_type(tl.uint16))
     for start_n in range(lo, hi, BLOCK_N):
-        offs_n, in_range, page, slot = _tile_rows(bt_row, start_n, kv_end, PAGE_SIZE,
-                                                  BLOCK_N, MASKED, INT64_KV)
-        k_rows = page * stride_kp + slot * stride_kt
-        ks_rows = page * stride_ksp + slot * stride_kst
-        vs_rows = page * stride_vsp + slot * stride_vst
-        if N_OUT > 0:
-            qk = _outlier_scores(q_out, KO, page, slot, in_range, stride_kop, stride_kot, MASKED,
-                                 N_OUT, DOT_PRECISION) * out_scale[:, None]
-        else:
-            qk = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        k0, k1, k2, k3 = _int4_scales(KS, ks_rows, in_range, MASKED, SCALE_PAIRS)
-        qk = _int4_chunk_scores(qk, q0, q2, K, k_rows, k0, k2, in_range, 0, MASKED,
-                                DOT_PRECISION)
-        qk = _int4_chunk_scores(qk, q1, q3, K, k_rows, k1, k3, in_range, 1, MASKED,
-                                DOT_PRECISION)
-        p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, qk_scale, tok, offs_n, diag, kv_end,
-                                           MASKED)
-        v0, v1, v2, v3 = _int4_scales(VS, vs_rows, in_range, MASKED, SCALE_PAIRS)
+        p, alpha, m_i, l_i, in_range, page, slot = _int4_tile_probabilities(
+            m_i, l_i, q0, q1, q2, q3, start_n, qk_scale, tok, diag, kv_end, K, KS, bt_row,
+            stride_kp, stride_kt, stride_ksp, stride_kst, MASKED, PAGE_SIZE, BLOCK_M, BLOCK_N,
+            DOT_PRECISION, INT64_KV, q_out, KO, stride_kop, stride_kot, out_scale, N_OUT,
+            SCALE_PAIRS)
+        v0, v1, v2, v3 = _int4_scales(VS, page * stride_vsp + slot * stride_vst, in_range,
+                                      MASKED, SCALE_PAIRS)
         v_el, v_ol, v_eh, v_oh = _int4_values_scaled(
             V16, page * (stride_vp // 2) + slot * (stride_vt // 2), v0, v1, v2, v3, in_range,
             MASKED)
@@ -233,25 +250,14 @@ def _attend_paged_int4(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end, K,
     q0, q1, q2, q3 = _split_int4_groups(q, BLOCK_M)
     a0, a1, a2, a3 = _split_int4_groups(acc, BLOCK_M)
     for start_n in range(lo, hi, BLOCK_N):
-        offs_n, in_range, page, slot = _tile_rows(bt_row, start_n, kv_end, PAGE_SIZE,
-                                                  BLOCK_N, MASKED, INT64_KV)
-        k_rows = page * stride_kp + slot * stride_kt
+        p, alpha, m_i, l_i, in_range, page, slot = _int4_tile_probabilities(
+            m_i, l_i, q0, q1, q2, q3, start_n, qk_scale, tok, diag, kv_end, K, KS, bt_row,
+            stride_kp, stride_kt, stride_ksp, stride_kst, MASKED, PAGE_SIZE, BLOCK_M, BLOCK_N,
+            DOT_PRECISION, INT64_KV, q_out, KO, stride_kop, stride_kot, out_scale, N_OUT,
+            SCALE_PAIRS)
         v_rows = page * stride_vp + slot * stride_vt
-        ks_rows = page * stride_ksp + slot * stride_kst
-        vs_rows = page * stride_vsp + slot * stride_vst
-        if N_OUT > 0:
-            qk = _outlier_scores(q_out, KO, page, slot, in_range, stride_kop, stride_kot, MASKED,
-                                 N_OUT, DOT_PRECISION) * out_scale[:, None]
-        else:
-            qk = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        k0, k1, k2, k3 = _int4_scales(KS, ks_rows, in_range, MASKED, SCALE_PAIRS)
-        qk = _int4_chunk_scores(qk, q0, q2, K, k_rows, k0, k2, in_range, 0, MASKED,
-                                DOT_PRECISION)
-        qk = _int4_chunk_scores(qk, q1, q3, K, k_rows, k1, k3, in_range, 1, MASKED,
-                                DOT_PRECISION)
-        p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, qk_scale, tok, offs_n, diag, kv_end,
-                                           MASKED)
-        v0, v1, v2, v3 = _int4_scales(VS, vs_rows, in_range, MASKED, SCALE_PAIRS)
+        v0, v1, v2, v3 = _int4_scales(VS, page * stride_vsp + slot * stride_vst, in_range,
+                                      MASKED, SCALE_PAIRS)
         a0, a2 = _int4_chunk_values(a0, a2, p, alpha, V, v_rows, v0, v2, in_range, 0, dtype,
                                     MASKED, DOT_PRECISION)
         a1, a3 = _int4_chunk_values(a1, a3, p, alpha, V, v_rows, v1, v3, in_range, 1, dtype,
