@@ -302,6 +302,15 @@ def test_int4_scales_load_as_32_bit_pairs_where_aligned(num_splits):
     assert unaligned.equal(aligned)
 
 
+def _int4_units_config():
+    """The int4 row's config (of this GPU, or the interpreter's) with V read as 16-bit units."""
+    import dataclasses
+
+    from kvonce.kernels.configs import get_paged_decode_config
+    cap = torch.cuda.get_device_capability() if HAS_CUDA else None
+    return dataclasses.replace(get_paged_decode_config(cap, 128, "int4"), v_pairs=True)
+
+
 def _v_pairs_case(case, num_splits=0):
     """``case`` ("fp8/fp16", "int8/bf16", ...): the quantized cache, the reference and a plan
     with ``v_pairs`` and ``f16_math`` on over its format's config row; the tensors as a dict."""
@@ -358,6 +367,29 @@ def test_calls_misaligned_at_different_pointers_compile_apart(fmt):
         v_off = plan.run(c["q"], c["kq"], _misaligned(c["vq"], 2), c["seqlens"], c["table"],
                          k_scale=c["ks"], v_scale=c["vs"])
     _check(v_off, c["ref"], torch.float16)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_int4_values_near_fp16_max_do_not_overflow(num_splits):
+    """int4 V units (fp16 queries) rebuild V in fp16 before the dot: a group whose largest value
+    is fp16's max has a scale that rounds up (7 x 9360 = 65520, past 65504: inf, then NaN in
+    the output). The planes carry the scales over 8 (the output takes the 8 back in fp32), so
+    no value overflows: finite output equal to the reference's."""
+    q, k, v, seqlens, table = _case(3, 2, 8, 2, 128, 16, [37, 0, 150], torch.float32)
+    v = v.clone()
+    v[::2, :, :, 3] = 65504.0  # in every other page: the group's amax at fp16's max
+    v[1::2, :, :, 70] = -60000.0  # (the outputs, averages over pages, stay in range)
+    kq, ks, vq, vs, kd, vd = _quantized(k.half(), v.half(), "int4")
+    ref, _ = paged_attention_ref(q.half().float(), kd, vd, seqlens, table)
+    plan = kvonce.PagedDecodePlan(q.half(), kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
+                                  kv_format="int4", num_splits=num_splits,
+                                  config=_int4_units_config())
+    with poison_empty:
+        out = plan.run(q.half(), kq, vq, seqlens, table, k_scale=ks, v_scale=vs)
+    assert [la._constexprs["V_PAIRS"] for la in plan._launches.values()] == [True]
+    assert torch.isfinite(out).all()
+    rel = ((out.float() - ref).norm() / ref.norm()).item()
+    assert rel < 2e-3, f"relative error {rel:.3e}"
 
 
 # bf16 x int8 falls back to bf16 dots, which the interpreter computes wrongly (triton 3.6)

@@ -168,17 +168,23 @@ def _int4_values_scaled(V16, v_units, s0, s1, s2, s3, in_range, MASKED: tl.const
     converts and scales in a blocked layout (the scale operand keeps it from hoisting the chain
     into the MMA operand layout) and stages the four fp16 planes in shared memory for the dots
     (compiled for sm_90a: 863 instructions a tile a warp against 1212 for the byte-gathered
-    loop, 12 CTA barriers against 14). ``s0 .. s3``: fp32 ``[BLOCK_N]``; each value rounds once
-    to fp16 (as ``dequantize_kv`` to fp16)."""
+    loop, 12 CTA barriers against 14). ``s0 .. s3``: fp32 ``[BLOCK_N]``; the planes hold each
+    value over 8, rounded once to fp16."""
     offs_u = tl.arange(0, 32)
     if MASKED:
         units = tl.load(V16 + v_units[:, None] + offs_u[None, :], mask=in_range[:, None],
                         other=0x8888)
     else:
         units = tl.load(V16 + v_units[:, None] + offs_u[None, :])
+    # The scales over 8 (exact): |q| <= 7 then keeps every value under 7/8 of fp16's max, where
+    # the scale itself (rounded up from amax / 7) could put 7 s past it; the caller takes the 8
+    # back in fp32. What it costs is fp16's subnormal spacing (6e-8) on values under 6e-5 x 8,
+    # far below int4's own step (the scale).
     first = (offs_u < 16)[None, :]
-    s_low = tl.where(first, s0.to(tl.float16)[:, None], s1.to(tl.float16)[:, None])
-    s_high = tl.where(first, s2.to(tl.float16)[:, None], s3.to(tl.float16)[:, None])
+    s_low = tl.where(first, (s0 * 0.125).to(tl.float16)[:, None],
+                     (s1 * 0.125).to(tl.float16)[:, None])
+    s_high = tl.where(first, (s2 * 0.125).to(tl.float16)[:, None],
+                      (s3 * 0.125).to(tl.float16)[:, None])
     even_low = _int4_units_to_f16(units, False, False) * s_low
     odd_low = _int4_units_to_f16(units, True, False) * s_low
     even_high = _int4_units_to_f16(units, False, True) * s_high
@@ -202,7 +208,7 @@ def _attend_paged_int4_vpairs(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_
     tl.static_assert(q.dtype == tl.float16)
     q0, q1, q2, q3 = _split_int4_groups(q, BLOCK_M)
     # acc's channel c: plane c // 64, parity c % 2, column (c % 64) // 2
-    a4 = tl.reshape(acc, [BLOCK_M, 2, 32, 2])
+    a4 = tl.reshape(acc * 0.125, [BLOCK_M, 2, 32, 2])  # the planes hold V / 8
     a4 = tl.permute(a4, (0, 2, 3, 1))  # (m, col, parity, plane)
     a_low, a_high = tl.split(a4)
     even_low, odd_low = tl.split(a_low)
@@ -226,7 +232,7 @@ def _attend_paged_int4_vpairs(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_
                            input_precision=DOT_PRECISION)
         odd_high = tl.dot(p16, v_oh, odd_high * alpha[:, None], input_precision=DOT_PRECISION)
     a4 = tl.join(tl.join(even_low, odd_low), tl.join(even_high, odd_high))
-    acc = tl.reshape(tl.permute(a4, (0, 3, 1, 2)), [BLOCK_M, 128])
+    acc = tl.reshape(tl.permute(a4, (0, 3, 1, 2)), [BLOCK_M, 128]) * 8.0
     return acc, m_i, l_i
 
 
