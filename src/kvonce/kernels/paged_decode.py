@@ -326,7 +326,8 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
     int4 split dots, which ignore it). F16_MATH (bf16 q; fp8, or int8 with V_PAIRS): q as fp16
     rows times a power of two each (``_f16_rows``), so the tiles convert to fp16 and both dots
     run in fp16; the factors come off with the softmax scale, per row. V_PAIRS (fp8 or int8,
-    fp16 compute): V read as channel pairs (``paged_decode_pairs``). N_OUT > 0 (quantized
+    fp16 compute): V read as channel pairs (``paged_decode_pairs``); int4 at head dim 128 (fp16
+    q): V read as 16-bit units, its group scales on V (``_attend_paged_int4_vpairs``). N_OUT > 0 (quantized
     caches): dense-and-sparse keys, ``q_out [BLOCK_M, 16]`` the rows' values at this KV head's
     outlier channels (``paged_outliers._outlier_queries``), ``KO`` the side cache.
     SCALE_PAIRS (int4 at head dim 128, scale rows 4-byte aligned): each key's four group scales
@@ -466,7 +467,7 @@ def _paged_decode_kernel(
     SWAP_AB: tl.constexpr = False,  # keys on the MMA's M side (_online_update_swapped)
     F16_MATH: tl.constexpr = False,  # bf16 q x fp8 / int8 cache, dots in fp16 (_f16_rows)
     INT64_KV: tl.constexpr = True,  # False: K/V (and scale) offsets fit int32
-    V_PAIRS: tl.constexpr = False,  # fp8/int8 V as channel pairs (paged_decode_pairs)
+    V_PAIRS: tl.constexpr = False,  # fp8/int8 V as channel pairs, int4 V as 16-bit units
     N_OUT: tl.constexpr = 0,  # outlier channels per KV head kept at q's precision (0: none)
     SCALE_PAIRS: tl.constexpr = False,  # int4 d128: group scales as 32-bit pairs (4 B aligned)
 ):
