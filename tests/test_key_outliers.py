@@ -47,13 +47,13 @@ def _keys(n, heads_k, d, kind, gen, positions=None):
     return k
 
 
-def _case(kind, dtype, seed=0):
+def _case(kind, dtype, seed=0, shape=SHAPE, lens=LENS):
     """A paged decode batch over keys of ``kind``: q, K/V caches (pages in random order, the
     cache's position p of page slot s at 8 * (page * i + s) for rope), seqlens, block table,
     and calibration keys drawn like the cache's."""
     gen = torch.Generator().manual_seed(seed)
-    batch, q_len, heads, heads_k, d, page = SHAPE
-    pages_per_seq = -(-max(LENS) // page)
+    batch, q_len, heads, heads_k, d, page = shape
+    pages_per_seq = -(-max(lens) // page)
     num_pages = batch * pages_per_seq + 2
     positions = torch.arange(num_pages * page) * 8 % 8192
     k = _keys(num_pages * page, heads_k, d, kind, gen, positions)
@@ -67,7 +67,7 @@ def _case(kind, dtype, seed=0):
         calib = calib - calib.mean(0) + k.reshape(-1, heads_k, d).mean(0)
     to = lambda t: t.to(DEVICE)  # noqa: E731
     return (to(q).to(dtype), to(k).to(dtype), to(v).to(dtype),
-            torch.tensor(LENS, dtype=torch.int32, device=DEVICE),
+            torch.tensor(lens, dtype=torch.int32, device=DEVICE),
             to(table.reshape(batch, pages_per_seq).to(torch.int32)), to(calib))
 
 
@@ -136,6 +136,31 @@ def test_decode_is_attention_over_the_merged_keys(fmt, dtype, values, num_splits
     without = kvonce.paged_attention(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
                                      num_splits=num_splits, **_fmt_kw(fmt))
     assert _rel(without, ref) > 10 * max(_rel(out, ref), 1e-3)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_int4_v_units_with_outlier_keys(num_splits):
+    """int4 with V read as 16-bit units (``v_pairs``, fp16 q; the GPU row's form, which the
+    interpreter's config leaves off) and dense-and-sparse keys: the outlier scores join the
+    nibble planes' and the output equals the float32 attention of the keys the format defines."""
+    import dataclasses
+
+    from kvonce.kernels.configs import get_paged_decode_config
+    q, k, v, seqlens, table, calib = _case("offset", torch.float16,
+                                           shape=SHAPE[:4] + (128,) + SHAPE[5:])  # d = 128
+    ko, kq, ks, vq, vs = _store(k, v, "int4", calibrate_outlier_channels(calib))
+    _poison_unused(ko, seqlens, table)
+    k_seen = ko.merge(kvonce.dequantize_kv(kq, ks, "int4", torch.float32), ko.values.float())
+    v_seen = kvonce.dequantize_kv(vq, vs, "int4", torch.float32)
+    ref, _ = paged_attention_ref(q.float(), torch.nan_to_num(k_seen), v_seen, seqlens, table)
+    cap = torch.cuda.get_device_capability() if HAS_CUDA else None
+    config = dataclasses.replace(get_paged_decode_config(cap, 128, "int4"), v_pairs=True)
+    plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
+                                  kv_format="int4", num_splits=num_splits, config=config)
+    with poison_empty:
+        out = plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs, key_outliers=ko)
+    assert [la._constexprs["V_PAIRS"] for la in plan._launches.values()] == [True]
+    assert not out.isnan().any() and _rel(out, ref) < 2e-3, _rel(out, ref)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
