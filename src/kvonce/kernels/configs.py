@@ -205,7 +205,7 @@ class PagedDecodeConfig:
     v_pairs: an fp8 or int8 cache's V tile is read as 16-bit channel pairs and dotted as its
         even and odd channels (``kernels/paged_decode_pairs.py``), where the MMA operand load
         transposes it instead of gathering bytes. fp16 compute only (fp16 q, or bf16 q with
-        ``f16_math``). int4 at head dim 128 (fp16 q): V read as 16-bit units, each of its four
+        ``f16_math``). int4 at head dim 128 (fp16 or bf16 q): V read as 16-bit units, each of its four
         nibble planes scaled by its group's scale on V and staged as fp16 for the dot, so one
         probability tile feeds full-width dots (``paged_decode_int4``
         ``_attend_paged_int4_vpairs``). On in the fp8, int8 and int4 rows (measured).
@@ -326,7 +326,9 @@ _PAGED_DECODE_QUANT_TABLE: dict[tuple[tuple[int, int], str], dict[int, PagedDeco
                                                   slow_programs_per_sm=(3.5, 6.5),
                                                   outlier_max_registers=168)},
     ((9, 0), "int4"): {128: _INT4},
-    ((9, 0), "int4/bf16"): {128: dataclasses.replace(_INT4, num_stages=3, max_registers=168)},
+    # bf16 q: V units (fp16 P·V) compile but have not run on a GPU yet: off until measured.
+    ((9, 0), "int4/bf16"): {128: dataclasses.replace(_INT4, num_stages=3, max_registers=168,
+                                                     v_pairs=False)},
 }
 SHORT_SPLIT_KEYS = 4096
 

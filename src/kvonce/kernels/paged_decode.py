@@ -621,11 +621,14 @@ class PagedDecodeLaunch:
         # fp16 compute for bf16 q: fp8 anywhere, int8 only through the pairs loop (which keeps
         # its probabilities times per-key V scales under fp16's max; _attend_paged_pairs).
         f16 = config.f16_math and kv_format in (1, 2) and q.dtype == torch.bfloat16
-        v_pairs = (config.v_pairs and (kv_format in (1, 2) or (kv_format == 3 and head_dim == 128))
-                   and not config.swap_ab
+        # V pairs: fp8/int8 with fp16 compute; int4 at head dim 128 with 16-bit q (its V planes
+        # and probabilities are fp16 whatever q is: only the scores dot runs in q's dtype).
+        v_pairs = (config.v_pairs and not config.swap_ab
                    and block_d == head_dim and head_dim % 2 == 0
                    and all(st % 2 == 0 for st in v_cache.stride()[:3])
-                   and (q.dtype == torch.float16 or f16))
+                   and ((kv_format in (1, 2) and (q.dtype == torch.float16 or f16))
+                        or (kv_format == 3 and head_dim == 128
+                            and q.dtype in (torch.float16, torch.bfloat16))))
         f16_math = f16 and (kv_format == 1 or v_pairs)
         # int4 split dots: each key's four fp16 group scales as two 32-bit loads, which the
         # pipeliner prefetches (cp.async takes 4 bytes and up) where 2-byte loads waited in the

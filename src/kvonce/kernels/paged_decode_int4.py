@@ -201,11 +201,12 @@ def _attend_paged_int4_vpairs(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_
                               DOT_PRECISION: tl.constexpr, INT64_KV: tl.constexpr = True,
                               q_out=0.0, KO=0, stride_kop=0, stride_kot=0, out_scale=1.0,
                               N_OUT: tl.constexpr = 0, SCALE_PAIRS: tl.constexpr = False):
-    """``_attend_paged_int4`` (fp16 q) with V's group scales on V (``_int4_values_scaled``)
-    instead of on the probabilities: one fp16 probability tile a tile feeds four full-width
-    dots (the output's even and odd channels of each nibble plane), where the per-group form
-    scaled and moved four. ``acc [BLOCK_M, 128]`` in and out."""
-    tl.static_assert(q.dtype == tl.float16)
+    """``_attend_paged_int4`` with V's group scales on V (``_int4_values_scaled``) instead of
+    on the probabilities: one fp16 probability tile a tile feeds four full-width dots (the
+    output's even and odd channels of each nibble plane), where the per-group form scaled and
+    moved four. The scores dot runs in q's dtype (fp16 or bf16), P·V in fp16 for both: the
+    probabilities (<= 1) keep more bits in fp16 than in bf16, and the planes are V as the
+    format rounds it to fp16. ``acc [BLOCK_M, 128]`` in and out."""
     q0, q1, q2, q3 = _split_int4_groups(q, BLOCK_M)
     # acc's channel c: plane c // 64, parity c % 2, column (c % 64) // 2
     a4 = tl.reshape(acc * 0.125, [BLOCK_M, 2, 32, 2])  # the planes hold V / 8
