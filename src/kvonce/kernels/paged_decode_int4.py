@@ -1,7 +1,9 @@
 """The int4 paged-decode pieces: the generic per-channel tile (head dims other than 128) and, at
 head dim 128, the split-dot loop (``_attend_paged_int4``): each nibble plane of a 32-byte chunk
 is one dot against q's (or the output's) channels of one group, that group's per-key scale on
-the scores' (or the probabilities') columns. Format: ``kvonce.paged.quant``.
+the scores' (or the probabilities') columns; with ``v_pairs`` (``_attend_paged_int4_vpairs``) V
+is read as 16-bit units and scaled on V instead, so one probability tile feeds full-width dots.
+Both share the scores half (``_int4_tile_probabilities``). Format: ``kvonce.paged.quant``.
 """
 from __future__ import annotations
 
@@ -167,8 +169,8 @@ def _int4_values_scaled(V16, v_units, s0, s1, s2, s3, in_range, MASKED: tl.const
     out of a unit with a lop3 and a subtract (``quant_convert._int4_units_to_f16``). Triton
     converts and scales in a blocked layout (the scale operand keeps it from hoisting the chain
     into the MMA operand layout) and stages the four fp16 planes in shared memory for the dots
-    (compiled for sm_90a: 863 instructions a tile a warp against 1212 for the byte-gathered
-    loop, 12 CTA barriers against 14). ``s0 .. s3``: fp32 ``[BLOCK_N]``; the planes hold each
+    (compiled for sm_90a, fp16 q: 871 instructions a tile a warp against 1212 for the
+    byte-gathered loop, 12 CTA barriers against 14). ``s0 .. s3``: fp32 ``[BLOCK_N]``; the planes hold each
     value over 8, rounded once to fp16."""
     offs_u = tl.arange(0, 32)
     if MASKED:
