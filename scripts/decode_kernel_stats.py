@@ -4,8 +4,8 @@ instruction count and mix, and the shared-memory tiles of the TTGIR (a 1-byte ``
 the dot means the conversion runs in the MMA operand layout; a 16-bit one means a round trip).
 
     .venv/bin/python scripts/decode_kernel_stats.py [--format int4] [--dtype fp16,bf16]
-        [--heads 32/8] [--splits 3] [--config 128,4,2] [--maxnreg N] [--swap-ab] [--no-f16-math] [--v-pairs]
-        [--keep DIR]
+        [--heads 32/8] [--splits 3] [--config 128,4,2] [--maxnreg N] [--swap-ab] [--no-f16-math]
+        [--v-pairs | --no-v-pairs] [--outliers N] [--keep DIR]
 
 ``--config block_n,num_warps,num_stages`` overrides the format's Hopper row (otherwise the row as
 the table holds it for that dtype; the plan's MHA stage count and short-split tile are not
@@ -34,6 +34,8 @@ POINTER_TYPES = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.uint8: "
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 FORMAT_CODES = {"fp8_e4m3": 1, "int8": 2, "int4": 3}
 _SASS_LINE = re.compile(r"^\s+/\*[0-9a-f]{4,5}\*/\s+(?:@!?U?P[0-9T] )?([A-Z0-9_]+)")
+_SASS_INSTR = re.compile(r"^\s+/\*([0-9a-f]{4,6})\*/\s+(.*?);")
+_BACK_BRANCH = re.compile(r"\bBRA (?:`\(\.L_x_\d+\) )?0x([0-9a-f]+)")
 
 
 def compile_decode(fmt: str, dtype: torch.dtype, nheads: int, nheads_k: int, splits: int,
@@ -85,6 +87,23 @@ def compile_decode(fmt: str, dtype: torch.dtype, nheads: int, nheads_k: int, spl
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 
+def sass_loops(sass: str) -> list[tuple[int, int]]:
+    """``(instructions, CTA barriers)`` of each loop body in the SASS, in address order: the
+    span from a backward branch's target to the branch. For the decode kernel the first is the
+    unmasked key-tile loop (one tile a trip, per warp), the second the masked one, the last
+    the in-launch merge's."""
+    instrs = [(int(m.group(1), 16), m.group(2)) for m in map(_SASS_INSTR.match, sass.splitlines())
+              if m]
+    index = {addr: i for i, (addr, _) in enumerate(instrs)}
+    loops = []
+    for i, (addr, text) in enumerate(instrs):
+        m = _BACK_BRANCH.search(text)
+        if m and int(m.group(1), 16) < addr and int(m.group(1), 16) in index:
+            body = [t for _, t in instrs[index[int(m.group(1), 16)]:i + 1]]
+            loops.append((len(body), sum("BAR.SYNC" in t for t in body)))
+    return loops
+
+
 def stats(compiled, keep: Path | None, stem: str) -> dict:
     """Registers, spills, SASS count and mix, TTGIR shared-memory tiles of one compiled kernel."""
     from kernel_check import _REGS, _SPILLS, ptxas_and_sass
@@ -98,7 +117,7 @@ def stats(compiled, keep: Path | None, stem: str) -> dict:
     return {"regs": int(regs.group(1)) if regs else None,
             "spill": tuple(map(int, spills.groups())) if spills else None,
             "sass": sum(ops.values()), "ops": ops, "tiles": dict(tiles),
-            "shared": compiled.metadata.shared}
+            "shared": compiled.metadata.shared, "loops": sass_loops(sass)}
 
 
 def main() -> None:
@@ -110,19 +129,22 @@ def main() -> None:
     ap.add_argument("--heads", default="32/8")
     ap.add_argument("--splits", type=int, default=3)
     ap.add_argument("--config", default="", help="block_n,num_warps,num_stages")
-    ap.add_argument("--maxnreg", type=int, default=0, help="cap the registers (ptxas)")
+    ap.add_argument("--maxnreg", type=int, default=-1,
+                    help="cap the registers (ptxas; 0: none; default: the row's max_registers)")
     ap.add_argument("--swap-ab", action="store_true", help="PagedDecodeConfig.swap_ab")
     ap.add_argument("--no-f16-math", action="store_true",
                     help="PagedDecodeConfig.f16_math off (bf16 q x fp8: bf16 dots)")
     ap.add_argument("--v-pairs", action="store_true", help="PagedDecodeConfig.v_pairs")
+    ap.add_argument("--no-v-pairs", action="store_true", help="PagedDecodeConfig.v_pairs off")
     ap.add_argument("--outliers", type=int, default=0,
                     help="dense-and-sparse keys: N fp16 outlier channels (KeyOutliers)")
     ap.add_argument("--keep", default="", help="write the PTX, TTGIR and SASS here")
     args = ap.parse_args()
     nheads, nheads_k = (int(x) for x in args.heads.split("/"))
     keep = Path(args.keep) if args.keep else None
-    print("| dtype | config | regs | spill st/ld B | SASS | shared B | smem tiles | top ops |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| dtype | config | regs | spill st/ld B | SASS | loop instr / BAR a tile a warp "
+          "(unmasked, masked) | shared B | smem tiles | top ops |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name in args.dtype.split(","):
         dtype = DTYPES[name]
         # The shipped row (as a plan on the H100 would pick it), the interpreter switch aside.
@@ -138,16 +160,23 @@ def main() -> None:
             config = dataclasses.replace(config, block_n=bn, num_warps=w, num_stages=st)
         config = dataclasses.replace(config, swap_ab=args.swap_ab or config.swap_ab,
                                      f16_math=config.f16_math and not args.no_f16_math,
-                                     v_pairs=args.v_pairs or config.v_pairs)
+                                     v_pairs=(args.v_pairs or config.v_pairs)
+                                     and not args.no_v_pairs)
+        maxnreg = args.maxnreg
+        if maxnreg < 0:  # the row's own cap (and the outlier launches')
+            maxnreg = (config.outlier_max_registers if args.outliers
+                       and config.outlier_max_registers else config.max_registers)
         compiled = compile_decode(args.format, dtype, nheads, nheads_k, args.splits, config,
-                                  args.maxnreg, args.outliers)
+                                  maxnreg, args.outliers)
         s = stats(compiled, keep,
                   f"decode.{args.format}.{name}.{config.block_n}x{config.num_warps}w"
                   f"{config.num_stages}s")
         top = " ".join(f"{op} {n}" for op, n in s["ops"].most_common(7))
         top += f" HGMMA {s['ops'].get('HGMMA', 0)} HMMA {s['ops'].get('HMMA', 0)}"
         print(f"| {name} | ({config.block_n}, {config.num_warps}, {config.num_stages}) | "
-              f"{s['regs']} | {s['spill']} | {s['sass']} | {s['shared']} | {s['tiles']} | {top} |",
+              f"{s['regs']} | {s['spill']} | {s['sass']} | "
+              f"{', '.join(f'{n} / {b}' for n, b in s['loops'][:2])} | {s['shared']} | "
+              f"{s['tiles']} | {top} |",
               flush=True)
 
 
