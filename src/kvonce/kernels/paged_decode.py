@@ -691,9 +691,10 @@ class PagedDecodeLaunch:
         if outlier_values is None:  # N_OUT = 0: never dereferenced
             outlier_values = outlier_channels = cache_seqlens
         constexprs, fits = self._constexprs, True
-        aligned = alignment_key(q, k_cache, v_cache, k_scale, v_scale, dst_o, dst_l,
-                                cache_seqlens, block_table, final_o, final_l, arrivals,
-                                outlier_values, outlier_channels)
+        # The caller's tensors; the outputs, partials and arrival counts are the plan's own
+        # (torch's allocator: always 16-byte aligned), so they need no look per call.
+        aligned = alignment_key(q, k_cache, v_cache, cache_seqlens, block_table, k_scale,
+                                v_scale, outlier_values, outlier_channels)
         if aligned is not True:
             # Some pointer is off 16 bytes (rare: a view at an offset). The pairs' loads need
             # only V 2-byte and the scales 4-byte aligned; past that, the forms without them.
