@@ -356,7 +356,8 @@ def test_calls_misaligned_at_different_pointers_compile_apart(fmt):
     bytes off 16), then with V off 2 bytes (same shapes): each
     call compiles for its own pointers. With one "some pointer is off" bit in the launch key the
     second call reused the first's kernel, which Triton had specialized with V 16-byte aligned
-    (the GPU faulted on the misaligned load); both equal the aligned call's reference."""
+    (the GPU faulted on the misaligned load); both equal the aligned call's reference. The
+    launch cache exists only on a GPU: on the CPU this checks the two calls' values."""
     c = _v_pairs_case(f"{fmt}/fp16")
     plan = c["plan"]
     args = (c["q"], c["kq"], c["vq"], c["seqlens"], c["table"])
