@@ -313,7 +313,9 @@ _paged_warned: set = set()
 # V as 16-bit units with its group scales on V (`v_pairs`, fp16 q; kernels/paged_decode_int4.py
 # `_attend_paged_int4_vpairs`), same call, graphs, us, GQA 64 x 8192 / 1 x 131072, MHA 64 x 8192 /
 # 1 x 131072: 362.7 / 109.8 / 492.0 / 144.3 against 405.9 / 122.8 / 582.5 / 163.5 (H100,
-# 2026-11-27; fp16 cache 725 / 197 / 1113 / 285).
+# 2026-11-27; fp16 cache 725 / 197 / 1113 / 285). bf16 q, the same rows, later call: 366.4 /
+# 115.7 / 550.5 / 161.4 against 446.6 / 135.3 / 664.0 / 186.1 byte-gathered (3 stages; 2 stages
+# with units 365.6 / 117.0 / 549.1 / 161.1; fp16 cache 726 / 198 / 1110 / 285).
 _INT4 = PagedDecodeConfig(128, 4, 2, max_merged_splits=64, mha_num_stages=3,
                           slow_programs_per_sm=(3.5, 6.5), max_registers=168,
                           outlier_max_registers=168, v_pairs=True)
@@ -326,9 +328,8 @@ _PAGED_DECODE_QUANT_TABLE: dict[tuple[tuple[int, int], str], dict[int, PagedDeco
                                                   slow_programs_per_sm=(3.5, 6.5),
                                                   outlier_max_registers=168)},
     ((9, 0), "int4"): {128: _INT4},
-    # bf16 q: V units (fp16 P·V) compile but have not run on a GPU yet: off until measured.
-    ((9, 0), "int4/bf16"): {128: dataclasses.replace(_INT4, num_stages=3, max_registers=168,
-                                                     v_pairs=False)},
+    # bf16 q: V units too (P·V in fp16, the scores dot in bf16); 3 stages and 2 tie within 1%.
+    ((9, 0), "int4/bf16"): {128: dataclasses.replace(_INT4, num_stages=3)},
 }
 SHORT_SPLIT_KEYS = 4096
 
