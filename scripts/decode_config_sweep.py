@@ -1,6 +1,12 @@
 """CUDA-graph time of paged decode per launch config (auto split counts) on the shapes that trail
-FlashInfer or dense SDPA in docs/benchmarks.md (2026-11-23); a diagnostic for configs.py."""
+FlashInfer or dense SDPA in docs/benchmarks.md (2026-11-23); a diagnostic for configs.py.
+
+    PYTHONPATH=src python scripts/decode_config_sweep.py [VARIANT ...]
+
+prints graph TB/s per variant (default: all of them; "/pf" ones look the page ids up a tile
+ahead, ``prefetch_pages``)."""
 import dataclasses
+import sys
 
 import torch
 import triton.testing
@@ -17,7 +23,11 @@ variants = {"64/4w/2s": base,
             "128/4w/2s": dataclasses.replace(base, block_n=128),
             "128/8w/2s": dataclasses.replace(base, block_n=128, num_warps=8),
             "64/8w/3s": dataclasses.replace(base, num_warps=8, num_stages=3),
-            "64/2w/2s": dataclasses.replace(base, num_warps=2)}
+            "64/2w/2s": dataclasses.replace(base, num_warps=2),
+            "64/4w/2s/pf": dataclasses.replace(base, prefetch_pages=True),
+            "128/4w/2s/pf": dataclasses.replace(base, block_n=128, prefetch_pages=True)}
+if sys.argv[1:]:
+    variants = {name: variants[name] for name in sys.argv[1:]}
 shapes = [(12, 12, 128, 512), (12, 12, 64, 1024), (12, 12, 8, 8192), (12, 12, 1, 131072),
           (12, 2, 256, 256), (12, 2, 64, 1024), (12, 2, 8, 8192), (12, 2, 1, 65536),
           (12, 2, 1, 131072), (32, 8, 32, 2048), (32, 8, 16, 4096)]

@@ -483,9 +483,13 @@ def test_register_cap_reaches_the_launch(num_splits, monkeypatch):
 
 
 def test_plan_mha_stage_count():
-    """int4's row runs 3 stages where each KV head serves one q head, 2 under GQA."""
+    """A row with ``mha_num_stages`` (int4's had 3 over 2 until its own count became 3) runs
+    that many stages where each KV head serves one q head, its ``num_stages`` under GQA."""
+    import dataclasses
+
     from kvonce.kernels.configs import _PAGED_DECODE_QUANT_TABLE
-    cfg = _PAGED_DECODE_QUANT_TABLE[((9, 0), "int4")][128]
+    cfg = dataclasses.replace(_PAGED_DECODE_QUANT_TABLE[((9, 0), "int4")][128], num_stages=2,
+                              mha_num_stages=3)
     for nheads, stages in ((4, 3), (8, 2)):
         q = torch.randn(1, 1, nheads, 64, dtype=torch.float16, device=DEVICE)
         k, scale = quantize_kv(torch.randn(2, 16, 4, 64, dtype=torch.float16, device=DEVICE),

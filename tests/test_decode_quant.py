@@ -395,6 +395,64 @@ def test_int4_values_near_fp16_max_do_not_overflow(num_splits):
     assert rel < 2e-3, f"relative error {rel:.3e}"
 
 
+# bf16 x int4 dots its scores in bf16, which the interpreter computes wrongly (triton 3.6)
+@pytest.mark.parametrize("case", ["int4/fp16", "plain/fp16"]
+                         + (["int4/bf16", "plain/bf16"] if HAS_CUDA else []))
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_page_prefetch_gives_the_same_bytes(case, num_splits):
+    """``PagedDecodeConfig.prefetch_pages``: the key tiles' page ids looked up a tile ahead and
+    carried (int4's V-units loop; the plain-cache loop) gives the bytes of the loop that looks
+    them up in place, and the reference's output: GQA rows, q_len 2 (the causal band's masked
+    tiles), sequences of 0, 37, 150 and 700 keys (up to six 128-key tiles, so the carried pages
+    cross several trips, and the look-ahead past the last tile reads nothing)."""
+    import dataclasses
+
+    from kvonce.kernels.configs import get_paged_decode_config
+    fmt, qdtype = case.split("/")
+    dtype = torch.float16 if qdtype == "fp16" else torch.bfloat16
+    q, k, v, seqlens, table = _case(4, 2, 8, 2, 128, 16, [37, 0, 150, 700], torch.float32)
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    cap = torch.cuda.get_device_capability() if HAS_CUDA else None
+    if fmt == "int4":
+        kq, ks, vq, vs, kd, vd = _quantized(k, v, "int4")
+        base = dataclasses.replace(_int4_units_config(), block_n=128)
+        kw = dict(k_scale=ks, v_scale=vs)
+    else:
+        kq, vq, kd, vd, kw = k, v, k.float(), v.float(), {}
+        base = get_paged_decode_config(cap, 128)
+    ref, _ = paged_attention_ref(q.float(), kd, vd, seqlens, table)
+    outs = []
+    for prefetch in (False, True):
+        plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, num_splits=num_splits,
+                                      kv_format="int4" if fmt == "int4" else None,
+                                      config=dataclasses.replace(base, prefetch_pages=prefetch),
+                                      **kw)
+        with poison_empty:
+            outs.append(plan.run(q, kq, vq, seqlens, table, **kw))
+        assert [la._constexprs["PREFETCH_PAGES"] for la in plan._launches.values()] == [prefetch]
+    _check(outs[1], ref, dtype)
+    assert outs[1].equal(outs[0])
+
+
+def test_page_prefetch_is_off_for_dense_and_sparse_keys():
+    """A launch with outlier channels (``KeyOutliers``: one more side-tile load a key tile) does
+    not look the pages up ahead even where its config row does: int4+8 ran 5-35% slower with
+    it on the H100 (configs.py). Launch binding only: nothing runs."""
+    import dataclasses
+
+    from kvonce.kernels import paged_decode as pd
+    q = torch.zeros(2, 1, 8, 128, dtype=torch.float16)
+    cache, scale = kvonce.quantize_kv(torch.zeros(16, 16, 2, 128, dtype=torch.float16), "int4")
+    table = torch.zeros(2, 8, dtype=torch.int32)
+    values = torch.zeros(16, 16, 2, 8, dtype=torch.float16)
+    config = dataclasses.replace(_int4_units_config(), prefetch_pages=True)
+    for outliers, prefetch in ((None, True), (values, False)):
+        launch = pd.PagedDecodeLaunch(q, cache, cache, table, softmax_scale=0.1, causal=True,
+                                      num_splits=1, config=config, store_lse=False, kv_format=3,
+                                      k_scale=scale, v_scale=scale, outlier_values=outliers)
+        assert launch._constexprs["PREFETCH_PAGES"] is prefetch
+
+
 # bf16 x int8 falls back to bf16 dots, which the interpreter computes wrongly (triton 3.6)
 @pytest.mark.parametrize("case", ["fp8/fp16", "int8/fp16", "int4/fp16"]
                          + (["int8/bf16", "int4/bf16"] if HAS_CUDA else []))

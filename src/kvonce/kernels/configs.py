@@ -209,6 +209,12 @@ class PagedDecodeConfig:
         nibble planes scaled by its group's scale on V and staged as fp16 for the dot, so one
         probability tile feeds full-width dots (``paged_decode_int4``
         ``_attend_paged_int4_vpairs``). On in the fp8, int8 and int4 rows (measured).
+    prefetch_pages: the next key tile's block-table entries are loaded an iteration ahead and
+        carried in registers, so that no K/V address waits on a load issued just before it:
+        int4's V-units loop and the plain-cache loop; the other loops ignore it. With two
+        stages Triton's pipeliner issues a tile's copies in the iteration before and, left to
+        itself, loads their page ids there too, a few dozen instructions before the addresses.
+        Launches with dense-and-sparse keys never prefetch (int4+8 measured 5-35% slower).
     """
     block_n: int
     num_warps: int
@@ -228,6 +234,7 @@ class PagedDecodeConfig:
     int64_kv_offsets: bool = False
     v_pairs: bool = False
     outlier_max_registers: int = 0
+    prefetch_pages: bool = False
 
 
 # (capability major, minor) -> head dim -> config. The Hopper d=128 row comes from
@@ -316,9 +323,16 @@ _paged_warned: set = set()
 # 2026-11-27; fp16 cache 725 / 197 / 1113 / 285). bf16 q, the same rows, later call: 366.4 /
 # 115.7 / 550.5 / 161.4 against 446.6 / 135.3 / 664.0 / 186.1 byte-gathered (3 stages; 2 stages
 # with units 365.6 / 117.0 / 549.1 / 161.1; fp16 cache 726 / 198 / 1110 / 285).
-_INT4 = PagedDecodeConfig(128, 4, 2, max_merged_splits=64, mha_num_stages=3,
-                          slow_programs_per_sm=(3.5, 6.5), max_registers=168,
-                          outlier_max_registers=168, v_pairs=True)
+# Page ids an iteration ahead (`prefetch_pages`) at 3 stages, 2026-11-27, fifth session, H100,
+# graphs, same rows: fp16 q 315.6 / 108.5 / 491.6 / 146.9 against 364.4 / 109.2 / 500.2 / 145.9
+# at 3 stages without it (2 stages without: 362.4 / 109.2 / 500.9 / 144.5; 2 stages with it:
+# 370.7 / 112.5 / 490.7 / 147.1); bf16 q 341.4 / 113.4 / 517.4 / 155.2 against 364.8 / 114.5 /
+# 553.5 / 159.3. With 8 outlier channels (fp16 q) the prefetch lost (383.4 / 153.9 / 579.3 /
+# 209.0 against 404.6 / 117.9 / 549.5 / 158.5), 3 stages alone won (390.4 / 115.5 / 549.6 /
+# 158.8 against 401.6 / 118.1 / 547.1 / 158.4): those launches take 3 stages, no prefetch.
+_INT4 = PagedDecodeConfig(128, 4, 3, max_merged_splits=64, slow_programs_per_sm=(3.5, 6.5),
+                          max_registers=168,
+                          outlier_max_registers=168, v_pairs=True, prefetch_pages=True)
 _PAGED_DECODE_QUANT_TABLE: dict[tuple[tuple[int, int], str], dict[int, PagedDecodeConfig]] = {
     ((9, 0), "int8"): {128: PagedDecodeConfig(128, 4, 2, min_keys_per_split=2048, v_pairs=True,
                                               f16_math=True, slow_programs_per_sm=(3.5, 6.5),
@@ -328,8 +342,8 @@ _PAGED_DECODE_QUANT_TABLE: dict[tuple[tuple[int, int], str], dict[int, PagedDeco
                                                   slow_programs_per_sm=(3.5, 6.5),
                                                   outlier_max_registers=168)},
     ((9, 0), "int4"): {128: _INT4},
-    # bf16 q: V units too (P·V in fp16, the scores dot in bf16); 3 stages and 2 tie within 1%.
-    ((9, 0), "int4/bf16"): {128: dataclasses.replace(_INT4, num_stages=3)},
+    # bf16 q: the same row (V units: P·V in fp16, the scores dot in bf16).
+    ((9, 0), "int4/bf16"): {128: _INT4},
 }
 SHORT_SPLIT_KEYS = 4096
 

@@ -40,14 +40,7 @@ from .paged_decode_int4 import _attend_paged_int4, _attend_paged_int4_vpairs, _i
 from .paged_decode_pairs import _attend_paged_pairs
 from .paged_outliers import _outlier_queries, _outlier_scores
 from .quant_convert import _fp8_bytes_to, _ints_to
-from .paged_tiles import _tile_rows
-
-
-@triton.jit
-def _tile_pages(bt_row, start_n, kv_end, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Page of each key position ``start_n + [0, BLOCK_N)`` (0 at or past ``kv_end``)."""
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    return tl.load(bt_row + offs_n // PAGE_SIZE, mask=offs_n < kv_end, other=0)
+from .paged_tiles import _tile_pages, _tile_rows
 
 
 @triton.jit
@@ -369,12 +362,12 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
             acc, m_i, l_i, q, lo, full, qk_scale, tok, diag, hi, K, V, KS, VS, bt_row, stride_kp,
             stride_kt, stride_vp, stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
             False, PAGE_SIZE, BLOCK_M, BLOCK_N, DOT_PRECISION, INT64_KV, q_out, KO, stride_kop,
-            stride_kot, out_scale, N_OUT, SCALE_PAIRS)
+            stride_kot, out_scale, N_OUT, SCALE_PAIRS, PREFETCH_PAGES)
         acc, m_i, l_i = _attend_paged_int4_vpairs(
             acc, m_i, l_i, q, full, hi, qk_scale, tok, diag, hi, K, V, KS, VS, bt_row, stride_kp,
             stride_kt, stride_vp, stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
             True, PAGE_SIZE, BLOCK_M, BLOCK_N, DOT_PRECISION, INT64_KV, q_out, KO, stride_kop,
-            stride_kot, out_scale, N_OUT, SCALE_PAIRS)
+            stride_kot, out_scale, N_OUT, SCALE_PAIRS, PREFETCH_PAGES)
     elif KV_FORMAT == 3 and BLOCK_D == 128 and EVEN_D:  # int4 at head dim 128: split dots
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         acc, m_i, l_i = _attend_paged_int4(acc, m_i, l_i, q, lo, full, qk_scale, tok, diag, hi,
@@ -470,6 +463,7 @@ def _paged_decode_kernel(
     V_PAIRS: tl.constexpr = False,  # fp8/int8 V as channel pairs, int4 V as 16-bit units
     N_OUT: tl.constexpr = 0,  # outlier channels per KV head kept at q's precision (0: none)
     SCALE_PAIRS: tl.constexpr = False,  # int4 d128: group scales as 32-bit pairs (4 B aligned)
+    PREFETCH_PAGES: tl.constexpr = False,  # page ids looked up tiles ahead (int4 V units, plain)
 ):
     # Grid: (num_splits * num_m_blocks, nheads_k, batch). Splits vary fastest so that the
     # programs of one sequence's KV head run side by side.
@@ -515,7 +509,7 @@ def _paged_decode_kernel(
         PAGE_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, EVEN_D, KV_CACHE, KV_EVICT, KV_FORMAT, DOT_PRECISION,
         INT64_KV=INT64_KV, SWAP_AB=SWAP_AB, F16_MATH=F16_MATH, V_PAIRS=V_PAIRS, q_out=q_out,
         KO=KO, stride_kop=stride_kop, stride_kot=stride_kot, stride_koh=stride_koh, N_OUT=N_OUT,
-        SCALE_PAIRS=SCALE_PAIRS)
+        SCALE_PAIRS=SCALE_PAIRS, PREFETCH_PAGES=PREFETCH_PAGES)
     # out = acc / l (0 where no key was seen, e.g. an empty split), lse natural log (-inf there).
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
@@ -646,6 +640,8 @@ class PagedDecodeLaunch:
             SWAP_AB=config.swap_ab, F16_MATH=f16_math, V_PAIRS=v_pairs,
             N_OUT=outlier_values.shape[3] if outlier_values is not None else 0,
             SCALE_PAIRS=scale_pairs,
+            # Not with dense-and-sparse keys: int4+8 ran 5-35% slower with it (H100).
+            PREFETCH_PAGES=config.prefetch_pages and outlier_values is None,
             # Quantized caches: int32 offsets where everything fits (fewer IMADs per key row; the
             # plain-cache rows were tuned with int64 and keep it).
             INT64_KV=kv_format == 0 or config.int64_kv_offsets or max(

@@ -12,7 +12,7 @@ import triton.language as tl
 
 from .dual_group_fwd import _softmax_step
 from .paged_outliers import _outlier_scores
-from .paged_tiles import _tile_rows
+from .paged_tiles import _tile_pages, _tile_rows
 from .quant_convert import _int4_units_to_f16, _nibbles_to
 
 
@@ -133,19 +133,16 @@ def _int4_chunk_values(acc_low, acc_high, p, alpha, V, v_rows, s_low, s_high, in
 
 
 @triton.jit
-def _int4_tile_probabilities(m_i, l_i, q0, q1, q2, q3, start_n, qk_scale, tok, diag, kv_end, K,
-                             KS, bt_row, stride_kp, stride_kt, stride_ksp, stride_kst,
-                             MASKED: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                             DOT_PRECISION: tl.constexpr, INT64_KV: tl.constexpr, q_out, KO,
+def _int4_tile_probabilities(m_i, l_i, q0, q1, q2, q3, offs_n, in_range, page, slot, qk_scale,
+                             tok, diag, kv_end, K, KS, stride_kp, stride_kt, stride_ksp,
+                             stride_kst, MASKED: tl.constexpr, BLOCK_M: tl.constexpr,
+                             BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, q_out, KO,
                              stride_kop, stride_kot, out_scale, N_OUT: tl.constexpr,
                              SCALE_PAIRS: tl.constexpr):
-    """The scores half of one int4 key tile (keys ``start_n ..``), shared by both V forms: each
-    nibble plane of K dotted against q's group (``q0 .. q3``), its group scale on the columns,
-    the outlier channels' scores first (N_OUT > 0), then the online-softmax step. Returns
-    ``(p, alpha, m_i, l_i, in_range, page, slot)``."""
-    offs_n, in_range, page, slot = _tile_rows(bt_row, start_n, kv_end, PAGE_SIZE, BLOCK_N,
-                                              MASKED, INT64_KV)
+    """The scores half of one int4 key tile (keys ``offs_n``, each on ``page`` at ``slot``:
+    ``paged_tiles._tile_rows``), shared by both V forms: each nibble plane of K dotted against
+    q's group (``q0 .. q3``), its group scale on the columns, the outlier channels' scores first
+    (N_OUT > 0), then the online-softmax step. Returns ``(p, alpha, m_i, l_i)``."""
     k_rows = page * stride_kp + slot * stride_kt
     if N_OUT > 0:
         qk = _outlier_scores(q_out, KO, page, slot, in_range, stride_kop, stride_kot, MASKED,
@@ -157,7 +154,7 @@ def _int4_tile_probabilities(m_i, l_i, q0, q1, q2, q3, start_n, qk_scale, tok, d
     qk = _int4_chunk_scores(qk, q0, q2, K, k_rows, k0, k2, in_range, 0, MASKED, DOT_PRECISION)
     qk = _int4_chunk_scores(qk, q1, q3, K, k_rows, k1, k3, in_range, 1, MASKED, DOT_PRECISION)
     p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, qk_scale, tok, offs_n, diag, kv_end, MASKED)
-    return p, alpha, m_i, l_i, in_range, page, slot
+    return p, alpha, m_i, l_i
 
 
 @triton.jit
@@ -202,13 +199,21 @@ def _attend_paged_int4_vpairs(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_
                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                               DOT_PRECISION: tl.constexpr, INT64_KV: tl.constexpr = True,
                               q_out=0.0, KO=0, stride_kop=0, stride_kot=0, out_scale=1.0,
-                              N_OUT: tl.constexpr = 0, SCALE_PAIRS: tl.constexpr = False):
+                              N_OUT: tl.constexpr = 0, SCALE_PAIRS: tl.constexpr = False,
+                              PREFETCH_PAGES: tl.constexpr = False):
     """``_attend_paged_int4`` with V's group scales on V (``_int4_values_scaled``) instead of
     on the probabilities: one fp16 probability tile a tile feeds four full-width dots (the
     output's even and odd channels of each nibble plane), where the per-group form scaled and
     moved four. The scores dot runs in q's dtype (fp16 or bf16), P·V in fp16 for both: the
     probabilities (<= 1) keep more bits in fp16 than in bf16, and the planes are V as the
-    format rounds it to fp16. ``acc [BLOCK_M, 128]`` in and out."""
+    format rounds it to fp16. ``acc [BLOCK_M, 128]`` in and out. PREFETCH_PAGES: the next
+    tile's block-table entries are loaded an iteration ahead and carried (``_tile_pages``).
+    With two stages the pipeliner issues a tile's K/V copies in the iteration before, and left
+    to itself it loads their page ids there 47 instructions before the addresses (compiled for
+    sm_90a, fp16 q): one global-load latency exposed a tile. Carried, the load is waited on 131
+    instructions after its issue (ptxas's copy into the loop-carried register). Two tiles
+    ahead, the pipeliner stops staging K and V through cp.async altogether (shared memory
+    55 -> 37 KB, 24 CTA barriers a tile): not done."""
     q0, q1, q2, q3 = _split_int4_groups(q, BLOCK_M)
     # acc's channel c: plane c // 64, parity c % 2, column (c % 64) // 2
     a4 = tl.reshape(acc * 0.125, [BLOCK_M, 2, 32, 2])  # the planes hold V / 8
@@ -217,12 +222,23 @@ def _attend_paged_int4_vpairs(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_
     even_low, odd_low = tl.split(a_low)
     even_high, odd_high = tl.split(a_high)
     V16 = V.to(tl.pointer_type(tl.uint16))
+    if PREFETCH_PAGES:
+        page_next = _tile_pages(bt_row, lo, kv_end, PAGE_SIZE, BLOCK_N, INT64_KV)
     for start_n in range(lo, hi, BLOCK_N):
-        p, alpha, m_i, l_i, in_range, page, slot = _int4_tile_probabilities(
-            m_i, l_i, q0, q1, q2, q3, start_n, qk_scale, tok, diag, kv_end, K, KS, bt_row,
-            stride_kp, stride_kt, stride_ksp, stride_kst, MASKED, PAGE_SIZE, BLOCK_M, BLOCK_N,
-            DOT_PRECISION, INT64_KV, q_out, KO, stride_kop, stride_kot, out_scale, N_OUT,
-            SCALE_PAIRS)
+        if PREFETCH_PAGES:
+            page = page_next
+            page_next = _tile_pages(bt_row, start_n + BLOCK_N, kv_end, PAGE_SIZE, BLOCK_N,
+                                    INT64_KV)
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            in_range = offs_n < kv_end
+            slot = offs_n % PAGE_SIZE
+        else:
+            offs_n, in_range, page, slot = _tile_rows(bt_row, start_n, kv_end, PAGE_SIZE,
+                                                      BLOCK_N, MASKED, INT64_KV)
+        p, alpha, m_i, l_i = _int4_tile_probabilities(
+            m_i, l_i, q0, q1, q2, q3, offs_n, in_range, page, slot, qk_scale, tok, diag, kv_end,
+            K, KS, stride_kp, stride_kt, stride_ksp, stride_kst, MASKED, BLOCK_M, BLOCK_N,
+            DOT_PRECISION, q_out, KO, stride_kop, stride_kot, out_scale, N_OUT, SCALE_PAIRS)
         v0, v1, v2, v3 = _int4_scales(VS, page * stride_vsp + slot * stride_vst, in_range,
                                       MASKED, SCALE_PAIRS)
         v_el, v_ol, v_eh, v_oh = _int4_values_scaled(
@@ -259,11 +275,12 @@ def _attend_paged_int4(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end, K,
     q0, q1, q2, q3 = _split_int4_groups(q, BLOCK_M)
     a0, a1, a2, a3 = _split_int4_groups(acc, BLOCK_M)
     for start_n in range(lo, hi, BLOCK_N):
-        p, alpha, m_i, l_i, in_range, page, slot = _int4_tile_probabilities(
-            m_i, l_i, q0, q1, q2, q3, start_n, qk_scale, tok, diag, kv_end, K, KS, bt_row,
-            stride_kp, stride_kt, stride_ksp, stride_kst, MASKED, PAGE_SIZE, BLOCK_M, BLOCK_N,
-            DOT_PRECISION, INT64_KV, q_out, KO, stride_kop, stride_kot, out_scale, N_OUT,
-            SCALE_PAIRS)
+        offs_n, in_range, page, slot = _tile_rows(bt_row, start_n, kv_end, PAGE_SIZE, BLOCK_N,
+                                                  MASKED, INT64_KV)
+        p, alpha, m_i, l_i = _int4_tile_probabilities(
+            m_i, l_i, q0, q1, q2, q3, offs_n, in_range, page, slot, qk_scale, tok, diag, kv_end,
+            K, KS, stride_kp, stride_kt, stride_ksp, stride_kst, MASKED, BLOCK_M, BLOCK_N,
+            DOT_PRECISION, q_out, KO, stride_kop, stride_kot, out_scale, N_OUT, SCALE_PAIRS)
         v_rows = page * stride_vp + slot * stride_vt
         v0, v1, v2, v3 = _int4_scales(VS, page * stride_vsp + slot * stride_vst, in_range,
                                       MASKED, SCALE_PAIRS)
