@@ -25,6 +25,7 @@ variants = {"64/4w/2s": base,
             "64/8w/3s": dataclasses.replace(base, num_warps=8, num_stages=3),
             "64/2w/2s": dataclasses.replace(base, num_warps=2),
             "64/4w/2s/pf": dataclasses.replace(base, prefetch_pages=True),
+            "64/4w/3s/pf": dataclasses.replace(base, num_stages=3, prefetch_pages=True),
             "128/4w/2s/pf": dataclasses.replace(base, block_n=128, prefetch_pages=True)}
 if sys.argv[1:]:
     variants = {name: variants[name] for name in sys.argv[1:]}

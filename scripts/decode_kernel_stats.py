@@ -32,7 +32,7 @@ POINTER_TYPES = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.uint8: "
                  torch.int8: "*i8", torch.int32: "*i32", torch.float32: "*fp32",
                  torch.float8_e4m3fn: "*fp8e4nv"}
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-FORMAT_CODES = {"fp8_e4m3": 1, "int8": 2, "int4": 3}
+FORMAT_CODES = {"plain": 0, "fp8_e4m3": 1, "int8": 2, "int4": 3}
 _SASS_LINE = re.compile(r"^\s+/\*[0-9a-f]{4,5}\*/\s+(?:@!?U?P[0-9T] )?([A-Z0-9_]+)")
 _SASS_INSTR = re.compile(r"^\s+/\*([0-9a-f]{4,6})\*/\s+(.*?);")
 _BACK_BRANCH = re.compile(r"\bBRA (?:`\(\.L_x_\d+\) )?0x([0-9a-f]+)")
@@ -52,14 +52,19 @@ def compile_decode(fmt: str, dtype: torch.dtype, nheads: int, nheads_k: int, spl
 
     batch, length = 2, 4096
     q = torch.zeros(batch, 1, nheads, 128, dtype=dtype)
-    cache, scale = kvonce.quantize_kv(torch.zeros(batch * length // 16, 16, nheads_k, 128,
-                                                  dtype=dtype), fmt)
+    cache = torch.zeros(batch * length // 16, 16, nheads_k, 128, dtype=dtype)
+    if fmt == "plain":  # the scale pointers are never read: any tensor stands in
+        scale = torch.empty(1, dtype=torch.float32)
+    else:
+        cache, scale = kvonce.quantize_kv(cache, fmt)
     table = torch.zeros(batch, length // 16, dtype=torch.int32)
     values = (torch.zeros(*cache.shape[:3], outliers, dtype=outlier_dtype) if outliers
               else None)
     launch = pd.PagedDecodeLaunch(q, cache, cache, table, softmax_scale=0.1, causal=True,
                                   num_splits=splits, config=config, store_lse=False,
-                                  kv_format=FORMAT_CODES[fmt], k_scale=scale, v_scale=scale,
+                                  kv_format=FORMAT_CODES[fmt],
+                                  k_scale=None if fmt == "plain" else scale,
+                                  v_scale=None if fmt == "plain" else scale,
                                   outlier_values=values)
     f32, i32 = torch.empty(1, dtype=torch.float32), torch.empty(1, dtype=torch.int32)
     tensors = [q, cache, cache, scale, scale, f32, f32, i32, table, q, f32, i32,
@@ -153,7 +158,8 @@ def main() -> None:
         from kvonce.kernels import configs
         active, configs.interpreter_active = configs.interpreter_active, lambda: False
         try:
-            config = get_paged_decode_config((9, 0), 128, args.format, 2,
+            config = get_paged_decode_config((9, 0), 128,
+                                             None if args.format == "plain" else args.format, 2,
                                              bf16=dtype == torch.bfloat16)
         finally:
             configs.interpreter_active = active

@@ -16,6 +16,10 @@
 #               (dispatch modes, prefix decode) and the Gluon prefill's padded groups
 #   pftests     the paged prefill tests (Gluon and Triton kernels, HF continuous batching)
 #   pfbench     python -m kvonce bench prefill (FlashInfer beside when .peers/fi travels)
+#   prefetch    3 stages with the page ids carried a tile ahead (prefetch_pages): without the
+#               carry Triton double-buffers K/V only 2 deep whatever num_stages says (shared
+#               memory of a 3-stage kernel = the 2-stage one's, compiled for sm_90a); fp8 and
+#               int8 (DTYPES), then plain decode (scripts/decode_config_sweep.py)
 #   prefill     scripts/prefill_sweep.py: one q head per program ('h') against GQA packing, pages
 #               16 and 256, 128x128 / 128x64 tiles, TMA where pages hold whole tiles
 set -u
@@ -64,6 +68,18 @@ if [[ $STEPS == *pairs* ]]; then
       --heads 32/8,12/12 --shapes 16x4096,64x8192,1x131072 --grid 128,4,2 \
       128,4,2,-1,-1,-1,-1,-1,0 2>&1 | grep -v "^|---"
   done
+fi
+if [[ $STEPS == *prefetch* ]]; then
+  step prefetch
+  # the 14th grid field is prefetch_pages; the 6th max_registers (168: three programs an SM)
+  PF=-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,1
+  PF168=-1,-1,168,-1,-1,-1,-1,-1,-1,-1,1
+  for dt in ${DTYPES:-fp16 bf16}; do
+    timeout 240 python3 scripts/quant_decode_sweep.py --dtype $dt --formats fp8_e4m3,int8 \
+      --all --heads 32/8,12/12 --shapes 64x8192,1x131072 --grid 128,4,2 128,4,3,$PF \
+      128,4,3,$PF168 2>&1 | grep -v "^|"
+  done
+  timeout 240 python3 scripts/decode_config_sweep.py 64/4w/2s 64/4w/3s 64/4w/3s/pf 2>&1 | tail -12
 fi
 if [[ $STEPS == *splits* ]]; then
   step splits

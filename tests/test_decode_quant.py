@@ -396,15 +396,16 @@ def test_int4_values_near_fp16_max_do_not_overflow(num_splits):
 
 
 # bf16 x int4 dots its scores in bf16, which the interpreter computes wrongly (triton 3.6)
-@pytest.mark.parametrize("case", ["int4/fp16", "plain/fp16"]
-                         + (["int4/bf16", "plain/bf16"] if HAS_CUDA else []))
+@pytest.mark.parametrize("case", ["int4/fp16", "fp8/fp16", "int8/fp16", "plain/fp16"]
+                         + (["int4/bf16", "fp8/bf16", "plain/bf16"] if HAS_CUDA else []))
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_page_prefetch_gives_the_same_bytes(case, num_splits):
     """``PagedDecodeConfig.prefetch_pages``: the key tiles' page ids looked up a tile ahead and
-    carried (int4's V-units loop; the plain-cache loop) gives the bytes of the loop that looks
-    them up in place, and the reference's output: GQA rows, q_len 2 (the causal band's masked
-    tiles), sequences of 0, 37, 150 and 700 keys (up to six 128-key tiles, so the carried pages
-    cross several trips, and the look-ahead past the last tile reads nothing)."""
+    carried (int4's V-units loop, the fp8/int8 channel-pair loop, the plain-cache loop) gives
+    the bytes of the loop that looks them up in place, and the reference's output: GQA rows,
+    q_len 2 (the causal band's masked tiles), sequences of 0, 37, 150 and 700 keys (up to six
+    128-key tiles, so the carried pages cross several trips, and the look-ahead past the last
+    tile reads nothing)."""
     import dataclasses
 
     from kvonce.kernels.configs import get_paged_decode_config
@@ -416,6 +417,13 @@ def test_page_prefetch_gives_the_same_bytes(case, num_splits):
     if fmt == "int4":
         kq, ks, vq, vs, kd, vd = _quantized(k, v, "int4")
         base = dataclasses.replace(_int4_units_config(), block_n=128)
+        kw = dict(k_scale=ks, v_scale=vs)
+    elif fmt in ("fp8", "int8"):
+        fmt = {"fp8": "fp8_e4m3", "int8": "int8"}[fmt]
+        kq, ks, vq, vs, kd, vd = _quantized(k, v, fmt)
+        base = dataclasses.replace(get_paged_decode_config(cap, 128, fmt, 2,
+                                                           bf16=dtype == torch.bfloat16),
+                                   block_n=128, v_pairs=True, f16_math=True)
         kw = dict(k_scale=ks, v_scale=vs)
     else:
         kq, vq, kd, vd, kw = k, v, k.float(), v.float(), {}
@@ -430,6 +438,8 @@ def test_page_prefetch_gives_the_same_bytes(case, num_splits):
         with poison_empty:
             outs.append(plan.run(q, kq, vq, seqlens, table, **kw))
         assert [la._constexprs["PREFETCH_PAGES"] for la in plan._launches.values()] == [prefetch]
+        if fmt != "plain":
+            assert [la._constexprs["V_PAIRS"] for la in plan._launches.values()] == [True]
     _check(outs[1], ref, dtype)
     assert outs[1].equal(outs[0])
 

@@ -211,7 +211,8 @@ class PagedDecodeConfig:
         ``_attend_paged_int4_vpairs``). On in the fp8, int8 and int4 rows (measured).
     prefetch_pages: the next key tile's block-table entries are loaded an iteration ahead and
         carried in registers, so that no K/V address waits on a load issued just before it:
-        int4's V-units loop and the plain-cache loop; the other loops ignore it. With two
+        int4's V-units loop, the fp8/int8 channel-pair loop and the plain-cache loop; the
+        others (byte-gathered quantized tiles, int4's split dots, swap_ab) ignore it. With two
         stages Triton's pipeliner issues a tile's copies in the iteration before and, left to
         itself, loads their page ids there too, a few dozen instructions before the addresses.
         Launches with dense-and-sparse keys never prefetch (int4+8 measured 5-35% slower).

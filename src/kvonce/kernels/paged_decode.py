@@ -393,13 +393,13 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
             bt_row, stride_kp, stride_kt, stride_vp, stride_vt, stride_ksp, stride_kst,
             stride_vsp, stride_vst, offs_d, False, PAGE_SIZE, BLOCK_N, BLOCK_D, KV_FORMAT,
             DOT_PRECISION, INT64_KV, F16_MATH, q_out, KO, stride_kop, stride_kot, out_scale,
-            N_OUT)
+            N_OUT, PREFETCH_PAGES)
         acc_even, acc_odd, m_i, l_i = _attend_paged_pairs(
             acc_even, acc_odd, m_i, l_i, q, full, hi, qk_scale, tok, diag, hi, K, V, KS, VS,
             bt_row, stride_kp, stride_kt, stride_vp, stride_vt, stride_ksp, stride_kst,
             stride_vsp, stride_vst, offs_d, True, PAGE_SIZE, BLOCK_N, BLOCK_D, KV_FORMAT,
             DOT_PRECISION, INT64_KV, F16_MATH, q_out, KO, stride_kop, stride_kot, out_scale,
-            N_OUT)
+            N_OUT, PREFETCH_PAGES)
         acc = tl.reshape(tl.join(acc_even, acc_odd), [BLOCK_M, BLOCK_D])  # channel 2p + odd
     else:
         if SWAP_AB:
@@ -463,7 +463,7 @@ def _paged_decode_kernel(
     V_PAIRS: tl.constexpr = False,  # fp8/int8 V as channel pairs, int4 V as 16-bit units
     N_OUT: tl.constexpr = 0,  # outlier channels per KV head kept at q's precision (0: none)
     SCALE_PAIRS: tl.constexpr = False,  # int4 d128: group scales as 32-bit pairs (4 B aligned)
-    PREFETCH_PAGES: tl.constexpr = False,  # page ids looked up tiles ahead (int4 V units, plain)
+    PREFETCH_PAGES: tl.constexpr = False,  # page ids looked up a tile ahead (not SWAP_AB)
 ):
     # Grid: (num_splits * num_m_blocks, nheads_k, batch). Splits vary fastest so that the
     # programs of one sequence's KV head run side by side.

@@ -26,7 +26,7 @@ import triton.language as tl
 
 from .dual_group_fwd import _softmax_step
 from .paged_outliers import _outlier_scores
-from .paged_tiles import _tile_rows
+from .paged_tiles import _tile_pages, _tile_rows
 from .quant_convert import _fp8_bytes_to, _ints_to, _pair_units_to_f16
 
 
@@ -38,18 +38,31 @@ def _attend_paged_pairs(acc_even, acc_odd, m_i, l_i, q, lo, hi, qk_scale, tok, d
                         BLOCK_D: tl.constexpr, KV_FORMAT: tl.constexpr,
                         DOT_PRECISION: tl.constexpr, INT64_KV: tl.constexpr,
                         ROW_SCALE: tl.constexpr, q_out=0.0, KO=0, stride_kop=0, stride_kot=0,
-                        out_scale=1.0, N_OUT: tl.constexpr = 0):
+                        out_scale=1.0, N_OUT: tl.constexpr = 0,
+                        PREFETCH_PAGES: tl.constexpr = False):
     """Key tiles ``[lo, hi)`` of an fp8 (KV_FORMAT 1) or int8 (2) cache (K, V, KS, VS: this KV
     head's base pointers) into the state ``(acc_even, acc_odd [BLOCK_M, BLOCK_D / 2], m_i,
     l_i)``: the output's even and odd channels. q: fp16 ``[BLOCK_M, BLOCK_D]``; the rest (the
-    outlier channels' ``q_out .. N_OUT`` included) as ``paged_decode._attend_paged``."""
+    outlier channels' ``q_out .. N_OUT`` included) as ``paged_decode._attend_paged``.
+    PREFETCH_PAGES: the next tile's page ids are loaded an iteration ahead and carried
+    (``PagedDecodeConfig.prefetch_pages``)."""
     offs_p = tl.arange(0, BLOCK_D // 2)
     V16 = V.to(tl.pointer_type(tl.uint16))
     if KV_FORMAT == 1:  # an fp8 load takes no `other`: through a uint8 view
         K = K.to(tl.pointer_type(tl.uint8))
+    if PREFETCH_PAGES:
+        page_next = _tile_pages(bt_row, lo, kv_end, PAGE_SIZE, BLOCK_N, INT64_KV)
     for start_n in range(lo, hi, BLOCK_N):
-        offs_n, in_range, page, slot = _tile_rows(bt_row, start_n, kv_end, PAGE_SIZE, BLOCK_N,
-                                                  MASKED, INT64_KV)
+        if PREFETCH_PAGES:
+            page = page_next
+            page_next = _tile_pages(bt_row, start_n + BLOCK_N, kv_end, PAGE_SIZE, BLOCK_N,
+                                    INT64_KV)
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            in_range = offs_n < kv_end
+            slot = offs_n % PAGE_SIZE
+        else:
+            offs_n, in_range, page, slot = _tile_rows(bt_row, start_n, kv_end, PAGE_SIZE,
+                                                      BLOCK_N, MASKED, INT64_KV)
         k_ptrs = K + (page * stride_kp + slot * stride_kt)[None, :] + offs_d[:, None]
         v_ptrs = (V16 + (page * (stride_vp // 2) + slot * (stride_vt // 2))[:, None]
                   + offs_p[None, :])
