@@ -243,7 +243,7 @@ def _attend_paged(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end,
         next_page = tl.load(bt_row + lo // PAGE_SIZE, mask=lo < kv_end, other=0)
     else:
         next_page = 0
-    if PREFETCH_PAGES:
+    if PREFETCH_PAGES and KV_FORMAT == 0:  # (the quantized tiles here look theirs up in place)
         next_pages = _tile_pages(bt_row, lo, kv_end, PAGE_SIZE, BLOCK_N)
     else:
         next_pages = tl.zeros([BLOCK_N], dtype=tl.int32)  # unused
