@@ -145,6 +145,8 @@ def main() -> None:
                     help="dense-and-sparse keys: N fp16 outlier channels (KeyOutliers)")
     ap.add_argument("--prefetch-pages", action="store_true",
                     help="PagedDecodeConfig.prefetch_pages")
+    ap.add_argument("--no-prefetch-pages", action="store_true",
+                    help="PagedDecodeConfig.prefetch_pages off")
     ap.add_argument("--keep", default="", help="write the PTX, TTGIR and SASS here")
     args = ap.parse_args()
     nheads, nheads_k = (int(x) for x in args.heads.split("/"))
@@ -170,7 +172,9 @@ def main() -> None:
                                      f16_math=config.f16_math and not args.no_f16_math,
                                      v_pairs=(args.v_pairs or config.v_pairs)
                                      and not args.no_v_pairs,
-                                     prefetch_pages=args.prefetch_pages or config.prefetch_pages)
+                                     prefetch_pages=(args.prefetch_pages
+                                                     or config.prefetch_pages)
+                                     and not args.no_prefetch_pages)
         maxnreg = args.maxnreg
         if maxnreg < 0:  # the row's own cap (and the outlier launches')
             maxnreg = (config.outlier_max_registers if args.outliers
