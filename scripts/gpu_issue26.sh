@@ -17,9 +17,9 @@
 #   pftests     the paged prefill tests (Gluon and Triton kernels, HF continuous batching)
 #   pfbench     python -m kvonce bench prefill (FlashInfer beside when .peers/fi travels)
 #   prefetch    3 stages with the page ids carried a tile ahead (prefetch_pages): without the
-#               carry Triton double-buffers K/V only 2 deep whatever num_stages says (shared
-#               memory of a 3-stage kernel = the 2-stage one's, compiled for sm_90a); fp8 and
-#               int8 (DTYPES), then plain decode (scripts/decode_config_sweep.py)
+#               carry K/V keep one shared-memory slot whatever num_stages says (the third stage
+#               goes to the page ids; TTGIR compiled for sm_90a); fp8 and int8 (DTYPES), then
+#               plain decode (scripts/decode_config_sweep.py)
 #   prefill     scripts/prefill_sweep.py: one q head per program ('h') against GQA packing, pages
 #               16 and 256, 128x128 / 128x64 tiles, TMA where pages hold whole tiles
 set -u

@@ -215,7 +215,10 @@ class PagedDecodeConfig:
         others (byte-gathered quantized tiles, int4's split dots, swap_ab) ignore it. With two
         stages Triton's pipeliner issues a tile's copies in the iteration before and, left to
         itself, loads their page ids there too, a few dozen instructions before the addresses.
-        Launches with dense-and-sparse keys never prefetch (int4+8 measured 5-35% slower).
+        At 3 stages the carry is what gives K/V a second shared-memory slot: without it the
+        pipeliner spends the third stage on copying the page ids and K/V keep one slot (TTGIR,
+        docs/notes.md). Launches with dense-and-sparse keys never prefetch (int4+8 measured
+        5-35% slower).
     """
     block_n: int
     num_warps: int
