@@ -76,8 +76,8 @@ if [[ $STEPS == *prefetch* ]]; then
   PF168=-1,-1,168,-1,-1,-1,-1,-1,-1,-1,1
   for dt in ${DTYPES:-fp16 bf16}; do
     timeout 240 python3 scripts/quant_decode_sweep.py --dtype $dt --formats fp8_e4m3,int8 \
-      --all --heads 32/8,12/12 --shapes 64x8192,1x131072 --grid 128,4,2 128,4,3,$PF \
-      128,4,3,$PF168 2>&1 | grep -v "^|"
+      --all --heads 32/8,12/12 --shapes 64x8192,1x131072 --grid 128,4,2 128,4,2,-1,-1,168 \
+      128,4,3,$PF 128,4,3,$PF168 2>&1 | grep -v "^|"
   done
   timeout 240 python3 scripts/decode_config_sweep.py 64/4w/2s 64/4w/3s 64/4w/3s/pf 2>&1 | tail -12
 fi
