@@ -12,7 +12,7 @@ import triton.language as tl
 
 from .dual_group_fwd import _softmax_step
 from .paged_outliers import _outlier_scores
-from .paged_tiles import _tile_pages, _tile_rows
+from .paged_tiles import _tile_pages, _tile_rows, _tile_rows_ahead
 from .quant_convert import _int4_units_to_f16, _nibbles_to
 
 
@@ -222,19 +222,12 @@ def _attend_paged_int4_vpairs(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_
     even_low, odd_low = tl.split(a_low)
     even_high, odd_high = tl.split(a_high)
     V16 = V.to(tl.pointer_type(tl.uint16))
-    if PREFETCH_PAGES:
-        page_next = _tile_pages(bt_row, lo, kv_end, PAGE_SIZE, BLOCK_N, INT64_KV)
+    page_next = _tile_pages(bt_row, lo, kv_end, PAGE_SIZE, BLOCK_N, INT64_KV) \
+        if PREFETCH_PAGES else 0
     for start_n in range(lo, hi, BLOCK_N):
-        if PREFETCH_PAGES:
-            page = page_next
-            page_next = _tile_pages(bt_row, start_n + BLOCK_N, kv_end, PAGE_SIZE, BLOCK_N,
-                                    INT64_KV)
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            in_range = offs_n < kv_end
-            slot = offs_n % PAGE_SIZE
-        else:
-            offs_n, in_range, page, slot = _tile_rows(bt_row, start_n, kv_end, PAGE_SIZE,
-                                                      BLOCK_N, MASKED, INT64_KV)
+        offs_n, in_range, page, slot, page_next = _tile_rows_ahead(
+            bt_row, start_n, kv_end, page_next, PAGE_SIZE, BLOCK_N, MASKED, INT64_KV,
+            PREFETCH_PAGES)
         p, alpha, m_i, l_i = _int4_tile_probabilities(
             m_i, l_i, q0, q1, q2, q3, offs_n, in_range, page, slot, qk_scale, tok, diag, kv_end,
             K, KS, stride_kp, stride_kt, stride_ksp, stride_kst, MASKED, BLOCK_M, BLOCK_N,

@@ -26,7 +26,7 @@ import triton.language as tl
 
 from .dual_group_fwd import _softmax_step
 from .paged_outliers import _outlier_scores
-from .paged_tiles import _tile_pages, _tile_rows
+from .paged_tiles import _tile_pages, _tile_rows_ahead
 from .quant_convert import _fp8_bytes_to, _ints_to, _pair_units_to_f16
 
 
@@ -50,19 +50,12 @@ def _attend_paged_pairs(acc_even, acc_odd, m_i, l_i, q, lo, hi, qk_scale, tok, d
     V16 = V.to(tl.pointer_type(tl.uint16))
     if KV_FORMAT == 1:  # an fp8 load takes no `other`: through a uint8 view
         K = K.to(tl.pointer_type(tl.uint8))
-    if PREFETCH_PAGES:
-        page_next = _tile_pages(bt_row, lo, kv_end, PAGE_SIZE, BLOCK_N, INT64_KV)
+    page_next = _tile_pages(bt_row, lo, kv_end, PAGE_SIZE, BLOCK_N, INT64_KV) \
+        if PREFETCH_PAGES else 0
     for start_n in range(lo, hi, BLOCK_N):
-        if PREFETCH_PAGES:
-            page = page_next
-            page_next = _tile_pages(bt_row, start_n + BLOCK_N, kv_end, PAGE_SIZE, BLOCK_N,
-                                    INT64_KV)
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            in_range = offs_n < kv_end
-            slot = offs_n % PAGE_SIZE
-        else:
-            offs_n, in_range, page, slot = _tile_rows(bt_row, start_n, kv_end, PAGE_SIZE,
-                                                      BLOCK_N, MASKED, INT64_KV)
+        offs_n, in_range, page, slot, page_next = _tile_rows_ahead(
+            bt_row, start_n, kv_end, page_next, PAGE_SIZE, BLOCK_N, MASKED, INT64_KV,
+            PREFETCH_PAGES)
         k_ptrs = K + (page * stride_kp + slot * stride_kt)[None, :] + offs_d[:, None]
         v_ptrs = (V16 + (page * (stride_vp // 2) + slot * (stride_vt // 2))[:, None]
                   + offs_p[None, :])

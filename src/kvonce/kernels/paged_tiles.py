@@ -34,3 +34,26 @@ def _tile_pages(bt_row, start_n, kv_end, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.co
     if INT64_KV:
         page = page.to(tl.int64)
     return page
+
+
+@triton.jit
+def _tile_rows_ahead(bt_row, start_n, kv_end, page_next, PAGE_SIZE: tl.constexpr,
+                     BLOCK_N: tl.constexpr, MASKED: tl.constexpr, INT64_KV: tl.constexpr,
+                     PREFETCH_PAGES: tl.constexpr):
+    """``_tile_rows`` of the tile at ``start_n`` plus the page ids to carry to the next trip.
+    PREFETCH_PAGES: this tile's pages are ``page_next`` (looked up the iteration before, or by
+    ``_tile_pages`` ahead of the loop) and the next tile's are loaded now, so no K/V address
+    of a pipelined copy waits on a load issued just before it (with the lookup in place, the
+    pipeliner also spends a third stage on copying the page ids: K/V keep one shared-memory
+    slot). Otherwise ``page_next`` comes back as it came. Returns ``(offs_n, in_range, page,
+    slot, page_next)``."""
+    if PREFETCH_PAGES:
+        page = page_next
+        page_next = _tile_pages(bt_row, start_n + BLOCK_N, kv_end, PAGE_SIZE, BLOCK_N, INT64_KV)
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        in_range = offs_n < kv_end
+        slot = offs_n % PAGE_SIZE
+    else:
+        offs_n, in_range, page, slot = _tile_rows(bt_row, start_n, kv_end, PAGE_SIZE, BLOCK_N,
+                                                  MASKED, INT64_KV)
+    return offs_n, in_range, page, slot, page_next
