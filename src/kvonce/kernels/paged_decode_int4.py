@@ -206,14 +206,12 @@ def _attend_paged_int4_vpairs(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_
     output's even and odd channels of each nibble plane), where the per-group form scaled and
     moved four. The scores dot runs in q's dtype (fp16 or bf16), P·V in fp16 for both: the
     probabilities (<= 1) keep more bits in fp16 than in bf16, and the planes are V as the
-    format rounds it to fp16. ``acc [BLOCK_M, 128]`` in and out. PREFETCH_PAGES: the next
-    tile's block-table entries are loaded an iteration ahead and carried (``_tile_pages``).
-    With two stages the pipeliner issues a tile's K/V copies in the iteration before, and left
-    to itself it loads their page ids there 47 instructions before the addresses (compiled for
-    sm_90a, fp16 q): one global-load latency exposed a tile. Carried, the load is waited on 131
-    instructions after its issue (ptxas's copy into the loop-carried register). Two tiles
-    ahead, the pipeliner stops staging K and V through cp.async altogether (shared memory
-    55 -> 37 KB, 24 CTA barriers a tile): not done."""
+    format rounds it to fp16. ``acc [BLOCK_M, 128]`` in and out. PREFETCH_PAGES: each
+    tile's page ids come from the iteration before (``paged_tiles._tile_rows_ahead``), which
+    at 3 stages is what gives K/V a second shared-memory slot; at 2 stages it only moves the
+    page-id wait (47 -> 131 instructions after the load, sm_90a SASS, fp16 q). Carried two
+    tiles ahead, the pipeliner dropped cp.async for K/V (shared memory 55 -> 37 KB, 24 CTA
+    barriers a tile): not done."""
     q0, q1, q2, q3 = _split_int4_groups(q, BLOCK_M)
     # acc's channel c: plane c // 64, parity c % 2, column (c % 64) // 2
     a4 = tl.reshape(acc * 0.125, [BLOCK_M, 2, 32, 2])  # the planes hold V / 8
