@@ -147,6 +147,8 @@ def main() -> None:
                     help="PagedDecodeConfig.prefetch_pages")
     ap.add_argument("--no-prefetch-pages", action="store_true",
                     help="PagedDecodeConfig.prefetch_pages off")
+    ap.add_argument("--merge-at-once", type=int, default=0,
+                    help="PagedDecodeConfig.merge_splits_at_once (0: the row's)")
     ap.add_argument("--keep", default="", help="write the PTX, TTGIR and SASS here")
     args = ap.parse_args()
     nheads, nheads_k = (int(x) for x in args.heads.split("/"))
@@ -174,7 +176,9 @@ def main() -> None:
                                      and not args.no_v_pairs,
                                      prefetch_pages=(args.prefetch_pages
                                                      or config.prefetch_pages)
-                                     and not args.no_prefetch_pages)
+                                     and not args.no_prefetch_pages,
+                                     merge_splits_at_once=args.merge_at_once
+                                     or config.merge_splits_at_once)
         maxnreg = args.maxnreg
         if maxnreg < 0:  # the row's own cap (and the outlier launches')
             maxnreg = (config.outlier_max_registers if args.outliers

@@ -81,9 +81,11 @@ if [[ $STEPS == *prefetch* ]]; then
   done
   # int4 (its row: 3 stages, carried pages): the 1 x 131072 rows did not move with the carry;
   # its 49 splits are merged by the last program serially (max_merged_splits 64, chosen when
-  # the kernel was 1.5x slower): against the combine kernel (4), and 2 / 4 programs an SM
+  # the kernel was 1.5x slower): against the combine kernel (4), against loading 4 splits
+  # before folding them (merge_splits_at_once, the 15th field), and 2 / 4 programs an SM
   timeout 200 python3 scripts/quant_decode_sweep.py --formats int4 --all --heads 32/8,12/12 \
-    --shapes 1x131072 --grid 128,4,3 128,4,3,-1,4 128,4,3,2 128,4,3,4 2>&1 | grep -v "^|"
+    --shapes 1x131072 --grid 128,4,3 128,4,3,-1,4 128,4,3,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,4 \
+    128,4,3,2 128,4,3,4 2>&1 | grep -v "^|"
   timeout 240 python3 scripts/decode_config_sweep.py 64/4w/2s 64/4w/3s 64/4w/3s/pf 2>&1 | tail -12
 fi
 if [[ $STEPS == *splits* ]]; then

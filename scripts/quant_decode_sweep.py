@@ -4,9 +4,10 @@
         [--shapes 1x131072] [--heads 32/8,12/12] [--grid 64,4,2 128,4,2 128,4,2,6,64]
 (a grid entry: block_n, num_warps, num_stages[, programs_per_sm[, max_merged_splits[,
 max_registers[, swap_ab[, f16_math[, int64_kv_offsets[, v_pairs[, slow_lo[, round_up[,
-outlier_max_registers[, prefetch_pages]]]]]]]]]]]]; -1 keeps the row's value; slow_lo x
-sets slow_programs_per_sm to (x, 6.5)). ``--outliers N``: every quantized cache as dense-and-sparse keys (``KeyOutliers``, N
-fp16 channels per KV head from the first 2048 keys), its launches with ``key_outliers=``.
+outlier_max_registers[, prefetch_pages[, merge_splits_at_once]]]]]]]]]]]]]; -1 keeps the row's
+value; slow_lo x sets slow_programs_per_sm to (x, 6.5)). ``--outliers N``: every quantized cache
+as dense-and-sparse keys (``KeyOutliers``, N fp16 channels per KV head from the first 2048 keys),
+its launches with ``key_outliers=``.
 
 GQA 32/8 (or ``--heads``: q/kv head pairs), d128, page 16, random page order, q_len 1, fp16
 queries (``--dtype bf16``: bf16 queries and source cache; "fp16" below is then bf16), the issue's
@@ -94,9 +95,10 @@ def main():
                 # optional fields; -1 keeps the row's value
                 fields = ("programs_per_sm", "max_merged_splits", "max_registers", "swap_ab",
                           "f16_math", "int64_kv_offsets", "v_pairs", "slow_programs_per_sm",
-                          "splits_round_up", "outlier_max_registers", "prefetch_pages")
+                          "splits_round_up", "outlier_max_registers", "prefetch_pages",
+                          "merge_splits_at_once")
                 kinds = (float, int, int, bool, bool, bool, bool, lambda x: (x, 6.5), bool, int,
-                         bool)
+                         bool, int)
                 for name, kind, value in zip(fields, kinds, spec[3:]):
                     if value >= 0:
                         cfg = dataclasses.replace(cfg, **{name: kind(value)})

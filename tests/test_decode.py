@@ -439,6 +439,54 @@ def test_bf16_queries_take_the_bf16_row(monkeypatch):
     assert get((9, 0), 64, "int4", bf16=True) is get((9, 0), 64)  # no row: the plain one
 
 
+@pytest.mark.parametrize("fmt", ["plain", "int4"])
+@pytest.mark.parametrize("num_splits", [3, 5, 7])
+def test_in_launch_merge_loads_splits_ahead_with_the_same_bytes(fmt, num_splits):
+    """``merge_splits_at_once`` 2 and 4: the last split to finish loads that many partials
+    before folding them, in the same order, so out and LSE are the bytes of the one-at-a-time
+    merge (split counts off the chunk: the padding splits load nothing and weigh zero); all
+    match the reference. Sequences of 0, 37 and 700 keys (empty splits included)."""
+    import dataclasses
+
+    from kvonce import dequantize_kv
+    torch.manual_seed(0)
+    lens = [0, 37, 700]
+    pages = 44 * len(lens)
+    q = torch.randn(len(lens), 1, 8, 128, dtype=torch.float16, device=DEVICE)
+    k = torch.randn(pages, 16, 2, 128, dtype=torch.float16, device=DEVICE)
+    v = torch.randn_like(k)
+    table = torch.randperm(pages, device=DEVICE).reshape(len(lens), -1).to(torch.int32)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    cap = torch.cuda.get_device_capability() if DEVICE == "cuda" else None
+    if fmt == "int4":
+        k, ks = quantize_kv(k, "int4")
+        v, vs = quantize_kv(v, "int4")
+        kw = dict(k_scale=ks, v_scale=vs, kv_format="int4")
+        kd, vd = (dequantize_kv(t, sc, "int4", torch.float32) for t, sc in ((k, ks), (v, vs)))
+        base = decode.get_paged_decode_config(cap, 128, "int4")
+    else:
+        kw, kd, vd = {}, k.float(), v.float()
+        base = decode.get_paged_decode_config(cap, 128)
+    ref, ref_lse = paged_attention_ref(q.float(), kd, vd, seqlens, table)
+    runs = []
+    for at_once in (1, 2, 4):
+        config = dataclasses.replace(base, max_merged_splits=8, merge_splits_at_once=at_once)
+        plan = decode.PagedDecodePlan(q, k, v, seqlens, table, num_splits=num_splits,
+                                      config=config, **kw)
+        run_kw = {key: val for key, val in kw.items() if key != "kv_format"}
+        with poison_empty:
+            runs.append(plan.run(q, k, v, seqlens, table, return_lse=True, **run_kw))
+        assert [la._constexprs["MERGE_HERE"] for la in plan._launches.values()] == [True]
+    out, lse = runs[0]
+    rel = ((out.float() - ref).norm() / ref.norm()).item()
+    assert rel < 2e-2, rel
+    fin = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), fin)
+    assert (lse[fin] - ref_lse[fin]).abs().max() < 1e-2
+    for other, other_lse in runs[1:]:
+        assert other.equal(out) and other_lse.equal(lse)
+
+
 def test_short_split_tile_follows_the_split_length(monkeypatch):
     """``short_split_block_n``: 64-key tiles where the splits are shorter than 4096 keys."""
     import dataclasses

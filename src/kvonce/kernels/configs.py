@@ -219,6 +219,11 @@ class PagedDecodeConfig:
         pipeliner spends the third stage on copying the page ids and K/V keep one slot (TTGIR,
         docs/notes.md). Launches with dense-and-sparse keys never prefetch (int4+8 measured
         5-35% slower).
+    merge_splits_at_once: 1, 2 or 4 splits' partials loaded before any is folded when the
+        last split merges in the launch (``max_merged_splits``; ``paged_combine
+        ._combine_splits``, same order and bytes). One at a time each split costs an L2 round
+        trip (int4's 49 splits at GQA 1 x 131072: ~20 us of tail, estimated from the SASS).
+        Not measured: no row sets it.
     """
     block_n: int
     num_warps: int
@@ -239,6 +244,7 @@ class PagedDecodeConfig:
     v_pairs: bool = False
     outlier_max_registers: int = 0
     prefetch_pages: bool = False
+    merge_splits_at_once: int = 1
 
 
 # (capability major, minor) -> head dim -> config. The Hopper d=128 row comes from
@@ -561,6 +567,7 @@ class PagedPrefillConfig:
     last_tiles_first: bool = False
     int64_kv_offsets: bool = False
     prefetch_pages: bool = False
+    merge_splits_at_once: int = 1
     tma: bool = False
     pack_gqa: bool = True
     gluon: bool = False

@@ -464,6 +464,7 @@ def _paged_decode_kernel(
     N_OUT: tl.constexpr = 0,  # outlier channels per KV head kept at q's precision (0: none)
     SCALE_PAIRS: tl.constexpr = False,  # int4 d128: group scales as 32-bit pairs (4 B aligned)
     PREFETCH_PAGES: tl.constexpr = False,  # page ids looked up a tile ahead (not SWAP_AB)
+    MERGE_SPLITS_AT_ONCE: tl.constexpr = 1,  # MERGE_HERE: splits loaded before folding
 ):
     # Grid: (num_splits * num_m_blocks, nheads_k, batch). Splits vary fastest so that the
     # programs of one sequence's KV head run side by side.
@@ -541,7 +542,7 @@ def _paged_decode_kernel(
                             num_splits, q_len, GROUP * tl.num_programs(1), head_dim,
                             stride_ob, stride_ot, stride_oh, stride_os,
                             stride_lb, stride_lt, stride_lh, stride_ls, STORE_LSE,
-                            BLOCK_M, BLOCK_D)
+                            BLOCK_M, BLOCK_D, MERGE_SPLITS_AT_ONCE)
             tl.atomic_xchg(Arrivals + slot, 0)  # ready for the next launch (CUDA-graph replays)
 
 
@@ -642,6 +643,7 @@ class PagedDecodeLaunch:
             SCALE_PAIRS=scale_pairs,
             # Not with dense-and-sparse keys: int4+8 ran 5-35% slower with it (H100).
             PREFETCH_PAGES=config.prefetch_pages and outlier_values is None,
+            MERGE_SPLITS_AT_ONCE=config.merge_splits_at_once,
             # Quantized caches: int32 offsets where everything fits (fewer IMADs per key row; the
             # plain-cache rows were tuned with int64 and keep it).
             INT64_KV=kv_format == 0 or config.int64_kv_offsets or max(
