@@ -85,8 +85,9 @@ endif
 # commands stop at 600 s); the full parts keep 4 (their float64 references need the memory).
 JOBS ?= 4
 FAST_JOBS ?= 8
+GPU_TEST_ARGS ?=
 gpu-test:
-	python3 scripts/gpu_test_parts.py --tier fast --jobs $(FAST_JOBS)
+	python3 scripts/gpu_test_parts.py --tier fast --jobs $(FAST_JOBS) $(GPU_TEST_ARGS)
 
 gpu-test-full:
 	python3 scripts/gpu_test_parts.py --jobs $(JOBS)

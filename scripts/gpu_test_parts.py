@@ -13,14 +13,21 @@ the fast tier and the shards read.
 
 Run on a CUDA machine with torch and triton installed, from the repository root:
     python3 scripts/gpu_test_parts.py [--tier fast|full] [--part N ...] [--jobs N]
-                                      [--update-durations] [--log-dir DIR]
-                                      [-- extra pytest arguments]
+                                      [--update-durations] [--log-dir DIR [--bundle]]
+                                      [--time-limit S] [-- extra pytest arguments]
+
+On the lent device (8 files come back from $OUT, a command stops at 600 s):
+    make gpu-test GPU_TEST_ARGS="--log-dir $OUT/tests --bundle --time-limit 560"
+stops every shard still running at 560 s (SIGINT: pytest reports what it ran), prints the
+failed tests' ids with the table, and leaves the shards' logs as one ``$OUT/tests.tar.gz``.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -51,7 +58,7 @@ def all_parts() -> dict[int, list[str]]:
 
 
 def run_part(modules: list[str], tier: str, jobs: int, extra: list[str], log_dir: Path | None = None,
-             label: str = ""):
+             label: str = "", time_limit: float = 0.0):
     """``jobs`` pytest processes, one shard each; returns (rows by test id, wall, slowest shard,
     worst exit code). Exit code 5 (a shard with no tests) counts as success. With ``log_dir``,
     each shard's pytest output and its per-test durations (JSON lines, written as each test ends)
@@ -79,7 +86,7 @@ def run_part(modules: list[str], tier: str, jobs: int, extra: list[str], log_dir
                       time.perf_counter()))
     shard_walls, worst = [], 0
     for proc, began in procs:
-        rc = proc.wait()
+        rc = _wait(proc, start + time_limit - time.perf_counter() if time_limit else None)
         shard_walls.append(time.perf_counter() - began)
         worst = worst or (0 if rc == 5 else rc)
     wall = time.perf_counter() - start
@@ -90,6 +97,22 @@ def run_part(modules: list[str], tier: str, jobs: int, extra: list[str], log_dir
         if log_dir is None:
             os.unlink(log)
     return rows, wall, max(shard_walls), worst
+
+
+def _wait(proc: subprocess.Popen, timeout: float | None) -> int:
+    """The shard's exit code; past ``timeout`` seconds it is interrupted (pytest then prints what
+    it ran), and killed 20 s later. An interrupted shard counts as failed (exit code 2)."""
+    try:
+        return proc.wait(timeout=None if timeout is None else max(timeout, 0.0))
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        print(f"shard pid {proc.pid} stopped at the time limit", flush=True)
+        return 2
 
 
 def main() -> int:
@@ -103,6 +126,11 @@ def main() -> int:
     ap.add_argument("--update-durations", action="store_true")
     ap.add_argument("--log-dir", type=Path,
                     help="keep each shard's output and per-test durations here (e.g. $OUT)")
+    ap.add_argument("--bundle", action="store_true",
+                    help="with --log-dir: leave the logs as one DIR.tar.gz (the device returns 8 "
+                         "files)")
+    ap.add_argument("--time-limit", type=float, default=0.0,
+                    help="seconds a part may run; shards still running then are stopped")
     ap.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = ap.parse_args()
     parts = all_parts()
@@ -118,7 +146,10 @@ def main() -> int:
         if args.log_dir:
             args.log_dir.mkdir(parents=True, exist_ok=True)
         rows, wall, slowest, rc = run_part(parts[k], args.tier, args.jobs, args.pytest_args,
-                                           args.log_dir, f"part{k}_")
+                                           args.log_dir, f"part{k}_", args.time_limit)
+        for name, row in sorted(rows.items()):
+            if row["outcome"] == "failed":
+                print(f"FAILED {name}", flush=True)
         measured.update({n: r["seconds"] for n, r in rows.items()})
         count = lambda o: sum(r["outcome"] == o for r in rows.values())  # noqa: E731
         summary.append((k, count("passed"), count("failed"), count("skipped"), wall, slowest, rc))
@@ -128,6 +159,11 @@ def main() -> int:
           f"{'slowest shard s':>16} {'exit':>5}")
     for k, p, f, s, wall, slowest, rc in summary:
         print(f"{k:>4} {p:>7} {f:>7} {s:>8} {wall:>7.1f} {slowest:>16.1f} {rc:>5}")
+    if args.bundle and args.log_dir and args.log_dir.exists():
+        bundle = shutil.make_archive(str(args.log_dir), "gztar", args.log_dir.parent,
+                                     args.log_dir.name)
+        shutil.rmtree(args.log_dir)
+        print(f"logs: {bundle}")
     if args.update_durations and measured:
         known = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
         known.update(measured)
