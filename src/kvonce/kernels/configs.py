@@ -567,7 +567,6 @@ class PagedPrefillConfig:
     last_tiles_first: bool = False
     int64_kv_offsets: bool = False
     prefetch_pages: bool = False
-    merge_splits_at_once: int = 1
     tma: bool = False
     pack_gqa: bool = True
     gluon: bool = False
