@@ -413,7 +413,7 @@ def test_num_splits_quantized_rows():
     """The quantized Hopper rows' split counts at the swept shapes (docs/notes.md, 2026-11-26
     and -27): fp8 and int8 aim at 3 programs per SM (their kernels hold 168 registers: three
     fit) and keep 2048 keys a split; fp8 and int8 (channel pairs) and int4 split from 3.5
-    programs per SM."""
+    programs per SM, except from 5 to 6 (2026-11-27, sixth session)."""
     from kvonce.kernels.configs import _PAGED_DECODE_QUANT_TABLE
     fp8 = _PAGED_DECODE_QUANT_TABLE[((9, 0), "fp8_e4m3")][128]
     assert decode.choose_num_splits(1, 8, 131072, 132, fp8) == 49   # 392 programs
@@ -427,6 +427,14 @@ def test_num_splits_quantized_rows():
     assert decode.choose_num_splits(16, 8, 4096, 132, int8) == 2    # 2048 keys a split
     assert decode.choose_num_splits(1, 8, 131072, 132, int8) == 49
     assert decode.choose_num_splits(64, 8, 8192, 132, int8) == 2    # 512 programs: slow band
+    for row in (fp8, int8, int4):
+        # 768 programs (5.8 an SM) fill two waves of three: one pass (its one-pass band); 840
+        # (6.4 an SM) leave a thin third wave: two splits; 480 (3.6): two
+        assert decode.choose_num_splits(64, 12, 8192, 132, row) == 1
+        assert decode.choose_num_splits(56, 12, 4096, 132, row) == 1
+        assert decode.choose_num_splits(70, 12, 4096, 132, row) == 2
+        assert decode.choose_num_splits(40, 12, 4096, 132, row) == 2
+        assert row.max_merged_splits == 4  # the combine kernel from 5 splits (int4 since 11-27)
 
 
 def test_bf16_queries_take_the_bf16_row(monkeypatch):

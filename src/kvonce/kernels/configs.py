@@ -164,6 +164,9 @@ class PagedDecodeConfig:
         there up).
     slow_programs_per_sm: a single pass with this many programs per SM measured slow: two
         splits there (``decode.choose_num_splits``).
+    one_pass_programs_per_sm: inside the slow band, a half-open band (lo, hi) where a single
+        pass measured faster after all (the quantized rows at three programs an SM: 5 to 6
+        programs an SM fill a second wave; (0, 0): none).
     kv_cache_modifier: "" or ".cg" on K/V loads (each K/V element is read exactly once).
     kv_eviction: "" or "evict_first" on K/V loads (streamed once: no reuse to keep in L2).
     max_merged_splits: up to this split count the last split to finish merges in the decode
@@ -231,6 +234,7 @@ class PagedDecodeConfig:
     min_keys_per_split: int = 512
     programs_per_sm: float = 3.0
     slow_programs_per_sm: tuple[float, float] = (5.0, 6.5)
+    one_pass_programs_per_sm: tuple[float, float] = (0.0, 0.0)
     kv_cache_modifier: str = ""
     kv_eviction: str = ""
     max_merged_splits: int = 4
@@ -340,16 +344,32 @@ _paged_warned: set = set()
 # 553.5 / 159.3. With 8 outlier channels (fp16 q) the prefetch lost (383.4 / 153.9 / 579.3 /
 # 209.0 against 404.6 / 117.9 / 549.5 / 158.5), 3 stages alone won (390.4 / 115.5 / 549.6 /
 # 158.8 against 401.6 / 118.1 / 547.1 / 158.4): those launches take 3 stages, no prefetch.
-_INT4 = PagedDecodeConfig(128, 4, 3, max_merged_splits=64, slow_programs_per_sm=(3.5, 6.5),
+# The combine kernel past 4 splits (the default `max_merged_splits`; 64 was chosen on
+# 2026-11-26 when the kernel ran 150-167 us at 1 x 131072), 2026-11-27, sixth session, H100,
+# graphs, us, 64 against 4, GQA 32/8 then MHA 12/12 at 1 x 32768 / 1 x 65536 / 1 x 131072:
+# fp16 q 54.2 / 73.0 / 108.8 against 40.6 / 59.7 / 95.4, 58.9 / 87.7 / 147.0 against 52.0 /
+# 81.3 / 140.2; bf16 q 55.8 / 75.6 / 114.3 against 42.7 / 63.2 / 103.2, 60.5 / 90.9 / 155.6
+# against 54.7 / 86.8 / 152.9; 8 outlier channels 56.1 / - / 114.9 against 41.9 / - / 102.6.
+# 16 x 4096, 8 x 8192, 4 x 16384 (at most 4 splits) within 2%. Loading 4 splits before
+# folding them in the launch (`merge_splits_at_once` 4) gave 99.6 / 143.0 at 1 x 131072.
+# The quantized rows' one-pass band (one pass, not two splits, from 5 to 6 programs an SM,
+# inside the slow band from 3.5 to 6.5): forced split counts, same session, graphs, us, MHA 12/12 x 4096 keys, 1 / 2
+# splits: at 5.1 programs an SM (batch 56) fp8 260.5 / 273.7, int8 276.4 / 290.7, int4 241.7 /
+# 242.6; at 5.8 (batch 64) fp8 289.9 / 297.4, int8 302.6 / 310.1, int4 247.6 / 265.2 (and at
+# 64 x 8192: fp8 563.1 / 568.5, int8 584.7 / 591.3, int4 468.3 / 484.6); at 6.4 (batch 70) one
+# pass lost (fp8 354.7 / 338.5), and at 3.6-4.4 two splits won (fp8 202.9 / 220.0 at 3.6).
+_QUANT_SPLITS = dict(slow_programs_per_sm=(3.5, 6.5), one_pass_programs_per_sm=(5.0, 6.0))
+_INT4 = PagedDecodeConfig(128, 4, 3, **_QUANT_SPLITS,
                           max_registers=168,
                           outlier_max_registers=168, v_pairs=True, prefetch_pages=True)
 _PAGED_DECODE_QUANT_TABLE: dict[tuple[tuple[int, int], str], dict[int, PagedDecodeConfig]] = {
     ((9, 0), "int8"): {128: PagedDecodeConfig(128, 4, 2, min_keys_per_split=2048, v_pairs=True,
-                                              f16_math=True, slow_programs_per_sm=(3.5, 6.5),
+                                              f16_math=True,
+                                              **_QUANT_SPLITS,
                                               outlier_max_registers=168)},
     ((9, 0), "fp8_e4m3"): {128: PagedDecodeConfig(128, 4, 2, min_keys_per_split=2048,
                                                   f16_math=True, v_pairs=True,
-                                                  slow_programs_per_sm=(3.5, 6.5),
+                                                  **_QUANT_SPLITS,
                                                   outlier_max_registers=168)},
     ((9, 0), "int4"): {128: _INT4},
     # bf16 q: the same row (V units: P·V in fp16, the scores dot in bf16).

@@ -21,13 +21,15 @@ def choose_num_splits(batch: int, nheads_k: int, max_keys: int, num_sms: int,
     shorter than ``config.min_keys_per_split`` keys of the longest possible sequence,
     ``max_pages * page_size``, and at most ``MAX_SPLITS``; ``config.splits_round_up``: the
     smallest count reaching the target instead); from it up, a single pass, or two splits where
-    one pass would land in the slow band.
+    one pass would land in the slow band (outside its one-pass band).
     """
     base = max(1, batch * nheads_k)
     target = int(config.programs_per_sm * num_sms)
     if base >= target:
         lo, hi = config.slow_programs_per_sm
-        return 2 if lo * num_sms <= base <= hi * num_sms else 1
+        one_lo, one_hi = config.one_pass_programs_per_sm
+        slow = lo * num_sms <= base <= hi * num_sms
+        return 2 if slow and not one_lo * num_sms <= base < one_hi * num_sms else 1
     cap = max(1, max_keys // config.min_keys_per_split)
     splits = -(-target // base) if config.splits_round_up else target // base
     return int(max(1, min(splits, cap, MAX_SPLITS)))
