@@ -406,7 +406,9 @@ def test_num_splits_auto_reads_shapes_only():
     assert decode.choose_num_splits(1, 1, 16, 132, cfg) == 1
     assert decode.choose_num_splits(32, 8, 2048, 132, cfg) == 1   # 256 programs: no split
     assert decode.choose_num_splits(16, 12, 4096, 132, cfg) > 1   # 192 programs: split
-    assert decode.choose_num_splits(64, 12, 1024, 132, cfg) == 2  # 768: the slow band
+    assert decode.choose_num_splits(64, 12, 1024, 132, cfg) == 2  # 768: the slow band, 2 x 512
+    assert decode.choose_num_splits(64, 12, 8192, 132, cfg) == 3  # the d128 row's 3 there
+    assert decode.choose_num_splits(96, 8, 4096, 132, cfg) == 3
 
 
 def test_num_splits_quantized_rows():

@@ -164,6 +164,8 @@ class PagedDecodeConfig:
         there up).
     slow_programs_per_sm: a single pass with this many programs per SM measured slow: two
         splits there (``decode.choose_num_splits``).
+    slow_band_splits: the split count in the slow band (at most one split per
+        ``min_keys_per_split`` keys, at least 2).
     one_pass_programs_per_sm: inside the slow band, a half-open band (lo, hi) where a single
         pass measured faster after all (the quantized rows at three programs an SM: 5 to 6
         programs an SM fill a second wave; (0, 0): none).
@@ -234,6 +236,7 @@ class PagedDecodeConfig:
     min_keys_per_split: int = 512
     programs_per_sm: float = 3.0
     slow_programs_per_sm: tuple[float, float] = (5.0, 6.5)
+    slow_band_splits: int = 2
     one_pass_programs_per_sm: tuple[float, float] = (0.0, 0.0)
     kv_cache_modifier: str = ""
     kv_eviction: str = ""
@@ -256,12 +259,18 @@ class PagedDecodeConfig:
 # tiles, 4 warps, 2 stages led or tied in CUDA-graph time at every swept shape of MHA 12/12 and
 # GQA 32/8 (2.7-2.9 TB/s); 3-4 stages lost 5-20%, 8 warps 10-20%. d=32/64/96 reuse it and d=256
 # halves the tile to keep the K/V stages' shared memory: NOT swept (no sweep was run there).
+# d128 in the slow band (5 to 6.5 programs an SM), forced split counts 1 / 2 / 3 / 4, graphs,
+# us, fp16 q, H100, 2026-11-27, sixth session: 12/12 56 x 2048 280.9 / 261.1 / 254.7 / 255.2,
+# 64 x 2048 313.2 / 291.6 / 288.8 / 286.2, 70 x 2048 321.1 / 313.1 / 312.2 / 314.8, 64 x 8192
+# 1187.0 / 1108.6 / 1086.4 / 1073.5; 32/8 88 x 2048 295.3 / 278.4 / 273.0 / 272.1, 96 x 4096
+# 607.5 / 567.6 / 560.0 / 555.5, 104 x 8192 1222.2 / 1180.3 / 1164.6 / 1171.1; 12/2 416 x 2048
+# 327.7 / 315.3 / 317.5 / 321.1: three splits there.
 _PAGED_DECODE_TABLE: dict[tuple[int, int], dict[int, PagedDecodeConfig]] = {
     (9, 0): {
         32: PagedDecodeConfig(64, 4, 2),
         64: PagedDecodeConfig(64, 4, 2),
         96: PagedDecodeConfig(64, 4, 2),
-        128: PagedDecodeConfig(64, 4, 2),
+        128: PagedDecodeConfig(64, 4, 2, slow_band_splits=3),
         256: PagedDecodeConfig(32, 4, 2),
     },
 }

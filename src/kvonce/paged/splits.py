@@ -20,16 +20,19 @@ def choose_num_splits(batch: int, nheads_k: int, max_keys: int, num_sms: int,
     (``config.min_keys_per_split``). So: below that target, ``target // base`` splits (but no split
     shorter than ``config.min_keys_per_split`` keys of the longest possible sequence,
     ``max_pages * page_size``, and at most ``MAX_SPLITS``; ``config.splits_round_up``: the
-    smallest count reaching the target instead); from it up, a single pass, or two splits where
-    one pass would land in the slow band (outside its one-pass band).
+    smallest count reaching the target instead); from it up, a single pass, or
+    ``config.slow_band_splits`` (2 unless a row sets more) where one pass would land in the slow
+    band (outside its one-pass band).
     """
     base = max(1, batch * nheads_k)
     target = int(config.programs_per_sm * num_sms)
+    cap = max(1, max_keys // config.min_keys_per_split)
     if base >= target:
         lo, hi = config.slow_programs_per_sm
         one_lo, one_hi = config.one_pass_programs_per_sm
         slow = lo * num_sms <= base <= hi * num_sms
-        return 2 if slow and not one_lo * num_sms <= base < one_hi * num_sms else 1
-    cap = max(1, max_keys // config.min_keys_per_split)
+        if slow and not one_lo * num_sms <= base < one_hi * num_sms:
+            return max(2, min(config.slow_band_splits, cap))
+        return 1
     splits = -(-target // base) if config.splits_round_up else target // base
     return int(max(1, min(splits, cap, MAX_SPLITS)))
