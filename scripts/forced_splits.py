@@ -1,0 +1,60 @@
+"""CUDA-graph time of the paged decode at forced split counts (the evidence behind the split
+rule's bands, ``kvonce.paged.splits``):
+
+    PYTHONPATH=src python scripts/forced_splits.py [--formats plain,fp8_e4m3,int8,int4]
+        [--cases 12/12:64x8192,32/8:96x4096] [--splits 1,2,3,4] [--dtype fp16|bf16]
+
+d128, page 16, random page order, q_len 1. Per case and format: the auto count and its time,
+then each forced count's (skipping splits shorter than 512 keys), in us. 2026-11-27 (sixth
+session) tables in docs/benchmarks.md.
+"""
+import argparse
+import sys
+
+import torch
+
+import kvonce
+
+sys.path.insert(0, "scripts")
+from quant_decode_sweep import graph_us  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--formats", default="plain,fp8_e4m3,int8,int4")
+    p.add_argument("--cases", default="32/8:64x8192,12/12:64x8192",
+                   help="HQ/HK:BATCHxLEN, comma-separated")
+    p.add_argument("--splits", default="1,2,3,4")
+    p.add_argument("--dtype", default="fp16", choices=("fp16", "bf16"))
+    args = p.parse_args()
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+    counts = [int(s) for s in args.splits.split(",")]
+    for case in args.cases.split(","):
+        heads, shape = case.split(":")
+        hq, hk = (int(x) for x in heads.split("/"))
+        batch, length = (int(x) for x in shape.split("x"))
+        torch.manual_seed(0)
+        pages = batch * length // 16
+        q = torch.randn(batch, 1, hq, 128, device="cuda", dtype=dtype)
+        k = torch.randn(pages, 16, hk, 128, device="cuda", dtype=dtype)
+        v = torch.randn_like(k)
+        table = torch.randperm(pages, device="cuda").reshape(batch, -1).to(torch.int32)
+        seqlens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
+        for fmt in args.formats.split(","):
+            kk, vv, kw = k, v, {}
+            if fmt != "plain":
+                kk, ks = kvonce.quantize_kv(k, fmt)
+                vv, vs = kvonce.quantize_kv(v, fmt)
+                kw = dict(k_scale=ks, v_scale=vs)
+            row = []
+            for s in [0] + [c for c in counts if c == 1 or length // c >= 512]:
+                plan = kvonce.PagedDecodePlan(q, kk, vv, seqlens, table, num_splits=s, **kw,
+                                              kv_format="int4" if fmt == "int4" else None)
+                us = graph_us(lambda: plan.run(q, kk, vv, seqlens, table, **kw))
+                row.append(f"{f'auto={plan.num_splits}' if s == 0 else s}:{us:.1f}")
+            print(f"{hq}/{hk} {batch}x{length} ({batch * hk / 132:.1f} programs/SM) {fmt}: "
+                  + "  ".join(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
