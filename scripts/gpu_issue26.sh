@@ -20,6 +20,8 @@
 #               carry K/V keep one shared-memory slot whatever num_stages says (the third stage
 #               goes to the page ids; TTGIR compiled for sm_90a); fp8 and int8 (DTYPES), then
 #               plain decode (scripts/decode_config_sweep.py)
+#   pf2         fp8 and int8 at 2 stages with carried page ids (the 3-stage form lost, 2026-11-27
+#               sixth session; fp8's stalls are mostly long scoreboard), fp16 and bf16 (DTYPES)
 #   prefill     scripts/prefill_sweep.py: one q head per program ('h') against GQA packing, pages
 #               16 and 256, 128x128 / 128x64 tiles, TMA where pages hold whole tiles
 set -u
@@ -87,6 +89,14 @@ if [[ $STEPS == *prefetch* ]]; then
     --shapes 1x131072 --grid 128,4,3 128,4,3,-1,4 128,4,3,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,4 \
     128,4,3,2 128,4,3,4 2>&1 | grep -v "^|"
   timeout 240 python3 scripts/decode_config_sweep.py 64/4w/2s 64/4w/3s 64/4w/3s/pf 2>&1 | tail -12
+fi
+if [[ $STEPS == *pf2* ]]; then
+  step pf2
+  for dt in ${DTYPES:-fp16 bf16}; do
+    timeout 200 python3 scripts/quant_decode_sweep.py --dtype $dt --formats fp8_e4m3,int8 \
+      --all --heads 32/8,12/12 --shapes 16x4096,64x8192,1x131072 --grid 128,4,2 \
+      128,4,2,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,1 128,4,2 2>&1 | grep -v "^|"
+  done
 fi
 if [[ $STEPS == *splits* ]]; then
   step splits
