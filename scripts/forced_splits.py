@@ -16,6 +16,7 @@ import torch
 import kvonce
 
 sys.path.insert(0, "scripts")
+from decode_ncu_case import paged_case  # noqa: E402
 from quant_decode_sweep import graph_us  # noqa: E402
 
 
@@ -33,19 +34,8 @@ def main() -> None:
         heads, shape = case.split(":")
         hq, hk = (int(x) for x in heads.split("/"))
         batch, length = (int(x) for x in shape.split("x"))
-        torch.manual_seed(0)
-        pages = batch * length // 16
-        q = torch.randn(batch, 1, hq, 128, device="cuda", dtype=dtype)
-        k = torch.randn(pages, 16, hk, 128, device="cuda", dtype=dtype)
-        v = torch.randn_like(k)
-        table = torch.randperm(pages, device="cuda").reshape(batch, -1).to(torch.int32)
-        seqlens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
         for fmt in args.formats.split(","):
-            kk, vv, kw = k, v, {}
-            if fmt != "plain":
-                kk, ks = kvonce.quantize_kv(k, fmt)
-                vv, vs = kvonce.quantize_kv(v, fmt)
-                kw = dict(k_scale=ks, v_scale=vs)
+            q, kk, vv, table, seqlens, kw = paged_case(hq, hk, batch, length, fmt, dtype)
             row = []
             for s in [0] + [c for c in counts if c == 1 or length // c >= 512]:
                 plan = kvonce.PagedDecodePlan(q, kk, vv, seqlens, table, num_splits=s, **kw,
