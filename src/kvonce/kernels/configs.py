@@ -361,12 +361,12 @@ _paged_warned: set = set()
 # against 54.7 / 86.8 / 152.9; 8 outlier channels 56.1 / - / 114.9 against 41.9 / - / 102.6.
 # 16 x 4096, 8 x 8192, 4 x 16384 (at most 4 splits) within 2%. Loading 4 splits before
 # folding them in the launch (`merge_splits_at_once` 4) gave 99.6 / 143.0 at 1 x 131072.
-# The quantized rows' one-pass band (one pass, not two splits, from 5 to 6 programs an SM,
-# inside the slow band from 3.5 to 6.5): forced split counts, same session, graphs, us, MHA
-# 12/12 x 4096 keys, 1 / 2 splits: at 5.1 programs an SM (batch 56) fp8 260.5 / 273.7, int8 276.4 / 290.7, int4 241.7 /
-# 242.6; at 5.8 (batch 64) fp8 289.9 / 297.4, int8 302.6 / 310.1, int4 247.6 / 265.2 (and at
-# 64 x 8192: fp8 563.1 / 568.5, int8 584.7 / 591.3, int4 468.3 / 484.6); at 6.4 (batch 70) one
-# pass lost (fp8 354.7 / 338.5), and at 3.6-4.4 two splits won (fp8 202.9 / 220.0 at 3.6).
+# The quantized rows' one-pass band (one pass, not two splits, from 5 to 6 programs an SM, inside
+# the slow band from 3.5 to 6.5): forced split counts, same session, graphs, us, MHA 12/12 x 4096
+# keys, 1 / 2 splits: at 5.1 programs an SM (batch 56) fp8 260.5 / 273.7, int8 276.4 / 290.7, int4
+# 241.7 / 242.6; at 5.8 (batch 64) fp8 289.9 / 297.4, int8 302.6 / 310.1, int4 247.6 / 265.2 (and at
+# 64 x 8192: fp8 563.1 / 568.5, int8 584.7 / 591.3, int4 468.3 / 484.6); at 6.4 (batch 70) one pass
+# lost (fp8 354.7 / 338.5), and at 3.6-4.4 two splits won (fp8 202.9 / 220.0 at 3.6).
 _QUANT_SPLITS = dict(slow_programs_per_sm=(3.5, 6.5), one_pass_programs_per_sm=(5.0, 6.0))
 _INT4 = PagedDecodeConfig(128, 4, 3, **_QUANT_SPLITS,
                           max_registers=168,
