@@ -142,7 +142,8 @@ def spawn_process_group(fn, world: int, backend: str, *args) -> None:
     process group. The rendezvous is a FileStore in a fresh private directory (mkdtemp: mode
     0700, a new name), removed after the join: no TCP port picked by one process and bound by
     another later (another process could take it between), and no store file another process
-    or an earlier failed run could create, hold or leave behind."""
+    or an earlier failed run could create, hold or leave behind. A group one of whose ranks is
+    killed by a signal (a C++ abort in the backend, no Python exception) runs once more."""
     for attempt in (1, 2):
         rdzv_dir = tempfile.mkdtemp(prefix="kvonce_rdzv_")
         try:
