@@ -201,7 +201,7 @@ def compile_stats(variant: str) -> None:
 def gpu_ab(args) -> None:
     import kvonce
     from kvonce.reference import paged_attention_ref
-    from quant_decode_sweep import graph_us
+    from quant_decode_sweep import graph_us, random_case
 
     dtype = torch.float16
     print("| variant | heads | batch x len | rel err vs ref | fp16 us | int4 us | speedup |")
@@ -209,13 +209,7 @@ def gpu_ab(args) -> None:
     heads = [tuple(int(x) for x in h.split("/")) for h in args.heads.split(",")]
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     for (hq, hk), (batch, length) in itertools.product(heads, shapes):
-        torch.manual_seed(0)
-        pages = batch * length // 16
-        q = torch.randn(batch, 1, hq, 128, device="cuda", dtype=dtype)
-        k = torch.randn(pages, 16, hk, 128, device="cuda", dtype=dtype)
-        v = torch.randn_like(k)
-        table = torch.randperm(pages, device="cuda").reshape(batch, -1).to(torch.int32)
-        seqlens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
+        q, k, v, seqlens, table = random_case(hq, hk, batch, length, dtype)
         plan = kvonce.PagedDecodePlan(q, k, v, seqlens, table)
         fp16_us = graph_us(lambda: plan.run(q, k, v, seqlens, table))
         if args.variant != "group":
