@@ -210,10 +210,9 @@ class PagedDecodeConfig:
     v_pairs: an fp8 or int8 cache's V tile is read as 16-bit channel pairs and dotted as its
         even and odd channels (``kernels/paged_decode_pairs.py``), where the MMA operand load
         transposes it instead of gathering bytes. fp16 compute only (fp16 q, or bf16 q with
-        ``f16_math``). int4 at head dim 128 (fp16 or bf16 q): V read as 16-bit units, each of its four
-        nibble planes scaled by its group's scale on V and staged as fp16 for the dot, so one
-        probability tile feeds full-width dots (``paged_decode_int4``
-        ``_attend_paged_int4_vpairs``). On in the fp8, int8 and int4 rows (measured).
+        ``f16_math``). On in the fp8 and int8 rows (measured). int4 ignores it: at head dim 128
+        with fp16 or bf16 q it always runs the nibble-plane loop, which reads V as 16-bit units
+        (``paged_decode_int4._attend_paged_int4``).
     prefetch_pages: the next key tile's block-table entries are loaded an iteration ahead and
         carried in registers, so that no K/V address waits on a load issued just before it:
         int4's V-units loop, the fp8/int8 channel-pair loop and the plain-cache loop; the
@@ -369,10 +368,14 @@ _paged_warned: set = set()
 # 241.7 / 242.6; at 5.8 (batch 64) fp8 289.9 / 297.4, int8 302.6 / 310.1, int4 247.6 / 265.2 (and at
 # 64 x 8192: fp8 563.1 / 568.5, int8 584.7 / 591.3, int4 468.3 / 484.6); at 6.4 (batch 70) one pass
 # lost (fp8 354.7 / 338.5), and at 3.6-4.4 two splits won (fp8 202.9 / 220.0 at 3.6).
+# int4 with one (scale, minimum) per key (2026-11-27, seventh session, branch int4-per-key): the
+# row above carried over as it is, NOT re-measured: its loop compiled for sm_90a at (128, 4, 3)
+# took 731 instructions a tile a warp against the group-scale loop's 889, 44 KB of shared memory
+# against 74 (scripts/int4_token_scales_ab.py --compile).
 _QUANT_SPLITS = dict(slow_programs_per_sm=(3.5, 6.5), one_pass_programs_per_sm=(5.0, 6.0))
 _INT4 = PagedDecodeConfig(128, 4, 3, **_QUANT_SPLITS,
                           max_registers=168,
-                          outlier_max_registers=168, v_pairs=True, prefetch_pages=True)
+                          outlier_max_registers=168, prefetch_pages=True)
 _PAGED_DECODE_QUANT_TABLE: dict[tuple[tuple[int, int], str], dict[int, PagedDecodeConfig]] = {
     ((9, 0), "int8"): {128: PagedDecodeConfig(128, 4, 2, min_keys_per_split=2048, v_pairs=True,
                                               f16_math=True,

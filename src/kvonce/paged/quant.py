@@ -4,19 +4,26 @@
 | --- | --- | --- |
 | ``"fp8_e4m3"`` | ``float8_e4m3fn [..., nheads_k, d]`` | float32 ``[nheads_k]`` per KV head, or 0-dim per tensor: fixed when the cache is created |
 | ``"int8"`` | ``int8 [..., nheads_k, d]``, symmetric | float32 ``[..., nheads_k]``: one per (token, KV head) |
-| ``"int4"`` | ``uint8 [..., nheads_k, d // 2]`` | fp16 ``[..., nheads_k, d // 32]``: one per 32 channels per token |
+| ``"int4"`` | ``uint8 [..., nheads_k, d // 2]``, asymmetric | fp16 ``[..., nheads_k, 2]``: (scale, minimum) per (token, KV head) |
 
 - fp8: ``x_q = fp8(x / scale)`` (saturating at +-448); ``x = x_q * scale``. Without a given
   scale, ``amax(|x|) / 448`` per KV head over every other dim (the scale a cache is created with).
 - int8: ``scale = amax(|x|) / 127`` over ``d`` per (token, head); ``x_q = round(x / scale)``.
-- int4: symmetric per group of 32 channels: ``scale = amax / 7``, ``q = round(x / scale)`` in
-  ``[-7, 7]``, stored as ``q + 8`` in 4 bits; channel ``i`` in the low nibble of byte ``i``,
-  channel ``i + d / 2`` in its high nibble (``i < d / 2``). So at ``d % 64 == 0`` every 32 bytes
-  ``32k .. 32k + 31`` hold two whole groups, ``k`` in the low nibbles and ``k + d / 64`` in the
-  high ones, and a decode kernel can dot each nibble plane as it is stored, one scale per dot
-  (before 2026-11-25: channels ``2i`` and ``2i + 1`` in byte ``i``). (Asymmetric with a zero
-  point: not measured yet.)
-- An all-zero group gets the smallest positive scale (never 0 or NaN) and dequantizes to 0.
+- int4: asymmetric per (token, KV head), 16 levels over ``[min, max]`` of its ``d`` values:
+  ``lo = fp16(min)``, ``scale = fp16(max((max - lo) / 15, 2^-24))``, ``n = round((x - lo) /
+  scale)`` in ``[0, 15]`` (4 bits); ``x = n * scale + lo``; the scale row holds ``(scale, lo)``.
+  Channel ``i`` in the low nibble of byte ``i``, channel ``i + d / 2`` in its high nibble
+  (``i < d / 2``), so a decode kernel dots each nibble plane as stored. One scale and offset per
+  key put K's on the scores' columns (``scale * (q . (n - 8)) + (lo + 8 scale) * sum(q)``) and
+  V's on the probabilities: nothing per channel between the bytes and the dot. ``lo`` is exact
+  for fp16 and bf16 inputs inside fp16's normal range (fp32 inputs: rounded, an error of half an
+  fp16 ulp of ``min`` where it lies outside ``[lo, lo + 15 scale]``). Before 2026-11-27 (issue
+  26): symmetric per 32 channels, four fp16 scales a key (8 bytes against 4 now); the int4
+  decode loop compiled 18% shorter without them (scripts/int4_token_scales_ab.py) and the output
+  error on random keys rose 1.39e-1 -> 1.44e-1 (scripts/quant_accuracy.py). Keys with outlier
+  channels need ``KeyTransform`` or ``KeyOutliers`` in either form (docs/notes.md).
+- An all-zero row (int8, int4) gets the smallest positive scale (never 0 or NaN) and dequantizes
+  to 0.
 """
 from __future__ import annotations
 
@@ -26,7 +33,7 @@ from .. import _validate as V
 
 KV_FORMATS = ("fp8_e4m3", "int8", "int4")
 FP8_MAX = 448.0
-INT4_GROUP = 32
+INT4_HEAD_DIM_MULTIPLE = 32  # the kernels' nibble planes (d / 2 bytes) in 16-byte runs
 _TINY = 2.0 ** -24  # fp16's smallest subnormal: int4 scales stay representable
 
 
@@ -74,14 +81,15 @@ def quantize_kv(x: torch.Tensor, kv_format: str, *, scale: torch.Tensor | None =
         s = torch.clamp(xf.abs().amax(dim=-1) / _const(127.0, x), min=_TINY)
         x_q = torch.clamp(torch.round(xf / s[..., None]), -127, 127).to(torch.int8)
         return x_q, s
-    if d % INT4_GROUP != 0:
-        raise ValueError(f"int4 needs a head dim that is a multiple of {INT4_GROUP}, got {d}")
-    groups = xf.reshape(*xf.shape[:-1], d // INT4_GROUP, INT4_GROUP)
-    s = torch.clamp(groups.abs().amax(dim=-1) / _const(7.0, x), min=_TINY).half()
-    q = torch.clamp(torch.round(groups / s.float()[..., None]), -7, 7).to(torch.int16) + 8
-    q = q.reshape(*xf.shape[:-1], d)
+    if d % INT4_HEAD_DIM_MULTIPLE != 0:
+        raise ValueError(f"int4 needs a head dim that is a multiple of {INT4_HEAD_DIM_MULTIPLE}, "
+                         f"got {d}")
+    lo = xf.amin(dim=-1).half()
+    s = torch.clamp((xf.amax(dim=-1) - lo.float()) / _const(15.0, x), min=_TINY).half()
+    y = (xf - lo.float()[..., None]) / s.float()[..., None]
+    q = torch.clamp(torch.round(y), 0, 15).to(torch.int16)
     packed = (q[..., : d // 2] | (q[..., d // 2:] << 4)).to(torch.uint8)
-    return packed, s
+    return packed, torch.stack([s, lo], dim=-1)
 
 
 def dequantize_kv(x_q: torch.Tensor, x_scale: torch.Tensor, kv_format: str,
@@ -97,6 +105,6 @@ def dequantize_kv(x_q: torch.Tensor, x_scale: torch.Tensor, kv_format: str,
         return (x_q.float() * x_scale.float()[..., None]).to(dtype)
     V.check_tensor("x_q", x_q, dtypes=(torch.uint8,))
     b = x_q.to(torch.int16)
-    q = torch.cat([b & 15, b >> 4], dim=-1) - 8  # channels i, then i + d / 2
-    groups = q.float().reshape(*q.shape[:-1], -1, INT4_GROUP)
-    return (groups * x_scale.float()[..., None]).reshape(q.shape).to(dtype)
+    q = torch.cat([b & 15, b >> 4], dim=-1)  # channels i, then i + d / 2
+    s, lo = x_scale.float().unbind(-1)
+    return (q.float() * s[..., None] + lo[..., None]).to(dtype)
