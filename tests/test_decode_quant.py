@@ -59,7 +59,8 @@ def _run_and_check(plan, q, kq, vq, seqlens, table, ks, vs, ref, ref_lse, flag, 
     assert plan._run_op(q, kq, vq, seqlens, table, ks, vs)[0].equal(out)
 
 
-# (head dim 128 takes int4's split-dot path; 64 and 96 its per-channel path)
+# (head dim 128 with 16-bit q takes int4's nibble-plane loop; 64, 96 and fp32 q its per-channel
+# path)
 SHAPES = ([(3, 1, 4, 2, 64, 16, [37, 0, 64]), (2, 3, 8, 2, 96, 32, [70, 5]),
            (2, 2, 4, 1, 128, 16, [150, 33])] if not HAS_CUDA else
           [(16, 1, 32, 8, 128, 16, [4096] * 15 + [17]), (4, 4, 12, 2, 128, 64, [900, 0, 3, 2048]),
@@ -277,38 +278,35 @@ def _misaligned(t, align):
 
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_int4_scales_load_as_32_bit_pairs_where_aligned(num_splits):
-    """int4 at head dim 128 reads each key's four fp16 group scales as two 32-bit words
-    (SCALE_PAIRS) where the scales are aligned, and as fp16 where they sit at an odd fp16
-    offset (a 32-bit load there would be misaligned): both equal the reference, bit for bit
-    each other (V as bytes in both: the misaligned call also drops ``v_pairs``, whose V scaling
-    rounds differently)."""
-    import dataclasses
-
-    from kvonce.kernels.configs import get_paged_decode_config
+    """int4's nibble-plane loop reads each key's fp16 (scale, minimum) as one 32-bit word
+    (SCALE_PAIRS) where the scales are aligned, and as two fp16 loads where they sit at an odd
+    fp16 offset (a 32-bit load there would be misaligned): both equal the reference, bit for
+    bit each other (the same loop and arithmetic; only the loads differ)."""
     dtype = DTYPES[0]
     q, k, v, seqlens, table = _case(3, 2, 8, 2, 128, 16, [37, 0, 150], dtype)
     kq, ks, vq, vs, kd, vd = _quantized(k, v, "int4")
     ref, ref_lse = paged_attention_ref(q.float(), kd, vd, seqlens, table)
-    cap = torch.cuda.get_device_capability() if HAS_CUDA else None
-    config = dataclasses.replace(get_paged_decode_config(cap, 128, "int4"), v_pairs=False)
     plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
-                                  kv_format="int4", num_splits=num_splits, config=config)
+                                  kv_format="int4", num_splits=num_splits,
+                                  config=_int4_units_config())
     _run_and_check(plan, q, kq, vq, seqlens, table, ks, vs, ref, ref_lse, "SCALE_PAIRS", dtype)
     aligned = plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs)
     with poison_empty:
         unaligned = plan.run(q, kq, vq, seqlens, table, k_scale=_misaligned(ks, 4),
                              v_scale=_misaligned(vs, 4))
     _check(unaligned, ref, dtype)
+    launch = next(iter(plan._launches.values()))
+    assert launch._misaligned_constexprs[True, False]["V_PAIRS"]
+    assert not launch._misaligned_constexprs[True, False]["SCALE_PAIRS"]
     assert unaligned.equal(aligned)
 
 
 def _int4_units_config():
-    """The int4 row's config (of this GPU, or the interpreter's) with V read as 16-bit units."""
-    import dataclasses
-
+    """The int4 row's config (of this GPU, or the interpreter's): at head dim 128 with 16-bit q
+    its nibble-plane loop reads V as 16-bit units (``v_pairs`` aside)."""
     from kvonce.kernels.configs import get_paged_decode_config
     cap = torch.cuda.get_device_capability() if HAS_CUDA else None
-    return dataclasses.replace(get_paged_decode_config(cap, 128, "int4"), v_pairs=True)
+    return get_paged_decode_config(cap, 128, "int4")
 
 
 def _v_pairs_case(case, num_splits=0):
@@ -343,7 +341,7 @@ def test_v_as_channel_pairs_matches_the_reference(case, num_splits):
     channels and interleaved at the end, gives the reference's output for fp8 (fp16 queries, and
     bf16 queries through ``f16_math``), int8 (its per-key scales on the scores and the
     probabilities) and int4 (fp16 and bf16 queries: four nibble planes of 16-bit units, the
-    group scales on V, P·V in fp16): GQA rows, q_len > 1 (causal band), an empty sequence, lengths off the tile grid; the
+    per-key scales on the probabilities, P·V in fp16): GQA rows, q_len > 1 (causal band), an empty sequence, lengths off the tile grid; the
     custom op carries the flag."""
     c = _v_pairs_case(case, num_splits)
     _run_and_check(c["plan"], c["q"], c["kq"], c["vq"], c["seqlens"], c["table"], c["ks"],
@@ -374,13 +372,13 @@ def test_calls_misaligned_at_different_pointers_compile_apart(fmt):
 
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_int4_values_near_fp16_max_do_not_overflow(num_splits):
-    """int4 V units (fp16 queries) rebuild V in fp16 before the dot: a group whose largest value
-    is fp16's max has a scale that rounds up (7 x 9360 = 65520, past 65504: inf, then NaN in
-    the output). The planes carry the scales over 8 (the output takes the 8 back in fp32), so
-    no value overflows: finite output equal to the reference's."""
+    """int4's nibble-plane loop (fp16 queries) dots fp16 planes of ``n - 8`` with fp16
+    probabilities times V's per-key scales: with a key's largest value at fp16's max (scale
+    ~4367) no factor overflows fp16 (a plane of V itself would): finite output equal to the
+    reference's."""
     q, k, v, seqlens, table = _case(3, 2, 8, 2, 128, 16, [37, 0, 150], torch.float32)
     v = v.clone()
-    v[::2, :, :, 3] = 65504.0  # in every other page: the group's amax at fp16's max
+    v[::2, :, :, 3] = 65504.0  # in every other page: the key's max at fp16's max
     v[1::2, :, :, 70] = -60000.0  # (the outputs, averages over pages, stay in range)
     kq, ks, vq, vs, kd, vd = _quantized(k.half(), v.half(), "int4")
     ref, _ = paged_attention_ref(q.half().float(), kd, vd, seqlens, table)
@@ -479,7 +477,8 @@ def test_v_pairs_fall_back_where_v_is_not_aligned(case):
         out = plan.run(c["q"], c["kq"], _misaligned(c["vq"], 2), c["seqlens"], c["table"],
                        k_scale=c["ks"], v_scale=c["vs"])
     _check(out, c["ref"], torch.bfloat16)
-    assert not any(la._unaligned_constexprs["V_PAIRS"] for la in plan._launches.values())
+    assert not any(la._misaligned_constexprs[False, True]["V_PAIRS"]
+                   for la in plan._launches.values())
 
 
 @pytest.mark.parametrize("pairs", [True, False])

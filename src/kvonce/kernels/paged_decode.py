@@ -643,11 +643,14 @@ class PagedDecodeLaunch:
                      outlier_values.dtype if outlier_values is not None else None,
                      self._ints, tuple(self._constexprs.values()),
                      self._warps, self._maxnreg)
-        # A call whose V is at an odd byte or whose scales are off 4 bytes (a view at an odd
-        # offset; __call__) takes no 32-bit scale pairs and no 16-bit V units, whose loads would
-        # be misaligned there; int8's fp16 dots need the V units (f16_math above).
-        self._unaligned_constexprs = dict(self._constexprs, SCALE_PAIRS=False, V_PAIRS=False,
-                                          F16_MATH=f16 and kv_format == 1)
+        # A call whose V is at an odd byte takes no 16-bit V units, one whose scales are off 4
+        # bytes no 32-bit scale pairs (views at odd offsets; __call__): their loads would be
+        # misaligned there. int8's fp16 dots need the V units (f16_math above).
+        self._misaligned_constexprs = {
+            (v_ok, scales_ok): dict(self._constexprs, V_PAIRS=v_pairs and v_ok,
+                                    SCALE_PAIRS=scale_pairs and v_ok and scales_ok,
+                                    F16_MATH=f16 and (kv_format == 1 or (v_pairs and v_ok)))
+            for v_ok in (False, True) for scales_ok in (False, True)}
         self._combine = None
         if num_splits > 1 and not merge_here:
             # Final out [batch, q_len, nheads, d] and lse [batch, nheads, q_len], contiguous.
@@ -674,7 +677,7 @@ class PagedDecodeLaunch:
             k_scale = v_scale = cache_seqlens
         if outlier_values is None:  # N_OUT = 0: never dereferenced
             outlier_values = outlier_channels = cache_seqlens
-        constexprs, fits = self._constexprs, True
+        constexprs, fits = self._constexprs, (True, True)
         # The caller's tensors; the outputs, partials and arrival counts are the plan's own
         # (torch's allocator: always 16-byte aligned), so they need no look per call.
         aligned = alignment_key(q, k_cache, v_cache, cache_seqlens, block_table, k_scale,
@@ -682,8 +685,9 @@ class PagedDecodeLaunch:
         if aligned is not True:
             # Some pointer is off 16 bytes (rare: a view at an offset). The pairs' loads need
             # only V 2-byte and the scales 4-byte aligned; past that, the forms without them.
-            fits = not (v_cache.data_ptr() & 1 or (k_scale.data_ptr() | v_scale.data_ptr()) & 3)
-            constexprs = self._constexprs if fits else self._unaligned_constexprs
+            fits = (not v_cache.data_ptr() & 1,
+                    not (k_scale.data_ptr() | v_scale.data_ptr()) & 3)
+            constexprs = self._misaligned_constexprs[fits]
         key = (self._key, aligned, fits)
         launch(_paged_decode_kernel, key, self._grid,
                (q, k_cache, v_cache, k_scale, v_scale, dst_o, dst_l, cache_seqlens, block_table,
