@@ -38,7 +38,7 @@ from .dual_group_fwd import _online_update, _softmax_step
 from .paged_combine import _combine_splits, _combine_splits_kernel, combine_launch_shape
 from .paged_decode_int4 import _attend_paged_int4, _int4_tile
 from .paged_decode_pairs import _attend_paged_pairs
-from .paged_outliers import _outlier_queries, _outlier_scores
+from .paged_outliers import _outlier_queries, _outlier_scores, _without_outlier_channels
 from .quant_convert import _fp8_bytes_to, _ints_to
 from .paged_tiles import _tile_pages, _tile_rows
 
@@ -476,6 +476,8 @@ def _paged_decode_kernel(
     if N_OUT > 0:
         q_out = _outlier_queries(Q + seq.to(tl.int64) * stride_qb + tok * stride_qt
                                  + head * stride_qh, KOC, kv_head, row_ok, N_OUT)
+        if KV_FORMAT == 3:
+            q = _without_outlier_channels(q, KOC, kv_head, offs_d, N_OUT)
     else:
         q_out = 0.0
 
