@@ -278,10 +278,10 @@ def _misaligned(t, align):
 
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_int4_scales_load_as_32_bit_pairs_where_aligned(num_splits):
-    """int4's nibble-plane loop reads each key's fp16 (scale, minimum) as one 32-bit word
-    (SCALE_PAIRS) where the scales are aligned, and as two fp16 loads where they sit at an odd
-    fp16 offset (a 32-bit load there would be misaligned): both equal the reference, bit for
-    bit each other (the same loop and arithmetic; only the loads differ)."""
+    """int4's nibble-plane loop reads each key's float32 (scale, offset) as one 64-bit word
+    (SCALE_PAIRS) where the scales are 8-byte aligned, and as two 32-bit loads where they sit
+    4 bytes off (a 64-bit load there would be misaligned): both equal the reference (the same
+    loop and arithmetic; only the loads differ)."""
     dtype = DTYPES[0]
     q, k, v, seqlens, table = _case(3, 2, 8, 2, 128, 16, [37, 0, 150], dtype)
     kq, ks, vq, vs, kd, vd = _quantized(k, v, "int4")
@@ -292,9 +292,10 @@ def test_int4_scales_load_as_32_bit_pairs_where_aligned(num_splits):
     _run_and_check(plan, q, kq, vq, seqlens, table, ks, vs, ref, ref_lse, "SCALE_PAIRS", dtype)
     aligned = plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs)
     with poison_empty:
-        unaligned = plan.run(q, kq, vq, seqlens, table, k_scale=_misaligned(ks, 4),
-                             v_scale=_misaligned(vs, 4))
+        unaligned = plan.run(q, kq, vq, seqlens, table, k_scale=_misaligned(ks, 8),
+                             v_scale=_misaligned(vs, 8))
     _check(unaligned, ref, dtype)
+    assert unaligned.equal(aligned)
     launch = next(iter(plan._launches.values()))
     assert launch._misaligned_constexprs[True, False]["V_PAIRS"]
     assert not launch._misaligned_constexprs[True, False]["SCALE_PAIRS"]
@@ -350,7 +351,7 @@ def test_v_as_channel_pairs_matches_the_reference(case, num_splits):
 
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 def test_calls_misaligned_at_different_pointers_compile_apart(fmt):
-    """One plan called with its scales off (int4's fp16 scales 2 bytes off 4, int8's fp32 ones 4
+    """One plan called with its scales off (int4's float32 pairs 4 bytes off 8, int8's fp32 ones 4
     bytes off 16), then with V off 2 bytes (same shapes): each
     call compiles for its own pointers. With one "some pointer is off" bit in the launch key the
     second call reused the first's kernel, which Triton had specialized with V 16-byte aligned
@@ -359,7 +360,7 @@ def test_calls_misaligned_at_different_pointers_compile_apart(fmt):
     c = _v_pairs_case(f"{fmt}/fp16")
     plan = c["plan"]
     args = (c["q"], c["kq"], c["vq"], c["seqlens"], c["table"])
-    align = 4 if fmt == "int4" else 16
+    align = 8 if fmt == "int4" else 16
     with poison_empty:
         scales_off = plan.run(*args, k_scale=_misaligned(c["ks"], align),
                               v_scale=_misaligned(c["vs"], align))
@@ -537,7 +538,7 @@ def test_quantized_arguments_are_checked_before_launch():
     with pytest.raises(ValueError, match="kv_format='int4'"):
         kvonce.paged_attention(q, k4, v4, seqlens, table, k_scale=ks4, v_scale=vs4)
     with pytest.raises(TypeError, match="k_scale"):
-        kvonce.paged_attention(q, k4, v4, seqlens, table, k_scale=ks4.float(), v_scale=vs4,
+        kvonce.paged_attention(q, k4, v4, seqlens, table, k_scale=ks4.half(), v_scale=vs4,
                                kv_format="int4")
     with pytest.raises(ValueError, match="quantized caches"):
         kvonce.paged_attention(q, k, v, seqlens, table, k_scale=ks, v_scale=vs)

@@ -130,8 +130,8 @@ def _load_quant_kv_tile(K, V, KS, VS, bt_row, start_n, kv_end, stride_kp, stride
     in fp16/bf16); its per-key scales (``_load_key_scales``) are applied to the
     ``[BLOCK_M, BLOCK_N]`` scores and probabilities instead of the ``[BLOCK_D, BLOCK_N]`` tiles.
     3 = int4 where ``_attend_paged_int4`` does not run (head dims other than 128, fp32 q, V at
-    an odd byte): each channel's nibble (channel i low in byte i, i + d/2 high) times its key's
-    scale plus its minimum, per element (``_int4_tile``). INT64_KV=False: offsets in int32 (the caller knows caches and scales stay
+    an odd byte): each channel's nibble (channel i low in byte i, i + d/2 high) minus 8, times
+    its key's scale, plus its offset, per element (``_int4_tile``). INT64_KV=False: offsets in int32 (the caller knows caches and scales stay
     below 2^31 elements)."""
     offs_n, in_range, page, slot = _tile_rows(bt_row, start_n, kv_end, PAGE_SIZE, BLOCK_N,
                                               MASKED, INT64_KV)
@@ -140,7 +140,7 @@ def _load_quant_kv_tile(K, V, KS, VS, bt_row, start_n, kv_end, stride_kp, stride
     # One return at the end: code after a return under a constexpr `if` is still compiled.
     if KV_FORMAT == 3:
         # Generic int4 path: each channel c addresses its own byte (c, or c - d/2 in the high
-        # nibble) and its key's scale and minimum, in V's orientation for both.
+        # nibble) and its key's scale and offset, in V's orientation for both.
         ks_rows = page * stride_ksp + slot * stride_kst
         vs_rows = page * stride_vsp + slot * stride_vst
         k_t = tl.trans(_int4_tile(K, KS, k_rows, ks_rows, in_range, offs_d, head_dim, dtype,
@@ -323,8 +323,8 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
     or bf16 q): the nibble-plane loop, V read as 16-bit units (``_attend_paged_int4``). N_OUT > 0 (quantized
     caches): dense-and-sparse keys, ``q_out [BLOCK_M, 16]`` the rows' values at this KV head's
     outlier channels (``paged_outliers._outlier_queries``), ``KO`` the side cache.
-    SCALE_PAIRS (int4's nibble-plane loop, scale rows 4-byte aligned): each key's (scale,
-    minimum) as one 32-bit load (``paged_decode_int4._int4_key_scales``)."""
+    SCALE_PAIRS (int4's nibble-plane loop, scale rows 8-byte aligned): each key's (scale,
+    offset) as one 64-bit load (``paged_decode_int4._int4_key_scales``)."""
     K += kv_head * stride_kh
     V += kv_head * stride_vh
     KS += kv_head * stride_ksh
@@ -446,7 +446,7 @@ def _paged_decode_kernel(
     INT64_KV: tl.constexpr = True,  # False: K/V (and scale) offsets fit int32
     V_PAIRS: tl.constexpr = False,  # fp8/int8 V as channel pairs, int4 V as 16-bit units
     N_OUT: tl.constexpr = 0,  # outlier channels per KV head kept at q's precision (0: none)
-    SCALE_PAIRS: tl.constexpr = False,  # int4 d128: (scale, minimum) as one 32-bit load
+    SCALE_PAIRS: tl.constexpr = False,  # int4 d128: (scale, offset) as one 64-bit load
     PREFETCH_PAGES: tl.constexpr = False,  # page ids looked up a tile ahead (not SWAP_AB)
     MERGE_SPLITS_AT_ONCE: tl.constexpr = 1,  # MERGE_HERE: splits loaded before folding
 ):
@@ -613,10 +613,8 @@ class PagedDecodeLaunch:
             or (kv_format == 3 and head_dim == 128
                 and q.dtype in (torch.float16, torch.bfloat16)))
         f16_math = f16 and (kv_format == 1 or v_pairs)
-        # int4's nibble-plane loop: each key's fp16 (scale, minimum) as one 32-bit load, which
-        # the pipeliner prefetches (cp.async takes 4 bytes and up) where 2-byte loads waited in
-        # the loop and crossed layouts through shared memory. Even strides here; 4-byte aligned
-        # pointers per call (__call__: otherwise the fp16 loads).
+        # int4's nibble-plane loop: each key's float32 (scale, offset) as one 64-bit load. Even
+        # strides here; 8-byte aligned pointers per call (__call__: otherwise two 32-bit loads).
         scale_pairs = (v_pairs and kv_format == 3
                        and all(st % 2 == 0 for t in (k_scale, v_scale)
                                for st in t.stride()[:3]))
@@ -646,8 +644,9 @@ class PagedDecodeLaunch:
                      self._ints, tuple(self._constexprs.values()),
                      self._warps, self._maxnreg)
         # A call whose V is at an odd byte takes no 16-bit V units, one whose scales are off 4
-        # bytes no 32-bit scale pairs (views at odd offsets; __call__): their loads would be
+        # bytes (int4: 8) no scale pairs (views at odd offsets; __call__): their loads would be
         # misaligned there. int8's fp16 dots need the V units (f16_math above).
+        self._scale_align = 8 if kv_format == 3 else 4
         self._misaligned_constexprs = {
             (v_ok, scales_ok): dict(self._constexprs, V_PAIRS=v_pairs and v_ok,
                                     SCALE_PAIRS=scale_pairs and v_ok and scales_ok,
@@ -688,7 +687,7 @@ class PagedDecodeLaunch:
             # Some pointer is off 16 bytes (rare: a view at an offset). The pairs' loads need
             # only V 2-byte and the scales 4-byte aligned; past that, the forms without them.
             fits = (not v_cache.data_ptr() & 1,
-                    not (k_scale.data_ptr() | v_scale.data_ptr()) & 3)
+                    not (k_scale.data_ptr() | v_scale.data_ptr()) & (self._scale_align - 1))
             constexprs = self._misaligned_constexprs[fits]
         key = (self._key, aligned, fits)
         launch(_paged_decode_kernel, key, self._grid,

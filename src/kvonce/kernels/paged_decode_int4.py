@@ -1,8 +1,9 @@
-"""The int4 paged-decode pieces (format: ``kvonce.paged.quant``, one scale and one minimum per key):
-the generic per-channel tile (head dims other than 128) and, at head dim 128, the nibble-plane
-loop (``_attend_paged_int4``). A key's value is ``(n - 8) * scale + offset`` with ``offset =
-minimum + 8 * scale``: the scale and offset are per key, so K's go on the scores' columns and V's
-on the probabilities, and the bytes reach the MMA operand with only the lop3 converts between.
+"""The int4 paged-decode pieces (format: ``kvonce.paged.quant``, one float32 scale and offset per
+key): the generic per-channel tile (head dims other than 128, fp32 q, V at an odd byte) and, at
+head dim 128, the nibble-plane loop (``_attend_paged_int4``). A key's channel is ``(n - 8) *
+scale + offset`` for its nibble n: the scale and offset are per key, so K's go on the scores'
+columns and V's on the probabilities, and the bytes reach the MMA operand with only the lop3
+converts between.
 """
 from __future__ import annotations
 
@@ -17,28 +18,25 @@ from .quant_convert import _int4_units_to_f16, _nibbles_to
 
 @triton.jit
 def _int4_key_scales(CS, rows, in_range, MASKED: tl.constexpr, SCALE_PAIRS: tl.constexpr):
-    """Each key's ``(scale, offset)`` as float32 ``[BLOCK_N]`` from its fp16 ``(scale, minimum)``
-    at ``CS + rows``: ``offset = minimum + 8 * scale`` (the nibbles come out as ``n - 8``; exact
-    in float32 for every fp16 pair). SCALE_PAIRS (scale rows 4-byte aligned): one 32-bit load a
-    key, which the pipeliner can prefetch with cp.async (2-byte loads it cannot: they wait in the
-    loop and cross to the scores' layout through shared memory behind a CTA barrier)."""
+    """Each key's float32 ``(scale, offset)`` ``[BLOCK_N]`` each, at ``CS + rows``. SCALE_PAIRS
+    (scale rows 8-byte aligned): one 64-bit load a key, which the pipeliner prefetches with
+    cp.async with K and V; otherwise two 32-bit loads."""
     if SCALE_PAIRS:
-        C32 = CS.to(tl.pointer_type(tl.uint32))
+        C64 = CS.to(tl.pointer_type(tl.uint64))
         if MASKED:
-            pair = tl.load(C32 + rows // 2, mask=in_range, other=0)
+            pair = tl.load(C64 + rows // 2, mask=in_range, other=0)
         else:
-            pair = tl.load(C32 + rows // 2)
-        s = (pair & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
-        lo = (pair >> 16).to(tl.uint16).to(tl.float16, bitcast=True)
+            pair = tl.load(C64 + rows // 2)
+        s = (pair & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
+        offset = (pair >> 32).to(tl.uint32).to(tl.float32, bitcast=True)
     else:
         if MASKED:
             s = tl.load(CS + rows, mask=in_range, other=0.0)
-            lo = tl.load(CS + rows + 1, mask=in_range, other=0.0)
+            offset = tl.load(CS + rows + 1, mask=in_range, other=0.0)
         else:
             s = tl.load(CS + rows)
-            lo = tl.load(CS + rows + 1)
-    s = s.to(tl.float32)
-    return s, lo.to(tl.float32) + 8.0 * s
+            offset = tl.load(CS + rows + 1)
+    return s, offset
 
 
 @triton.jit
@@ -46,23 +44,19 @@ def _int4_tile(C, CS, rows, scale_rows, in_range, offs_d, head_dim, dtype: tl.co
                MASKED: tl.constexpr):
     """One int4 cache's tile ``[BLOCK_N, BLOCK_D]`` in ``dtype`` (channels past ``head_dim`` and,
     MASKED, keys out of range read 0): key n's channel c is the low nibble of byte c (c < d/2) or
-    the high nibble of byte c - d/2, ``nibble * scale + minimum`` in float32, rounded once (as
-    ``dequantize_kv`` to that dtype). Each byte is addressed twice (the second read hits L1)."""
+    the high nibble of byte c - d/2, ``(nibble - 8) * scale + offset`` in float32, rounded once
+    (as ``dequantize_kv`` to that dtype). Each byte is addressed twice (the second read hits
+    L1)."""
     half = head_dim // 2
     high = offs_d >= half
     ok = (offs_d < head_dim)[None, :]
     if MASKED:
         ok = ok & in_range[:, None]
     b = tl.load(C + rows[:, None] + tl.where(high, offs_d - half, offs_d)[None, :], mask=ok,
-                other=0)
-    n = (b.to(tl.int32) >> tl.where(high, 4, 0)[None, :]) & 15
-    if MASKED:
-        s = tl.load(CS + scale_rows, mask=in_range, other=0.0).to(tl.float32)
-        lo = tl.load(CS + scale_rows + 1, mask=in_range, other=0.0).to(tl.float32)
-    else:
-        s = tl.load(CS + scale_rows).to(tl.float32)
-        lo = tl.load(CS + scale_rows + 1).to(tl.float32)
-    x = n.to(tl.float32) * s[:, None] + lo[:, None]
+                other=0x88)
+    n = ((b.to(tl.int32) >> tl.where(high, 4, 0)[None, :]) & 15) - 8
+    s, offset = _int4_key_scales(CS, scale_rows, in_range, MASKED, False)
+    x = n.to(tl.float32) * s[:, None] + offset[:, None]
     return tl.where(ok, x, 0.0).to(dtype)
 
 

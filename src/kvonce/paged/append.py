@@ -45,8 +45,9 @@ def append_paged_kv(
     block_table : int32 ``[batch, max_pages]``, pages in any order.
     k_scale, v_scale : a quantized cache's scales, as ``quantize_kv`` returns them. fp8: float32
         ``[nheads_k]`` or 0-dim, fixed when the cache was made, READ here. int8: float32 or fp16
-        ``[num_pages, page_size, nheads_k]``; int4: fp16 ``[num_pages, page_size, nheads_k,
-        2]`` (scale, minimum), last dim contiguous: WRITTEN here for the new tokens' slots.
+        ``[num_pages, page_size, nheads_k]``; int4: float32 ``[num_pages, page_size,
+        nheads_k, 2]`` (scale, offset), last dim contiguous: WRITTEN here for the new tokens'
+        slots.
     kv_format : None (recognised from the cache dtype: fp8 and int8) or ``"fp8_e4m3"``,
         ``"int8"``, ``"int4"`` (needed for a uint8 cache).
     check_block_table : validation mode: the table has existing pages for every new position

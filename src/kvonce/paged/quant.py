@@ -4,24 +4,23 @@
 | --- | --- | --- |
 | ``"fp8_e4m3"`` | ``float8_e4m3fn [..., nheads_k, d]`` | float32 ``[nheads_k]`` per KV head, or 0-dim per tensor: fixed when the cache is created |
 | ``"int8"`` | ``int8 [..., nheads_k, d]``, symmetric | float32 ``[..., nheads_k]``: one per (token, KV head) |
-| ``"int4"`` | ``uint8 [..., nheads_k, d // 2]``, asymmetric | fp16 ``[..., nheads_k, 2]``: (scale, minimum) per (token, KV head) |
+| ``"int4"`` | ``uint8 [..., nheads_k, d // 2]``, asymmetric | float32 ``[..., nheads_k, 2]``: (scale, offset) per (token, KV head) |
 
 - fp8: ``x_q = fp8(x / scale)`` (saturating at +-448); ``x = x_q * scale``. Without a given
   scale, ``amax(|x|) / 448`` per KV head over every other dim (the scale a cache is created with).
 - int8: ``scale = amax(|x|) / 127`` over ``d`` per (token, head); ``x_q = round(x / scale)``.
-- int4: asymmetric per (token, KV head), 16 levels over ``[min, max]`` of its ``d`` values:
-  ``lo = fp16(min)``, ``scale = fp16(max((max - lo) / 15, 2^-24))``, ``n = round((x - lo) /
-  scale)`` in ``[0, 15]`` (4 bits); ``x = n * scale + lo``; the scale row holds ``(scale, lo)``.
-  Channel ``i`` in the low nibble of byte ``i``, channel ``i + d / 2`` in its high nibble
-  (``i < d / 2``), so a decode kernel dots each nibble plane as stored. One scale and offset per
-  key put K's on the scores' columns (``scale * (q . (n - 8)) + (lo + 8 scale) * sum(q)``) and
-  V's on the probabilities: nothing per channel between the bytes and the dot. ``lo`` is exact
-  for fp16 and bf16 inputs inside fp16's normal range (fp32 inputs: rounded, an error of half an
-  fp16 ulp of ``min`` where it lies outside ``[lo, lo + 15 scale]``). Before 2026-11-27 (issue
-  26): symmetric per 32 channels, four fp16 scales a key (8 bytes against 4 now); the int4
-  decode loop compiled 18% shorter without them (scripts/int4_token_scales_ab.py) and the output
-  error on random keys rose 1.39e-1 -> 1.44e-1 (scripts/quant_accuracy.py). Keys with outlier
-  channels need ``KeyTransform`` or ``KeyOutliers`` in either form (docs/notes.md).
+- int4: asymmetric per (token, KV head), 16 levels over ``[min, max]`` of its ``d`` values, in
+  float32: ``scale = max((max - min) / 15, 2^-24)``, ``offset = min + 8 * scale``, ``q =
+  round((x - offset) / scale)`` in ``[-8, 7]``, stored as ``q + 8`` in 4 bits; ``x = q * scale
+  + offset``. Channel ``i`` in the low nibble of byte ``i``, channel ``i + d / 2`` in its high
+  nibble (``i < d / 2``), so a decode kernel dots each nibble plane as stored. One scale and
+  offset per key put K's on the scores' columns (``scale * (q . x_q) + offset * sum(q)``) and
+  V's on the probabilities: nothing per channel between the bytes and the dot. Before
+  2026-11-27 (issue 26): symmetric per 32 channels, four fp16 scales a key (8 bytes, as the
+  float32 pair now); the int4 decode loop compiles 12% shorter with one pair (18% in
+  scripts/int4_token_scales_ab.py's form) and the output error on random keys rose 1.39e-1 ->
+  1.44e-1 (scripts/quant_accuracy.py). Keys with outlier channels need ``KeyTransform`` or
+  ``KeyOutliers`` in either form (docs/notes.md).
 - An all-zero row (int8, int4) gets the smallest positive scale (never 0 or NaN) and dequantizes
   to 0.
 """
@@ -34,7 +33,7 @@ from .. import _validate as V
 KV_FORMATS = ("fp8_e4m3", "int8", "int4")
 FP8_MAX = 448.0
 INT4_HEAD_DIM_MULTIPLE = 32  # the kernels' nibble planes (d / 2 bytes) in 16-byte runs
-_TINY = 2.0 ** -24  # fp16's smallest subnormal: int4 scales stay representable
+_TINY = 2.0 ** -24  # the smallest scale (fp16's smallest subnormal): never 0, never NaN
 
 
 def _const(value: float, like: torch.Tensor) -> torch.Tensor:
@@ -84,12 +83,13 @@ def quantize_kv(x: torch.Tensor, kv_format: str, *, scale: torch.Tensor | None =
     if d % INT4_HEAD_DIM_MULTIPLE != 0:
         raise ValueError(f"int4 needs a head dim that is a multiple of {INT4_HEAD_DIM_MULTIPLE}, "
                          f"got {d}")
-    lo = xf.amin(dim=-1).half()
-    s = torch.clamp((xf.amax(dim=-1) - lo.float()) / _const(15.0, x), min=_TINY).half()
-    y = (xf - lo.float()[..., None]) / s.float()[..., None]
-    q = torch.clamp(torch.round(y), 0, 15).to(torch.int16)
+    lo = xf.amin(dim=-1)
+    s = torch.clamp((xf.amax(dim=-1) - lo) / _const(15.0, x), min=_TINY)
+    offset = lo + 8.0 * s
+    q = torch.clamp(torch.round((xf - offset[..., None]) / s[..., None]), -8, 7)
+    q = q.to(torch.int16) + 8
     packed = (q[..., : d // 2] | (q[..., d // 2:] << 4)).to(torch.uint8)
-    return packed, torch.stack([s, lo], dim=-1)
+    return packed, torch.stack([s, offset], dim=-1)
 
 
 def dequantize_kv(x_q: torch.Tensor, x_scale: torch.Tensor, kv_format: str,
@@ -105,6 +105,6 @@ def dequantize_kv(x_q: torch.Tensor, x_scale: torch.Tensor, kv_format: str,
         return (x_q.float() * x_scale.float()[..., None]).to(dtype)
     V.check_tensor("x_q", x_q, dtypes=(torch.uint8,))
     b = x_q.to(torch.int16)
-    q = torch.cat([b & 15, b >> 4], dim=-1)  # channels i, then i + d / 2
-    s, lo = x_scale.float().unbind(-1)
-    return (q.float() * s[..., None] + lo[..., None]).to(dtype)
+    q = torch.cat([b & 15, b >> 4], dim=-1) - 8  # channels i, then i + d / 2
+    s, offset = x_scale.float().unbind(-1)
+    return (q.float() * s[..., None] + offset[..., None]).to(dtype)
