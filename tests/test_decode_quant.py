@@ -312,13 +312,15 @@ def _int4_units_config():
 
 def _v_pairs_case(case, num_splits=0):
     """``case`` ("fp8/fp16", "int8/bf16", ...): the quantized cache, the reference and a plan
-    with ``v_pairs`` and ``f16_math`` on over its format's config row; the tensors as a dict."""
+    with ``v_pairs`` and ``f16_math`` on over its format's config row ("int4/bf16-dots":
+    ``f16_math`` off); the tensors as a dict."""
     import dataclasses
 
     from kvonce.kernels.configs import get_paged_decode_config
     fmt, qdtype = case.split("/")
     fmt = {"fp8": "fp8_e4m3", "int8": "int8", "int4": "int4"}[fmt]
     dtype = torch.float16 if qdtype == "fp16" else torch.bfloat16
+    f16_math = qdtype != "bf16-dots"
     q, k, v, seqlens, table = _case(3, 2, 8, 2, 128, 16, [37, 0, 150], torch.float32)
     q = q.to(dtype)
     kq, ks, vq, vs, kd, vd = _quantized(k.to(dtype), v.to(dtype), fmt)
@@ -328,22 +330,23 @@ def _v_pairs_case(case, num_splits=0):
     plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
                                   num_splits=num_splits,
                                   kv_format="int4" if fmt == "int4" else None,
-                                  config=dataclasses.replace(base, v_pairs=True, f16_math=True))
+                                  config=dataclasses.replace(base, v_pairs=True, f16_math=f16_math))
     return dict(plan=plan, q=q, kq=kq, vq=vq, seqlens=seqlens, table=table, ks=ks, vs=vs,
                 ref=ref, ref_lse=ref_lse)
 
 
-# bf16 x int4 dots its scores in bf16, which the interpreter computes wrongly (triton 3.6)
-@pytest.mark.parametrize("case", ["fp8/fp16", "fp8/bf16", "int8/fp16", "int4/fp16"]
-                         + (["int4/bf16"] if HAS_CUDA else []))
+# bf16 dots (int4 without f16_math) the interpreter computes wrongly (triton 3.6)
+@pytest.mark.parametrize("case", ["fp8/fp16", "fp8/bf16", "int8/fp16", "int4/fp16", "int4/bf16"]
+                         + (["int4/bf16-dots"] if HAS_CUDA else []))
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_v_as_channel_pairs_matches_the_reference(case, num_splits):
     """``PagedDecodeConfig.v_pairs``: V read as 16-bit channel pairs, dotted as its even and odd
     channels and interleaved at the end, gives the reference's output for fp8 (fp16 queries, and
     bf16 queries through ``f16_math``), int8 (its per-key scales on the scores and the
-    probabilities) and int4 (fp16 and bf16 queries: four nibble planes of 16-bit units, the
-    per-key scales on the probabilities, P·V in fp16): GQA rows, q_len > 1 (causal band), an empty sequence, lengths off the tile grid; the
-    custom op carries the flag."""
+    probabilities) and int4 (fp16 queries, bf16 through fp16 rows, and on a GPU bf16 dots: four
+    nibble planes of 16-bit units, the per-key scales on the probabilities, P·V in fp16): GQA
+    rows, q_len > 1 (causal band), an empty sequence, lengths off the tile grid; the custom op
+    carries the flag."""
     c = _v_pairs_case(case, num_splits)
     _run_and_check(c["plan"], c["q"], c["kq"], c["vq"], c["seqlens"], c["table"], c["ks"],
                    c["vs"], c["ref"], c["ref_lse"], "V_PAIRS", torch.bfloat16)

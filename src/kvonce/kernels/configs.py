@@ -187,18 +187,19 @@ class PagedDecodeConfig:
         The int4 rows set it (measured on the H100).
     swap_ab: the dots with the keys on the MMA's M side (Sᵀ = K·qᵀ, Oᵀ += Vᵀ·Pᵀ): sm_90a then
         compiles m64n16 wgmma where the packed rows (M = 16) get mma.sync; fp8 K x fp8 q would
-        need no K conversion there. Plain, fp8 and int8 caches (int4's split dots ignore it).
+        need no K conversion there. Plain, fp8 and int8 caches (int4's nibble-plane loop ignores
+        it).
         Interpreter-tested only; no row sets it: not measured on a GPU. Compiled for sm_90a
         (scripts/decode_kernel_stats.py --swap-ab): fp8/int8 at (64, 4, 2) and (128, 8, 2) take
         166-179 registers and no spill; at (128, 4, 2) the register-held A tiles spill 124-208 B.
-    f16_math: bf16 queries against an fp8 or int8 cache run both dots in fp16 (each q row
-        scaled by a power of two into fp16's range, ``paged_decode._f16_rows``: no precision
-        lost), so the tiles take fp16's packed converters (fp8's one cvt, int8's prmt + sub)
-        instead of bf16's bit moves. int8 only with ``v_pairs`` (whose loop keeps each tile's
-        probabilities times V scales under 1, so bf16-range V scales neither overflow fp16 nor
-        fall among its subnormals). int4 (split dots) measured 10-19% slower with it (the same
-        normalization per group and tile: 255 registers and spills): not taken.
-        Other formats and query dtypes ignore it.
+    f16_math: bf16 queries against an fp8, int8 or int4 cache run both dots in fp16 (each q
+        row scaled by a power of two into fp16's range, ``paged_decode._f16_rows``: no precision
+        lost), so the tiles take fp16's packed converters (fp8's one cvt, int8's prmt + sub,
+        int4's lop3 + sub) instead of bf16's bit moves. int8 only with ``v_pairs`` (whose loop
+        keeps each tile's probabilities times V scales under 1, so bf16-range V scales neither
+        overflow fp16 nor fall among its subnormals); int4 in its nibble-plane loop (compiled
+        for sm_90a: 731 instructions a tile a warp against 984 with bf16 dots; not measured on
+        a GPU). Other formats and query dtypes ignore it.
     int64_kv_offsets: quantized caches address K/V and their scales in int64 even where every
         offset fits int32 (by default int32 there: 626 IMADs a kernel instead of 1047 for fp8,
         compiled for sm_90a). Plain caches always use int64 (their rows were tuned so).
@@ -371,11 +372,12 @@ _paged_warned: set = set()
 # int4 with one (scale, minimum) per key (2026-11-27, seventh session, branch int4-per-key): the
 # row above carried over as it is, NOT re-measured: its loop compiled for sm_90a at (128, 4, 3)
 # took 731 instructions a tile a warp against the group-scale loop's 889, 44 KB of shared memory
-# against 74 (scripts/int4_token_scales_ab.py --compile).
+# against 74 (scripts/int4_token_scales_ab.py --compile). bf16 q through fp16 rows (`f16_math`,
+# now int4's too): 731 against 984 with bf16's nibble converter (1076 before the format change).
 _QUANT_SPLITS = dict(slow_programs_per_sm=(3.5, 6.5), one_pass_programs_per_sm=(5.0, 6.0))
 _INT4 = PagedDecodeConfig(128, 4, 3, **_QUANT_SPLITS,
                           max_registers=168,
-                          outlier_max_registers=168, prefetch_pages=True)
+                          outlier_max_registers=168, prefetch_pages=True, f16_math=True)
 _PAGED_DECODE_QUANT_TABLE: dict[tuple[tuple[int, int], str], dict[int, PagedDecodeConfig]] = {
     ((9, 0), "int8"): {128: PagedDecodeConfig(128, 4, 2, min_keys_per_split=2048, v_pairs=True,
                                               f16_math=True,

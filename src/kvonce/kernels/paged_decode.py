@@ -349,7 +349,7 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
             q_out, out_factor = _f16_rows(q_out)
             out_scale = out_scale * out_factor
     if F16_MATH:
-        tl.static_assert(KV_FORMAT == 1 or (KV_FORMAT == 2 and V_PAIRS))
+        tl.static_assert(KV_FORMAT == 1 or ((KV_FORMAT == 2 or KV_FORMAT == 3) and V_PAIRS))
         q, row_factor = _f16_rows(q)
         qk_scale = qk_scale * row_factor
         if N_OUT > 0:  # the dense scores are q's times 1 / row_factor
@@ -362,12 +362,12 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
             acc, m_i, l_i, q, lo, full, qk_scale, tok, diag, hi, K, V, KS, VS, bt_row, stride_kp,
             stride_kt, stride_vp, stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
             False, PAGE_SIZE, BLOCK_M, BLOCK_N, DOT_PRECISION, INT64_KV, q_out, KO, stride_kop,
-            stride_kot, out_scale, N_OUT, SCALE_PAIRS, PREFETCH_PAGES)
+            stride_kot, out_scale, N_OUT, SCALE_PAIRS, PREFETCH_PAGES, F16_MATH)
         acc, m_i, l_i = _attend_paged_int4(
             acc, m_i, l_i, q, full, hi, qk_scale, tok, diag, hi, K, V, KS, VS, bt_row, stride_kp,
             stride_kt, stride_vp, stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
             True, PAGE_SIZE, BLOCK_M, BLOCK_N, DOT_PRECISION, INT64_KV, q_out, KO, stride_kop,
-            stride_kot, out_scale, N_OUT, SCALE_PAIRS, PREFETCH_PAGES)
+            stride_kot, out_scale, N_OUT, SCALE_PAIRS, PREFETCH_PAGES, F16_MATH)
     elif V_PAIRS:
         tl.static_assert((KV_FORMAT == 1 or KV_FORMAT == 2) and EVEN_D and not SWAP_AB)
         acc_even = tl.zeros([BLOCK_M, BLOCK_D // 2], dtype=tl.float32)
@@ -601,7 +601,7 @@ class PagedDecodeLaunch:
         self._grid = (num_splits * num_m_blocks, nheads_k, batch)
         # fp16 compute for bf16 q: fp8 anywhere, int8 only through the pairs loop (which keeps
         # its probabilities times per-key V scales under fp16's max; _attend_paged_pairs).
-        f16 = config.f16_math and kv_format in (1, 2) and q.dtype == torch.bfloat16
+        f16 = config.f16_math and kv_format in (1, 2, 3) and q.dtype == torch.bfloat16
         # V pairs: fp8/int8 with fp16 compute where the row asks; int4 at head dim 128 with 16-bit
         # q always (its nibble-plane loop: V planes and probabilities are fp16 whatever q is,
         # only the scores dot runs in q's dtype; elsewhere the per-element tile).

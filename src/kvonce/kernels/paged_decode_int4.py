@@ -66,7 +66,8 @@ def _int4_tile_probabilities(m_i, l_i, q_low, q_high, q_sum, offs_n, in_range, p
                              stride_ksp, stride_kst, MASKED: tl.constexpr,
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                              DOT_PRECISION: tl.constexpr, q_out, KO, stride_kop, stride_kot,
-                             out_scale, N_OUT: tl.constexpr, SCALE_PAIRS: tl.constexpr):
+                             out_scale, N_OUT: tl.constexpr, SCALE_PAIRS: tl.constexpr,
+                             ROW_SCALE: tl.constexpr = False):
     """The scores half of one int4 key tile (keys ``offs_n``, each on ``page`` at ``slot``): the
     bytes ``[64, BLOCK_N]`` (transposed) go to the MMA operand as they are stored, their low
     nibbles dotted against q's channels 0-63 (``q_low``) and their high ones, accumulated,
@@ -88,7 +89,8 @@ def _int4_tile_probabilities(m_i, l_i, q_low, q_high, q_sum, offs_n, in_range, p
     if N_OUT > 0:
         qk += _outlier_scores(q_out, KO, page, slot, in_range, stride_kop, stride_kot, MASKED,
                               N_OUT, DOT_PRECISION) * out_scale[:, None]
-    p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, qk_scale, tok, offs_n, diag, kv_end, MASKED)
+    p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, qk_scale, tok, offs_n, diag, kv_end, MASKED,
+                                       ROW_SCALE=ROW_SCALE)
     return p, alpha, m_i, l_i
 
 
@@ -100,7 +102,7 @@ def _attend_paged_int4(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end, K,
                        DOT_PRECISION: tl.constexpr, INT64_KV: tl.constexpr = True, q_out=0.0,
                        KO=0, stride_kop=0, stride_kot=0, out_scale=1.0,
                        N_OUT: tl.constexpr = 0, SCALE_PAIRS: tl.constexpr = False,
-                       PREFETCH_PAGES: tl.constexpr = False):
+                       PREFETCH_PAGES: tl.constexpr = False, ROW_SCALE: tl.constexpr = False):
     """``_attend_paged`` for an int4 cache at head dim 128, ``acc [BLOCK_M, 128]`` in and out.
     Scores: ``_int4_tile_probabilities``. Values: V read as 16-bit units ``[BLOCK_N, 32]`` (unit
     u: bytes 2u, 2u + 1), four nibble planes of ``n - 8`` (the output's even and odd channels of
@@ -112,7 +114,8 @@ def _attend_paged_int4(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end, K,
     dot runs in q's dtype (fp16 or bf16), P·V in fp16 for both: the probabilities (<= 1) keep
     more bits in fp16 than in bf16, and the planes are small integers. PREFETCH_PAGES: each
     tile's page ids come from the iteration before (``paged_tiles._tile_rows_ahead``), which
-    at 3 stages is what gives K/V a second shared-memory slot."""
+    at 3 stages is what gives K/V a second shared-memory slot. ROW_SCALE (bf16 q through fp16
+    rows, ``paged_decode._f16_rows``): ``qk_scale`` is per row."""
     q_low, q_high = tl.split(tl.permute(tl.reshape(q, [BLOCK_M, 2, 64]), (0, 2, 1)))
     q_sum = tl.sum(q.to(tl.float32), 1)
     # acc's channel c: plane c // 64, parity c % 2, column (c % 64) // 2
@@ -137,7 +140,7 @@ def _attend_paged_int4(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end, K,
             m_i, l_i, q_low, q_high, q_sum, offs_n, in_range, page, slot, qk_scale, tok, diag,
             kv_end, K, KS, stride_kp, stride_kt, stride_ksp, stride_kst, MASKED, BLOCK_M,
             BLOCK_N, DOT_PRECISION, q_out, KO, stride_kop, stride_kot, out_scale, N_OUT,
-            SCALE_PAIRS)
+            SCALE_PAIRS, ROW_SCALE)
         v_scale, v_offset = _int4_key_scales(VS, page * stride_vsp + slot * stride_vst,
                                              in_range, MASKED, SCALE_PAIRS)
         if DEFER_OFFSETS:
