@@ -216,9 +216,9 @@ class PagedDecodeConfig:
         (``paged_decode_int4._attend_paged_int4``).
     prefetch_pages: the next key tile's block-table entries are loaded an iteration ahead and
         carried in registers, so that no K/V address waits on a load issued just before it:
-        int4's V-units loop, the fp8/int8 channel-pair loop and the plain-cache loop; the
-        others (byte-gathered quantized tiles, int4's split dots, swap_ab) ignore it. With two
-        stages Triton's pipeliner issues a tile's copies in the iteration before and, left to
+        int4's nibble-plane loop, the fp8/int8 channel-pair loop and the plain-cache loop;
+        the others (byte-gathered quantized tiles, int4's per-element tile, swap_ab) ignore it.
+        With two stages Triton's pipeliner issues a tile's copies in the iteration before and, left to
         itself, loads their page ids there too, a few dozen instructions before the addresses.
         At 3 stages the carry is what gives K/V a second shared-memory slot: without it the
         pipeliner spends the third stage on copying the page ids and K/V keep one slot (TTGIR,

@@ -315,9 +315,9 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
     one KV head: unmasked tiles ``[lo, full)``, then the masked band ``[full, hi)``; returns the
     unnormalized ``(acc, m, l)`` (base 2), fp8's per-head scales applied. Shared by the decode
     and the varlen prefill kernels, which differ only in how rows map to tokens and outputs.
-    SWAP_AB: the dots with the keys on the MMA's M side (``_online_update_swapped``; not the
-    int4 split dots, which ignore it). F16_MATH (bf16 q; fp8, or int8 with V_PAIRS): q as fp16
-    rows times a power of two each (``_f16_rows``), so the tiles convert to fp16 and both dots
+    SWAP_AB: the dots with the keys on the MMA's M side (``_online_update_swapped``; not int4's
+    nibble-plane loop, which ignores it). F16_MATH (bf16 q; fp8, or int8 / int4 with V_PAIRS):
+    q as fp16 rows times a power of two each (``_f16_rows``), so the tiles convert to fp16 and both dots
     run in fp16; the factors come off with the softmax scale, per row. V_PAIRS (fp8 or int8,
     fp16 compute): V read as channel pairs (``paged_decode_pairs``); int4 at head dim 128 (fp16
     or bf16 q): the nibble-plane loop, V read as 16-bit units (``_attend_paged_int4``). N_OUT > 0 (quantized
