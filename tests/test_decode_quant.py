@@ -375,6 +375,22 @@ def test_calls_misaligned_at_different_pointers_compile_apart(fmt):
 
 
 @pytest.mark.parametrize("num_splits", [1, 3])
+def test_int4_many_rows_sum_offsets_every_tile(num_splits):
+    """int4's nibble-plane loop past 16 packed rows (GQA 8, q_len 5: 40 rows, one 64-row block)
+    sums V's offsets over each tile's keys as it goes instead of after the loop (registers): the
+    reference's output and LSE."""
+    dtype = DTYPES[0]
+    q, k, v, seqlens, table = _case(2, 5, 8, 1, 128, 16, [37, 150], dtype)
+    kq, ks, vq, vs, kd, vd = _quantized(k, v, "int4")
+    ref, ref_lse = paged_attention_ref(q.float(), kd, vd, seqlens, table)
+    plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
+                                  kv_format="int4", num_splits=num_splits,
+                                  config=_int4_units_config())
+    _run_and_check(plan, q, kq, vq, seqlens, table, ks, vs, ref, ref_lse, "V_PAIRS", dtype)
+    assert [la._constexprs["BLOCK_M"] for la in plan._launches.values()] == [64]
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
 def test_int4_values_near_fp16_max_do_not_overflow(num_splits):
     """int4's nibble-plane loop (fp16 queries) dots fp16 planes of ``n - 8`` with fp16
     probabilities times V's per-key scales: with a key's largest value at fp16's max (scale
