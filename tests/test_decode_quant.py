@@ -390,6 +390,22 @@ def test_int4_many_rows_sum_offsets_every_tile(num_splits):
     assert [la._constexprs["BLOCK_M"] for la in plan._launches.values()] == [64]
 
 
+def test_int4_queries_far_from_zero():
+    """Queries with a common offset of 30 times their spread (scores in the hundreds; int4's
+    per-key offsets times each row's sum of q carry most of them) give the reference's output
+    and LSE to fp16's rounding. (Dotting K's nibbles as the stored bit patterns 1024 + n and
+    taking each row's bias off after the dot, 64 instructions a tile fewer, missed the LSE here
+    by 0.07: the bias's float32 rounding inside the dot.)"""
+    q, k, v, seqlens, table = _case(2, 1, 8, 2, 128, 16, [150, 37], torch.float32)
+    q = (q + 30.0).half()
+    kq, ks, vq, vs, kd, vd = _quantized(k.half(), v.half(), "int4")
+    ref, ref_lse = paged_attention_ref(q.float(), kd, vd, seqlens, table)
+    plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
+                                  kv_format="int4", config=_int4_units_config())
+    _run_and_check(plan, q, kq, vq, seqlens, table, ks, vs, ref, ref_lse, "V_PAIRS",
+                   torch.float16)
+
+
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_int4_values_near_fp16_max_do_not_overflow(num_splits):
     """int4's nibble-plane loop (fp16 queries) dots fp16 planes of ``n - 8`` with fp16
