@@ -22,9 +22,9 @@
 #               plain decode (scripts/decode_config_sweep.py)
 #   pf2         fp8 and int8 at 2 stages with carried page ids (the 3-stage form lost, 2026-11-27
 #               sixth session; fp8's stalls are mostly long scoreboard), fp16 and bf16 (DTYPES)
-#   tok         scripts/int4_token_scales_ab.py: int4 with one scale (and offset) per key against
-#               today's four group scales (a loop 18-24% shorter, compiled for sm_90a), each
-#               variant's error and speedup over the fp16 cache, GQA 32/8 and MHA 12/12
+#   tok         the int4 (per-key scales) row, 2 stages, no register cap, and 4 programs an
+#               SM at 128 registers (45 KB of shared memory a program now; 84-104 B of spill),
+#               fp16 and bf16 queries, GQA 32/8 and MHA 12/12: speed over the fp16 cache
 #   prefill     scripts/prefill_sweep.py: one q head per program ('h') against GQA packing, pages
 #               16 and 256, 128x128 / 128x64 tiles, TMA where pages hold whole tiles
 set -u
@@ -102,10 +102,12 @@ if [[ $STEPS == *pf2* ]]; then
   done
 fi
 if [[ $STEPS == *tok* ]]; then
+  # int4 with one (scale, offset) per key (merged 2026-11-27, eighth session)
   step tok
-  for variant in group token token-asym; do
-    timeout 240 python3 scripts/int4_token_scales_ab.py --variant $variant \
-      --shapes ${TOK_SHAPES:-16x4096,64x8192,1x131072} 2>&1 | grep "^| [gt]"
+  for dt in ${DTYPES:-fp16 bf16}; do
+    timeout 240 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int4 --all \
+      --heads 32/8,12/12 --shapes ${TOK_SHAPES:-16x4096,64x8192,1x131072} --grid 128,4,3 \
+      128,4,2 128,4,3,-1,-1,0 128,4,3,4,-1,128 128,4,2,4,-1,128 2>&1 | grep -v "^|---"
   done
 fi
 if [[ $STEPS == *splits* ]]; then

@@ -138,8 +138,8 @@ class PagedKV:
         else:
             data = lambda: torch.zeros((*shape[:3], self.head_dim // 2), dtype=torch.uint8,
                                        device=self.device)
-            scale = lambda: torch.zeros((*shape[:3], self.head_dim // 32), dtype=torch.float16,
-                                        device=self.device)
+            scale = lambda: torch.zeros((*shape[:3], 2), dtype=torch.float32,
+                                        device=self.device)  # (scale, offset) per token
         return data(), data(), scale(), scale()
 
     def attention(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0,

@@ -54,7 +54,7 @@ def _empty_cache(fmt, num_pages, page, nheads_k, head_dim, scale_dtype=None, fp8
     if fmt == "int8":
         sshape, sdtype = (num_pages, page, nheads_k), scale_dtype or torch.float32
     else:
-        sshape, sdtype = (num_pages, page, nheads_k, head_dim // 32), torch.float16
+        sshape, sdtype = (num_pages, page, nheads_k, 2), torch.float32
     return (*caches, *(torch.rand(sshape, device=DEVICE).to(sdtype) for _ in range(2)))
 
 
@@ -138,18 +138,22 @@ def test_fp8_rounding_ties_carries_and_saturation():
 
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 def test_integer_rounding_ties(fmt):
-    """Scale exactly 1 (amax 127 or 7 in every row or 32-channel group), values on every half
-    step: round half to even, as torch.round; 0.49999997 (where floor(x + 0.5) rounds up)
-    stays 0."""
-    top = 127.0 if fmt == "int8" else 7.0
-    width = 128 if fmt == "int8" else 32  # one scale per row (int8) or per 32 channels (int4)
-    values = torch.cat([torch.tensor([0.49999997, -0.49999997, 1.4999999, -2.5000002]),
-                        torch.arange(-top + 0.5, top, 1.0)])
-    values = torch.cat([values, torch.zeros(-values.numel() % (width - 1))])
-    groups = torch.cat([torch.full((values.numel() // (width - 1), 1), top),
-                        values.view(-1, width - 1)], dim=1)
-    groups = torch.cat([groups, torch.zeros(-groups.shape[0] % (128 // width), width)])
-    x = groups.reshape(1, -1, 1, 128).to(DEVICE)
+    """Scale exactly 1 (int8: amax 127 in every row; int4: minimum -8 and maximum 7), values on
+    every half step: round half to even, as torch.round; 0.49999997 (where floor(x + 0.5)
+    rounds up) stays 0."""
+    if fmt == "int8":
+        values = torch.cat([torch.tensor([0.49999997, -0.49999997, 1.4999999, -2.5000002]),
+                            torch.arange(-126.5, 127.0, 1.0)])
+        ends = [127.0]
+    else:  # minimum -8, maximum 7: offset 0, x - offset is x itself, the ties stay ties
+        values = torch.cat([torch.tensor([0.49999997, -0.49999997, 1.4999999, -2.5000002]),
+                            torch.arange(-7.5, 7.0, 1.0)])
+        ends = [7.0, -8.0]
+    width = 128 - len(ends)
+    values = torch.cat([values, torch.zeros(-values.numel() % width)])
+    rows = torch.cat([torch.tensor(ends).expand(values.numel() // width, -1),
+                      values.view(-1, width)], dim=1)
+    x = rows.reshape(1, -1, 1, 128).to(DEVICE)
     num_pages, table = _pages(1, x.shape[1], 16, extra=0)
     kc, vc, ks, vs = _empty_cache(fmt, num_pages, 16, 1, 128)
     seqlens = torch.zeros(1, dtype=torch.int32, device=DEVICE)
@@ -158,7 +162,8 @@ def test_integer_rounding_ties(fmt):
                            kv_format="int4" if fmt == "int4" else None)
     _assert_bytes_equal(kc, want, "k_cache")
     _assert_bytes_equal(ks, want_s, "k_scale")
-    assert float(want_s.float().max()) == 1.0  # the case really has unit scales (and ties)
+    unit = want_s[..., 0] if fmt == "int4" else want_s
+    assert float(unit.float().max()) == 1.0  # the case really has unit scales (and ties)
 
 
 ATTEND = ((3, 4, 2, 64, 16, [0, 19, 7]) if not HAS_CUDA else
@@ -257,10 +262,10 @@ def test_bad_arguments_raise_before_any_write():
         # int4
         (ValueError, "kv_format='int4'", dict(k_cache=k4c, v_cache=v4c, k_scale=k4s,
                                               v_scale=v4s)),
-        (TypeError, "k_scale must be one of", dict(k_cache=k4c, v_cache=v4c, k_scale=k4s.float(),
+        (TypeError, "k_scale must be one of", dict(k_cache=k4c, v_cache=v4c, k_scale=k4s.half(),
                                                    v_scale=v4s, kv_format="int4")),
-        (ValueError, "v_scale must be fp16", dict(k_cache=k4c, v_cache=v4c, k_scale=k4s,
-                                                  v_scale=v4s[..., :1], kv_format="int4")),
+        (ValueError, "v_scale must be float32", dict(k_cache=k4c, v_cache=v4c, k_scale=k4s,
+                                                     v_scale=v4s[..., :1], kv_format="int4")),
         (ValueError, "k must have shape", dict(k=torch.cat([k, k], -1), v=torch.cat([v, v], -1),
                                                k_cache=k4c, v_cache=v4c, k_scale=k4s,
                                                v_scale=v4s, kv_format="int4")),

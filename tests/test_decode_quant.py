@@ -44,13 +44,14 @@ def _check(out, ref, dtype):
 
 
 def _run_and_check(plan, q, kq, vq, seqlens, table, ks, vs, ref, ref_lse, flag, dtype,
-                   out_scale=1.0):
+                   out_scale=1.0, flag_value=True):
     """``plan.run`` on NaN-poisoned outputs against the reference (out and LSE), with the
-    kernel constant ``flag`` on in the plan's launch and the custom op giving the same bytes.
-    ``out_scale``: the output is compared times this (``ref`` given at that scale)."""
+    kernel constant ``flag`` at ``flag_value`` in the plan's launch and the custom op giving the
+    same bytes. ``out_scale``: the output is compared times this (``ref`` given at that
+    scale)."""
     with poison_empty:
         out, lse = plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs, return_lse=True)
-    assert [la._constexprs[flag] for la in plan._launches.values()] == [True]
+    assert [la._constexprs[flag] for la in plan._launches.values()] == [flag_value]
     assert out.dtype == q.dtype
     _check(out.float() * out_scale, ref, dtype)
     fin = torch.isfinite(ref_lse)
@@ -59,7 +60,8 @@ def _run_and_check(plan, q, kq, vq, seqlens, table, ks, vs, ref, ref_lse, flag, 
     assert plan._run_op(q, kq, vq, seqlens, table, ks, vs)[0].equal(out)
 
 
-# (head dim 128 takes int4's split-dot path; 64 and 96 its per-channel path)
+# (head dim 128 with 16-bit q takes int4's nibble-plane loop; 64, 96 and fp32 q its per-channel
+# path)
 SHAPES = ([(3, 1, 4, 2, 64, 16, [37, 0, 64]), (2, 3, 8, 2, 96, 32, [70, 5]),
            (2, 2, 4, 1, 128, 16, [150, 33])] if not HAS_CUDA else
           [(16, 1, 32, 8, 128, 16, [4096] * 15 + [17]), (4, 4, 12, 2, 128, 64, [900, 0, 3, 2048]),
@@ -277,49 +279,49 @@ def _misaligned(t, align):
 
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_int4_scales_load_as_32_bit_pairs_where_aligned(num_splits):
-    """int4 at head dim 128 reads each key's four fp16 group scales as two 32-bit words
-    (SCALE_PAIRS) where the scales are aligned, and as fp16 where they sit at an odd fp16
-    offset (a 32-bit load there would be misaligned): both equal the reference, bit for bit
-    each other (V as bytes in both: the misaligned call also drops ``v_pairs``, whose V scaling
-    rounds differently)."""
-    import dataclasses
-
-    from kvonce.kernels.configs import get_paged_decode_config
+    """int4's nibble-plane loop reads each key's float32 (scale, offset) as one 64-bit word
+    (SCALE_PAIRS) where the scales are 8-byte aligned, and as two 32-bit loads where they sit
+    4 bytes off (a 64-bit load there would be misaligned): both equal the reference (the same
+    loop and arithmetic; only the loads differ)."""
     dtype = DTYPES[0]
     q, k, v, seqlens, table = _case(3, 2, 8, 2, 128, 16, [37, 0, 150], dtype)
     kq, ks, vq, vs, kd, vd = _quantized(k, v, "int4")
     ref, ref_lse = paged_attention_ref(q.float(), kd, vd, seqlens, table)
-    cap = torch.cuda.get_device_capability() if HAS_CUDA else None
-    config = dataclasses.replace(get_paged_decode_config(cap, 128, "int4"), v_pairs=False)
     plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
-                                  kv_format="int4", num_splits=num_splits, config=config)
+                                  kv_format="int4", num_splits=num_splits,
+                                  config=_int4_units_config())
     _run_and_check(plan, q, kq, vq, seqlens, table, ks, vs, ref, ref_lse, "SCALE_PAIRS", dtype)
     aligned = plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs)
     with poison_empty:
-        unaligned = plan.run(q, kq, vq, seqlens, table, k_scale=_misaligned(ks, 4),
-                             v_scale=_misaligned(vs, 4))
+        unaligned = plan.run(q, kq, vq, seqlens, table, k_scale=_misaligned(ks, 8),
+                             v_scale=_misaligned(vs, 8))
     _check(unaligned, ref, dtype)
+    assert unaligned.equal(aligned)
+    launch = next(iter(plan._launches.values()))
+    assert launch._misaligned_constexprs[True, False]["V_PAIRS"]
+    assert not launch._misaligned_constexprs[True, False]["SCALE_PAIRS"]
     assert unaligned.equal(aligned)
 
 
 def _int4_units_config():
-    """The int4 row's config (of this GPU, or the interpreter's) with V read as 16-bit units."""
-    import dataclasses
-
+    """The int4 row's config (of this GPU, or the interpreter's): at head dim 128 with 16-bit q
+    its nibble-plane loop reads V as 16-bit units (``v_pairs`` aside)."""
     from kvonce.kernels.configs import get_paged_decode_config
     cap = torch.cuda.get_device_capability() if HAS_CUDA else None
-    return dataclasses.replace(get_paged_decode_config(cap, 128, "int4"), v_pairs=True)
+    return get_paged_decode_config(cap, 128, "int4")
 
 
 def _v_pairs_case(case, num_splits=0):
     """``case`` ("fp8/fp16", "int8/bf16", ...): the quantized cache, the reference and a plan
-    with ``v_pairs`` and ``f16_math`` on over its format's config row; the tensors as a dict."""
+    with ``v_pairs`` and ``f16_math`` on over its format's config row ("int4/bf16-dots":
+    ``f16_math`` off); the tensors as a dict."""
     import dataclasses
 
     from kvonce.kernels.configs import get_paged_decode_config
     fmt, qdtype = case.split("/")
     fmt = {"fp8": "fp8_e4m3", "int8": "int8", "int4": "int4"}[fmt]
     dtype = torch.float16 if qdtype == "fp16" else torch.bfloat16
+    f16_math = qdtype != "bf16-dots"
     q, k, v, seqlens, table = _case(3, 2, 8, 2, 128, 16, [37, 0, 150], torch.float32)
     q = q.to(dtype)
     kq, ks, vq, vs, kd, vd = _quantized(k.to(dtype), v.to(dtype), fmt)
@@ -329,22 +331,23 @@ def _v_pairs_case(case, num_splits=0):
     plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
                                   num_splits=num_splits,
                                   kv_format="int4" if fmt == "int4" else None,
-                                  config=dataclasses.replace(base, v_pairs=True, f16_math=True))
+                                  config=dataclasses.replace(base, v_pairs=True, f16_math=f16_math))
     return dict(plan=plan, q=q, kq=kq, vq=vq, seqlens=seqlens, table=table, ks=ks, vs=vs,
                 ref=ref, ref_lse=ref_lse)
 
 
-# bf16 x int4 dots its scores in bf16, which the interpreter computes wrongly (triton 3.6)
-@pytest.mark.parametrize("case", ["fp8/fp16", "fp8/bf16", "int8/fp16", "int4/fp16"]
-                         + (["int4/bf16"] if HAS_CUDA else []))
+# bf16 dots (int4 without f16_math) the interpreter computes wrongly (triton 3.6)
+@pytest.mark.parametrize("case", ["fp8/fp16", "fp8/bf16", "int8/fp16", "int4/fp16", "int4/bf16"]
+                         + (["int4/bf16-dots"] if HAS_CUDA else []))
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_v_as_channel_pairs_matches_the_reference(case, num_splits):
     """``PagedDecodeConfig.v_pairs``: V read as 16-bit channel pairs, dotted as its even and odd
     channels and interleaved at the end, gives the reference's output for fp8 (fp16 queries, and
     bf16 queries through ``f16_math``), int8 (its per-key scales on the scores and the
-    probabilities) and int4 (fp16 and bf16 queries: four nibble planes of 16-bit units, the
-    group scales on V, P·V in fp16): GQA rows, q_len > 1 (causal band), an empty sequence, lengths off the tile grid; the
-    custom op carries the flag."""
+    probabilities) and int4 (fp16 queries, bf16 through fp16 rows, and on a GPU bf16 dots: four
+    nibble planes of 16-bit units, the per-key scales on the probabilities, P·V in fp16): GQA
+    rows, q_len > 1 (causal band), an empty sequence, lengths off the tile grid; the custom op
+    carries the flag."""
     c = _v_pairs_case(case, num_splits)
     _run_and_check(c["plan"], c["q"], c["kq"], c["vq"], c["seqlens"], c["table"], c["ks"],
                    c["vs"], c["ref"], c["ref_lse"], "V_PAIRS", torch.bfloat16)
@@ -352,7 +355,7 @@ def test_v_as_channel_pairs_matches_the_reference(case, num_splits):
 
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 def test_calls_misaligned_at_different_pointers_compile_apart(fmt):
-    """One plan called with its scales off (int4's fp16 scales 2 bytes off 4, int8's fp32 ones 4
+    """One plan called with its scales off (int4's float32 pairs 4 bytes off 8, int8's fp32 ones 4
     bytes off 16), then with V off 2 bytes (same shapes): each
     call compiles for its own pointers. With one "some pointer is off" bit in the launch key the
     second call reused the first's kernel, which Triton had specialized with V 16-byte aligned
@@ -361,7 +364,7 @@ def test_calls_misaligned_at_different_pointers_compile_apart(fmt):
     c = _v_pairs_case(f"{fmt}/fp16")
     plan = c["plan"]
     args = (c["q"], c["kq"], c["vq"], c["seqlens"], c["table"])
-    align = 4 if fmt == "int4" else 16
+    align = 8 if fmt == "int4" else 16
     with poison_empty:
         scales_off = plan.run(*args, k_scale=_misaligned(c["ks"], align),
                               v_scale=_misaligned(c["vs"], align))
@@ -373,14 +376,47 @@ def test_calls_misaligned_at_different_pointers_compile_apart(fmt):
 
 
 @pytest.mark.parametrize("num_splits", [1, 3])
+def test_int4_past_16_rows_takes_the_tile(num_splits):
+    """Past 16 packed rows (GQA 8, q_len 5: 40 rows, one 64-row block) int4 at head dim 128
+    takes the per-element tile, not the nibble-plane loop (which, compiled at 64 rows, wrote NaN
+    and faulted on the H100): the reference's output and LSE."""
+    dtype = DTYPES[0]
+    q, k, v, seqlens, table = _case(2, 5, 8, 1, 128, 16, [37, 150], dtype)
+    kq, ks, vq, vs, kd, vd = _quantized(k, v, "int4")
+    ref, ref_lse = paged_attention_ref(q.float(), kd, vd, seqlens, table)
+    plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
+                                  kv_format="int4", num_splits=num_splits,
+                                  config=_int4_units_config())
+    _run_and_check(plan, q, kq, vq, seqlens, table, ks, vs, ref, ref_lse, "V_PAIRS", dtype,
+                   flag_value=False)
+    assert [la._constexprs["BLOCK_M"] for la in plan._launches.values()] == [64]
+
+
+def test_int4_queries_far_from_zero():
+    """Queries with a common offset of 30 times their spread (scores in the hundreds; int4's
+    per-key offsets times each row's sum of q carry most of them) give the reference's output
+    and LSE to fp16's rounding. (Dotting K's nibbles as the stored bit patterns 1024 + n and
+    taking each row's bias off after the dot, 64 instructions a tile fewer, missed the LSE here
+    by 0.07: the bias's float32 rounding inside the dot.)"""
+    q, k, v, seqlens, table = _case(2, 1, 8, 2, 128, 16, [150, 37], torch.float32)
+    q = (q + 30.0).half()
+    kq, ks, vq, vs, kd, vd = _quantized(k.half(), v.half(), "int4")
+    ref, ref_lse = paged_attention_ref(q.float(), kd, vd, seqlens, table)
+    plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
+                                  kv_format="int4", config=_int4_units_config())
+    _run_and_check(plan, q, kq, vq, seqlens, table, ks, vs, ref, ref_lse, "V_PAIRS",
+                   torch.float16)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
 def test_int4_values_near_fp16_max_do_not_overflow(num_splits):
-    """int4 V units (fp16 queries) rebuild V in fp16 before the dot: a group whose largest value
-    is fp16's max has a scale that rounds up (7 x 9360 = 65520, past 65504: inf, then NaN in
-    the output). The planes carry the scales over 8 (the output takes the 8 back in fp32), so
-    no value overflows: finite output equal to the reference's."""
+    """int4's nibble-plane loop (fp16 queries) dots fp16 planes of ``n - 8`` with fp16
+    probabilities times V's per-key scales: with a key's largest value at fp16's max (scale
+    ~4367) no factor overflows fp16 (a plane of V itself would): finite output equal to the
+    reference's."""
     q, k, v, seqlens, table = _case(3, 2, 8, 2, 128, 16, [37, 0, 150], torch.float32)
     v = v.clone()
-    v[::2, :, :, 3] = 65504.0  # in every other page: the group's amax at fp16's max
+    v[::2, :, :, 3] = 65504.0  # in every other page: the key's max at fp16's max
     v[1::2, :, :, 70] = -60000.0  # (the outputs, averages over pages, stay in range)
     kq, ks, vq, vs, kd, vd = _quantized(k.half(), v.half(), "int4")
     ref, _ = paged_attention_ref(q.half().float(), kd, vd, seqlens, table)
@@ -479,7 +515,8 @@ def test_v_pairs_fall_back_where_v_is_not_aligned(case):
         out = plan.run(c["q"], c["kq"], _misaligned(c["vq"], 2), c["seqlens"], c["table"],
                        k_scale=c["ks"], v_scale=c["vs"])
     _check(out, c["ref"], torch.bfloat16)
-    assert not any(la._unaligned_constexprs["V_PAIRS"] for la in plan._launches.values())
+    assert not any(la._misaligned_constexprs[False, True]["V_PAIRS"]
+                   for la in plan._launches.values())
 
 
 @pytest.mark.parametrize("pairs", [True, False])
@@ -538,7 +575,7 @@ def test_quantized_arguments_are_checked_before_launch():
     with pytest.raises(ValueError, match="kv_format='int4'"):
         kvonce.paged_attention(q, k4, v4, seqlens, table, k_scale=ks4, v_scale=vs4)
     with pytest.raises(TypeError, match="k_scale"):
-        kvonce.paged_attention(q, k4, v4, seqlens, table, k_scale=ks4.float(), v_scale=vs4,
+        kvonce.paged_attention(q, k4, v4, seqlens, table, k_scale=ks4.half(), v_scale=vs4,
                                kv_format="int4")
     with pytest.raises(ValueError, match="quantized caches"):
         kvonce.paged_attention(q, k, v, seqlens, table, k_scale=ks, v_scale=vs)

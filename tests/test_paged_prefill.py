@@ -234,7 +234,7 @@ def test_decode_only_batch_equals_paged_attention(kernel):
 # ------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("fmt", tuple(QUANT_FORMATS))
-@pytest.mark.parametrize("head_dim", [64, 128])  # 128: int4's split-dot path
+@pytest.mark.parametrize("head_dim", [64, 128])  # int4: the per-element tile at both
 def test_quantized_cache_matches_dequantized_reference(fmt, head_dim):
     dtype = DTYPES[0]
     q, k, v, cu, seqlens, table = make_case(MIXED, nheads=8, nheads_k=2, head_dim=head_dim,

@@ -27,23 +27,37 @@ def test_int8_per_token_bound(outliers):
 
 
 @pytest.mark.parametrize("outliers", [False, True])
-def test_int4_per_group_bound_and_layout(outliers):
+def test_int4_per_key_bound_and_layout(outliers):
     x = _keys(2, 16, 2, 128, outliers=outliers)
     x_q, s = quantize_kv(x, "int4")
     assert x_q.dtype == torch.uint8 and x_q.shape == (2, 16, 2, 64)
-    assert s.dtype == torch.float16 and s.shape == (2, 16, 2, 4)
+    assert s.dtype == torch.float32 and s.shape == (2, 16, 2, 2)
+    scale, offset = s.unbind(-1)
+    xf = x.float()
+    assert torch.allclose(scale, (xf.amax(-1) - xf.amin(-1)) / 15, rtol=1e-6, atol=0)
+    assert torch.allclose(offset, xf.amin(-1) + 8 * scale, rtol=1e-6, atol=1e-6)
     back = dequantize_kv(x_q, s, "int4", torch.float32)
-    groups = x.float().reshape(2, 16, 2, 4, 32)
-    # Half a step of scale = amax / 7 (the scale rounded to fp16: relative 2^-11 more).
-    step = s.float()[..., None]
-    assert ((back.reshape(groups.shape) - groups).abs() <= step / 2 + 8 * step * 2 ** -11).all()
+    # Half a step of scale = (max - min) / 15, plus float32 rounding.
+    bound = scale[..., None] * (0.5 + 1e-5) + xf.abs() * 1e-6
+    assert ((back - xf).abs() <= bound).all()
     # Nibble order: channel i low, i + d/2 high, q + 8 (d = 64: byte 0 holds channels 0 and 32).
     y = torch.zeros(1, 1, 64, device=DEVICE, dtype=torch.float16)
-    y[..., 0], y[..., 32], y[..., 1] = 7.0, -7.0, 7.0
+    y[..., 0], y[..., 32], y[..., 1] = 7.0, -8.0, 7.0
     y_q, y_s = quantize_kv(y, "int4")
-    assert y_s.eq(1.0).all() and y_q[0, 0, 0].item() == (15 | (1 << 4))
-    assert y_q[0, 0, 1].item() == (15 | (8 << 4))
+    assert y_s.tolist() == [[[1.0, 0.0]]]
+    assert y_q[0, 0, 0].item() == 15 and y_q[0, 0, 1].item() == (15 | (8 << 4))
     assert y_q[0, 0, 2:].eq(8 | (8 << 4)).all()
+
+
+def test_int4_offset_rows():
+    """Rows far from 0 (a common offset larger than their spread: the minimum, not a symmetric
+    range, sets the levels) and constant rows dequantize within half a step."""
+    x = torch.randn(4, 2, 64, device=DEVICE) * 0.1 + 100.0
+    x[0, 1] = -3.0  # constant
+    x_q, s = quantize_kv(x, "int4")
+    back = dequantize_kv(x_q, s, "int4", torch.float32)
+    assert ((back - x).abs() <= s[..., :1] * 0.51 + x.abs() * 1e-6).all()
+    assert (back[0, 1] + 3.0).abs().max() < 1e-5
 
 
 def test_fp8_per_head_scale_and_given_scale():
@@ -67,7 +81,8 @@ def test_fp8_per_head_scale_and_given_scale():
 def test_zeros_stay_zero(kv_format):
     x = torch.zeros(2, 4, 2, 64, device=DEVICE, dtype=torch.bfloat16)
     x_q, s = quantize_kv(x, kv_format)
-    assert (s > 0).all() and torch.isfinite(s.float()).all()
+    scale = s[..., 0] if kv_format == "int4" else s  # int4: (scale, minimum)
+    assert (scale > 0).all() and torch.isfinite(s.float()).all()
     assert dequantize_kv(x_q, s, kv_format, torch.float32).eq(0).all()
 
 

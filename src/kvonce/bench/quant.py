@@ -81,7 +81,7 @@ def bytes_read(case: Case, fmt: str | None, *, per_tensor_scale: bool = False,
     elif fmt == "int8":
         data, scales = values, 4 * case.tokens * case.nheads_k
     elif fmt == "int4":
-        data, scales = values // 2, 2 * case.tokens * case.nheads_k * (HEAD_DIM // 32)
+        data, scales = values // 2, 8 * case.tokens * case.nheads_k  # (scale, offset) float32
     else:
         raise ValueError(f"unknown format {fmt!r}")
     return 2 * (data + scales) + 2 * outliers * case.tokens * case.nheads_k

@@ -187,18 +187,19 @@ class PagedDecodeConfig:
         The int4 rows set it (measured on the H100).
     swap_ab: the dots with the keys on the MMA's M side (Sᵀ = K·qᵀ, Oᵀ += Vᵀ·Pᵀ): sm_90a then
         compiles m64n16 wgmma where the packed rows (M = 16) get mma.sync; fp8 K x fp8 q would
-        need no K conversion there. Plain, fp8 and int8 caches (int4's split dots ignore it).
+        need no K conversion there. Plain, fp8 and int8 caches (int4's nibble-plane loop ignores
+        it).
         Interpreter-tested only; no row sets it: not measured on a GPU. Compiled for sm_90a
         (scripts/decode_kernel_stats.py --swap-ab): fp8/int8 at (64, 4, 2) and (128, 8, 2) take
         166-179 registers and no spill; at (128, 4, 2) the register-held A tiles spill 124-208 B.
-    f16_math: bf16 queries against an fp8 or int8 cache run both dots in fp16 (each q row
-        scaled by a power of two into fp16's range, ``paged_decode._f16_rows``: no precision
-        lost), so the tiles take fp16's packed converters (fp8's one cvt, int8's prmt + sub)
-        instead of bf16's bit moves. int8 only with ``v_pairs`` (whose loop keeps each tile's
-        probabilities times V scales under 1, so bf16-range V scales neither overflow fp16 nor
-        fall among its subnormals). int4 (split dots) measured 10-19% slower with it (the same
-        normalization per group and tile: 255 registers and spills): not taken.
-        Other formats and query dtypes ignore it.
+    f16_math: bf16 queries against an fp8, int8 or int4 cache run both dots in fp16 (each q
+        row scaled by a power of two into fp16's range, ``paged_decode._f16_rows``: no precision
+        lost), so the tiles take fp16's packed converters (fp8's one cvt, int8's prmt + sub,
+        int4's lop3 + sub) instead of bf16's bit moves. int8 only with ``v_pairs`` (whose loop
+        keeps each tile's probabilities times V scales under 1, so bf16-range V scales neither
+        overflow fp16 nor fall among its subnormals); int4 in its nibble-plane loop (compiled
+        for sm_90a: 731 instructions a tile a warp against 984 with bf16 dots; not measured on
+        a GPU). Other formats and query dtypes ignore it.
     int64_kv_offsets: quantized caches address K/V and their scales in int64 even where every
         offset fits int32 (by default int32 there: 626 IMADs a kernel instead of 1047 for fp8,
         compiled for sm_90a). Plain caches always use int64 (their rows were tuned so).
@@ -210,15 +211,14 @@ class PagedDecodeConfig:
     v_pairs: an fp8 or int8 cache's V tile is read as 16-bit channel pairs and dotted as its
         even and odd channels (``kernels/paged_decode_pairs.py``), where the MMA operand load
         transposes it instead of gathering bytes. fp16 compute only (fp16 q, or bf16 q with
-        ``f16_math``). int4 at head dim 128 (fp16 or bf16 q): V read as 16-bit units, each of its four
-        nibble planes scaled by its group's scale on V and staged as fp16 for the dot, so one
-        probability tile feeds full-width dots (``paged_decode_int4``
-        ``_attend_paged_int4_vpairs``). On in the fp8, int8 and int4 rows (measured).
+        ``f16_math``). On in the fp8 and int8 rows (measured). int4 ignores it: at head dim 128
+        with fp16 or bf16 q it always runs the nibble-plane loop, which reads V as 16-bit units
+        (``paged_decode_int4._attend_paged_int4``).
     prefetch_pages: the next key tile's block-table entries are loaded an iteration ahead and
         carried in registers, so that no K/V address waits on a load issued just before it:
-        int4's V-units loop, the fp8/int8 channel-pair loop and the plain-cache loop; the
-        others (byte-gathered quantized tiles, int4's split dots, swap_ab) ignore it. With two
-        stages Triton's pipeliner issues a tile's copies in the iteration before and, left to
+        int4's nibble-plane loop, the fp8/int8 channel-pair loop and the plain-cache loop;
+        the others (byte-gathered quantized tiles, int4's per-element tile, swap_ab) ignore it.
+        With two stages Triton's pipeliner issues a tile's copies in the iteration before and, left to
         itself, loads their page ids there too, a few dozen instructions before the addresses.
         At 3 stages the carry is what gives K/V a second shared-memory slot: without it the
         pipeliner spends the third stage on copying the page ids and K/V keep one slot (TTGIR,
@@ -339,7 +339,7 @@ _paged_warned: set = set()
 # int4 at 168 registers (3 programs an SM; uncapped the kernel takes 255), 2026-11-27, graphs,
 # H100, fp16 q: with dense-and-sparse keys (quant_decode_sweep.py --formats int4 --outliers 8)
 # GQA 64 x 8192 557 us against 622 uncapped, 1 x 131072 156 vs 232; MHA 743 vs 905, 207 vs 313.
-# Then, with the group scales as 32-bit pairs (scripts/int4_scale_pairs_ab.py), the plain cache
+# Then, with the group scales as 32-bit pairs (scripts/int4_scale_pairs_ab.py, since removed), the plain cache
 # too: 403 / 122 / 579 / 163 us against 469 / 180 / 758 / 262 uncapped (speed over the fp16
 # cache 1.80 / 1.61 / 1.92 / 1.75; before the pairs, 168 had lost at GQA 64 x 8192).
 # V as 16-bit units with its group scales on V (`v_pairs`, fp16 q; kernels/paged_decode_int4.py
@@ -369,10 +369,22 @@ _paged_warned: set = set()
 # 241.7 / 242.6; at 5.8 (batch 64) fp8 289.9 / 297.4, int8 302.6 / 310.1, int4 247.6 / 265.2 (and at
 # 64 x 8192: fp8 563.1 / 568.5, int8 584.7 / 591.3, int4 468.3 / 484.6); at 6.4 (batch 70) one pass
 # lost (fp8 354.7 / 338.5), and at 3.6-4.4 two splits won (fp8 202.9 / 220.0 at 3.6).
+# int4 with one (scale, offset) per key (2026-11-27, eighth session; the format since then): this
+# row as it was, same machine and call, main against the branch, graphs, fp16 q, us, GQA 16 x 4096 /
+# 64 x 8192 / 1 x 131072 then MHA the same: H100 57.6 / 314.9 / 94.6, 77.4 / 465.7 / 140.2
+# against 56.0 / 316.8 / 93.1, 73.6 / 446.8 / 134.0; H200 51.6 / 308.4 / 89.2, 73.2 / 456.0 /
+# 131.3 against 46.2 / 260.3 / 76.1, 61.9 / 349.8 / 111.1 (bf16 q on the H200: 55.7 / 335.0 /
+# 97.6, 77.5 / 502.0 / 144.8 against 46.3 / 258.7 / 76.0, 62.3 / 354.5 / 110.9). The loop (sm_90a,
+# (128, 4, 3)) is 731 instructions a tile a warp against 889 and 44 KB of shared memory against
+# 74, but on the H100 it then waits on DRAM (ncu, GQA 64 x 8192: long scoreboard 1.70 cycles an
+# issued instruction against 0.45, 0.41 issued a cycle a scheduler, DRAM 61%). Four programs an
+# SM at 128 registers and 2 stages (spilling 76-112 B): GQA 64 x 8192 275.4 us (H100) / 240.9
+# (H200), 1 x 131072 90.6 / 76.6, but MHA 64 x 8192 467.9 / 422.2 (its split count follows
+# programs_per_sm): not this row yet. bf16 q through fp16 rows (`f16_math`, now int4's too).
 _QUANT_SPLITS = dict(slow_programs_per_sm=(3.5, 6.5), one_pass_programs_per_sm=(5.0, 6.0))
 _INT4 = PagedDecodeConfig(128, 4, 3, **_QUANT_SPLITS,
                           max_registers=168,
-                          outlier_max_registers=168, v_pairs=True, prefetch_pages=True)
+                          outlier_max_registers=168, prefetch_pages=True, f16_math=True)
 _PAGED_DECODE_QUANT_TABLE: dict[tuple[tuple[int, int], str], dict[int, PagedDecodeConfig]] = {
     ((9, 0), "int8"): {128: PagedDecodeConfig(128, 4, 2, min_keys_per_split=2048, v_pairs=True,
                                               f16_math=True,

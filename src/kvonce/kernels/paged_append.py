@@ -8,9 +8,9 @@ round-half ties), so the bytes equal ``quantize_kv``'s for the same tokens:
 
     KV_FORMAT 1 fp8 e4m3: y = clamp(x / scale[head], +-448), stored as fp8 (round to nearest even)
     KV_FORMAT 2 int8:     s = max(amax_d |x| / 127, 2^-24); q = clamp(rint(x / s), +-127)
-    KV_FORMAT 3 int4:     per 32 channels s = fp16(max(amax / 7, 2^-24)) (rounded BEFORE dividing);
-                          q = clamp(rint(x / s), +-7) + 8; byte i: channel i low nibble,
-                          channel i + d/2 high (i < d/2)
+    KV_FORMAT 3 int4:     s = max((max_d x - min_d x) / 15, 2^-24); z = min_d x + 8 s;
+                          q = clamp(rint((x - z) / s), -8, 7) + 8; byte i: channel i low
+                          nibble, channel i + d/2 high (i < d/2); scale row (s, z), float32
 
 ``rint`` is round half to even (``torch.round``), done on the fraction of ``|y|`` (exact):
 ``.to(tl.int8)`` truncates, ``libdevice.rint`` does not run under the interpreter, and
@@ -90,25 +90,25 @@ def _store_token_row(x, Cache, Scale, dst, scale_dst, offs_h, h_ok, head_dim, st
         # An fp16 scale tensor stores the float32 scale rounded (quantize_kv's, copied in).
         tl.store(Scale + scale_dst + offs_h * stride_sh, s.to(Scale.dtype.element_ty), mask=h_ok)
     else:
-        G: tl.constexpr = BLOCK_D // 32
-        g = tl.reshape(x, [BLOCK_H, G, 32])
-        amax = tl.max(tl.abs(g), axis=2)
-        s = tl.maximum(tl.math.div_rn(amax, tl.full([BLOCK_H, G], 7.0, tl.float32)), TINY)
-        s = s.to(tl.float16)  # rounded before dividing: the stored scale is the one used
-        q = _rint(tl.math.div_rn(g, tl.broadcast_to(s.to(tl.float32)[:, :, None],
-                                                      [BLOCK_H, G, 32])))
-        q = tl.reshape((tl.minimum(tl.maximum(q, -7.0), 7.0) + 8.0).to(tl.int32),
-                       [BLOCK_H, BLOCK_D])
+        # Padding lanes (channels past head_dim) stay out of the min and max; padding heads
+        # (never stored) take 0 for both.
+        lo = tl.where(h_ok, tl.min(tl.where(d_ok, x, float("inf")), axis=1), 0.0)
+        hi = tl.where(h_ok, tl.max(tl.where(d_ok, x, float("-inf")), axis=1), 0.0)
+        s = tl.maximum(tl.math.div_rn(hi - lo, tl.full([BLOCK_H], 15.0, tl.float32)), TINY)
+        offset = lo + 8.0 * s
+        y = tl.math.div_rn(x - offset[:, None],
+                           tl.broadcast_to(s[:, None], [BLOCK_H, BLOCK_D]))
+        q = (tl.minimum(tl.maximum(_rint(y), -8.0), 7.0) + 8.0).to(tl.int32)
         # Byte i: channel i (low nibble) and channel i + d / 2 (high): kvonce.paged.quant.
         offs_b = tl.arange(0, BLOCK_D // 2)
         lo_idx = tl.broadcast_to(offs_b[None, :], [BLOCK_H, BLOCK_D // 2])
-        lo = tl.gather(q, lo_idx, 1)
-        hi = tl.gather(q, tl.minimum(lo_idx + head_dim // 2, BLOCK_D - 1), 1)
-        tl.store(Cache + rows + offs_b[None, :], (lo | (hi << 4)).to(tl.uint8),
+        low = tl.gather(q, lo_idx, 1)
+        high = tl.gather(q, tl.minimum(lo_idx + head_dim // 2, BLOCK_D - 1), 1)
+        tl.store(Cache + rows + offs_b[None, :], (low | (high << 4)).to(tl.uint8),
                  mask=h_ok[:, None] & (offs_b[None, :] < head_dim // 2))
-        offs_g = tl.arange(0, G)
-        tl.store(Scale + scale_dst + offs_h[:, None] * stride_sh + offs_g[None, :], s,
-                 mask=h_ok[:, None] & (offs_g[None, :] < head_dim // 32))
+        s_ptrs = Scale + scale_dst + offs_h * stride_sh
+        tl.store(s_ptrs, s, mask=h_ok)
+        tl.store(s_ptrs + 1, offset, mask=h_ok)
 
 
 @triton.jit
@@ -137,7 +137,7 @@ def _append_paged_kv_kernel(
                        # last dim contiguous
     KS, VS,            # quantized caches' scales (kvonce.paged.quant; any pointer when plain):
                        # fp8 [nheads_k] or 0-dim (read), int8 [num_pages, PAGE_SIZE, nheads_k],
-                       # int4 [num_pages, PAGE_SIZE, nheads_k, HEAD_DIM // 32] (written)
+                       # int4 float32 [num_pages, PAGE_SIZE, nheads_k, 2] (written)
     cache_seqlens,     # int32 [batch]: token i of sequence b goes to position cache_seqlens[b] + i
     block_table,       # int32 [batch, max_pages]
     nheads_k, head_dim,

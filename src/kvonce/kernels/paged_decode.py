@@ -36,9 +36,9 @@ import triton.language as tl
 from ._launch import alignment_key, dot_input_precision, launch, next_pow2
 from .dual_group_fwd import _online_update, _softmax_step
 from .paged_combine import _combine_splits, _combine_splits_kernel, combine_launch_shape
-from .paged_decode_int4 import _attend_paged_int4, _attend_paged_int4_vpairs, _int4_tile
+from .paged_decode_int4 import _attend_paged_int4, _int4_tile
 from .paged_decode_pairs import _attend_paged_pairs
-from .paged_outliers import _outlier_queries, _outlier_scores
+from .paged_outliers import _outlier_queries, _outlier_scores, _without_outlier_channels
 from .quant_convert import _fp8_bytes_to, _ints_to
 from .paged_tiles import _tile_pages, _tile_rows
 
@@ -129,9 +129,12 @@ def _load_quant_kv_tile(K, V, KS, VS, bt_row, start_n, kv_end, stride_kp, stride
     kernel's (folded into the softmax scale and the output). 2 = int8: converted as stored (exact
     in fp16/bf16); its per-key scales (``_load_key_scales``) are applied to the
     ``[BLOCK_M, BLOCK_N]`` scores and probabilities instead of the ``[BLOCK_D, BLOCK_N]`` tiles.
-    3 = int4 at head dims other than 128 (128 runs ``_attend_paged_int4``): each channel's nibble
-    (channel i low in byte i, i + d/2 high; q + 8) times its group's fp16 scale, per element
-    (``_int4_tile``). INT64_KV=False: offsets in int32 (the caller knows caches and scales stay
+    3 = int4 where ``_attend_paged_int4`` does not run (prefill, head dims other than 128, fp32
+    q, V at an odd byte): each channel's nibble (channel i low in byte i, i + d/2 high) minus 8,
+    times its key's scale, plus its offset, per element (``_int4_tile``). Prefill tiles (128
+    rows, 8 warps) compile better this way than through the nibble-plane loop (sm_90a, GQA
+    32/8: 1094 instructions a tile a warp, 3 CTA barriers, 177 registers, against 1141, 12 and
+    255 with 44 B of spill; the group-scale split dots before took 1170, 17, 255 and 88 B). INT64_KV=False: offsets in int32 (the caller knows caches and scales stay
     below 2^31 elements)."""
     offs_n, in_range, page, slot = _tile_rows(bt_row, start_n, kv_end, PAGE_SIZE, BLOCK_N,
                                               MASKED, INT64_KV)
@@ -139,8 +142,8 @@ def _load_quant_kv_tile(K, V, KS, VS, bt_row, start_n, kv_end, stride_kp, stride
     v_rows = page * stride_vp + slot * stride_vt
     # One return at the end: code after a return under a constexpr `if` is still compiled.
     if KV_FORMAT == 3:
-        # Generic int4 path (head dims other than 128): each channel c addresses its own byte
-        # (c, or c - d/2 in the high nibble) and its group's scale, in V's orientation for both.
+        # Generic int4 path: each channel c addresses its own byte (c, or c - d/2 in the high
+        # nibble) and its key's scale and offset, in V's orientation for both.
         ks_rows = page * stride_ksp + slot * stride_kst
         vs_rows = page * stride_vsp + slot * stride_vst
         k_t = tl.trans(_int4_tile(K, KS, k_rows, ks_rows, in_range, offs_d, head_dim, dtype,
@@ -315,16 +318,16 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
     one KV head: unmasked tiles ``[lo, full)``, then the masked band ``[full, hi)``; returns the
     unnormalized ``(acc, m, l)`` (base 2), fp8's per-head scales applied. Shared by the decode
     and the varlen prefill kernels, which differ only in how rows map to tokens and outputs.
-    SWAP_AB: the dots with the keys on the MMA's M side (``_online_update_swapped``; not the
-    int4 split dots, which ignore it). F16_MATH (bf16 q; fp8, or int8 with V_PAIRS): q as fp16
-    rows times a power of two each (``_f16_rows``), so the tiles convert to fp16 and both dots
+    SWAP_AB: the dots with the keys on the MMA's M side (``_online_update_swapped``; not int4's
+    nibble-plane loop, which ignores it). F16_MATH (bf16 q; fp8, or int8 / int4 with V_PAIRS):
+    q as fp16 rows times a power of two each (``_f16_rows``), so the tiles convert to fp16 and both dots
     run in fp16; the factors come off with the softmax scale, per row. V_PAIRS (fp8 or int8,
     fp16 compute): V read as channel pairs (``paged_decode_pairs``); int4 at head dim 128 (fp16
-    q): V read as 16-bit units, its group scales on V (``_attend_paged_int4_vpairs``). N_OUT > 0 (quantized
+    or bf16 q): the nibble-plane loop, V read as 16-bit units (``_attend_paged_int4``). N_OUT > 0 (quantized
     caches): dense-and-sparse keys, ``q_out [BLOCK_M, 16]`` the rows' values at this KV head's
     outlier channels (``paged_outliers._outlier_queries``), ``KO`` the side cache.
-    SCALE_PAIRS (int4 at head dim 128, scale rows 4-byte aligned): each key's four group scales
-    as two 32-bit loads (``paged_decode_int4._int4_scales``)."""
+    SCALE_PAIRS (int4's nibble-plane loop, scale rows 8-byte aligned): each key's (scale,
+    offset) as one 64-bit load (``paged_decode_int4._int4_key_scales``)."""
     K += kv_head * stride_kh
     V += kv_head * stride_vh
     KS += kv_head * stride_ksh
@@ -349,41 +352,25 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
             q_out, out_factor = _f16_rows(q_out)
             out_scale = out_scale * out_factor
     if F16_MATH:
-        tl.static_assert(KV_FORMAT == 1 or (KV_FORMAT == 2 and V_PAIRS))
+        tl.static_assert(KV_FORMAT == 1 or ((KV_FORMAT == 2 or KV_FORMAT == 3) and V_PAIRS))
         q, row_factor = _f16_rows(q)
         qk_scale = qk_scale * row_factor
         if N_OUT > 0:  # the dense scores are q's times 1 / row_factor
             out_scale = out_scale / row_factor
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    if KV_FORMAT == 3 and BLOCK_D == 128 and EVEN_D and V_PAIRS:  # fp16 q: V scaled on V
+    if KV_FORMAT == 3 and BLOCK_D == 128 and EVEN_D and V_PAIRS:  # int4 nibble planes
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        acc, m_i, l_i = _attend_paged_int4_vpairs(
+        acc, m_i, l_i = _attend_paged_int4(
             acc, m_i, l_i, q, lo, full, qk_scale, tok, diag, hi, K, V, KS, VS, bt_row, stride_kp,
             stride_kt, stride_vp, stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
             False, PAGE_SIZE, BLOCK_M, BLOCK_N, DOT_PRECISION, INT64_KV, q_out, KO, stride_kop,
-            stride_kot, out_scale, N_OUT, SCALE_PAIRS, PREFETCH_PAGES)
-        acc, m_i, l_i = _attend_paged_int4_vpairs(
+            stride_kot, out_scale, N_OUT, SCALE_PAIRS, PREFETCH_PAGES, F16_MATH)
+        acc, m_i, l_i = _attend_paged_int4(
             acc, m_i, l_i, q, full, hi, qk_scale, tok, diag, hi, K, V, KS, VS, bt_row, stride_kp,
             stride_kt, stride_vp, stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
             True, PAGE_SIZE, BLOCK_M, BLOCK_N, DOT_PRECISION, INT64_KV, q_out, KO, stride_kop,
-            stride_kot, out_scale, N_OUT, SCALE_PAIRS, PREFETCH_PAGES)
-    elif KV_FORMAT == 3 and BLOCK_D == 128 and EVEN_D:  # int4 at head dim 128: split dots
-        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        acc, m_i, l_i = _attend_paged_int4(acc, m_i, l_i, q, lo, full, qk_scale, tok, diag, hi,
-                                           K, V, KS, VS, bt_row, stride_kp, stride_kt,
-                                           stride_vp, stride_vt, stride_ksp, stride_kst,
-                                           stride_vsp, stride_vst, False, PAGE_SIZE, BLOCK_M,
-                                           BLOCK_N, DOT_PRECISION, INT64_KV, q_out, KO,
-                                           stride_kop, stride_kot, out_scale, N_OUT,
-                                           SCALE_PAIRS)
-        acc, m_i, l_i = _attend_paged_int4(acc, m_i, l_i, q, full, hi, qk_scale, tok, diag, hi,
-                                           K, V, KS, VS, bt_row, stride_kp, stride_kt,
-                                           stride_vp, stride_vt, stride_ksp, stride_kst,
-                                           stride_vsp, stride_vst, True, PAGE_SIZE, BLOCK_M,
-                                           BLOCK_N, DOT_PRECISION, INT64_KV, q_out, KO,
-                                           stride_kop, stride_kot, out_scale, N_OUT,
-                                           SCALE_PAIRS)
+            stride_kot, out_scale, N_OUT, SCALE_PAIRS, PREFETCH_PAGES, F16_MATH)
     elif V_PAIRS:
         tl.static_assert((KV_FORMAT == 1 or KV_FORMAT == 2) and EVEN_D and not SWAP_AB)
         acc_even = tl.zeros([BLOCK_M, BLOCK_D // 2], dtype=tl.float32)
@@ -462,7 +449,7 @@ def _paged_decode_kernel(
     INT64_KV: tl.constexpr = True,  # False: K/V (and scale) offsets fit int32
     V_PAIRS: tl.constexpr = False,  # fp8/int8 V as channel pairs, int4 V as 16-bit units
     N_OUT: tl.constexpr = 0,  # outlier channels per KV head kept at q's precision (0: none)
-    SCALE_PAIRS: tl.constexpr = False,  # int4 d128: group scales as 32-bit pairs (4 B aligned)
+    SCALE_PAIRS: tl.constexpr = False,  # int4 d128: (scale, offset) as one 64-bit load
     PREFETCH_PAGES: tl.constexpr = False,  # page ids looked up a tile ahead (not SWAP_AB)
     MERGE_SPLITS_AT_ONCE: tl.constexpr = 1,  # MERGE_HERE: splits loaded before folding
 ):
@@ -492,6 +479,8 @@ def _paged_decode_kernel(
     if N_OUT > 0:
         q_out = _outlier_queries(Q + seq.to(tl.int64) * stride_qb + tok * stride_qt
                                  + head * stride_qh, KOC, kv_head, row_ok, N_OUT)
+        if KV_FORMAT == 3:
+            q = _without_outlier_channels(q, KOC, kv_head, offs_d, N_OUT)
     else:
         q_out = 0.0
 
@@ -549,7 +538,7 @@ def _paged_decode_kernel(
 def _scale_strides(scale, kv_format: int) -> tuple[int, int, int]:
     """(page, slot, KV head) strides of a quantized cache's scales: fp8 ``[nheads_k]`` or 0-dim
     (one per head or per tensor), int8 ``[pages, page_size, nheads_k]``, int4 ``[pages,
-    page_size, nheads_k, d // 32]``; zeros for a plain cache."""
+    page_size, nheads_k, 2]``; zeros for a plain cache."""
     if kv_format == 0 or scale is None:
         return (0, 0, 0)
     if kv_format == 1:
@@ -615,21 +604,24 @@ class PagedDecodeLaunch:
         self._grid = (num_splits * num_m_blocks, nheads_k, batch)
         # fp16 compute for bf16 q: fp8 anywhere, int8 only through the pairs loop (which keeps
         # its probabilities times per-key V scales under fp16's max; _attend_paged_pairs).
-        f16 = config.f16_math and kv_format in (1, 2) and q.dtype == torch.bfloat16
-        # V pairs: fp8/int8 with fp16 compute; int4 at head dim 128 with 16-bit q (its V planes
-        # and probabilities are fp16 whatever q is: only the scores dot runs in q's dtype).
-        v_pairs = (config.v_pairs and not config.swap_ab
-                   and block_d == head_dim and head_dim % 2 == 0
-                   and all(st % 2 == 0 for st in v_cache.stride()[:3])
-                   and ((kv_format in (1, 2) and (q.dtype == torch.float16 or f16))
-                        or (kv_format == 3 and head_dim == 128
-                            and q.dtype in (torch.float16, torch.bfloat16))))
+        f16 = config.f16_math and kv_format in (1, 2, 3) and q.dtype == torch.bfloat16
+        # V pairs: fp8/int8 with fp16 compute where the row asks; int4 at head dim 128 with 16-bit
+        # q and up to 16 packed rows (its nibble-plane loop: V planes and probabilities are fp16
+        # whatever q is, only the scores dot runs in q's dtype; elsewhere the per-element tile).
+        # Past 16 rows (speculative or chunked rows of GQA groups) the loop, compiled for sm_90a
+        # at 64 rows, wrote NaN and faulted on the H100 (2026-11-27) though the interpreter
+        # passed it: those launches take the per-element tile.
+        even_v = (block_d == head_dim and head_dim % 2 == 0
+                  and all(st % 2 == 0 for st in v_cache.stride()[:3]))
+        v_pairs = even_v and (
+            (kv_format in (1, 2) and config.v_pairs and not config.swap_ab
+             and (q.dtype == torch.float16 or f16))
+            or (kv_format == 3 and head_dim == 128 and block_m <= 16
+                and q.dtype in (torch.float16, torch.bfloat16)))
         f16_math = f16 and (kv_format == 1 or v_pairs)
-        # int4 split dots: each key's four fp16 group scales as two 32-bit loads, which the
-        # pipeliner prefetches (cp.async takes 4 bytes and up) where 2-byte loads waited in the
-        # loop and crossed layouts through shared memory. Even strides here; 4-byte aligned
-        # pointers per call (__call__: otherwise the fp16 loads).
-        scale_pairs = (kv_format == 3 and block_d == 128 and head_dim == 128
+        # int4's nibble-plane loop: each key's float32 (scale, offset) as one 64-bit load. Even
+        # strides here; 8-byte aligned pointers per call (__call__: otherwise two 32-bit loads).
+        scale_pairs = (v_pairs and kv_format == 3
                        and all(st % 2 == 0 for t in (k_scale, v_scale)
                                for st in t.stride()[:3]))
         self._constexprs = dict(
@@ -657,11 +649,15 @@ class PagedDecodeLaunch:
                      outlier_values.dtype if outlier_values is not None else None,
                      self._ints, tuple(self._constexprs.values()),
                      self._warps, self._maxnreg)
-        # A call whose V is at an odd byte or whose scales are off 4 bytes (a view at an odd
-        # offset; __call__) takes no 32-bit scale pairs and no 16-bit V units, whose loads would
-        # be misaligned there; int8's fp16 dots need the V units (f16_math above).
-        self._unaligned_constexprs = dict(self._constexprs, SCALE_PAIRS=False, V_PAIRS=False,
-                                          F16_MATH=f16 and kv_format == 1)
+        # A call whose V is at an odd byte takes no 16-bit V units, one whose scales are off 4
+        # bytes (int4: 8) no scale pairs (views at odd offsets; __call__): their loads would be
+        # misaligned there. int8's fp16 dots need the V units (f16_math above).
+        self._scale_align = 8 if kv_format == 3 else 4
+        self._misaligned_constexprs = {
+            (v_ok, scales_ok): dict(self._constexprs, V_PAIRS=v_pairs and v_ok,
+                                    SCALE_PAIRS=scale_pairs and v_ok and scales_ok,
+                                    F16_MATH=f16 and (kv_format == 1 or (v_pairs and v_ok)))
+            for v_ok in (False, True) for scales_ok in (False, True)}
         self._combine = None
         if num_splits > 1 and not merge_here:
             # Final out [batch, q_len, nheads, d] and lse [batch, nheads, q_len], contiguous.
@@ -688,7 +684,7 @@ class PagedDecodeLaunch:
             k_scale = v_scale = cache_seqlens
         if outlier_values is None:  # N_OUT = 0: never dereferenced
             outlier_values = outlier_channels = cache_seqlens
-        constexprs, fits = self._constexprs, True
+        constexprs, fits = self._constexprs, (True, True)
         # The caller's tensors; the outputs, partials and arrival counts are the plan's own
         # (torch's allocator: always 16-byte aligned), so they need no look per call.
         aligned = alignment_key(q, k_cache, v_cache, cache_seqlens, block_table, k_scale,
@@ -696,8 +692,9 @@ class PagedDecodeLaunch:
         if aligned is not True:
             # Some pointer is off 16 bytes (rare: a view at an offset). The pairs' loads need
             # only V 2-byte and the scales 4-byte aligned; past that, the forms without them.
-            fits = not (v_cache.data_ptr() & 1 or (k_scale.data_ptr() | v_scale.data_ptr()) & 3)
-            constexprs = self._constexprs if fits else self._unaligned_constexprs
+            fits = (not v_cache.data_ptr() & 1,
+                    not (k_scale.data_ptr() | v_scale.data_ptr()) & (self._scale_align - 1))
+            constexprs = self._misaligned_constexprs[fits]
         key = (self._key, aligned, fits)
         launch(_paged_decode_kernel, key, self._grid,
                (q, k_cache, v_cache, k_scale, v_scale, dst_o, dst_l, cache_seqlens, block_table,

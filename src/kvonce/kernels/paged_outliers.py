@@ -29,6 +29,18 @@ def _outlier_queries(q_row_ptrs, OC, kv_head, row_ok, N_OUT: tl.constexpr):
 
 
 @triton.jit
+def _without_outlier_channels(q, OC, kv_head, offs_d, N_OUT: tl.constexpr):
+    """``q [BLOCK_M, BLOCK_D]`` with its KV head's outlier channels set to 0, for the dense dot
+    of a format that stores 0 only approximately (int4: its 16 levels span each key's [min, max],
+    so the dense part's zeroed outlier channels come back within half a step of 0): the side
+    cache alone carries those channels, as ``KeyOutliers.merge`` defines the keys."""
+    offs_o = tl.arange(0, OUT_COLS)
+    chans = tl.load(OC + kv_head * N_OUT + offs_o, mask=offs_o < N_OUT, other=-1)
+    hit = tl.max((offs_d[:, None] == chans[None, :]).to(tl.int32), 1)
+    return tl.where(hit[None, :] != 0, 0.0, q).to(q.dtype)
+
+
+@triton.jit
 def _outlier_scores(q_out, KO, page, slot, in_range, stride_op, stride_ot,
                     MASKED: tl.constexpr, N_OUT: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """``q_out [BLOCK_M, 16] . values[keys]ᵀ``: the outlier channels' part of the scores of one

@@ -39,7 +39,7 @@ import triton.language as tl
 from ._launch import alignment_key, dot_input_precision, launch, next_pow2
 # The shared key loop (plain and quantized tile loads, online softmax) and the scale strides.
 from .paged_decode import _attend_kv_head, _scale_strides, _span
-from .paged_outliers import _outlier_queries
+from .paged_outliers import _outlier_queries, _without_outlier_channels
 
 
 @triton.jit
@@ -127,6 +127,8 @@ def _paged_prefill_kernel(
     if N_OUT > 0:
         q_out = _outlier_queries(Q + q_rows * stride_qt + head * stride_qh, KOC, kv_head, row_ok,
                                  N_OUT)
+        if KV_FORMAT == 3:
+            q = _without_outlier_channels(q, KOC, kv_head, offs_d, N_OUT)
     else:
         q_out = 0.0
 

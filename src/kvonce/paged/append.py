@@ -10,7 +10,7 @@ from ..kernels.configs import interpreter_active
 from ..kernels.paged_append import launch_append_paged_kv
 from .checks import (QUANT_FORMATS, check_block_table_values, check_device_ok, check_scale,
                      resolve_kv_format, validate_cache, validate_quantized_cache)
-from .quant import INT4_GROUP
+from .quant import INT4_HEAD_DIM_MULTIPLE
 
 __all__ = ["append_paged_kv"]
 
@@ -45,8 +45,9 @@ def append_paged_kv(
     block_table : int32 ``[batch, max_pages]``, pages in any order.
     k_scale, v_scale : a quantized cache's scales, as ``quantize_kv`` returns them. fp8: float32
         ``[nheads_k]`` or 0-dim, fixed when the cache was made, READ here. int8: float32 or fp16
-        ``[num_pages, page_size, nheads_k]``; int4: fp16 ``[num_pages, page_size, nheads_k,
-        headdim // 32]``, last dim contiguous: WRITTEN here for the new tokens' slots.
+        ``[num_pages, page_size, nheads_k]``; int4: float32 ``[num_pages, page_size,
+        nheads_k, 2]`` (scale, offset), last dim contiguous: WRITTEN here for the new tokens'
+        slots.
     kv_format : None (recognised from the cache dtype: fp8 and int8) or ``"fp8_e4m3"``,
         ``"int8"``, ``"int4"`` (needed for a uint8 cache).
     check_block_table : validation mode: the table has existing pages for every new position
@@ -142,8 +143,8 @@ def _validate_append(k, v, k_cache, v_cache, cache_seqlens, block_table, k_scale
         want = k_cache.shape[3] * 2 if fmt == "int4" else k_cache.shape[3]
         raise ValueError(f"k must have shape [{block_table.shape[0]}, new_len, "
                          f"{k_cache.shape[2]}, {want}] for this cache, got {tuple(k.shape)}")
-    if fmt == "int4" and head_dim % INT4_GROUP != 0:
-        raise ValueError(f"int4 needs a head dim that is a multiple of {INT4_GROUP}, "
+    if fmt == "int4" and head_dim % INT4_HEAD_DIM_MULTIPLE != 0:
+        raise ValueError(f"int4 needs a head dim that is a multiple of {INT4_HEAD_DIM_MULTIPLE}, "
                          f"got {head_dim}")
     V.check_head_dim("k", head_dim)
     V.check_last_dim_contiguous(k=k, v=v)

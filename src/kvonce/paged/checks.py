@@ -121,9 +121,9 @@ def check_scale(name: str, scale, fmt: str, cache_shape, head_dim: int) -> None:
         ok = scale.shape == cache_shape[:3]
         want = f"float32/fp16 {list(cache_shape[:3])} (per token and KV head)"
     else:
-        V.check_tensor(name, scale, dtypes=(torch.float16,))
-        ok = scale.shape == (*cache_shape[:3], head_dim // 32) and scale.stride(-1) == 1
-        want = (f"fp16 {[*cache_shape[:3], head_dim // 32]} (per 32 channels per token, "
+        V.check_tensor(name, scale, dtypes=(torch.float32,))
+        ok = scale.shape == (*cache_shape[:3], 2) and scale.stride(-1) == 1
+        want = (f"float32 {[*cache_shape[:3], 2]} ((scale, offset) per token and KV head, "
                 "last dim contiguous)")
     if not ok:
         raise ValueError(f"{name} must be {want}, got {tuple(scale.shape)}")
