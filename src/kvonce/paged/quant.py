@@ -17,10 +17,11 @@
   offset per key put K's on the scores' columns (``scale * (q . x_q) + offset * sum(q)``) and
   V's on the probabilities: nothing per channel between the bytes and the dot. Before
   2026-11-27 (issue 26): symmetric per 32 channels, four fp16 scales a key (8 bytes, as the
-  float32 pair now); the int4 decode loop compiles 18% shorter with one pair, runs 1-5% faster on
-  the H100 and 14-30% on the H200 (graphs, docs/notes.md), and the output error on random keys
-  rose 1.39e-1 -> 1.44e-1 (scripts/quant_accuracy.py). Keys with outlier channels need ``KeyTransform`` or
-  ``KeyOutliers`` in either form (docs/notes.md).
+  float32 pair now); the int4 decode loop compiles 18% shorter with one pair, runs from 0.6%
+  slower to 5% faster on the H100 and 10-29% faster on an H200 (graphs, docs/notes.md), and
+  the output error on random keys rose 1.39e-1 -> 1.44e-1 (scripts/quant_accuracy.py). Keys
+  with outlier channels need ``KeyTransform`` or ``KeyOutliers`` in either form
+  (docs/notes.md).
 - An all-zero row (int8, int4) gets the smallest positive scale (never 0 or NaN) and dequantizes
   to 0.
 """
