@@ -25,6 +25,11 @@
 #   tok         the int4 (per-key scales) row, 2 stages, no register cap, and 4 programs an
 #               SM at 128 registers (45 KB of shared memory a program now; 84-104 B of spill),
 #               fp16 and bf16 queries, GQA 32/8 and MHA 12/12: speed over the fp16 cache
+#   ring        int4 (per-key format) K/V ring depth: 4 stages (3 shared-memory slots, 63.5 KB a
+#               program, still 3 programs an SM; sm_90a: the same 730-instruction loop, no new
+#               spill) against the row's 3 (2 slots); 2 stages at 128 registers with the split
+#               count left at the row's programs_per_sm (4 programs fit, 3 assumed) and with 4
+#               assumed; fp16 and bf16 queries (DTYPES), GQA 32/8 and MHA 12/12
 #   prefill     scripts/prefill_sweep.py: one q head per program ('h') against GQA packing, pages
 #               16 and 256, 128x128 / 128x64 tiles, TMA where pages hold whole tiles
 set -u
@@ -108,6 +113,14 @@ if [[ $STEPS == *tok* ]]; then
     timeout 240 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int4 --all \
       --heads 32/8,12/12 --shapes ${TOK_SHAPES:-16x4096,64x8192,1x131072} --grid 128,4,3 \
       128,4,2 128,4,3,-1,-1,0 128,4,3,4,-1,128 128,4,2,4,-1,128 2>&1 | grep -v "^|---"
+  done
+fi
+if [[ $STEPS == *ring* ]]; then
+  step ring
+  for dt in ${DTYPES:-fp16 bf16}; do
+    timeout 270 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int4 --all \
+      --heads 32/8,12/12 --shapes ${RING_SHAPES:-16x4096,64x8192,1x131072} --grid 128,4,3 \
+      128,4,4 128,4,2,-1,-1,128 128,4,2,4,-1,128 2>&1 | grep -v "^|---"
   done
 fi
 if [[ $STEPS == *splits* ]]; then
