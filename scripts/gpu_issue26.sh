@@ -29,7 +29,9 @@
 #               program, still 3 programs an SM; sm_90a: the same 730-instruction loop, no new
 #               spill) against the row's 3 (2 slots); 2 stages at 128 registers with the split
 #               count left at the row's programs_per_sm (4 programs fit, 3 assumed) and with 4
-#               assumed; fp16 and bf16 queries (DTYPES), GQA 32/8 and MHA 12/12
+#               assumed; 256-key tiles at 8 warps, 3 stages (2 programs an SM at 90 KB, 144 KB
+#               of ring an SM against 108; 29 instructions a key against 23); fp16 and bf16
+#               queries (DTYPES), GQA 32/8 and MHA 12/12
 #   prefill     scripts/prefill_sweep.py: one q head per program ('h') against GQA packing, pages
 #               16 and 256, 128x128 / 128x64 tiles, TMA where pages hold whole tiles
 set -u
@@ -120,7 +122,7 @@ if [[ $STEPS == *ring* ]]; then
   for dt in ${DTYPES:-fp16 bf16}; do
     timeout 270 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int4 --all \
       --heads 32/8,12/12 --shapes ${RING_SHAPES:-16x4096,64x8192,1x131072} --grid 128,4,3 \
-      128,4,4 128,4,2,-1,-1,128 128,4,2,4,-1,128 2>&1 | grep -v "^|---"
+      128,4,4 128,4,2,-1,-1,128 128,4,2,4,-1,128 256,8,3 2>&1 | grep -v "^|---"
   done
 fi
 if [[ $STEPS == *splits* ]]; then
