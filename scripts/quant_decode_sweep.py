@@ -25,6 +25,7 @@ import torch
 import triton.testing
 
 import kvonce
+from decode_ncu_case import paged_case
 from kvonce.kernels.configs import get_paged_decode_config
 
 SHAPES = [(16, 4096), (64, 8192), (1, 131072)]
@@ -37,19 +38,6 @@ def graph_us(fn):
     with torch.cuda.graph(g):
         fn()
     return 1e3 * triton.testing.do_bench(g.replay, warmup=10, rep=60, return_mode="median")
-
-
-def random_case(hq: int, hk: int, batch: int, length: int, dtype):
-    """The sweep's decode case (seed 0, CUDA): q ``[batch, 1, hq, 128]``, 16-key pages of
-    ``[pages, 16, hk, 128]`` K and V in random order, every sequence ``length`` keys long."""
-    torch.manual_seed(0)
-    pages = batch * length // 16
-    q = torch.randn(batch, 1, hq, 128, device="cuda", dtype=dtype)
-    k = torch.randn(pages, 16, hk, 128, device="cuda", dtype=dtype)
-    v = torch.randn_like(k)
-    table = torch.randperm(pages, device="cuda").reshape(batch, -1).to(torch.int32)
-    seqlens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
-    return q, k, v, seqlens, table
 
 
 def main():
@@ -80,7 +68,7 @@ def main():
           " fp16 us | speedup |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for (hq, hk), (batch, length) in itertools.product(heads, shapes):
-        q, k, v, seqlens, table = random_case(hq, hk, batch, length, dtype)
+        q, k, v, table, seqlens, _ = paged_case(hq, hk, batch, length, dtype=dtype)
         pages = k.shape[0]
         plan = kvonce.PagedDecodePlan(q, k, v, seqlens, table)
         fp16_us = graph_us(lambda: plan.run(q, k, v, seqlens, table))
