@@ -339,9 +339,9 @@ _paged_warned: set = set()
 # int4 at 168 registers (3 programs an SM; uncapped the kernel takes 255), 2026-11-27, graphs,
 # H100, fp16 q: with dense-and-sparse keys (quant_decode_sweep.py --formats int4 --outliers 8)
 # GQA 64 x 8192 557 us against 622 uncapped, 1 x 131072 156 vs 232; MHA 743 vs 905, 207 vs 313.
-# Then, with the group scales as 32-bit pairs (scripts/int4_scale_pairs_ab.py, since removed), the plain cache
-# too: 403 / 122 / 579 / 163 us against 469 / 180 / 758 / 262 uncapped (speed over the fp16
-# cache 1.80 / 1.61 / 1.92 / 1.75; before the pairs, 168 had lost at GQA 64 x 8192).
+# Then, with the group scales as 32-bit pairs (scripts/int4_scale_pairs_ab.py, since removed),
+# the plain cache too: 403 / 122 / 579 / 163 us against 469 / 180 / 758 / 262 uncapped (speed
+# over the fp16 cache 1.80 / 1.61 / 1.92 / 1.75; before the pairs, 168 had lost at GQA 64 x 8192).
 # V as 16-bit units with its group scales on V (`v_pairs`, fp16 q; kernels/paged_decode_int4.py
 # `_attend_paged_int4_vpairs`), same call, graphs, us, GQA 64 x 8192 / 1 x 131072, MHA 64 x 8192 /
 # 1 x 131072: 362.7 / 109.8 / 492.0 / 144.3 against 405.9 / 122.8 / 582.5 / 163.5 (H100,

@@ -129,13 +129,13 @@ def _load_quant_kv_tile(K, V, KS, VS, bt_row, start_n, kv_end, stride_kp, stride
     kernel's (folded into the softmax scale and the output). 2 = int8: converted as stored (exact
     in fp16/bf16); its per-key scales (``_load_key_scales``) are applied to the
     ``[BLOCK_M, BLOCK_N]`` scores and probabilities instead of the ``[BLOCK_D, BLOCK_N]`` tiles.
-    3 = int4 where ``_attend_paged_int4`` does not run (prefill, head dims other than 128, fp32
-    q, V at an odd byte): each channel's nibble (channel i low in byte i, i + d/2 high) minus 8,
-    times its key's scale, plus its offset, per element (``_int4_tile``). Prefill tiles (128
-    rows, 8 warps) compile better this way than through the nibble-plane loop (sm_90a, GQA
-    32/8: 1094 instructions a tile a warp, 3 CTA barriers, 177 registers, against 1141, 12 and
-    255 with 44 B of spill; the group-scale split dots before took 1170, 17, 255 and 88 B). INT64_KV=False: offsets in int32 (the caller knows caches and scales stay
-    below 2^31 elements)."""
+    3 = int4 where ``_attend_paged_int4`` does not run (prefill, head dims other than 128, fp32 q,
+    V at an odd byte): each channel's nibble (channel i low in byte i, i + d/2 high) minus 8, times
+    its key's scale, plus its offset, per element (``_int4_tile``). Prefill tiles (128 rows, 8
+    warps) compile better this way than through the nibble-plane loop (sm_90a, GQA 32/8: 1094
+    instructions a tile a warp, 3 CTA barriers, 177 registers, against 1141, 12 and 255 with 44 B
+    of spill; the group-scale split dots before took 1170, 17, 255 and 88 B). INT64_KV=False:
+    offsets in int32 (the caller knows caches and scales stay below 2^31 elements)."""
     offs_n, in_range, page, slot = _tile_rows(bt_row, start_n, kv_end, PAGE_SIZE, BLOCK_N,
                                               MASKED, INT64_KV)
     k_rows = page * stride_kp + slot * stride_kt
@@ -319,13 +319,13 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
     unnormalized ``(acc, m, l)`` (base 2), fp8's per-head scales applied. Shared by the decode
     and the varlen prefill kernels, which differ only in how rows map to tokens and outputs.
     SWAP_AB: the dots with the keys on the MMA's M side (``_online_update_swapped``; not int4's
-    nibble-plane loop, which ignores it). F16_MATH (bf16 q; fp8, or int8 / int4 with V_PAIRS):
-    q as fp16 rows times a power of two each (``_f16_rows``), so the tiles convert to fp16 and both dots
-    run in fp16; the factors come off with the softmax scale, per row. V_PAIRS (fp8 or int8,
-    fp16 compute): V read as channel pairs (``paged_decode_pairs``); int4 at head dim 128 (fp16
-    or bf16 q): the nibble-plane loop, V read as 16-bit units (``_attend_paged_int4``). N_OUT > 0 (quantized
-    caches): dense-and-sparse keys, ``q_out [BLOCK_M, 16]`` the rows' values at this KV head's
-    outlier channels (``paged_outliers._outlier_queries``), ``KO`` the side cache.
+    nibble-plane loop, which ignores it). F16_MATH (bf16 q; fp8, or int8 / int4 with V_PAIRS): q as
+    fp16 rows times a power of two each (``_f16_rows``), so the tiles convert to fp16 and both dots
+    run in fp16; the factors come off with the softmax scale, per row. V_PAIRS (fp8 or int8, fp16
+    compute): V read as channel pairs (``paged_decode_pairs``); int4 at head dim 128 (fp16 or bf16
+    q): the nibble-plane loop, V read as 16-bit units (``_attend_paged_int4``). N_OUT > 0
+    (quantized caches): dense-and-sparse keys, ``q_out [BLOCK_M, 16]`` the rows' values at this KV
+    head's outlier channels (``paged_outliers._outlier_queries``), ``KO`` the side cache.
     SCALE_PAIRS (int4's nibble-plane loop, scale rows 8-byte aligned): each key's (scale,
     offset) as one 64-bit load (``paged_decode_int4._int4_key_scales``)."""
     K += kv_head * stride_kh
