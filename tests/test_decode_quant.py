@@ -376,10 +376,10 @@ def test_calls_misaligned_at_different_pointers_compile_apart(fmt):
 
 
 @pytest.mark.parametrize("num_splits", [1, 3])
-def test_int4_past_16_rows_takes_the_tile(num_splits):
-    """Past 16 packed rows (GQA 8, q_len 5: 40 rows, one 64-row block) int4 at head dim 128
-    takes the per-element tile, not the nibble-plane loop (which, compiled at 64 rows, wrote NaN
-    and faulted on the H100): the reference's output and LSE."""
+def test_int4_past_16_rows_takes_16_row_blocks(num_splits):
+    """Past 16 packed rows (GQA 8, q_len 5: 40 rows) int4 at head dim 128 runs its nibble-plane
+    loop on three 16-row M-blocks (at 64 rows that loop faulted on the H100), the last one
+    partly padding: the reference's output and LSE, split or not."""
     dtype = DTYPES[0]
     q, k, v, seqlens, table = _case(2, 5, 8, 1, 128, 16, [37, 150], dtype)
     kq, ks, vq, vs, kd, vd = _quantized(k, v, "int4")
@@ -387,9 +387,10 @@ def test_int4_past_16_rows_takes_the_tile(num_splits):
     plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
                                   kv_format="int4", num_splits=num_splits,
                                   config=_int4_units_config())
-    _run_and_check(plan, q, kq, vq, seqlens, table, ks, vs, ref, ref_lse, "V_PAIRS", dtype,
-                   flag_value=False)
-    assert [la._constexprs["BLOCK_M"] for la in plan._launches.values()] == [64]
+    _run_and_check(plan, q, kq, vq, seqlens, table, ks, vs, ref, ref_lse, "V_PAIRS", dtype)
+    (launch,) = plan._launches.values()
+    assert launch._constexprs["BLOCK_M"] == 16
+    assert launch._grid == (num_splits * 3, 1, 2)
 
 
 def test_int4_queries_far_from_zero():

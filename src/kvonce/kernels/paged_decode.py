@@ -551,12 +551,18 @@ def _span(t) -> int:
     return sum(max(n - 1, 0) * st for n, st in zip(t.shape, t.stride())) + 1
 
 
-def decode_row_blocks(nheads: int, nheads_k: int, q_len: int) -> tuple[int, int]:
+def decode_row_blocks(nheads: int, nheads_k: int, q_len: int,
+                      kv_format: int = 0) -> tuple[int, int]:
     """``(BLOCK_M, M-blocks)`` of one (sequence, KV head): its ``nheads // nheads_k * q_len``
-    packed rows, padded to >= 16 for tl.dot; past 64 rows the state no longer fits comfortably
-    in registers, so large GQA groups x long q_len take several M-blocks (each re-reads K/V)."""
+    packed rows, padded to >= 16 for tl.dot; past 64 rows the state no longer fits comfortably in
+    registers, so large GQA groups x long q_len take several M-blocks (each re-reads K/V, from L2
+    mostly: an (sequence, KV head)'s M-blocks are adjacent in the grid). int4 (``kv_format`` 3)
+    takes M-blocks of 16 rows: its nibble-plane loop is built and tested at 16 rows (at 64 it
+    faulted on the H100, 2026-11-27), and the per-element tile at 64 rows compiles to 3421
+    instructions a 128-key tile a warp and 115 KB of shared memory (one program an SM) against 730
+    and 44 KB for each 16-row block (sm_90a, fp16 q, 64 rows: 64 q heads a KV head)."""
     rows = nheads // nheads_k * q_len
-    block_m = max(16, min(64, next_pow2(rows)))
+    block_m = max(16, min(16 if kv_format == 3 else 64, next_pow2(rows)))
     return block_m, -(-rows // block_m)
 
 
@@ -571,7 +577,8 @@ class PagedDecodeLaunch:
     nheads, d]`` (q's dtype) and float32 ``[batch, nheads, q_len]``; with ``num_splits > 1`` the
     scratch is float32 contiguous ``o_part [batch, q_len, nheads, S, d]`` and ``lse_part [batch,
     q_len, nheads, S]``, plus int32 zeros ``arrivals [batch, nheads_k, M-blocks]``
-    (``decode_row_blocks``), which the kernel leaves zero again. With ``store_lse=False`` no LSE is written (``lse`` may be None).
+    (``decode_row_blocks``), which the kernel leaves zero again. With ``store_lse=False`` no LSE
+    is written (``lse`` may be None).
     ``outlier_values`` (quantized caches): the side cache of dense-and-sparse keys
     (``kvonce.paged.outliers``; ``[num_pages, page_size, nheads_k, n]``, q's dtype), whose
     channels come with each call.
@@ -583,7 +590,7 @@ class PagedDecodeLaunch:
         batch, q_len, nheads, head_dim = q.shape
         page_size, nheads_k = k_cache.shape[1], k_cache.shape[2]
         group = nheads // nheads_k
-        block_m, num_m_blocks = decode_row_blocks(nheads, nheads_k, q_len)
+        block_m, num_m_blocks = decode_row_blocks(nheads, nheads_k, q_len, kv_format)
         block_d = max(16, next_pow2(head_dim))
         self.batch, self.num_splits = batch, num_splits
         merge_here = 1 < num_splits <= config.max_merged_splits
@@ -606,17 +613,15 @@ class PagedDecodeLaunch:
         # its probabilities times per-key V scales under fp16's max; _attend_paged_pairs).
         f16 = config.f16_math and kv_format in (1, 2, 3) and q.dtype == torch.bfloat16
         # V pairs: fp8/int8 with fp16 compute where the row asks; int4 at head dim 128 with 16-bit
-        # q and up to 16 packed rows (its nibble-plane loop: V planes and probabilities are fp16
-        # whatever q is, only the scores dot runs in q's dtype; elsewhere the per-element tile).
-        # Past 16 rows (speculative or chunked rows of GQA groups) the loop, compiled for sm_90a
-        # at 64 rows, wrote NaN and faulted on the H100 (2026-11-27) though the interpreter
-        # passed it: those launches take the per-element tile.
+        # q (its nibble-plane loop, 16-row M-blocks: decode_row_blocks; V planes and
+        # probabilities are fp16 whatever q is, only the scores dot runs in q's dtype; elsewhere
+        # the per-element tile).
         even_v = (block_d == head_dim and head_dim % 2 == 0
                   and all(st % 2 == 0 for st in v_cache.stride()[:3]))
         v_pairs = even_v and (
             (kv_format in (1, 2) and config.v_pairs and not config.swap_ab
              and (q.dtype == torch.float16 or f16))
-            or (kv_format == 3 and head_dim == 128 and block_m <= 16
+            or (kv_format == 3 and head_dim == 128
                 and q.dtype in (torch.float16, torch.bfloat16)))
         f16_math = f16 and (kv_format == 1 or v_pairs)
         # int4's nibble-plane loop: each key's float32 (scale, offset) as one 64-bit load. Even

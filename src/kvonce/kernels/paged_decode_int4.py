@@ -110,8 +110,8 @@ def _attend_paged_int4(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end, K,
     subtract), each dotted with one fp16 probability tile that carries V's per-key scales
     (``p * scale``); V's offsets add ``sum_keys(p * offset)`` to every channel of a row, those
     products summed over keys once after the loop (a ``[BLOCK_M, BLOCK_N]`` float32
-    accumulator: no cross-warp sum a tile). ``BLOCK_M`` is 16 (the plan takes the per-element
-    tile past 16 rows, ``paged_decode.PagedDecodeLaunch``). The scores
+    accumulator: no cross-warp sum a tile). ``BLOCK_M`` is 16 (int4 launches take 16-row
+    M-blocks, ``paged_decode.decode_row_blocks``). The scores
     dot runs in q's dtype (fp16 or bf16), P·V in fp16 for both: the probabilities (<= 1) keep
     more bits in fp16 than in bf16, and the planes are small integers. PREFETCH_PAGES: each
     tile's page ids come from the iteration before (``paged_tiles._tile_rows_ahead``), which

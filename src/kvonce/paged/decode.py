@@ -285,9 +285,9 @@ class PagedDecodePlan:
     def _new_scratch(self):
         batch, q_len, nheads, head_dim = self._q_shape
         s = self.num_splits
-        arrivals = torch.zeros((batch, self._nheads_k, decode_row_blocks(nheads, self._nheads_k,
-                                                                          q_len)[1]),
-                               dtype=torch.int32, device=self._device)
+        m_blocks = decode_row_blocks(nheads, self._nheads_k, q_len, self._kv_code)[1]
+        arrivals = torch.zeros((batch, self._nheads_k, m_blocks), dtype=torch.int32,
+                               device=self._device)
         return (allocator.empty((batch, q_len, nheads, s, head_dim), dtype=torch.float32,
                                 device=self._device),
                 allocator.empty((batch, q_len, nheads, s), dtype=torch.float32,
