@@ -22,9 +22,6 @@
 #               plain decode (scripts/decode_config_sweep.py)
 #   pf2         fp8 and int8 at 2 stages with carried page ids (the 3-stage form lost, 2026-11-27
 #               sixth session; fp8's stalls are mostly long scoreboard), fp16 and bf16 (DTYPES)
-#   tok         the int4 (per-key scales) row, 2 stages, no register cap, and 4 programs an
-#               SM at 128 registers (45 KB of shared memory a program now; 84-104 B of spill),
-#               fp16 and bf16 queries, GQA 32/8 and MHA 12/12: speed over the fp16 cache
 #   ring        int4 (per-key format) K/V ring depth: 4 stages (3 shared-memory slots, 63.5 KB a
 #               program, still 3 programs an SM; sm_90a: the same 730-instruction loop, no new
 #               spill) against the row's 3 (2 slots); 2 stages at 128 registers with the split
@@ -106,15 +103,6 @@ if [[ $STEPS == *pf2* ]]; then
     timeout 200 python3 scripts/quant_decode_sweep.py --dtype $dt --formats fp8_e4m3,int8 \
       --all --heads 32/8,12/12 --shapes 16x4096,64x8192,1x131072 --grid 128,4,2 \
       128,4,2,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,1 128,4,2 2>&1 | grep -v "^|"
-  done
-fi
-if [[ $STEPS == *tok* ]]; then
-  # int4 with one (scale, offset) per key (merged 2026-11-27, eighth session)
-  step tok
-  for dt in ${DTYPES:-fp16 bf16}; do
-    timeout 240 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int4 --all \
-      --heads 32/8,12/12 --shapes ${TOK_SHAPES:-16x4096,64x8192,1x131072} --grid 128,4,3 \
-      128,4,2 128,4,3,-1,-1,0 128,4,3,4,-1,128 128,4,2,4,-1,128 2>&1 | grep -v "^|---"
   done
 fi
 if [[ $STEPS == *ring* ]]; then

@@ -283,14 +283,10 @@ def test_int4_scales_load_as_32_bit_pairs_where_aligned(num_splits):
     (SCALE_PAIRS) where the scales are 8-byte aligned, and as two 32-bit loads where they sit
     4 bytes off (a 64-bit load there would be misaligned): both equal the reference (the same
     loop and arithmetic; only the loads differ)."""
-    dtype = DTYPES[0]
-    q, k, v, seqlens, table = _case(3, 2, 8, 2, 128, 16, [37, 0, 150], dtype)
-    kq, ks, vq, vs, kd, vd = _quantized(k, v, "int4")
-    ref, ref_lse = paged_attention_ref(q.float(), kd, vd, seqlens, table)
-    plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
-                                  kv_format="int4", num_splits=num_splits,
-                                  config=_int4_units_config())
-    _run_and_check(plan, q, kq, vq, seqlens, table, ks, vs, ref, ref_lse, "SCALE_PAIRS", dtype)
+    q, kq, ks, vq, vs, seqlens, table, ref, ref_lse, plan = _int4_plan_case(
+        3, 2, 8, 2, [37, 0, 150], num_splits)
+    _run_and_check(plan, q, kq, vq, seqlens, table, ks, vs, ref, ref_lse, "SCALE_PAIRS",
+                   DTYPES[0])
     aligned = plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs)
     with poison_empty:
         unaligned = plan.run(q, kq, vq, seqlens, table, k_scale=_misaligned(ks, 8),
@@ -309,6 +305,18 @@ def _int4_units_config():
     from kvonce.kernels.configs import get_paged_decode_config
     cap = torch.cuda.get_device_capability() if HAS_CUDA else None
     return get_paged_decode_config(cap, 128, "int4")
+
+
+def _int4_plan_case(batch, q_len, hq, hk, lengths, num_splits):
+    """A fresh int4 case at head dim 128, page 16 (fp16/fp32 q as DTYPES[0]): ``(q, kq, ks, vq,
+    vs, seqlens, table, ref, ref_lse, plan)``, the plan on the int4 row's config."""
+    q, k, v, seqlens, table = _case(batch, q_len, hq, hk, 128, 16, lengths, DTYPES[0])
+    kq, ks, vq, vs, kd, vd = _quantized(k, v, "int4")
+    ref, ref_lse = paged_attention_ref(q.float(), kd, vd, seqlens, table)
+    plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
+                                  kv_format="int4", num_splits=num_splits,
+                                  config=_int4_units_config())
+    return q, kq, ks, vq, vs, seqlens, table, ref, ref_lse, plan
 
 
 def _v_pairs_case(case, num_splits=0):
@@ -380,14 +388,9 @@ def test_int4_past_16_rows_takes_16_row_blocks(num_splits):
     """Past 16 packed rows (GQA 8, q_len 5: 40 rows) int4 at head dim 128 runs its nibble-plane
     loop on three 16-row M-blocks (at 64 rows that loop faulted on the H100), the last one
     partly padding: the reference's output and LSE, split or not."""
-    dtype = DTYPES[0]
-    q, k, v, seqlens, table = _case(2, 5, 8, 1, 128, 16, [37, 150], dtype)
-    kq, ks, vq, vs, kd, vd = _quantized(k, v, "int4")
-    ref, ref_lse = paged_attention_ref(q.float(), kd, vd, seqlens, table)
-    plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
-                                  kv_format="int4", num_splits=num_splits,
-                                  config=_int4_units_config())
-    _run_and_check(plan, q, kq, vq, seqlens, table, ks, vs, ref, ref_lse, "V_PAIRS", dtype)
+    q, kq, ks, vq, vs, seqlens, table, ref, ref_lse, plan = _int4_plan_case(
+        2, 5, 8, 1, [37, 150], num_splits)
+    _run_and_check(plan, q, kq, vq, seqlens, table, ks, vs, ref, ref_lse, "V_PAIRS", DTYPES[0])
     (launch,) = plan._launches.values()
     assert launch._constexprs["BLOCK_M"] == 16
     assert launch._grid == (num_splits * 3, 1, 2)
