@@ -1,15 +1,17 @@
 """One paged-decode plan run three times, for a profiler (ncu skips the first run):
 
     ncu -k regex:"paged_decode_kernel|combine_splits" --launch-skip 2 --launch-count 2 \
-        --metrics ... python scripts/decode_ncu_case.py FORMAT HQ HK BATCH LEN
+        --metrics ... python scripts/decode_ncu_case.py FORMAT HQ HK BATCH LEN [nhd|hnd]
 
-FORMAT is plain, fp8_e4m3, int8 or int4; d128, page 16, random page order, fp16 q.
+FORMAT is plain, fp8_e4m3, int8 or int4; d128, page 16, random page order, fp16 q; pages (and
+per-token scales) token-major, or head-major with ``hnd``.
 """
 import sys
 
 import torch
 
 import kvonce
+from kvonce.bench.quant import stored
 
 
 def paged_case(hq: int, hk: int, batch: int, length: int, fmt: str = "plain",
@@ -32,8 +34,10 @@ def paged_case(hq: int, hk: int, batch: int, length: int, fmt: str = "plain",
     return q, k, v, table, seqlens, kw
 
 
-def main(fmt: str, hq: int, hk: int, batch: int, length: int) -> None:
+def main(fmt: str, hq: int, hk: int, batch: int, length: int, layout: str = "nhd") -> None:
     q, k, v, table, seqlens, kw = paged_case(hq, hk, batch, length, fmt)
+    k, v = stored(k, layout), stored(v, layout)
+    kw = {name: stored(t, layout) for name, t in kw.items()}
     plan = kvonce.PagedDecodePlan(q, k, v, seqlens, table, **kw,
                                   kv_format="int4" if fmt == "int4" else None)
     for _ in range(3):
@@ -42,4 +46,4 @@ def main(fmt: str, hq: int, hk: int, batch: int, length: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], *(int(x) for x in sys.argv[2:6]))
+    main(sys.argv[1], *(int(x) for x in sys.argv[2:6]), *sys.argv[6:7])

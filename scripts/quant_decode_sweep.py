@@ -1,7 +1,8 @@
 """Launch-config sweep of the quantized paged decode (CUDA), CUDA-graph timing.
 
     PYTHONPATH=src python scripts/quant_decode_sweep.py [--formats int8,int4] [--quick]
-        [--shapes 1x131072] [--heads 32/8,12/12] [--grid 64,4,2 128,4,2 128,4,2,6,64]
+        [--shapes 1x131072] [--heads 32/8,12/12] [--layout nhd|hnd]
+        [--grid 64,4,2 128,4,2 128,4,2,6,64]
 (a grid entry: block_n, num_warps, num_stages[, programs_per_sm[, max_merged_splits[,
 max_registers[, swap_ab[, f16_math[, int64_kv_offsets[, v_pairs[, slow_lo[, round_up[,
 outlier_max_registers[, prefetch_pages[, merge_splits_at_once]]]]]]]]]]]]]; -1 keeps the row's
@@ -11,7 +12,8 @@ its launches with ``key_outliers=``.
 
 GQA 32/8 (or ``--heads``: q/kv head pairs), d128, page 16, random page order, q_len 1, fp16
 queries (``--dtype bf16``: bf16 queries and source cache; "fp16" below is then bf16), the issue's
-three shapes.
+three shapes. ``--layout hnd``: every cache and per-token scale stored head-major (the same
+logical tensors, ``kvonce.bench.quant.stored``), the fp16 baseline's too.
 For each format and shape: every (block_n, num_warps, num_stages) in the grid (over the format's
 own config row: its split knobs stay unless the entry sets them) through
 ``PagedDecodePlan(config=...)`` (split count auto), replayed in a CUDA graph (do_bench median);
@@ -26,6 +28,7 @@ import triton.testing
 
 import kvonce
 from decode_ncu_case import paged_case
+from kvonce.bench.quant import stored
 from kvonce.kernels.configs import get_paged_decode_config
 
 SHAPES = [(16, 4096), (64, 8192), (1, 131072)]
@@ -47,6 +50,7 @@ def main():
     p.add_argument("--shapes", default="", help="only these BATCHxLEN, comma-separated")
     p.add_argument("--heads", default="32/8", help="q/kv head counts, comma-separated")
     p.add_argument("--dtype", default="fp16", choices=("fp16", "bf16"), help="queries and cache")
+    p.add_argument("--layout", default="nhd", choices=("nhd", "hnd"), help="page storage")
     p.add_argument("--all", action="store_true", help="also print every grid entry's time")
     p.add_argument("--outliers", type=int, default=0, help="KeyOutliers with N channels")
     p.add_argument("--grid", nargs="*", default=[],
@@ -69,6 +73,7 @@ def main():
     print("|---|---|---|---|---|---|---|---|---|---|")
     for (hq, hk), (batch, length) in itertools.product(heads, shapes):
         q, k, v, table, seqlens, _ = paged_case(hq, hk, batch, length, dtype=dtype)
+        k, v = stored(k, args.layout), stored(v, args.layout)
         pages = k.shape[0]
         plan = kvonce.PagedDecodePlan(q, k, v, seqlens, table)
         fp16_us = graph_us(lambda: plan.run(q, k, v, seqlens, table))
@@ -79,8 +84,8 @@ def main():
                     k.reshape(-1, hk, 128)[:2048], n=args.outliers), pages, 16)
                 keys, sparse = ko.split(k)
                 ko.values.copy_(sparse)
-            kq, ks = kvonce.quantize_kv(keys, fmt)
-            vq, vs = kvonce.quantize_kv(v, fmt)
+            kq, ks, vq, vs = (stored(t, args.layout) for t in (*kvonce.quantize_kv(keys, fmt),
+                                                                 *kvonce.quantize_kv(v, fmt)))
             # Grid entries override the format's own row (its split knobs and f16_math kept).
             fmt_cfg = get_paged_decode_config(torch.cuda.get_device_capability(), 128, fmt, 2,
                                               bf16=dtype == torch.bfloat16)
