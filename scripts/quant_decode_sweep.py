@@ -5,8 +5,8 @@
         [--grid 64,4,2 128,4,2 128,4,2,6,64]
 (a grid entry: block_n, num_warps, num_stages[, programs_per_sm[, max_merged_splits[,
 max_registers[, swap_ab[, f16_math[, int64_kv_offsets[, v_pairs[, slow_lo[, round_up[,
-outlier_max_registers[, prefetch_pages[, merge_splits_at_once]]]]]]]]]]]]]; -1 keeps the row's
-value; slow_lo x sets slow_programs_per_sm to (x, 6.5)). ``--outliers N``: every quantized cache
+outlier_max_registers[, prefetch_pages[, merge_splits_at_once[, head_pairs]]]]]]]]]]]]]]; -1
+keeps the row's value; slow_lo x sets slow_programs_per_sm to (x, 6.5)). ``--outliers N``: every quantized cache
 as dense-and-sparse keys (``KeyOutliers``, N fp16 channels per KV head from the first 2048 keys),
 its launches with ``key_outliers=``.
 
@@ -97,9 +97,9 @@ def main():
                 fields = ("programs_per_sm", "max_merged_splits", "max_registers", "swap_ab",
                           "f16_math", "int64_kv_offsets", "v_pairs", "slow_programs_per_sm",
                           "splits_round_up", "outlier_max_registers", "prefetch_pages",
-                          "merge_splits_at_once")
+                          "merge_splits_at_once", "head_pairs")
                 kinds = (float, int, int, bool, bool, bool, bool, lambda x: (x, 6.5), bool, int,
-                         bool, int)
+                         bool, int, bool)
                 for name, kind, value in zip(fields, kinds, spec[3:]):
                     if value >= 0:
                         cfg = dataclasses.replace(cfg, **{name: kind(value)})

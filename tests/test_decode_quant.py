@@ -306,16 +306,72 @@ def _int4_units_config():
     return get_paged_decode_config(cap, 128, "int4")
 
 
-def _int4_plan_case(batch, q_len, hq, hk, lengths, num_splits):
+def _int4_plan_case(batch, q_len, hq, hk, lengths, num_splits, head_pairs=False,
+                    head_major=False):
     """A fresh int4 case at head dim 128, page 16 (fp16/fp32 q as DTYPES[0]): ``(q, kq, ks, vq,
-    vs, seqlens, table, ref, ref_lse, plan)``, the plan on the int4 row's config."""
+    vs, seqlens, table, ref, ref_lse, plan)``, the plan on the int4 row's config (with
+    ``head_pairs`` as given; ``head_major``: the caches and scales stored head-major)."""
+    import dataclasses
     q, k, v, seqlens, table = _case(batch, q_len, hq, hk, 128, 16, lengths, DTYPES[0])
     kq, ks, vq, vs, kd, vd = _quantized(k, v, "int4")
+    if head_major:
+        kq, ks, vq, vs = (_head_major(t) for t in (kq, ks, vq, vs))
     ref, ref_lse = paged_attention_ref(q.float(), kd, vd, seqlens, table)
     plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
                                   kv_format="int4", num_splits=num_splits,
-                                  config=_int4_units_config())
+                                  config=dataclasses.replace(_int4_units_config(),
+                                                             head_pairs=head_pairs))
     return q, kq, ks, vq, vs, seqlens, table, ref, ref_lse, plan
+
+
+# (batch, q_len, q heads, KV heads, lengths, splits, head-major): GQA 4 with an empty sequence,
+# split (merged in the launch) and not; MHA; 40 rows a pair (three 16-row M-blocks); 6 splits
+# (the combine kernel); head-major pages
+HEAD_PAIR_CASES = [(3, 1, 8, 2, [37, 0, 150], 1, False), (3, 1, 8, 2, [37, 0, 150], 3, False),
+                   (2, 1, 4, 4, [70, 33], 1, False), (2, 5, 8, 2, [37, 150], 2, False),
+                   (1, 1, 8, 4, [300], 6, False), (2, 2, 6, 6, [150, 45], 1, True)]
+
+
+@pytest.mark.parametrize("case", range(len(HEAD_PAIR_CASES)))
+def test_int4_head_pairs_match_reference_and_one_head(case):
+    """``head_pairs``: int4's nibble-plane loop serving two KV heads a program (their bytes one
+    128-byte operand, each row's q in its head's half) gives the reference's output and LSE and
+    the one-head launch's output to fp16 rounding; its grid counts the pairs."""
+    batch, q_len, hq, hk, lengths, num_splits, head_major = HEAD_PAIR_CASES[case]
+    q, kq, ks, vq, vs, seqlens, table, ref, ref_lse, plan = _int4_plan_case(
+        batch, q_len, hq, hk, lengths, num_splits, head_pairs=True, head_major=head_major)
+    _run_and_check(plan, q, kq, vq, seqlens, table, ks, vs, ref, ref_lse, "HEAD_PAIRS",
+                   q.dtype)
+    (launch,) = plan._launches.values()
+    rows = hq // hk * 2 * q_len
+    assert launch._grid == (plan.num_splits * -(-rows // 16), hk // 2, batch)
+    assert launch._constexprs["GROUP"] == 2 * hq // hk
+    one_head = _int4_plan_case(batch, q_len, hq, hk, lengths, num_splits,
+                               head_major=head_major)[-1]
+    out = plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs)
+    _check(out.float(), one_head.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs).float(),
+           q.dtype)
+
+
+def test_int4_head_pairs_fall_back_where_they_cannot_run():
+    """An odd KV head count, or a call whose V sits at an odd byte (no 16-bit V units: no
+    nibble-plane loop), runs one KV head a program under ``head_pairs``; scales 4 bytes off
+    8 keep the pairs (two 32-bit loads a key). Each equals the reference."""
+    q, kq, ks, vq, vs, seqlens, table, ref, ref_lse, plan = _int4_plan_case(
+        2, 1, 6, 3, [37, 150], 1, head_pairs=True)
+    _run_and_check(plan, q, kq, vq, seqlens, table, ks, vs, ref, ref_lse, "HEAD_PAIRS",
+                   q.dtype, flag_value=False)
+    q, kq, ks, vq, vs, seqlens, table, ref, ref_lse, plan = _int4_plan_case(
+        2, 1, 8, 2, [37, 150], 3, head_pairs=True)
+    with poison_empty:
+        v_off = plan.run(q, kq, _misaligned(vq, 2), seqlens, table, k_scale=ks, v_scale=vs)
+        scales_off = plan.run(q, kq, vq, seqlens, table, k_scale=_misaligned(ks, 8),
+                              v_scale=_misaligned(vs, 8))
+    _check(v_off.float(), ref, q.dtype)
+    _check(scales_off.float(), ref, q.dtype)
+    (launch,) = plan._launches.values()
+    assert launch._head_pairs and not launch._one_head._head_pairs
+    assert launch._misaligned_constexprs[True, False]["HEAD_PAIRS"]
 
 
 def _v_pairs_case(case, num_splits=0):

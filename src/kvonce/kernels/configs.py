@@ -231,6 +231,15 @@ class PagedDecodeConfig:
         Measured there (int4, 64 splits merged in the launch, H100, graphs): 4 at once 99.6 us
         against 106.6 one at a time and 94.2 with the combine kernel (MHA 143.0 / 148.0 /
         140.8). No row sets it: the rows merge at most 4 splits in the launch.
+    head_pairs: int4's nibble-plane loop (head dim 128, fp16 / bf16 q, an even KV head count,
+        no dense-and-sparse keys) serves two adjacent KV heads a program, so that on token-major
+        pages each key's bytes of the pair (2 x 64, one 128-byte line) come in one request: one
+        KV head's 64-byte row is half a line, and token-major int4 made 2.6x the L2 requests of
+        head-major pages for the same DRAM bytes (ncu, H100, 2026-11-27). Each row's q sits in
+        its head's half of a 128-byte operand (zeros in the other), so one scores dot covers the
+        pair; the V planes come out 64 wide and each row keeps its head's half
+        (``paged_decode_int4._attend_paged_int4``). The split count and M-blocks count the pairs.
+        No row sets it: interpreter-tested, not yet measured.
     """
     block_n: int
     num_warps: int
@@ -254,6 +263,7 @@ class PagedDecodeConfig:
     outlier_max_registers: int = 0
     prefetch_pages: bool = False
     merge_splits_at_once: int = 1
+    head_pairs: bool = False
 
 
 # (capability major, minor) -> head dim -> config. The Hopper d=128 row comes from

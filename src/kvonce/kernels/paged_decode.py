@@ -28,6 +28,8 @@ natural log: ``lse = (m + log2(l)) * ln 2``.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
@@ -313,7 +315,8 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
                     USE_DESC: tl.constexpr = False, SWAP_AB: tl.constexpr = False,
                     F16_MATH: tl.constexpr = False, V_PAIRS: tl.constexpr = False, q_out=0.0,
                     KO=0, stride_kop=0, stride_kot=0, stride_koh=0, N_OUT: tl.constexpr = 0,
-                    SCALE_PAIRS: tl.constexpr = False):
+                    SCALE_PAIRS: tl.constexpr = False, HEAD_PAIRS: tl.constexpr = False,
+                    pair_hi=0):
     """One packed tile ``q [BLOCK_M, BLOCK_D]`` against sequence ``seq``'s keys ``[lo, hi)`` of
     one KV head: unmasked tiles ``[lo, full)``, then the masked band ``[full, hi)``; returns the
     unnormalized ``(acc, m, l)`` (base 2), fp8's per-head scales applied. Shared by the decode
@@ -327,7 +330,13 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
     (quantized caches): dense-and-sparse keys, ``q_out [BLOCK_M, 16]`` the rows' values at this KV
     head's outlier channels (``paged_outliers._outlier_queries``), ``KO`` the side cache.
     SCALE_PAIRS (int4's nibble-plane loop, scale rows 8-byte aligned): each key's (scale,
-    offset) as one 64-bit load (``paged_decode_int4._int4_key_scales``)."""
+    offset) as one 64-bit load (``paged_decode_int4._int4_key_scales``). HEAD_PAIRS (int4's
+    nibble-plane loop, ``PagedDecodeConfig.head_pairs``): ``kv_head`` numbers a pair of KV heads
+    (2 kv_head and the next), ``pair_hi [BLOCK_M]`` marks the rows of the second."""
+    if HEAD_PAIRS:
+        tl.static_assert(KV_FORMAT == 3 and BLOCK_D == 128 and EVEN_D and V_PAIRS
+                         and N_OUT == 0)
+        kv_head = 2 * kv_head
     K += kv_head * stride_kh
     V += kv_head * stride_vh
     KS += kv_head * stride_ksh
@@ -365,12 +374,14 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
             acc, m_i, l_i, q, lo, full, qk_scale, tok, diag, hi, K, V, KS, VS, bt_row, stride_kp,
             stride_kt, stride_vp, stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
             False, PAGE_SIZE, BLOCK_M, BLOCK_N, DOT_PRECISION, INT64_KV, q_out, KO, stride_kop,
-            stride_kot, out_scale, N_OUT, SCALE_PAIRS, PREFETCH_PAGES, F16_MATH)
+            stride_kot, out_scale, N_OUT, SCALE_PAIRS, PREFETCH_PAGES, F16_MATH, HEAD_PAIRS,
+            pair_hi, stride_kh, stride_vh, stride_ksh, stride_vsh)
         acc, m_i, l_i = _attend_paged_int4(
             acc, m_i, l_i, q, full, hi, qk_scale, tok, diag, hi, K, V, KS, VS, bt_row, stride_kp,
             stride_kt, stride_vp, stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
             True, PAGE_SIZE, BLOCK_M, BLOCK_N, DOT_PRECISION, INT64_KV, q_out, KO, stride_kop,
-            stride_kot, out_scale, N_OUT, SCALE_PAIRS, PREFETCH_PAGES, F16_MATH)
+            stride_kot, out_scale, N_OUT, SCALE_PAIRS, PREFETCH_PAGES, F16_MATH, HEAD_PAIRS,
+            pair_hi, stride_kh, stride_vh, stride_ksh, stride_vsh)
     elif V_PAIRS:
         tl.static_assert((KV_FORMAT == 1 or KV_FORMAT == 2) and EVEN_D and not SWAP_AB)
         acc_even = tl.zeros([BLOCK_M, BLOCK_D // 2], dtype=tl.float32)
@@ -452,9 +463,10 @@ def _paged_decode_kernel(
     SCALE_PAIRS: tl.constexpr = False,  # int4 d128: (scale, offset) as one 64-bit load
     PREFETCH_PAGES: tl.constexpr = False,  # page ids looked up a tile ahead (not SWAP_AB)
     MERGE_SPLITS_AT_ONCE: tl.constexpr = 1,  # MERGE_HERE: splits loaded before folding
+    HEAD_PAIRS: tl.constexpr = False,  # int4: a program a pair of KV heads (GROUP = 2 x theirs)
 ):
-    # Grid: (num_splits * num_m_blocks, nheads_k, batch). Splits vary fastest so that the
-    # programs of one sequence's KV head run side by side.
+    # Grid: (num_splits * num_m_blocks, nheads_k, batch) (HEAD_PAIRS: nheads_k / 2 pairs). Splits
+    # vary fastest so that the programs of one sequence's KV head run side by side.
     split = tl.program_id(0) // num_m_blocks
     m_block = tl.program_id(0) % num_m_blocks
     kv_head = tl.program_id(1)
@@ -469,6 +481,7 @@ def _paged_decode_kernel(
     tok = rows // GROUP
     head = kv_head * GROUP + rows % GROUP
     row_ok = rows < GROUP * q_len
+    pair_hi = (rows % GROUP) >= GROUP // 2  # HEAD_PAIRS: the rows of the pair's second KV head
     offs_d = tl.arange(0, BLOCK_D)
     q_ptrs = (Q + seq.to(tl.int64) * stride_qb + (tok * stride_qt + head * stride_qh)[:, None]
               + offs_d[None, :])
@@ -499,7 +512,8 @@ def _paged_decode_kernel(
         PAGE_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, EVEN_D, KV_CACHE, KV_EVICT, KV_FORMAT, DOT_PRECISION,
         INT64_KV=INT64_KV, SWAP_AB=SWAP_AB, F16_MATH=F16_MATH, V_PAIRS=V_PAIRS, q_out=q_out,
         KO=KO, stride_kop=stride_kop, stride_kot=stride_kot, stride_koh=stride_koh, N_OUT=N_OUT,
-        SCALE_PAIRS=SCALE_PAIRS, PREFETCH_PAGES=PREFETCH_PAGES)
+        SCALE_PAIRS=SCALE_PAIRS, PREFETCH_PAGES=PREFETCH_PAGES, HEAD_PAIRS=HEAD_PAIRS,
+        pair_hi=pair_hi)
     # out = acc / l (0 where no key was seen, e.g. an empty split), lse natural log (-inf there).
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
@@ -566,6 +580,15 @@ def decode_row_blocks(nheads: int, nheads_k: int, q_len: int,
     return block_m, -(-rows // block_m)
 
 
+def head_pairs_eligible(config, kv_format: int, q_dtype, head_dim: int, nheads_k: int) -> bool:
+    """Whether a launch may serve two KV heads a program (``config.head_pairs``: int4's
+    nibble-plane loop, head dim 128, 16-bit q, an even KV head count); the launch also needs
+    V's strides even and no dense-and-sparse keys. The plan counts the split count's programs
+    by it."""
+    return (config.head_pairs and kv_format == 3 and head_dim == 128 and nheads_k % 2 == 0
+            and q_dtype in (torch.float16, torch.bfloat16))
+
+
 class PagedDecodeLaunch:
     """One decode shape's launch, fixed once: grid, scalar arguments, constants, cache key.
 
@@ -589,9 +612,35 @@ class PagedDecodeLaunch:
                  k_scale=None, v_scale=None, outlier_values=None):
         batch, q_len, nheads, head_dim = q.shape
         page_size, nheads_k = k_cache.shape[1], k_cache.shape[2]
-        group = nheads // nheads_k
-        block_m, num_m_blocks = decode_row_blocks(nheads, nheads_k, q_len, kv_format)
         block_d = max(16, next_pow2(head_dim))
+        # fp16 compute for bf16 q: fp8 anywhere, int8 only through the pairs loop (which keeps
+        # its probabilities times per-key V scales under fp16's max; _attend_paged_pairs).
+        f16 = config.f16_math and kv_format in (1, 2, 3) and q.dtype == torch.bfloat16
+        # V pairs: fp8/int8 with fp16 compute where the row asks; int4 at head dim 128 with 16-bit
+        # q (its nibble-plane loop, 16-row M-blocks: decode_row_blocks; V planes and
+        # probabilities are fp16 whatever q is, only the scores dot runs in q's dtype; elsewhere
+        # the per-element tile).
+        even_v = (block_d == head_dim and head_dim % 2 == 0
+                  and all(st % 2 == 0 for st in v_cache.stride()[:3]))
+        v_pairs = even_v and (
+            (kv_format in (1, 2) and config.v_pairs and not config.swap_ab
+             and (q.dtype == torch.float16 or f16))
+            or (kv_format == 3 and head_dim == 128
+                and q.dtype in (torch.float16, torch.bfloat16)))
+        # int4's nibble-plane loop over two KV heads a program (config.head_pairs); a call whose
+        # V sits at an odd byte (no 16-bit V units, so no nibble-plane loop: __call__) takes the
+        # one-head launch.
+        self._head_pairs = (head_pairs_eligible(config, kv_format, q.dtype, head_dim, nheads_k)
+                            and v_pairs and outlier_values is None)
+        self._one_head = None
+        if self._head_pairs:
+            self._one_head = PagedDecodeLaunch(
+                q, k_cache, v_cache, block_table, softmax_scale=softmax_scale, causal=causal,
+                num_splits=num_splits, config=dataclasses.replace(config, head_pairs=False),
+                store_lse=store_lse, kv_format=kv_format, k_scale=k_scale, v_scale=v_scale)
+        launch_heads = nheads_k // 2 if self._head_pairs else nheads_k
+        group = nheads // launch_heads
+        block_m, num_m_blocks = decode_row_blocks(nheads, launch_heads, q_len, kv_format)
         self.batch, self.num_splits = batch, num_splits
         merge_here = 1 < num_splits <= config.max_merged_splits
         self.device_index = q.device.index if q.device.type == "cuda" else -1
@@ -608,21 +657,7 @@ class PagedDecodeLaunch:
             *_scale_strides(v_scale, kv_format), *dst_o, *dst_l, block_table.stride(0),
             *(outlier_values.stride()[:3] if outlier_values is not None else (0, 0, 0)))
         self._scale = float(softmax_scale)
-        self._grid = (num_splits * num_m_blocks, nheads_k, batch)
-        # fp16 compute for bf16 q: fp8 anywhere, int8 only through the pairs loop (which keeps
-        # its probabilities times per-key V scales under fp16's max; _attend_paged_pairs).
-        f16 = config.f16_math and kv_format in (1, 2, 3) and q.dtype == torch.bfloat16
-        # V pairs: fp8/int8 with fp16 compute where the row asks; int4 at head dim 128 with 16-bit
-        # q (its nibble-plane loop, 16-row M-blocks: decode_row_blocks; V planes and
-        # probabilities are fp16 whatever q is, only the scores dot runs in q's dtype; elsewhere
-        # the per-element tile).
-        even_v = (block_d == head_dim and head_dim % 2 == 0
-                  and all(st % 2 == 0 for st in v_cache.stride()[:3]))
-        v_pairs = even_v and (
-            (kv_format in (1, 2) and config.v_pairs and not config.swap_ab
-             and (q.dtype == torch.float16 or f16))
-            or (kv_format == 3 and head_dim == 128
-                and q.dtype in (torch.float16, torch.bfloat16)))
+        self._grid = (num_splits * num_m_blocks, launch_heads, batch)
         f16_math = f16 and (kv_format == 1 or v_pairs)
         # int4's nibble-plane loop: each key's float32 (scale, offset) as one 64-bit load. Even
         # strides here; 8-byte aligned pointers per call (__call__: otherwise two 32-bit loads).
@@ -640,7 +675,7 @@ class PagedDecodeLaunch:
             SCALE_PAIRS=scale_pairs,
             # Not with dense-and-sparse keys: int4+8 ran 5-35% slower with it (H100).
             PREFETCH_PAGES=config.prefetch_pages and outlier_values is None,
-            MERGE_SPLITS_AT_ONCE=config.merge_splits_at_once,
+            MERGE_SPLITS_AT_ONCE=config.merge_splits_at_once, HEAD_PAIRS=self._head_pairs,
             # Quantized caches: int32 offsets where everything fits (fewer IMADs per key row; the
             # plain-cache rows were tuned with int64 and keep it).
             INT64_KV=kv_format == 0 or config.int64_kv_offsets or max(
@@ -699,6 +734,10 @@ class PagedDecodeLaunch:
             # only V 2-byte and the scales 4-byte aligned; past that, the forms without them.
             fits = (not v_cache.data_ptr() & 1,
                     not (k_scale.data_ptr() | v_scale.data_ptr()) & (self._scale_align - 1))
+            if self._head_pairs and not fits[0]:  # no 16-bit V units: no nibble-plane loop
+                self._one_head(q, k_cache, v_cache, cache_seqlens, block_table, out, lse,
+                               o_part, lse_part, arrivals, k_scale, v_scale)
+                return
             constexprs = self._misaligned_constexprs[fits]
         key = (self._key, aligned, fits)
         launch(_paged_decode_kernel, key, self._grid,

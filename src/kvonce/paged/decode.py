@@ -19,7 +19,7 @@ from .._dispatch import like_inputs, use_op
 from ..kernels.configs import (SHORT_SPLIT_KEYS, PagedDecodeConfig, device_info,
                                get_paged_decode_config)
 from ..kernels._launch import dot_precision
-from ..kernels.paged_decode import PagedDecodeLaunch, decode_row_blocks
+from ..kernels.paged_decode import PagedDecodeLaunch, decode_row_blocks, head_pairs_eligible
 from ._alloc import allocator
 from .checks import (QUANT_FORMATS, check_block_table_values, check_device_ok, check_scale,
                      launch_layout, resolve_kv_format, validate_cache,
@@ -137,8 +137,11 @@ class PagedDecodePlan:
                                          check=check_block_table)
         self.uses_cascade = self._cascade is not None
         if num_splits == 0:
-            num_splits = choose_num_splits(batch, k_cache.shape[2],
-                                           block_table.shape[1] * page_size, num_sms, self.config)
+            # int4 head pairs (config.head_pairs): a program serves two KV heads
+            grid_heads = k_cache.shape[2] // (2 if head_pairs_eligible(
+                self.config, self._kv_code, q.dtype, head_dim, k_cache.shape[2]) else 1)
+            num_splits = choose_num_splits(batch, grid_heads, block_table.shape[1] * page_size,
+                                           num_sms, self.config)
         self.num_splits = num_splits
         split_keys = -(-block_table.shape[1] * page_size // num_splits)
         if self.config.short_split_block_n and num_splits > 1 and split_keys < SHORT_SPLIT_KEYS:
@@ -285,6 +288,8 @@ class PagedDecodePlan:
     def _new_scratch(self):
         batch, q_len, nheads, head_dim = self._q_shape
         s = self.num_splits
+        # One arrival count a (sequence, KV head, M-block); int4 head pairs index fewer: half
+        # the heads, at most twice the M-blocks (config.head_pairs).
         m_blocks = decode_row_blocks(nheads, self._nheads_k, q_len, self._kv_code)[1]
         arrivals = torch.zeros((batch, self._nheads_k, m_blocks), dtype=torch.int32,
                                device=self._device)
@@ -313,7 +318,8 @@ class PagedDecodePlan:
         launch_fields = (self.softmax_scale, self.causal, c.block_n, c.num_warps, c.num_stages,
                          c.kv_cache_modifier, c.kv_eviction, c.max_merged_splits, k_scale,
                          v_scale, self._kv_code, max_registers, c.swap_ab, c.f16_math,
-                         c.int64_kv_offsets, c.v_pairs, outlier_values, outlier_channels)
+                         c.int64_kv_offsets, c.v_pairs, outlier_values, outlier_channels,
+                         c.prefetch_pages, c.head_pairs)
         if self.num_splits == 1:
             return torch.ops.kvonce.paged_decode(q, k_cache, v_cache, cache_seqlens, block_table,
                                                  *launch_fields)
@@ -436,11 +442,13 @@ def _paged_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, o_part, 
                        arrivals, softmax_scale, causal, block_n, num_warps, num_stages,
                        kv_cache_modifier, kv_eviction, max_merged_splits, k_scale, v_scale,
                        kv_format, max_registers, swap_ab, f16_math, int64_kv_offsets,
-                       v_pairs, outlier_values=None, outlier_channels=None):
+                       v_pairs, outlier_values=None, outlier_channels=None,
+                       prefetch_pages=False, head_pairs=False):
     config = PagedDecodeConfig(block_n, num_warps, num_stages, kv_cache_modifier=kv_cache_modifier,
                                kv_eviction=kv_eviction, max_merged_splits=max_merged_splits,
                                max_registers=max_registers, swap_ab=swap_ab, f16_math=f16_math,
-                               int64_kv_offsets=int64_kv_offsets, v_pairs=v_pairs)
+                               int64_kv_offsets=int64_kv_offsets, v_pairs=v_pairs,
+                               prefetch_pages=prefetch_pages, head_pairs=head_pairs)
     out, lse = _decode_outputs(q, allocator.empty)
     num_splits = 1 if o_part is None else o_part.shape[3]
     PagedDecodeLaunch(q, k_cache, v_cache, block_table, softmax_scale=softmax_scale,
@@ -461,8 +469,8 @@ def _paged_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      kv_format: int = 0, max_registers: int = 0, swap_ab: bool = False,
                      f16_math: bool = False, int64_kv_offsets: bool = False,
                      v_pairs: bool = False, outlier_values: torch.Tensor | None = None,
-                     outlier_channels: torch.Tensor | None = None
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+                     outlier_channels: torch.Tensor | None = None, prefetch_pages: bool = False,
+                     head_pairs: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Single-pass paged decode (``PagedDecodePlan.run`` with ``num_splits == 1``): ``(out
     [batch, q_len, nheads, d], lse float32 [batch, nheads, q_len])``; the config's launch fields
     are passed one by one (a dataclass cannot be an op argument). A quantized cache comes with
@@ -472,7 +480,8 @@ def _paged_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                               softmax_scale, causal, block_n, num_warps, num_stages,
                               kv_cache_modifier, kv_eviction, max_merged_splits, k_scale,
                               v_scale, kv_format, max_registers, swap_ab, f16_math,
-                              int64_kv_offsets, v_pairs, outlier_values, outlier_channels)
+                              int64_kv_offsets, v_pairs, outlier_values, outlier_channels,
+                              prefetch_pages, head_pairs)
 
 
 @_paged_decode_op.register_fake
@@ -493,7 +502,8 @@ def _paged_decode_split_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            max_registers: int = 0, swap_ab: bool = False,
                            f16_math: bool = False, int64_kv_offsets: bool = False,
                            v_pairs: bool = False, outlier_values: torch.Tensor | None = None,
-                           outlier_channels: torch.Tensor | None = None
+                           outlier_channels: torch.Tensor | None = None,
+                           prefetch_pages: bool = False, head_pairs: bool = False
                            ) -> tuple[torch.Tensor, torch.Tensor]:
     """Split-K paged decode and its merge (in the same launch up to ``max_merged_splits``
     splits, else a combine launch); ``o_part`` float32 ``[batch, q_len,
@@ -504,7 +514,8 @@ def _paged_decode_split_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                               arrivals, softmax_scale, causal, block_n, num_warps, num_stages,
                               kv_cache_modifier, kv_eviction, max_merged_splits, k_scale,
                               v_scale, kv_format, max_registers, swap_ab, f16_math,
-                              int64_kv_offsets, v_pairs, outlier_values, outlier_channels)
+                              int64_kv_offsets, v_pairs, outlier_values, outlier_channels,
+                              prefetch_pages, head_pairs)
 
 
 @_paged_decode_split_op.register_fake
