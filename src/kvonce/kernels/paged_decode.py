@@ -632,12 +632,11 @@ class PagedDecodeLaunch:
         # one-head launch.
         self._head_pairs = (head_pairs_eligible(config, kv_format, q.dtype, head_dim, nheads_k)
                             and v_pairs and outlier_values is None)
-        self._one_head = None
-        if self._head_pairs:
-            self._one_head = PagedDecodeLaunch(
-                q, k_cache, v_cache, block_table, softmax_scale=softmax_scale, causal=causal,
-                num_splits=num_splits, config=dataclasses.replace(config, head_pairs=False),
-                store_lse=store_lse, kv_format=kv_format, k_scale=k_scale, v_scale=v_scale)
+        self._one_head = None  # made at the first such call
+        self._one_head_kwargs = dict(
+            softmax_scale=softmax_scale, causal=causal, num_splits=num_splits,
+            config=dataclasses.replace(config, head_pairs=False), store_lse=store_lse,
+            kv_format=kv_format) if self._head_pairs else None
         launch_heads = nheads_k // 2 if self._head_pairs else nheads_k
         group = nheads // launch_heads
         block_m, num_m_blocks = decode_row_blocks(nheads, launch_heads, q_len, kv_format)
@@ -735,6 +734,10 @@ class PagedDecodeLaunch:
             fits = (not v_cache.data_ptr() & 1,
                     not (k_scale.data_ptr() | v_scale.data_ptr()) & (self._scale_align - 1))
             if self._head_pairs and not fits[0]:  # no 16-bit V units: no nibble-plane loop
+                if self._one_head is None:
+                    self._one_head = PagedDecodeLaunch(q, k_cache, v_cache, block_table,
+                                                       k_scale=k_scale, v_scale=v_scale,
+                                                       **self._one_head_kwargs)
                 self._one_head(q, k_cache, v_cache, cache_seqlens, block_table, out, lse,
                                o_part, lse_part, arrivals, k_scale, v_scale)
                 return
