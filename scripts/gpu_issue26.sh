@@ -29,6 +29,10 @@
 #               assumed; 256-key tiles at 8 warps, 3 stages (2 programs an SM at 90 KB, 144 KB
 #               of ring an SM against 108; 29 instructions a key against 23); fp16 and bf16
 #               queries (DTYPES), GQA 32/8 and MHA 12/12
+#   headpair    int4 head pairs (PagedDecodeConfig.head_pairs, 2026-11-27 ninth session): the
+#               int4 tests, then the row against pairs at 232 registers and 2 programs an SM,
+#               token-major pages (where they won at fp16) and head-major, fp16 and bf16
+#               queries (DTYPES)
 #   prefill     scripts/prefill_sweep.py: one q head per program ('h') against GQA packing, pages
 #               16 and 256, 128x128 / 128x64 tiles, TMA where pages hold whole tiles
 set -u
@@ -111,6 +115,20 @@ if [[ $STEPS == *ring* ]]; then
     timeout 270 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int4 --all \
       --heads 32/8,12/12 --shapes ${RING_SHAPES:-16x4096,64x8192,1x131072} --grid 128,4,3 \
       128,4,4 128,4,2,-1,-1,128 128,4,2,4,-1,128 256,8,3 2>&1 | grep -v "^|---"
+  done
+fi
+if [[ $STEPS == *headpair* ]]; then
+  step headpair
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_decode_quant.py -k int4 2>&1 \
+    | tail -2
+  HP=2,-1,232,-1,-1,-1,-1,-1,-1,-1,-1,-1,1  # programs_per_sm .. head_pairs
+  for layout in nhd hnd; do
+    for dt in ${DTYPES:-fp16 bf16}; do
+      echo "-- $layout $dt"
+      timeout 150 python3 scripts/quant_decode_sweep.py --layout $layout --dtype $dt \
+        --formats int4 --all --heads 32/8,12/12 --shapes 16x4096,64x8192,1x131072 \
+        --grid 128,4,3 128,4,3,$HP 128,4,2,$HP 2>&1 | grep "^  "
+    done
   done
 fi
 if [[ $STEPS == *splits* ]]; then
