@@ -449,6 +449,35 @@ def test_bf16_queries_take_the_bf16_row(monkeypatch):
     assert get((9, 0), 64, "int4", bf16=True) is get((9, 0), 64)  # no row: the plain one
 
 
+def test_token_major_int4_pages_take_head_pairs_where_they_can_run(monkeypatch):
+    """The plan's default config (``paged.decode._default_config``) on Hopper: int4 pages stored
+    token-major take the head-pair row when the pairs can run (even KV head count, head dim
+    128, fp16/bf16 q), else the format's row; head-major pages, other formats and fp32 q never
+    take it."""
+    from kvonce.kernels import configs
+    from kvonce.paged.decode import _default_config
+    monkeypatch.setattr(configs, "interpreter_active", lambda: False)  # the Hopper rows, on a CPU
+    table = configs._PAGED_DECODE_QUANT_TABLE
+    pairs, int4 = table[((9, 0), "int4/token-major")][128], table[((9, 0), "int4")][128]
+    assert pairs.head_pairs and not int4.head_pairs
+
+    def pick(heads_k, dtype=torch.float16, head_major=False, fmt="int4", head_dim=128):
+        q = torch.empty(2, 1, 2 * heads_k, head_dim, dtype=dtype)
+        stored = head_dim // 2 if fmt == "int4" else head_dim
+        k = torch.empty(5, 16, heads_k, stored, dtype=torch.uint8)
+        if head_major:
+            k = k.transpose(1, 2).contiguous().transpose(1, 2)
+        code = {"int4": 3, "int8": 2}[fmt]
+        return _default_config((9, 0), q, k, fmt, code)
+
+    assert pick(8) is pairs and pick(8, torch.bfloat16) is pairs and pick(2) is pairs
+    assert pick(8, head_major=True) is int4
+    assert pick(3) is int4 and pick(1) is int4  # odd KV head counts: one head a program
+    assert pick(8, head_dim=64) is configs.get_paged_decode_config((9, 0), 64, "int4")
+    assert pick(8, torch.float32) is configs._PAGED_DECODE_FALLBACK
+    assert pick(8, fmt="int8") is table[((9, 0), "int8")][128]
+
+
 @pytest.mark.parametrize("fmt", ["plain", "int4"])
 @pytest.mark.parametrize("num_splits", [3, 5, 7])
 def test_in_launch_merge_loads_splits_ahead_with_the_same_bytes(fmt, num_splits):

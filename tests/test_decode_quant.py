@@ -353,6 +353,27 @@ def test_int4_head_pairs_match_reference_and_one_head(case):
            q.dtype)
 
 
+@pytest.mark.skipif(not HAS_CUDA, reason="the Hopper config rows (the interpreter has its own)")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_int4_default_plan_pairs_heads_on_token_major_pages(dtype):
+    """A plan with no config over token-major int4 pages with 4 KV heads runs the head-pair row
+    (232 registers, 2 programs an SM) and matches the reference; the same cache stored
+    head-major runs the one-head row, to the same output within rounding."""
+    q, k, v, seqlens, table = _case(3, 1, 16, 4, 128, 16, [37, 0, 1500], dtype)
+    kq, ks, vq, vs, kd, vd = _quantized(k, v, "int4")
+    ref, ref_lse = paged_attention_ref(q.float(), kd, vd, seqlens, table)
+    plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
+                                  kv_format="int4")
+    assert plan.config.head_pairs and plan.config.max_registers == 232
+    _run_and_check(plan, q, kq, vq, seqlens, table, ks, vs, ref, ref_lse, "HEAD_PAIRS", dtype)
+    hm = [_head_major(t) for t in (kq, ks, vq, vs)]
+    plan_hm = kvonce.PagedDecodePlan(q, hm[0], hm[2], seqlens, table, k_scale=hm[1],
+                                     v_scale=hm[3], kv_format="int4")
+    assert not plan_hm.config.head_pairs
+    _run_and_check(plan_hm, q, hm[0], hm[2], seqlens, table, hm[1], hm[3], ref, ref_lse,
+                   "HEAD_PAIRS", dtype, flag_value=False)
+
+
 def test_int4_head_pairs_fall_back_where_they_cannot_run():
     """An odd KV head count, or a call whose V sits at an odd byte (no 16-bit V units: no
     nibble-plane loop), runs one KV head a program under ``head_pairs``; scales 4 bytes off

@@ -239,7 +239,7 @@ class PagedDecodeConfig:
         its head's half of a 128-byte operand (zeros in the other), so one scores dot covers the
         pair; the V planes come out 64 wide and each row keeps its head's half
         (``paged_decode_int4._attend_paged_int4``). The split count and M-blocks count the pairs.
-        No row sets it: interpreter-tested, not yet measured.
+        Set in the int4 row for token-major pages (``"int4/token-major"``, measured below).
     """
     block_n: int
     num_warps: int
@@ -395,6 +395,15 @@ _QUANT_SPLITS = dict(slow_programs_per_sm=(3.5, 6.5), one_pass_programs_per_sm=(
 _INT4 = PagedDecodeConfig(128, 4, 3, **_QUANT_SPLITS,
                           max_registers=168,
                           outlier_max_registers=168, prefetch_pages=True, f16_math=True)
+# int4 head pairs (`head_pairs`) on token-major pages, 2026-11-27, ninth and tenth sessions, H100,
+# graphs, us, the row above against pairs at 232 registers and 2 programs an SM (the pair loop
+# holds 232 registers with 20 B of spill; at 168 it spills 716 B), GQA 32/8 then MHA 12/12 at
+# 16 x 4096 / 64 x 8192 / 1 x 131072 (scripts/gpu_issue26.sh STEPS=headpair): fp16 q -7 / -24 /
+# -11%, +1 / +3 / -16% (64 x 8192 GQA 241.2 us); bf16 q 55.7 / 315.8 / 93.2, 74.5 / 460.8 /
+# 134.8 against 50.7 / 230.8 / 80.9, 75.8 / 433.3 / 109.7. On head-major pages (each KV head's
+# rows already whole lines) the pairs lost at 5 of 6 rows (bf16: 46.8 / 249.0 / 73.6, 61.4 /
+# 322.2 / 98.6 against 50.3 / 223.5 / 77.9, 68.5 / 404.1 / 103.6): that layout keeps the row.
+_INT4_PAIRS = dataclasses.replace(_INT4, head_pairs=True, max_registers=232, programs_per_sm=2.0)
 _PAGED_DECODE_QUANT_TABLE: dict[tuple[tuple[int, int], str], dict[int, PagedDecodeConfig]] = {
     ((9, 0), "int8"): {128: PagedDecodeConfig(128, 4, 2, min_keys_per_split=2048, v_pairs=True,
                                               f16_math=True,
@@ -407,27 +416,34 @@ _PAGED_DECODE_QUANT_TABLE: dict[tuple[tuple[int, int], str], dict[int, PagedDeco
     ((9, 0), "int4"): {128: _INT4},
     # bf16 q: the same row (V units: P·V in fp16, the scores dot in bf16).
     ((9, 0), "int4/bf16"): {128: _INT4},
+    # Token-major pages (a key's KV heads adjacent, 64 bytes each): two KV heads a program.
+    ((9, 0), "int4/token-major"): {128: _INT4_PAIRS},
 }
 SHORT_SPLIT_KEYS = 4096
 
 
 def get_paged_decode_config(capability: tuple[int, int] | None, head_dim: int,
                             kv_format: str | None = None,
-                            element_size: int = 2, bf16: bool = False) -> PagedDecodeConfig:
+                            element_size: int = 2, bf16: bool = False,
+                            token_major: bool = False) -> PagedDecodeConfig:
     """Config for ``head_dim`` (and a quantized cache's ``kv_format``) on a GPU of
     ``capability`` (None: the Triton interpreter); fp32 queries (``element_size`` 4) take the
-    fallback (``FP32_NOTE``); ``bf16`` queries take a format's ``"<format>/bf16"`` row where the
-    table has one (their tile converters differ from fp16's)."""
+    fallback (``FP32_NOTE``). A quantized cache takes, where the table has one, its format's
+    ``"<format>/token-major"`` row for ``token_major`` pages (a key's KV heads adjacent in
+    memory; int4: head pairs, which the caller uses only where they can run, see
+    ``PagedDecodePlan``), else its ``"<format>/bf16"`` row for ``bf16`` queries (their tile
+    converters differ from fp16's), else its format's row."""
     if capability is None or interpreter_active():
         return _PAGED_DECODE_INTERPRETER
     if element_size > 2:
         return _PAGED_DECODE_FALLBACK
     if kv_format is not None:
-        table = _PAGED_DECODE_QUANT_TABLE
-        row = table.get((tuple(capability), f"{kv_format}/bf16"), {}) if bf16 else {}
-        row = row or table.get((tuple(capability), kv_format), {})
-        if head_dim in row:
-            return row[head_dim]
+        keys = ([f"{kv_format}/token-major"] if token_major else []) + (
+            [f"{kv_format}/bf16"] if bf16 else []) + [kv_format]
+        for key in keys:
+            row = _PAGED_DECODE_QUANT_TABLE.get((tuple(capability), key), {})
+            if head_dim in row:
+                return row[head_dim]
     config = _table_row(_PAGED_DECODE_TABLE, capability, head_dim)
     if config is not None:
         return config

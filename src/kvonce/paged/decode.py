@@ -11,6 +11,7 @@ SM count, sequence lengths are read by the kernel, so a call is CUDA-graph captu
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
@@ -74,6 +75,21 @@ def _validate_attention(q, k_cache, v_cache, cache_seqlens, block_table, num_spl
     check_device_ok(q.device)
 
 
+def _default_config(capability, q, k_cache, kv_format, kv_code) -> PagedDecodeConfig:
+    """The config row for this call's GPU, head dim, query dtype and format; token-major pages
+    (a key's KV heads adjacent: ``k_cache.stride(2)`` is one head's row) take the format's
+    token-major row where its head pairs can run (``head_pairs_eligible``), else the general
+    one."""
+    head_dim, nheads_k = q.shape[-1], k_cache.shape[2]
+    row = functools.partial(get_paged_decode_config, capability, head_dim, kv_format,
+                            q.element_size(), bf16=q.dtype == torch.bfloat16)
+    config = row(token_major=kv_format is not None and k_cache.stride(2) == k_cache.shape[3])
+    if config.head_pairs and not head_pairs_eligible(config, kv_code, q.dtype, head_dim,
+                                                     nheads_k):
+        config = row()
+    return config
+
+
 class PagedDecodePlan:
     """Split count, launch config and split-K scratch for one decode step, reused by every layer.
 
@@ -125,9 +141,8 @@ class PagedDecodePlan:
             check_block_table_values(cache_seqlens, block_table, k_cache.shape[0], page_size)
         batch, q_len, nheads, head_dim = q.shape
         capability, num_sms = device_info(q.device)
-        self.config = config or get_paged_decode_config(capability, head_dim, self.kv_format,
-                                                        q.element_size(),
-                                                        bf16=q.dtype == torch.bfloat16)
+        self.config = config or _default_config(capability, q, k_cache, self.kv_format,
+                                                self._kv_code)
         # Shared-prefix cascade (kvonce.paged.prefix): None unless asked for and paying; a forced
         # num_splits applies to its suffix decode.
         self._cascade = None
