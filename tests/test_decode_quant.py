@@ -355,17 +355,22 @@ def test_int4_head_pairs_match_reference_and_one_head(case):
 
 @pytest.mark.skipif(not HAS_CUDA, reason="the Hopper config rows (the interpreter has its own)")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_int4_default_plan_pairs_heads_on_token_major_pages(dtype):
-    """A plan with no config over token-major int4 pages with 4 KV heads runs the head-pair row
-    (232 registers, 2 programs an SM) and matches the reference; the same cache stored
-    head-major runs the one-head row, to the same output within rounding."""
+def test_int4_token_major_row_matches_the_reference(dtype):
+    """The token-major int4 row (head pairs at 232 registers, 2 programs an SM; which plans take
+    it: test_decode.py) matches the reference at 4 KV heads, split and not; the same cache
+    stored head-major runs the default one-head row to the same output within rounding."""
+    from kvonce.kernels.configs import get_paged_decode_config
     q, k, v, seqlens, table = _case(3, 1, 16, 4, 128, 16, [37, 0, 1500], dtype)
     kq, ks, vq, vs, kd, vd = _quantized(k, v, "int4")
     ref, ref_lse = paged_attention_ref(q.float(), kd, vd, seqlens, table)
-    plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
-                                  kv_format="int4")
-    assert plan.config.head_pairs and plan.config.max_registers == 232
-    _run_and_check(plan, q, kq, vq, seqlens, table, ks, vs, ref, ref_lse, "HEAD_PAIRS", dtype)
+    row = get_paged_decode_config(torch.cuda.get_device_capability(), 128, "int4", 2,
+                                  bf16=dtype == torch.bfloat16, token_major=True)
+    assert row.head_pairs and row.max_registers == 232
+    for num_splits in (1, 3):
+        plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
+                                      kv_format="int4", config=row, num_splits=num_splits)
+        _run_and_check(plan, q, kq, vq, seqlens, table, ks, vs, ref, ref_lse, "HEAD_PAIRS",
+                       dtype)
     hm = [_head_major(t) for t in (kq, ks, vq, vs)]
     plan_hm = kvonce.PagedDecodePlan(q, hm[0], hm[2], seqlens, table, k_scale=hm[1],
                                      v_scale=hm[3], kv_format="int4")

@@ -403,7 +403,16 @@ _INT4 = PagedDecodeConfig(128, 4, 3, **_QUANT_SPLITS,
 # 134.8 against 50.7 / 230.8 / 80.9, 75.8 / 433.3 / 109.7. On head-major pages (each KV head's
 # rows already whole lines) the pairs lost at 5 of 6 rows (bf16: 46.8 / 249.0 / 73.6, 61.4 /
 # 322.2 / 98.6 against 50.3 / 223.5 / 77.9, 68.5 / 404.1 / 103.6): that layout keeps the row.
-_INT4_PAIRS = dataclasses.replace(_INT4, head_pairs=True, max_registers=232, programs_per_sm=2.0)
+# H200, same session, fp16 / bf16 q, one-head row against pairs (GQA 32/8 then MHA 12/12 at
+# 16 x 4096 / 32 x 8192 / 64 x 8192 / 1 x 131072): fp16 45.6 / 127.3 / 259.6 / 76.5, 62.0 /
+# 181.6 / 346.7 / 110.4 against 43.1 / 116.5 / 212.3 / 67.8, 67.2 / 230.4 / 430.3 / 97.6; bf16
+# alike. MHA 64 x 8192's 384 pair programs ran 1.45 waves: two splits from 2.3 programs an SM
+# (the slow band's start) took it to 321.8 us (bf16 335.7 against 353.8 one-head). MHA
+# 16 x 4096 and 32 x 8192 (0.73 waves; two splits 68.7 and 213.8 us) keep the one-head row: the
+# plan takes the pairs only where their launch fills its waves (paged/decode.py,
+# PAIR_WAVE_FILL).
+_INT4_PAIRS = dataclasses.replace(_INT4, head_pairs=True, max_registers=232, programs_per_sm=2.0,
+                                  slow_programs_per_sm=(2.3, 6.5))
 _PAGED_DECODE_QUANT_TABLE: dict[tuple[tuple[int, int], str], dict[int, PagedDecodeConfig]] = {
     ((9, 0), "int8"): {128: PagedDecodeConfig(128, 4, 2, min_keys_per_split=2048, v_pairs=True,
                                               f16_math=True,

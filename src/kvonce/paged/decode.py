@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import torch
 
@@ -75,19 +76,33 @@ def _validate_attention(q, k_cache, v_cache, cache_seqlens, block_table, num_spl
     check_device_ok(q.device)
 
 
-def _default_config(capability, q, k_cache, kv_format, kv_code) -> PagedDecodeConfig:
-    """The config row for this call's GPU, head dim, query dtype and format; token-major pages
+# The head-pair row's launch must fill its waves: at 2 programs an SM, a pair launch whose
+# waves run under this share of its slots on average loses to the one-head row's 3 programs an
+# SM (MHA 12/12 16 x 4096 and 32 x 8192: 0.73, 8-27% slower; every winning row 0.91-1.0;
+# 2026-11-27, tenth session, docs/notes.md).
+PAIR_WAVE_FILL = 0.85
+
+
+def _default_config(capability, num_sms, q, k_cache, block_table, kv_format,
+                    kv_code) -> PagedDecodeConfig:
+    """The config row for this call's GPU, head dim, query dtype and format. Token-major pages
     (a key's KV heads adjacent: ``k_cache.stride(2)`` is one head's row) take the format's
-    token-major row where its head pairs can run (``head_pairs_eligible``), else the general
-    one."""
+    token-major row where its head pairs can run (``head_pairs_eligible``) and their launch
+    fills its waves (``PAIR_WAVE_FILL``, counted as ``choose_num_splits`` counts programs), else
+    the general one."""
     head_dim, nheads_k = q.shape[-1], k_cache.shape[2]
     row = functools.partial(get_paged_decode_config, capability, head_dim, kv_format,
                             q.element_size(), bf16=q.dtype == torch.bfloat16)
     config = row(token_major=kv_format is not None and k_cache.stride(2) == k_cache.shape[3])
-    if config.head_pairs and not head_pairs_eligible(config, kv_code, q.dtype, head_dim,
-                                                     nheads_k):
-        config = row()
-    return config
+    if not config.head_pairs:
+        return config
+    if not head_pairs_eligible(config, kv_code, q.dtype, head_dim, nheads_k):
+        return row()
+    batch, pairs = q.shape[0], nheads_k // 2
+    splits = choose_num_splits(batch, pairs, block_table.shape[1] * k_cache.shape[1], num_sms,
+                               config)
+    waves = batch * pairs * splits / (config.programs_per_sm * num_sms)
+    return config if waves / math.ceil(waves) >= PAIR_WAVE_FILL else row()
 
 
 class PagedDecodePlan:
@@ -141,8 +156,8 @@ class PagedDecodePlan:
             check_block_table_values(cache_seqlens, block_table, k_cache.shape[0], page_size)
         batch, q_len, nheads, head_dim = q.shape
         capability, num_sms = device_info(q.device)
-        self.config = config or _default_config(capability, q, k_cache, self.kv_format,
-                                                self._kv_code)
+        self.config = config or _default_config(capability, num_sms, q, k_cache, block_table,
+                                                self.kv_format, self._kv_code)
         # Shared-prefix cascade (kvonce.paged.prefix): None unless asked for and paying; a forced
         # num_splits applies to its suffix decode.
         self._cascade = None
