@@ -411,6 +411,23 @@ def test_num_splits_auto_reads_shapes_only():
     assert decode.choose_num_splits(96, 8, 4096, 132, cfg) == 3
 
 
+def test_busy_splits_leave_no_split_empty():
+    """``busy_splits``: the count of tile-aligned ranges (as the kernel cuts them) that hold keys;
+    no range of the returned count is empty, at this tile or any smaller one."""
+    from kvonce.paged.splits import busy_splits
+    assert busy_splits(131072, 66, 128) == 64   # 2048-key ranges
+    assert busy_splits(131072, 49, 128) == 49   # 2688-key ranges, the last one shorter
+    assert busy_splits(131072, 1, 128) == 1 and busy_splits(0, 8, 128) == 8
+    for keys in (1, 100, 777, 4096, 5000, 131072):
+        for splits in range(1, 80):
+            for block_n in (16, 64, 128):
+                busy = busy_splits(keys, splits, block_n)
+                assert 1 <= busy <= splits
+                for bn in (block_n, block_n // 2):
+                    split_len = -(-(-(-keys // busy)) // bn) * bn
+                    assert (busy - 1) * split_len < keys  # the last range holds a key
+
+
 def test_num_splits_quantized_rows():
     """The quantized Hopper rows' split counts at the swept shapes (docs/notes.md, 2026-11-26
     and -27): fp8 and int8 aim at 3 programs per SM (their kernels hold 168 registers: three
@@ -419,7 +436,9 @@ def test_num_splits_quantized_rows():
     from kvonce.kernels.configs import _PAGED_DECODE_QUANT_TABLE
     fp8 = _PAGED_DECODE_QUANT_TABLE[((9, 0), "fp8_e4m3")][128]
     assert decode.choose_num_splits(1, 8, 131072, 132, fp8) == 49   # 392 programs
-    assert decode.choose_num_splits(1, 12, 131072, 132, fp8) == 33  # 396 programs
+    # 396 programs asked (33 splits), but 33 ranges of whole 128-key tiles are 4096 keys each:
+    # 32 hold the keys, the 33rd would launch empty
+    assert decode.choose_num_splits(1, 12, 131072, 132, fp8) == 32
     assert decode.choose_num_splits(16, 12, 4096, 132, fp8) == 2    # 192 -> 384, not 1
     assert decode.choose_num_splits(16, 8, 4096, 132, fp8) == 2     # 2048 keys a split
     assert decode.choose_num_splits(64, 8, 8192, 132, fp8) == 2     # 512 programs: slow band

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..kernels.configs import PagedDecodeConfig
 
-__all__ = ["choose_num_splits", "MAX_SPLITS"]
+__all__ = ["choose_num_splits", "busy_splits", "MAX_SPLITS"]
 
 MAX_SPLITS = 256
 
@@ -22,7 +22,7 @@ def choose_num_splits(batch: int, nheads_k: int, max_keys: int, num_sms: int,
     ``max_pages * page_size``, and at most ``MAX_SPLITS``; ``config.splits_round_up``: the
     smallest count reaching the target instead); from it up, a single pass, or
     ``config.slow_band_splits`` (2 unless a row sets more) where one pass would land in the slow
-    band (outside its one-pass band).
+    band (outside its one-pass band). Then no more splits than hold keys (``busy_splits``).
     """
     base = max(1, batch * nheads_k)
     target = int(config.programs_per_sm * num_sms)
@@ -35,4 +35,17 @@ def choose_num_splits(batch: int, nheads_k: int, max_keys: int, num_sms: int,
             return max(2, min(config.slow_band_splits, cap))
         return 1
     splits = -(-target // base) if config.splits_round_up else target // base
-    return int(max(1, min(splits, cap, MAX_SPLITS)))
+    return busy_splits(max_keys, int(max(1, min(splits, cap, MAX_SPLITS))), config.block_n)
+
+
+def busy_splits(max_keys: int, num_splits: int, block_n: int) -> int:
+    """How many of ``num_splits`` splits hold keys of a ``max_keys``-key sequence: the kernel cuts
+    it into ranges of ``ceil(ceil(max_keys / num_splits) / block_n) * block_n`` keys (whole
+    tiles), so a count that does not divide evenly leaves the last splits empty (66 splits of
+    131072 keys at 128-key tiles: 64 ranges of 2048, two programs with nothing to do and two
+    partials for the combine to read). With the returned count no split is empty at
+    ``max_keys`` (nor at any ``block_n`` smaller than this one)."""
+    if num_splits <= 1 or max_keys <= 0:
+        return num_splits
+    split_len = -(-(-(-max_keys // num_splits)) // block_n) * block_n
+    return -(-max_keys // split_len)
