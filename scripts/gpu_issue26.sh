@@ -22,6 +22,10 @@
 #               plain decode (scripts/decode_config_sweep.py)
 #   pf2         fp8 and int8 at 2 stages with carried page ids (the 3-stage form lost, 2026-11-27
 #               sixth session; fp8's stalls are mostly long scoreboard), fp16 and bf16 (DTYPES)
+#   tail        the ~10 us a launch that int4 spends outside its tiles at 1 x L (2026-11-27 tenth
+#               session: forced 64 splits, 80.8 us at 131072 keys and 136.3 at 262144; fp8 ~4,
+#               plain ~6): graph time against length at fixed splits, then ncu's SM active
+#               cycles (min / avg / max against elapsed: a tail or a ramp) for int4, fp8, plain
 #   ring        int4 (per-key format) K/V ring depth: 4 stages (3 shared-memory slots, 63.5 KB a
 #               program, still 3 programs an SM; sm_90a: the same 730-instruction loop, no new
 #               spill) against the row's 3 (2 slots); 2 stages at 128 registers with the split
@@ -129,6 +133,21 @@ if [[ $STEPS == *headpair* ]]; then
         --formats int4 --all --heads 32/8,12/12 --shapes 16x4096,64x8192,1x131072 \
         --grid 128,4,3 128,4,3,$HP 128,4,2,$HP 2>&1 | grep "^  "
     done
+  done
+fi
+if [[ $STEPS == *tail* ]]; then
+  step tail
+  timeout 200 python3 scripts/forced_splits.py --formats plain,fp8_e4m3,int4 --cases \
+    32/8:1x32768,32/8:1x65536,32/8:1x131072,32/8:1x196608,32/8:1x262144 --splits 32,64 2>&1 \
+    | tail -15
+  M=gpu__time_duration.sum,sm__cycles_elapsed.avg,sm__cycles_active.min,sm__cycles_active.avg
+  M=$M,sm__cycles_active.max,dram__bytes_read.sum,launch__grid_size,launch__registers_per_thread
+  for c in "int4 32 8 1 131072" "int4 32 8 1 262144" "int4 32 8 64 8192" "fp8_e4m3 32 8 1 131072" \
+      "plain 32 8 1 131072"; do
+    echo "-- $c"
+    (cd scripts && PYTHONPATH=../src:. timeout 120 ncu --clock-control none --kernel-name \
+      regex:paged_decode --launch-skip 1 --launch-count 1 --metrics $M \
+      python3 decode_ncu_case.py $c nhd 2>&1 | grep -E "^\s+(gpu|sm|dram|launch)__")
   done
 fi
 if [[ $STEPS == *splits* ]]; then
