@@ -500,6 +500,7 @@ def test_token_major_int4_pages_take_head_pairs_where_they_can_run(monkeypatch):
     # MHA 32 x 8192 and 16 x 4096: 192 pair programs, 0.73 of a wave: one head a program
     assert 192 / 264 < PAIR_WAVE_FILL
     assert pick(32, 8192, 12, 12) is int4 and pick(16, 4096, 12, 12) is int4
+    assert pick(0, 8192, 32, 8) is int4  # an empty batch: one program, a sliver of a wave
     assert pick(64, 8192, 32, 8, head_major=True) is int4
     assert pick(64, 8192, 24, 3) is int4  # odd KV head counts: one head a program
     assert pick(64, 8192, 32, 8, head_dim=64) is configs.get_paged_decode_config((9, 0), 64, "int4")

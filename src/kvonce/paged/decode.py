@@ -101,7 +101,7 @@ def _default_config(capability, num_sms, q, k_cache, block_table, kv_format,
     batch, pairs = q.shape[0], nheads_k // 2
     splits = choose_num_splits(batch, pairs, block_table.shape[1] * k_cache.shape[1], num_sms,
                                config)
-    waves = batch * pairs * splits / (config.programs_per_sm * num_sms)
+    waves = max(1, batch * pairs * splits) / (config.programs_per_sm * num_sms)
     return config if waves / math.ceil(waves) >= PAIR_WAVE_FILL else row()
 
 
