@@ -4,7 +4,8 @@
         --metrics ... python scripts/decode_ncu_case.py FORMAT HQ HK BATCH LEN [nhd|hnd]
 
 FORMAT is plain, fp8_e4m3, int8 or int4; d128, page 16, random page order, fp16 q; pages (and
-per-token scales) token-major, or head-major with ``hnd``.
+per-token scales) token-major, or head-major with ``hnd``. FORMAT ``sdpa`` runs PyTorch's dense
+SDPA (``enable_gqa``) on the plain case's keys gathered to ``[batch, heads_k, len, d]``.
 """
 import sys
 
@@ -35,6 +36,15 @@ def paged_case(hq: int, hk: int, batch: int, length: int, fmt: str = "plain",
 
 
 def main(fmt: str, hq: int, hk: int, batch: int, length: int, layout: str = "nhd") -> None:
+    if fmt == "sdpa":
+        q, k, v, table, seqlens, kw = paged_case(hq, hk, batch, length)
+        dense = [x[table.long()].reshape(batch, length, hk, 128).transpose(1, 2).contiguous()
+                 for x in (k, v)]
+        for _ in range(3):
+            torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), *dense,
+                                                             enable_gqa=True)
+        torch.cuda.synchronize()
+        return
     q, k, v, table, seqlens, kw = paged_case(hq, hk, batch, length, fmt)
     k, v = stored(k, layout), stored(v, layout)
     kw = {name: stored(t, layout) for name, t in kw.items()}

@@ -3,7 +3,7 @@ against a float32 reference, then its speed against the Triton path (``kvonce.pa
 on the same fp8 cache). Hopper only (TMA, sm_90a).
 
     .venv/bin/python scripts/gluon_decode_check.py [--skip-bench] [--skip-correctness]
-        [--variants 1cta-4st,2cta-3st,2cta-2st]
+        [--variants 1cta-4st,2cta-3st,2cta-2st] [--shapes 12/2:128x512,32/8:1x131072:33/66]
 
 (a) Correctness: the caches quantized with ``kvonce.paged.quant.quantize_kv`` (per-KV-head fp8
 scales), the reference plain float32 softmax attention over the dequantized keys (one sequence
@@ -570,6 +570,19 @@ BENCH_SHAPES = (
 )
 
 
+def parse_shapes(text: str) -> tuple:
+    """``--shapes HQ/HK:BATCHxLEN[:SPLITS/SPLITS..],..`` -> ``BENCH_SHAPES`` entries (the extra
+    split counts after a second colon, "/"-separated; none: the plan's only)."""
+    shapes = []
+    for item in text.split(","):
+        heads, shape, *extra = item.split(":")
+        hq, hk = (int(x) for x in heads.split("/"))
+        batch, length = (int(x) for x in shape.split("x"))
+        sweep = tuple(int(x) for x in extra[0].split("/")) if extra else ()
+        shapes.append((f"{hq}/{hk} {batch}x{length}", batch, length, hq, hk, sweep))
+    return tuple(shapes)
+
+
 def bench(variants) -> None:
     log("== (b) speed: fp8 cache (random bytes), fp16 q, page 16, random page order, causal "
         "q_len 1; CUDA-graph replay medians (do_bench_cudagraph), eager do_bench (L2 flushed) "
@@ -591,6 +604,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-bench", action="store_true")
     parser.add_argument("--skip-correctness", action="store_true")
+    parser.add_argument("--shapes", default="",
+                        help="HQ/HK:BATCHxLEN[:SPLITS/..],.. instead of BENCH_SHAPES")
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help=f"comma-separated, of {list(VARIANTS)} (the timed ones)")
     args = parser.parse_args(argv)
@@ -598,6 +613,9 @@ def main(argv=None) -> int:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         parser.error(f"unknown variants {unknown}; known: {list(VARIANTS)}")
+    if args.shapes:
+        global BENCH_SHAPES
+        BENCH_SHAPES = parse_shapes(args.shapes)
     start = time.time()
     try:
         import triton

@@ -142,12 +142,18 @@ if [[ $STEPS == *tail* ]]; then
     | tail -15
   M=gpu__time_duration.sum,sm__cycles_elapsed.avg,sm__cycles_active.min,sm__cycles_active.avg
   M=$M,sm__cycles_active.max,dram__bytes_read.sum,launch__grid_size,launch__registers_per_thread
-  for c in "int4 32 8 1 131072" "int4 32 8 1 262144" "int4 32 8 64 8192" "fp8_e4m3 32 8 1 131072" \
-      "plain 32 8 1 131072"; do
+  # warps resident and issuing over the run: a program that idles its SM late shows as fewer
+  # warps active on average at the same active cycles
+  M=$M,sm__warps_active.avg.per_cycle_active,smsp__issue_active.avg.per_cycle_active
+  M=$M,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_requests_srcunit_tex_op_read.sum
+  M=$M,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio
+  M=$M,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio
+  for c in "int4 32 8 1 131072 nhd" "int4 32 8 1 262144 nhd" "int4 32 8 64 8192 nhd" \
+      "int4 32 8 1 131072 hnd" "fp8_e4m3 32 8 1 131072 nhd" "plain 32 8 1 131072 nhd"; do
     echo "-- $c"
     (cd scripts && PYTHONPATH=../src:. timeout 120 ncu --clock-control none --kernel-name \
       regex:paged_decode --launch-skip 1 --launch-count 1 --metrics $M \
-      python3 decode_ncu_case.py $c nhd 2>&1 | grep -E "^\s+(gpu|sm|dram|launch)__")
+      python3 decode_ncu_case.py $c 2>&1 | grep -E "^\s+(gpu|sm|smsp|dram|lts|launch)__")
   done
 fi
 if [[ $STEPS == *splits* ]]; then

@@ -458,6 +458,37 @@ def test_num_splits_quantized_rows():
         assert row.max_merged_splits == 4  # the combine kernel from 5 splits (int4 since 11-27)
 
 
+def test_num_splits_long_floor_never_starves_the_launch():
+    """fp8 and int8 keep 2048 keys a split only while that leaves the launch at least half its
+    program target (396 on 132 SMs); with few KV heads they fall back to 512-key splits (the
+    counts that measured best at each shape, H100, 2026-11-27: docs/notes.md)."""
+    from kvonce.kernels.configs import _PAGED_DECODE_QUANT_TABLE
+    from kvonce.paged.splits import FALLBACK_MIN_KEYS
+    for fmt in ("fp8_e4m3", "int8"):
+        row = _PAGED_DECODE_QUANT_TABLE[((9, 0), fmt)][128]
+        assert row.min_keys_per_split > FALLBACK_MIN_KEYS
+        # (batch, KV heads, keys) -> splits; the old count and its programs in the comment
+        cases = {(8, 2, 8192): 16,       # was 4: 64 programs
+                 (2, 2, 32768): 64,      # was 16: 64
+                 (1, 2, 65536): 128,     # was 32: 64
+                 (1, 2, 131072): 171,    # was 64: 128 (198 asked, 171 ranges hold keys)
+                 (32, 2, 2048): 4,       # was 1: 64
+                 (16, 2, 4096): 8,       # was 2: 64
+                 (64, 2, 2048): 3,       # was 1: 128
+                 (1, 8, 32768): 43,      # was 16: 128
+                 (1, 12, 32768): 32,     # was 16: 192
+                 # the floor holds from 256 programs
+                 (16, 8, 4096): 2, (16, 12, 4096): 2, (8, 12, 8192): 4, (4, 8, 16384): 8,
+                 (1, 8, 65536): 32, (1, 8, 131072): 49}
+        for (batch, heads_k, keys), want in cases.items():
+            got = decode.choose_num_splits(batch, heads_k, keys, 132, row)
+            assert got == want, (fmt, batch, heads_k, keys, got, want)
+            # whole-tile ranges: none of the splits is empty, none shorter than 512 keys
+            split_len = -(-(-(-keys // got)) // row.block_n) * row.block_n
+            assert (got - 1) * split_len < keys
+            assert got == 1 or keys // got >= FALLBACK_MIN_KEYS - row.block_n
+
+
 def test_bf16_queries_take_the_bf16_row(monkeypatch):
     from kvonce.kernels import configs
     monkeypatch.setattr(configs, "interpreter_active", lambda: False)  # the Hopper rows, on a CPU

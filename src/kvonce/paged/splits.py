@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from ..kernels.configs import PagedDecodeConfig
 
-__all__ = ["choose_num_splits", "busy_splits", "MAX_SPLITS"]
+__all__ = ["choose_num_splits", "busy_splits", "MAX_SPLITS", "FALLBACK_MIN_KEYS"]
 
 MAX_SPLITS = 256
+# The shortest split any row falls back to (the plain rows' ``min_keys_per_split``) where a
+# row's own, longer floor would starve the launch (``choose_num_splits``).
+FALLBACK_MIN_KEYS = 512
 
 
 def choose_num_splits(batch: int, nheads_k: int, max_keys: int, num_sms: int,
@@ -23,10 +26,19 @@ def choose_num_splits(batch: int, nheads_k: int, max_keys: int, num_sms: int,
     smallest count reaching the target instead); from it up, a single pass, or
     ``config.slow_band_splits`` (2 unless a row sets more) where one pass would land in the slow
     band (outside its one-pass band). Then no more splits than hold keys (``busy_splits``).
+
+    A row's floor longer than ``FALLBACK_MIN_KEYS`` (fp8 and int8: 2048 keys, set at GQA 32/8
+    16 x 4096) holds only while it leaves the launch at least half its target; below that the
+    floor is ``FALLBACK_MIN_KEYS``. With few KV heads it starved the GPU: fp8 at GQA 12/2
+    8 x 8192 ran 4 splits, 64 programs on 132 SMs, 1.75x slower than 16 splits (H100, graphs,
+    2026-11-27, docs/notes.md: 17 shapes, fp8 and int8; the floor held where the launch had
+    256 programs or more and lost 7-45% where it had 192 or fewer).
     """
     base = max(1, batch * nheads_k)
     target = int(config.programs_per_sm * num_sms)
     cap = max(1, max_keys // config.min_keys_per_split)
+    if 2 * base * cap < target:
+        cap = max(cap, max_keys // FALLBACK_MIN_KEYS)
     if base >= target:
         lo, hi = config.slow_programs_per_sm
         one_lo, one_hi = config.one_pass_programs_per_sm
