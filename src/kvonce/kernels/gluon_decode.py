@@ -112,6 +112,10 @@ K_OP = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=4))
 P_OP = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2))
 V_OP = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2))
 ROW_STATE = gl.constexpr(gl.SliceLayout(2, MMA))     # m, l: [WARPS, ROWS]
+# 16-bit caches (``KV16``: fp16 / bf16 pages, no scales): q and K in the plain m16n8k16 operand
+# order (k_width 2), V's two 64-channel halves straight from their slot.
+Q_OP16 = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2))
+K_OP16 = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2))
 # RING_MERGE: the four warps' weighted accumulators go through the (idle) K ring, fp32 [WARPS,
 # ROWS, 64] for the even channels in slot 0 and the odd in slot 1, XOR-swizzled by row (16-byte
 # units: the MMA layout's 8-byte stores and the loads are at the minimum wavefronts), read back
@@ -129,10 +133,11 @@ TWO_CTA_MAXNREG = 128
 
 
 @gluon.jit
-def _split_range(cache_seqlens, seq, split, num_splits):
-    """``(seqlen, lo, hi)``: split ``split``'s keys ``[lo, hi)`` (the Triton kernel's rule)."""
+def _split_range(cache_seqlens, seq, split, num_splits, TILE: gl.constexpr):
+    """``(seqlen, lo, hi)``: split ``split``'s keys ``[lo, hi)`` (the Triton kernel's rule, in
+    whole ``TILE``-key tiles)."""
     seqlen = gl.load(cache_seqlens + seq)
-    split_len = (((seqlen + num_splits - 1) // num_splits + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
+    split_len = (((seqlen + num_splits - 1) // num_splits + TILE - 1) // TILE) * TILE
     lo = split * split_len
     hi = gl.minimum(lo + split_len, seqlen)
     return seqlen, lo, hi
@@ -156,11 +161,12 @@ def _load_tile(desc, smem, ready, empty, phase, pages, box, start, col, last_box
     """The tile at key ``start`` of K (or V) into the ring slot ``smem`` once ``empty`` passes
     ``phase``, box by box, on ``ready`` (expect + the boxes' bytes)."""
     BOX: gl.constexpr = desc.block_type.shape[0]
+    TILE: gl.constexpr = smem.shape[0]
     mbarrier.wait(empty, phase)
-    mbarrier.expect(ready, (BLOCK_N // BOX) * desc.block_type.nbytes)
-    for i in gl.static_range(BLOCK_N // BOX):
+    mbarrier.expect(ready, (TILE // BOX) * desc.block_type.nbytes)
+    for i in gl.static_range(TILE // BOX):
         key = gl.minimum(start + i * BOX, last_box)
-        if BOX == BLOCK_N:
+        if BOX == TILE:
             page = gl.reduce(pages, 0, _add)
         else:
             page = gl.reduce(gl.where(box == i, pages, 0), 0, _add)
@@ -173,13 +179,14 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, ca
           block_table, num_splits, stride_btb, PAGE_SIZE: gl.constexpr):
     """The loader warp: the split's key tiles into the K and V rings."""
     STAGES: gl.constexpr = k_smem.shape[0]
+    TILE: gl.constexpr = k_smem.shape[1]
     BOX: gl.constexpr = k_desc.block_type.shape[0]
-    BOXES: gl.constexpr = BLOCK_N // BOX
+    BOXES: gl.constexpr = TILE // BOX
     split = gl.program_id(0)
     kv_head = gl.program_id(1)
     seq = gl.program_id(2)
-    seqlen, lo, hi = _split_range(cache_seqlens, seq, split, num_splits)
-    n_tiles = gl.maximum(hi - lo + BLOCK_N - 1, 0) // BLOCK_N
+    seqlen, lo, hi = _split_range(cache_seqlens, seq, split, num_splits, TILE)
+    n_tiles = gl.maximum(hi - lo + TILE - 1, 0) // TILE
     col = kv_head * HEAD_DIM
     bt_row = block_table + seq.to(gl.int64) * stride_btb
     box = gl.arange(0, BOXES, gl.BlockedLayout([1], [32], [1], [0]))
@@ -188,9 +195,9 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, ca
     for j in range(n_tiles):
         s = j % STAGES
         phase = ((j // STAGES) & 1) ^ 1      # a fresh empty barrier passes the first round
-        start = lo + j * BLOCK_N
+        start = lo + j * TILE
         cur = pages
-        pages = _box_pages(bt_row, start + BLOCK_N, box, last_box, BOX, PAGE_SIZE)
+        pages = _box_pages(bt_row, start + TILE, box, last_box, BOX, PAGE_SIZE)
         _load_tile(k_desc, k_smem.index(s), k_ready.index(s), k_empty.index(s), phase, cur, box,
                    start, col, last_box, PAGE_SIZE)
         _load_tile(v_desc, v_smem.index(s), v_ready.index(s), v_empty.index(s), phase, cur, box,
@@ -239,21 +246,30 @@ def _release(bar, THREAD_ARRIVE: gl.constexpr):
 def _tile(q, acc_e, acc_o, m_i, l_i, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, j,
           start, hi, last_key, qk_scale, MASKED: gl.constexpr, THREAD_ARRIVE: gl.constexpr):
     """Key tile ``j`` of the ring (keys ``start ..``) into each warp's state: warp w takes keys
-    ``start + 32 w ..``."""
+    ``start + TILE / 4 * w ..``. fp8 slots (uint8) are converted to fp16 here; 16-bit slots
+    (``KV16``) are the operands as they are, V's channels 0-63 into ``acc_e`` and 64-127 into
+    ``acc_o`` (fp8: the even and the odd channels)."""
     STAGES: gl.constexpr = k_smem.shape[0]
+    TILE: gl.constexpr = k_smem.shape[1]
+    WKEYS: gl.constexpr = TILE // WARPS
+    KV16: gl.constexpr = k_smem.dtype.primitive_bitwidth == 16
     s = j % STAGES
     phase = (j // STAGES) & 1
     U16: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
     mbarrier.wait(k_ready.index(s), phase)
-    kb = k_smem.index(s).reshape([WARPS, WARP_KEYS, HEAD_DIM]).permute((0, 2, 1)).load(K_OP)
-    _release(k_empty.index(s), THREAD_ARRIVE)
-    kf = kb.to(gl.float8e4nv, bitcast=True).to(gl.float16)
-    sc = mma_v2(q, kf, gl.zeros([WARPS, ROWS, WARP_KEYS], gl.float32, MMA))
+    if KV16:
+        kf = k_smem.index(s).reshape([WARPS, WKEYS, HEAD_DIM]).permute((0, 2, 1)).load(K_OP16)
+        _release(k_empty.index(s), THREAD_ARRIVE)
+    else:
+        kb = k_smem.index(s).reshape([WARPS, WKEYS, HEAD_DIM]).permute((0, 2, 1)).load(K_OP)
+        _release(k_empty.index(s), THREAD_ARRIVE)
+        kf = kb.to(gl.float8e4nv, bitcast=True).to(gl.float16)
+    sc = mma_v2(q, kf, gl.zeros([WARPS, ROWS, WKEYS], gl.float32, MMA))
     if MASKED:
         w = gl.arange(0, WARPS, gl.SliceLayout(1, gl.SliceLayout(2, MMA)))
-        n = gl.arange(0, WARP_KEYS, gl.SliceLayout(0, gl.SliceLayout(1, MMA)))
-        keys = start + gl.expand_dims(gl.expand_dims(w * WARP_KEYS, 1), 2) \
+        n = gl.arange(0, WKEYS, gl.SliceLayout(0, gl.SliceLayout(1, MMA)))
+        keys = start + gl.expand_dims(gl.expand_dims(w * WKEYS, 1), 2) \
             + gl.expand_dims(gl.expand_dims(n, 0), 1)
         visible = (keys < hi) & (keys <= gl.expand_dims(gl.expand_dims(last_key, 0), 2))
         sc = gl.where(visible, sc * qk_scale, float("-inf"))
@@ -266,21 +282,34 @@ def _tile(q, acc_e, acc_o, m_i, l_i, k_smem, v_smem, k_ready, v_ready, k_empty, 
         p = gl.exp2(sc * qk_scale - gl.expand_dims(m_sub, 2))
     alpha = gl.exp2(m_i - m_sub)
     l_i = l_i * alpha + gl.reduce(p, 2, _add)
-    p_op = gl.convert_layout(p.to(gl.float16), P_OP)
+    p_op = gl.convert_layout(p.to(q.dtype), P_OP)
 
     mbarrier.wait(v_ready.index(s), phase)
-    units = v_smem.index(s)._reinterpret(gl.uint16, [BLOCK_N, HEAD_DIM // 2], U16).reshape(
-        [WARPS, WARP_KEYS, HEAD_DIM // 2]).load(V_OP)
+    if KV16:
+        vt = v_smem.index(s).reshape([WARPS, WKEYS, HEAD_DIM])
+        v_lo = vt.slice(0, HEAD_DIM // 2, dim=2).load(V_OP)
+        v_hi = vt.slice(HEAD_DIM // 2, HEAD_DIM // 2, dim=2).load(V_OP)
+    else:
+        units = v_smem.index(s)._reinterpret(gl.uint16, [TILE, HEAD_DIM // 2], U16).reshape(
+            [WARPS, WKEYS, HEAD_DIM // 2]).load(V_OP)
     _release(v_empty.index(s), THREAD_ARRIVE)
     if MASKED:   # V rows past the end may hold anything (NaN bytes): 0 * NaN would be NaN
         wv = gl.arange(0, WARPS, gl.SliceLayout(1, gl.SliceLayout(2, V_OP)))
-        kv = gl.arange(0, WARP_KEYS, gl.SliceLayout(0, gl.SliceLayout(2, V_OP)))
-        vkeys = start + gl.expand_dims(gl.expand_dims(wv * WARP_KEYS, 1), 2) \
+        kv = gl.arange(0, WKEYS, gl.SliceLayout(0, gl.SliceLayout(2, V_OP)))
+        vkeys = start + gl.expand_dims(gl.expand_dims(wv * WKEYS, 1), 2) \
             + gl.expand_dims(gl.expand_dims(kv, 0), 2)
-        units = gl.where(vkeys < hi, units, 0)
+        if KV16:
+            v_lo = gl.where(vkeys < hi, v_lo, 0.0)
+            v_hi = gl.where(vkeys < hi, v_hi, 0.0)
+        else:
+            units = gl.where(vkeys < hi, units, 0)
     a3 = gl.expand_dims(alpha, 2)
-    acc_e = mma_v2(p_op, _fp8_pairs_to_f16(units, False), acc_e * a3)
-    acc_o = mma_v2(p_op, _fp8_pairs_to_f16(units, True), acc_o * a3)
+    if KV16:
+        acc_e = mma_v2(p_op, v_lo, acc_e * a3)
+        acc_o = mma_v2(p_op, v_hi, acc_o * a3)
+    else:
+        acc_e = mma_v2(p_op, _fp8_pairs_to_f16(units, False), acc_e * a3)
+        acc_o = mma_v2(p_op, _fp8_pairs_to_f16(units, True), acc_o * a3)
     return acc_e, acc_o, m_new, l_i
 
 
@@ -290,15 +319,19 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
              stride_ksh, stride_vsh, stride_ob, stride_ot, stride_oh, stride_os, stride_lb,
              stride_lt, stride_lh, stride_ls, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr,
              THREAD_ARRIVE: gl.constexpr, RING_MERGE: gl.constexpr):
+    TILE: gl.constexpr = k_smem.shape[1]
+    KV16: gl.constexpr = k_smem.dtype.primitive_bitwidth == 16
+    gl.static_assert(not (KV16 and RING_MERGE), "16-bit caches merge through the scratch")
+    QL: gl.constexpr = Q_OP16 if KV16 else Q_OP
     split = gl.program_id(0)
     kv_head = gl.program_id(1)
     seq = gl.program_id(2)
-    seqlen, lo, hi = _split_range(cache_seqlens, seq, split, num_splits)
+    seqlen, lo, hi = _split_range(cache_seqlens, seq, split, num_splits, TILE)
 
     # Q rows [WARPS, ROWS, D], the same in every warp, loaded straight into the operand layout.
-    r = gl.arange(0, ROWS, gl.SliceLayout(0, gl.SliceLayout(2, Q_OP)))
-    d = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, gl.SliceLayout(1, Q_OP)))
-    wq = gl.arange(0, WARPS, gl.SliceLayout(1, gl.SliceLayout(2, Q_OP)))
+    r = gl.arange(0, ROWS, gl.SliceLayout(0, gl.SliceLayout(2, QL)))
+    d = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, gl.SliceLayout(1, QL)))
+    wq = gl.arange(0, WARPS, gl.SliceLayout(1, gl.SliceLayout(2, QL)))
     q_row = (r // GROUP) * stride_qt + (kv_head * GROUP + r % GROUP) * stride_qh
     q_ptrs = (Q + seq.to(gl.int64) * stride_qb
               + gl.expand_dims(gl.expand_dims(wq * 0, 1) + gl.expand_dims(q_row, 0), 2)
@@ -312,12 +345,15 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
     else:
         diag = seqlen
         all_see = hi
-    full = lo + gl.maximum(all_see - lo, 0) // BLOCK_N * BLOCK_N
-    n_full = (full - lo) // BLOCK_N
-    n_tiles = gl.maximum(hi - lo + BLOCK_N - 1, 0) // BLOCK_N
+    full = lo + gl.maximum(all_see - lo, 0) // TILE * TILE
+    n_full = (full - lo) // TILE
+    n_tiles = gl.maximum(hi - lo + TILE - 1, 0) // TILE
     rs = gl.arange(0, ROWS, gl.SliceLayout(0, ROW_STATE))
     last_key = rs // GROUP + diag
-    qk_scale = sm_scale * LOG2E * gl.load(KS + kv_head * stride_ksh)
+    if KV16:
+        qk_scale = sm_scale * LOG2E
+    else:
+        qk_scale = sm_scale * LOG2E * gl.load(KS + kv_head * stride_ksh)
 
     m_i = gl.full([WARPS, ROWS], float("-inf"), gl.float32, ROW_STATE)
     l_i = gl.zeros([WARPS, ROWS], gl.float32, ROW_STATE)
@@ -325,11 +361,11 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
     acc_o = gl.zeros([WARPS, ROWS, HEAD_DIM // 2], gl.float32, MMA)
     for j in range(0, n_full):
         acc_e, acc_o, m_i, l_i = _tile(q, acc_e, acc_o, m_i, l_i, k_smem, v_smem, k_ready,
-                                       v_ready, k_empty, v_empty, j, lo + j * BLOCK_N, hi,
+                                       v_ready, k_empty, v_empty, j, lo + j * TILE, hi,
                                        last_key, qk_scale, False, THREAD_ARRIVE)
     for j in range(n_full, n_tiles):
         acc_e, acc_o, m_i, l_i = _tile(q, acc_e, acc_o, m_i, l_i, k_smem, v_smem, k_ready,
-                                       v_ready, k_empty, v_empty, j, lo + j * BLOCK_N, hi,
+                                       v_ready, k_empty, v_empty, j, lo + j * TILE, hi,
                                        last_key, qk_scale, True, THREAD_ARRIVE)
 
     # The four warps' states merged once.
@@ -342,7 +378,10 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
         o_e = gl.reduce(acc_e * w3, 0, _add)
         o_o = gl.reduce(acc_o * w3, 0, _add)
     seen = l > 0.0
-    inv = gl.where(seen, gl.load(VS + kv_head * stride_vsh) / gl.where(seen, l, 1.0), 0.0)
+    if KV16:
+        inv = gl.where(seen, 1.0 / gl.where(seen, l, 1.0), 0.0)
+    else:
+        inv = gl.where(seen, gl.load(VS + kv_head * stride_vsh) / gl.where(seen, l, 1.0), 0.0)
     lse = gl.where(seen, (m + gl.log2(gl.where(seen, l, 1.0))) * LN2, float("-inf"))
 
     if RING_MERGE:
@@ -375,11 +414,14 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
         po = gl.arange(0, HEAD_DIM // 2, gl.SliceLayout(0, OUT2))
         o_row = (seq.to(gl.int64) * stride_ob + split * stride_os + (ro // GROUP) * stride_ot
                  + (kv_head * GROUP + ro % GROUP) * stride_oh)
-        o_ptrs = Out + gl.expand_dims(o_row, 1) + gl.expand_dims(po * 2, 0)
+        # fp8: even and odd channels (stride 2); 16-bit: the two 64-channel halves
+        C_STEP: gl.constexpr = 1 if KV16 else 2
+        C_OFF: gl.constexpr = HEAD_DIM // 2 if KV16 else 1
+        o_ptrs = Out + gl.expand_dims(o_row, 1) + gl.expand_dims(po * C_STEP, 0)
         o_ok = gl.expand_dims(ro < GROUP * q_len, 1)
         inv_o = gl.expand_dims(gl.convert_layout(inv, gl.SliceLayout(1, OUT2)), 1)
         gl.store(o_ptrs, o_e * inv_o, mask=o_ok)
-        gl.store(o_ptrs + 1, o_o * inv_o, mask=o_ok)
+        gl.store(o_ptrs + C_OFF, o_o * inv_o, mask=o_ok)
     LSE1: gl.constexpr = gl.SliceLayout(0, ROW_STATE)
     rl = gl.arange(0, ROWS, LSE1)
     gl.store(Lse + seq.to(gl.int64) * stride_lb + split * stride_ls + (rl // GROUP) * stride_lt
@@ -393,9 +435,14 @@ def _gluon_decode_kernel(
     stride_oh, stride_os, stride_lb, stride_lt, stride_lh, stride_ls, stride_btb,
     GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr, PAGE_SIZE: gl.constexpr,
     STAGES: gl.constexpr, THREAD_ARRIVE: gl.constexpr = True, RING_MERGE: gl.constexpr = False,
+    TILE_KEYS: gl.constexpr = 0,
 ):
-    k_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    # fp8 caches come as uint8 descriptors (128-key tiles, 16 KB a slot); fp16 / bf16 caches as
+    # their own dtype (``TILE_KEYS`` 0: 64-key tiles, 16 KB a slot as well).
+    KV16: gl.constexpr = k_desc.dtype.primitive_bitwidth == 16
+    TILE: gl.constexpr = TILE_KEYS if TILE_KEYS else (64 if KV16 else BLOCK_N)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, TILE, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, TILE, HEAD_DIM], v_desc.layout)
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -448,7 +495,11 @@ def _validate(q, k_cache, v_cache, k_scale, v_scale, cache_seqlens, block_table,
               lse_partial, num_splits):
     _check(isinstance(q, torch.Tensor) and q.dim() == 4, "q must be [batch, q_len, nheads, 128]")
     batch, q_len, nheads, head_dim = q.shape
-    _check(q.dtype == torch.float16, f"q must be float16, got {q.dtype}")
+    kv16 = isinstance(k_cache, torch.Tensor) and k_cache.dtype in (torch.float16, torch.bfloat16)
+    if kv16:
+        _check(q.dtype == k_cache.dtype, f"q must be {k_cache.dtype} (the caches'), got {q.dtype}")
+    else:
+        _check(q.dtype == torch.float16, f"q must be float16, got {q.dtype}")
     _check(head_dim == HEAD_DIM.value, f"head dim must be {HEAD_DIM.value}, got {head_dim}")
     _check(q.stride(3) == 1, "q's last dim must be contiguous")
     _check(q.is_cuda, "q must be a CUDA tensor")
@@ -456,7 +507,8 @@ def _validate(q, k_cache, v_cache, k_scale, v_scale, cache_seqlens, block_table,
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         _check(isinstance(t, torch.Tensor) and t.dim() == 4,
                f"{name} must be [num_pages, page_size, nheads_k, 128]")
-        _check(t.dtype == torch.float8_e4m3fn, f"{name} must be float8_e4m3fn, got {t.dtype}")
+        _check(t.dtype == (k_cache.dtype if kv16 else torch.float8_e4m3fn),
+               f"{name} must be float8_e4m3fn, or float16 / bfloat16 like k_cache, got {t.dtype}")
         _check(t.shape == k_cache.shape, f"k_cache and v_cache shapes differ: "
                f"{tuple(k_cache.shape)} vs {tuple(v_cache.shape)}")
         _check(t.device == q.device, f"{name} must be on {q.device}")
@@ -493,15 +545,24 @@ def _validate(q, k_cache, v_cache, k_scale, v_scale, cache_seqlens, block_table,
     for name, t in (("cache_seqlens", cache_seqlens), ("block_table", block_table),
                     ("out_partial", out_partial), ("lse_partial", lse_partial)):
         _check(t.device == q.device, f"{name} must be on {q.device}")
+    if kv16:
+        _check(k_scale is None and v_scale is None, "16-bit caches take no k_scale / v_scale")
+        return 0, 0
     return (_check_scale("k_scale", k_scale, nheads_k, q.device),
             _check_scale("v_scale", v_scale, nheads_k, q.device))
 
 
 def _desc(cache, box: int):
-    """TMA descriptor over the fp8 cache's bytes as ``[num_pages * page_size, nheads_k * 128]``,
-    box ``[box, 128]`` (128-byte swizzle)."""
+    """TMA descriptor over the cache as ``[num_pages * page_size, nheads_k * 128]``, box ``[box,
+    128]`` (128-byte swizzle): an fp8 cache's bytes as uint8, a 16-bit cache as it is."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    if cache.dtype in (torch.float16, torch.bfloat16):
+        gl_dtype = gl.float16 if cache.dtype == torch.float16 else gl.bfloat16
+        layout = gl.NVMMASharedLayout.get_default_for([box, HEAD_DIM.value], gl_dtype)
+        return TensorDescriptor(cache, [cache.shape[0] * cache.shape[1],
+                                        cache.shape[2] * cache.shape[3]],
+                                [cache.stride(1), 1], [box, HEAD_DIM.value], layout)
     raw = cache.view(torch.uint8)
     layout = gl.NVMMASharedLayout.get_default_for([box, HEAD_DIM.value], gl.uint8)
     return TensorDescriptor(raw, [raw.shape[0] * raw.shape[1], raw.shape[2] * raw.shape[3]],
@@ -520,9 +581,14 @@ class GluonDecodeLaunch:
     def __init__(self, q, k_cache, v_cache, k_scale, v_scale, cache_seqlens, block_table,
                  out_partial, lse_partial, out=None, lse=None, *, softmax_scale: float,
                  num_splits: int, causal: bool, stages: int = 4, thread_arrive: bool = True,
-                 ctas_per_sm: int = 1, ring_merge: bool = False):
+                 ctas_per_sm: int = 1, ring_merge: bool = False, tile_keys: int = 0):
         ksh, vsh = _validate(q, k_cache, v_cache, k_scale, v_scale, cache_seqlens, block_table,
                              out_partial, lse_partial, num_splits)
+        kv16 = k_cache.dtype in (torch.float16, torch.bfloat16)
+        _check(not (kv16 and ring_merge), "16-bit caches merge through the reduce scratch")
+        _check(tile_keys in (0, 64, 128), f"tile_keys must be 0, 64 or 128, got {tile_keys}")
+        if kv16:   # the kernel never reads them: any float32 pointer
+            k_scale = v_scale = out_partial
         _check(stages >= 2, f"stages must be >= 2, got {stages}")
         _check(ctas_per_sm in (1, 2), f"ctas_per_sm must be 1 or 2, got {ctas_per_sm}")
         batch, q_len, nheads, _ = q.shape
@@ -536,7 +602,8 @@ class GluonDecodeLaunch:
                    f"lse must be contiguous float32 [{batch}, {nheads}, {q_len}] (with out)")
         self.out_partial, self.lse_partial, self.out, self.lse = out_partial, lse_partial, out, lse
         self.grid = (num_splits, nheads_k, batch)
-        box = box_rows(page_size)
+        tile = tile_keys or (64 if kv16 else BLOCK_N.value)
+        box = min(box_rows(page_size), tile)
         self.args = (
             q, _desc(k_cache, box), _desc(v_cache, box), k_scale, v_scale, out_partial,
             lse_partial, cache_seqlens, block_table, float(softmax_scale), q_len, num_splits,
@@ -545,7 +612,7 @@ class GluonDecodeLaunch:
         self.constexprs = dict(GROUP=nheads // nheads_k, IS_CAUSAL=bool(causal),
                                PAGE_SIZE=page_size, STAGES=stages,
                                THREAD_ARRIVE=bool(thread_arrive), RING_MERGE=bool(ring_merge),
-                               num_warps=WARPS.value)
+                               TILE_KEYS=int(tile_keys), num_warps=WARPS.value)
         if ctas_per_sm == 2:
             self.constexprs["maxnreg"] = TWO_CTA_MAXNREG
 

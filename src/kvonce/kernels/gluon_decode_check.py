@@ -24,10 +24,12 @@ from triton.experimental.gluon import language as gl
 from .gluon_decode import TWO_CTA_MAXNREG, _gluon_decode_kernel, box_rows
 
 
-def _check_signature(box: int) -> dict:
-    kv = gl.NVMMASharedLayout.get_default_for([box, 128], gl.uint8)
-    sig = dict(Q="*fp16", k_desc=f"tensordesc<u8[{box}, 128],{kv!r}>",
-               v_desc=f"tensordesc<u8[{box}, 128],{kv!r}>", KS="*fp32", VS="*fp32",
+def _check_signature(box: int, kv_dtype: str = "u8") -> dict:
+    gl_dtype = {"u8": gl.uint8, "fp16": gl.float16, "bf16": gl.bfloat16}[kv_dtype]
+    kv = gl.NVMMASharedLayout.get_default_for([box, 128], gl_dtype)
+    q = "bf16" if kv_dtype == "bf16" else "fp16"
+    sig = dict(Q=f"*{q}", k_desc=f"tensordesc<{kv_dtype}[{box}, 128],{kv!r}>",
+               v_desc=f"tensordesc<{kv_dtype}[{box}, 128],{kv!r}>", KS="*fp32", VS="*fp32",
                Out="*fp32", Lse="*fp32", cache_seqlens="*i32", block_table="*i32",
                sm_scale="fp32")
     sig.update({name: "i32" for name in (
@@ -40,14 +42,18 @@ def _check_signature(box: int) -> dict:
 
 
 def _check_spec(variant, group, page_size, stages=4, causal=False, thread_arrive=True,
-                ring_merge=False, ctas_per_sm=1):
+                ring_merge=False, ctas_per_sm=1, kv_dtype="u8", tile_keys=0):
     options = dict(num_warps=4)
     if ctas_per_sm == 2:
         options["maxnreg"] = TWO_CTA_MAXNREG
-    return (variant, _gluon_decode_kernel, _check_signature(box_rows(page_size)),
-            dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, STAGES=stages,
-                 THREAD_ARRIVE=thread_arrive, RING_MERGE=ring_merge),
-            options, dict(HGMMA=0))
+    tile = tile_keys or (128 if kv_dtype == "u8" else 64)
+    constexprs = dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, STAGES=stages,
+                      THREAD_ARRIVE=thread_arrive, RING_MERGE=ring_merge)
+    if tile_keys:
+        constexprs["TILE_KEYS"] = tile_keys
+    return (variant, _gluon_decode_kernel,
+            _check_signature(min(box_rows(page_size), tile), kv_dtype), constexprs, options,
+            dict(HGMMA=0))
 
 
 GLUON_CHECK_SPECS = [
@@ -72,6 +78,12 @@ GLUON_CHECK_SPECS = [
     # The 2-CTA registers with the reduce-scratch merge: 114812 B, 1.8 KB under half an SM with
     # the 1 KB reserve counted once (the occupancy API on the GPU decides).
     _check_spec("fp8-page16-gqa4-3stages-2cta-scratch-merge", 4, 16, stages=3, ctas_per_sm=2),
+    # 16-bit caches (64-key tiles, 16 KB a slot; the merge through the reduce scratch).
+    _check_spec("fp16-page16-gqa6-3stages-2cta", 6, 16, stages=3, ctas_per_sm=2,
+                kv_dtype="fp16"),
+    _check_spec("bf16-page16-mha-3stages-2cta", 1, 16, stages=3, ctas_per_sm=2,
+                kv_dtype="bf16"),
+    _check_spec("fp16-page256-gqa4-causal-4stages", 4, 256, causal=True, kv_dtype="fp16"),
 ]
 
 SM_SMEM = 233472           # H100: shared memory an SM (228 KB)
