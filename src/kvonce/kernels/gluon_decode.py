@@ -11,6 +11,13 @@ it passed every correctness case but ran 2-11% slower than the Triton kernel it 
 147.1; the 64 x 8192 rows 0.98x). Its 255 registers leave one CTA, four compute warps, an SM
 (docs/notes.md, "Issue 26, 2026-11-27, later session").
 
+16-bit caches (fp16 / bf16 pages and q, no scales: a 16-bit descriptor, 64-key tiles so that a
+slot is 16 KB as fp8's; ``scripts/gluon_decode16_check.py``): compiled for sm_90a, 209
+instructions and one CTA barrier a tile a warp against the Triton plain loop's 411 and 9; on the
+H100 correct at every case, and NOT faster than the Triton plan at the decode rows where the
+plan trails dense SDPA (0.84-1.02x: GQA 12/2 128 x 512 to 1 x 65536, MHA 12/12 and GQA 32/8
+64 x 1024; docs/notes.md, "Issue 26, 2026-11-27, eleventh session"). Not wired either.
+
 Why. Triton's 2-stage software pipeline keeps about one K/V tile in flight per program and each
 tile's softmax does cross-warp reductions (CTA barriers): the 1 x 131072 fp8 rows read DRAM at
 71-73% of peak. Here a loader warp keeps ``STAGES`` tiles (32 KB each) in flight by TMA, and the
