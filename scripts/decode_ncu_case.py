@@ -16,14 +16,14 @@ from kvonce.bench.quant import stored
 
 
 def paged_case(hq: int, hk: int, batch: int, length: int, fmt: str = "plain",
-               dtype: torch.dtype = torch.float16):
-    """``q, k, v, table, seqlens, scales``: ``dtype`` q (and source cache), d128, page 16, pages
-    in random order, seed 0; K/V in ``fmt`` ("plain" or a ``quantize_kv`` format), ``scales``
-    the run's keywords."""
+               dtype: torch.dtype = torch.float16, page: int = 16):
+    """``q, k, v, table, seqlens, scales``: ``dtype`` q (and source cache), d128, ``page``-key
+    pages in random order, seed 0; K/V in ``fmt`` ("plain" or a ``quantize_kv`` format),
+    ``scales`` the run's keywords."""
     torch.manual_seed(0)
-    pages = batch * length // 16
+    pages = batch * length // page
     q = torch.randn(batch, 1, hq, 128, device="cuda", dtype=dtype)
-    k = torch.randn(pages, 16, hk, 128, device="cuda", dtype=dtype)
+    k = torch.randn(pages, page, hk, 128, device="cuda", dtype=dtype)
     v = torch.randn_like(k)
     table = torch.randperm(pages, device="cuda").reshape(batch, -1).to(torch.int32)
     seqlens = torch.full((batch,), length, dtype=torch.int32, device="cuda")

@@ -6,9 +6,9 @@ CUDA-graph time (``do_bench_cudagraph`` medians, rounds alternated), dense SDPA 
 plain rows:
 
     PYTHONPATH=src python scripts/page_order_ab.py [--cases plain:12/2:128x512,int4:32/8:1x131072]
-        [--layout nhd|hnd] [--rounds 2]
+        [--layout nhd|hnd] [--rounds 2] [--page 16]
 
-d128, page 16, fp16 q, seed 0 (``decode_ncu_case.paged_case``).
+d128, page 16 (``--page``), fp16 q, seed 0 (``decode_ncu_case.paged_case``).
 """
 import argparse
 import sys
@@ -37,13 +37,14 @@ def main() -> None:
     p.add_argument("--cases", default=CASES, help="FORMAT:HQ/HK:BATCHxLEN, comma-separated")
     p.add_argument("--layout", default="nhd", choices=("nhd", "hnd"))
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--page", type=int, default=16, help="keys a page")
     args = p.parse_args()
     rows = []
     for case in args.cases.split(","):
         fmt, heads, shape = case.split(":")
         hq, hk = (int(x) for x in heads.split("/"))
         batch, length = (int(x) for x in shape.split("x"))
-        q, k, v, table, seqlens, kw = paged_case(hq, hk, batch, length, fmt)
+        q, k, v, table, seqlens, kw = paged_case(hq, hk, batch, length, fmt, page=args.page)
         k, v = stored(k, args.layout), stored(v, args.layout)
         kw = {name: stored(t, args.layout) for name, t in kw.items()}
         kv_format = "int4" if fmt == "int4" else None

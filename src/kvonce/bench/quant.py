@@ -1,13 +1,15 @@
 """Benchmark: paged decode over quantized KV caches, and the quantizing append (CUDA only).
 
-    python -m kvonce bench quant [--shapes 16x4096,64x8192] [--no-peers] [--rep MS]
+    python -m kvonce bench quant [--shapes 16x4096,64x8192] [--heads 32/8,12/2] [--no-peers]
+                                 [--rep MS]
                                  [--dtype fp16|bf16] [--layout nhd|hnd] [--outliers N]
                                  [--md docs/benchmarks.md]
                                  [--json PATH] [--plot PATH]
 
 Cases (issue 11): (batch, seqlen) in (16, 4096), (64, 8192), (1, 131072), at GQA 32/8 and MHA
-12/12, head dim 128, page size 16 with pages in random order, q_len 1, fp16 queries (``--dtype
-bf16``: bf16 queries and a bf16 source cache; "fp16" below then reads "bf16"). Pages are
+12/12 (``--heads``: other q / KV head counts), head dim 128, page size 16 with pages in random
+order, q_len 1, fp16 queries (``--dtype bf16``: bf16 queries and a bf16 source cache; "fp16"
+below then reads "bf16"). Pages are
 token-major (NHD: ``[pages, page, heads_k, d]`` storage) or, with ``--layout hnd``, head-major
 (each page's rows of one KV head contiguous, TensorRT-LLM's layout and FlashInfer's "HND"): the
 same logical tensors, every cache, scale and peer stored that way. One row per implementation:
@@ -101,6 +103,24 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
             raise SystemExit(f"--shapes: {item!r}: batch >= 1 and seqlen a multiple of {PAGE}")
         shapes.append((batch, seqlen))
     return shapes
+
+
+def parse_heads(text: str) -> list[tuple[int, int, str]]:
+    """``"32/8,12/2"`` -> ``[(32, 8, "GQA 32/8"), (12, 2, "GQA 12/2")]`` (q heads / KV heads;
+    '' = the declared ``HEADS``)."""
+    if not text:
+        return list(HEADS)
+    heads = []
+    for item in text.split(","):
+        try:
+            nheads, nheads_k = (int(x) for x in item.split("/"))
+        except ValueError:
+            raise SystemExit(f"--heads: expected HQ/HK items, got {item!r}") from None
+        if nheads_k < 1 or nheads < nheads_k or nheads % nheads_k:
+            raise SystemExit(f"--heads: {item!r}: q heads a positive multiple of KV heads")
+        kind = "MHA" if nheads == nheads_k else "GQA"
+        heads.append((nheads, nheads_k, f"{kind} {nheads}/{nheads_k}"))
+    return heads
 
 
 def rel_err(a, b) -> float:
@@ -339,6 +359,8 @@ def run_case(case: Case, *, peers: bool, rep: int, dtype: torch.dtype = torch.fl
 def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(prog="python -m kvonce bench quant")
     p.add_argument("--shapes", default="", help="only these BATCHxSEQLEN, comma-separated")
+    p.add_argument("--heads", default="",
+                   help="these HQ/HK head counts, comma-separated (default: 32/8 and 12/12)")
     p.add_argument("--no-peers", action="store_true", help="skip FlashInfer")
     p.add_argument("--rep", type=int, default=100, help="do_bench time per measurement (ms)")
     p.add_argument("--dtype", default="fp16", choices=tuple(QUERY_DTYPES),
@@ -352,11 +374,12 @@ def main(argv: list[str]) -> None:
     p.add_argument("--plot", default="docs/bench_quant.png", help="PNG plot path ('' = no)")
     args = p.parse_args(argv)
     shapes = parse_shapes(args.shapes)
+    heads = parse_heads(args.heads)
     if not torch.cuda.is_available():
         raise SystemExit("bench quant needs a CUDA GPU")
     print(report.environment(), flush=True)
     rows = []
-    for nheads, nheads_k, label in HEADS:
+    for nheads, nheads_k, label in heads:
         for batch, seqlen in shapes:
             case = Case(batch, seqlen, nheads, nheads_k, label)
             case_rows = run_case(case, peers=not args.no_peers, rep=args.rep,
