@@ -6,7 +6,7 @@ CUDA-graph time (``do_bench_cudagraph`` medians, rounds alternated), dense SDPA 
 plain rows:
 
     PYTHONPATH=src python scripts/page_order_ab.py [--cases plain:12/2:128x512,int4:32/8:1x131072]
-        [--layout nhd|hnd] [--rounds 2] [--page 16]
+        [--layout nhd|hnd] [--scale-layout nhd|hnd] [--rounds 2] [--page 16]
 
 d128, page 16 (``--page``), fp16 q, seed 0 (``decode_ncu_case.paged_case``).
 """
@@ -36,6 +36,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--cases", default=CASES, help="FORMAT:HQ/HK:BATCHxLEN, comma-separated")
     p.add_argument("--layout", default="nhd", choices=("nhd", "hnd"))
+    p.add_argument("--scale-layout", default="", choices=("", "nhd", "hnd"),
+                   help="per-token scales stored this way ('' = as --layout)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--page", type=int, default=16, help="keys a page")
     args = p.parse_args()
@@ -46,7 +48,7 @@ def main() -> None:
         batch, length = (int(x) for x in shape.split("x"))
         q, k, v, table, seqlens, kw = paged_case(hq, hk, batch, length, fmt, page=args.page)
         k, v = stored(k, args.layout), stored(v, args.layout)
-        kw = {name: stored(t, args.layout) for name, t in kw.items()}
+        kw = {name: stored(t, args.scale_layout or args.layout) for name, t in kw.items()}
         kv_format = "int4" if fmt == "int4" else None
         tables = {"random": table,
                   "sequential": torch.arange(table.numel(), device="cuda", dtype=torch.int32)

@@ -268,10 +268,12 @@ def test_int32_and_int64_offsets_agree(fmt):
 
 
 def _misaligned(t, align):
-    """``t``'s values in a tensor one element past an ``align``-byte boundary: fp16 scales 2
-    bytes off 4 (``align=4``), a 1-byte cache 1 byte off 2 (``align=2``)."""
-    buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
-    view = buf[1:].view(t.shape)
+    """``t``'s values, in ``t``'s strides (int4 scales come head-major), in a tensor one element
+    past an ``align``-byte boundary: fp16 scales 2 bytes off 4 (``align=4``), a 1-byte cache 1
+    byte off 2 (``align=2``)."""
+    span = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+    buf = torch.empty(span + 1, dtype=t.dtype, device=t.device)
+    view = buf[1:].as_strided(t.shape, t.stride())
     view.copy_(t)
     assert view.data_ptr() % align == t.element_size()
     return view

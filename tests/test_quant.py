@@ -101,3 +101,19 @@ def test_bad_arguments_raise():
     with pytest.raises(TypeError, match="x_q"):
         dequantize_kv(torch.zeros(2, 2, 32, dtype=torch.int8, device=DEVICE),
                       torch.ones(2, 2, 1, device=DEVICE), "int4")
+
+
+def test_int4_scales_of_a_paged_cache_are_stored_head_major():
+    """``quantize_kv`` of a 4-D (paged) int4 cache returns its scales stored head-major (memory
+    ``[pages, heads_k, page, 2]``, the ``transpose(1, 2)`` view): the same values as the
+    per-token computation, the same logical shape; 3-D inputs (new tokens) stay contiguous."""
+    x = torch.randn(5, 16, 3, 64)
+    data, scales = quantize_kv(x, "int4")
+    assert scales.shape == (5, 16, 3, 2)
+    assert scales.stride() == (3 * 16 * 2, 2, 16 * 2, 1)
+    flat_data, flat_scales = quantize_kv(x.reshape(80, 3, 64), "int4")
+    assert flat_scales.is_contiguous()
+    assert torch.equal(scales.reshape(80, 3, 2), flat_scales)
+    assert torch.equal(data.reshape(80, 3, 32), flat_data)
+    # int8 keeps one float per key as computed (head-major measured no faster)
+    assert quantize_kv(x, "int8")[1].is_contiguous()
