@@ -11,7 +11,8 @@ the dot means the conversion runs in the MMA operand layout; a 16-bit one means 
 the table holds it for that dtype; the plan's MHA stage count and short-split tile are not
 applied). No GPU: ``triton.compile`` with ``GPUTarget("cuda", 90, 32)`` and the wheel's ptxas /
 cuobjdump (scripts/kernel_check.py's ``_tool``); pointers and the integer arguments that are
-multiples of 16 get Triton's divisibility hint, as a launch would give them.
+multiples of 16 get Triton's divisibility hint and those equal to 1 become constants, as a launch
+would give them.
 """
 from __future__ import annotations
 
@@ -71,9 +72,12 @@ def compile_decode(fmt: str, dtype: torch.dtype, nheads: int, nheads_k: int, spl
                values if outliers else q, i32]
     values = tensors + [launch._scale, *launch._ints]
     names = pd._paged_decode_kernel.arg_names
-    signature, attrs = {}, {}
+    signature, attrs, ones = {}, {}, {}
     for i, (name, value) in enumerate(zip(names, values)):
-        if isinstance(value, torch.Tensor):
+        if isinstance(value, int) and value == 1:  # a launch specializes integers equal to 1
+            signature[name] = "constexpr"
+            ones[name] = 1
+        elif isinstance(value, torch.Tensor):
             signature[name] = POINTER_TYPES[value.dtype]
             attrs[(i,)] = [["tt.divisibility", 16]]
         elif isinstance(value, float):
@@ -84,7 +88,7 @@ def compile_decode(fmt: str, dtype: torch.dtype, nheads: int, nheads_k: int, spl
                 attrs[(i,)] = [["tt.divisibility", 16]]
     signature.update({name: "constexpr" for name in names[len(values):]})
     source = ASTSource(pd._paged_decode_kernel, signature=signature,
-                       constexprs=dict(launch._constexprs), attrs=attrs)
+                       constexprs=dict(launch._constexprs) | ones, attrs=attrs)
     warps, stages = launch._warps
     options = {"num_warps": warps, "num_stages": stages}
     if maxnreg:
