@@ -406,9 +406,41 @@ def test_num_splits_auto_reads_shapes_only():
     assert decode.choose_num_splits(1, 1, 16, 132, cfg) == 1
     assert decode.choose_num_splits(32, 8, 2048, 132, cfg) == 1   # 256 programs: no split
     assert decode.choose_num_splits(16, 12, 4096, 132, cfg) > 1   # 192 programs: split
-    assert decode.choose_num_splits(64, 12, 1024, 132, cfg) == 2  # 768: the slow band, 2 x 512
-    assert decode.choose_num_splits(64, 12, 8192, 132, cfg) == 3  # the d128 row's 3 there
-    assert decode.choose_num_splits(96, 8, 4096, 132, cfg) == 3
+    # 768 programs (5.8 an SM): one pass, its page ids carried (two waves of three an SM,
+    # test_plain_launch_shape_follows_the_launch); 840 (6.4): the slow band's 3 splits
+    assert decode.choose_num_splits(64, 12, 1024, 132, cfg) == 1
+    assert decode.choose_num_splits(64, 12, 8192, 132, cfg) == 1
+    assert decode.choose_num_splits(96, 8, 4096, 132, cfg) == 1
+    assert decode.choose_num_splits(70, 12, 2048, 132, cfg) == 3
+    assert decode.choose_num_splits(48, 12, 2048, 132, cfg) == 1  # 576 (4.4): one wave of five
+
+
+def test_plain_launch_shape_follows_the_launch():
+    """The plain d128 row's tile and page-id choices for the launch the auto count made
+    (``decode._launch_shape_config``; H100 measurements, 2026-11-27, twelfth session,
+    docs/notes.md): one pass in the one-pass band carries its page ids; launches of at most two
+    programs an SM with splits of 512 keys or more take 128-key tiles; the rest keep the row."""
+    from kvonce.kernels.configs import _PAGED_DECODE_TABLE
+    row = _PAGED_DECODE_TABLE[(9, 0)][128]
+
+    def shape(batch, heads_k, keys):
+        splits = decode.choose_num_splits(batch, heads_k, keys, 132, row)
+        c = decode._launch_shape_config(row, batch * heads_k, splits, keys, 132)
+        return splits, c.block_n, c.prefetch_pages, c.num_warps, c.num_stages
+
+    assert shape(64, 12, 1024) == (1, 64, True, 4, 2)     # 768 programs: two waves of three
+    assert shape(88, 8, 2048) == (1, 64, True, 4, 2)      # 704
+    assert shape(70, 12, 2048) == (3, 64, False, 4, 2)    # 840: the slow band's splits
+    assert shape(48, 12, 2048) == (1, 64, False, 4, 2)    # 576: one wave of five an SM
+    assert shape(128, 2, 512) == (1, 128, False, 4, 2)    # 256 programs of 512 keys
+    assert shape(64, 2, 1024) == (2, 128, False, 4, 2)    # 2 x 128
+    assert shape(1, 2, 65536) == (128, 128, False, 4, 2)  # 128 x 2
+    assert shape(128, 1, 512) == (1, 128, False, 4, 2)    # GQA 8/1
+    assert shape(128, 2, 256) == (1, 64, False, 4, 2)     # 256-key splits keep 64
+    assert shape(1, 2, 131072) == (187, 64, False, 4, 2)  # 374 programs (2.8 an SM)
+    assert shape(256, 2, 512) == (1, 64, False, 4, 2)     # 512
+    assert shape(64, 8, 1024) == (1, 64, False, 4, 2)     # 512
+    assert shape(16, 12, 4096) == (2, 64, False, 4, 2)    # 384
 
 
 def test_busy_splits_leave_no_split_empty():

@@ -240,6 +240,16 @@ class PagedDecodeConfig:
         pair; the V planes come out 64 wide and each row keeps its head's half
         (``paged_decode_int4._attend_paged_int4``). The split count and M-blocks count the pairs.
         Set in the int4 row for token-major pages (``"int4/token-major"``, measured below).
+    one_pass_prefetch: where the auto split count takes a single pass in the one-pass band
+        (``one_pass_programs_per_sm``), the launch also carries its page ids
+        (``prefetch_pages``). The plain loop then holds 144 registers, three programs an SM, so
+        the band's 5 to 6 programs an SM run as two full waves instead of one and a ragged one
+        at five an SM.
+    few_programs_block_n: when nonzero, the key tile of launches of at most
+        ``paged.decode.FEW_PROGRAMS_PER_SM`` programs an SM whose splits hold at least
+        ``FALLBACK_MIN_KEYS`` keys (where the split floor, not the SM count, sets how many
+        programs run: few KV heads, short sequences): a longer tile puts more bytes in flight
+        per program.
     """
     block_n: int
     num_warps: int
@@ -264,6 +274,8 @@ class PagedDecodeConfig:
     prefetch_pages: bool = False
     merge_splits_at_once: int = 1
     head_pairs: bool = False
+    one_pass_prefetch: bool = False
+    few_programs_block_n: int = 0
 
 
 # (capability major, minor) -> head dim -> config. The Hopper d=128 row comes from
@@ -282,7 +294,9 @@ _PAGED_DECODE_TABLE: dict[tuple[int, int], dict[int, PagedDecodeConfig]] = {
         32: PagedDecodeConfig(64, 4, 2),
         64: PagedDecodeConfig(64, 4, 2),
         96: PagedDecodeConfig(64, 4, 2),
-        128: PagedDecodeConfig(64, 4, 2, slow_band_splits=3),
+        128: PagedDecodeConfig(64, 4, 2, slow_band_splits=3,
+                               one_pass_programs_per_sm=(5.0, 6.0), one_pass_prefetch=True,
+                               few_programs_block_n=128),
         256: PagedDecodeConfig(32, 4, 2),
     },
 }

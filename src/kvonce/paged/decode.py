@@ -27,7 +27,7 @@ from .checks import (QUANT_FORMATS, check_block_table_values, check_device_ok, c
                      launch_layout, resolve_kv_format, validate_cache,
                      validate_quantized_cache)
 from .prefix import plan_cascade
-from .splits import choose_num_splits
+from .splits import FALLBACK_MIN_KEYS, choose_num_splits
 
 __all__ = ["paged_attention", "PagedDecodePlan", "choose_num_splits"]
 
@@ -81,6 +81,14 @@ def _validate_attention(q, k_cache, v_cache, cache_seqlens, block_table, num_spl
 # SM (MHA 12/12 16 x 4096 and 32 x 8192: 0.73, 8-27% slower; every winning row 0.91-1.0;
 # 2026-11-27, tenth session, docs/notes.md).
 PAIR_WAVE_FILL = 0.85
+# A launch of at most this many programs an SM takes its row's ``few_programs_block_n`` tile
+# (splits of at least FALLBACK_MIN_KEYS keys). The plain d128 row with 128-key tiles there,
+# against 64 (H100, graphs, fp16 q, 2026-11-27, twelfth session, docs/notes.md): GQA 12/2
+# 128 x 512 -2.8%, 64 x 1024 -4%, 32 x 2048 -2.8%, 1 x 65536 -1.3%, 8 x 8192 and 2 x 32768
+# within 0.4%; GQA 8/1 128 x 512, 64 x 1024, 16 x 4096 -12 to -13%; GQA 32/8 16 x 1024 and
+# 32 x 1024 -3.6 to -3.8%. Launches of 2.8 and 3.9 programs an SM lost 3% and 7% (12/2
+# 1 x 131072, 256 x 512), 256-key splits 1.4% (12/2 128 x 256).
+FEW_PROGRAMS_PER_SM = 2
 
 
 def _default_config(capability, num_sms, q, k_cache, block_table, kv_format,
@@ -103,6 +111,21 @@ def _default_config(capability, num_sms, q, k_cache, block_table, kv_format,
                                config)
     waves = max(1, batch * pairs * splits) / (config.programs_per_sm * num_sms)
     return config if waves / math.ceil(waves) >= PAIR_WAVE_FILL else row()
+
+
+def _launch_shape_config(config: PagedDecodeConfig, base: int, num_splits: int,
+                         max_keys: int, num_sms: int) -> PagedDecodeConfig:
+    """The row's tile and page-id choices for the launch the auto split count made: ``base``
+    programs a split, ``num_splits`` splits of a ``max_keys``-key sequence
+    (``PagedDecodeConfig.one_pass_prefetch``, ``few_programs_block_n``)."""
+    lo, hi = config.one_pass_programs_per_sm
+    if (config.one_pass_prefetch and num_splits == 1
+            and lo * num_sms <= base < hi * num_sms):
+        return dataclasses.replace(config, prefetch_pages=True)
+    if (config.few_programs_block_n and base * num_splits <= FEW_PROGRAMS_PER_SM * num_sms
+            and -(-max_keys // num_splits) >= FALLBACK_MIN_KEYS):
+        return dataclasses.replace(config, block_n=config.few_programs_block_n)
+    return config
 
 
 class PagedDecodePlan:
@@ -166,12 +189,14 @@ class PagedDecodePlan:
                                          shared_prefix, cascade=cascade, num_splits=num_splits,
                                          check=check_block_table)
         self.uses_cascade = self._cascade is not None
+        # int4 head pairs (config.head_pairs): a program serves two KV heads
+        grid_heads = k_cache.shape[2] // (2 if head_pairs_eligible(
+            self.config, self._kv_code, q.dtype, head_dim, k_cache.shape[2]) else 1)
         if num_splits == 0:
-            # int4 head pairs (config.head_pairs): a program serves two KV heads
-            grid_heads = k_cache.shape[2] // (2 if head_pairs_eligible(
-                self.config, self._kv_code, q.dtype, head_dim, k_cache.shape[2]) else 1)
             num_splits = choose_num_splits(batch, grid_heads, block_table.shape[1] * page_size,
                                            num_sms, self.config)
+            self.config = _launch_shape_config(self.config, batch * grid_heads, num_splits,
+                                               block_table.shape[1] * page_size, num_sms)
         self.num_splits = num_splits
         split_keys = -(-block_table.shape[1] * page_size // num_splits)
         if self.config.short_split_block_n and num_splits > 1 and split_keys < SHORT_SPLIT_KEYS:
