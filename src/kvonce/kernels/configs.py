@@ -289,6 +289,15 @@ class PagedDecodeConfig:
 # 1187.0 / 1108.6 / 1086.4 / 1073.5; 32/8 88 x 2048 295.3 / 278.4 / 273.0 / 272.1, 96 x 4096
 # 607.5 / 567.6 / 560.0 / 555.5, 104 x 8192 1222.2 / 1180.3 / 1164.6 / 1171.1; 12/2 416 x 2048
 # 327.7 / 315.3 / 317.5 / 321.1: three splits there.
+# 2026-11-27, twelfth session (scripts/config_ab.py, H100, graphs, us, fp16 q; bf16 within 1%):
+# one pass with the page ids carried (`one_pass_prefetch`: 144 registers, three programs an SM,
+# so 5 to 6 programs an SM run as two full waves) against the slow band's three splits: 12/12
+# 56 x 2048 239.5 / 242.1, 64 x 2048 268.5 / 276.2, 64 x 8192 1057.9 / 1076.1, 64 x 1024 138.2 /
+# 145.3 (two splits there); 32/8 88 x 2048 249.0 / 261.7, 96 x 4096 531.4 / 548.6. It lost at 6.4
+# programs an SM (12/12 70 x 2048 329.6 against 299.6: a third wave) and at 4.4 (48 x 2048 218.2
+# against 207.1 in one pass at five an SM; 32/8 64 x 1024 at 3.9: 106.6 against 94.1): the
+# one-pass band is 5 to 6. 128-key tiles where at most two programs an SM run
+# (`few_programs_block_n`): paged.decode.FEW_PROGRAMS_PER_SM.
 _PAGED_DECODE_TABLE: dict[tuple[int, int], dict[int, PagedDecodeConfig]] = {
     (9, 0): {
         32: PagedDecodeConfig(64, 4, 2),
