@@ -22,7 +22,7 @@ from tabulate import tabulate
 import kvonce
 
 sys.path.insert(0, "scripts")
-from decode_ncu_case import paged_case  # noqa: E402
+from decode_ncu_case import paged_case, parse_case  # noqa: E402
 
 CASES = ("plain:12/2:128x512,plain:12/2:64x1024,plain:12/2:8x8192,plain:12/2:1x65536,"
          "plain:32/8:128x512,plain:32/8:64x1024,plain:12/12:64x1024,plain:12/2:128x2048")
@@ -43,9 +43,7 @@ def main() -> None:
     args = p.parse_args()
     rows = []
     for case in args.cases.split(","):
-        fmt, heads, shape = case.split(":")
-        hq, hk = (int(x) for x in heads.split("/"))
-        batch, length = (int(x) for x in shape.split("x"))
+        fmt, hq, hk, batch, length = parse_case(case)
         copies = [paged_case(hq, hk, batch, length, fmt) for _ in range(args.copies)]
         q, k0, v0, table0, seqlens, kw = copies[0]
         plan = kvonce.PagedDecodePlan(q, k0, v0, seqlens, table0, **kw)

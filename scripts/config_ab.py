@@ -15,21 +15,16 @@ import dataclasses
 import sys
 
 import torch
-import triton.testing
 from tabulate import tabulate
 
 import kvonce
 
 sys.path.insert(0, "scripts")
-from decode_ncu_case import paged_case  # noqa: E402
+from decode_ncu_case import graph_us, paged_case, parse_case  # noqa: E402
 
 CASES = ("plain:12/2:128x512,plain:12/2:64x1024,plain:12/2:8x8192,plain:12/2:1x65536,"
          "plain:32/8:64x1024,plain:12/12:64x1024,fp8_e4m3:32/8:1x131072,int8:32/8:1x131072,"
          "int4:32/8:1x131072,int4:32/8:64x8192")
-
-
-def graph_us(fn) -> float:
-    return 1e3 * triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
 
 
 def parse_set(text: str, base) -> dict:
@@ -54,9 +49,7 @@ def main() -> None:
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     rows = []
     for case in args.cases.split(","):
-        fmt, heads, shape = case.split(":")
-        hq, hk = (int(x) for x in heads.split("/"))
-        batch, length = (int(x) for x in shape.split("x"))
+        fmt, hq, hk, batch, length = parse_case(case)
         q, kk, vv, table, seqlens, kw = paged_case(hq, hk, batch, length, fmt, dtype)
         kv_format = "int4" if fmt == "int4" else None
         for splits in (int(x) for x in args.splits.split(",")):

@@ -35,6 +35,22 @@ def paged_case(hq: int, hk: int, batch: int, length: int, fmt: str = "plain",
     return q, k, v, table, seqlens, kw
 
 
+def parse_case(case: str) -> tuple[str, int, int, int, int]:
+    """``FORMAT:HQ/HK:BATCHxLEN`` (an item of the A/B scripts' ``--cases``) as ``(fmt, hq, hk,
+    batch, length)``."""
+    fmt, heads, shape = case.split(":")
+    hq, hk = (int(x) for x in heads.split("/"))
+    batch, length = (int(x) for x in shape.split("x"))
+    return fmt, hq, hk, batch, length
+
+
+def graph_us(fn) -> float:
+    """``fn``'s CUDA-graph time in us: ``do_bench_cudagraph``'s median over 100 ms."""
+    import triton.testing
+
+    return 1e3 * triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
+
+
 def main(fmt: str, hq: int, hk: int, batch: int, length: int, layout: str = "nhd") -> None:
     if fmt == "sdpa":
         q, k, v, table, seqlens, kw = paged_case(hq, hk, batch, length)

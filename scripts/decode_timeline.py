@@ -115,7 +115,7 @@ def summary(table: torch.Tensor, num_sms: int) -> dict:
 
 
 def main() -> None:
-    from decode_ncu_case import paged_case
+    from decode_ncu_case import paged_case, parse_case
 
     p = argparse.ArgumentParser()
     p.add_argument("--cases", default="int4:32/8:1x131072,int4:32/8:64x8192,fp8_e4m3:32/8:1x131072,"
@@ -130,9 +130,7 @@ def main() -> None:
     pd.launch = recorder
     print(f"{torch.cuda.get_device_name()}, {args.dtype} q, us from the first program's start")
     for case in args.cases.split(","):
-        fmt, heads, shape = case.split(":")
-        hq, hk = (int(x) for x in heads.split("/"))
-        batch, length = (int(x) for x in shape.split("x"))
+        fmt, hq, hk, batch, length = parse_case(case)
         q, kk, vv, table, seqlens, kw = paged_case(hq, hk, batch, length, fmt, dtype)
         for splits in (int(s) for s in args.splits.split(",")):
             plan = kvonce.PagedDecodePlan(q, kk, vv, seqlens, table, num_splits=splits, **kw,

@@ -14,22 +14,17 @@ import argparse
 import sys
 
 import torch
-import triton.testing
 from tabulate import tabulate
 
 import kvonce
 
 sys.path.insert(0, "scripts")
-from decode_ncu_case import paged_case  # noqa: E402
+from decode_ncu_case import graph_us, paged_case, parse_case  # noqa: E402
 from kvonce.bench.quant import stored  # noqa: E402
 
 CASES = ("plain:12/2:128x512,plain:12/2:64x1024,plain:12/2:8x8192,plain:12/2:1x131072,"
          "plain:32/8:64x1024,plain:12/12:64x1024,fp8_e4m3:32/8:64x8192,fp8_e4m3:32/8:1x131072,"
          "int8:32/8:1x131072,int4:32/8:64x8192,int4:32/8:1x131072")
-
-
-def graph_us(fn) -> float:
-    return 1e3 * triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
 
 
 def main() -> None:
@@ -43,9 +38,7 @@ def main() -> None:
     args = p.parse_args()
     rows = []
     for case in args.cases.split(","):
-        fmt, heads, shape = case.split(":")
-        hq, hk = (int(x) for x in heads.split("/"))
-        batch, length = (int(x) for x in shape.split("x"))
+        fmt, hq, hk, batch, length = parse_case(case)
         q, k, v, table, seqlens, kw = paged_case(hq, hk, batch, length, fmt, page=args.page)
         k, v = stored(k, args.layout), stored(v, args.layout)
         kw = {name: stored(t, args.scale_layout or args.layout) for name, t in kw.items()}

@@ -28,24 +28,20 @@ CASES = ("plain:12/2:128x512,plain:12/2:64x1024,plain:32/8:64x1024,fp8_e4m3:32/8
 def time_cases(cases: str, dtype_name: str) -> dict:
     """``{case: [graph us, output sum, output abs sum, splits]}`` with the kvonce on sys.path."""
     import torch
-    import triton.testing
 
     import kvonce
     sys.path.insert(0, str(ROOT / "scripts"))
-    from decode_ncu_case import paged_case
+    from decode_ncu_case import graph_us, paged_case, parse_case
 
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
     out = {}
     for case in cases.split(","):
-        fmt, heads, shape = case.split(":")
-        hq, hk = (int(x) for x in heads.split("/"))
-        batch, length = (int(x) for x in shape.split("x"))
+        fmt, hq, hk, batch, length = parse_case(case)
         q, kk, vv, table, seqlens, kw = paged_case(hq, hk, batch, length, fmt, dtype)
         plan = kvonce.PagedDecodePlan(q, kk, vv, seqlens, table, **kw,
                                       kv_format="int4" if fmt == "int4" else None)
         o = plan.run(q, kk, vv, seqlens, table, **kw).float()
-        us = 1e3 * triton.testing.do_bench_cudagraph(
-            lambda: plan.run(q, kk, vv, seqlens, table, **kw), rep=100, return_mode="median")
+        us = graph_us(lambda: plan.run(q, kk, vv, seqlens, table, **kw))
         out[case] = [us, o.sum().item(), o.abs().sum().item(), plan.num_splits]
         del q, kk, vv, table, seqlens, kw, plan, o
         torch.cuda.empty_cache()
