@@ -662,6 +662,28 @@ def test_register_cap_reaches_the_launch(num_splits, monkeypatch):
                                rtol=0)
 
 
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_plain_int32_and_int64_offsets_agree(num_splits):
+    """A plain cache addresses K/V in int64 where its row sets ``int64_kv_offsets`` (the GPU
+    rows) and in int32 where it does not and every offset fits (the interpreter row): the same
+    bytes out, by the plan's launch and through the custom op, and the reference's output."""
+    import dataclasses
+    a = _good()
+    args = (a["q"], a["k_cache"], a["v_cache"], a["cache_seqlens"], a["block_table"])
+    base = decode.get_paged_decode_config(None, 64)
+    outs = []
+    for wide in (False, True):
+        plan = decode.PagedDecodePlan(*args, num_splits=num_splits,
+                                      config=dataclasses.replace(base, int64_kv_offsets=wide))
+        with poison_empty:
+            outs.append(plan.run(*args))
+        assert [la._constexprs["INT64_KV"] for la in plan._launches.values()] == [wide]
+        assert torch.equal(plan._run_op(*args)[0], outs[-1])
+    assert torch.equal(outs[0], outs[1])
+    torch.testing.assert_close(outs[0].float(), paged_attention_ref(*args)[0].float(), atol=2e-3,
+                               rtol=0)
+
+
 def test_plan_mha_stage_count():
     """A row with ``mha_num_stages`` (int4's had 3 over 2 until its own count became 3) runs
     that many stages where each KV head serves one q head, its ``num_stages`` under GQA."""

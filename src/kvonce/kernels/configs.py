@@ -200,9 +200,13 @@ class PagedDecodeConfig:
         overflow fp16 nor fall among its subnormals); int4 in its nibble-plane loop (compiled
         for sm_90a: 731 instructions a tile a warp against 984 with bf16 dots; not measured on
         a GPU). Other formats and query dtypes ignore it.
-    int64_kv_offsets: quantized caches address K/V and their scales in int64 even where every
+    int64_kv_offsets: address K/V (and a quantized cache's scales) in int64 even where every
         offset fits int32 (by default int32 there: 626 IMADs a kernel instead of 1047 for fp8,
-        compiled for sm_90a). Plain caches always use int64 (their rows were tuned so).
+        compiled for sm_90a). The plain-cache rows set it: they were tuned with int64. int32
+        there is the next thing to measure (compiled for sm_90a, bf16 q, GQA 32/8: the loop
+        takes 399 instead of 622 instructions a tile a warp at (128, 4, 2), 344 instead of 417
+        at (64, 4, 2), 381 instead of 498 with prefetch_pages; registers 176 / 80 / 116 against
+        168 / 91 / 118). The interpreter row leaves it off: CPU tests run the int32 path.
     outlier_max_registers: when nonzero, ``max_registers`` for the launches with dense-and-sparse
         keys (``kvonce.KeyOutliers``: one more dot a tile). Their fp8 / int8 kernels take
         195-200 registers, two programs an SM where the split counts aim at three; at 168 fp8
@@ -300,19 +304,19 @@ class PagedDecodeConfig:
 # (`few_programs_block_n`): paged.decode.FEW_PROGRAMS_PER_SM.
 _PAGED_DECODE_TABLE: dict[tuple[int, int], dict[int, PagedDecodeConfig]] = {
     (9, 0): {
-        32: PagedDecodeConfig(64, 4, 2),
-        64: PagedDecodeConfig(64, 4, 2),
-        96: PagedDecodeConfig(64, 4, 2),
-        128: PagedDecodeConfig(64, 4, 2, slow_band_splits=3,
+        32: PagedDecodeConfig(64, 4, 2, int64_kv_offsets=True),
+        64: PagedDecodeConfig(64, 4, 2, int64_kv_offsets=True),
+        96: PagedDecodeConfig(64, 4, 2, int64_kv_offsets=True),
+        128: PagedDecodeConfig(64, 4, 2, int64_kv_offsets=True, slow_band_splits=3,
                                one_pass_programs_per_sm=(5.0, 6.0), one_pass_prefetch=True,
                                few_programs_block_n=128),
-        256: PagedDecodeConfig(32, 4, 2),
+        256: PagedDecodeConfig(32, 4, 2, int64_kv_offsets=True),
     },
 }
 # Interpreter: small tiles so that lengths of a few pages still cross tile and page borders.
 _PAGED_DECODE_INTERPRETER = PagedDecodeConfig(16, 4, 1, min_keys_per_split=16,
                                              programs_per_sm=1.0)
-_PAGED_DECODE_FALLBACK = PagedDecodeConfig(32, 4, 2)
+_PAGED_DECODE_FALLBACK = PagedDecodeConfig(32, 4, 2, int64_kv_offsets=True)
 _paged_warned: set = set()
 
 
