@@ -39,6 +39,11 @@
 #               queries (DTYPES)
 #   prefill     scripts/prefill_sweep.py: one q head per program ('h') against GQA packing, pages
 #               16 and 256, 128x128 / 128x64 tiles, TMA where pages hold whole tiles
+#   decodebench python -m kvonce bench decode --graph-peers (FlashInfer beside when .peers/fi
+#               travels): the decode table's rows against dense SDPA and FlashInfer
+#   int32plain  scripts/config_ab.py: the plain rows with int32 offsets (int64_kv_offsets=0;
+#               2026-11-29: 399 instead of 622 instructions a tile a warp at (128, 4, 2),
+#               compiled), auto splits, bf16 and fp16 queries (DTYPES)
 set -u
 export PYTHONPATH=src:.peers/fi PYTHONUNBUFFERED=1 FLASHINFER_WORKSPACE_BASE=/tmp/fi_ws \
   FLASHINFER_CUDA_ARCH_LIST=9.0
@@ -195,5 +200,19 @@ if [[ $STEPS == *prefill* ]]; then
   timeout 420 python3 scripts/prefill_sweep.py --rows prefill,chunked --pages 16,256 --cfg \
     128,64,8,3,r,p,t 128,64,8,3,r,p,t,h 128,128,8,3,r,p,t 128,128,8,3,r,p,t,h \
     128,128,8,2,r,p,t,h 2>&1 | tail -14
+fi
+if [[ $STEPS == *decodebench* ]]; then
+  step decodebench
+  timeout 420 python3 -m kvonce bench decode --graph-peers \
+    --shapes 128x512,64x1024,8x8192,2x32768,1x65536,1x131072 --md "$OUT/bench_decode.md" \
+    --plot '' 2>&1 | grep "^|" | tail -40
+fi
+if [[ $STEPS == *int32plain* ]]; then
+  step int32plain
+  for dt in ${DTYPES:-bf16 fp16}; do
+    timeout 300 python3 scripts/config_ab.py --dtype $dt --set int64_kv_offsets=0 --cases \
+      ${INT32_CASES:-plain:12/2:128x512,plain:12/2:64x1024,plain:12/2:8x8192,plain:12/2:1x65536,plain:32/8:64x1024,plain:12/12:64x1024,plain:32/8:64x8192,plain:12/12:64x8192} \
+      2>&1 | grep "^|"
+  done
 fi
 echo "== done ($(date +%T))"
