@@ -207,6 +207,11 @@ class PagedDecodeConfig:
         takes 399 instead of 622 instructions a tile a warp at (128, 4, 2), 344 instead of 417
         at (64, 4, 2), 381 instead of 498 with prefetch_pages; registers 176 / 80 / 116 against
         168 / 91 / 118). The interpreter row leaves it off: CPU tests run the int32 path.
+    int4_v_codes: int4's nibble-plane loop (head dim 128, 16-bit q) hands V's nibbles to the
+        P·V dots as their fp16 codes (1024 + n, 1024 + 16 n: the lop3 alone) and takes the
+        codes' constants off once after the loop, instead of a lop3 and a subtract or fma per
+        two values (``paged_decode_int4._attend_paged_int4``). Compiled for sm_90a, not yet
+        measured on a GPU; no row sets it.
     outlier_max_registers: when nonzero, ``max_registers`` for the launches with dense-and-sparse
         keys (``kvonce.KeyOutliers``: one more dot a tile). Their fp8 / int8 kernels take
         195-200 registers, two programs an SM where the split counts aim at three; at 168 fp8
@@ -280,6 +285,7 @@ class PagedDecodeConfig:
     head_pairs: bool = False
     one_pass_prefetch: bool = False
     few_programs_block_n: int = 0
+    int4_v_codes: bool = False
 
 
 # (capability major, minor) -> head dim -> config. The Hopper d=128 row comes from

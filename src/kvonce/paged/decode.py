@@ -374,7 +374,7 @@ class PagedDecodePlan:
                          c.kv_cache_modifier, c.kv_eviction, c.max_merged_splits, k_scale,
                          v_scale, self._kv_code, max_registers, c.swap_ab, c.f16_math,
                          c.int64_kv_offsets, c.v_pairs, outlier_values, outlier_channels,
-                         c.prefetch_pages, c.head_pairs)
+                         c.prefetch_pages, c.head_pairs, c.int4_v_codes)
         if self.num_splits == 1:
             return torch.ops.kvonce.paged_decode(q, k_cache, v_cache, cache_seqlens, block_table,
                                                  *launch_fields)
@@ -498,12 +498,13 @@ def _paged_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, o_part, 
                        kv_cache_modifier, kv_eviction, max_merged_splits, k_scale, v_scale,
                        kv_format, max_registers, swap_ab, f16_math, int64_kv_offsets,
                        v_pairs, outlier_values=None, outlier_channels=None,
-                       prefetch_pages=False, head_pairs=False):
+                       prefetch_pages=False, head_pairs=False, int4_v_codes=False):
     config = PagedDecodeConfig(block_n, num_warps, num_stages, kv_cache_modifier=kv_cache_modifier,
                                kv_eviction=kv_eviction, max_merged_splits=max_merged_splits,
                                max_registers=max_registers, swap_ab=swap_ab, f16_math=f16_math,
                                int64_kv_offsets=int64_kv_offsets, v_pairs=v_pairs,
-                               prefetch_pages=prefetch_pages, head_pairs=head_pairs)
+                               prefetch_pages=prefetch_pages, head_pairs=head_pairs,
+                               int4_v_codes=int4_v_codes)
     out, lse = _decode_outputs(q, allocator.empty)
     num_splits = 1 if o_part is None else o_part.shape[3]
     PagedDecodeLaunch(q, k_cache, v_cache, block_table, softmax_scale=softmax_scale,
@@ -525,7 +526,8 @@ def _paged_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      f16_math: bool = False, int64_kv_offsets: bool = False,
                      v_pairs: bool = False, outlier_values: torch.Tensor | None = None,
                      outlier_channels: torch.Tensor | None = None, prefetch_pages: bool = False,
-                     head_pairs: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                     head_pairs: bool = False, int4_v_codes: bool = False
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """Single-pass paged decode (``PagedDecodePlan.run`` with ``num_splits == 1``): ``(out
     [batch, q_len, nheads, d], lse float32 [batch, nheads, q_len])``; the config's launch fields
     are passed one by one (a dataclass cannot be an op argument). A quantized cache comes with
@@ -536,7 +538,7 @@ def _paged_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                               kv_cache_modifier, kv_eviction, max_merged_splits, k_scale,
                               v_scale, kv_format, max_registers, swap_ab, f16_math,
                               int64_kv_offsets, v_pairs, outlier_values, outlier_channels,
-                              prefetch_pages, head_pairs)
+                              prefetch_pages, head_pairs, int4_v_codes)
 
 
 @_paged_decode_op.register_fake
@@ -558,8 +560,8 @@ def _paged_decode_split_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            f16_math: bool = False, int64_kv_offsets: bool = False,
                            v_pairs: bool = False, outlier_values: torch.Tensor | None = None,
                            outlier_channels: torch.Tensor | None = None,
-                           prefetch_pages: bool = False, head_pairs: bool = False
-                           ) -> tuple[torch.Tensor, torch.Tensor]:
+                           prefetch_pages: bool = False, head_pairs: bool = False,
+                           int4_v_codes: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Split-K paged decode and its merge (in the same launch up to ``max_merged_splits``
     splits, else a combine launch); ``o_part`` float32 ``[batch, q_len,
     nheads, S, d]``, ``lse_part`` float32 ``[batch, q_len, nheads, S]`` and the int32 zeros
@@ -570,7 +572,7 @@ def _paged_decode_split_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                               kv_cache_modifier, kv_eviction, max_merged_splits, k_scale,
                               v_scale, kv_format, max_registers, swap_ab, f16_math,
                               int64_kv_offsets, v_pairs, outlier_values, outlier_channels,
-                              prefetch_pages, head_pairs)
+                              prefetch_pages, head_pairs, int4_v_codes)
 
 
 @_paged_decode_split_op.register_fake
