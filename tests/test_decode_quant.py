@@ -379,30 +379,6 @@ def test_int4_v_codes_match_reference_and_values(case, head_pairs):
     torch.testing.assert_close(out.float(), out0.float(), atol=2e-3, rtol=2e-3)
 
 
-@pytest.mark.parametrize("num_splits", [1, 3])
-def test_int4_v_codes_near_fp16_max(num_splits):
-    """``int4_v_codes`` with a key's largest value at fp16's max (V scales ~4367, so the fp16
-    probabilities times scales reach thousands and their products with the codes millions, in
-    float32): finite output equal to the reference's."""
-    import dataclasses
-    q, k, v, seqlens, table = _case(3, 2, 8, 2, 128, 16, [37, 0, 150], torch.float32)
-    v = v.clone()
-    v[::2, :, :, 3] = 65504.0
-    v[1::2, :, :, 70] = -60000.0
-    kq, ks, vq, vs, kd, vd = _quantized(k.half(), v.half(), "int4")
-    ref, _ = paged_attention_ref(q.half().float(), kd, vd, seqlens, table)
-    plan = kvonce.PagedDecodePlan(q.half(), kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
-                                  kv_format="int4", num_splits=num_splits,
-                                  config=dataclasses.replace(_int4_units_config(),
-                                                             int4_v_codes=True))
-    with poison_empty:
-        out = plan.run(q.half(), kq, vq, seqlens, table, k_scale=ks, v_scale=vs)
-    assert [la._constexprs["INT4_V_CODES"] for la in plan._launches.values()] == [True]
-    assert torch.isfinite(out).all()
-    rel = ((out.float() - ref).norm() / ref.norm()).item()
-    assert rel < 2e-3, f"relative error {rel:.3e}"
-
-
 @pytest.mark.skipif(not HAS_CUDA, reason="the Hopper config rows (the interpreter has its own)")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_int4_token_major_row_matches_the_reference(dtype):
@@ -543,12 +519,15 @@ def test_int4_queries_far_from_zero():
                    torch.float16)
 
 
+@pytest.mark.parametrize("v_codes", [False, True])
 @pytest.mark.parametrize("num_splits", [1, 3])
-def test_int4_values_near_fp16_max_do_not_overflow(num_splits):
+def test_int4_values_near_fp16_max_do_not_overflow(num_splits, v_codes):
     """int4's nibble-plane loop (fp16 queries) dots fp16 planes of ``n - 8`` with fp16
     probabilities times V's per-key scales: with a key's largest value at fp16's max (scale
     ~4367) no factor overflows fp16 (a plane of V itself would): finite output equal to the
-    reference's."""
+    reference's. ``int4_v_codes`` too (the planes as codes near 1024: products in the millions,
+    in float32)."""
+    import dataclasses
     q, k, v, seqlens, table = _case(3, 2, 8, 2, 128, 16, [37, 0, 150], torch.float32)
     v = v.clone()
     v[::2, :, :, 3] = 65504.0  # in every other page: the key's max at fp16's max
@@ -557,10 +536,12 @@ def test_int4_values_near_fp16_max_do_not_overflow(num_splits):
     ref, _ = paged_attention_ref(q.half().float(), kd, vd, seqlens, table)
     plan = kvonce.PagedDecodePlan(q.half(), kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
                                   kv_format="int4", num_splits=num_splits,
-                                  config=_int4_units_config())
+                                  config=dataclasses.replace(_int4_units_config(),
+                                                             int4_v_codes=v_codes))
     with poison_empty:
         out = plan.run(q.half(), kq, vq, seqlens, table, k_scale=ks, v_scale=vs)
-    assert [la._constexprs["V_PAIRS"] for la in plan._launches.values()] == [True]
+    assert [(la._constexprs["V_PAIRS"], la._constexprs["INT4_V_CODES"])
+            for la in plan._launches.values()] == [(True, v_codes)]
     assert torch.isfinite(out).all()
     rel = ((out.float() - ref).norm() / ref.norm()).item()
     assert rel < 2e-3, f"relative error {rel:.3e}"
