@@ -167,13 +167,16 @@ def run_case(case: Case, bw: float, *, peers: bool, config=None, graph_peers: bo
     return row
 
 
+# int64 offsets as the shipped plain rows (configs: int64_kv_offsets); the int32 form is a row of
+# its own
 SWEEP_CONFIGS = [
+    PagedDecodeConfig(64, 4, 2, int64_kv_offsets=True),
+    PagedDecodeConfig(64, 4, 2, int64_kv_offsets=True, kv_cache_modifier=".cg"),
+    PagedDecodeConfig(64, 4, 2, int64_kv_offsets=True, kv_eviction="evict_first"),
+    PagedDecodeConfig(64, 2, 2, int64_kv_offsets=True),
+    PagedDecodeConfig(32, 4, 2, int64_kv_offsets=True),
+    PagedDecodeConfig(64, 4, 2, int64_kv_offsets=True, programs_per_sm=5.8),
     PagedDecodeConfig(64, 4, 2),
-    PagedDecodeConfig(64, 4, 2, kv_cache_modifier=".cg"),
-    PagedDecodeConfig(64, 4, 2, kv_eviction="evict_first"),
-    PagedDecodeConfig(64, 2, 2),
-    PagedDecodeConfig(32, 4, 2),
-    PagedDecodeConfig(64, 4, 2, programs_per_sm=5.8),
 ]
 SWEEP_SHAPES = ((16, 4096), (4, 16384), (1, 131072))
 
@@ -188,7 +191,8 @@ def sweep(bw: float) -> list[dict]:
                 rows.append({"heads": label, "batch": batch, "seqlen": seqlen,
                              "cfg": f"n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} "
                                     f"mk{cfg.min_keys_per_split} pps{cfg.programs_per_sm} "
-                                    f"{cfg.kv_cache_modifier}{cfg.kv_eviction}",
+                                    f"{cfg.kv_cache_modifier}{cfg.kv_eviction}"
+                                    f"{'' if cfg.int64_kv_offsets else ' i32'}",
                              "splits": r["splits"], "single_TBs": r["kv_single_TBs"],
                              "auto_TBs": r["kv_auto_TBs"], "plan_TBs": r["kv_plan_TBs"],
                              "graph_TBs": r["kv_graph_TBs"],
