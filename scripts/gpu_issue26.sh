@@ -44,9 +44,6 @@
 #   int32plain  scripts/config_ab.py: the plain rows with int32 offsets (int64_kv_offsets=0;
 #               2026-11-29: 399 instead of 622 instructions a tile a warp at (128, 4, 2),
 #               compiled), auto splits, bf16 and fp16 queries (DTYPES)
-#   int4vcodes  the int4 tests, then scripts/config_ab.py: int4's V planes as fp16 codes
-#               (int4_v_codes=1; 2026-11-29: the head-pair loop 1205 -> 1110 instructions a tile
-#               a warp, compiled), auto splits, fp16 and bf16 queries (DTYPES)
 set -u
 export PYTHONPATH=src:.peers/fi PYTHONUNBUFFERED=1 FLASHINFER_WORKSPACE_BASE=/tmp/fi_ws \
   FLASHINFER_CUDA_ARCH_LIST=9.0
@@ -215,16 +212,6 @@ if [[ $STEPS == *int32plain* ]]; then
   for dt in ${DTYPES:-bf16 fp16}; do
     timeout 300 python3 scripts/config_ab.py --dtype $dt --set int64_kv_offsets=0 --cases \
       ${INT32_CASES:-plain:12/2:128x512,plain:12/2:64x1024,plain:12/2:8x8192,plain:12/2:1x65536,plain:32/8:64x1024,plain:12/12:64x1024,plain:32/8:64x8192,plain:12/12:64x8192} \
-      2>&1 | grep "^|"
-  done
-fi
-if [[ $STEPS == *int4vcodes* ]]; then
-  step int4vcodes
-  timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_decode_quant.py -k int4 \
-    2>&1 | tail -3
-  for dt in ${DTYPES:-fp16 bf16}; do
-    timeout 240 python3 scripts/config_ab.py --dtype $dt --set int4_v_codes=1 --cases \
-      ${V_CODES_CASES:-int4:32/8:1x131072,int4:32/8:64x8192,int4:12/12:1x131072,int4:12/12:64x8192} \
       2>&1 | grep "^|"
   done
 fi

@@ -418,17 +418,21 @@ def test_num_splits_auto_reads_shapes_only():
 def test_plain_launch_shape_follows_the_launch():
     """The plain d128 row's tile and page-id choices for the launch the auto count made
     (``decode._launch_shape_config``; H100 measurements, 2026-11-27, twelfth session,
-    docs/notes.md): one pass in the one-pass band carries its page ids; launches of at most two
-    programs an SM with splits of 512 keys or more take 128-key tiles; the rest keep the row."""
+    docs/notes.md): one pass in the one-pass band carries its page ids (and under MHA takes
+    int64 offsets, H200, 2026-11-29); launches of at most two programs an SM with splits of 512
+    keys or more take 128-key tiles; the rest keep the row (int32 offsets)."""
     from kvonce.kernels.configs import _PAGED_DECODE_TABLE
     row = _PAGED_DECODE_TABLE[(9, 0)][128]
 
-    def shape(batch, heads_k, keys):
+    def shape(batch, heads_k, keys, mha=False):
         splits = decode.choose_num_splits(batch, heads_k, keys, 132, row)
-        c = decode._launch_shape_config(row, batch * heads_k, splits, keys, 132)
+        c = decode._launch_shape_config(row, batch * heads_k, splits, keys, 132, mha=mha)
+        assert c.int64_kv_offsets == (mha and c.prefetch_pages)
         return splits, c.block_n, c.prefetch_pages, c.num_warps, c.num_stages
 
     assert shape(64, 12, 1024) == (1, 64, True, 4, 2)     # 768 programs: two waves of three
+    assert shape(64, 12, 1024, mha=True) == (1, 64, True, 4, 2)  # int64 offsets there
+    assert shape(16, 12, 4096, mha=True) == (2, 64, False, 4, 2)
     assert shape(88, 8, 2048) == (1, 64, True, 4, 2)      # 704
     assert shape(70, 12, 2048) == (3, 64, False, 4, 2)    # 840: the slow band's splits
     assert shape(48, 12, 2048) == (1, 64, False, 4, 2)    # 576: one wave of five an SM
@@ -664,8 +668,8 @@ def test_register_cap_reaches_the_launch(num_splits, monkeypatch):
 
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_plain_int32_and_int64_offsets_agree(num_splits):
-    """A plain cache addresses K/V in int64 where its row sets ``int64_kv_offsets`` (the GPU
-    rows) and in int32 where it does not and every offset fits (the interpreter row): the same
+    """A plain cache addresses K/V in int64 where its config sets ``int64_kv_offsets`` (the GPU
+    rows but d128's, MHA's one pass there) and in int32 where it does not and every offset fits: the same
     bytes out, by the plan's launch and through the custom op, and the reference's output."""
     import dataclasses
     a = _good()

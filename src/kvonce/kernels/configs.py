@@ -202,16 +202,13 @@ class PagedDecodeConfig:
         a GPU). Other formats and query dtypes ignore it.
     int64_kv_offsets: address K/V (and a quantized cache's scales) in int64 even where every
         offset fits int32 (by default int32 there: 626 IMADs a kernel instead of 1047 for fp8,
-        compiled for sm_90a). The plain-cache rows set it: they were tuned with int64. int32
-        there is the next thing to measure (compiled for sm_90a, bf16 q, GQA 32/8: the loop
-        takes 399 instead of 622 instructions a tile a warp at (128, 4, 2), 344 instead of 417
-        at (64, 4, 2), 381 instead of 498 with prefetch_pages; registers 176 / 80 / 116 against
-        168 / 91 / 118). The interpreter row leaves it off: CPU tests run the int32 path.
-    int4_v_codes: int4's nibble-plane loop (head dim 128, 16-bit q) hands V's nibbles to the
-        P·V dots as their fp16 codes (1024 + n, 1024 + 16 n: the lop3 alone) and takes the
-        codes' constants off once after the loop, instead of a lop3 and a subtract or fma per
-        two values (``paged_decode_int4._attend_paged_int4``). Compiled for sm_90a, not yet
-        measured on a GPU; no row sets it.
+        compiled for sm_90a). The plain d128 row runs int32 (compiled for sm_90a, bf16 q, GQA
+        32/8: the loop takes 399 instead of 622 instructions a tile a warp at (128, 4, 2), 344
+        instead of 417 at (64, 4, 2); measured on the H200, 2026-11-29, graphs: GQA 12/2 -4 to
+        -5%, 32/8 -0.1 to -2.9%, MHA 12/12 outside the one-pass band -0.5 to -1.6%) except
+        MHA's one pass with carried page ids (``paged.decode._launch_shape_config``: +4 to
+        +5.5% there). The other plain rows (d32-96, d256, the fallback) set it: tuned with
+        int64, not measured in int32. The interpreter row leaves it off.
     outlier_max_registers: when nonzero, ``max_registers`` for the launches with dense-and-sparse
         keys (``kvonce.KeyOutliers``: one more dot a tile). Their fp8 / int8 kernels take
         195-200 registers, two programs an SM where the split counts aim at three; at 168 fp8
@@ -285,7 +282,6 @@ class PagedDecodeConfig:
     head_pairs: bool = False
     one_pass_prefetch: bool = False
     few_programs_block_n: int = 0
-    int4_v_codes: bool = False
 
 
 # (capability major, minor) -> head dim -> config. The Hopper d=128 row comes from
@@ -313,7 +309,7 @@ _PAGED_DECODE_TABLE: dict[tuple[int, int], dict[int, PagedDecodeConfig]] = {
         32: PagedDecodeConfig(64, 4, 2, int64_kv_offsets=True),
         64: PagedDecodeConfig(64, 4, 2, int64_kv_offsets=True),
         96: PagedDecodeConfig(64, 4, 2, int64_kv_offsets=True),
-        128: PagedDecodeConfig(64, 4, 2, int64_kv_offsets=True, slow_band_splits=3,
+        128: PagedDecodeConfig(64, 4, 2, slow_band_splits=3,
                                one_pass_programs_per_sm=(5.0, 6.0), one_pass_prefetch=True,
                                few_programs_block_n=128),
         256: PagedDecodeConfig(32, 4, 2, int64_kv_offsets=True),

@@ -316,7 +316,7 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
                     F16_MATH: tl.constexpr = False, V_PAIRS: tl.constexpr = False, q_out=0.0,
                     KO=0, stride_kop=0, stride_kot=0, stride_koh=0, N_OUT: tl.constexpr = 0,
                     SCALE_PAIRS: tl.constexpr = False, HEAD_PAIRS: tl.constexpr = False,
-                    pair_hi=0, INT4_V_CODES: tl.constexpr = False):
+                    pair_hi=0):
     """One packed tile ``q [BLOCK_M, BLOCK_D]`` against sequence ``seq``'s keys ``[lo, hi)`` of
     one KV head: unmasked tiles ``[lo, full)``, then the masked band ``[full, hi)``; returns the
     unnormalized ``(acc, m, l)`` (base 2), fp8's per-head scales applied. Shared by the decode
@@ -332,9 +332,7 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
     SCALE_PAIRS (int4's nibble-plane loop, scale rows 8-byte aligned): each key's (scale,
     offset) as one 64-bit load (``paged_decode_int4._int4_key_scales``). HEAD_PAIRS (int4's
     nibble-plane loop, ``PagedDecodeConfig.head_pairs``): ``kv_head`` numbers a pair of KV heads
-    (2 kv_head and the next), ``pair_hi [BLOCK_M]`` marks the rows of the second. INT4_V_CODES
-    (int4's nibble-plane loop): V's nibbles as fp16 codes, their constants off after the loop
-    (``PagedDecodeConfig.int4_v_codes``)."""
+    (2 kv_head and the next), ``pair_hi [BLOCK_M]`` marks the rows of the second."""
     if HEAD_PAIRS:
         tl.static_assert(KV_FORMAT == 3 and BLOCK_D == 128 and EVEN_D and V_PAIRS
                          and N_OUT == 0)
@@ -377,14 +375,14 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
             stride_kt, stride_vp, stride_vt, stride_ksp, stride_kst, stride_vsp, stride_vst,
             False, PAGE_SIZE, BLOCK_M, BLOCK_N, DOT_PRECISION, INT64_KV, q_out, KO, stride_kop,
             stride_kot, out_scale, N_OUT, SCALE_PAIRS, PREFETCH_PAGES, F16_MATH, HEAD_PAIRS,
-            pair_hi, stride_kh, stride_vh, stride_ksh, stride_vsh, INT4_V_CODES)
+            pair_hi, stride_kh, stride_vh, stride_ksh, stride_vsh)
         if full < hi:  # the masked band (see the plain loop's below)
             acc, m_i, l_i = _attend_paged_int4(
                 acc, m_i, l_i, q, full, hi, qk_scale, tok, diag, hi, K, V, KS, VS, bt_row,
                 stride_kp, stride_kt, stride_vp, stride_vt, stride_ksp, stride_kst, stride_vsp,
                 stride_vst, True, PAGE_SIZE, BLOCK_M, BLOCK_N, DOT_PRECISION, INT64_KV, q_out, KO,
                 stride_kop, stride_kot, out_scale, N_OUT, SCALE_PAIRS, PREFETCH_PAGES, F16_MATH,
-                HEAD_PAIRS, pair_hi, stride_kh, stride_vh, stride_ksh, stride_vsh, INT4_V_CODES)
+                HEAD_PAIRS, pair_hi, stride_kh, stride_vh, stride_ksh, stride_vsh)
     elif V_PAIRS:
         tl.static_assert((KV_FORMAT == 1 or KV_FORMAT == 2) and EVEN_D and not SWAP_AB)
         acc_even = tl.zeros([BLOCK_M, BLOCK_D // 2], dtype=tl.float32)
@@ -472,7 +470,6 @@ def _paged_decode_kernel(
     PREFETCH_PAGES: tl.constexpr = False,  # page ids looked up a tile ahead (not SWAP_AB)
     MERGE_SPLITS_AT_ONCE: tl.constexpr = 1,  # MERGE_HERE: splits loaded before folding
     HEAD_PAIRS: tl.constexpr = False,  # int4: a program a pair of KV heads (GROUP = 2 x theirs)
-    INT4_V_CODES: tl.constexpr = False,  # int4 V planes as fp16 codes (int4_v_codes)
 ):
     # Grid: (num_splits * num_m_blocks, nheads_k, batch) (HEAD_PAIRS: nheads_k / 2 pairs). Splits
     # vary fastest so that the programs of one sequence's KV head run side by side.
@@ -522,7 +519,7 @@ def _paged_decode_kernel(
         INT64_KV=INT64_KV, SWAP_AB=SWAP_AB, F16_MATH=F16_MATH, V_PAIRS=V_PAIRS, q_out=q_out,
         KO=KO, stride_kop=stride_kop, stride_kot=stride_kot, stride_koh=stride_koh, N_OUT=N_OUT,
         SCALE_PAIRS=SCALE_PAIRS, PREFETCH_PAGES=PREFETCH_PAGES, HEAD_PAIRS=HEAD_PAIRS,
-        pair_hi=pair_hi, INT4_V_CODES=INT4_V_CODES)
+        pair_hi=pair_hi)
     # out = acc / l (0 where no key was seen, e.g. an empty split), lse natural log (-inf there).
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
@@ -684,7 +681,6 @@ class PagedDecodeLaunch:
             # Not with dense-and-sparse keys: int4+8 ran 5-35% slower with it (H100).
             PREFETCH_PAGES=config.prefetch_pages and outlier_values is None,
             MERGE_SPLITS_AT_ONCE=config.merge_splits_at_once, HEAD_PAIRS=self._head_pairs,
-            INT4_V_CODES=config.int4_v_codes and kv_format == 3 and v_pairs,
             # int32 offsets where everything fits (fewer IMADs per key row) unless the row says
             # int64 (the plain-cache rows: tuned so, see PagedDecodeConfig.int64_kv_offsets).
             INT64_KV=config.int64_kv_offsets or max(

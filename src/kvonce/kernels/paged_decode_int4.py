@@ -163,7 +163,7 @@ def _attend_paged_int4(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end, K,
                        N_OUT: tl.constexpr = 0, SCALE_PAIRS: tl.constexpr = False,
                        PREFETCH_PAGES: tl.constexpr = False, ROW_SCALE: tl.constexpr = False,
                        HEAD_PAIRS: tl.constexpr = False, pair_hi=0, stride_kh=0, stride_vh=0,
-                       stride_ksh=0, stride_vsh=0, V_CODES: tl.constexpr = False):
+                       stride_ksh=0, stride_vsh=0):
     """``_attend_paged`` for an int4 cache at head dim 128, ``acc [BLOCK_M, 128]`` in and out.
     Scores: ``_int4_tile_probabilities``. Values: V read as 16-bit units ``[BLOCK_N, 32]`` (unit
     u: bytes 2u, 2u + 1), four nibble planes of ``n - 8`` (the output's even and odd channels of
@@ -182,16 +182,7 @@ def _attend_paged_int4(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end, K,
     K, V and scales sit at ``+ stride_kh`` etc.); each tile reads both heads' bytes, the scores
     dot takes pair operands (``_pair_operand``), the V planes are 64 units wide (both heads) and
     each row keeps its own head's half (``_pair_select``): the other half's products are
-    discarded, so the pair's second accumulator half carries a copy it never returns.
-    V_CODES (``PagedDecodeConfig.int4_v_codes``): V's nibbles reach the dots as their fp16
-    codes, the lop3 alone (``quant_convert._int4_units_to_f16``: 1024 + n for a low nibble,
-    1024 + 16 n for a high one) instead of a lop3 and a subtract or fma each; the constants come
-    off after the loop: ``1032 P`` from the low planes and, after a division by 16, ``72 P``
-    from the high ones, ``P`` each row's sum of the fp16 probabilities the planes were dotted
-    with (kept like ``v_offsets``). The probabilities are non-negative and the codes within
-    1024-1264, so the float32 sums keep ~17 bits of the values' part. Not for K: q's channel
-    sums can be large (queries far from zero), and taking ``1032 sum(q)`` off a score after
-    the dot missed the LSE by 0.07 (``test_int4_queries_far_from_zero``)."""
+    discarded, so the pair's second accumulator half carries a copy it never returns."""
     q_low, q_high = tl.split(tl.permute(tl.reshape(q, [BLOCK_M, 2, 64]), (0, 2, 1)))
     q_sum = tl.sum(q.to(tl.float32), 1)
     # acc's channel c: plane c // 64, parity c % 2, column (c % 64) // 2
@@ -199,13 +190,6 @@ def _attend_paged_int4(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end, K,
     a_low, a_high = tl.split(a4)
     even_low, odd_low = tl.split(a_low)
     even_high, odd_high = tl.split(a_high)
-    if V_CODES:
-        p_sums = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        # the high planes accumulate 16 times their values until the end (a call may continue
-        # another's accumulator: the masked band after the unmasked tiles)
-        even_high, odd_high = even_high * 16.0, odd_high * 16.0
-    else:
-        p_sums = 0.0
     if HEAD_PAIRS:
         q_low = _pair_operand(q_low, pair_hi)
         q_high = _pair_operand(q_high, pair_hi)
@@ -240,24 +224,17 @@ def _attend_paged_int4(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end, K,
         else:
             units = tl.load(V16 + v_units[:, None] + offs_u[None, :])
         p16 = (p * v_scale).to(tl.float16)
-        if V_CODES:
-            p_sums = p_sums * alpha[:, None] + p16.to(tl.float32)
-        even_low = tl.dot(p16, _int4_units_to_f16(units, False, False, V_CODES),
-                          even_low * alpha[:, None], input_precision=DOT_PRECISION)
-        odd_low = tl.dot(p16, _int4_units_to_f16(units, True, False, V_CODES),
-                         odd_low * alpha[:, None], input_precision=DOT_PRECISION)
-        even_high = tl.dot(p16, _int4_units_to_f16(units, False, True, V_CODES),
+        even_low = tl.dot(p16, _int4_units_to_f16(units, False, False), even_low * alpha[:, None],
+                          input_precision=DOT_PRECISION)
+        odd_low = tl.dot(p16, _int4_units_to_f16(units, True, False), odd_low * alpha[:, None],
+                         input_precision=DOT_PRECISION)
+        even_high = tl.dot(p16, _int4_units_to_f16(units, False, True),
                            even_high * alpha[:, None], input_precision=DOT_PRECISION)
-        odd_high = tl.dot(p16, _int4_units_to_f16(units, True, True, V_CODES),
-                          odd_high * alpha[:, None], input_precision=DOT_PRECISION)
+        odd_high = tl.dot(p16, _int4_units_to_f16(units, True, True), odd_high * alpha[:, None],
+                          input_precision=DOT_PRECISION)
     if HEAD_PAIRS:
         even_low, odd_low = _pair_select(even_low, pair_hi), _pair_select(odd_low, pair_hi)
         even_high, odd_high = _pair_select(even_high, pair_hi), _pair_select(odd_high, pair_hi)
-    if V_CODES:  # the codes' constants off: low planes 1032 P, high planes / 16 then 72 P
-        p_total = tl.sum(p_sums, 1)[:, None]
-        even_low, odd_low = even_low - 1032.0 * p_total, odd_low - 1032.0 * p_total
-        even_high = even_high * 0.0625 - 72.0 * p_total
-        odd_high = odd_high * 0.0625 - 72.0 * p_total
     a4 = tl.join(tl.join(even_low, odd_low), tl.join(even_high, odd_high))
     acc = tl.reshape(tl.permute(a4, (0, 3, 1, 2)), [BLOCK_M, 128])
     return acc + tl.sum(v_offsets, 1)[:, None], m_i, l_i

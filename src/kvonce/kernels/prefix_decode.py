@@ -253,7 +253,7 @@ class CascadeLaunch:
                           KV_EVICT=c.kv_eviction, KV_FORMAT=0, DOT_PRECISION=precision,
                           SWAP_AB=c.swap_ab, F16_MATH=False, INT64_KV=True, V_PAIRS=False,
                           N_OUT=0, SCALE_PAIRS=False, PREFETCH_PAGES=c.prefetch_pages,
-                          MERGE_SPLITS_AT_ONCE=1, HEAD_PAIRS=False, INT4_V_CODES=False)
+                          MERGE_SPLITS_AT_ONCE=1, HEAD_PAIRS=False)
         warps = (c.num_warps, c.num_stages)
         self._suffix = (("suffix", q.dtype, k_cache.dtype, ints, tuple(constexprs.values()),
                          warps), (suffix_splits * num_m_blocks, nheads_k, batch), scale, ints,

@@ -204,16 +204,10 @@ _I4_LOW = "sub.f16x2 $0, t, c;"
 _I4_HIGH = "mov.b32 a, 0x2C002C00;\n    fma.rn.f16x2 $0, t, a, c;"
 
 
-def _int4_unit_asm(odd: bool, high: bool, raw: bool = False) -> str:
+def _int4_unit_asm(odd: bool, high: bool) -> str:
     src = "s" if odd else "$1"
     shift = "shr.b32 s, $1, 8;" if odd else ""
     mask = "0x00F000F0" if high else "0x000F000F"
-    if raw:  # the code itself: 1024 + n or 1024 + 16 n
-        return f"""{{
-    .reg .b32 s;
-    {shift}
-    lop3.b32 $0, {src}, {mask}, 0x64006400, 0xEA;
-    }}"""
     bias = "0xD480D480" if high else "0x64086408"  # -72 after / 16, or 1032
     return f"""{{
     .reg .b32 s, t, a, c;
@@ -224,48 +218,31 @@ def _int4_unit_asm(odd: bool, high: bool, raw: bool = False) -> str:
     }}"""
 
 
-_I4_UNIT_ASM = {(odd, high, raw): tl.constexpr(_int4_unit_asm(odd, high, raw))
-                for odd in (False, True) for high in (False, True) for raw in (False, True)}
-_I4_EVEN_LOW: tl.constexpr = _I4_UNIT_ASM[(False, False, False)]
-_I4_ODD_LOW: tl.constexpr = _I4_UNIT_ASM[(True, False, False)]
-_I4_EVEN_HIGH: tl.constexpr = _I4_UNIT_ASM[(False, True, False)]
-_I4_ODD_HIGH: tl.constexpr = _I4_UNIT_ASM[(True, True, False)]
-_I4_EVEN_LOW_RAW: tl.constexpr = _I4_UNIT_ASM[(False, False, True)]
-_I4_ODD_LOW_RAW: tl.constexpr = _I4_UNIT_ASM[(True, False, True)]
-_I4_EVEN_HIGH_RAW: tl.constexpr = _I4_UNIT_ASM[(False, True, True)]
-_I4_ODD_HIGH_RAW: tl.constexpr = _I4_UNIT_ASM[(True, True, True)]
+_I4_UNIT_ASM = {(odd, high): tl.constexpr(_int4_unit_asm(odd, high))
+                for odd in (False, True) for high in (False, True)}
+_I4_EVEN_LOW: tl.constexpr = _I4_UNIT_ASM[(False, False)]
+_I4_ODD_LOW: tl.constexpr = _I4_UNIT_ASM[(True, False)]
+_I4_EVEN_HIGH: tl.constexpr = _I4_UNIT_ASM[(False, True)]
+_I4_ODD_HIGH: tl.constexpr = _I4_UNIT_ASM[(True, True)]
 
 
 @triton.jit
-def _int4_units_to_f16(units, ODD: tl.constexpr, HIGH: tl.constexpr, RAW: tl.constexpr = False):
+def _int4_units_to_f16(units, ODD: tl.constexpr, HIGH: tl.constexpr):
     """uint16 units of an int4 V chunk (low byte: channels of byte 2p, high byte: byte 2p + 1,
     each byte's nibbles q + 8) -> the fp16 value q of the even (or, ODD, odd) byte's low (or,
     HIGH, high) nibble, exactly. On the GPU two units (two keys) a register: a lop3 and a
-    subtract (or fma), plus a shift for the odd byte. RAW: the code 1024 + n (low) or
-    1024 + 16 n (high) instead, the lop3 alone (the caller takes the constants off)."""
+    subtract (or fma), plus a shift for the odd byte."""
     if PACKED_CVT:
-        if RAW:
-            if ODD:
-                if HIGH:
-                    asm: tl.constexpr = _I4_ODD_HIGH_RAW
-                else:
-                    asm: tl.constexpr = _I4_ODD_LOW_RAW
+        if ODD:
+            if HIGH:
+                asm: tl.constexpr = _I4_ODD_HIGH
             else:
-                if HIGH:
-                    asm: tl.constexpr = _I4_EVEN_HIGH_RAW
-                else:
-                    asm: tl.constexpr = _I4_EVEN_LOW_RAW
+                asm: tl.constexpr = _I4_ODD_LOW
         else:
-            if ODD:
-                if HIGH:
-                    asm: tl.constexpr = _I4_ODD_HIGH
-                else:
-                    asm: tl.constexpr = _I4_ODD_LOW
+            if HIGH:
+                asm: tl.constexpr = _I4_EVEN_HIGH
             else:
-                if HIGH:
-                    asm: tl.constexpr = _I4_EVEN_HIGH
-                else:
-                    asm: tl.constexpr = _I4_EVEN_LOW
+                asm: tl.constexpr = _I4_EVEN_LOW
         y = tl.inline_asm_elementwise(asm, "=r,r", [units], dtype=tl.float16, is_pure=True,
                                       pack=2)
     else:
@@ -277,10 +254,5 @@ def _int4_units_to_f16(units, ODD: tl.constexpr, HIGH: tl.constexpr, RAW: tl.con
             n = (b >> 4) & 15
         else:
             n = b & 15
-        if RAW:
-            if HIGH:
-                n = n << 4
-            y = (n.to(tl.int16) + 0x6400).to(tl.float16, bitcast=True)
-        else:
-            y = (n.to(tl.int16) + 0x6400).to(tl.float16, bitcast=True) - 1032.0
+        y = (n.to(tl.int16) + 0x6400).to(tl.float16, bitcast=True) - 1032.0
     return y

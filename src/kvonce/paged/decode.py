@@ -114,14 +114,19 @@ def _default_config(capability, num_sms, q, k_cache, block_table, kv_format,
 
 
 def _launch_shape_config(config: PagedDecodeConfig, base: int, num_splits: int,
-                         max_keys: int, num_sms: int) -> PagedDecodeConfig:
-    """The row's tile and page-id choices for the launch the auto split count made: ``base``
-    programs a split, ``num_splits`` splits of a ``max_keys``-key sequence
-    (``PagedDecodeConfig.one_pass_prefetch``, ``few_programs_block_n``)."""
+                         max_keys: int, num_sms: int, mha: bool = False) -> PagedDecodeConfig:
+    """The row's tile, page-id and offset choices for the launch the auto split count made:
+    ``base`` programs a split, ``num_splits`` splits of a ``max_keys``-key sequence, ``mha``
+    where each KV head serves one q head (``PagedDecodeConfig.one_pass_prefetch``,
+    ``few_programs_block_n``)."""
     lo, hi = config.one_pass_programs_per_sm
     if (config.one_pass_prefetch and num_splits == 1
             and lo * num_sms <= base < hi * num_sms):
-        return dataclasses.replace(config, prefetch_pages=True)
+        # MHA's one pass with carried page ids keeps int64 offsets: int32 there was 4-5.5%
+        # slower (12/12 64 x 1024 and 64 x 8192, H200, 2026-11-29) where every other plain d128
+        # launch measured gained 0-5% (GQA 32/8 88 x 2048 in the same band: -2.9%).
+        return dataclasses.replace(config, prefetch_pages=True,
+                                   int64_kv_offsets=config.int64_kv_offsets or mha)
     if (config.few_programs_block_n and base * num_splits <= FEW_PROGRAMS_PER_SM * num_sms
             and -(-max_keys // num_splits) >= FALLBACK_MIN_KEYS):
         return dataclasses.replace(config, block_n=config.few_programs_block_n)
@@ -196,7 +201,8 @@ class PagedDecodePlan:
             num_splits = choose_num_splits(batch, grid_heads, block_table.shape[1] * page_size,
                                            num_sms, self.config)
             self.config = _launch_shape_config(self.config, batch * grid_heads, num_splits,
-                                               block_table.shape[1] * page_size, num_sms)
+                                               block_table.shape[1] * page_size, num_sms,
+                                               mha=nheads == k_cache.shape[2])
         self.num_splits = num_splits
         split_keys = -(-block_table.shape[1] * page_size // num_splits)
         if self.config.short_split_block_n and num_splits > 1 and split_keys < SHORT_SPLIT_KEYS:
@@ -374,7 +380,7 @@ class PagedDecodePlan:
                          c.kv_cache_modifier, c.kv_eviction, c.max_merged_splits, k_scale,
                          v_scale, self._kv_code, max_registers, c.swap_ab, c.f16_math,
                          c.int64_kv_offsets, c.v_pairs, outlier_values, outlier_channels,
-                         c.prefetch_pages, c.head_pairs, c.int4_v_codes)
+                         c.prefetch_pages, c.head_pairs)
         if self.num_splits == 1:
             return torch.ops.kvonce.paged_decode(q, k_cache, v_cache, cache_seqlens, block_table,
                                                  *launch_fields)
@@ -498,13 +504,12 @@ def _paged_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, o_part, 
                        kv_cache_modifier, kv_eviction, max_merged_splits, k_scale, v_scale,
                        kv_format, max_registers, swap_ab, f16_math, int64_kv_offsets,
                        v_pairs, outlier_values=None, outlier_channels=None,
-                       prefetch_pages=False, head_pairs=False, int4_v_codes=False):
+                       prefetch_pages=False, head_pairs=False):
     config = PagedDecodeConfig(block_n, num_warps, num_stages, kv_cache_modifier=kv_cache_modifier,
                                kv_eviction=kv_eviction, max_merged_splits=max_merged_splits,
                                max_registers=max_registers, swap_ab=swap_ab, f16_math=f16_math,
                                int64_kv_offsets=int64_kv_offsets, v_pairs=v_pairs,
-                               prefetch_pages=prefetch_pages, head_pairs=head_pairs,
-                               int4_v_codes=int4_v_codes)
+                               prefetch_pages=prefetch_pages, head_pairs=head_pairs)
     out, lse = _decode_outputs(q, allocator.empty)
     num_splits = 1 if o_part is None else o_part.shape[3]
     PagedDecodeLaunch(q, k_cache, v_cache, block_table, softmax_scale=softmax_scale,
@@ -526,8 +531,7 @@ def _paged_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      f16_math: bool = False, int64_kv_offsets: bool = False,
                      v_pairs: bool = False, outlier_values: torch.Tensor | None = None,
                      outlier_channels: torch.Tensor | None = None, prefetch_pages: bool = False,
-                     head_pairs: bool = False, int4_v_codes: bool = False
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+                     head_pairs: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Single-pass paged decode (``PagedDecodePlan.run`` with ``num_splits == 1``): ``(out
     [batch, q_len, nheads, d], lse float32 [batch, nheads, q_len])``; the config's launch fields
     are passed one by one (a dataclass cannot be an op argument). A quantized cache comes with
@@ -538,7 +542,7 @@ def _paged_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                               kv_cache_modifier, kv_eviction, max_merged_splits, k_scale,
                               v_scale, kv_format, max_registers, swap_ab, f16_math,
                               int64_kv_offsets, v_pairs, outlier_values, outlier_channels,
-                              prefetch_pages, head_pairs, int4_v_codes)
+                              prefetch_pages, head_pairs)
 
 
 @_paged_decode_op.register_fake
@@ -560,8 +564,8 @@ def _paged_decode_split_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            f16_math: bool = False, int64_kv_offsets: bool = False,
                            v_pairs: bool = False, outlier_values: torch.Tensor | None = None,
                            outlier_channels: torch.Tensor | None = None,
-                           prefetch_pages: bool = False, head_pairs: bool = False,
-                           int4_v_codes: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                           prefetch_pages: bool = False, head_pairs: bool = False
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
     """Split-K paged decode and its merge (in the same launch up to ``max_merged_splits``
     splits, else a combine launch); ``o_part`` float32 ``[batch, q_len,
     nheads, S, d]``, ``lse_part`` float32 ``[batch, q_len, nheads, S]`` and the int32 zeros
@@ -572,7 +576,7 @@ def _paged_decode_split_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                               kv_cache_modifier, kv_eviction, max_merged_splits, k_scale,
                               v_scale, kv_format, max_registers, swap_ab, f16_math,
                               int64_kv_offsets, v_pairs, outlier_values, outlier_channels,
-                              prefetch_pages, head_pairs, int4_v_codes)
+                              prefetch_pages, head_pairs)
 
 
 @_paged_decode_split_op.register_fake
