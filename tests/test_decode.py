@@ -670,8 +670,8 @@ def test_register_cap_reaches_the_launch(num_splits, monkeypatch):
 def test_plain_int32_and_int64_offsets_agree(num_splits):
     """A plain cache addresses K/V in int64 where its config sets ``int64_kv_offsets`` (the GPU
     rows but d128's, MHA's one pass there) and in int32 where it does not and every offset
-    fits: the same
-    bytes out, by the plan's launch and through the custom op, and the reference's output."""
+    fits: the same bytes out, by the plan's launch and through the custom op, and the
+    reference's output."""
     import dataclasses
     a = _good()
     args = (a["q"], a["k_cache"], a["v_cache"], a["cache_seqlens"], a["block_table"])
