@@ -207,7 +207,7 @@ class PagedDecodeConfig:
         instead of 417 at (64, 4, 2); measured on the H200, 2026-11-29, graphs: GQA 12/2 -4 to
         -5%, 32/8 -0.1 to -2.9%, MHA 12/12 outside the one-pass band -0.5 to -1.6%) except
         MHA's one pass with carried page ids (``paged.decode._launch_shape_config``: +4 to
-        +5.5% there). The other plain rows (d32-96, d256, the fallback) set it: tuned with
+        +12% there). The other plain rows (d32-96, d256, the fallback) set it: tuned with
         int64, not measured in int32. The interpreter row leaves it off.
     outlier_max_registers: when nonzero, ``max_registers`` for the launches with dense-and-sparse
         keys (``kvonce.KeyOutliers``: one more dot a tile). Their fp8 / int8 kernels take
