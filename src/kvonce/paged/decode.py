@@ -123,7 +123,7 @@ def _launch_shape_config(config: PagedDecodeConfig, base: int, num_splits: int,
     if (config.one_pass_prefetch and num_splits == 1
             and lo * num_sms <= base < hi * num_sms):
         # MHA's one pass with carried page ids keeps int64 offsets: int32 there was 4-12%
-        # slower (12/12 64 x 1024, 56 and 64 x 2048, 64 x 8192; H200, 2026-11-29) where every
+        # slower (12/12 64 x 1024, 56 x 2048, 64 x 8192; H200, 2026-11-29) where every
         # other plain d128 launch measured gained 0-5% (GQA 32/8 88 x 2048 in the band: -2.9%).
         return dataclasses.replace(config, prefetch_pages=True,
                                    int64_kv_offsets=config.int64_kv_offsets or mha)
