@@ -44,6 +44,19 @@
 #   int32plain  scripts/config_ab.py: the plain rows with int32 offsets (int64_kv_offsets=0;
 #               2026-11-29: 399 instead of 622 instructions a tile a warp at (128, 4, 2),
 #               compiled), auto splits, bf16 and fp16 queries (DTYPES)
+#   h200plain   scripts/config_ab.py on the plain d128 row's H100 choices, on the H200
+#               (2026-11-29, fourteenth session: 128-key tiles won 1.5-3.7% on 8 of 12 cases and
+#               lost 13.6% at 32/8 64 x 8192; carried page ids won 5.5% at 12/12 128 x 512 and
+#               lost 29% at 32/8 64 x 8192): block_n 128, carried page ids, both, 3 stages with
+#               carried ids, fp16 (DTYPES), MHA 12/12, GQA 32/8 and 12/2 across the launch sizes
+#   h200quant   scripts/quant_decode_sweep.py on the H200 (the quant rows were tuned on the
+#               H100; on the H200 every quant ratio fell, the loops no longer follow the memory):
+#               fp8 / int8 at 2 and 3 stages with carried page ids, 2 and 4 programs an SM;
+#               int4 at 2 / 3 / 4 stages, 2 and 4 programs an SM; GQA 32/8 and MHA 12/12,
+#               64 x 8192 and 1 x 131072, fp16 (DTYPES)
+#   gluondec    scripts/gluon_decode_check.py (the Gluon fp8 decode, TMA loader warp: 2-11%
+#               slower than the Triton row on the H100, where fp8 read ~2.8 TB/s; on the H200
+#               the Triton row reads 3.6-4.1 TB/s of fp8 bytes against the fp16 row's 4.1-4.5)
 set -u
 export PYTHONPATH=src:.peers/fi PYTHONUNBUFFERED=1 FLASHINFER_WORKSPACE_BASE=/tmp/fi_ws \
   FLASHINFER_CUDA_ARCH_LIST=9.0
@@ -214,5 +227,30 @@ if [[ $STEPS == *int32plain* ]]; then
       ${INT32_CASES:-plain:12/2:128x512,plain:12/2:64x1024,plain:12/2:8x8192,plain:12/2:1x65536,plain:32/8:64x1024,plain:12/12:64x1024,plain:32/8:64x8192,plain:12/12:64x8192} \
       2>&1 | grep "^|"
   done
+fi
+if [[ $STEPS == *h200plain* ]]; then
+  step h200plain
+  for dt in ${DTYPES:-fp16}; do
+    timeout 400 python3 scripts/config_ab.py --dtype $dt --set block_n=128 --set prefetch_pages=1 \
+      --set block_n=128,prefetch_pages=1 --set num_stages=3,prefetch_pages=1 --cases \
+      ${H200_CASES:-plain:12/12:128x512,plain:12/12:32x2048,plain:12/12:64x1024,plain:12/12:8x8192,plain:12/12:1x131072,plain:32/8:128x512,plain:32/8:64x1024,plain:32/8:64x8192,plain:32/8:8x8192,plain:32/8:1x131072,plain:12/2:128x512,plain:12/2:8x8192} \
+      2>&1 | grep "^|"
+  done
+fi
+if [[ $STEPS == *h200quant* ]]; then
+  step h200quant
+  P=-1,-1,-1,-1,-1,-1,-1,-1,-1,-1
+  for dt in ${DTYPES:-fp16}; do
+    timeout 300 python3 scripts/quant_decode_sweep.py --dtype $dt --formats fp8_e4m3,int8 \
+      --heads 32/8,12/12 --shapes 64x8192,1x131072 --all --grid 128,4,2 128,4,2,$P,1 \
+      128,4,3,$P,1 128,4,2,4 128,4,2,2 64,4,3,$P,1 2>&1 | grep -v Warn | tail -24
+    timeout 240 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int4 \
+      --heads 32/8,12/12 --shapes 64x8192,1x131072 --all --grid 128,4,3 128,4,2 128,4,4 \
+      128,4,3,4 128,4,3,2 2>&1 | grep -v Warn | tail -12
+  done
+fi
+if [[ $STEPS == *gluondec* ]]; then
+  step gluondec
+  timeout 400 python3 scripts/gluon_decode_check.py 2>&1 | tail -40
 fi
 echo "== done ($(date +%T))"
