@@ -206,6 +206,32 @@ def test_key_chunks_and_suffix_splits(monkeypatch):
                                                                cascade.layout.splits))
 
 
+def test_int32_and_int64_offsets_agree(monkeypatch):
+    """The chunk-first launch addresses K/V in int64 where its config sets
+    ``int64_kv_offsets`` (the GPU rows) and in int32 otherwise, the suffix decode as its decode
+    config says: the same bytes out either way, through the plan's launch and the custom op."""
+    import dataclasses
+
+    from kvonce.kernels.configs import get_paged_decode_config
+    table, lens, _, num_pages = random_tree(3, 5, 16)
+    inputs = make_inputs(table, lens, num_pages, q_len=2, nheads=4, nheads_k=2, head_dim=32,
+                         page_size=16, dtype=torch.float16, seed=3)
+    chunk, dec = prefix.get_prefix_decode_config(None, 32), get_paged_decode_config(None, 32)
+    outs = []
+    for wide in (False, True):
+        monkeypatch.setattr(prefix, "get_prefix_decode_config",
+                            lambda *a, w=wide: dataclasses.replace(chunk, int64_kv_offsets=w))
+        plan = check_against_plain(*inputs, shared_prefix="auto", num_splits=2,
+                                   config=dataclasses.replace(dec, int64_kv_offsets=wide))
+        with poison_empty:
+            outs.append(plan.run(*inputs))
+        for launch in plan._cascade._launches.values():
+            assert launch._chunk[4]["INT64_KV"] is wide
+            assert launch._suffix[4]["INT64_KV"] is wide
+        assert torch.equal(plan._cascade._run_op(*inputs)[0], outs[-1])
+    assert torch.equal(outs[0], outs[1])
+
+
 def test_plan_reused_across_layers_and_lengths():
     """One plan, several layers (new q, K/V values) and longer own suffixes (lengths read on the
     device): each run equals plain decode."""
@@ -395,7 +421,9 @@ def test_opcheck():
     args = (*inputs, c.work, c.members, c.prefix_pages, c.o_part, c.lse_part, c.suffix_table,
             c.suffix_seqlens, b.softmax_scale, b.causal, c.suffix_splits, c.layout.block_m,
             cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.kv_cache_modifier, cfg.kv_eviction,
-            dec.block_n, dec.num_warps, dec.num_stages, dec.kv_cache_modifier, dec.kv_eviction)
+            cfg.int64_kv_offsets, dec.block_n, dec.num_warps, dec.num_stages,
+            dec.kv_cache_modifier, dec.kv_eviction, dec.int64_kv_offsets, dec.prefetch_pages,
+            dec.swap_ab)
     torch.library.opcheck(torch.ops.kvonce.prefix_decode, args)
     schema = torch.ops.kvonce.prefix_decode.default._schema
     mutated = {a.name for a in schema.arguments if a.alias_info is not None

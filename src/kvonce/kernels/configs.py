@@ -506,6 +506,10 @@ class PrefixDecodeConfig:
         this many per SM (a single 32k-token run is otherwise one program per KV head and
         M-block); no chunk shorter than ``min_keys_per_split`` keys, at most
         ``max_splits_per_node`` chunks per node (each chunk adds a float32 partial per row).
+    int64_kv_offsets: address K/V in int64 even where every offset fits int32 (int32 there
+        otherwise). The GPU rows set it: tuned with int64; int32 is not yet measured here
+        (the plain decode's d128 row gained 0-5% from it on the H200, 2026-11-29). The cascade's
+        suffix decode follows its own decode config's flag.
     """
     block_m: int
     block_n: int
@@ -516,6 +520,7 @@ class PrefixDecodeConfig:
     max_splits_per_node: int = 32
     kv_cache_modifier: str = ""
     kv_eviction: str = ""
+    int64_kv_offsets: bool = False
 
 
 # Hopper d=128 from `python -m kvonce bench prefix --sweep` on the lent H100, 2026-11-23
@@ -524,14 +529,15 @@ class PrefixDecodeConfig:
 # 32; 64-row blocks 280-322). d=32/64/96 reuse it and d=256 halves the tiles for shared memory:
 # NOT swept.
 _PREFIX_DECODE_TABLE: dict[tuple[int, int], dict[int, PrefixDecodeConfig]] = {
-    (9, 0): {hd: PrefixDecodeConfig(128, 128, 8, 3) for hd in (32, 64, 96, 128)}
-    | {256: PrefixDecodeConfig(64, 32, 4, 2)},
+    (9, 0): {hd: PrefixDecodeConfig(128, 128, 8, 3, int64_kv_offsets=True)
+             for hd in (32, 64, 96, 128)}
+    | {256: PrefixDecodeConfig(64, 32, 4, 2, int64_kv_offsets=True)},
 }
 # Interpreter: 32-row blocks and 16-key tiles, so that tiny trees still take several M-blocks and
 # cross tile and page borders.
 _PREFIX_DECODE_INTERPRETER = PrefixDecodeConfig(32, 16, 4, 1, programs_per_sm=1.0,
                                                 min_keys_per_split=16, max_splits_per_node=8)
-_PREFIX_DECODE_FALLBACK = PrefixDecodeConfig(64, 32, 4, 2)
+_PREFIX_DECODE_FALLBACK = PrefixDecodeConfig(64, 32, 4, 2, int64_kv_offsets=True)
 _prefix_warned: set = set()
 
 

@@ -43,7 +43,7 @@ import triton.language as tl
 from ._launch import alignment_key, dot_input_precision, launch, next_pow2
 from .dual_group_fwd import _online_update
 from .paged_combine import _combine_splits_kernel, combine_launch_shape
-from .paged_decode import _load_paged_kv_tile, _paged_decode_kernel, decode_row_blocks
+from .paged_decode import _load_paged_kv_tile, _paged_decode_kernel, _span, decode_row_blocks
 
 # Columns of one work item in the plan's int32 ``work [num_work, WORK_FIELDS]`` table.
 WORK_FIELDS = 6  # member_start, member_count, row0, key_lo, key_hi, slot
@@ -74,13 +74,14 @@ def _attend_shared(acc, m_i, l_i, q, lo, hi, qk_scale, last_key, kv_end, K, V, b
                    stride_kp, stride_kt, stride_vp, stride_vt, offs_d, head_dim,
                    MASKED: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                    EVEN_D: tl.constexpr, KV_CACHE: tl.constexpr, KV_EVICT: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr):
+                   DOT_PRECISION: tl.constexpr, INT64_KV: tl.constexpr):
     """Key tiles ``[lo, hi)`` of the shared run into the packed rows' state; row ``i`` sees key
     ``j`` iff ``j <= last_key[i]`` (its own sequence's diagonal) and ``j < kv_end``."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n, k_t, v = _load_paged_kv_tile(K, V, bt_row, start_n, kv_end, stride_kp, stride_kt,
                                              stride_vp, stride_vt, offs_d, head_dim, PAGE_SIZE,
-                                             BLOCK_N, EVEN_D, MASKED, KV_CACHE, KV_EVICT)
+                                             BLOCK_N, EVEN_D, MASKED, KV_CACHE, KV_EVICT,
+                                             INT64_KV)
         acc, m_i, l_i = _online_update(acc, m_i, l_i, q, k_t, v, qk_scale, last_key, offs_n, 0,
                                        kv_end, MASKED, DOT_PRECISION)
     return acc, m_i, l_i
@@ -109,6 +110,7 @@ def _prefix_chunk_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     BLOCK_P: tl.constexpr, KV_CACHE: tl.constexpr, KV_EVICT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # tl.dot's input_precision: "ieee" or "tf32" (fp32 inputs only)
+    INT64_KV: tl.constexpr,  # int64 K/V offsets (PrefixDecodeConfig.int64_kv_offsets or > 2^31)
 ):
     # Grid: (num_work, nheads_k). The plan orders the work items chunk by chunk with a chunk's
     # M-blocks side by side, so the M-blocks of one tile range run together and share it in L2.
@@ -165,11 +167,15 @@ def _prefix_chunk_kernel(
     acc, m_i, l_i = _attend_shared(acc, m_i, l_i, q, lo, full, qk_scale, last_key, hi, K, V,
                                    bt_row, stride_kp, stride_kt, stride_vp, stride_vt, offs_d,
                                    head_dim, False, PAGE_SIZE, BLOCK_N, EVEN_D, KV_CACHE,
-                                   KV_EVICT, DOT_PRECISION)
-    acc, m_i, l_i = _attend_shared(acc, m_i, l_i, q, full, hi, qk_scale, last_key, hi, K, V,
-                                   bt_row, stride_kp, stride_kt, stride_vp, stride_vt, offs_d,
-                                   head_dim, True, PAGE_SIZE, BLOCK_N, EVEN_D, KV_CACHE,
-                                   KV_EVICT, DOT_PRECISION)
+                                   KV_EVICT, DOT_PRECISION, INT64_KV)
+    # Under the branch, not just an empty loop: the masked loop's pipeline prologue would
+    # otherwise run (and its first tile's block-table load wait) in every chunk that ends on a
+    # tile every row sees whole (paged_decode._attend_kv_head, the same).
+    if full < hi:
+        acc, m_i, l_i = _attend_shared(acc, m_i, l_i, q, full, hi, qk_scale, last_key, hi, K, V,
+                                       bt_row, stride_kp, stride_kt, stride_vp, stride_vt,
+                                       offs_d, head_dim, True, PAGE_SIZE, BLOCK_N, EVEN_D,
+                                       KV_CACHE, KV_EVICT, DOT_PRECISION, INT64_KV)
 
     # o = acc / l (0 where the row saw no key of this chunk), lse natural log (-inf there).
     seen = l_i > 0.0
@@ -227,6 +233,7 @@ class CascadeLaunch:
         scale = float(softmax_scale)
         kv_strides = (*k_cache.stride()[:3], *v_cache.stride()[:3])
         precision = dot_input_precision(q.dtype)  # fp32 dots as PyTorch would (fixed per plan)
+        past_int32 = max(_span(k_cache), _span(v_cache)) >= 2**31
 
         # 1. chunk-first: (work item, KV head); a grid of at least one program writes the view.
         ints = (batch, q_len, head_dim, suffix_width, *q.stride()[:3], *kv_strides, *dst_o,
@@ -234,7 +241,8 @@ class CascadeLaunch:
         constexprs = dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, BLOCK_M=block_m,
                           BLOCK_N=config.block_n, BLOCK_D=block_d, EVEN_D=block_d == head_dim,
                           BLOCK_P=128, KV_CACHE=config.kv_cache_modifier,
-                          KV_EVICT=config.kv_eviction, DOT_PRECISION=precision)
+                          KV_EVICT=config.kv_eviction, DOT_PRECISION=precision,
+                          INT64_KV=config.int64_kv_offsets or past_int32)
         warps = (config.num_warps if block_m >= 128 else 4, config.num_stages)
         self._chunk = (("chunk", q.dtype, k_cache.dtype, ints, tuple(constexprs.values()), warps),
                        (max(1, num_work), nheads_k, 1), scale, ints, constexprs, warps)
@@ -251,7 +259,8 @@ class CascadeLaunch:
                           EVEN_D=block_d == head_dim, STORE_LSE=True, SPLIT=True,
                           MERGE_HERE=False, KV_CACHE=c.kv_cache_modifier,
                           KV_EVICT=c.kv_eviction, KV_FORMAT=0, DOT_PRECISION=precision,
-                          SWAP_AB=c.swap_ab, F16_MATH=False, INT64_KV=True, V_PAIRS=False,
+                          SWAP_AB=c.swap_ab, F16_MATH=False,
+                          INT64_KV=c.int64_kv_offsets or past_int32, V_PAIRS=False,
                           N_OUT=0, SCALE_PAIRS=False, PREFETCH_PAGES=c.prefetch_pages,
                           MERGE_SPLITS_AT_ONCE=1, HEAD_PAIRS=False)
         warps = (c.num_warps, c.num_stages)

@@ -279,8 +279,9 @@ class CascadePlan:
         return torch.ops.kvonce.prefix_decode(
             q, k_cache, v_cache, cache_seqlens, block_table, *plan_tensors, b.softmax_scale,
             b.causal, self.suffix_splits, self.layout.block_m, c.block_n, c.num_warps,
-            c.num_stages, c.kv_cache_modifier, c.kv_eviction, d.block_n, d.num_warps,
-            d.num_stages, d.kv_cache_modifier, d.kv_eviction)
+            c.num_stages, c.kv_cache_modifier, c.kv_eviction, c.int64_kv_offsets, d.block_n,
+            d.num_warps, d.num_stages, d.kv_cache_modifier, d.kv_eviction, d.int64_kv_offsets,
+            d.prefetch_pages, d.swap_ab)
 
 
 def _prefix_pages(nodes: list[PrefixNode], batch: int) -> np.ndarray:
@@ -365,8 +366,9 @@ def _prefix_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                       suffix_seqlens: torch.Tensor, softmax_scale: float, causal: bool,
                       suffix_splits: int, block_m: int, block_n: int, num_warps: int,
                       num_stages: int, kv_cache_modifier: str, kv_eviction: str,
-                      dec_block_n: int, dec_num_warps: int, dec_num_stages: int,
-                      dec_kv_cache_modifier: str, dec_kv_eviction: str
+                      int64_kv_offsets: bool, dec_block_n: int, dec_num_warps: int,
+                      dec_num_stages: int, dec_kv_cache_modifier: str, dec_kv_eviction: str,
+                      dec_int64_kv_offsets: bool, dec_prefetch_pages: bool, dec_swap_ab: bool
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """The cascade (``CascadePlan.run``): ``(out [batch, q_len, nheads, d], lse float32 [batch,
     nheads, q_len])``. ``work``, ``members``, ``prefix_pages`` are the plan's metadata;
@@ -374,9 +376,12 @@ def _prefix_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     declared mutated; the LSE of unused slots stays -inf); then the chunk-first config's fields
     and the suffix decode config's (``dec_*``), one by one."""
     config = PrefixDecodeConfig(block_m, block_n, num_warps, num_stages,
-                                kv_cache_modifier=kv_cache_modifier, kv_eviction=kv_eviction)
+                                kv_cache_modifier=kv_cache_modifier, kv_eviction=kv_eviction,
+                                int64_kv_offsets=int64_kv_offsets)
     dec = PagedDecodeConfig(dec_block_n, dec_num_warps, dec_num_stages,
-                            kv_cache_modifier=dec_kv_cache_modifier, kv_eviction=dec_kv_eviction)
+                            kv_cache_modifier=dec_kv_cache_modifier, kv_eviction=dec_kv_eviction,
+                            int64_kv_offsets=dec_int64_kv_offsets,
+                            prefetch_pages=dec_prefetch_pages, swap_ab=dec_swap_ab)
     out, lse = _outputs(q, True)
     CascadeLaunch(q, k_cache, v_cache, block_table, num_work=work.shape[0],
                   slots=o_part.shape[3], suffix_splits=suffix_splits,
