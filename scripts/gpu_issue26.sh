@@ -57,6 +57,12 @@
 #   gluondec    scripts/gluon_decode_check.py (the Gluon fp8 decode, TMA loader warp: 2-11%
 #               slower than the Triton row on the H100, where fp8 read ~2.8 TB/s; on the H200
 #               the Triton row reads 3.6-4.1 TB/s of fp8 bytes against the fp16 row's 4.1-4.5)
+#   prefix      the shared-prefix decode after 2026-11-29's fourteenth session (the chunk loop's
+#               masked band under a branch, the suffix decode in int32 with the d128 row, the op
+#               carrying the configs' flags: compiled and CPU-tested only): its GPU tests, then
+#               python -m kvonce bench prefix (FlashInfer beside when .peers/fi travels), then
+#               --sweep on cases 0, 3, 6: the row in int64 (shipped) against int32 (sm_90a, bf16
+#               32/8: the chunk loop 789 -> 663 instructions a tile a warp, 4 B of spill gone)
 set -u
 export PYTHONPATH=src:.peers/fi PYTHONUNBUFFERED=1 FLASHINFER_WORKSPACE_BASE=/tmp/fi_ws \
   FLASHINFER_CUDA_ARCH_LIST=9.0
@@ -252,5 +258,11 @@ fi
 if [[ $STEPS == *gluondec* ]]; then
   step gluondec
   timeout 400 python3 scripts/gluon_decode_check.py 2>&1 | tail -40
+fi
+if [[ $STEPS == *prefix* ]]; then
+  step prefix
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_prefix_decode.py 2>&1 | tail -2
+  timeout 200 python3 -m kvonce bench prefix --md "$OUT/bench_prefix.md" 2>&1 | grep "^|" | tail -12
+  timeout 200 python3 -m kvonce bench prefix --sweep --cases 0,3,6 2>&1 | grep "^|" | tail -50
 fi
 echo "== done ($(date +%T))"

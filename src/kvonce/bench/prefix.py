@@ -171,6 +171,8 @@ def _flashinfer_cascade(q, k_cache, v_cache, table, case: Case):
 
 
 SWEEP_CONFIGS = [
+    PrefixDecodeConfig(128, 128, 8, 3, int64_kv_offsets=True),  # the Hopper row
+    PrefixDecodeConfig(128, 128, 8, 3),  # the row in int32 offsets
     PrefixDecodeConfig(128, 64, 8, 3),
     PrefixDecodeConfig(128, 64, 8, 2),
     PrefixDecodeConfig(128, 32, 8, 3),
@@ -205,7 +207,9 @@ def sweep(cases) -> list[dict]:
             rows.append({"heads": case.label, "N": case.n, "prefix": case.prefix,
                          "own": case.own, "cfg": f"m{cfg.block_m} n{cfg.block_n} "
                          f"w{cfg.num_warps} s{cfg.num_stages} pps{cfg.programs_per_sm} "
-                         f"mk{cfg.min_keys_per_split}", "splits": max(c.layout.splits),
+                         f"mk{cfg.min_keys_per_split}"
+                         f"{' i64' if cfg.int64_kv_offsets else ''}",
+                         "splits": max(c.layout.splits),
                          "graph_us": round(us, 1), "plain_graph_us": round(plain_us, 1),
                          "x_plain": round(plain_us / us, 2), "err": err})
             print(rows[-1], flush=True)
