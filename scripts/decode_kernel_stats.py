@@ -5,7 +5,8 @@ the dot means the conversion runs in the MMA operand layout; a 16-bit one means 
 
     .venv/bin/python scripts/decode_kernel_stats.py [--format int4] [--dtype fp16,bf16]
         [--heads 32/8] [--splits 3] [--config 128,4,2] [--maxnreg N] [--swap-ab] [--no-f16-math]
-        [--v-pairs | --no-v-pairs] [--outliers N] [--head-pairs] [--keep DIR]
+        [--v-pairs | --no-v-pairs] [--outliers N] [--head-pairs] [--int64-offsets 0|1]
+        [--keep DIR]
 
 ``--config block_n,num_warps,num_stages`` overrides the format's Hopper row (otherwise the row as
 the table holds it for that dtype; the plan's MHA stage count and short-split tile are not
@@ -154,6 +155,8 @@ def main() -> None:
     ap.add_argument("--merge-at-once", type=int, default=0,
                     help="PagedDecodeConfig.merge_splits_at_once (0: the row's)")
     ap.add_argument("--head-pairs", action="store_true", help="PagedDecodeConfig.head_pairs")
+    ap.add_argument("--int64-offsets", type=int, default=-1,
+                    help="PagedDecodeConfig.int64_kv_offsets 0 / 1 (default: the row's)")
     ap.add_argument("--keep", default="", help="write the PTX, TTGIR and SASS here")
     args = ap.parse_args()
     nheads, nheads_k = (int(x) for x in args.heads.split("/"))
@@ -184,7 +187,9 @@ def main() -> None:
                                      and not args.no_prefetch_pages,
                                      merge_splits_at_once=args.merge_at_once
                                      or config.merge_splits_at_once,
-                                     head_pairs=args.head_pairs or config.head_pairs)
+                                     head_pairs=args.head_pairs or config.head_pairs,
+                                     int64_kv_offsets=config.int64_kv_offsets
+                                     if args.int64_offsets < 0 else bool(args.int64_offsets))
         maxnreg = args.maxnreg
         if maxnreg < 0:  # the row's own cap (and the outlier launches')
             maxnreg = (config.outlier_max_registers if args.outliers
