@@ -270,4 +270,8 @@ if [[ $STEPS == *prefix* ]]; then
   timeout 200 python3 -m kvonce bench prefix --md "$OUT/bench_prefix.md" 2>&1 | grep "^|" | tail -12
   timeout 200 python3 -m kvonce bench prefix --sweep --cases 0,3,6 2>&1 | grep "^|" | tail -50
 fi
+if ls "$OUT"/bench_*.md >/dev/null 2>&1; then
+  step targets
+  python3 scripts/issue26_targets.py "$OUT"/bench_*.md 2>&1 | grep -E "NO|met$"
+fi
 echo "== done ($(date +%T))"
