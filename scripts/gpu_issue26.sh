@@ -242,9 +242,9 @@ if [[ $STEPS == *h200plain* ]]; then
       ${H200_CASES:-plain:12/12:128x512,plain:12/12:32x2048,plain:12/12:64x1024,plain:12/12:8x8192,plain:12/12:1x131072,plain:32/8:128x512,plain:32/8:64x1024,plain:32/8:64x8192,plain:32/8:8x8192,plain:32/8:1x131072,plain:12/2:128x512,plain:12/2:8x8192} \
       2>&1 | grep "^|"
     # the short GQA 12/2 rows (85-91% of dense SDPA at 64 x 1024 and 1 x 131072): split counts
-    timeout 150 python3 scripts/config_ab.py --dtype $dt --splits 0,1,4 --set block_n=64 \
+    timeout 150 python3 scripts/config_ab.py --dtype $dt --splits 0,1,4 --set block_n=64 --set block_n=128 \
       --cases plain:12/2:64x1024,plain:12/2:128x512 2>&1 | grep "^|"
-    timeout 150 python3 scripts/config_ab.py --dtype $dt --splits 0,132,264 --set block_n=64 \
+    timeout 150 python3 scripts/config_ab.py --dtype $dt --splits 0,132,264 --set block_n=64 --set block_n=128 \
       --cases plain:12/2:1x131072 2>&1 | grep "^|"
   done
 fi
