@@ -681,8 +681,8 @@ class PagedDecodeLaunch:
             # Not with dense-and-sparse keys: int4+8 ran 5-35% slower with it (H100).
             PREFETCH_PAGES=config.prefetch_pages and outlier_values is None,
             MERGE_SPLITS_AT_ONCE=config.merge_splits_at_once, HEAD_PAIRS=self._head_pairs,
-            # int32 offsets where everything fits (fewer IMADs per key row) unless the row says
-            # int64 (the plain-cache rows: tuned so, see PagedDecodeConfig.int64_kv_offsets).
+            # int32 offsets where everything fits (fewer IMADs per key row) unless the config
+            # says int64 (PagedDecodeConfig.int64_kv_offsets: which rows and launches do, why).
             INT64_KV=config.int64_kv_offsets or max(
                 _span(t) for t in (k_cache, v_cache, k_scale, v_scale, outlier_values)
                 if t is not None) >= 2**31)
