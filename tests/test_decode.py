@@ -417,10 +417,12 @@ def test_num_splits_auto_reads_shapes_only():
 
 def test_plain_launch_shape_follows_the_launch():
     """The plain d128 row's tile and page-id choices for the launch the auto count made
-    (``decode._launch_shape_config``; H100 measurements, 2026-11-27, twelfth session,
-    docs/notes.md): one pass in the one-pass band carries its page ids (and under MHA takes
-    int64 offsets, H200, 2026-11-29); launches of at most two programs an SM with splits of 512
-    keys or more take 128-key tiles; the rest keep the row (int32 offsets)."""
+    (``decode._launch_shape_config``; H100 measurements, 2026-11-27, twelfth session, and H200,
+    2026-11-29, docs/notes.md): one pass in the one-pass band carries its page ids (and under MHA
+    takes int64 offsets); launches whose waves of three programs an SM fill (one wave, or a last
+    one at least 80% full) with splits of 512 keys or more take 128-key tiles, and the split
+    count then drops the splits the longer tile leaves empty; the rest keep the row (64-key
+    tiles, int32 offsets)."""
     from kvonce.kernels.configs import _PAGED_DECODE_TABLE
     row = _PAGED_DECODE_TABLE[(9, 0)][128]
 
@@ -430,21 +432,37 @@ def test_plain_launch_shape_follows_the_launch():
         assert c.int64_kv_offsets == (mha and c.prefetch_pages)
         return splits, c.block_n, c.prefetch_pages, c.num_warps, c.num_stages
 
-    assert shape(64, 12, 1024) == (1, 64, True, 4, 2)     # 768 programs: two waves of three
-    assert shape(64, 12, 1024, mha=True) == (1, 64, True, 4, 2)  # int64 offsets there
-    assert shape(16, 12, 4096, mha=True) == (2, 64, False, 4, 2)
-    assert shape(88, 8, 2048) == (1, 64, True, 4, 2)      # 704
-    assert shape(70, 12, 2048) == (3, 64, False, 4, 2)    # 840: the slow band's splits
-    assert shape(48, 12, 2048) == (1, 64, False, 4, 2)    # 576: one wave of five an SM
+    assert shape(64, 12, 1024) == (1, 128, True, 4, 2)    # 768 programs: two waves of three
+    assert shape(64, 12, 1024, mha=True) == (1, 128, True, 4, 2)  # int64 offsets there
+    assert shape(16, 12, 4096, mha=True) == (2, 128, False, 4, 2)  # 384: one wave
+    assert shape(88, 8, 2048) == (1, 128, True, 4, 2)     # 704: 1.78 waves
+    assert shape(48, 12, 2048) == (1, 64, False, 4, 2)    # 576: 1.45 waves of three an SM
+    assert shape(72, 8, 2048) == (1, 64, False, 4, 2)     # 576
+    assert shape(80, 8, 2048) == (1, 128, False, 4, 2)    # 640: 1.62 waves
+    assert shape(128, 8, 512) == (1, 128, False, 4, 2)    # 1024: 2.59 waves
+    assert shape(256, 2, 512) == (1, 64, False, 4, 2)     # 512: 1.29 waves
+    assert shape(64, 8, 1024) == (1, 64, False, 4, 2)     # 512
     assert shape(128, 2, 512) == (1, 128, False, 4, 2)    # 256 programs of 512 keys
     assert shape(64, 2, 1024) == (2, 128, False, 4, 2)    # 2 x 128
     assert shape(1, 2, 65536) == (128, 128, False, 4, 2)  # 128 x 2
     assert shape(128, 1, 512) == (1, 128, False, 4, 2)    # GQA 8/1
     assert shape(128, 2, 256) == (1, 64, False, 4, 2)     # 256-key splits keep 64
-    assert shape(1, 2, 131072) == (187, 64, False, 4, 2)  # 374 programs (2.8 an SM)
-    assert shape(256, 2, 512) == (1, 64, False, 4, 2)     # 512
-    assert shape(64, 8, 1024) == (1, 64, False, 4, 2)     # 512
-    assert shape(16, 12, 4096) == (2, 64, False, 4, 2)    # 384
+    assert shape(1, 2, 131072) == (187, 128, False, 4, 2)  # 374 programs (2.8 an SM)
+    assert decode.busy_splits(131072, 187, 128) == 171    # what the plan then launches
+
+
+def test_wide_tiles_drop_empty_splits(monkeypatch):
+    """A plan whose launch takes the row's longer tile launches only splits that hold keys at
+    that tile (the auto count was cut for the row's own)."""
+    from kvonce.kernels.configs import _PAGED_DECODE_TABLE
+    row = _PAGED_DECODE_TABLE[(9, 0)][128]
+    monkeypatch.setattr(decode, "device_info", lambda device: ((9, 0), 132))
+    monkeypatch.setattr(decode, "_default_config", lambda *a: row)
+    q = torch.zeros(1, 1, 12, 128, dtype=torch.float16)
+    k = torch.zeros(8193, 16, 2, 128, dtype=torch.float16)
+    table = torch.arange(8192, dtype=torch.int32).view(1, 8192)
+    plan = decode.PagedDecodePlan(q, k, k, torch.tensor([131072], dtype=torch.int32), table)
+    assert (plan.config.block_n, plan.num_splits) == (128, 171)
 
 
 def test_busy_splits_leave_no_split_empty():

@@ -251,11 +251,12 @@ class PagedDecodeConfig:
         (``prefetch_pages``). The plain loop then holds 144 registers, three programs an SM, so
         the band's 5 to 6 programs an SM run as two full waves instead of one and a ragged one
         at five an SM.
-    few_programs_block_n: when nonzero, the key tile of launches of at most
-        ``paged.decode.FEW_PROGRAMS_PER_SM`` programs an SM whose splits hold at least
-        ``FALLBACK_MIN_KEYS`` keys (where the split floor, not the SM count, sets how many
-        programs run: few KV heads, short sequences): a longer tile puts more bytes in flight
-        per program.
+    wide_block_n: when nonzero, the key tile of launches whose waves at that tile's
+        occupancy fill (``paged.decode.WIDE_TILE_PROGRAMS_PER_SM``, ``WIDE_TILE_WAVE_FILL``)
+        and whose splits hold at least ``FALLBACK_MIN_KEYS`` keys: a longer tile puts more
+        bytes in flight per program and spends fewer instructions a key, but holds more
+        registers (fewer programs an SM), so it loses where the shorter tile's launch fits one
+        wave and its own runs a ragged second.
     """
     block_n: int
     num_warps: int
@@ -281,7 +282,7 @@ class PagedDecodeConfig:
     merge_splits_at_once: int = 1
     head_pairs: bool = False
     one_pass_prefetch: bool = False
-    few_programs_block_n: int = 0
+    wide_block_n: int = 0
 
 
 # (capability major, minor) -> head dim -> config. The Hopper d=128 row comes from
@@ -302,8 +303,8 @@ class PagedDecodeConfig:
 # 145.3 (two splits there); 32/8 88 x 2048 249.0 / 261.7, 96 x 4096 531.4 / 548.6. It lost at 6.4
 # programs an SM (12/12 70 x 2048 329.6 against 299.6: a third wave) and at 4.4 (48 x 2048 218.2
 # against 207.1 in one pass at five an SM; 32/8 64 x 1024 at 3.9: 106.6 against 94.1): the
-# one-pass band is 5 to 6. 128-key tiles where at most two programs an SM run
-# (`few_programs_block_n`): paged.decode.FEW_PROGRAMS_PER_SM.
+# one-pass band is 5 to 6. 128-key tiles where their waves fill (`wide_block_n`; H200,
+# 2026-11-29, fifteenth session): paged.decode.WIDE_TILE_PROGRAMS_PER_SM.
 _PAGED_DECODE_TABLE: dict[tuple[int, int], dict[int, PagedDecodeConfig]] = {
     (9, 0): {
         32: PagedDecodeConfig(64, 4, 2, int64_kv_offsets=True),
@@ -311,7 +312,7 @@ _PAGED_DECODE_TABLE: dict[tuple[int, int], dict[int, PagedDecodeConfig]] = {
         96: PagedDecodeConfig(64, 4, 2, int64_kv_offsets=True),
         128: PagedDecodeConfig(64, 4, 2, slow_band_splits=3,
                                one_pass_programs_per_sm=(5.0, 6.0), one_pass_prefetch=True,
-                               few_programs_block_n=128),
+                               wide_block_n=128),
         256: PagedDecodeConfig(32, 4, 2, int64_kv_offsets=True),
     },
 }

@@ -27,7 +27,7 @@ from .checks import (QUANT_FORMATS, check_block_table_values, check_device_ok, c
                      launch_layout, resolve_kv_format, validate_cache,
                      validate_quantized_cache)
 from .prefix import plan_cascade
-from .splits import FALLBACK_MIN_KEYS, choose_num_splits
+from .splits import FALLBACK_MIN_KEYS, busy_splits, choose_num_splits
 
 __all__ = ["paged_attention", "PagedDecodePlan", "choose_num_splits"]
 
@@ -81,14 +81,19 @@ def _validate_attention(q, k_cache, v_cache, cache_seqlens, block_table, num_spl
 # SM (MHA 12/12 16 x 4096 and 32 x 8192: 0.73, 8-27% slower; every winning row 0.91-1.0;
 # 2026-11-27, tenth session, docs/notes.md).
 PAIR_WAVE_FILL = 0.85
-# A launch of at most this many programs an SM takes its row's ``few_programs_block_n`` tile
-# (splits of at least FALLBACK_MIN_KEYS keys). The plain d128 row with 128-key tiles there,
-# against 64 (H100, graphs, fp16 q, 2026-11-27, twelfth session, docs/notes.md): GQA 12/2
-# 128 x 512 -2.8%, 64 x 1024 -4%, 32 x 2048 -2.8%, 1 x 65536 -1.3%, 8 x 8192 and 2 x 32768
-# within 0.4%; GQA 8/1 128 x 512, 64 x 1024, 16 x 4096 -12 to -13%; GQA 32/8 16 x 1024 and
-# 32 x 1024 -3.6 to -3.8%. Launches of 2.8 and 3.9 programs an SM lost 3% and 7% (12/2
-# 1 x 131072, 256 x 512), 256-key splits 1.4% (12/2 128 x 256).
-FEW_PROGRAMS_PER_SM = 2
+# The row's ``wide_block_n`` tile (128 keys on the plain d128 row: 168 registers, three programs
+# an SM, against the 64-key tile's five) where its waves at WIDE_TILE_PROGRAMS_PER_SM fill:
+# one wave, or a last wave at least WIDE_TILE_WAVE_FILL full on average (splits of at least
+# FALLBACK_MIN_KEYS keys). H200, graphs, fp16 q, 2026-11-29 fifteenth session (docs/notes.md),
+# 128 against 64 keys: won 0.925-0.998 at up to 3 programs an SM (32/8 40 x 2048 -7.5%, 8 x 8192
+# -3.6%, 1 x 131072 -2.4%; 12/12 32 x 2048, 8 x 8192, 16 x 4096, 2 x 32768 -1.7 to -2.8%) and at
+# 4.8, 5.8, 7.8, 11.6 (-0.2 to -3.1%); lost between 3 and 4.4 programs an SM, where 64-key tiles
+# still run one wave and 128-key ones a ragged second (32/8 56 x 2048 +21%, 64 x 2048 +11%,
+# 72 x 2048 +1.7%; 12/12 40 x 2048 +18%, 43 x 2048 +11%, 48 x 2048 +2.3%). On the H100 (twelfth
+# session) launches of 2.8 programs an SM lost 3% with 128-key tiles (12/2 1 x 131072) that win
+# 2% on the H200: the rule is the H200's.
+WIDE_TILE_PROGRAMS_PER_SM = 3
+WIDE_TILE_WAVE_FILL = 0.8
 
 
 def _default_config(capability, num_sms, q, k_cache, block_table, kv_format,
@@ -118,19 +123,26 @@ def _launch_shape_config(config: PagedDecodeConfig, base: int, num_splits: int,
     """The row's tile, page-id and offset choices for the launch the auto split count made:
     ``base`` programs a split, ``num_splits`` splits of a ``max_keys``-key sequence, ``mha``
     where each KV head serves one q head (``PagedDecodeConfig.one_pass_prefetch``,
-    ``few_programs_block_n``)."""
+    ``wide_block_n``)."""
     lo, hi = config.one_pass_programs_per_sm
     if (config.one_pass_prefetch and num_splits == 1
             and lo * num_sms <= base < hi * num_sms):
         # MHA's one pass with carried page ids keeps int64 offsets: int32 there was 4-12%
         # slower (12/12 64 x 1024, 56 x 2048, 64 x 8192; H200, 2026-11-29) where every
         # other plain d128 launch measured gained 0-5% (GQA 32/8 88 x 2048 in the band: -2.9%).
-        return dataclasses.replace(config, prefetch_pages=True,
-                                   int64_kv_offsets=config.int64_kv_offsets or mha)
-    if (config.few_programs_block_n and base * num_splits <= FEW_PROGRAMS_PER_SM * num_sms
-            and -(-max_keys // num_splits) >= FALLBACK_MIN_KEYS):
-        return dataclasses.replace(config, block_n=config.few_programs_block_n)
+        config = dataclasses.replace(config, prefetch_pages=True,
+                                     int64_kv_offsets=config.int64_kv_offsets or mha)
+    if (config.wide_block_n and -(-max_keys // num_splits) >= FALLBACK_MIN_KEYS
+            and _wide_tile_fills(base * num_splits, num_sms)):
+        config = dataclasses.replace(config, block_n=config.wide_block_n)
     return config
+
+
+def _wide_tile_fills(programs: int, num_sms: int) -> bool:
+    """Whether ``programs`` run as full waves of ``wide_block_n`` programs
+    (WIDE_TILE_PROGRAMS_PER_SM an SM): one wave, or a last one WIDE_TILE_WAVE_FILL full."""
+    waves = programs / (WIDE_TILE_PROGRAMS_PER_SM * num_sms)
+    return waves <= 1 or waves / math.ceil(waves) >= WIDE_TILE_WAVE_FILL
 
 
 class PagedDecodePlan:
@@ -203,6 +215,9 @@ class PagedDecodePlan:
             self.config = _launch_shape_config(self.config, batch * grid_heads, num_splits,
                                                block_table.shape[1] * page_size, num_sms,
                                                mha=nheads == k_cache.shape[2])
+            # a longer tile than the count was cut for can leave its last splits empty
+            num_splits = busy_splits(block_table.shape[1] * page_size, num_splits,
+                                     self.config.block_n)
         self.num_splits = num_splits
         split_keys = -(-block_table.shape[1] * page_size // num_splits)
         if self.config.short_split_block_n and num_splits > 1 and split_keys < SHORT_SPLIT_KEYS:
