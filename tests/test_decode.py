@@ -420,7 +420,7 @@ def test_plain_launch_shape_follows_the_launch():
     (``decode._launch_shape_config``; H100 measurements, 2026-11-27, twelfth session, and H200,
     2026-11-29, docs/notes.md): one pass in the one-pass band carries its page ids (and under MHA
     takes int64 offsets); launches whose waves of three programs an SM fill (one wave, or a last
-    one at least 80% full) with splits of 512 keys or more take 128-key tiles, and the split
+    one at least 80% full in a single pass) with splits of 512 keys or more take 128-key tiles, and the split
     count then drops the splits the longer tile leaves empty; the rest keep the row (64-key
     tiles, int32 offsets)."""
     from kvonce.kernels.configs import _PAGED_DECODE_TABLE
@@ -436,6 +436,7 @@ def test_plain_launch_shape_follows_the_launch():
     assert shape(64, 12, 1024, mha=True) == (1, 128, True, 4, 2)  # int64 offsets there
     assert shape(16, 12, 4096, mha=True) == (2, 128, False, 4, 2)  # 384: one wave
     assert shape(88, 8, 2048) == (1, 128, True, 4, 2)     # 704: 1.78 waves
+    assert shape(70, 12, 2048) == (3, 64, False, 4, 2)    # the slow band's 3 x 840 keep 64
     assert shape(48, 12, 2048) == (1, 64, False, 4, 2)    # 576: 1.45 waves of three an SM
     assert shape(72, 8, 2048) == (1, 64, False, 4, 2)     # 576
     assert shape(80, 8, 2048) == (1, 128, False, 4, 2)    # 640: 1.62 waves

@@ -133,16 +133,18 @@ def _launch_shape_config(config: PagedDecodeConfig, base: int, num_splits: int,
         config = dataclasses.replace(config, prefetch_pages=True,
                                      int64_kv_offsets=config.int64_kv_offsets or mha)
     if (config.wide_block_n and -(-max_keys // num_splits) >= FALLBACK_MIN_KEYS
-            and _wide_tile_fills(base * num_splits, num_sms)):
+            and _wide_tile_fills(base, num_splits, num_sms)):
         config = dataclasses.replace(config, block_n=config.wide_block_n)
     return config
 
 
-def _wide_tile_fills(programs: int, num_sms: int) -> bool:
-    """Whether ``programs`` run as full waves of ``wide_block_n`` programs
-    (WIDE_TILE_PROGRAMS_PER_SM an SM): one wave, or a last one WIDE_TILE_WAVE_FILL full."""
-    waves = programs / (WIDE_TILE_PROGRAMS_PER_SM * num_sms)
-    return waves <= 1 or waves / math.ceil(waves) >= WIDE_TILE_WAVE_FILL
+def _wide_tile_fills(base: int, num_splits: int, num_sms: int) -> bool:
+    """Whether ``base * num_splits`` programs run as full waves of ``wide_block_n`` programs
+    (WIDE_TILE_PROGRAMS_PER_SM an SM): one wave, or a single pass whose last wave is
+    WIDE_TILE_WAVE_FILL full. The slow band's split launches (several waves of short splits)
+    keep the row's tile: 12/12 70 x 2048 even, 32/8 104 x 8192 1.3% faster at 64 keys (H200)."""
+    waves = base * num_splits / (WIDE_TILE_PROGRAMS_PER_SM * num_sms)
+    return waves <= 1 or (num_splits == 1 and waves / math.ceil(waves) >= WIDE_TILE_WAVE_FILL)
 
 
 class PagedDecodePlan:
