@@ -459,10 +459,11 @@ def test_wide_tiles_drop_empty_splits(monkeypatch):
     row = _PAGED_DECODE_TABLE[(9, 0)][128]
     monkeypatch.setattr(decode, "device_info", lambda device: ((9, 0), 132))
     monkeypatch.setattr(decode, "_default_config", lambda *a: row)
-    q = torch.zeros(1, 1, 12, 128, dtype=torch.float16)
-    k = torch.zeros(8193, 16, 2, 128, dtype=torch.float16)
-    table = torch.arange(8192, dtype=torch.int32).view(1, 8192)
-    plan = decode.PagedDecodePlan(q, k, k, torch.tensor([131072], dtype=torch.int32), table)
+    meta = dict(device="meta")  # shapes only: nothing launches, on any machine
+    q = torch.empty(1, 1, 12, 128, dtype=torch.float16, **meta)
+    k = torch.empty(8193, 16, 2, 128, dtype=torch.float16, **meta)
+    table = torch.empty(1, 8192, dtype=torch.int32, **meta)
+    plan = decode.PagedDecodePlan(q, k, k, torch.empty(1, dtype=torch.int32, **meta), table)
     assert (plan.config.block_n, plan.num_splits) == (128, 171)
 
 
