@@ -49,6 +49,9 @@
 #               lost 13.6% at 32/8 64 x 8192; carried page ids won 5.5% at 12/12 128 x 512 and
 #               lost 29% at 32/8 64 x 8192): block_n 128, carried page ids, both, 3 stages with
 #               carried ids, fp16 (DTYPES), MHA 12/12, GQA 32/8 and 12/2 across the launch sizes
+#   gqa12       scripts/config_ab.py on GQA 12/2 64 x 1024, 128 x 512, 1 x 131072 (the decode
+#               rows under 95% of dense SDPA): 3 stages, 8 warps, both, carried page
+#               ids, split counts
 #   h200quant   scripts/quant_decode_sweep.py on the H200 (the quant rows were tuned on the
 #               H100; on the H200 every quant ratio fell, the loops no longer follow the memory):
 #               fp8 / int8 at 2 and 3 stages with carried page ids, 2 and 4 programs an SM;
@@ -243,9 +246,23 @@ if [[ $STEPS == *h200plain* ]]; then
       2>&1 | grep "^|"
     # the short GQA 12/2 rows (85-91% of dense SDPA at 64 x 1024 and 1 x 131072): split counts
     timeout 150 python3 scripts/config_ab.py --dtype $dt --splits 0,1,4 --set block_n=64 --set block_n=128 \
-      --cases plain:12/2:64x1024,plain:12/2:128x512 2>&1 | grep "^|"
+      --cases plain:12/2:64x1024,plain:12/2:128x512 2>&1 | grep -vi warn | tail -24
     timeout 150 python3 scripts/config_ab.py --dtype $dt --splits 0,132,264 --set block_n=64 --set block_n=128 \
-      --cases plain:12/2:1x131072 2>&1 | grep "^|"
+      --cases plain:12/2:1x131072 2>&1 | grep -vi warn | tail -14
+  done
+fi
+if [[ $STEPS == *gqa12* ]]; then
+  step gqa12
+  # the two decode rows under 95% of dense SDPA after the wide-tile rule (2026-11-29, fifteenth
+  # session, graphs: 12/2 64 x 1024 23.0 us against 19.8, 1 x 131072 41.0 against 38.2): the
+  # 128-key tile's ring depth, warps, carried page ids, and the split count
+  for dt in ${DTYPES:-fp16}; do
+    timeout 200 python3 scripts/config_ab.py --dtype $dt --splits 0,1,4 --set num_stages=3 \
+      --set num_warps=8 --set num_warps=8,num_stages=3 --set num_stages=3,prefetch_pages=1 \
+      --cases plain:12/2:64x1024,plain:12/2:128x512 2>&1 | grep -vi warn | tail -24
+    timeout 200 python3 scripts/config_ab.py --dtype $dt --splits 0,86,128,256 --set num_stages=3 \
+      --set num_warps=8 --set num_warps=8,num_stages=3 --set num_stages=3,prefetch_pages=1 \
+      --cases plain:12/2:1x131072 2>&1 | grep -vi warn | tail -14
   done
 fi
 if [[ $STEPS == *h200quant* ]]; then
@@ -267,8 +284,12 @@ fi
 if [[ $STEPS == *prefix* ]]; then
   step prefix
   timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_prefix_decode.py 2>&1 | tail -2
-  timeout 200 python3 -m kvonce bench prefix --md "$OUT/bench_prefix.md" 2>&1 | grep "^|" | tail -12
-  timeout 200 python3 -m kvonce bench prefix --sweep --cases 0,3,6 2>&1 | grep "^|" | tail -50
+  # full logs in $OUT (the tables are tabulate's "simple" format, not "|" rows; 2026-11-29
+  # fifteenth session: the ten cases with FlashInfer ran past 200 s)
+  timeout ${PREFIX_BENCH_S:-300} python3 -m kvonce bench prefix --md "$OUT/bench_prefix.md" \
+    > "$OUT/prefix_bench.log" 2>&1; tail -14 "$OUT/prefix_bench.log"
+  timeout 200 python3 -m kvonce bench prefix --sweep --cases 0,3,6 > "$OUT/prefix_sweep.log" 2>&1
+  grep -v "^{" "$OUT/prefix_sweep.log" | tail -50
 fi
 if ls "$OUT"/bench_*.md >/dev/null 2>&1; then
   step targets

@@ -26,8 +26,8 @@ import sys
 
 import torch
 
-from ..kernels.configs import PagedDecodeConfig, get_paged_decode_config
-from ..paged.decode import PagedDecodePlan, choose_num_splits, paged_attention
+from ..kernels.configs import PagedDecodeConfig
+from ..paged.decode import PagedDecodePlan, paged_attention
 from ..reference import paged_attention_ref
 from . import report
 
@@ -123,9 +123,8 @@ def run_case(case: Case, bw: float, *, peers: bool, config=None, graph_peers: bo
     planned = lambda: plan.run(q, k_cache, v_cache, seqlens, block_table)
     ref = sdpa().transpose(1, 2).float()
     row = {"heads": case.label, "batch": case.batch, "seqlen": case.seqlen}
-    cfg = config or get_paged_decode_config(torch.cuda.get_device_capability(), HEAD_DIM)
-    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
-    row["splits"] = choose_num_splits(case.batch, case.nheads_k, case.seqlen, num_sms, cfg)
+    # the plan's launch: its split count (after the launch-shape rule re-cuts it) and key tile
+    row["splits"], row["block_n"] = plan.num_splits, plan.config.block_n
     row["err_single"] = rel_err(single(), ref)
     row["err_auto"] = max(rel_err(auto(), ref), rel_err(planned(), ref))
     times = {}
@@ -238,7 +237,7 @@ def main(argv: list[str]) -> None:
         print(f"CORRECTNESS: {len(bad)} rows over 2e-3 relative error vs SDPA", flush=True)
     if args.json:
         json.dump(rows, open(args.json, "w"), indent=1)
-    keys = ["heads", "batch", "seqlen", "splits", "torch_simple_us", "sdpa_dense_us",
+    keys = ["heads", "batch", "seqlen", "splits", "block_n", "torch_simple_us", "sdpa_dense_us",
             "sdpa_dense_TBs", "kv_single_us", "kv_single_TBs", "kv_auto_us", "kv_auto_TBs",
             "kv_plan_us", "kv_plan_TBs", "plan_%bw", "kv_graph_us", "kv_graph_TBs",
             "flashinfer_us", "flashinfer_TBs"]
