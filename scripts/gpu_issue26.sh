@@ -55,7 +55,10 @@
 #   h200quant   scripts/quant_decode_sweep.py on the H200 (the quant rows were tuned on the
 #               H100; on the H200 every quant ratio fell, the loops no longer follow the memory):
 #               fp8 / int8 at 2 and 3 stages with carried page ids, 2 and 4 programs an SM;
-#               int4 at 2 / 3 / 4 stages, 2 and 4 programs an SM; GQA 32/8 and MHA 12/12,
+#               int4 at 2 / 3 / 4 stages, 2 and 4 programs an SM; four programs an SM that
+#               fit (128 registers: sm_90a, fp8 64 B of spill and 609 instructions a tile a
+#               warp against 604, int8 120 B and 902 against 872, int4 24 B and 762 against
+#               734; 40-45 KB of shared memory a program); GQA 32/8 and MHA 12/12,
 #               64 x 8192 and 1 x 131072, fp16 (DTYPES)
 #   gluondec    scripts/gluon_decode_check.py (the Gluon fp8 decode, TMA loader warp: 2-11%
 #               slower than the Triton row on the H100, where fp8 read ~2.8 TB/s; on the H200
@@ -271,10 +274,10 @@ if [[ $STEPS == *h200quant* ]]; then
   for dt in ${DTYPES:-fp16}; do
     timeout 300 python3 scripts/quant_decode_sweep.py --dtype $dt --formats fp8_e4m3,int8 \
       --heads 32/8,12/12 --shapes 64x8192,1x131072 --all --grid 128,4,2 128,4,2,$P,1 \
-      128,4,3,$P,1 128,4,2,4 128,4,2,2 64,4,3,$P,1 2>&1 | grep -v Warn | tail -24
+      128,4,3,$P,1 128,4,2,4 128,4,2,4,-1,128 128,4,2,2 64,4,3,$P,1 2>&1 | grep -v Warn | tail -28
     timeout 240 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int4 \
       --heads 32/8,12/12 --shapes 64x8192,1x131072 --all --grid 128,4,3 128,4,2 128,4,4 \
-      128,4,3,4 128,4,3,2 2>&1 | grep -v Warn | tail -12
+      128,4,3,4 128,4,3,4,-1,128 128,4,3,2 2>&1 | grep -v Warn | tail -14
   done
 fi
 if [[ $STEPS == *gluondec* ]]; then
