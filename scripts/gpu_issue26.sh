@@ -50,8 +50,10 @@
 #               lost 29% at 32/8 64 x 8192): block_n 128, carried page ids, both, 3 stages with
 #               carried ids, fp16 (DTYPES), MHA 12/12, GQA 32/8 and 12/2 across the launch sizes
 #   gqa12       scripts/config_ab.py on GQA 12/2 64 x 1024, 128 x 512, 1 x 131072 (the decode
-#               rows under 95% of dense SDPA): 3 stages, 8 warps, both, carried page
-#               ids, split counts
+#               rows under 95% of dense SDPA): 3 stages, 8 warps, both, carried page ids, split
+#               counts (sm_90a, plain fp16 12/2, two splits, 128-key tiles: 4 warps 2 / 3 stages
+#               179 / 168 registers, 398 / 494 instructions a tile a warp; 8 warps 64 / 114
+#               registers, 387 / 475; no spill; 72-73 KB of shared memory)
 #   h200quant   scripts/quant_decode_sweep.py on the H200 (the quant rows were tuned on the
 #               H100; on the H200 every quant ratio fell, the loops no longer follow the memory):
 #               fp8 / int8 at 2 and 3 stages with carried page ids, 2 and 4 programs an SM;

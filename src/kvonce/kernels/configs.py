@@ -254,9 +254,9 @@ class PagedDecodeConfig:
     wide_block_n: when nonzero, the key tile of launches whose waves at that tile's
         occupancy fill (``paged.decode.WIDE_TILE_PROGRAMS_PER_SM``, ``WIDE_TILE_WAVE_FILL``)
         and whose splits hold at least ``FALLBACK_MIN_KEYS`` keys: a longer tile puts more
-        bytes in flight per program and spends fewer instructions a key, but holds more
-        registers (fewer programs an SM), so it loses where the shorter tile's launch fits one
-        wave and its own runs a ragged second.
+        bytes in flight per program and spends fewer instructions a key, but fits fewer
+        programs an SM, so it loses where the shorter tile's launch fits one wave and its own
+        runs a ragged second.
     """
     block_n: int
     num_warps: int

@@ -81,10 +81,13 @@ def _validate_attention(q, k_cache, v_cache, cache_seqlens, block_table, num_spl
 # SM (MHA 12/12 16 x 4096 and 32 x 8192: 0.73, 8-27% slower; every winning row 0.91-1.0;
 # 2026-11-27, tenth session, docs/notes.md).
 PAIR_WAVE_FILL = 0.85
-# The row's ``wide_block_n`` tile (128 keys on the plain d128 row: 168 registers, three programs
-# an SM, against the 64-key tile's five) where its waves at WIDE_TILE_PROGRAMS_PER_SM fill:
-# one wave, or a last wave at least WIDE_TILE_WAVE_FILL full on average (splits of at least
-# FALLBACK_MIN_KEYS keys). H200, graphs, fp16 q, 2026-11-29 fifteenth session (docs/notes.md),
+# The row's ``wide_block_n`` tile (128 keys on the plain d128 row) where its waves of
+# WIDE_TILE_PROGRAMS_PER_SM programs an SM fill: one wave, or a single pass whose last wave is at
+# least WIDE_TILE_WAVE_FILL full on average (splits of at least FALLBACK_MIN_KEYS keys). Three an
+# SM is what the measured losses fit (they sit between 1.1 and 1.5 such waves); compiled for
+# sm_90a (fp16 q, int32 offsets) the 128-key loop holds 175 registers and 72 KB of shared memory
+# (two programs an SM by registers, three by shared memory), the 64-key loop 80 and 38 KB
+# (five): the occupancy the GPU reaches is ncu's to confirm. H200, graphs, fp16 q, 2026-11-29 fifteenth session (docs/notes.md),
 # 128 against 64 keys: won 0.925-0.998 at up to 3 programs an SM (32/8 40 x 2048 -7.5%, 8 x 8192
 # -3.6%, 1 x 131072 -2.4%; 12/12 32 x 2048, 8 x 8192, 16 x 4096, 2 x 32768 -1.7 to -2.8%) and at
 # 4.8, 5.8, 7.8, 11.6 (-0.2 to -3.1%); lost between 3 and 4.4 programs an SM, where 64-key tiles
@@ -140,7 +143,7 @@ def _launch_shape_config(config: PagedDecodeConfig, base: int, num_splits: int,
 
 def _wide_tile_fills(base: int, num_splits: int, num_sms: int) -> bool:
     """Whether ``base * num_splits`` programs run as full waves of ``wide_block_n`` programs
-    (WIDE_TILE_PROGRAMS_PER_SM an SM): one wave, or a single pass whose last wave is
+    (WIDE_TILE_PROGRAMS_PER_SM an SM): one wave, or a single pass whose last wave is at least
     WIDE_TILE_WAVE_FILL full. The slow band's split launches (several waves of short splits)
     keep the row's tile: 12/12 70 x 2048 even, 32/8 104 x 8192 1.3% faster at 64 keys (H200)."""
     waves = base * num_splits / (WIDE_TILE_PROGRAMS_PER_SM * num_sms)
