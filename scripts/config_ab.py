@@ -20,22 +20,11 @@ from tabulate import tabulate
 import kvonce
 
 sys.path.insert(0, "scripts")
-from decode_ncu_case import graph_us, paged_case, parse_case  # noqa: E402
+from decode_ncu_case import graph_us, paged_case, parse_case, parse_set  # noqa: E402
 
 CASES = ("plain:12/2:128x512,plain:12/2:64x1024,plain:12/2:8x8192,plain:12/2:1x65536,"
          "plain:32/8:64x1024,plain:12/12:64x1024,fp8_e4m3:32/8:1x131072,int8:32/8:1x131072,"
          "int4:32/8:1x131072,int4:32/8:64x8192")
-
-
-def parse_set(text: str, base) -> dict:
-    fields = {f.name: f for f in dataclasses.fields(base)}
-    changes = {}
-    for item in text.split(","):
-        name, value = item.split("=")
-        kind = type(getattr(base, name))
-        changes[name] = bool(int(value)) if kind is bool else kind(value)
-        assert name in fields, name
-    return changes
 
 
 def main() -> None:

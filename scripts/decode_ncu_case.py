@@ -3,10 +3,14 @@
     ncu -k regex:"paged_decode_kernel|combine_splits" --launch-skip 2 --launch-count 2 \
         --metrics ... python scripts/decode_ncu_case.py FORMAT HQ HK BATCH LEN [nhd|hnd]
 
-FORMAT is plain, fp8_e4m3, int8 or int4; d128, page 16, random page order, fp16 q; pages (and
+``DECODE_CASE_SET=field=value[,field=value]`` runs the plan's launch (its split count) with
+those config fields changed (``config_ab.py``'s ``--set``). FORMAT is plain, fp8_e4m3, int8 or
+int4; d128, page 16, random page order, fp16 q; pages (and
 per-token scales) token-major, or head-major with ``hnd``. FORMAT ``sdpa`` runs PyTorch's dense
 SDPA (``enable_gqa``) on the plain case's keys gathered to ``[batch, heads_k, len, d]``.
 """
+import dataclasses
+import os
 import sys
 
 import torch
@@ -44,6 +48,19 @@ def parse_case(case: str) -> tuple[str, int, int, int, int]:
     return fmt, hq, hk, batch, length
 
 
+def parse_set(text: str, base) -> dict:
+    """``field=value[,field=value]`` as changes to config ``base`` (ints, floats, 0/1 for
+    booleans), for ``dataclasses.replace``."""
+    fields = {f.name for f in dataclasses.fields(base)}
+    changes = {}
+    for item in text.split(","):
+        name, value = item.split("=")
+        assert name in fields, name
+        kind = type(getattr(base, name))
+        changes[name] = bool(int(value)) if kind is bool else kind(value)
+    return changes
+
+
 def graph_us(fn) -> float:
     """``fn``'s CUDA-graph time in us: ``do_bench_cudagraph``'s median over 100 ms."""
     import triton.testing
@@ -66,6 +83,11 @@ def main(fmt: str, hq: int, hk: int, batch: int, length: int, layout: str = "nhd
     kw = {name: stored(t, layout) for name, t in kw.items()}
     plan = kvonce.PagedDecodePlan(q, k, v, seqlens, table, **kw,
                                   kv_format="int4" if fmt == "int4" else None)
+    if os.environ.get("DECODE_CASE_SET"):  # the plan's launch with config fields changed
+        plan = kvonce.PagedDecodePlan(
+            q, k, v, seqlens, table, **kw, kv_format="int4" if fmt == "int4" else None,
+            num_splits=plan.num_splits, config=dataclasses.replace(
+                plan.config, **parse_set(os.environ["DECODE_CASE_SET"], plan.config)))
     for _ in range(3):
         plan.run(q, k, v, seqlens, table, **kw)
     torch.cuda.synchronize()

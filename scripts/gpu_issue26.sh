@@ -54,6 +54,8 @@
 #               counts (sm_90a, plain fp16 12/2, two splits, 128-key tiles: 4 warps 2 / 3 stages
 #               179 / 168 registers, 398 / 494 instructions a tile a warp; 8 warps 64 / 114
 #               registers, 387 / 475; no spill; 72-73 KB of shared memory)
+#   occ         ncu on the plain row at 32/8 40 x 2048 and 56 x 2048, 64- and 128-key tiles:
+#               registers, occupancy limits, waves, active warps (the wide-tile rule's premise)
 #   h200quant   scripts/quant_decode_sweep.py on the H200 (the quant rows were tuned on the
 #               H100; on the H200 every quant ratio fell, the loops no longer follow the memory):
 #               fp8 / int8 at 2 and 3 stages with carried page ids, 2 and 4 programs an SM;
@@ -268,6 +270,24 @@ if [[ $STEPS == *gqa12* ]]; then
     timeout 200 python3 scripts/config_ab.py --dtype $dt --splits 0,86,128,256 --set num_stages=3 \
       --set num_warps=8 --set num_warps=8,num_stages=3 --set num_stages=3,prefetch_pages=1 \
       --cases plain:12/2:1x131072 2>&1 | grep -vi warn | tail -14
+  done
+fi
+if [[ $STEPS == *occ* ]]; then
+  step occ
+  # the wide-tile rule assumes three 128-key programs an SM (the losses fit it); compiled, the
+  # 128-key int32 loop holds 175 registers (two by registers alone): what the GPU runs, at a
+  # launch where 128 keys won (32/8 40 x 2048) and one where they lost (56 x 2048)
+  M=gpu__time_duration.sum,launch__registers_per_thread,launch__occupancy_limit_registers
+  M=$M,launch__occupancy_limit_shared_mem,launch__shared_mem_per_block_dynamic
+  M=$M,sm__warps_active.avg.pct_of_peak_sustained_active,launch__waves_per_multiprocessor
+  M=$M,dram__throughput.avg.pct_of_peak_sustained_elapsed
+  for c in "plain 32 8 40 2048" "plain 32 8 56 2048"; do
+    for set in block_n=64 block_n=128; do
+      echo "-- $c $set"
+      (cd scripts && DECODE_CASE_SET=$set PYTHONPATH=../src:. timeout 120 ncu --clock-control \
+        none --kernel-name regex:paged_decode --launch-skip 1 --launch-count 1 --metrics $M \
+        python3 decode_ncu_case.py $c 2>&1 | grep -E "^\s+(gpu|sm|dram|launch)__")
+    done
   done
 fi
 if [[ $STEPS == *h200quant* ]]; then
