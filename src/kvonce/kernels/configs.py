@@ -257,6 +257,13 @@ class PagedDecodeConfig:
         bytes in flight per program and spends fewer instructions a key, but fits fewer
         programs an SM, so it loses where the shorter tile's launch fits one wave and its own
         runs a ragged second.
+    gluon: launches that ``kernels.gluon_decode.paged_fits`` (an fp8 e4m3 cache, fp16 q, head
+        dim 128, token-major contiguous pages of a multiple of 16 keys, GQA group x q_len <= 16,
+        no dense-and-sparse keys, sm_90) with at least ``GLUON_MIN_KEYS`` keys a sequence take
+        the warp-specialized Gluon decode (a TMA loader warp, two CTAs an SM) and its own split
+        count (``paged.splits.gluon_num_splits``); the row's other fields then apply to the
+        launches it does not fit. Set in the fp8 row: 1.07-1.12x the Triton kernel at the
+        ``bench quant`` shapes (H200, 2026-11-29, graphs).
     """
     block_n: int
     num_warps: int
@@ -283,6 +290,7 @@ class PagedDecodeConfig:
     head_pairs: bool = False
     one_pass_prefetch: bool = False
     wide_block_n: int = 0
+    gluon: bool = False
 
 
 # (capability major, minor) -> head dim -> config. The Hopper d=128 row comes from
@@ -449,7 +457,7 @@ _PAGED_DECODE_QUANT_TABLE: dict[tuple[tuple[int, int], str], dict[int, PagedDeco
                                               **_QUANT_SPLITS,
                                               outlier_max_registers=168)},
     ((9, 0), "fp8_e4m3"): {128: PagedDecodeConfig(128, 4, 2, min_keys_per_split=2048,
-                                                  f16_math=True, v_pairs=True,
+                                                  f16_math=True, v_pairs=True, gluon=True,
                                                   **_QUANT_SPLITS,
                                                   outlier_max_registers=168)},
     ((9, 0), "int4"): {128: _INT4},

@@ -1,22 +1,23 @@
 """Warp-specialized Hopper (sm_90a) paged decode in Gluon for an fp8 e4m3 KV cache: the contract of
 ``_paged_decode_kernel`` (kernels/paged_decode.py) with SPLIT (float32 partials, merged by
-``paged_combine``), for fp16 queries, head dim 128, pages a multiple of 16 keys. A prototype
-(docs/notes.md, "A Gluon decode for the quantized caches"): compiled and inspected on the CPU
-(``make kernel-check``, ``gluon_decode_check.py``); correctness and speed are
-``scripts/gluon_decode_check.py``'s, on the GPU.
+``paged_combine``), for fp16 queries, head dim 128, pages a multiple of 16 keys.
 
-NOT WIRED into ``paged_attention``: on the lent H100 (2026-11-27, CUDA graphs, decode + combine)
-it passed every correctness case but ran 2-11% slower than the Triton kernel it copies
-(GQA 32/8 1 x 131072: 108.8-115.2 us against 102.6; MHA 12/12 1 x 131072 154.7-160.3 against
-147.1; the 64 x 8192 rows 0.98x). Its 255 registers leave one CTA, four compute warps, an SM
-(docs/notes.md, "Issue 26, 2026-11-27, later session").
+WIRED for fp8 caches with fp16 queries on sm_90 (``PagedDecodeConfig.gluon``, the fp8 row;
+``paged_fits`` says which launches, ``PagedGluonDecodeLaunch`` is the plan's launch): two CTAs
+an SM at two ring stages (``GLUON_PLAN_VARIANT``). On the lent H200 (2026-11-29, CUDA graphs,
+decode + combine, ``scripts/gluon_decode_check.py``) it ran 1.07-1.12x the Triton kernel at
+the ``bench quant`` shapes with its own split counts (``paged.splits.gluon_num_splits``: about
+one CTA an SM for short launches, one pass from a full wave of two), where the Triton loop, at
+604 instructions a tile a warp, no longer follows the H200's memory. On the H100 (2026-11-27,
+one CTA an SM, four stages, the Triton row's splits) it was 2-11% slower.
+(docs/notes.md, "A Gluon decode for the quantized caches"; ``make kernel-check``.)
 
 16-bit caches (fp16 / bf16 pages and q, no scales: a 16-bit descriptor, 64-key tiles so that a
 slot is 16 KB as fp8's; ``scripts/gluon_decode16_check.py``): compiled for sm_90a, 209
 instructions and one CTA barrier a tile a warp against the Triton plain loop's 411 and 9; on the
 H100 correct at every case, and NOT faster than the Triton plan at the decode rows where the
 plan trails dense SDPA (0.84-1.02x: GQA 12/2 128 x 512 to 1 x 65536, MHA 12/12 and GQA 32/8
-64 x 1024; docs/notes.md, "Issue 26, 2026-11-27, eleventh session"). Not wired either.
+64 x 1024; docs/notes.md, "Issue 26, 2026-11-27, eleventh session"). Not wired.
 
 Why. Triton's 2-stage software pipeline keeps about one K/V tile in flight per program and each
 tile's softmax does cross-warp reductions (CTA barriers): the 1 x 131072 fp8 rows read DRAM at
@@ -70,7 +71,7 @@ rows when q_len > seqlen), stores out 0, lse -inf: a warp whose keys a row never
 read as 0), so no ``-inf - -inf`` (NaN) is ever formed: ``alpha`` and the merge weight are
 ``exp2(-inf) = 0`` there, and the output's ``1 / l`` is taken only where ``l > 0``.
 
-Two CTAs an SM (``ctas_per_sm=2``, not yet measured). The launch is 8 warps, 256 threads, not
+Two CTAs an SM (``ctas_per_sm=2``; the plan's, measured on the H200). The launch is 8 warps, 256 threads, not
 5: Triton's allocate-warp-groups pass pads the loader warp to a warpgroup (``setmaxnreg`` works
 per warpgroup; ``metadata.num_warps`` 8, PTX ``.reqntid 256``). Unset, the kernel's ``.maxnreg``
 is 65536 / 256 = 256 (ptxas: 255 registers at launch, one CTA an SM) and the consumers'
@@ -85,7 +86,8 @@ CTAs (228 KB an SM, 1 KB reserved a CTA) with room to spare.
 
 Host side: ``GluonDecodeLaunch`` validates and builds the TMA descriptors once (a call is then
 the decode launch, plus the combine's: CUDA-graph capturable); ``launch_gluon_decode_fp8`` does
-both per call.
+both per call. ``PagedGluonDecodeLaunch`` is the plan's (``PagedDecodeLaunch``'s call): shapes
+fixed once, the descriptors built from each call's caches (a plan serves every layer).
 """
 from __future__ import annotations
 
@@ -675,3 +677,78 @@ def combine_partials(out_partial, lse_partial, out, lse=None) -> None:
         *out_partial.stride()[:4], *lse_partial.stride(), q_len * nheads * head_dim,
         nheads * head_dim, head_dim, nheads * q_len, 1, q_len, **constexprs, num_warps=warps,
         num_stages=stages)
+
+
+# ----------------------------------------------------------------------------------------------
+# The plan's launch (kvonce.paged.decode)
+# ----------------------------------------------------------------------------------------------
+
+# The variant the plan launches: two CTAs an SM, two ring stages (32 KB each), the merge through
+# the idle K ring. H200, 2026-11-29, graphs, at the plan's split counts: 1.07-1.12x the Triton
+# kernel, 2-3% ahead of three stages at 64 x 8192 and even to 1% behind at 1 x 131072.
+GLUON_PLAN_VARIANT = dict(stages=2, ctas_per_sm=2, ring_merge=True)
+
+
+def paged_fits(q, k_cache, v_cache, kv_format: int, outlier_values=None) -> bool:
+    """Whether the Gluon decode runs this launch: fp16 q ``[batch, q_len, nheads, 128]`` with
+    GQA group x q_len <= 16, an fp8 e4m3 cache (``kv_format`` 1) of token-major contiguous pages
+    (``[num_pages, page_size, nheads_k, 128]``, page_size a multiple of 16, rows under 2^31),
+    no dense-and-sparse keys, and an sm_90 device. Shapes, dtypes and strides only (meta
+    tensors answer too; the caches' 16-byte alignment is checked by each call)."""
+    if (kv_format != 1 or outlier_values is not None or q.dtype != torch.float16
+            or q.dim() != 4 or k_cache.dim() != 4 or q.shape[3] != HEAD_DIM.value
+            or q.stride(3) != 1 or k_cache.element_size() != 1):
+        return False
+    num_pages, page_size, nheads_k, d = k_cache.shape
+    if (d != HEAD_DIM.value or page_size % 16 or nheads_k == 0 or q.shape[2] % nheads_k
+            or (q.shape[2] // nheads_k) * q.shape[1] > ROWS.value
+            or num_pages * page_size >= 2**31):
+        return False
+    for t in (k_cache, v_cache):
+        if (t.shape != k_cache.shape or t.stride(3) != 1 or t.stride(2) != d
+                or t.stride(1) != nheads_k * d or t.stride(0) != page_size * t.stride(1)):
+            return False
+    return True
+
+
+class PagedGluonDecodeLaunch:
+    """``_gluon_decode_kernel`` + ``combine_partials`` with ``PagedDecodeLaunch``'s call: built
+    from the planned shapes (``paged_fits`` true), then ``__call__(q, k_cache, v_cache,
+    cache_seqlens, block_table, out, lse, o_part, lse_part, arrivals, k_scale, v_scale,
+    outlier_values, outlier_channels)`` launches for tensors of those shapes and strides. The
+    partials always go through ``o_part [batch, q_len, nheads, S, 128]`` / ``lse_part [batch,
+    q_len, nheads, S]`` (float32, contiguous; one split included: the combine is then a cast);
+    ``arrivals`` and the outlier arguments are unused. The two TMA descriptors are built from
+    each call's caches (the plan runs every layer's), so no allocation and no host sync:
+    CUDA-graph capturable."""
+
+    def __init__(self, q, k_cache, v_cache, block_table, *, softmax_scale: float, causal: bool,
+                 num_splits: int, store_lse: bool):
+        batch, q_len, nheads, _ = q.shape
+        page_size, nheads_k = k_cache.shape[1], k_cache.shape[2]
+        self.store_lse = store_lse
+        self.grid = (num_splits, nheads_k, batch)
+        self.box = min(box_rows(page_size), BLOCK_N.value)
+        self.scalars = (float(softmax_scale), q_len, num_splits, q.stride(0), q.stride(1),
+                        q.stride(2))
+        self.constexprs = dict(GROUP=nheads // nheads_k, IS_CAUSAL=bool(causal),
+                               PAGE_SIZE=page_size, STAGES=GLUON_PLAN_VARIANT["stages"],
+                               THREAD_ARRIVE=True, RING_MERGE=GLUON_PLAN_VARIANT["ring_merge"],
+                               TILE_KEYS=0, num_warps=WARPS.value, maxnreg=TWO_CTA_MAXNREG)
+
+    def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, out, lse, o_part,
+                 lse_part, arrivals, k_scale, v_scale, outlier_values=None,
+                 outlier_channels=None):
+        if self.grid[2] == 0:
+            return
+        if k_cache.data_ptr() % 16 or v_cache.data_ptr() % 16:
+            raise ValueError("the Gluon fp8 decode (TMA) needs 16-byte aligned caches: "
+                             f"k_cache at {k_cache.data_ptr():#x}, v_cache at "
+                             f"{v_cache.data_ptr():#x}")
+        ksh = k_scale.stride(0) if k_scale.dim() == 1 else 0
+        vsh = v_scale.stride(0) if v_scale.dim() == 1 else 0
+        _gluon_decode_kernel[self.grid](
+            q, _desc(k_cache, self.box), _desc(v_cache, self.box), k_scale, v_scale, o_part,
+            lse_part, cache_seqlens, block_table, *self.scalars, ksh, vsh,
+            *o_part.stride()[:4], *lse_part.stride(), block_table.stride(0), **self.constexprs)
+        combine_partials(o_part, lse_part, out, lse if self.store_lse else None)

@@ -27,7 +27,8 @@ from .checks import (QUANT_FORMATS, check_block_table_values, check_device_ok, c
                      launch_layout, resolve_kv_format, validate_cache,
                      validate_quantized_cache)
 from .prefix import plan_cascade
-from .splits import FALLBACK_MIN_KEYS, busy_splits, choose_num_splits
+from .splits import (FALLBACK_MIN_KEYS, GLUON_MIN_KEYS, busy_splits, choose_num_splits,
+                     gluon_num_splits)
 
 __all__ = ["paged_attention", "PagedDecodePlan", "choose_num_splits"]
 
@@ -121,6 +122,33 @@ def _default_config(capability, num_sms, q, k_cache, block_table, kv_format,
     return config if waves / math.ceil(waves) >= PAIR_WAVE_FILL else row()
 
 
+def _gluon_fits(q, k_cache, v_cache, kv_format: int, outlier_values=None) -> bool:
+    """Whether the Gluon fp8 decode (``PagedDecodeConfig.gluon``) can run this launch: an sm_90
+    device and ``kernels.gluon_decode.paged_fits`` (imported only there)."""
+    if device_info(q.device)[0] != (9, 0):   # (None, 1) off CUDA
+        return False
+    from ..kernels.gluon_decode import paged_fits
+    return paged_fits(q, k_cache, v_cache, kv_format, outlier_values)
+
+
+def _decode_launch(q, k_cache, v_cache, block_table, *, softmax_scale: float, causal: bool,
+                   num_splits: int, config: PagedDecodeConfig, store_lse: bool,
+                   kv_format: int = 0, k_scale=None, v_scale=None, outlier_values=None,
+                   gluon_ok: bool = False):
+    """The launch of one decode shape: the Gluon fp8 decode where the config asks for it, the
+    caller has split scratch for it (``gluon_ok``: it always writes partials) and the tensors fit
+    (``_gluon_fits``), else ``PagedDecodeLaunch``; both are called alike."""
+    if config.gluon and gluon_ok and _gluon_fits(q, k_cache, v_cache, kv_format, outlier_values):
+        from ..kernels.gluon_decode import PagedGluonDecodeLaunch
+        return PagedGluonDecodeLaunch(q, k_cache, v_cache, block_table,
+                                      softmax_scale=softmax_scale, causal=causal,
+                                      num_splits=num_splits, store_lse=store_lse)
+    return PagedDecodeLaunch(q, k_cache, v_cache, block_table, softmax_scale=softmax_scale,
+                             causal=causal, num_splits=num_splits, config=config,
+                             store_lse=store_lse, kv_format=kv_format, k_scale=k_scale,
+                             v_scale=v_scale, outlier_values=outlier_values)
+
+
 def _launch_shape_config(config: PagedDecodeConfig, base: int, num_splits: int,
                          max_keys: int, num_sms: int, mha: bool = False) -> PagedDecodeConfig:
     """The row's tile, page-id and offset choices for the launch the auto split count made:
@@ -211,10 +239,20 @@ class PagedDecodePlan:
                                          shared_prefix, cascade=cascade, num_splits=num_splits,
                                          check=check_block_table)
         self.uses_cascade = self._cascade is not None
+        # The Gluon fp8 decode (config.gluon) where the example tensors fit it; its own splits.
+        max_keys = block_table.shape[1] * page_size
+        self.uses_gluon = bool(self.config.gluon) and _gluon_fits(q, k_cache, v_cache,
+                                                                  self._kv_code)
+        if self.config.gluon and max_keys < GLUON_MIN_KEYS:
+            self.uses_gluon = False
+        if self.config.gluon and not self.uses_gluon:
+            self.config = dataclasses.replace(self.config, gluon=False)
         # int4 head pairs (config.head_pairs): a program serves two KV heads
         grid_heads = k_cache.shape[2] // (2 if head_pairs_eligible(
             self.config, self._kv_code, q.dtype, head_dim, k_cache.shape[2]) else 1)
-        if num_splits == 0:
+        if num_splits == 0 and self.uses_gluon:
+            num_splits = gluon_num_splits(batch * k_cache.shape[2], max_keys, num_sms)
+        elif num_splits == 0:
             num_splits = choose_num_splits(batch, grid_heads, block_table.shape[1] * page_size,
                                            num_sms, self.config)
             self.config = _launch_shape_config(self.config, batch * grid_heads, num_splits,
@@ -236,7 +274,7 @@ class PagedDecodePlan:
         self._nheads_k = k_cache.shape[2]
         self._scratch_per_call = _scratch_per_call
         self._split_scratch = (None, None, None)
-        if num_splits > 1 and not _scratch_per_call:
+        if (num_splits > 1 or self.uses_gluon) and not _scratch_per_call:
             self._split_scratch = self._new_scratch()
         # Launches bound to one stride layout, made at the first eager run (never while
         # torch.compile traces): (strides of q, k_cache, v_cache, block_table, return_lse) ->
@@ -344,11 +382,12 @@ class PagedDecodePlan:
             if ko is not None:
                 ko.check_for(q, k_cache, self.kv_format)
             self._check_like_plan(q, k_cache, v_cache, cache_seqlens, block_table)
-            launch = PagedDecodeLaunch(q, k_cache, v_cache, block_table,
-                                       softmax_scale=self.softmax_scale, causal=self.causal,
-                                       num_splits=self.num_splits, config=self.config,
-                                       store_lse=return_lse, kv_format=self._kv_code,
-                                       k_scale=k_scale, v_scale=v_scale, outlier_values=values)
+            launch = _decode_launch(q, k_cache, v_cache, block_table,
+                                    softmax_scale=self.softmax_scale, causal=self.causal,
+                                    num_splits=self.num_splits, config=self.config,
+                                    store_lse=return_lse, kv_format=self._kv_code,
+                                    k_scale=k_scale, v_scale=v_scale, outlier_values=values,
+                                    gluon_ok=self.uses_gluon)
             self._launches[layout] = launch
         out = allocator.empty(self._q_shape, dtype=self._dtype, device=self._device)
         lse = None
@@ -362,7 +401,7 @@ class PagedDecodePlan:
     def _scratch(self):
         """Split-K partials and arrival counts: the plan's own, or fresh ones for the plans of
         one-shot calls (which may run on several streams at once)."""
-        if not self._scratch_per_call or self.num_splits == 1:
+        if not self._scratch_per_call or (self.num_splits == 1 and not self.uses_gluon):
             return self._split_scratch
         return self._new_scratch()
 
@@ -400,8 +439,8 @@ class PagedDecodePlan:
                          c.kv_cache_modifier, c.kv_eviction, c.max_merged_splits, k_scale,
                          v_scale, self._kv_code, max_registers, c.swap_ab, c.f16_math,
                          c.int64_kv_offsets, c.v_pairs, outlier_values, outlier_channels,
-                         c.prefetch_pages, c.head_pairs)
-        if self.num_splits == 1:
+                         c.prefetch_pages, c.head_pairs, c.gluon)
+        if self.num_splits == 1 and not self.uses_gluon:
             return torch.ops.kvonce.paged_decode(q, k_cache, v_cache, cache_seqlens, block_table,
                                                  *launch_fields)
         return torch.ops.kvonce.paged_decode_split(q, k_cache, v_cache, cache_seqlens,
@@ -524,18 +563,18 @@ def _paged_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, o_part, 
                        kv_cache_modifier, kv_eviction, max_merged_splits, k_scale, v_scale,
                        kv_format, max_registers, swap_ab, f16_math, int64_kv_offsets,
                        v_pairs, outlier_values=None, outlier_channels=None,
-                       prefetch_pages=False, head_pairs=False):
+                       prefetch_pages=False, head_pairs=False, gluon=False):
     config = PagedDecodeConfig(block_n, num_warps, num_stages, kv_cache_modifier=kv_cache_modifier,
                                kv_eviction=kv_eviction, max_merged_splits=max_merged_splits,
                                max_registers=max_registers, swap_ab=swap_ab, f16_math=f16_math,
                                int64_kv_offsets=int64_kv_offsets, v_pairs=v_pairs,
-                               prefetch_pages=prefetch_pages, head_pairs=head_pairs)
+                               prefetch_pages=prefetch_pages, head_pairs=head_pairs, gluon=gluon)
     out, lse = _decode_outputs(q, allocator.empty)
     num_splits = 1 if o_part is None else o_part.shape[3]
-    PagedDecodeLaunch(q, k_cache, v_cache, block_table, softmax_scale=softmax_scale,
-                      causal=causal, num_splits=num_splits, config=config, store_lse=True,
-                      kv_format=kv_format, k_scale=k_scale, v_scale=v_scale,
-                      outlier_values=outlier_values)(
+    _decode_launch(q, k_cache, v_cache, block_table, softmax_scale=softmax_scale, causal=causal,
+                   num_splits=num_splits, config=config, store_lse=True, kv_format=kv_format,
+                   k_scale=k_scale, v_scale=v_scale, outlier_values=outlier_values,
+                   gluon_ok=o_part is not None)(
         q, k_cache, v_cache, cache_seqlens, block_table, out, lse, o_part, lse_part, arrivals,
         k_scale, v_scale, outlier_values, outlier_channels)
     return out, lse
@@ -551,7 +590,8 @@ def _paged_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      f16_math: bool = False, int64_kv_offsets: bool = False,
                      v_pairs: bool = False, outlier_values: torch.Tensor | None = None,
                      outlier_channels: torch.Tensor | None = None, prefetch_pages: bool = False,
-                     head_pairs: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                     head_pairs: bool = False, gluon: bool = False
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """Single-pass paged decode (``PagedDecodePlan.run`` with ``num_splits == 1``): ``(out
     [batch, q_len, nheads, d], lse float32 [batch, nheads, q_len])``; the config's launch fields
     are passed one by one (a dataclass cannot be an op argument). A quantized cache comes with
@@ -562,7 +602,7 @@ def _paged_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                               kv_cache_modifier, kv_eviction, max_merged_splits, k_scale,
                               v_scale, kv_format, max_registers, swap_ab, f16_math,
                               int64_kv_offsets, v_pairs, outlier_values, outlier_channels,
-                              prefetch_pages, head_pairs)
+                              prefetch_pages, head_pairs, gluon)
 
 
 @_paged_decode_op.register_fake
@@ -584,8 +624,8 @@ def _paged_decode_split_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            f16_math: bool = False, int64_kv_offsets: bool = False,
                            v_pairs: bool = False, outlier_values: torch.Tensor | None = None,
                            outlier_channels: torch.Tensor | None = None,
-                           prefetch_pages: bool = False, head_pairs: bool = False
-                           ) -> tuple[torch.Tensor, torch.Tensor]:
+                           prefetch_pages: bool = False, head_pairs: bool = False,
+                           gluon: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Split-K paged decode and its merge (in the same launch up to ``max_merged_splits``
     splits, else a combine launch); ``o_part`` float32 ``[batch, q_len,
     nheads, S, d]``, ``lse_part`` float32 ``[batch, q_len, nheads, S]`` and the int32 zeros
@@ -596,7 +636,7 @@ def _paged_decode_split_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                               kv_cache_modifier, kv_eviction, max_merged_splits, k_scale,
                               v_scale, kv_format, max_registers, swap_ab, f16_math,
                               int64_kv_offsets, v_pairs, outlier_values, outlier_channels,
-                              prefetch_pages, head_pairs)
+                              prefetch_pages, head_pairs, gluon)
 
 
 @_paged_decode_split_op.register_fake

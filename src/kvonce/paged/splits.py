@@ -1,10 +1,13 @@
 """The split-K count of a paged decode: from shapes and the SM count only (used by the plain
-decode and by the shared-prefix cascade's suffix decode)."""
+decode, the Gluon fp8 decode and the shared-prefix cascade's suffix decode)."""
 from __future__ import annotations
+
+import math
 
 from ..kernels.configs import PagedDecodeConfig
 
-__all__ = ["choose_num_splits", "busy_splits", "MAX_SPLITS", "FALLBACK_MIN_KEYS"]
+__all__ = ["choose_num_splits", "busy_splits", "gluon_num_splits", "GLUON_MIN_KEYS",
+           "MAX_SPLITS", "FALLBACK_MIN_KEYS"]
 
 MAX_SPLITS = 256
 # The shortest split any row falls back to (the plain rows' ``min_keys_per_split``) where a
@@ -48,6 +51,46 @@ def choose_num_splits(batch: int, nheads_k: int, max_keys: int, num_sms: int,
         return 1
     splits = -(-target // base) if config.splits_round_up else target // base
     return busy_splits(max_keys, int(max(1, min(splits, cap, MAX_SPLITS))), config.block_n)
+
+
+# The Gluon fp8 decode (kernels/gluon_decode.py, two CTAs an SM, 128-key tiles): a launch from
+# this many CTAs an SM runs one pass (or the few splits that fill its waves best); below it
+# about one CTA an SM.
+GLUON_CTAS_PER_SM = 2
+GLUON_ONE_PASS_FROM = 0.9      # of a full wave of GLUON_CTAS_PER_SM CTAs an SM
+GLUON_SM_FILL = 0.95           # short launches aim at this many CTAs an SM
+GLUON_WAVE_FILL = 0.8          # the last wave's fill a split count must reach (1 to 3 splits)
+# Launches with fewer keys a sequence (block-table capacity) keep the Triton kernel: the Gluon
+# decode was measured from 8192 keys up only.
+GLUON_MIN_KEYS = 8192
+
+
+def gluon_num_splits(base: int, max_keys: int, num_sms: int) -> int:
+    """Split count of the Gluon fp8 decode (``base = batch * nheads_k`` CTAs a split), from
+    shapes only. Measured on the H200 (2026-11-29, CUDA graphs, decode + combine,
+    scripts/gluon_decode_check.py; docs/notes.md): where one split fills most of a wave of two
+    CTAs an SM, one pass (512 and 768 CTAs: 1.9 and 2.9 waves, 4% and 2% ahead of two splits;
+    264: 5% ahead), unless its last wave is ragged: then the fewest splits (up to 3) whose last
+    wave is at least ``GLUON_WAVE_FILL`` full (288 CTAs: one pass 193 us, 2 splits 166, 3
+    splits 163; 352: 205 / 189 / 190). Shorter launches aim at about one CTA an SM
+    (``GLUON_SM_FILL``): 8 KV heads x 131072 keys ran 69.7 us at 16 splits (128 CTAs), 72.7 at
+    24, 73.1 at 33, 74.9 at 49; 12 heads 100.8 at 11 (132 CTAs), 102.8 at 22, 108.5 at 33; 96
+    CTAs a split 100.5 at 2 splits against 112.7 at one (96 CTAs leave 36 SMs idle); 48 a split
+    106.2 at 3, 104.2 at 5, 113.7 at 2. No split shorter than ``FALLBACK_MIN_KEYS`` keys, none
+    empty at 128-key tiles (``busy_splits``)."""
+    base = max(1, base)
+    cap = max(1, min(MAX_SPLITS, max_keys // FALLBACK_MIN_KEYS))
+    wave = GLUON_CTAS_PER_SM * num_sms
+    if base >= GLUON_ONE_PASS_FROM * wave:
+        fills = []
+        for splits in range(1, min(3, cap) + 1):
+            waves = base * splits / wave
+            fills.append(waves / math.ceil(waves))
+            if fills[-1] >= GLUON_WAVE_FILL:
+                return splits
+        return 1 + fills.index(max(fills))
+    splits = min(cap, -(-int(GLUON_SM_FILL * num_sms) // base))
+    return busy_splits(max_keys, max(1, splits), 128)
 
 
 def busy_splits(max_keys: int, num_splits: int, block_n: int) -> int:

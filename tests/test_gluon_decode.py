@@ -1,0 +1,224 @@
+"""The Gluon fp8 paged decode (kernels/gluon_decode.py) as ``PagedDecodePlan`` runs it
+(``PagedDecodeConfig.gluon``, the fp8 Hopper row): on a Hopper GPU against the float32 reference
+on the dequantized cache and against the Triton kernel, with cache slots no sequence owns holding
+NaN bytes, eager, in a CUDA graph, through the custom op and under torch.compile. On the CPU the
+routing (which launches take it, their split counts) is checked on meta tensors (Gluon has no
+interpreter)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from conftest import HAS_CUDA, poison_empty
+
+import kvonce
+import kvonce.paged.decode as decode
+from kvonce.kernels.configs import _PAGED_DECODE_QUANT_TABLE
+from kvonce.paged.splits import GLUON_MIN_KEYS, gluon_num_splits
+from kvonce.reference import paged_attention_ref
+
+HOPPER = HAS_CUDA and torch.cuda.get_device_capability() == (9, 0)
+hopper_only = pytest.mark.skipif(not HOPPER, reason="the Gluon kernel needs an sm_90 GPU")
+FP8_ROW = _PAGED_DECODE_QUANT_TABLE[((9, 0), "fp8_e4m3")][128]
+
+
+# ------------------------------------------------------------------------------------------------
+# Routing and split counts (shapes only: any machine)
+# ------------------------------------------------------------------------------------------------
+
+def test_gluon_split_counts():
+    """``gluon_num_splits`` at the shapes measured on the H200 (132 SMs; splits.py's docstring):
+    about one CTA an SM below a wave of two, one pass from there unless its last wave is
+    ragged."""
+    assert gluon_num_splits(8, 131072, 132) == 16      # 128 CTAs
+    assert gluon_num_splits(12, 131072, 132) == 11     # 132 CTAs
+    assert gluon_num_splits(96, 16384, 132) == 2       # 192 CTAs: one split leaves 36 SMs idle
+    assert gluon_num_splits(128, 8192, 132) == 1
+    assert gluon_num_splits(48, 32768, 132) == 3
+    assert gluon_num_splits(264, 8192, 132) == 1       # one full wave
+    assert gluon_num_splits(288, 8192, 132) == 3       # 1.09 waves in one pass: 864 CTAs
+    assert gluon_num_splits(352, 8192, 132) == 2
+    assert gluon_num_splits(512, 8192, 132) == 1
+    assert gluon_num_splits(768, 8192, 132) == 1
+    assert gluon_num_splits(8, 1024, 132) == 2         # no split under 512 keys
+    assert gluon_num_splits(0, 8192, 132) >= 1
+    for base in range(1, 600, 7):
+        for keys in (512, 8192, 131072):
+            s = gluon_num_splits(base, keys, 132)
+            assert 1 <= s <= max(1, keys // 512)
+
+
+def _meta_plan(monkeypatch, *, batch=4, q_len=1, nheads=32, nheads_k=8, head_dim=128, page=16,
+               max_keys=16384, q_dtype=torch.float16, cache_dtype=torch.float8_e4m3fn,
+               head_major=False, config=FP8_ROW, capability=(9, 0), kv_format=None):
+    monkeypatch.setattr(decode, "device_info", lambda device: (capability, 132))
+    monkeypatch.setattr(decode, "_default_config", lambda *a: config)
+    meta = dict(device="meta")  # shapes only: nothing launches, on any machine
+    pages = batch * max_keys // page
+    q = torch.empty(batch, q_len, nheads, head_dim, dtype=q_dtype, **meta)
+    stored = head_dim // 2 if kv_format == "int4" else head_dim
+    k = torch.empty(pages, page, nheads_k, stored, dtype=cache_dtype, **meta)
+    if head_major:
+        k = k.transpose(1, 2).contiguous().transpose(1, 2)
+    scale = torch.empty(nheads_k, dtype=torch.float32, **meta)
+    if kv_format == "int8":
+        scale = torch.empty(k.shape[:3], dtype=torch.float32, **meta)
+    elif kv_format == "int4":
+        scale = torch.empty(*k.shape[:3], 2, dtype=torch.float32, **meta)
+    table = torch.empty(batch, max_keys // page, dtype=torch.int32, **meta)
+    seqlens = torch.empty(batch, dtype=torch.int32, **meta)
+    return decode.PagedDecodePlan(q, k, k, seqlens, table, k_scale=scale, v_scale=scale,
+                                  kv_format=kv_format)
+
+
+def test_fp8_fp16_launches_take_the_gluon_decode(monkeypatch):
+    plan = _meta_plan(monkeypatch, batch=1, max_keys=131072)
+    assert plan.uses_gluon and plan.config.gluon and plan.num_splits == 16
+    plan = _meta_plan(monkeypatch, batch=64, nheads=12, nheads_k=12, max_keys=8192)
+    assert plan.uses_gluon and plan.num_splits == 1
+    # its split partials exist even at one split (the Gluon kernel always writes partials)
+    assert plan._split_scratch[0] is not None and plan._split_scratch[0].shape[3] == 1
+    plan = _meta_plan(monkeypatch, batch=2, q_len=4, nheads=8, nheads_k=2, page=64)
+    assert plan.uses_gluon                                      # 4 x 4 = 16 packed rows
+
+
+@pytest.mark.parametrize("case", ["bf16 q", "int8", "int4", "head-major", "fp32 q",
+                                  "group x q_len 32", "head dim 64", "short", "sm_80",
+                                  "row without gluon"])
+def test_other_launches_keep_the_triton_decode(monkeypatch, case):
+    """Every launch the Gluon kernel cannot run (or was not measured on) keeps the Triton one,
+    with the row's own split rule."""
+    kwargs = {"bf16 q": dict(q_dtype=torch.bfloat16),
+              "int8": dict(cache_dtype=torch.int8, kv_format="int8"),
+              "int4": dict(cache_dtype=torch.uint8, kv_format="int4"),
+              "head-major": dict(head_major=True),
+              "fp32 q": dict(q_dtype=torch.float32),
+              "group x q_len 32": dict(q_len=8),
+              "head dim 64": dict(head_dim=64),
+              "short": dict(max_keys=GLUON_MIN_KEYS // 2),
+              "sm_80": dict(capability=(8, 0)),
+              "row without gluon": dict(config=dataclasses.replace(FP8_ROW, gluon=False)),
+              }[case]
+    plan = _meta_plan(monkeypatch, **kwargs)
+    assert not plan.uses_gluon and not plan.config.gluon
+
+
+# ------------------------------------------------------------------------------------------------
+# On a Hopper GPU
+# ------------------------------------------------------------------------------------------------
+
+def _poison_unowned(kq, vq, seqlens, table):
+    """NaN bytes (fp8 0x7F) in every cache slot no sequence owns."""
+    page = kq.shape[1]
+    owned = torch.zeros(kq.shape[:2], dtype=torch.bool, device=kq.device)
+    for b, n in enumerate(seqlens.tolist()):
+        pos = torch.arange(n, device=kq.device)
+        owned[table[b, pos // page].long(), pos % page] = True
+    for t in (kq, vq):
+        t.view(torch.uint8)[~owned] = 0x7F
+
+
+def _fp8_case(batch, q_len, nheads, nheads_k, page, lens, max_keys, seed=0):
+    torch.manual_seed(seed)
+    pages_per_seq = max_keys // page
+    num_pages = batch * pages_per_seq + 2
+    q = torch.randn(batch, q_len, nheads, 128, device="cuda").half()
+    k = torch.randn(num_pages, page, nheads_k, 128, device="cuda")
+    v = torch.randn(num_pages, page, nheads_k, 128, device="cuda")
+    k[..., 5] *= 20.0
+    kq, ks = kvonce.quantize_kv(k, "fp8_e4m3")
+    vq, vs = kvonce.quantize_kv(v, "fp8_e4m3")
+    table = torch.randperm(num_pages, device="cuda")[:batch * pages_per_seq]
+    table = table.reshape(batch, pages_per_seq).to(torch.int32)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    kd = kvonce.dequantize_kv(kq, ks, "fp8_e4m3", torch.float32)
+    vd = kvonce.dequantize_kv(vq, vs, "fp8_e4m3", torch.float32)
+    return q, kq, vq, ks, vs, seqlens, table, kd, vd
+
+
+# (batch, q_len, nheads, nheads_k, page, lens, max_keys, num_splits (0: the plan's))
+GPU_CASES = [
+    (3, 1, 32, 8, 16, [8192, 0, 5000], 8192, 0),          # an empty sequence, off the tile grid
+    (2, 1, 12, 12, 16, [9000, 17], 16384, 0),             # MHA, lengths off every grid
+    (1, 1, 32, 8, 16, [131072], 131072, 0),               # 16 splits
+    (2, 2, 32, 8, 64, [8192, 1], 8192, 0),                # q_len 2 (8 rows); causal: q_len > len
+    (2, 4, 8, 2, 32, [12000, 8190], 12288, 3),            # 16 packed rows, boxes of 32
+    (4, 1, 16, 1, 256, [8192, 300, 1, 7000], 8192, 2),    # GQA 16, 256-key pages
+]
+
+
+@hopper_only
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("case", range(len(GPU_CASES)))
+def test_gluon_decode_matches_reference_and_triton(case, causal):
+    batch, q_len, nheads, nheads_k, page, lens, max_keys, splits = GPU_CASES[case]
+    q, kq, vq, ks, vs, seqlens, table, kd, vd = _fp8_case(batch, q_len, nheads, nheads_k, page,
+                                                           lens, max_keys)
+    ref, ref_lse = paged_attention_ref(q.float(), kd, vd, seqlens, table, causal=causal)
+    _poison_unowned(kq, vq, seqlens, table)
+    plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
+                                  causal=causal, num_splits=splits)
+    assert plan.uses_gluon
+    with poison_empty:
+        out, lse = plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs, return_lse=True)
+    assert all(type(la).__name__ == "PagedGluonDecodeLaunch" for la in plan._launches.values())
+    assert not torch.isnan(out).any()
+    rel = ((out.float() - ref).norm() / ref.norm().clamp_min(1e-6)).item()
+    assert rel < 2e-3, f"relative error {rel:.2e}"
+    fin = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), fin)
+    assert (lse[fin] - ref_lse[fin]).abs().max() < 1e-3
+    assert (out[~fin.transpose(1, 2)] == 0).all()      # rows that see no key: 0, LSE -inf
+    triton_plan = kvonce.PagedDecodePlan(
+        q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs, causal=causal,
+        num_splits=plan.num_splits, config=dataclasses.replace(FP8_ROW, gluon=False))
+    assert not triton_plan.uses_gluon
+    tri = triton_plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs)
+    assert (out.float() - tri.float()).abs().max() <= 2e-3 * ref.abs().max() + 1e-3
+    # no LSE: the same output; the custom op: the same bytes
+    assert torch.equal(plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs), out)
+    op_out, op_lse = plan._run_op(q, kq, vq, seqlens, table, ks, vs)
+    assert torch.equal(op_out, out) and torch.equal(op_lse, lse)
+
+
+@hopper_only
+def test_gluon_decode_in_a_cuda_graph_and_compiled():
+    q, kq, vq, ks, vs, seqlens, table, kd, vd = _fp8_case(2, 1, 32, 8, 16, [8192, 4000], 8192)
+    plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs)
+    assert plan.uses_gluon
+    eager = plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs)
+    seqlens.copy_(torch.tensor([3000, 8192], dtype=torch.int32))   # values change, not shapes
+    q.copy_(torch.randn_like(q))
+    graph.replay()
+    ref = paged_attention_ref(q.float(), kd, vd, seqlens, table)[0]
+    rel = ((captured.float() - ref).norm() / ref.norm()).item()
+    assert rel < 2e-3, f"relative error {rel:.2e}"
+    assert not torch.equal(captured, eager)
+
+    def step(q, kq, vq, seqlens, table, ks, vs):
+        return plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs, return_lse=True)
+
+    out, lse = torch.compile(step, fullgraph=True)(q, kq, vq, seqlens, table, ks, vs)
+    again, again_lse = step(q, kq, vq, seqlens, table, ks, vs)
+    assert torch.equal(out, again) and torch.equal(lse, again_lse)
+
+
+@hopper_only
+def test_opcheck_gluon_split_op():
+    q, kq, vq, ks, vs, seqlens, table, _, _ = _fp8_case(2, 1, 8, 2, 16, [8192, 100], 8192)
+    plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs)
+    assert plan.uses_gluon
+    c = plan.config
+    fields = (plan.softmax_scale, True, c.block_n, c.num_warps, c.num_stages,
+              c.kv_cache_modifier, c.kv_eviction, c.max_merged_splits, ks, vs, 1, c.max_registers,
+              c.swap_ab, c.f16_math, c.int64_kv_offsets, c.v_pairs, None, None,
+              c.prefetch_pages, c.head_pairs, True)
+    # torch 2.11 lacks the float8 arithmetic opcheck's schema test compares inputs with
+    utils = tuple(u for u in torch.library._OPCHECK_DEFAULT_UTILS if u != "test_schema")
+    torch.library.opcheck(torch.ops.kvonce.paged_decode_split,
+                          (q, kq, vq, seqlens, table, *plan._scratch(), *fields),
+                          test_utils=utils)
