@@ -712,43 +712,78 @@ def paged_fits(q, k_cache, v_cache, kv_format: int, outlier_values=None) -> bool
 
 
 class PagedGluonDecodeLaunch:
-    """``_gluon_decode_kernel`` + ``combine_partials`` with ``PagedDecodeLaunch``'s call: built
-    from the planned shapes (``paged_fits`` true), then ``__call__(q, k_cache, v_cache,
-    cache_seqlens, block_table, out, lse, o_part, lse_part, arrivals, k_scale, v_scale,
-    outlier_values, outlier_channels)`` launches for tensors of those shapes and strides. The
-    partials always go through ``o_part [batch, q_len, nheads, S, 128]`` / ``lse_part [batch,
-    q_len, nheads, S]`` (float32, contiguous; one split included: the combine is then a cast);
-    ``arrivals`` and the outlier arguments are unused. The two TMA descriptors are built from
-    each call's caches (the plan runs every layer's), so no allocation and no host sync:
-    CUDA-graph capturable."""
+    """``_gluon_decode_kernel`` + the split combine with ``PagedDecodeLaunch``'s call: built from
+    the planned shapes (``paged_fits`` true), then ``__call__(q, k_cache, v_cache, cache_seqlens,
+    block_table, out, lse, o_part, lse_part, arrivals, k_scale, v_scale, outlier_values,
+    outlier_channels)`` launches for tensors of those shapes and strides. The partials always go
+    through ``o_part [batch, q_len, nheads, S, 128]`` / ``lse_part [batch, q_len, nheads, S]``
+    (float32, contiguous; one split included: the combine is then a cast); ``arrivals`` and the
+    outlier arguments are unused. The two TMA descriptors are built from each call's caches (the
+    plan runs every layer's; a few us of host time), both kernels launched through
+    ``_launch.launch`` (Triton's C launcher, no per-call argument binding): no allocation, no host
+    sync, CUDA-graph capturable."""
 
     def __init__(self, q, k_cache, v_cache, block_table, *, softmax_scale: float, causal: bool,
                  num_splits: int, store_lse: bool):
-        batch, q_len, nheads, _ = q.shape
+        from .paged_combine import combine_launch_shape
+
+        batch, q_len, nheads, head_dim = q.shape
         page_size, nheads_k = k_cache.shape[1], k_cache.shape[2]
         self.store_lse = store_lse
+        self.device_index = q.device.index
         self.grid = (num_splits, nheads_k, batch)
         self.box = min(box_rows(page_size), BLOCK_N.value)
-        self.scalars = (float(softmax_scale), q_len, num_splits, q.stride(0), q.stride(1),
-                        q.stride(2))
+        self.layout = gl.NVMMASharedLayout.get_default_for([self.box, HEAD_DIM.value], gl.uint8)
+        self.scale = float(softmax_scale)
+        s = num_splits   # the partials' strides (contiguous scratch) and the block table's
+        o_strides = (q_len * nheads * s * head_dim, nheads * s * head_dim, s * head_dim,
+                     head_dim)
+        l_strides = (q_len * nheads * s, nheads * s, s, 1)
+        self.ints = (q_len, num_splits, q.stride(0), q.stride(1), q.stride(2))
+        self.tail_ints = (*o_strides, *l_strides, block_table.stride(0))
         self.constexprs = dict(GROUP=nheads // nheads_k, IS_CAUSAL=bool(causal),
                                PAGE_SIZE=page_size, STAGES=GLUON_PLAN_VARIANT["stages"],
                                THREAD_ARRIVE=True, RING_MERGE=GLUON_PLAN_VARIANT["ring_merge"],
-                               TILE_KEYS=0, num_warps=WARPS.value, maxnreg=TWO_CTA_MAXNREG)
+                               TILE_KEYS=0)
+        self.key = ("gluon-decode", self.ints, self.tail_ints,
+                    tuple(self.constexprs.values()))
+        self.combine_ints = (num_splits, head_dim, *o_strides, *l_strides,
+                             q_len * nheads * head_dim, nheads * head_dim, head_dim,
+                             nheads * q_len, 1, q_len)
+        grid, constexprs, warps = combine_launch_shape(nheads, q_len, batch, num_splits,
+                                                       head_dim)
+        constexprs["STORE_LSE"] = store_lse
+        self.combine = (("combine", q.dtype, self.combine_ints, tuple(constexprs.values())),
+                        grid, constexprs, warps)
+
+    def _desc(self, cache):
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+        raw = cache.view(torch.uint8)
+        return TensorDescriptor(raw, [raw.shape[0] * raw.shape[1], raw.shape[2] * raw.shape[3]],
+                                [raw.stride(1), 1], [self.box, HEAD_DIM.value], self.layout)
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, out, lse, o_part,
                  lse_part, arrivals, k_scale, v_scale, outlier_values=None,
                  outlier_channels=None):
+        from ._launch import alignment_key, launch
+        from .paged_combine import _combine_splits_kernel
+
         if self.grid[2] == 0:
             return
         if k_cache.data_ptr() % 16 or v_cache.data_ptr() % 16:
             raise ValueError("the Gluon fp8 decode (TMA) needs 16-byte aligned caches: "
                              f"k_cache at {k_cache.data_ptr():#x}, v_cache at "
                              f"{v_cache.data_ptr():#x}")
-        ksh = k_scale.stride(0) if k_scale.dim() == 1 else 0
-        vsh = v_scale.stride(0) if v_scale.dim() == 1 else 0
-        _gluon_decode_kernel[self.grid](
-            q, _desc(k_cache, self.box), _desc(v_cache, self.box), k_scale, v_scale, o_part,
-            lse_part, cache_seqlens, block_table, *self.scalars, ksh, vsh,
-            *o_part.stride()[:4], *lse_part.stride(), block_table.stride(0), **self.constexprs)
-        combine_partials(o_part, lse_part, out, lse if self.store_lse else None)
+        scale_strides = (k_scale.stride(0) if k_scale.dim() == 1 else 0,
+                         v_scale.stride(0) if v_scale.dim() == 1 else 0)
+        aligned = alignment_key(q, cache_seqlens, block_table, k_scale, v_scale)
+        launch(_gluon_decode_kernel, (self.key, scale_strides, aligned), self.grid,
+               (q, self._desc(k_cache), self._desc(v_cache), k_scale, v_scale, o_part, lse_part,
+                cache_seqlens, block_table, self.scale, *self.ints, *scale_strides,
+                *self.tail_ints),
+               self.constexprs, WARPS.value, 1, self.device_index, TWO_CTA_MAXNREG)
+        key, grid, constexprs, warps = self.combine
+        launch(_combine_splits_kernel, key, grid,
+               (o_part, lse_part, out, out if lse is None or not self.store_lse else lse,
+                *self.combine_ints), constexprs, *warps, self.device_index)
