@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 26's GPU steps (STEPS="quanttest quantbench splits hf prefill"; default all), logs in $OUT:
-#   quanttest   the quantized decode / append / format / key-transform tests, prefill's quant tests
+#   quanttest   the quantized decode (Gluon fp8 included) / append / format / key-transform tests,
+#               prefill's quant tests
 #   quantbench  python -m kvonce bench quant (FlashInfer beside when .peers/fi travels: carry it)
 #   splits      scripts/quant_decode_sweep.py at 1 x 131072: the split count's knobs per format
 #               (programs_per_sm, max_merged_splits) and int4's 64- vs 128-key tiles
@@ -64,7 +65,7 @@
 #               warp against 604, int8 120 B and 902 against 872, int4 24 B and 762 against
 #               734; 40-45 KB of shared memory a program); GQA 32/8 and MHA 12/12,
 #               64 x 8192 and 1 x 131072, fp16 (DTYPES)
-#   gluondec    scripts/gluon_decode_check.py (the Gluon fp8 decode, TMA loader warp: 2-11%
+#   gluondec    scripts/gluon_decode_check.py (the Gluon fp8 decode, wired 2026-11-29; TMA loader warp: 2-11%
 #               slower than the Triton row on the H100, where fp8 read ~2.8 TB/s; on the H200
 #               the Triton row reads 3.6-4.1 TB/s of fp8 bytes against the fp16 row's 4.1-4.5)
 #   prefix      the shared-prefix decode after 2026-11-29's fourteenth session (the chunk loop's
@@ -80,21 +81,24 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 STEPS=${STEPS:-"quanttest quantbench splits hf prefill"}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 step() { echo "== $1 ($(date +%T))"; }
-if [[ $STEPS == *quanttest* ]]; then
+# a step runs when its whole name is in STEPS ("gluondec" alone does not run "gluon")
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+if has quanttest; then
   step quanttest
-  timeout 360 python3 -m pytest -q -p no:cacheprovider tests/test_decode_quant.py \
-    tests/test_append_quant.py tests/test_quant.py tests/test_key_transform.py 2>&1 | tail -3
+  timeout 360 python3 -m pytest -q -p no:cacheprovider tests/test_gluon_decode.py \
+    tests/test_decode_quant.py tests/test_append_quant.py tests/test_quant.py \
+    tests/test_key_transform.py 2>&1 | tail -3
   timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_paged_prefill.py \
     -k "quant or one_head_per_program" 2>&1 | tail -2
 fi
-if [[ $STEPS == *quantbench* ]]; then
+if has quantbench; then
   step quantbench
   for dt in ${DTYPES:-fp16}; do
     timeout 420 python3 -m kvonce bench quant --shapes ${QUANT_SHAPES:-64x8192,1x131072} \
       --dtype $dt --md "$OUT/bench_quant_$dt.md" --plot '' 2>&1 | grep "^|" | tail -26
   done
 fi
-if [[ $STEPS == *knobs* ]]; then
+if has knobs; then
   step knobs
   for dt in ${DTYPES:-fp16}; do
     timeout 300 python3 scripts/quant_decode_sweep.py --dtype $dt --formats fp8_e4m3,int8 \
@@ -105,7 +109,7 @@ if [[ $STEPS == *knobs* ]]; then
       128,4,2,3,64,168 128,4,3,3,64,168 64,4,2,3,64,168 2>&1 | tail -8
   done
 fi
-if [[ $STEPS == *pairs* ]]; then
+if has pairs; then
   step pairs
   # grid fields: block_n,warps,stages,programs_per_sm,max_merged,max_regs,swap_ab,f16_math,
   # int64_kv_offsets,v_pairs (-1 keeps the row's value); the slow band is not a grid field, so
@@ -120,7 +124,7 @@ if [[ $STEPS == *pairs* ]]; then
       128,4,2,-1,-1,-1,-1,-1,0 2>&1 | grep -v "^|---"
   done
 fi
-if [[ $STEPS == *prefetch* ]]; then
+if has prefetch; then
   step prefetch
   # the 14th grid field is prefetch_pages; the 6th max_registers (168: three programs an SM)
   PF=-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,1
@@ -139,7 +143,7 @@ if [[ $STEPS == *prefetch* ]]; then
     128,4,3,2 128,4,3,4 2>&1 | grep -v "^|"
   timeout 240 python3 scripts/decode_config_sweep.py 64/4w/2s 64/4w/3s 64/4w/3s/pf 2>&1 | tail -12
 fi
-if [[ $STEPS == *pf2* ]]; then
+if has pf2; then
   step pf2
   for dt in ${DTYPES:-fp16 bf16}; do
     timeout 200 python3 scripts/quant_decode_sweep.py --dtype $dt --formats fp8_e4m3,int8 \
@@ -147,7 +151,7 @@ if [[ $STEPS == *pf2* ]]; then
       128,4,2,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,1 128,4,2 2>&1 | grep -v "^|"
   done
 fi
-if [[ $STEPS == *ring* ]]; then
+if has ring; then
   step ring
   for dt in ${DTYPES:-fp16 bf16}; do
     timeout 270 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int4 --all \
@@ -155,7 +159,7 @@ if [[ $STEPS == *ring* ]]; then
       128,4,4 128,4,2,-1,-1,128 128,4,2,4,-1,128 256,8,3 2>&1 | grep -v "^|---"
   done
 fi
-if [[ $STEPS == *headpair* ]]; then
+if has headpair; then
   step headpair
   timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_decode_quant.py -k int4 2>&1 \
     | tail -2
@@ -169,7 +173,7 @@ if [[ $STEPS == *headpair* ]]; then
     done
   done
 fi
-if [[ $STEPS == *tail* ]]; then
+if has tail; then
   step tail
   timeout 200 python3 scripts/forced_splits.py --formats plain,fp8_e4m3,int4 --cases \
     32/8:1x32768,32/8:1x65536,32/8:1x131072,32/8:1x196608,32/8:1x262144 --splits 32,64 2>&1 \
@@ -190,17 +194,17 @@ if [[ $STEPS == *tail* ]]; then
       python3 decode_ncu_case.py $c 2>&1 | grep -E "^\s+(gpu|sm|smsp|dram|lts|launch)__")
   done
 fi
-if [[ $STEPS == *splits* ]]; then
+if has splits; then
   step splits
   timeout 300 python3 scripts/quant_decode_sweep.py --formats fp8_e4m3,int8,int4 \
     --shapes 1x131072 --grid 128,4,2 64,4,2 128,4,2,2 128,4,2,4 128,4,2,6 128,4,2,3,64 \
     64,4,2,4 64,4,2,3,64 2>&1 | tail -5
 fi
-if [[ $STEPS == *hf* ]]; then
+if has hf; then
   step hf
   timeout 300 python3 scripts/quant_hf_check.py --outliers 30 --key-transform 2>&1 | grep "^|"
 fi
-if [[ $STEPS == *gluon* ]]; then
+if has gluon; then
   step gluon
   timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/test_gluon_prefill.py 2>&1 \
     | tail -15
@@ -208,35 +212,35 @@ if [[ $STEPS == *gluon* ]]; then
     128,64,8,3,r,p,t ${GLUON_CFGS:-128,128,8,2,r,g 128,64,8,2,r,g 128,64,8,3,r,g} 2>&1 \
     | tail -${GLUON_ROWS:-24}
 fi
-if [[ $STEPS == *verify* ]]; then
+if has verify; then
   step verify
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_dispatch_modes.py \
     tests/test_prefix_decode.py tests/test_gluon_prefill.py -rf --tb=line 2>&1 | tail -12
 fi
-if [[ $STEPS == *pftests* ]]; then
+if has pftests; then
   step pftests
   timeout 420 python3 -m pytest -q -p no:cacheprovider tests/test_gluon_prefill.py \
     tests/test_paged_prefill.py tests/test_integrations_hf_paged.py tests/test_key_transform.py \
     tests/test_dispatch_modes.py tests/test_ops.py tests/test_bench_prefill.py 2>&1 | tail -6
 fi
-if [[ $STEPS == *pfbench* ]]; then
+if has pfbench; then
   step pfbench
   timeout 300 python3 -m kvonce bench prefill --md "$OUT/bench_prefill.md" 2>&1 | grep "^|" \
     | tail -14
 fi
-if [[ $STEPS == *prefill* ]]; then
+if has prefill; then
   step prefill
   timeout 420 python3 scripts/prefill_sweep.py --rows prefill,chunked --pages 16,256 --cfg \
     128,64,8,3,r,p,t 128,64,8,3,r,p,t,h 128,128,8,3,r,p,t 128,128,8,3,r,p,t,h \
     128,128,8,2,r,p,t,h 2>&1 | tail -14
 fi
-if [[ $STEPS == *decodebench* ]]; then
+if has decodebench; then
   step decodebench
   timeout 420 python3 -m kvonce bench decode --graph-peers \
     --shapes 128x512,64x1024,8x8192,2x32768,1x65536,1x131072 --md "$OUT/bench_decode.md" \
     --plot '' 2>&1 | grep "^|" | tail -40
 fi
-if [[ $STEPS == *int32plain* ]]; then
+if has int32plain; then
   step int32plain
   for dt in ${DTYPES:-bf16 fp16}; do
     timeout 300 python3 scripts/config_ab.py --dtype $dt --set int64_kv_offsets=0 --cases \
@@ -244,7 +248,7 @@ if [[ $STEPS == *int32plain* ]]; then
       2>&1 | grep "^|"
   done
 fi
-if [[ $STEPS == *h200plain* ]]; then
+if has h200plain; then
   step h200plain
   for dt in ${DTYPES:-fp16}; do
     timeout 400 python3 scripts/config_ab.py --dtype $dt --set block_n=128 --set prefetch_pages=1 \
@@ -258,7 +262,7 @@ if [[ $STEPS == *h200plain* ]]; then
       --cases plain:12/2:1x131072 2>&1 | grep -vi warn | tail -14
   done
 fi
-if [[ $STEPS == *gqa12* ]]; then
+if has gqa12; then
   step gqa12
   # the two decode rows under 95% of dense SDPA after the wide-tile rule (2026-11-29, fifteenth
   # session, graphs: 12/2 64 x 1024 23.0 us against 19.8, 1 x 131072 41.0 against 38.2): the
@@ -272,7 +276,7 @@ if [[ $STEPS == *gqa12* ]]; then
       --cases plain:12/2:1x131072 2>&1 | grep -vi warn | tail -14
   done
 fi
-if [[ $STEPS == *occ* ]]; then
+if has occ; then
   step occ
   # the wide-tile rule assumes three 128-key programs an SM (the losses fit it); compiled, the
   # 128-key int32 loop holds 175 registers (two by registers alone): what the GPU runs, at a
@@ -290,7 +294,7 @@ if [[ $STEPS == *occ* ]]; then
     done
   done
 fi
-if [[ $STEPS == *h200quant* ]]; then
+if has h200quant; then
   step h200quant
   P=-1,-1,-1,-1,-1,-1,-1,-1,-1,-1
   for dt in ${DTYPES:-fp16}; do
@@ -302,11 +306,11 @@ if [[ $STEPS == *h200quant* ]]; then
       128,4,3,4 128,4,3,4,-1,128 128,4,3,2 2>&1 | grep -v Warn | tail -14
   done
 fi
-if [[ $STEPS == *gluondec* ]]; then
+if has gluondec; then
   step gluondec
   timeout 400 python3 scripts/gluon_decode_check.py 2>&1 | tail -40
 fi
-if [[ $STEPS == *prefix* ]]; then
+if has prefix; then
   step prefix
   timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_prefix_decode.py 2>&1 | tail -2
   # full logs in $OUT (the tables are tabulate's "simple" format, not "|" rows; 2026-11-29
