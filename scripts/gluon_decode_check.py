@@ -42,6 +42,7 @@ check failed or raised.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
@@ -501,8 +502,12 @@ def bench_shape(label, batch, seqlen, nheads, nheads_k, sweep, rows, variants):
     q = torch.randn(batch, 1, nheads, 128, generator=gen).to(device, torch.float16)
     seqlens_t = torch.tensor(seqlens, dtype=torch.int32, device=device)
     scale = 128 ** -0.5
+    # The Triton kernel's plan (the fp8 row with its Gluon launch off: the row took it on
+    # 2026-11-29), at the Triton rule's split count.
+    from kvonce.kernels.configs import get_paged_decode_config
+    row = get_paged_decode_config(torch.cuda.get_device_capability(device), 128, "fp8_e4m3", 2)
     plan = PagedDecodePlan(q, k_q, v_q, seqlens_t, table, k_scale=k_scale, v_scale=v_scale,
-                           causal=True)
+                           causal=True, config=dataclasses.replace(row, gluon=False))
     plan_splits = plan.num_splits
     kv_bytes = 2 * batch * seqlen * nheads_k * 128
     peak = peak_bandwidth()

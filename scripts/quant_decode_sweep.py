@@ -92,7 +92,9 @@ def main():
             res = []
             for spec in grid:
                 bn, w, st = spec[:3]
-                cfg = dataclasses.replace(fmt_cfg, block_n=bn, num_warps=w, num_stages=st)
+                # the Triton kernel's knobs: the fp8 row's Gluon launch off
+                cfg = dataclasses.replace(fmt_cfg, block_n=bn, num_warps=w, num_stages=st,
+                                          gluon=False)
                 # optional fields; -1 keeps the row's value
                 fields = ("programs_per_sm", "max_merged_splits", "max_registers", "swap_ab",
                           "f16_math", "int64_kv_offsets", "v_pairs", "slow_programs_per_sm",
