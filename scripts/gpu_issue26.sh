@@ -68,6 +68,11 @@
 #   gluondec    scripts/gluon_decode_check.py (the Gluon fp8 decode, wired 2026-11-29; TMA loader warp: 2-11%
 #               slower than the Triton row on the H100, where fp8 read ~2.8 TB/s; on the H200
 #               the Triton row reads 3.6-4.1 TB/s of fp8 bytes against the fp16 row's 4.1-4.5)
+#   gluonint8   the Gluon decode's int8 form (per-key scales; compiled for sm_90a 2026-11-29, 900
+#               instructions a tile a warp against fp8's 453, no spill, never run): its GPU tests
+#               (tests/test_gluon_decode.py routes int8 itself), then quant_decode_sweep.py with
+#               the row (Triton) against gluon=1, int8 and fp8, GQA 32/8 and MHA 12/12,
+#               64 x 8192 and 1 x 131072, fp16 (DTYPES)
 #   prefix      the shared-prefix decode after 2026-11-29's fourteenth session (the chunk loop's
 #               masked band under a branch, the suffix decode in int32 with the d128 row, the op
 #               carrying the configs' flags: compiled and CPU-tested only): its GPU tests, then
@@ -309,6 +314,16 @@ fi
 if has gluondec; then
   step gluondec
   timeout 400 python3 scripts/gluon_decode_check.py 2>&1 | tail -40
+fi
+if has gluonint8; then
+  step gluonint8
+  timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_gluon_decode.py 2>&1 | tail -3
+  P=-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1
+  for dt in ${DTYPES:-fp16}; do
+    timeout 300 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int8,fp8_e4m3 \
+      --heads 32/8,12/12 --shapes 64x8192,1x131072 --all --grid 128,4,2 128,4,2,$P,1 \
+      2>&1 | grep -v Warn | tail -20
+  done
 fi
 if has prefix; then
   step prefix

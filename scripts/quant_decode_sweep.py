@@ -5,8 +5,10 @@
         [--grid 64,4,2 128,4,2 128,4,2,6,64]
 (a grid entry: block_n, num_warps, num_stages[, programs_per_sm[, max_merged_splits[,
 max_registers[, swap_ab[, f16_math[, int64_kv_offsets[, v_pairs[, slow_lo[, round_up[,
-outlier_max_registers[, prefetch_pages[, merge_splits_at_once[, head_pairs]]]]]]]]]]]]]]; -1
-keeps the row's value; slow_lo x sets slow_programs_per_sm to (x, 6.5)). ``--outliers N``: every quantized cache
+outlier_max_registers[, prefetch_pages[, merge_splits_at_once[, head_pairs[, gluon]]]]]]]]]]]]]]];
+-1 keeps the row's value; slow_lo x sets slow_programs_per_sm to (x, 6.5)). ``gluon`` 1: the Gluon
+decode (kernels/gluon_decode.py, its own split count) where the launch fits it, int8 included
+(the sweep adds int8 to ``GLUON_FORMATS``; the other fields then do not apply to it). ``--outliers N``: every quantized cache
 as dense-and-sparse keys (``KeyOutliers``, N fp16 channels per KV head from the first 2048 keys),
 its launches with ``key_outliers=``.
 
@@ -27,11 +29,13 @@ import torch
 import triton.testing
 
 import kvonce
+import kvonce.kernels.gluon_decode as gluon_decode
 from decode_ncu_case import paged_case
 from kvonce.bench.quant import stored
 from kvonce.kernels.configs import get_paged_decode_config
 
 SHAPES = [(16, 4096), (64, 8192), (1, 131072)]
+gluon_decode.GLUON_FORMATS = (1, 2)   # int8 on a grid entry's gluon=1 (compiled, not yet measured)
 
 
 def graph_us(fn):
@@ -99,9 +103,9 @@ def main():
                 fields = ("programs_per_sm", "max_merged_splits", "max_registers", "swap_ab",
                           "f16_math", "int64_kv_offsets", "v_pairs", "slow_programs_per_sm",
                           "splits_round_up", "outlier_max_registers", "prefetch_pages",
-                          "merge_splits_at_once", "head_pairs")
+                          "merge_splits_at_once", "head_pairs", "gluon")
                 kinds = (float, int, int, bool, bool, bool, bool, lambda x: (x, 6.5), bool, int,
-                         bool, int, bool)
+                         bool, int, bool, bool)
                 for name, kind, value in zip(fields, kinds, spec[3:]):
                     if value >= 0:
                         cfg = dataclasses.replace(cfg, **{name: kind(value)})

@@ -14,6 +14,7 @@ from conftest import HAS_CUDA, poison_empty
 
 import kvonce
 import kvonce.paged.decode as decode
+from kvonce.kernels import gluon_decode
 from kvonce.kernels.configs import _PAGED_DECODE_QUANT_TABLE
 from kvonce.paged.splits import GLUON_MIN_KEYS, gluon_num_splits
 from kvonce.reference import paged_attention_ref
@@ -21,6 +22,15 @@ from kvonce.reference import paged_attention_ref
 HOPPER = HAS_CUDA and torch.cuda.get_device_capability() == (9, 0)
 hopper_only = pytest.mark.skipif(not HOPPER, reason="the Gluon kernel needs an sm_90 GPU")
 FP8_ROW = _PAGED_DECODE_QUANT_TABLE[((9, 0), "fp8_e4m3")][128]
+INT8_ROW = _PAGED_DECODE_QUANT_TABLE[((9, 0), "int8")][128]
+ROWS = {"fp8_e4m3": FP8_ROW, "int8": dataclasses.replace(INT8_ROW, gluon=True)}
+
+
+@pytest.fixture
+def gluon_int8(monkeypatch):
+    """The plan may route int8 to the Gluon kernel (``GLUON_FORMATS``: fp8 only until int8 is
+    measured; the int8 row's ``gluon`` is off, so its cases pass ``ROWS["int8"]``)."""
+    monkeypatch.setattr(gluon_decode, "GLUON_FORMATS", (1, 2))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -83,6 +93,16 @@ def test_fp8_fp16_launches_take_the_gluon_decode(monkeypatch):
     assert plan.uses_gluon                                      # 4 x 4 = 16 packed rows
 
 
+def test_int8_takes_the_gluon_decode_only_where_routed(monkeypatch):
+    """int8 (per-key scales) is compiled, not yet measured: the plan takes it only with the
+    format in ``GLUON_FORMATS`` and a row with ``gluon`` on."""
+    int8 = dict(cache_dtype=torch.int8, kv_format="int8")
+    assert not _meta_plan(monkeypatch, config=ROWS["int8"], **int8).uses_gluon
+    monkeypatch.setattr(gluon_decode, "GLUON_FORMATS", (1, 2))
+    assert _meta_plan(monkeypatch, config=ROWS["int8"], **int8).uses_gluon
+    assert not _meta_plan(monkeypatch, config=INT8_ROW, **int8).uses_gluon
+
+
 @pytest.mark.parametrize("case", ["bf16 q", "int8", "int4", "head-major", "fp32 q",
                                   "group x q_len 32", "head dim 64", "short", "sm_80",
                                   "row without gluon"])
@@ -108,8 +128,9 @@ def test_other_launches_keep_the_triton_decode(monkeypatch, case):
 # On a Hopper GPU
 # ------------------------------------------------------------------------------------------------
 
-def _poison_unowned(kq, vq, seqlens, table):
-    """NaN bytes (fp8 0x7F) in every cache slot no sequence owns."""
+def _poison_unowned(kq, vq, ks, vs, seqlens, table):
+    """In every cache slot no sequence owns: NaN bytes (fp8 0x7F; int8: the largest byte, 127)
+    and, for int8's per-key scales, NaN scales."""
     page = kq.shape[1]
     owned = torch.zeros(kq.shape[:2], dtype=torch.bool, device=kq.device)
     for b, n in enumerate(seqlens.tolist()):
@@ -117,9 +138,12 @@ def _poison_unowned(kq, vq, seqlens, table):
         owned[table[b, pos // page].long(), pos % page] = True
     for t in (kq, vq):
         t.view(torch.uint8)[~owned] = 0x7F
+    if ks.dim() == 3:
+        ks[~owned] = float("nan")
+        vs[~owned] = float("nan")
 
 
-def _fp8_case(batch, q_len, nheads, nheads_k, page, lens, max_keys, seed=0):
+def _case(fmt, batch, q_len, nheads, nheads_k, page, lens, max_keys, seed=0):
     torch.manual_seed(seed)
     pages_per_seq = max_keys // page
     num_pages = batch * pages_per_seq + 2
@@ -127,13 +151,14 @@ def _fp8_case(batch, q_len, nheads, nheads_k, page, lens, max_keys, seed=0):
     k = torch.randn(num_pages, page, nheads_k, 128, device="cuda")
     v = torch.randn(num_pages, page, nheads_k, 128, device="cuda")
     k[..., 5] *= 20.0
-    kq, ks = kvonce.quantize_kv(k, "fp8_e4m3")
-    vq, vs = kvonce.quantize_kv(v, "fp8_e4m3")
+    v[num_pages // 2:] *= 300.0   # V scales of different sizes (int8: the tile's unit changes)
+    kq, ks = kvonce.quantize_kv(k, fmt)
+    vq, vs = kvonce.quantize_kv(v, fmt)
     table = torch.randperm(num_pages, device="cuda")[:batch * pages_per_seq]
     table = table.reshape(batch, pages_per_seq).to(torch.int32)
     seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
-    kd = kvonce.dequantize_kv(kq, ks, "fp8_e4m3", torch.float32)
-    vd = kvonce.dequantize_kv(vq, vs, "fp8_e4m3", torch.float32)
+    kd = kvonce.dequantize_kv(kq, ks, fmt, torch.float32)
+    vd = kvonce.dequantize_kv(vq, vs, fmt, torch.float32)
     return q, kq, vq, ks, vs, seqlens, table, kd, vd
 
 
@@ -149,16 +174,17 @@ GPU_CASES = [
 
 
 @hopper_only
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8"])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("case", range(len(GPU_CASES)))
-def test_gluon_decode_matches_reference_and_triton(case, causal):
+def test_gluon_decode_matches_reference_and_triton(case, causal, fmt, gluon_int8):
     batch, q_len, nheads, nheads_k, page, lens, max_keys, splits = GPU_CASES[case]
-    q, kq, vq, ks, vs, seqlens, table, kd, vd = _fp8_case(batch, q_len, nheads, nheads_k, page,
-                                                           lens, max_keys)
+    q, kq, vq, ks, vs, seqlens, table, kd, vd = _case(fmt, batch, q_len, nheads, nheads_k, page,
+                                                      lens, max_keys)
     ref, ref_lse = paged_attention_ref(q.float(), kd, vd, seqlens, table, causal=causal)
-    _poison_unowned(kq, vq, seqlens, table)
+    _poison_unowned(kq, vq, ks, vs, seqlens, table)
     plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
-                                  causal=causal, num_splits=splits)
+                                  causal=causal, num_splits=splits, config=ROWS[fmt])
     assert plan.uses_gluon
     with poison_empty:
         out, lse = plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs, return_lse=True)
@@ -172,7 +198,7 @@ def test_gluon_decode_matches_reference_and_triton(case, causal):
     assert (out[~fin.transpose(1, 2)] == 0).all()      # rows that see no key: 0, LSE -inf
     triton_plan = kvonce.PagedDecodePlan(
         q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs, causal=causal,
-        num_splits=plan.num_splits, config=dataclasses.replace(FP8_ROW, gluon=False))
+        num_splits=plan.num_splits, config=dataclasses.replace(ROWS[fmt], gluon=False))
     assert not triton_plan.uses_gluon
     tri = triton_plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs)
     assert (out.float() - tri.float()).abs().max() <= 2e-3 * ref.abs().max() + 1e-3
@@ -183,9 +209,11 @@ def test_gluon_decode_matches_reference_and_triton(case, causal):
 
 
 @hopper_only
-def test_gluon_decode_in_a_cuda_graph_and_compiled():
-    q, kq, vq, ks, vs, seqlens, table, kd, vd = _fp8_case(2, 1, 32, 8, 16, [8192, 4000], 8192)
-    plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs)
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8"])
+def test_gluon_decode_in_a_cuda_graph_and_compiled(fmt, gluon_int8):
+    q, kq, vq, ks, vs, seqlens, table, kd, vd = _case(fmt, 2, 1, 32, 8, 16, [8192, 4000], 8192)
+    plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
+                                  config=ROWS[fmt])
     assert plan.uses_gluon
     eager = plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs)
     graph = torch.cuda.CUDAGraph()
@@ -208,17 +236,21 @@ def test_gluon_decode_in_a_cuda_graph_and_compiled():
 
 
 @hopper_only
-def test_opcheck_gluon_split_op():
-    q, kq, vq, ks, vs, seqlens, table, _, _ = _fp8_case(2, 1, 8, 2, 16, [8192, 100], 8192)
-    plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs)
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8"])
+def test_opcheck_gluon_split_op(fmt, gluon_int8):
+    q, kq, vq, ks, vs, seqlens, table, _, _ = _case(fmt, 2, 1, 8, 2, 16, [8192, 100], 8192)
+    plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
+                                  config=ROWS[fmt])
     assert plan.uses_gluon
     c = plan.config
     fields = (plan.softmax_scale, True, c.block_n, c.num_warps, c.num_stages,
-              c.kv_cache_modifier, c.kv_eviction, c.max_merged_splits, ks, vs, 1, c.max_registers,
+              c.kv_cache_modifier, c.kv_eviction, c.max_merged_splits, ks, vs,
+              {"fp8_e4m3": 1, "int8": 2}[fmt], c.max_registers,
               c.swap_ab, c.f16_math, c.int64_kv_offsets, c.v_pairs, None, None,
               c.prefetch_pages, c.head_pairs, True)
     # torch 2.11 lacks the float8 arithmetic opcheck's schema test compares inputs with
-    utils = tuple(u for u in torch.library._OPCHECK_DEFAULT_UTILS if u != "test_schema")
+    utils = tuple(u for u in torch.library._OPCHECK_DEFAULT_UTILS
+                  if fmt != "fp8_e4m3" or u != "test_schema")
     torch.library.opcheck(torch.ops.kvonce.paged_decode_split,
                           (q, kq, vq, seqlens, table, *plan._scratch(), *fields),
                           test_utils=utils)

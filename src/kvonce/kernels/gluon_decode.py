@@ -98,6 +98,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from .gluon_prefill import _add, _max  # the reduce combiners
+from .quant_convert import _INT8_PAIR_EVEN, _INT8_PAIR_ODD
 
 LOG2E = gl.constexpr(1.4426950408889634)
 LN2 = gl.constexpr(0.6931471805599453)
@@ -139,6 +140,23 @@ MERGE_OUT = gl.constexpr(gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0]))   # 
 # as the ``maxnreg`` compile option (``ttg.maxnreg`` -> the PTX ``.maxnreg``), from which the
 # same pass sizes the consumers' ``setmaxnreg.inc``: (128 * 256 - 24 * 128) / 128 = 232.
 TWO_CTA_MAXNREG = 128
+# Cache formats (``KV_FORMAT``, kvonce.paged.checks.QUANT_FORMATS' codes): fp8 e4m3 with a scale a
+# KV head, int8 with a scale a (token, KV head). 16-bit caches are told by their descriptor.
+FP8 = gl.constexpr(1)
+INT8 = gl.constexpr(2)
+# int8 bytes -> fp16, four a register (quant_convert._ints_to's packed form: bias by xor, each
+# biased byte under a 0x64 high byte by prmt, then 1152 off: 5 instructions for 4 values).
+INT8_QUAD = gl.constexpr("""{
+    .reg .b32 t, c;
+    xor.b32 t, $2, 0x80808080;
+    mov.b32 c, 0x64806480;
+    prmt.b32 $0, t, 0x64646464, 0x4140;
+    prmt.b32 $1, t, 0x64646464, 0x4342;
+    sub.f16x2 $0, $0, c;
+    sub.f16x2 $1, $1, c;
+    }""")
+INT8_PAIR_EVEN = gl.constexpr(_INT8_PAIR_EVEN.value)
+INT8_PAIR_ODD = gl.constexpr(_INT8_PAIR_ODD.value)
 
 
 @gluon.jit
@@ -233,6 +251,44 @@ def _fp8_pairs_to_f16(units, ODD: gl.constexpr):
         }""", "=r,r", [units], dtype=gl.float16, is_pure=True, pack=2)
 
 
+@gluon.jit
+def _int8_pairs_to_f16(units, ODD: gl.constexpr):
+    """uint16 units of an int8 V tile -> fp16 channel 2p (or, ODD, 2p + 1) of two keys a
+    register (``quant_convert._pair_units_to_f16``'s int8 form: xor, prmt, sub)."""
+    if ODD:
+        asm: gl.constexpr = INT8_PAIR_ODD
+    else:
+        asm: gl.constexpr = INT8_PAIR_EVEN
+    return gl.inline_asm_elementwise(asm, "=r,r", [units], dtype=gl.float16, is_pure=True,
+                                     pack=2)
+
+
+@gluon.jit
+def _int8_to_f16(bytes):
+    """int8 K bytes (as uint8) -> fp16, exactly, four a register."""
+    return gl.inline_asm_elementwise(INT8_QUAD, "=r,=r,r", [bytes], dtype=gl.float16,
+                                     is_pure=True, pack=4)
+
+
+@gluon.jit
+def _key_scales(KS, VS, bt_row, start, hi, stride_ksp, stride_kst, stride_vsp, stride_vst,
+                PAGE_SIZE: gl.constexpr, WKEYS: gl.constexpr):
+    """int8's per-key K and V scales of the tile at key ``start`` (KS, VS: this KV head's),
+    float32 ``[WARPS, WKEYS]`` in the scores' column layout (warp w: keys ``start + WKEYS w
+    ..``); 0 for keys from ``hi`` on (never read: the block table past a sequence's pages and
+    the slots past its end may hold anything)."""
+    SL: gl.constexpr = gl.SliceLayout(1, MMA)
+    w = gl.arange(0, WARPS, gl.SliceLayout(1, SL))
+    n = gl.arange(0, WKEYS, gl.SliceLayout(0, SL))
+    keys = start + gl.expand_dims(w * WKEYS, 1) + gl.expand_dims(n, 0)
+    ok = keys < hi
+    page = gl.load(bt_row + keys // PAGE_SIZE, mask=ok, other=0).to(gl.int64)
+    slot = keys % PAGE_SIZE
+    ks = gl.load(KS + page * stride_ksp + slot * stride_kst, mask=ok, other=0.0)
+    vs = gl.load(VS + page * stride_vsp + slot * stride_vst, mask=ok, other=0.0)
+    return ks.to(gl.float32), vs.to(gl.float32)
+
+
 @gluon.constexpr_function
 def _release_count(thread_arrive):
     """Arrivals that free a ring slot: every consumer thread's, or the partition's one."""
@@ -252,12 +308,20 @@ def _release(bar, THREAD_ARRIVE: gl.constexpr):
 
 
 @gluon.jit
-def _tile(q, acc_e, acc_o, m_i, l_i, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, j,
-          start, hi, last_key, qk_scale, MASKED: gl.constexpr, THREAD_ARRIVE: gl.constexpr):
+def _tile(q, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, k_ready, v_ready, k_empty,
+          v_empty, j, start, hi, last_key, qk_scale, KS, VS, bt_row, stride_ksp, stride_kst,
+          stride_vsp, stride_vst, MASKED: gl.constexpr, THREAD_ARRIVE: gl.constexpr,
+          KV_FORMAT: gl.constexpr, PAGE_SIZE: gl.constexpr):
     """Key tile ``j`` of the ring (keys ``start ..``) into each warp's state: warp w takes keys
-    ``start + TILE / 4 * w ..``. fp8 slots (uint8) are converted to fp16 here; 16-bit slots
-    (``KV16``) are the operands as they are, V's channels 0-63 into ``acc_e`` and 64-127 into
-    ``acc_o`` (fp8: the even and the odd channels)."""
+    ``start + TILE / 4 * w ..``. fp8 and int8 slots (uint8) are converted to fp16 here; 16-bit
+    slots (``KV16``) are the operands as they are, V's channels 0-63 into ``acc_e`` and 64-127
+    into ``acc_o`` (fp8, int8: the even and the odd channels).
+
+    int8 (``KV_FORMAT`` 2): each key's K scale goes on its scores' column, its V scale on its
+    probabilities' column over the warp's largest V scale of the tile (so the fp16 probabilities
+    stay <= 1: a bf16-range scale would overflow fp16, ``paged_decode_pairs``' reason), and the
+    accumulators are kept in units of the last tile's largest scale, ``acc_scale [WARPS]``: the
+    rescale by ``alpha`` also carries the change of unit, so the dot still accumulates in place."""
     STAGES: gl.constexpr = k_smem.shape[0]
     TILE: gl.constexpr = k_smem.shape[1]
     WKEYS: gl.constexpr = TILE // WARPS
@@ -265,6 +329,9 @@ def _tile(q, acc_e, acc_o, m_i, l_i, k_smem, v_smem, k_ready, v_ready, k_empty, 
     s = j % STAGES
     phase = (j // STAGES) & 1
     U16: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    if KV_FORMAT == INT8:   # issued before the waits: their latency runs under K's
+        ks, vs = _key_scales(KS, VS, bt_row, start, hi, stride_ksp, stride_kst, stride_vsp,
+                             stride_vst, PAGE_SIZE, WKEYS)
 
     mbarrier.wait(k_ready.index(s), phase)
     if KV16:
@@ -273,8 +340,13 @@ def _tile(q, acc_e, acc_o, m_i, l_i, k_smem, v_smem, k_ready, v_ready, k_empty, 
     else:
         kb = k_smem.index(s).reshape([WARPS, WKEYS, HEAD_DIM]).permute((0, 2, 1)).load(K_OP)
         _release(k_empty.index(s), THREAD_ARRIVE)
-        kf = kb.to(gl.float8e4nv, bitcast=True).to(gl.float16)
+        if KV_FORMAT == INT8:
+            kf = _int8_to_f16(kb)
+        else:
+            kf = kb.to(gl.float8e4nv, bitcast=True).to(gl.float16)
     sc = mma_v2(q, kf, gl.zeros([WARPS, ROWS, WKEYS], gl.float32, MMA))
+    if KV_FORMAT == INT8:
+        sc = sc * gl.expand_dims(ks, 1)
     if MASKED:
         w = gl.arange(0, WARPS, gl.SliceLayout(1, gl.SliceLayout(2, MMA)))
         n = gl.arange(0, WKEYS, gl.SliceLayout(0, gl.SliceLayout(1, MMA)))
@@ -291,6 +363,13 @@ def _tile(q, acc_e, acc_o, m_i, l_i, k_smem, v_smem, k_ready, v_ready, k_empty, 
         p = gl.exp2(sc * qk_scale - gl.expand_dims(m_sub, 2))
     alpha = gl.exp2(m_i - m_sub)
     l_i = l_i * alpha + gl.reduce(p, 2, _add)
+    a3 = gl.expand_dims(alpha, 2)
+    if KV_FORMAT == INT8:
+        v_max = gl.max(vs, 1)                                   # [WARPS]: 0 past the end
+        v_max = gl.where(v_max > 0.0, v_max, 1.0)
+        p = p * gl.expand_dims(vs / gl.expand_dims(v_max, 1), 1)
+        a3 = a3 * gl.expand_dims(gl.expand_dims(acc_scale / v_max, 1), 1)
+        acc_scale = v_max
     p_op = gl.convert_layout(p.to(q.dtype), P_OP)
 
     mbarrier.wait(v_ready.index(s), phase)
@@ -312,22 +391,26 @@ def _tile(q, acc_e, acc_o, m_i, l_i, k_smem, v_smem, k_ready, v_ready, k_empty, 
             v_hi = gl.where(vkeys < hi, v_hi, 0.0)
         else:
             units = gl.where(vkeys < hi, units, 0)
-    a3 = gl.expand_dims(alpha, 2)
     if KV16:
         acc_e = mma_v2(p_op, v_lo, acc_e * a3)
         acc_o = mma_v2(p_op, v_hi, acc_o * a3)
+    elif KV_FORMAT == INT8:
+        acc_e = mma_v2(p_op, _int8_pairs_to_f16(units, False), acc_e * a3)
+        acc_o = mma_v2(p_op, _int8_pairs_to_f16(units, True), acc_o * a3)
     else:
         acc_e = mma_v2(p_op, _fp8_pairs_to_f16(units, False), acc_e * a3)
         acc_o = mma_v2(p_op, _fp8_pairs_to_f16(units, True), acc_o * a3)
-    return acc_e, acc_o, m_new, l_i
+    return acc_e, acc_o, m_new, l_i, acc_scale
 
 
 @gluon.jit
 def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-             cache_seqlens, sm_scale, q_len, num_splits, stride_qb, stride_qt, stride_qh,
-             stride_ksh, stride_vsh, stride_ob, stride_ot, stride_oh, stride_os, stride_lb,
-             stride_lt, stride_lh, stride_ls, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr,
-             THREAD_ARRIVE: gl.constexpr, RING_MERGE: gl.constexpr):
+             cache_seqlens, block_table, sm_scale, q_len, num_splits, stride_qb, stride_qt,
+             stride_qh, stride_ksh, stride_vsh, stride_ob, stride_ot, stride_oh, stride_os,
+             stride_lb, stride_lt, stride_lh, stride_ls, stride_btb, stride_ksp, stride_kst,
+             stride_vsp, stride_vst, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr,
+             THREAD_ARRIVE: gl.constexpr, RING_MERGE: gl.constexpr, KV_FORMAT: gl.constexpr,
+             PAGE_SIZE: gl.constexpr):
     TILE: gl.constexpr = k_smem.shape[1]
     KV16: gl.constexpr = k_smem.dtype.primitive_bitwidth == 16
     gl.static_assert(not (KV16 and RING_MERGE), "16-bit caches merge through the scratch")
@@ -359,23 +442,30 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
     n_tiles = gl.maximum(hi - lo + TILE - 1, 0) // TILE
     rs = gl.arange(0, ROWS, gl.SliceLayout(0, ROW_STATE))
     last_key = rs // GROUP + diag
-    if KV16:
+    if KV16 or KV_FORMAT == INT8:   # int8: per-key scales, on each tile's scores
         qk_scale = sm_scale * LOG2E
     else:
         qk_scale = sm_scale * LOG2E * gl.load(KS + kv_head * stride_ksh)
+    KSh = KS + kv_head * stride_ksh
+    VSh = VS + kv_head * stride_vsh
+    bt_row = block_table + seq.to(gl.int64) * stride_btb
 
     m_i = gl.full([WARPS, ROWS], float("-inf"), gl.float32, ROW_STATE)
     l_i = gl.zeros([WARPS, ROWS], gl.float32, ROW_STATE)
     acc_e = gl.zeros([WARPS, ROWS, HEAD_DIM // 2], gl.float32, MMA)
     acc_o = gl.zeros([WARPS, ROWS, HEAD_DIM // 2], gl.float32, MMA)
+    # int8: the accumulators' unit (each warp's last largest V scale; _tile)
+    acc_scale = gl.full([WARPS], 1.0, gl.float32, gl.SliceLayout(1, gl.SliceLayout(1, MMA)))
     for j in range(0, n_full):
-        acc_e, acc_o, m_i, l_i = _tile(q, acc_e, acc_o, m_i, l_i, k_smem, v_smem, k_ready,
-                                       v_ready, k_empty, v_empty, j, lo + j * TILE, hi,
-                                       last_key, qk_scale, False, THREAD_ARRIVE)
+        acc_e, acc_o, m_i, l_i, acc_scale = _tile(
+            q, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, k_ready, v_ready, k_empty,
+            v_empty, j, lo + j * TILE, hi, last_key, qk_scale, KSh, VSh, bt_row, stride_ksp,
+            stride_kst, stride_vsp, stride_vst, False, THREAD_ARRIVE, KV_FORMAT, PAGE_SIZE)
     for j in range(n_full, n_tiles):
-        acc_e, acc_o, m_i, l_i = _tile(q, acc_e, acc_o, m_i, l_i, k_smem, v_smem, k_ready,
-                                       v_ready, k_empty, v_empty, j, lo + j * TILE, hi,
-                                       last_key, qk_scale, True, THREAD_ARRIVE)
+        acc_e, acc_o, m_i, l_i, acc_scale = _tile(
+            q, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, k_ready, v_ready, k_empty,
+            v_empty, j, lo + j * TILE, hi, last_key, qk_scale, KSh, VSh, bt_row, stride_ksp,
+            stride_kst, stride_vsp, stride_vst, True, THREAD_ARRIVE, KV_FORMAT, PAGE_SIZE)
 
     # The four warps' states merged once.
     m = gl.reduce(m_i, 0, _max)
@@ -383,11 +473,13 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
     w = gl.exp2(m_i - gl.expand_dims(m_sub, 0))                  # [WARPS, ROWS], 0 for -inf
     l = gl.reduce(l_i * w, 0, _add)
     w3 = gl.expand_dims(w, 2)
+    if KV_FORMAT == INT8:   # the accumulators back from their unit
+        w3 = w3 * gl.expand_dims(gl.expand_dims(acc_scale, 1), 1)
     if not RING_MERGE:   # Triton's cross-warp reduction (shared-memory scratch)
         o_e = gl.reduce(acc_e * w3, 0, _add)
         o_o = gl.reduce(acc_o * w3, 0, _add)
     seen = l > 0.0
-    if KV16:
+    if KV16 or KV_FORMAT == INT8:
         inv = gl.where(seen, 1.0 / gl.where(seen, l, 1.0), 0.0)
     else:
         inv = gl.where(seen, gl.load(VS + kv_head * stride_vsh) / gl.where(seen, l, 1.0), 0.0)
@@ -442,9 +534,10 @@ def _gluon_decode_kernel(
     Q, k_desc, v_desc, KS, VS, Out, Lse, cache_seqlens, block_table, sm_scale, q_len,
     num_splits, stride_qb, stride_qt, stride_qh, stride_ksh, stride_vsh, stride_ob, stride_ot,
     stride_oh, stride_os, stride_lb, stride_lt, stride_lh, stride_ls, stride_btb,
+    stride_ksp, stride_kst, stride_vsp, stride_vst,
     GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr, PAGE_SIZE: gl.constexpr,
     STAGES: gl.constexpr, THREAD_ARRIVE: gl.constexpr = True, RING_MERGE: gl.constexpr = False,
-    TILE_KEYS: gl.constexpr = 0,
+    TILE_KEYS: gl.constexpr = 0, KV_FORMAT: gl.constexpr = 1,
 ):
     # fp8 caches come as uint8 descriptors (128-key tiles, 16 KB a slot); fp16 / bf16 caches as
     # their own dtype (``TILE_KEYS`` 0: 64-key tiles, 16 KB a slot as well).
@@ -463,10 +556,11 @@ def _gluon_decode_kernel(
         mbarrier.init(v_empty.index(i), count=_release_count(THREAD_ARRIVE))
     gl.warp_specialize([
         (_consume, (Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                    cache_seqlens, sm_scale, q_len, num_splits, stride_qb, stride_qt, stride_qh,
-                    stride_ksh, stride_vsh, stride_ob, stride_ot, stride_oh, stride_os,
-                    stride_lb, stride_lt, stride_lh, stride_ls, GROUP, IS_CAUSAL, THREAD_ARRIVE,
-                    RING_MERGE)),
+                    cache_seqlens, block_table, sm_scale, q_len, num_splits, stride_qb,
+                    stride_qt, stride_qh, stride_ksh, stride_vsh, stride_ob, stride_ot,
+                    stride_oh, stride_os, stride_lb, stride_lt, stride_lh, stride_ls, stride_btb,
+                    stride_ksp, stride_kst, stride_vsp, stride_vst, GROUP, IS_CAUSAL,
+                    THREAD_ARRIVE, RING_MERGE, KV_FORMAT, PAGE_SIZE)),
         (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                  cache_seqlens, block_table, num_splits, stride_btb, PAGE_SIZE)),
     ], [LOADER_WARPS], [LOADER_REGS])
@@ -617,7 +711,7 @@ class GluonDecodeLaunch:
             q, _desc(k_cache, box), _desc(v_cache, box), k_scale, v_scale, out_partial,
             lse_partial, cache_seqlens, block_table, float(softmax_scale), q_len, num_splits,
             q.stride(0), q.stride(1), q.stride(2), ksh, vsh, *out_partial.stride()[:4],
-            *lse_partial.stride(), block_table.stride(0))
+            *lse_partial.stride(), block_table.stride(0), 0, 0, 0, 0)
         self.constexprs = dict(GROUP=nheads // nheads_k, IS_CAUSAL=bool(causal),
                                PAGE_SIZE=page_size, STAGES=stages,
                                THREAD_ARRIVE=bool(thread_arrive), RING_MERGE=bool(ring_merge),
@@ -687,15 +781,19 @@ def combine_partials(out_partial, lse_partial, out, lse=None) -> None:
 # the idle K ring. H200, 2026-11-29, graphs, at the plan's split counts: 1.07-1.12x the Triton
 # kernel, 2-3% ahead of three stages at 64 x 8192 and even to 1% behind at 1 x 131072.
 GLUON_PLAN_VARIANT = dict(stages=2, ctas_per_sm=2, ring_merge=True)
+# The cache formats (QUANT_FORMATS codes) the plan may route here. int8 (``KV_FORMAT`` 2, per-key
+# scales) is compiled for sm_90a and not yet run on a GPU: tests and sweeps add it themselves.
+GLUON_FORMATS = (1,)
 
 
 def paged_fits(q, k_cache, v_cache, kv_format: int, outlier_values=None) -> bool:
     """Whether the Gluon decode runs this launch: fp16 q ``[batch, q_len, nheads, 128]`` with
-    GQA group x q_len <= 16, an fp8 e4m3 cache (``kv_format`` 1) of token-major contiguous pages
-    (``[num_pages, page_size, nheads_k, 128]``, page_size a multiple of 16, rows under 2^31),
-    no dense-and-sparse keys, and an sm_90 device. Shapes, dtypes and strides only (meta
-    tensors answer too; the caches' 16-byte alignment is checked by each call)."""
-    if (kv_format != 1 or outlier_values is not None or q.dtype != torch.float16
+    GQA group x q_len <= 16, a cache of a format in ``GLUON_FORMATS`` (fp8 e4m3: 1) of
+    token-major contiguous pages (``[num_pages, page_size, nheads_k, 128]``, page_size a
+    multiple of 16, rows under 2^31), no dense-and-sparse keys (the caller also checks the
+    device: sm_90). Shapes, dtypes and strides only (meta tensors answer too; the caches'
+    16-byte alignment is checked by each call)."""
+    if (kv_format not in GLUON_FORMATS or outlier_values is not None or q.dtype != torch.float16
             or q.dim() != 4 or k_cache.dim() != 4 or q.shape[3] != HEAD_DIM.value
             or q.stride(3) != 1 or k_cache.element_size() != 1):
         return False
@@ -724,12 +822,13 @@ class PagedGluonDecodeLaunch:
     sync, CUDA-graph capturable."""
 
     def __init__(self, q, k_cache, v_cache, block_table, *, softmax_scale: float, causal: bool,
-                 num_splits: int, store_lse: bool):
+                 num_splits: int, store_lse: bool, kv_format: int = 1):
         from .paged_combine import combine_launch_shape
 
         batch, q_len, nheads, head_dim = q.shape
         page_size, nheads_k = k_cache.shape[1], k_cache.shape[2]
         self.store_lse = store_lse
+        self.per_key_scales = kv_format == INT8.value
         self.device_index = q.device.index
         self.grid = (num_splits, nheads_k, batch)
         self.box = min(box_rows(page_size), BLOCK_N.value)
@@ -744,7 +843,7 @@ class PagedGluonDecodeLaunch:
         self.constexprs = dict(GROUP=nheads // nheads_k, IS_CAUSAL=bool(causal),
                                PAGE_SIZE=page_size, STAGES=GLUON_PLAN_VARIANT["stages"],
                                THREAD_ARRIVE=True, RING_MERGE=GLUON_PLAN_VARIANT["ring_merge"],
-                               TILE_KEYS=0)
+                               TILE_KEYS=0, KV_FORMAT=kv_format)
         self.key = ("gluon-decode", self.ints, self.tail_ints,
                     tuple(self.constexprs.values()))
         self.combine_ints = (num_splits, head_dim, *o_strides, *l_strides,
@@ -775,13 +874,19 @@ class PagedGluonDecodeLaunch:
             raise ValueError("the Gluon fp8 decode (TMA) needs 16-byte aligned caches: "
                              f"k_cache at {k_cache.data_ptr():#x}, v_cache at "
                              f"{v_cache.data_ptr():#x}")
-        scale_strides = (k_scale.stride(0) if k_scale.dim() == 1 else 0,
-                         v_scale.stride(0) if v_scale.dim() == 1 else 0)
+        if self.per_key_scales:   # int8: [pages, page_size, nheads_k], any strides
+            head_strides = (k_scale.stride(2), v_scale.stride(2))
+            key_strides = (*k_scale.stride()[:2], *v_scale.stride()[:2])
+        else:                     # fp8: [nheads_k] or 0-dim
+            head_strides = (k_scale.stride(0) if k_scale.dim() == 1 else 0,
+                            v_scale.stride(0) if v_scale.dim() == 1 else 0)
+            key_strides = (0, 0, 0, 0)
         aligned = alignment_key(q, cache_seqlens, block_table, k_scale, v_scale)
-        launch(_gluon_decode_kernel, (self.key, scale_strides, aligned), self.grid,
+        launch(_gluon_decode_kernel,
+               (self.key, head_strides, key_strides, k_scale.dtype, aligned), self.grid,
                (q, self._desc(k_cache), self._desc(v_cache), k_scale, v_scale, o_part, lse_part,
-                cache_seqlens, block_table, self.scale, *self.ints, *scale_strides,
-                *self.tail_ints),
+                cache_seqlens, block_table, self.scale, *self.ints, *head_strides,
+                *self.tail_ints, *key_strides),
                self.constexprs, WARPS.value, 1, self.device_index, TWO_CTA_MAXNREG)
         key, grid, constexprs, warps = self.combine
         launch(_combine_splits_kernel, key, grid,

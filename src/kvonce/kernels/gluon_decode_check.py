@@ -35,14 +35,15 @@ def _check_signature(box: int, kv_dtype: str = "u8") -> dict:
     sig.update({name: "i32" for name in (
         "q_len", "num_splits", "stride_qb", "stride_qt", "stride_qh", "stride_ksh",
         "stride_vsh", "stride_ob", "stride_ot", "stride_oh", "stride_os", "stride_lb",
-        "stride_lt", "stride_lh", "stride_ls", "stride_btb")})
+        "stride_lt", "stride_lh", "stride_ls", "stride_btb", "stride_ksp", "stride_kst",
+        "stride_vsp", "stride_vst")})
     for name in ("GROUP", "IS_CAUSAL", "PAGE_SIZE", "STAGES", "THREAD_ARRIVE", "RING_MERGE"):
         sig[name] = "constexpr"
     return sig
 
 
 def _check_spec(variant, group, page_size, stages=4, causal=False, thread_arrive=True,
-                ring_merge=False, ctas_per_sm=1, kv_dtype="u8", tile_keys=0):
+                ring_merge=False, ctas_per_sm=1, kv_dtype="u8", tile_keys=0, kv_format=1):
     options = dict(num_warps=4)
     if ctas_per_sm == 2:
         options["maxnreg"] = TWO_CTA_MAXNREG
@@ -51,6 +52,8 @@ def _check_spec(variant, group, page_size, stages=4, causal=False, thread_arrive
                       THREAD_ARRIVE=thread_arrive, RING_MERGE=ring_merge)
     if tile_keys:
         constexprs["TILE_KEYS"] = tile_keys
+    if kv_format != 1:
+        constexprs.update(TILE_KEYS=tile_keys, KV_FORMAT=kv_format)
     return (variant, _gluon_decode_kernel,
             _check_signature(min(box_rows(page_size), tile), kv_dtype), constexprs, options,
             dict(HGMMA=0))
@@ -75,6 +78,13 @@ GLUON_CHECK_SPECS = [
     _check_spec("fp8-page64-gqa4-3stages-2cta", 4, 64, stages=3, ring_merge=True, ctas_per_sm=2),
     _check_spec("fp8-page16-gqa4-causal-3stages-2cta", 4, 16, stages=3, causal=True,
                 ring_merge=True, ctas_per_sm=2),
+    # int8 (per-key scales, loaded by the consumers a tile at a time), the plan's 2-CTA form.
+    _check_spec("int8-page16-gqa4-2stages-2cta", 4, 16, stages=2, ring_merge=True,
+                ctas_per_sm=2, kv_format=2),
+    _check_spec("int8-page16-mha-2stages-2cta", 1, 16, stages=2, ring_merge=True,
+                ctas_per_sm=2, kv_format=2),
+    _check_spec("int8-page64-gqa4-causal-2stages-2cta", 4, 64, stages=2, causal=True,
+                ring_merge=True, ctas_per_sm=2, kv_format=2),
     # The 2-CTA registers with the reduce-scratch merge: 114812 B, 1.8 KB under half an SM with
     # the 1 KB reserve counted once (the occupancy API on the GPU decides).
     _check_spec("fp8-page16-gqa4-3stages-2cta-scratch-merge", 4, 16, stages=3, ctas_per_sm=2),

@@ -142,7 +142,8 @@ def _decode_launch(q, k_cache, v_cache, block_table, *, softmax_scale: float, ca
         from ..kernels.gluon_decode import PagedGluonDecodeLaunch
         return PagedGluonDecodeLaunch(q, k_cache, v_cache, block_table,
                                       softmax_scale=softmax_scale, causal=causal,
-                                      num_splits=num_splits, store_lse=store_lse)
+                                      num_splits=num_splits, store_lse=store_lse,
+                                      kv_format=kv_format)
     return PagedDecodeLaunch(q, k_cache, v_cache, block_table, softmax_scale=softmax_scale,
                              causal=causal, num_splits=num_splits, config=config,
                              store_lse=store_lse, kv_format=kv_format, k_scale=k_scale,
