@@ -8,8 +8,8 @@ max_registers[, swap_ab[, f16_math[, int64_kv_offsets[, v_pairs[, slow_lo[, roun
 outlier_max_registers[, prefetch_pages[, merge_splits_at_once[, head_pairs[, gluon]]]]]]]]]]]]]]];
 -1 keeps the row's value; slow_lo x sets slow_programs_per_sm to (x, 6.5)). ``gluon`` 1: the Gluon
 decode (kernels/gluon_decode.py, its own split count) where the launch fits it, int8 included
-(the sweep adds int8 to ``GLUON_FORMATS``; the other fields then do not apply to it). ``--outliers N``: every quantized cache
-as dense-and-sparse keys (``KeyOutliers``, N fp16 channels per KV head from the first 2048 keys),
+(the sweep adds int8 to ``GLUON_FORMATS``; the other fields then do not apply to it).
+``--outliers N``: every quantized cache as dense-and-sparse keys (``KeyOutliers``, N fp16 channels per KV head from the first 2048 keys),
 its launches with ``key_outliers=``.
 
 GQA 32/8 (or ``--heads``: q/kv head pairs), d128, page 16, random page order, q_len 1, fp16

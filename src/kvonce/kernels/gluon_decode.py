@@ -4,12 +4,14 @@
 
 WIRED for fp8 caches with fp16 queries on sm_90 (``PagedDecodeConfig.gluon``, the fp8 row;
 ``paged_fits`` says which launches, ``PagedGluonDecodeLaunch`` is the plan's launch): two CTAs
-an SM at two ring stages (``GLUON_PLAN_VARIANT``). On the lent H200 (2026-11-29, CUDA graphs,
-decode + combine, ``scripts/gluon_decode_check.py``) it ran 1.07-1.12x the Triton kernel at
-the ``bench quant`` shapes with its own split counts (``paged.splits.gluon_num_splits``: about
-one CTA an SM for short launches, one pass from a full wave of two), where the Triton loop, at
-604 instructions a tile a warp, no longer follows the H200's memory. On the H100 (2026-11-27,
-one CTA an SM, four stages, the Triton row's splits) it was 2-11% slower.
+an SM at two ring stages (``GLUON_PLAN_VARIANT``; three where the launch has at most one CTA an
+SM). On the lent H200 (2026-11-29, CUDA graphs, decode + combine,
+``scripts/gluon_decode_check.py``) it ran 1.07-1.12x the Triton kernel at the ``bench quant``
+shapes with its own split counts (``paged.splits.gluon_num_splits``: about one CTA an SM for
+short launches, one pass from a full wave of two), where the Triton loop, at 604 instructions a
+tile a warp, no longer follows the H200's memory. On the H100 (2026-11-27, one CTA an SM, four
+stages, the Triton row's splits) it was 2-11% slower. int8 (``KV_FORMAT`` 2: per-key scales) is
+compiled for sm_90a and not yet routed (``GLUON_FORMATS``).
 (docs/notes.md, "A Gluon decode for the quantized caches"; ``make kernel-check``.)
 
 16-bit caches (fp16 / bf16 pages and q, no scales: a 16-bit descriptor, 64-key tiles so that a
@@ -71,8 +73,9 @@ rows when q_len > seqlen), stores out 0, lse -inf: a warp whose keys a row never
 read as 0), so no ``-inf - -inf`` (NaN) is ever formed: ``alpha`` and the merge weight are
 ``exp2(-inf) = 0`` there, and the output's ``1 / l`` is taken only where ``l > 0``.
 
-Two CTAs an SM (``ctas_per_sm=2``; the plan's, measured on the H200). The launch is 8 warps, 256 threads, not
-5: Triton's allocate-warp-groups pass pads the loader warp to a warpgroup (``setmaxnreg`` works
+Two CTAs an SM (``ctas_per_sm=2``; the plan's, measured on the H200). The launch is 8 warps,
+256 threads, not 5: Triton's allocate-warp-groups pass pads the loader warp to a warpgroup
+(``setmaxnreg`` works
 per warpgroup; ``metadata.num_warps`` 8, PTX ``.reqntid 256``). Unset, the kernel's ``.maxnreg``
 is 65536 / 256 = 256 (ptxas: 255 registers at launch, one CTA an SM) and the consumers'
 ``setmaxnreg.inc`` 256; they use R0-R216. The ``maxnreg`` compile option (module attribute
@@ -97,6 +100,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
+from .configs import device_info
 from .gluon_prefill import _add, _max  # the reduce combiners
 from .quant_convert import _INT8_PAIR_EVEN, _INT8_PAIR_ODD
 
@@ -781,6 +785,11 @@ def combine_partials(out_partial, lse_partial, out, lse=None) -> None:
 # the idle K ring. H200, 2026-11-29, graphs, at the plan's split counts: 1.07-1.12x the Triton
 # kernel, 2-3% ahead of three stages at 64 x 8192 and even to 1% behind at 1 x 131072.
 GLUON_PLAN_VARIANT = dict(stages=2, ctas_per_sm=2, ring_merge=True)
+# A launch of at most one CTA an SM takes a third ring slot (98.7 KB a CTA): GQA 32/8 1 x 131072
+# at 16 splits 68.8 us against 69.7, MHA 12/12 at 11 splits 99.2 / 99.1 against 100.8 / 100.9
+# (two runs); with more CTAs than SMs 3 stages lost 4-11% (192 CTAs: 80.4 against 72.7 and 112.5
+# against 100.5; H200, graphs).
+LONE_CTA_STAGES = 3
 # The cache formats (QUANT_FORMATS codes) the plan may route here. int8 (``KV_FORMAT`` 2, per-key
 # scales) is compiled for sm_90a and not yet run on a GPU: tests and sweeps add it themselves.
 GLUON_FORMATS = (1,)
@@ -829,6 +838,9 @@ class PagedGluonDecodeLaunch:
         page_size, nheads_k = k_cache.shape[1], k_cache.shape[2]
         self.store_lse = store_lse
         self.per_key_scales = kv_format == INT8.value
+        ctas = num_splits * nheads_k * batch
+        stages = (LONE_CTA_STAGES if ctas <= device_info(q.device)[1]
+                  else GLUON_PLAN_VARIANT["stages"])
         self.device_index = q.device.index
         self.grid = (num_splits, nheads_k, batch)
         self.box = min(box_rows(page_size), BLOCK_N.value)
@@ -841,7 +853,7 @@ class PagedGluonDecodeLaunch:
         self.ints = (q_len, num_splits, q.stride(0), q.stride(1), q.stride(2))
         self.tail_ints = (*o_strides, *l_strides, block_table.stride(0))
         self.constexprs = dict(GROUP=nheads // nheads_k, IS_CAUSAL=bool(causal),
-                               PAGE_SIZE=page_size, STAGES=GLUON_PLAN_VARIANT["stages"],
+                               PAGE_SIZE=page_size, STAGES=stages,
                                THREAD_ARRIVE=True, RING_MERGE=GLUON_PLAN_VARIANT["ring_merge"],
                                TILE_KEYS=0, KV_FORMAT=kv_format)
         self.key = ("gluon-decode", self.ints, self.tail_ints,
