@@ -75,8 +75,8 @@ read as 0), so no ``-inf - -inf`` (NaN) is ever formed: ``alpha`` and the merge 
 
 Two CTAs an SM (``ctas_per_sm=2``; the plan's, measured on the H200). The launch is 8 warps,
 256 threads, not 5: Triton's allocate-warp-groups pass pads the loader warp to a warpgroup
-(``setmaxnreg`` works per warpgroup; ``metadata.num_warps`` 8, PTX ``.reqntid 256``). Unset, the kernel's ``.maxnreg``
-is 65536 / 256 = 256 (ptxas: 255 registers at launch, one CTA an SM) and the consumers'
+(``setmaxnreg`` works per warpgroup; ``metadata.num_warps`` 8, PTX ``.reqntid 256``). Unset,
+the kernel's ``.maxnreg`` is 65536 / 256 = 256 (ptxas: 255 registers at launch, one CTA an SM) and the consumers'
 ``setmaxnreg.inc`` 256; they use R0-R216. The ``maxnreg`` compile option (module attribute
 ``ttg.maxnreg``) replaces that base: at ``TWO_CTA_MAXNREG`` = 128 the PTX has ``.maxnreg 128``
 (128 x 256 x 2 = 65536: two CTAs), the loader warpgroup ``setmaxnreg.dec`` 24 and the consumers
