@@ -73,18 +73,18 @@ rows when q_len > seqlen), stores out 0, lse -inf: a warp whose keys a row never
 read as 0), so no ``-inf - -inf`` (NaN) is ever formed: ``alpha`` and the merge weight are
 ``exp2(-inf) = 0`` there, and the output's ``1 / l`` is taken only where ``l > 0``.
 
-Two CTAs an SM (``ctas_per_sm=2``; the plan's, measured on the H200). The launch is 8 warps,
-256 threads, not 5: Triton's allocate-warp-groups pass pads the loader warp to a warpgroup
-(``setmaxnreg`` works per warpgroup; ``metadata.num_warps`` 8, PTX ``.reqntid 256``). Unset,
-the kernel's ``.maxnreg`` is 65536 / 256 = 256 (ptxas: 255 registers at launch, one CTA an SM) and the consumers'
-``setmaxnreg.inc`` 256; they use R0-R216. The ``maxnreg`` compile option (module attribute
-``ttg.maxnreg``) replaces that base: at ``TWO_CTA_MAXNREG`` = 128 the PTX has ``.maxnreg 128``
-(128 x 256 x 2 = 65536: two CTAs), the loader warpgroup ``setmaxnreg.dec`` 24 and the consumers
-``setmaxnreg.inc`` (128 x 256 - 24 x 128) / 128 = 232; no spill, the same steady loop. Shared
-memory: the ring is 32 KB a stage; the four warps' merge goes through Triton's reduce scratch
-(16 KB more: 4 stages 147588 B, 3 stages 114812 B) or, ``ring_merge=True`` (constexpr
-``RING_MERGE``), through the idle K ring (3 stages 98684 B, 2 stages 65860 B), which fits two
-CTAs (228 KB an SM, 1 KB reserved a CTA) with room to spare.
+Two CTAs an SM (``ctas_per_sm=2``; the plan's, measured on the H200). The launch is 8 warps, 256
+threads, not 5: Triton's allocate-warp-groups pass pads the loader warp to a warpgroup
+(``setmaxnreg`` works per warpgroup; ``metadata.num_warps`` 8, PTX ``.reqntid 256``). Unset, the
+kernel's ``.maxnreg`` is 65536 / 256 = 256 (ptxas: 255 registers at launch, one CTA an SM) and the
+consumers' ``setmaxnreg.inc`` 256; they use R0-R216. The ``maxnreg`` compile option (module
+attribute ``ttg.maxnreg``) replaces that base: at ``TWO_CTA_MAXNREG`` = 128 the PTX has ``.maxnreg
+128`` (128 x 256 x 2 = 65536: two CTAs), the loader warpgroup ``setmaxnreg.dec`` 24 and the
+consumers ``setmaxnreg.inc`` (128 x 256 - 24 x 128) / 128 = 232; no spill, the same steady loop.
+Shared memory: the ring is 32 KB a stage; the four warps' merge goes through Triton's reduce
+scratch (16 KB more: 4 stages 147588 B, 3 stages 114812 B) or, ``ring_merge=True`` (constexpr
+``RING_MERGE``), through the idle K ring (3 stages 98684 B, 2 stages 65860 B), which fits two CTAs
+(228 KB an SM, 1 KB reserved a CTA) with room to spare.
 
 Host side: ``GluonDecodeLaunch`` validates and builds the TMA descriptors once (a call is then
 the decode launch, plus the combine's: CUDA-graph capturable); ``launch_gluon_decode_fp8`` does
