@@ -8,7 +8,8 @@ max_registers[, swap_ab[, f16_math[, int64_kv_offsets[, v_pairs[, slow_lo[, roun
 outlier_max_registers[, prefetch_pages[, merge_splits_at_once[, head_pairs[, gluon]]]]]]]]]]]]]]];
 -1 keeps the row's value; slow_lo x sets slow_programs_per_sm to (x, 6.5)). ``gluon`` 1: the Gluon
 decode (kernels/gluon_decode.py, its own split count) where the launch fits it, int8 included
-(the sweep adds int8 to ``GLUON_FORMATS``; the other fields then do not apply to it).
+(the sweep adds int8 to ``GLUON_FORMATS`` and bf16 to ``GLUON_QUERY_DTYPES``; the other fields
+then do not apply to it).
 ``--outliers N``: every quantized cache as dense-and-sparse keys (``KeyOutliers``, N fp16 channels per KV head from the first 2048 keys),
 its launches with ``key_outliers=``.
 
@@ -35,7 +36,9 @@ from kvonce.bench.quant import stored
 from kvonce.kernels.configs import get_paged_decode_config
 
 SHAPES = [(16, 4096), (64, 8192), (1, 131072)]
-gluon_decode.GLUON_FORMATS = (1, 2)   # int8 on a grid entry's gluon=1 (compiled, not yet measured)
+# int8 and bf16 q on a grid entry's gluon=1 (compiled, not yet measured)
+gluon_decode.GLUON_FORMATS = (1, 2)
+gluon_decode.GLUON_QUERY_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def graph_us(fn):

@@ -257,12 +257,13 @@ class PagedDecodeConfig:
         bytes in flight per program and spends fewer instructions a key, but fits fewer
         programs an SM, so it loses where the shorter tile's launch fits one wave and its own
         runs a ragged second.
-    gluon: launches that ``kernels.gluon_decode.paged_fits`` (an fp8 e4m3 cache, fp16 q, head
-        dim 128, token-major contiguous pages of a multiple of 16 keys, GQA group x q_len <= 16,
-        no dense-and-sparse keys, sm_90) with at least ``GLUON_MIN_KEYS`` keys a sequence take
-        the warp-specialized Gluon decode (a TMA loader warp, two CTAs an SM) and its own split
-        count (``paged.splits.gluon_num_splits``); the row's other fields then apply to the
-        launches it does not fit. Set in the fp8 row: 1.07-1.12x the Triton kernel at the
+    gluon: launches that ``kernels.gluon_decode.paged_fits`` (an fp8 e4m3 cache, fp16 q, head dim
+        128 (int8 and bf16 q compiled, routed once measured: ``GLUON_FORMATS``,
+        ``GLUON_QUERY_DTYPES``), token-major contiguous pages of a multiple of 16 keys, GQA group x
+        q_len <= 16, no dense-and-sparse keys, sm_90) with at least ``GLUON_MIN_KEYS`` keys a
+        sequence take the warp-specialized Gluon decode (a TMA loader warp, two CTAs an SM) and its
+        own split count (``paged.splits.gluon_num_splits``); the row's other fields then apply to
+        the launches it does not fit. Set in the fp8 row: 1.07-1.12x the Triton kernel at the
         ``bench quant`` shapes (H200, 2026-11-29, graphs).
     """
     block_n: int

@@ -314,7 +314,7 @@ def _release(bar, THREAD_ARRIVE: gl.constexpr):
 def _tile(q, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, k_ready, v_ready, k_empty,
           v_empty, j, start, hi, last_key, qk_scale, KS, VS, bt_row, stride_ksp, stride_kst,
           stride_vsp, stride_vst, MASKED: gl.constexpr, THREAD_ARRIVE: gl.constexpr,
-          KV_FORMAT: gl.constexpr, PAGE_SIZE: gl.constexpr):
+          KV_FORMAT: gl.constexpr, PAGE_SIZE: gl.constexpr, ROW_SCALE: gl.constexpr):
     """Key tile ``j`` of the ring (keys ``start ..``) into each warp's state: warp w takes keys
     ``start + TILE / 4 * w ..``. fp8 and int8 slots (uint8) are converted to fp16 here; 16-bit
     slots (``KV16``) are the operands as they are, V's channels 0-63 into ``acc_e`` and 64-127
@@ -324,7 +324,8 @@ def _tile(q, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, k_ready, v_ready
     probabilities' column over the warp's largest V scale of the tile (so the fp16 probabilities
     stay <= 1: a bf16-range scale would overflow fp16, ``paged_decode_pairs``' reason), and the
     accumulators are kept in units of the last tile's largest scale, ``acc_scale [WARPS]``: the
-    rescale by ``alpha`` also carries the change of unit, so the dot still accumulates in place."""
+    rescale by ``alpha`` also carries the change of unit, so the dot still accumulates in place.
+    ROW_SCALE: ``qk_scale`` is a row's own (``[WARPS, ROWS]``: bf16 q rows scaled into fp16)."""
     STAGES: gl.constexpr = k_smem.shape[0]
     TILE: gl.constexpr = k_smem.shape[1]
     WKEYS: gl.constexpr = TILE // WARPS
@@ -356,14 +357,20 @@ def _tile(q, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, k_ready, v_ready
         keys = start + gl.expand_dims(gl.expand_dims(w * WKEYS, 1), 2) \
             + gl.expand_dims(gl.expand_dims(n, 0), 1)
         visible = (keys < hi) & (keys <= gl.expand_dims(gl.expand_dims(last_key, 0), 2))
-        sc = gl.where(visible, sc * qk_scale, float("-inf"))
+        if ROW_SCALE:
+            sc = gl.where(visible, sc * gl.expand_dims(qk_scale, 2), float("-inf"))
+        else:
+            sc = gl.where(visible, sc * qk_scale, float("-inf"))
         m_new = gl.maximum(m_i, gl.reduce(sc, 2, _max))
         m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
         p = gl.exp2(sc - gl.expand_dims(m_sub, 2))
     else:
-        m_new = gl.maximum(m_i, gl.reduce(sc, 2, _max) * qk_scale)
+        m_new = gl.maximum(m_i, gl.reduce(sc, 2, _max) * qk_scale)   # qk_scale > 0
         m_sub = m_new
-        p = gl.exp2(sc * qk_scale - gl.expand_dims(m_sub, 2))
+        if ROW_SCALE:
+            p = gl.exp2(sc * gl.expand_dims(qk_scale, 2) - gl.expand_dims(m_sub, 2))
+        else:
+            p = gl.exp2(sc * qk_scale - gl.expand_dims(m_sub, 2))
     alpha = gl.exp2(m_i - m_sub)
     l_i = l_i * alpha + gl.reduce(p, 2, _add)
     a3 = gl.expand_dims(alpha, 2)
@@ -433,6 +440,18 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
               + gl.expand_dims(gl.expand_dims(d, 0), 1))
     q_ok = gl.expand_dims(gl.expand_dims(wq >= 0, 1) & gl.expand_dims(r < GROUP * q_len, 0), 2)
     q = gl.load(q_ptrs, mask=q_ok, other=0.0)
+    # bf16 q (fp8 / int8 caches): each row times a power of two into fp16 (its largest magnitude
+    # in [2^13, 2^14): nothing lost, paged_decode._f16_rows), so the dots and the converters stay
+    # fp16's; the inverse factor goes on the row's score scale.
+    ROW_SCALE: gl.constexpr = (not KV16) and Q.dtype.element_ty == gl.bfloat16
+    if ROW_SCALE:
+        qf = q.to(gl.float32)
+        amax = gl.max(gl.abs(qf), 2)                             # [WARPS, ROWS]
+        e = ((amax.to(gl.int32, bitcast=True) >> 23) & 0xFF) - 127   # floor(log2); -127 for 0
+        e = gl.minimum(gl.maximum(e, -100), 127)
+        up = ((140 - e) << 23).to(gl.float32, bitcast=True)         # 2^(13 - e)
+        down = ((114 + e) << 23).to(gl.float32, bitcast=True)       # 2^(e - 13)
+        q = (qf * gl.expand_dims(up, 2)).to(gl.float16)
 
     if IS_CAUSAL:
         diag = seqlen - q_len                       # row t sees key j <= t + diag
@@ -449,6 +468,8 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
         qk_scale = sm_scale * LOG2E
     else:
         qk_scale = sm_scale * LOG2E * gl.load(KS + kv_head * stride_ksh)
+    if ROW_SCALE:
+        qk_scale = qk_scale * gl.convert_layout(down, ROW_STATE)
     KSh = KS + kv_head * stride_ksh
     VSh = VS + kv_head * stride_vsh
     bt_row = block_table + seq.to(gl.int64) * stride_btb
@@ -463,12 +484,14 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
         acc_e, acc_o, m_i, l_i, acc_scale = _tile(
             q, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, k_ready, v_ready, k_empty,
             v_empty, j, lo + j * TILE, hi, last_key, qk_scale, KSh, VSh, bt_row, stride_ksp,
-            stride_kst, stride_vsp, stride_vst, False, THREAD_ARRIVE, KV_FORMAT, PAGE_SIZE)
+            stride_kst, stride_vsp, stride_vst, False, THREAD_ARRIVE, KV_FORMAT, PAGE_SIZE,
+            ROW_SCALE)
     for j in range(n_full, n_tiles):
         acc_e, acc_o, m_i, l_i, acc_scale = _tile(
             q, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, k_ready, v_ready, k_empty,
             v_empty, j, lo + j * TILE, hi, last_key, qk_scale, KSh, VSh, bt_row, stride_ksp,
-            stride_kst, stride_vsp, stride_vst, True, THREAD_ARRIVE, KV_FORMAT, PAGE_SIZE)
+            stride_kst, stride_vsp, stride_vst, True, THREAD_ARRIVE, KV_FORMAT, PAGE_SIZE,
+            ROW_SCALE)
 
     # The four warps' states merged once.
     m = gl.reduce(m_i, 0, _max)
@@ -792,16 +815,20 @@ LONE_CTA_STAGES = 3
 # The cache formats (QUANT_FORMATS codes) the plan may route here. int8 (``KV_FORMAT`` 2, per-key
 # scales) is compiled for sm_90a and not yet run on a GPU: tests and sweeps add it themselves.
 GLUON_FORMATS = (1,)
+# The query dtypes the plan may route here. bf16 (rows scaled into fp16 once a CTA; compiled for
+# sm_90a: the same 453-instruction loop as fp16's, never run) waits for its measurement too.
+GLUON_QUERY_DTYPES = (torch.float16,)
 
 
 def paged_fits(q, k_cache, v_cache, kv_format: int, outlier_values=None) -> bool:
-    """Whether the Gluon decode runs this launch: fp16 q ``[batch, q_len, nheads, 128]`` with
-    GQA group x q_len <= 16, a cache of a format in ``GLUON_FORMATS`` (fp8 e4m3: 1) of
-    token-major contiguous pages (``[num_pages, page_size, nheads_k, 128]``, page_size a
+    """Whether the Gluon decode runs this launch: q ``[batch, q_len, nheads, 128]`` of a dtype in
+    ``GLUON_QUERY_DTYPES`` (fp16) with GQA group x q_len <= 16, a cache of a format in
+    ``GLUON_FORMATS`` (fp8 e4m3: 1) of token-major contiguous pages (``[num_pages, page_size, nheads_k, 128]``, page_size a
     multiple of 16, rows under 2^31), no dense-and-sparse keys (the caller also checks the
     device: sm_90). Shapes, dtypes and strides only (meta tensors answer too; the caches'
     16-byte alignment is checked by each call)."""
-    if (kv_format not in GLUON_FORMATS or outlier_values is not None or q.dtype != torch.float16
+    if (kv_format not in GLUON_FORMATS or outlier_values is not None
+            or q.dtype not in GLUON_QUERY_DTYPES
             or q.dim() != 4 or k_cache.dim() != 4 or q.shape[3] != HEAD_DIM.value
             or q.stride(3) != 1 or k_cache.element_size() != 1):
         return False

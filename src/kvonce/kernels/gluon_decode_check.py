@@ -24,10 +24,10 @@ from triton.experimental.gluon import language as gl
 from .gluon_decode import TWO_CTA_MAXNREG, _gluon_decode_kernel, box_rows
 
 
-def _check_signature(box: int, kv_dtype: str = "u8") -> dict:
+def _check_signature(box: int, kv_dtype: str = "u8", q_dtype: str = "fp16") -> dict:
     gl_dtype = {"u8": gl.uint8, "fp16": gl.float16, "bf16": gl.bfloat16}[kv_dtype]
     kv = gl.NVMMASharedLayout.get_default_for([box, 128], gl_dtype)
-    q = "bf16" if kv_dtype == "bf16" else "fp16"
+    q = "bf16" if kv_dtype == "bf16" else q_dtype
     sig = dict(Q=f"*{q}", k_desc=f"tensordesc<{kv_dtype}[{box}, 128],{kv!r}>",
                v_desc=f"tensordesc<{kv_dtype}[{box}, 128],{kv!r}>", KS="*fp32", VS="*fp32",
                Out="*fp32", Lse="*fp32", cache_seqlens="*i32", block_table="*i32",
@@ -43,7 +43,8 @@ def _check_signature(box: int, kv_dtype: str = "u8") -> dict:
 
 
 def _check_spec(variant, group, page_size, stages=4, causal=False, thread_arrive=True,
-                ring_merge=False, ctas_per_sm=1, kv_dtype="u8", tile_keys=0, kv_format=1):
+                ring_merge=False, ctas_per_sm=1, kv_dtype="u8", tile_keys=0, kv_format=1,
+                q_dtype="fp16"):
     options = dict(num_warps=4)
     if ctas_per_sm == 2:
         options["maxnreg"] = TWO_CTA_MAXNREG
@@ -55,7 +56,8 @@ def _check_spec(variant, group, page_size, stages=4, causal=False, thread_arrive
     if kv_format != 1:
         constexprs.update(TILE_KEYS=tile_keys, KV_FORMAT=kv_format)
     return (variant, _gluon_decode_kernel,
-            _check_signature(min(box_rows(page_size), tile), kv_dtype), constexprs, options,
+            _check_signature(min(box_rows(page_size), tile), kv_dtype, q_dtype), constexprs,
+            options,
             dict(HGMMA=0))
 
 
@@ -85,6 +87,11 @@ GLUON_CHECK_SPECS = [
                 ctas_per_sm=2, kv_format=2),
     _check_spec("int8-page64-gqa4-causal-2stages-2cta", 4, 64, stages=2, causal=True,
                 ring_merge=True, ctas_per_sm=2, kv_format=2),
+    # bf16 q (rows scaled into fp16 once a CTA), fp8 and int8.
+    _check_spec("fp8-bf16q-page16-gqa4-2stages-2cta", 4, 16, stages=2, ring_merge=True,
+                ctas_per_sm=2, q_dtype="bf16"),
+    _check_spec("int8-bf16q-page16-mha-causal-2stages-2cta", 1, 16, stages=2, causal=True,
+                ring_merge=True, ctas_per_sm=2, kv_format=2, q_dtype="bf16"),
     # The 2-CTA registers with the reduce-scratch merge: 114812 B, 1.8 KB under half an SM with
     # the 1 KB reserve counted once (the occupancy API on the GPU decides).
     _check_spec("fp8-page16-gqa4-3stages-2cta-scratch-merge", 4, 16, stages=3, ctas_per_sm=2),
