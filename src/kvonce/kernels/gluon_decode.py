@@ -147,17 +147,16 @@ TWO_CTA_MAXNREG = 128
 # KV head, int8 with a scale a (token, KV head). 16-bit caches are told by their descriptor.
 FP8 = gl.constexpr(1)
 INT8 = gl.constexpr(2)
-# int8 bytes -> fp16, four a register (quant_convert._ints_to's packed form: bias by xor, each
-# biased byte under a 0x64 high byte by prmt, then 1152 off: 5 instructions for 4 values).
-INT8_QUAD = gl.constexpr("""{
-    .reg .b32 t, c;
+# int8 K bytes -> fp16 1152 + x, four a register (quant_convert._ints_to's packed form without
+# its subtract: bias by xor, each biased byte under a 0x64 high byte by prmt; the scores' dot
+# starts from -1152 * sum(q) instead, so 1152 comes off every score with no instruction a tile).
+INT8_QUAD_BIASED = gl.constexpr("""{
+    .reg .b32 t;
     xor.b32 t, $2, 0x80808080;
-    mov.b32 c, 0x64806480;
     prmt.b32 $0, t, 0x64646464, 0x4140;
     prmt.b32 $1, t, 0x64646464, 0x4342;
-    sub.f16x2 $0, $0, c;
-    sub.f16x2 $1, $1, c;
     }""")
+INT8_BIAS = gl.constexpr(1152.0)
 INT8_PAIR_EVEN = gl.constexpr(_INT8_PAIR_EVEN.value)
 INT8_PAIR_ODD = gl.constexpr(_INT8_PAIR_ODD.value)
 
@@ -267,9 +266,9 @@ def _int8_pairs_to_f16(units, ODD: gl.constexpr):
 
 
 @gluon.jit
-def _int8_to_f16(bytes):
-    """int8 K bytes (as uint8) -> fp16, exactly, four a register."""
-    return gl.inline_asm_elementwise(INT8_QUAD, "=r,=r,r", [bytes], dtype=gl.float16,
+def _int8_to_biased_f16(bytes):
+    """int8 K bytes (as uint8) -> fp16 ``1152 + x``, exactly, four a register (3 instructions)."""
+    return gl.inline_asm_elementwise(INT8_QUAD_BIASED, "=r,=r,r", [bytes], dtype=gl.float16,
                                      is_pure=True, pack=4)
 
 
@@ -283,9 +282,18 @@ def _key_scales(KS, VS, bt_row, start, hi, stride_ksp, stride_kst, stride_vsp, s
     SL: gl.constexpr = gl.SliceLayout(1, MMA)
     w = gl.arange(0, WARPS, gl.SliceLayout(1, SL))
     n = gl.arange(0, WKEYS, gl.SliceLayout(0, SL))
-    keys = start + gl.expand_dims(w * WKEYS, 1) + gl.expand_dims(n, 0)
+    w_start = start + w * WKEYS          # a multiple of WKEYS (splits and tiles are 128-aligned)
+    keys = gl.expand_dims(w_start, 1) + gl.expand_dims(n, 0)
     ok = keys < hi
-    page = gl.load(bt_row + keys // PAGE_SIZE, mask=ok, other=0).to(gl.int64)
+    # A warp's keys lie in one page (pages of 32 keys and more) or two (16): one block-table
+    # load a page, not one a key.
+    page = gl.expand_dims(gl.load(bt_row + w_start // PAGE_SIZE, mask=w_start < hi, other=0), 1)
+    if PAGE_SIZE < WKEYS:
+        gl.static_assert(2 * PAGE_SIZE == WKEYS, "pages of 16 keys: a warp's 32 span two")
+        page2 = gl.load(bt_row + w_start // PAGE_SIZE + 1, mask=w_start + PAGE_SIZE < hi,
+                        other=0)
+        page = gl.where(gl.expand_dims(n, 0) < PAGE_SIZE, page, gl.expand_dims(page2, 1))
+    page = page.to(gl.int64)
     slot = keys % PAGE_SIZE
     ks = gl.load(KS + page * stride_ksp + slot * stride_kst, mask=ok, other=0.0)
     vs = gl.load(VS + page * stride_vsp + slot * stride_vst, mask=ok, other=0.0)
@@ -311,8 +319,9 @@ def _release(bar, THREAD_ARRIVE: gl.constexpr):
 
 
 @gluon.jit
-def _tile(q, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, k_ready, v_ready, k_empty,
-          v_empty, j, start, hi, last_key, qk_scale, KS, VS, bt_row, stride_ksp, stride_kst,
+def _tile(q, s_init, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, k_ready, v_ready,
+          k_empty, v_empty, j, start, hi, last_key, qk_scale, KS, VS, bt_row, stride_ksp,
+          stride_kst,
           stride_vsp, stride_vst, MASKED: gl.constexpr, THREAD_ARRIVE: gl.constexpr,
           KV_FORMAT: gl.constexpr, PAGE_SIZE: gl.constexpr, ROW_SCALE: gl.constexpr):
     """Key tile ``j`` of the ring (keys ``start ..``) into each warp's state: warp w takes keys
@@ -320,7 +329,10 @@ def _tile(q, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, k_ready, v_ready
     slots (``KV16``) are the operands as they are, V's channels 0-63 into ``acc_e`` and 64-127
     into ``acc_o`` (fp8, int8: the even and the odd channels).
 
-    int8 (``KV_FORMAT`` 2): each key's K scale goes on its scores' column, its V scale on its
+    int8 (``KV_FORMAT`` 2): K converts to ``1152 + x`` and the scores' dot starts from ``s_init``
+    (``-1152 * sum(q)`` a row: fp16 products are exact in fp32, and the sums' rounding at that
+    magnitude, ~2^-23 x 1152 x sum |q|, is far under int8's own step); each key's K scale goes on
+    its scores' column, its V scale on its
     probabilities' column over the warp's largest V scale of the tile (so the fp16 probabilities
     stay <= 1: a bf16-range scale would overflow fp16, ``paged_decode_pairs``' reason), and the
     accumulators are kept in units of the last tile's largest scale, ``acc_scale [WARPS]``: the
@@ -345,10 +357,13 @@ def _tile(q, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, k_ready, v_ready
         kb = k_smem.index(s).reshape([WARPS, WKEYS, HEAD_DIM]).permute((0, 2, 1)).load(K_OP)
         _release(k_empty.index(s), THREAD_ARRIVE)
         if KV_FORMAT == INT8:
-            kf = _int8_to_f16(kb)
+            kf = _int8_to_biased_f16(kb)
         else:
             kf = kb.to(gl.float8e4nv, bitcast=True).to(gl.float16)
-    sc = mma_v2(q, kf, gl.zeros([WARPS, ROWS, WKEYS], gl.float32, MMA))
+    if KV_FORMAT == INT8:
+        sc = mma_v2(q, kf, s_init)
+    else:
+        sc = mma_v2(q, kf, gl.zeros([WARPS, ROWS, WKEYS], gl.float32, MMA))
     if KV_FORMAT == INT8:
         sc = sc * gl.expand_dims(ks, 1)
     if MASKED:
@@ -478,19 +493,25 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
     l_i = gl.zeros([WARPS, ROWS], gl.float32, ROW_STATE)
     acc_e = gl.zeros([WARPS, ROWS, HEAD_DIM // 2], gl.float32, MMA)
     acc_o = gl.zeros([WARPS, ROWS, HEAD_DIM // 2], gl.float32, MMA)
-    # int8: the accumulators' unit (each warp's last largest V scale; _tile)
+    # int8: the accumulators' unit (each warp's last largest V scale; _tile), and the scores'
+    # dot's start, -1152 * sum(q) a row (its K converts to 1152 + x)
     acc_scale = gl.full([WARPS], 1.0, gl.float32, gl.SliceLayout(1, gl.SliceLayout(1, MMA)))
+    WKEYS: gl.constexpr = TILE // WARPS
+    s_init = gl.zeros([WARPS, ROWS, WKEYS], gl.float32, MMA)
+    if KV_FORMAT == INT8:
+        q_sum = gl.convert_layout(gl.sum(q.to(gl.float32), 2), ROW_STATE)
+        s_init = s_init + gl.expand_dims(q_sum * (-INT8_BIAS), 2)
     for j in range(0, n_full):
         acc_e, acc_o, m_i, l_i, acc_scale = _tile(
-            q, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, k_ready, v_ready, k_empty,
-            v_empty, j, lo + j * TILE, hi, last_key, qk_scale, KSh, VSh, bt_row, stride_ksp,
-            stride_kst, stride_vsp, stride_vst, False, THREAD_ARRIVE, KV_FORMAT, PAGE_SIZE,
+            q, s_init, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, k_ready, v_ready,
+            k_empty, v_empty, j, lo + j * TILE, hi, last_key, qk_scale, KSh, VSh, bt_row,
+            stride_ksp, stride_kst, stride_vsp, stride_vst, False, THREAD_ARRIVE, KV_FORMAT, PAGE_SIZE,
             ROW_SCALE)
     for j in range(n_full, n_tiles):
         acc_e, acc_o, m_i, l_i, acc_scale = _tile(
-            q, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, k_ready, v_ready, k_empty,
-            v_empty, j, lo + j * TILE, hi, last_key, qk_scale, KSh, VSh, bt_row, stride_ksp,
-            stride_kst, stride_vsp, stride_vst, True, THREAD_ARRIVE, KV_FORMAT, PAGE_SIZE,
+            q, s_init, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, k_ready, v_ready,
+            k_empty, v_empty, j, lo + j * TILE, hi, last_key, qk_scale, KSh, VSh, bt_row,
+            stride_ksp, stride_kst, stride_vsp, stride_vst, True, THREAD_ARRIVE, KV_FORMAT, PAGE_SIZE,
             ROW_SCALE)
 
     # The four warps' states merged once.
