@@ -92,8 +92,7 @@ def test_fp8_fp16_launches_take_the_gluon_decode(monkeypatch):
     assert plan.uses_gluon and plan.config.gluon and plan.num_splits == 16
     plan = _meta_plan(monkeypatch, batch=64, nheads=12, nheads_k=12, max_keys=8192)
     assert plan.uses_gluon and plan.num_splits == 1
-    # its split partials exist even at one split (the Gluon kernel always writes partials)
-    assert plan._split_scratch[0] is not None and plan._split_scratch[0].shape[3] == 1
+    assert plan._split_scratch[0] is None   # one split stores out and LSE itself
     plan = _meta_plan(monkeypatch, batch=2, q_len=4, nheads=8, nheads_k=2, page=64)
     assert plan.uses_gluon                                      # 4 x 4 = 16 packed rows
 
@@ -184,6 +183,8 @@ GPU_CASES = [
     (2, 2, 32, 8, 64, [8192, 1], 8192, 0),                # q_len 2 (8 rows); causal: q_len > len
     (2, 4, 8, 2, 32, [12000, 8190], 12288, 3),            # 16 packed rows, boxes of 32
     (4, 1, 16, 1, 256, [8192, 300, 1, 7000], 8192, 2),    # GQA 16, 256-key pages
+    (2, 2, 8, 2, 16, [4000, 2], 4096, 1),                 # one split: out and LSE stored directly
+    (66, 1, 32, 8, 16, [2048] * 65 + [1000], 2048, 0),    # 528 CTAs: the plan's one pass
 ]
 
 

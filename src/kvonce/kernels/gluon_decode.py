@@ -435,7 +435,7 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
              stride_lb, stride_lt, stride_lh, stride_ls, stride_btb, stride_ksp, stride_kst,
              stride_vsp, stride_vst, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr,
              THREAD_ARRIVE: gl.constexpr, RING_MERGE: gl.constexpr, KV_FORMAT: gl.constexpr,
-             PAGE_SIZE: gl.constexpr):
+             PAGE_SIZE: gl.constexpr, STORE_LSE: gl.constexpr):
     TILE: gl.constexpr = k_smem.shape[1]
     KV16: gl.constexpr = k_smem.dtype.primitive_bitwidth == 16
     gl.static_assert(not (KV16 and RING_MERGE), "16-bit caches merge through the scratch")
@@ -555,7 +555,7 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
         o_ptrs = Out + gl.expand_dims(o_row, 1) + gl.expand_dims(po, 0)
         o_ok = gl.expand_dims(ro < GROUP * q_len, 1)
         inv_o = gl.expand_dims(gl.convert_layout(inv, gl.SliceLayout(1, MERGE_OUT)), 1)
-        gl.store(o_ptrs, o * inv_o, mask=o_ok)
+        gl.store(o_ptrs, (o * inv_o).to(Out.dtype.element_ty), mask=o_ok)
     else:
         OUT2: gl.constexpr = gl.SliceLayout(0, MMA)
         ro = gl.arange(0, ROWS, gl.SliceLayout(1, OUT2))
@@ -568,12 +568,14 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
         o_ptrs = Out + gl.expand_dims(o_row, 1) + gl.expand_dims(po * C_STEP, 0)
         o_ok = gl.expand_dims(ro < GROUP * q_len, 1)
         inv_o = gl.expand_dims(gl.convert_layout(inv, gl.SliceLayout(1, OUT2)), 1)
-        gl.store(o_ptrs, o_e * inv_o, mask=o_ok)
-        gl.store(o_ptrs + C_OFF, o_o * inv_o, mask=o_ok)
+        gl.store(o_ptrs, (o_e * inv_o).to(Out.dtype.element_ty), mask=o_ok)
+        gl.store(o_ptrs + C_OFF, (o_o * inv_o).to(Out.dtype.element_ty), mask=o_ok)
     LSE1: gl.constexpr = gl.SliceLayout(0, ROW_STATE)
     rl = gl.arange(0, ROWS, LSE1)
-    gl.store(Lse + seq.to(gl.int64) * stride_lb + split * stride_ls + (rl // GROUP) * stride_lt
-             + (kv_head * GROUP + rl % GROUP) * stride_lh, lse, mask=rl < GROUP * q_len)
+    if STORE_LSE:
+        gl.store(Lse + seq.to(gl.int64) * stride_lb + split * stride_ls
+                 + (rl // GROUP) * stride_lt + (kv_head * GROUP + rl % GROUP) * stride_lh, lse,
+                 mask=rl < GROUP * q_len)
 
 
 @gluon.jit
@@ -584,8 +586,10 @@ def _gluon_decode_kernel(
     stride_ksp, stride_kst, stride_vsp, stride_vst,
     GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr, PAGE_SIZE: gl.constexpr,
     STAGES: gl.constexpr, THREAD_ARRIVE: gl.constexpr = True, RING_MERGE: gl.constexpr = False,
-    TILE_KEYS: gl.constexpr = 0, KV_FORMAT: gl.constexpr = 1,
+    TILE_KEYS: gl.constexpr = 0, KV_FORMAT: gl.constexpr = 1, STORE_LSE: gl.constexpr = True,
 ):
+    # Out / Lse: the float32 split partials (merged by paged_combine), or, with one split, the
+    # final out (q's dtype, any strides: stride_os unused) and LSE, which STORE_LSE False skips.
     # fp8 caches come as uint8 descriptors (128-key tiles, 16 KB a slot); fp16 / bf16 caches as
     # their own dtype (``TILE_KEYS`` 0: 64-key tiles, 16 KB a slot as well).
     KV16: gl.constexpr = k_desc.dtype.primitive_bitwidth == 16
@@ -607,7 +611,7 @@ def _gluon_decode_kernel(
                     stride_qt, stride_qh, stride_ksh, stride_vsh, stride_ob, stride_ot,
                     stride_oh, stride_os, stride_lb, stride_lt, stride_lh, stride_ls, stride_btb,
                     stride_ksp, stride_kst, stride_vsp, stride_vst, GROUP, IS_CAUSAL,
-                    THREAD_ARRIVE, RING_MERGE, KV_FORMAT, PAGE_SIZE)),
+                    THREAD_ARRIVE, RING_MERGE, KV_FORMAT, PAGE_SIZE, STORE_LSE)),
         (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                  cache_seqlens, block_table, num_splits, stride_btb, PAGE_SIZE)),
     ], [LOADER_WARPS], [LOADER_REGS])
@@ -831,7 +835,8 @@ GLUON_PLAN_VARIANT = dict(stages=2, ctas_per_sm=2, ring_merge=True)
 # A launch of at most one CTA an SM takes a third ring slot (98.7 KB a CTA): GQA 32/8 1 x 131072
 # at 16 splits 68.8 us against 69.7, MHA 12/12 at 11 splits 99.2 / 99.1 against 100.8 / 100.9
 # (two runs); with more CTAs than SMs 3 stages lost 4-11% (192 CTAs: 80.4 against 72.7 and 112.5
-# against 100.5; H200, graphs).
+# against 100.5; H200, graphs). fp8 only: int8's loop at 3 stages spills 128 B at 128 registers
+# (compiled for sm_90a).
 LONE_CTA_STAGES = 3
 # The cache formats (QUANT_FORMATS codes) the plan may route here. int8 (``KV_FORMAT`` 2, per-key
 # scales) is compiled for sm_90a and not yet run on a GPU: tests and sweeps add it themselves.
@@ -869,10 +874,11 @@ class PagedGluonDecodeLaunch:
     """``_gluon_decode_kernel`` + the split combine with ``PagedDecodeLaunch``'s call: built from
     the planned shapes (``paged_fits`` true), then ``__call__(q, k_cache, v_cache, cache_seqlens,
     block_table, out, lse, o_part, lse_part, arrivals, k_scale, v_scale, outlier_values,
-    outlier_channels)`` launches for tensors of those shapes and strides. The partials always go
+    outlier_channels)`` launches for tensors of those shapes and strides. Split launches go
     through ``o_part [batch, q_len, nheads, S, 128]`` / ``lse_part [batch, q_len, nheads, S]``
-    (float32, contiguous; one split included: the combine is then a cast); ``arrivals`` and the
-    outlier arguments are unused. The two TMA descriptors are built from each call's caches (the
+    (float32, contiguous) and the combine; one split stores ``out`` (contiguous, q's dtype) and
+    ``lse`` (contiguous float32 ``[batch, nheads, q_len]``, or None without ``store_lse``)
+    itself. ``arrivals`` and the outlier arguments are unused. The two TMA descriptors are built from each call's caches (the
     plan runs every layer's; a few us of host time), both kernels launched through
     ``_launch.launch`` (Triton's C launcher, no per-call argument binding): no allocation, no host
     sync, CUDA-graph capturable."""
@@ -886,33 +892,44 @@ class PagedGluonDecodeLaunch:
         self.store_lse = store_lse
         self.per_key_scales = kv_format == INT8.value
         ctas = num_splits * nheads_k * batch
-        stages = (LONE_CTA_STAGES if ctas <= device_info(q.device)[1]
+        stages = (LONE_CTA_STAGES if kv_format == FP8.value and ctas <= device_info(q.device)[1]
                   else GLUON_PLAN_VARIANT["stages"])
         self.device_index = q.device.index
         self.grid = (num_splits, nheads_k, batch)
         self.box = min(box_rows(page_size), BLOCK_N.value)
         self.layout = gl.NVMMASharedLayout.get_default_for([self.box, HEAD_DIM.value], gl.uint8)
         self.scale = float(softmax_scale)
-        s = num_splits   # the partials' strides (contiguous scratch) and the block table's
-        o_strides = (q_len * nheads * s * head_dim, nheads * s * head_dim, s * head_dim,
-                     head_dim)
-        l_strides = (q_len * nheads * s, nheads * s, s, 1)
+        # One split stores the final out [batch, q_len, nheads, d] and lse [batch, nheads, q_len]
+        # (a combine launch and the partials' round trip saved: 6.0 us of GQA 32/8 64 x 8192's
+        # 260.6, H200), more go through the float32 partials (contiguous scratch).
+        self.direct = num_splits == 1
+        s = num_splits
+        if self.direct:
+            out_strides = (q_len * nheads * head_dim, nheads * head_dim, head_dim, 0)
+            lse_strides = (nheads * q_len, 1, q_len, 0)    # (batch, token, head, split)
+        else:
+            out_strides = (q_len * nheads * s * head_dim, nheads * s * head_dim, s * head_dim,
+                           head_dim)
+            lse_strides = (q_len * nheads * s, nheads * s, s, 1)
         self.ints = (q_len, num_splits, q.stride(0), q.stride(1), q.stride(2))
-        self.tail_ints = (*o_strides, *l_strides, block_table.stride(0))
+        self.tail_ints = (*out_strides, *lse_strides, block_table.stride(0))
         self.constexprs = dict(GROUP=nheads // nheads_k, IS_CAUSAL=bool(causal),
                                PAGE_SIZE=page_size, STAGES=stages,
                                THREAD_ARRIVE=True, RING_MERGE=GLUON_PLAN_VARIANT["ring_merge"],
-                               TILE_KEYS=0, KV_FORMAT=kv_format)
-        self.key = ("gluon-decode", self.ints, self.tail_ints,
+                               TILE_KEYS=0, KV_FORMAT=kv_format,
+                               STORE_LSE=store_lse or not self.direct)
+        self.key = ("gluon-decode", q.dtype, self.ints, self.tail_ints,
                     tuple(self.constexprs.values()))
-        self.combine_ints = (num_splits, head_dim, *o_strides, *l_strides,
-                             q_len * nheads * head_dim, nheads * head_dim, head_dim,
-                             nheads * q_len, 1, q_len)
-        grid, constexprs, warps = combine_launch_shape(nheads, q_len, batch, num_splits,
-                                                       head_dim)
-        constexprs["STORE_LSE"] = store_lse
-        self.combine = (("combine", q.dtype, self.combine_ints, tuple(constexprs.values())),
-                        grid, constexprs, warps)
+        self.combine = None
+        if not self.direct:
+            self.combine_ints = (num_splits, head_dim, *out_strides, *lse_strides,
+                                 q_len * nheads * head_dim, nheads * head_dim, head_dim,
+                                 nheads * q_len, 1, q_len)
+            grid, constexprs, warps = combine_launch_shape(nheads, q_len, batch, num_splits,
+                                                           head_dim)
+            constexprs["STORE_LSE"] = store_lse
+            self.combine = (("combine", q.dtype, self.combine_ints,
+                             tuple(constexprs.values())), grid, constexprs, warps)
 
     def _desc(self, cache):
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -941,12 +958,18 @@ class PagedGluonDecodeLaunch:
                             v_scale.stride(0) if v_scale.dim() == 1 else 0)
             key_strides = (0, 0, 0, 0)
         aligned = alignment_key(q, cache_seqlens, block_table, k_scale, v_scale)
+        if self.direct:
+            dst_o, dst_l = out, (out if lse is None or not self.store_lse else lse)
+        else:
+            dst_o, dst_l = o_part, lse_part
         launch(_gluon_decode_kernel,
                (self.key, head_strides, key_strides, k_scale.dtype, aligned), self.grid,
-               (q, self._desc(k_cache), self._desc(v_cache), k_scale, v_scale, o_part, lse_part,
+               (q, self._desc(k_cache), self._desc(v_cache), k_scale, v_scale, dst_o, dst_l,
                 cache_seqlens, block_table, self.scale, *self.ints, *head_strides,
                 *self.tail_ints, *key_strides),
                self.constexprs, WARPS.value, 1, self.device_index, TWO_CTA_MAXNREG)
+        if self.direct:
+            return
         key, grid, constexprs, warps = self.combine
         launch(_combine_splits_kernel, key, grid,
                (o_part, lse_part, out, out if lse is None or not self.store_lse else lse,

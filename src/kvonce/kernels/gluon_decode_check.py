@@ -24,13 +24,14 @@ from triton.experimental.gluon import language as gl
 from .gluon_decode import TWO_CTA_MAXNREG, _gluon_decode_kernel, box_rows
 
 
-def _check_signature(box: int, kv_dtype: str = "u8", q_dtype: str = "fp16") -> dict:
+def _check_signature(box: int, kv_dtype: str = "u8", q_dtype: str = "fp16",
+                     out_dtype: str = "fp32") -> dict:
     gl_dtype = {"u8": gl.uint8, "fp16": gl.float16, "bf16": gl.bfloat16}[kv_dtype]
     kv = gl.NVMMASharedLayout.get_default_for([box, 128], gl_dtype)
     q = "bf16" if kv_dtype == "bf16" else q_dtype
     sig = dict(Q=f"*{q}", k_desc=f"tensordesc<{kv_dtype}[{box}, 128],{kv!r}>",
                v_desc=f"tensordesc<{kv_dtype}[{box}, 128],{kv!r}>", KS="*fp32", VS="*fp32",
-               Out="*fp32", Lse="*fp32", cache_seqlens="*i32", block_table="*i32",
+               Out=f"*{out_dtype}", Lse="*fp32", cache_seqlens="*i32", block_table="*i32",
                sm_scale="fp32")
     sig.update({name: "i32" for name in (
         "q_len", "num_splits", "stride_qb", "stride_qt", "stride_qh", "stride_ksh",
@@ -44,7 +45,7 @@ def _check_signature(box: int, kv_dtype: str = "u8", q_dtype: str = "fp16") -> d
 
 def _check_spec(variant, group, page_size, stages=4, causal=False, thread_arrive=True,
                 ring_merge=False, ctas_per_sm=1, kv_dtype="u8", tile_keys=0, kv_format=1,
-                q_dtype="fp16"):
+                q_dtype="fp16", direct_lse=None):
     options = dict(num_warps=4)
     if ctas_per_sm == 2:
         options["maxnreg"] = TWO_CTA_MAXNREG
@@ -53,11 +54,15 @@ def _check_spec(variant, group, page_size, stages=4, causal=False, thread_arrive
                       THREAD_ARRIVE=thread_arrive, RING_MERGE=ring_merge)
     if tile_keys:
         constexprs["TILE_KEYS"] = tile_keys
-    if kv_format != 1:
+    if kv_format != 1 or direct_lse is not None:
         constexprs.update(TILE_KEYS=tile_keys, KV_FORMAT=kv_format)
+    out_dtype = "fp32"
+    if direct_lse is not None:   # one split: the final out (q's dtype) and LSE stored directly
+        constexprs["STORE_LSE"] = direct_lse
+        out_dtype = q_dtype
     return (variant, _gluon_decode_kernel,
-            _check_signature(min(box_rows(page_size), tile), kv_dtype, q_dtype), constexprs,
-            options,
+            _check_signature(min(box_rows(page_size), tile), kv_dtype, q_dtype, out_dtype),
+            constexprs, options,
             dict(HGMMA=0))
 
 
@@ -92,6 +97,15 @@ GLUON_CHECK_SPECS = [
                 ctas_per_sm=2, q_dtype="bf16"),
     _check_spec("int8-bf16q-page16-mha-causal-2stages-2cta", 1, 16, stages=2, causal=True,
                 ring_merge=True, ctas_per_sm=2, kv_format=2, q_dtype="bf16"),
+    # One split: out (fp16 / bf16) and LSE stored by the kernel, no combine.
+    _check_spec("fp8-page16-gqa4-2stages-2cta-direct", 4, 16, stages=2, ring_merge=True,
+                ctas_per_sm=2, direct_lse=True),
+    _check_spec("fp8-bf16q-page16-mha-2stages-2cta-direct-nolse", 1, 16, stages=2,
+                ring_merge=True, ctas_per_sm=2, q_dtype="bf16", direct_lse=False),
+    _check_spec("fp8-page16-mha-3stages-2cta-direct", 1, 16, stages=3, ring_merge=True,
+                ctas_per_sm=2, direct_lse=True),
+    _check_spec("int8-page16-gqa4-2stages-2cta-direct", 4, 16, stages=2, ring_merge=True,
+                ctas_per_sm=2, kv_format=2, direct_lse=True),
     # The 2-CTA registers with the reduce-scratch merge: 114812 B, 1.8 KB under half an SM with
     # the 1 KB reserve counted once (the occupancy API on the GPU decides).
     _check_spec("fp8-page16-gqa4-3stages-2cta-scratch-merge", 4, 16, stages=3, ctas_per_sm=2),
