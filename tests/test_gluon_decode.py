@@ -31,11 +31,14 @@ QDTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 @pytest.fixture
 def gluon_routes(monkeypatch):
-    """The plan may route int8 caches and bf16 queries to the Gluon kernel (``GLUON_FORMATS``,
-    ``GLUON_QUERY_DTYPES``: fp8 and fp16 only until those are measured; the int8 row's
-    ``gluon`` is off, so its cases pass ``ROWS["int8"]``)."""
+    """The candidates, not yet run on a GPU when written (2026-11-29): the plan routes int8
+    caches and bf16 queries to the Gluon kernel (``GLUON_FORMATS``, ``GLUON_QUERY_DTYPES``; the
+    int8 row's ``gluon`` is off, so its cases pass ``ROWS["int8"]``), one split stores out itself
+    (``GLUON_DIRECT_STORE``) and launches of at most one CTA an SM take 3 stages."""
     monkeypatch.setattr(gluon_decode, "GLUON_FORMATS", (1, 2))
     monkeypatch.setattr(gluon_decode, "GLUON_QUERY_DTYPES", (torch.float16, torch.bfloat16))
+    monkeypatch.setattr(gluon_decode, "GLUON_DIRECT_STORE", True)
+    monkeypatch.setattr(gluon_decode, "LONE_CTA_STAGES", 3)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -92,7 +95,12 @@ def test_fp8_fp16_launches_take_the_gluon_decode(monkeypatch):
     assert plan.uses_gluon and plan.config.gluon and plan.num_splits == 16
     plan = _meta_plan(monkeypatch, batch=64, nheads=12, nheads_k=12, max_keys=8192)
     assert plan.uses_gluon and plan.num_splits == 1
-    assert plan._split_scratch[0] is None   # one split stores out and LSE itself
+    # one split: the float32 partials and the combine, or (GLUON_DIRECT_STORE) out and LSE
+    # stored by the kernel
+    assert plan._split_scratch[0] is not None and plan._split_scratch[0].shape[3] == 1
+    monkeypatch.setattr(gluon_decode, "GLUON_DIRECT_STORE", True)
+    plan = _meta_plan(monkeypatch, batch=64, nheads=12, nheads_k=12, max_keys=8192)
+    assert plan.uses_gluon and plan.num_splits == 1 and plan._split_scratch[0] is None
     plan = _meta_plan(monkeypatch, batch=2, q_len=4, nheads=8, nheads_k=2, page=64)
     assert plan.uses_gluon                                      # 4 x 4 = 16 packed rows
 
@@ -189,11 +197,23 @@ GPU_CASES = [
 
 
 @hopper_only
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("case", range(len(GPU_CASES)))
+def test_shipped_fp8_route_matches_reference_and_triton(case, causal):
+    """The route as shipped (fp8, fp16 q; the candidates of ``gluon_routes`` off)."""
+    _check_against_reference_and_triton(case, causal, "fp8_e4m3", "fp16")
+
+
+@hopper_only
 @pytest.mark.parametrize("q_dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8"])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("case", range(len(GPU_CASES)))
 def test_gluon_decode_matches_reference_and_triton(case, causal, fmt, q_dtype, gluon_routes):
+    _check_against_reference_and_triton(case, causal, fmt, q_dtype)
+
+
+def _check_against_reference_and_triton(case, causal, fmt, q_dtype):
     batch, q_len, nheads, nheads_k, page, lens, max_keys, splits = GPU_CASES[case]
     q, kq, vq, ks, vs, seqlens, table, kd, vd = _case(fmt, batch, q_len, nheads, nheads_k, page,
                                                       lens, max_keys, q_dtype=QDTYPES[q_dtype])

@@ -4,14 +4,16 @@
 
 WIRED for fp8 caches with fp16 queries on sm_90 (``PagedDecodeConfig.gluon``, the fp8 row;
 ``paged_fits`` says which launches, ``PagedGluonDecodeLaunch`` is the plan's launch): two CTAs
-an SM at two ring stages (``GLUON_PLAN_VARIANT``; three where the launch has at most one CTA an
-SM). On the lent H200 (2026-11-29, CUDA graphs, decode + combine,
+an SM at two ring stages (``GLUON_PLAN_VARIANT``; three measured faster where the launch has at
+most one CTA an SM, ``LONE_CTA_STAGES``). On the lent H200 (2026-11-29, CUDA graphs, decode + combine,
 ``scripts/gluon_decode_check.py``) it ran 1.07-1.12x the Triton kernel at the ``bench quant``
 shapes with its own split counts (``paged.splits.gluon_num_splits``: about one CTA an SM for
 short launches, one pass from a full wave of two), where the Triton loop, at 604 instructions a
 tile a warp, no longer follows the H200's memory. On the H100 (2026-11-27, one CTA an SM, four
-stages, the Triton row's splits) it was 2-11% slower. int8 (``KV_FORMAT`` 2: per-key scales) is
-compiled for sm_90a and not yet routed (``GLUON_FORMATS``).
+stages, the Triton row's splits) it was 2-11% slower. Compiled for sm_90a and not yet run on a
+GPU, so off until tests/test_gluon_decode.py has run them: int8 (``KV_FORMAT`` 2: per-key
+scales; ``GLUON_FORMATS``), bf16 queries (``GLUON_QUERY_DTYPES``), one split storing out itself
+(``GLUON_DIRECT_STORE``) and ``LONE_CTA_STAGES`` 3.
 (docs/notes.md, "A Gluon decode for the quantized caches"; ``make kernel-check``.)
 
 16-bit caches (fp16 / bf16 pages and q, no scales: a 16-bit descriptor, 64-key tiles so that a
@@ -836,8 +838,12 @@ GLUON_PLAN_VARIANT = dict(stages=2, ctas_per_sm=2, ring_merge=True)
 # at 16 splits 68.8 us against 69.7, MHA 12/12 at 11 splits 99.2 / 99.1 against 100.8 / 100.9
 # (two runs); with more CTAs than SMs 3 stages lost 4-11% (192 CTAs: 80.4 against 72.7 and 112.5
 # against 100.5; H200, graphs). fp8 only: int8's loop at 3 stages spills 128 B at 128 registers
-# (compiled for sm_90a).
-LONE_CTA_STAGES = 3
+# (compiled for sm_90a). The plan's launch has not run it yet (2026-11-29: no device time left):
+# 2 until tests/test_gluon_decode.py has, which sets 3.
+LONE_CTA_STAGES = 2
+# One split stores out and LSE itself (no combine, no scratch; 6.0 us of GQA 32/8 64 x 8192's
+# 260.6 was the combine, H200). Compiled, not yet run: off until the GPU tests have run it.
+GLUON_DIRECT_STORE = False
 # The cache formats (QUANT_FORMATS codes) the plan may route here. int8 (``KV_FORMAT`` 2, per-key
 # scales) is compiled for sm_90a and not yet run on a GPU: tests and sweeps add it themselves.
 GLUON_FORMATS = (1,)
@@ -870,15 +876,21 @@ def paged_fits(q, k_cache, v_cache, kv_format: int, outlier_values=None) -> bool
     return True
 
 
+def writes_partials(num_splits: int) -> bool:
+    """Whether a launch of ``num_splits`` splits needs the float32 split scratch."""
+    return num_splits > 1 or not GLUON_DIRECT_STORE
+
+
 class PagedGluonDecodeLaunch:
     """``_gluon_decode_kernel`` + the split combine with ``PagedDecodeLaunch``'s call: built from
     the planned shapes (``paged_fits`` true), then ``__call__(q, k_cache, v_cache, cache_seqlens,
     block_table, out, lse, o_part, lse_part, arrivals, k_scale, v_scale, outlier_values,
     outlier_channels)`` launches for tensors of those shapes and strides. Split launches go
     through ``o_part [batch, q_len, nheads, S, 128]`` / ``lse_part [batch, q_len, nheads, S]``
-    (float32, contiguous) and the combine; one split stores ``out`` (contiguous, q's dtype) and
-    ``lse`` (contiguous float32 ``[batch, nheads, q_len]``, or None without ``store_lse``)
-    itself. ``arrivals`` and the outlier arguments are unused. The two TMA descriptors are built from each call's caches (the
+    (float32, contiguous) and the combine, and so does one split unless ``GLUON_DIRECT_STORE``:
+    then it stores ``out`` (contiguous, q's dtype) and ``lse`` (contiguous float32 ``[batch,
+    nheads, q_len]``, or None without ``store_lse``) itself (``writes_partials``).
+    ``arrivals`` and the outlier arguments are unused. The two TMA descriptors are built from each call's caches (the
     plan runs every layer's; a few us of host time), both kernels launched through
     ``_launch.launch`` (Triton's C launcher, no per-call argument binding): no allocation, no host
     sync, CUDA-graph capturable."""
@@ -902,7 +914,7 @@ class PagedGluonDecodeLaunch:
         # One split stores the final out [batch, q_len, nheads, d] and lse [batch, nheads, q_len]
         # (a combine launch and the partials' round trip saved: 6.0 us of GQA 32/8 64 x 8192's
         # 260.6, H200), more go through the float32 partials (contiguous scratch).
-        self.direct = num_splits == 1
+        self.direct = num_splits == 1 and GLUON_DIRECT_STORE
         s = num_splits
         if self.direct:
             out_strides = (q_len * nheads * head_dim, nheads * head_dim, head_dim, 0)

@@ -131,12 +131,18 @@ def _gluon_fits(q, k_cache, v_cache, kv_format: int, outlier_values=None) -> boo
     return paged_fits(q, k_cache, v_cache, kv_format, outlier_values)
 
 
+def _gluon_writes_partials(num_splits: int) -> bool:
+    from ..kernels.gluon_decode import writes_partials
+    return writes_partials(num_splits)
+
+
 def _decode_launch(q, k_cache, v_cache, block_table, *, softmax_scale: float, causal: bool,
                    num_splits: int, config: PagedDecodeConfig, store_lse: bool,
                    kv_format: int = 0, k_scale=None, v_scale=None, outlier_values=None,
                    gluon_ok: bool = False):
     """The launch of one decode shape: the Gluon decode where the config asks for it, the caller
-    allows it (``gluon_ok``: the plan's choice; the custom ops always do) and the tensors fit
+    allows it (``gluon_ok``: the plan's choice; a custom op's where it has the scratch the Gluon
+    launch needs) and the tensors fit
     (``_gluon_fits``), else ``PagedDecodeLaunch``; both are called alike."""
     if config.gluon and gluon_ok and _gluon_fits(q, k_cache, v_cache, kv_format, outlier_values):
         from ..kernels.gluon_decode import PagedGluonDecodeLaunch
@@ -263,6 +269,8 @@ class PagedDecodePlan:
             num_splits = busy_splits(block_table.shape[1] * page_size, num_splits,
                                      self.config.block_n)
         self.num_splits = num_splits
+        # The Gluon decode's partials: split launches, and one split unless it stores out itself
+        self._gluon_partials = self.uses_gluon and _gluon_writes_partials(num_splits)
         split_keys = -(-block_table.shape[1] * page_size // num_splits)
         if self.config.short_split_block_n and num_splits > 1 and split_keys < SHORT_SPLIT_KEYS:
             self.config = dataclasses.replace(self.config, block_n=self.config.short_split_block_n)
@@ -275,7 +283,7 @@ class PagedDecodePlan:
         self._nheads_k = k_cache.shape[2]
         self._scratch_per_call = _scratch_per_call
         self._split_scratch = (None, None, None)
-        if num_splits > 1 and not _scratch_per_call:
+        if (num_splits > 1 or self._gluon_partials) and not _scratch_per_call:
             self._split_scratch = self._new_scratch()
         # Launches bound to one stride layout, made at the first eager run (never while
         # torch.compile traces): (strides of q, k_cache, v_cache, block_table, return_lse) ->
@@ -402,7 +410,7 @@ class PagedDecodePlan:
     def _scratch(self):
         """Split-K partials and arrival counts: the plan's own, or fresh ones for the plans of
         one-shot calls (which may run on several streams at once)."""
-        if not self._scratch_per_call or self.num_splits == 1:
+        if not self._scratch_per_call or (self.num_splits == 1 and not self._gluon_partials):
             return self._split_scratch
         return self._new_scratch()
 
@@ -441,7 +449,7 @@ class PagedDecodePlan:
                          v_scale, self._kv_code, max_registers, c.swap_ab, c.f16_math,
                          c.int64_kv_offsets, c.v_pairs, outlier_values, outlier_channels,
                          c.prefetch_pages, c.head_pairs, c.gluon)
-        if self.num_splits == 1:
+        if self.num_splits == 1 and not self._gluon_partials:
             return torch.ops.kvonce.paged_decode(q, k_cache, v_cache, cache_seqlens, block_table,
                                                  *launch_fields)
         return torch.ops.kvonce.paged_decode_split(q, k_cache, v_cache, cache_seqlens,
@@ -575,7 +583,8 @@ def _paged_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, o_part, 
     _decode_launch(q, k_cache, v_cache, block_table, softmax_scale=softmax_scale, causal=causal,
                    num_splits=num_splits, config=config, store_lse=True, kv_format=kv_format,
                    k_scale=k_scale, v_scale=v_scale, outlier_values=outlier_values,
-                   gluon_ok=True)(
+                   gluon_ok=gluon and (o_part is not None
+                                       or not _gluon_writes_partials(num_splits)))(
         q, k_cache, v_cache, cache_seqlens, block_table, out, lse, o_part, lse_part, arrivals,
         k_scale, v_scale, outlier_values, outlier_channels)
     return out, lse
