@@ -8,7 +8,7 @@ max_registers[, swap_ab[, f16_math[, int64_kv_offsets[, v_pairs[, slow_lo[, roun
 outlier_max_registers[, prefetch_pages[, merge_splits_at_once[, head_pairs[, gluon]]]]]]]]]]]]]]];
 -1 keeps the row's value; slow_lo x sets slow_programs_per_sm to (x, 6.5)). ``gluon`` 1: the Gluon
 decode (kernels/gluon_decode.py, its own split count) where the launch fits it, int8 included
-(the sweep adds int8 to ``GLUON_FORMATS`` and bf16 to ``GLUON_QUERY_DTYPES``; the other fields
+(with the candidates on: int8, bf16 q, the direct store, ``LONE_CTA_STAGES`` 3; the other fields
 then do not apply to it).
 ``--outliers N``: every quantized cache as dense-and-sparse keys (``KeyOutliers``, N fp16 channels per KV head from the first 2048 keys),
 its launches with ``key_outliers=``.
@@ -36,9 +36,12 @@ from kvonce.bench.quant import stored
 from kvonce.kernels.configs import get_paged_decode_config
 
 SHAPES = [(16, 4096), (64, 8192), (1, 131072)]
-# int8 and bf16 q on a grid entry's gluon=1 (compiled, not yet measured)
+# A grid entry's gluon=1 runs the Gluon decode's candidates (compiled, not yet measured when
+# written): int8, bf16 q, one split storing out itself, 3 stages at one CTA an SM.
 gluon_decode.GLUON_FORMATS = (1, 2)
 gluon_decode.GLUON_QUERY_DTYPES = (torch.float16, torch.bfloat16)
+gluon_decode.GLUON_DIRECT_STORE = True
+gluon_decode.LONE_CTA_STAGES = 3
 
 
 def graph_us(fn):
