@@ -123,7 +123,7 @@ def _default_config(capability, num_sms, q, k_cache, block_table, kv_format,
 
 
 def _gluon_fits(q, k_cache, v_cache, kv_format: int, outlier_values=None) -> bool:
-    """Whether the Gluon fp8 decode (``PagedDecodeConfig.gluon``) can run this launch: an sm_90
+    """Whether the Gluon decode (``PagedDecodeConfig.gluon``) can run this launch: an sm_90
     device and ``kernels.gluon_decode.paged_fits`` (imported only there)."""
     if device_info(q.device)[0] != (9, 0):   # (None, 1) off CUDA
         return False
@@ -132,6 +132,7 @@ def _gluon_fits(q, k_cache, v_cache, kv_format: int, outlier_values=None) -> boo
 
 
 def _gluon_writes_partials(num_splits: int) -> bool:
+    """Whether a Gluon decode launch of ``num_splits`` splits needs the split scratch."""
     from ..kernels.gluon_decode import writes_partials
     return writes_partials(num_splits)
 
@@ -142,8 +143,8 @@ def _decode_launch(q, k_cache, v_cache, block_table, *, softmax_scale: float, ca
                    gluon_ok: bool = False):
     """The launch of one decode shape: the Gluon decode where the config asks for it, the caller
     allows it (``gluon_ok``: the plan's choice; a custom op's where it has the scratch the Gluon
-    launch needs) and the tensors fit
-    (``_gluon_fits``), else ``PagedDecodeLaunch``; both are called alike."""
+    launch needs) and the tensors fit (``_gluon_fits``), else ``PagedDecodeLaunch``; both are
+    called alike."""
     if config.gluon and gluon_ok and _gluon_fits(q, k_cache, v_cache, kv_format, outlier_values):
         from ..kernels.gluon_decode import PagedGluonDecodeLaunch
         return PagedGluonDecodeLaunch(q, k_cache, v_cache, block_table,
@@ -246,12 +247,10 @@ class PagedDecodePlan:
                                          shared_prefix, cascade=cascade, num_splits=num_splits,
                                          check=check_block_table)
         self.uses_cascade = self._cascade is not None
-        # The Gluon fp8 decode (config.gluon) where the example tensors fit it; its own splits.
+        # The Gluon decode (config.gluon) where the example tensors fit it; its own splits.
         max_keys = block_table.shape[1] * page_size
-        self.uses_gluon = bool(self.config.gluon) and _gluon_fits(q, k_cache, v_cache,
-                                                                  self._kv_code)
-        if self.config.gluon and max_keys < GLUON_MIN_KEYS:
-            self.uses_gluon = False
+        self.uses_gluon = (self.config.gluon and max_keys >= GLUON_MIN_KEYS
+                           and _gluon_fits(q, k_cache, v_cache, self._kv_code))
         if self.config.gluon and not self.uses_gluon:
             self.config = dataclasses.replace(self.config, gluon=False)
         # int4 head pairs (config.head_pairs): a program serves two KV heads
@@ -260,18 +259,15 @@ class PagedDecodePlan:
         if num_splits == 0 and self.uses_gluon:
             num_splits = gluon_num_splits(batch * k_cache.shape[2], max_keys, num_sms)
         elif num_splits == 0:
-            num_splits = choose_num_splits(batch, grid_heads, block_table.shape[1] * page_size,
-                                           num_sms, self.config)
+            num_splits = choose_num_splits(batch, grid_heads, max_keys, num_sms, self.config)
             self.config = _launch_shape_config(self.config, batch * grid_heads, num_splits,
-                                               block_table.shape[1] * page_size, num_sms,
-                                               mha=nheads == k_cache.shape[2])
+                                               max_keys, num_sms, mha=nheads == k_cache.shape[2])
             # a longer tile than the count was cut for can leave its last splits empty
-            num_splits = busy_splits(block_table.shape[1] * page_size, num_splits,
-                                     self.config.block_n)
+            num_splits = busy_splits(max_keys, num_splits, self.config.block_n)
         self.num_splits = num_splits
         # The Gluon decode's partials: split launches, and one split unless it stores out itself
         self._gluon_partials = self.uses_gluon and _gluon_writes_partials(num_splits)
-        split_keys = -(-block_table.shape[1] * page_size // num_splits)
+        split_keys = -(-max_keys // num_splits)
         if self.config.short_split_block_n and num_splits > 1 and split_keys < SHORT_SPLIT_KEYS:
             self.config = dataclasses.replace(self.config, block_n=self.config.short_split_block_n)
         if self.config.mha_num_stages and nheads == k_cache.shape[2]:
