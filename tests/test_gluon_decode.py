@@ -245,13 +245,20 @@ def _check_against_reference_and_triton(case, causal, fmt, q_dtype):
     assert torch.equal(op_out, out) and torch.equal(op_lse, lse)
 
 
-@hopper_only
-@pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8"])
-def test_gluon_decode_in_a_cuda_graph_and_compiled(fmt, gluon_routes):
-    q, kq, vq, ks, vs, seqlens, table, kd, vd = _case(fmt, 2, 1, 32, 8, 16, [8192, 4000], 8192)
+def _gluon_plan(fmt, nheads, nheads_k, lens):
+    """A plan on the Gluon route over a fresh ``_case`` (page 16, 8192 keys a sequence)."""
+    case = _case(fmt, len(lens), 1, nheads, nheads_k, 16, lens, 8192)
+    q, kq, vq, ks, vs, seqlens, table = case[:7]
     plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
                                   config=ROWS[fmt])
     assert plan.uses_gluon
+    return plan, case
+
+
+@hopper_only
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8"])
+def test_gluon_decode_in_a_cuda_graph_and_compiled(fmt, gluon_routes):
+    plan, (q, kq, vq, ks, vs, seqlens, table, kd, vd) = _gluon_plan(fmt, 32, 8, [8192, 4000])
     eager = plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -275,10 +282,7 @@ def test_gluon_decode_in_a_cuda_graph_and_compiled(fmt, gluon_routes):
 @hopper_only
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8"])
 def test_opcheck_gluon_split_op(fmt, gluon_routes):
-    q, kq, vq, ks, vs, seqlens, table, _, _ = _case(fmt, 2, 1, 8, 2, 16, [8192, 100], 8192)
-    plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
-                                  config=ROWS[fmt])
-    assert plan.uses_gluon
+    plan, (q, kq, vq, ks, vs, seqlens, table, _, _) = _gluon_plan(fmt, 8, 2, [8192, 100])
     c = plan.config
     fields = (plan.softmax_scale, True, c.block_n, c.num_warps, c.num_stages,
               c.kv_cache_modifier, c.kv_eviction, c.max_merged_splits, ks, vs,
