@@ -2,14 +2,14 @@
 
     PYTHONPATH=src python scripts/quant_decode_sweep.py [--formats int8,int4] [--quick]
         [--shapes 1x131072] [--heads 32/8,12/12] [--layout nhd|hnd]
-        [--grid 64,4,2 128,4,2 128,4,2,6,64]
+        [--grid 64,4,2 128,4,2 128,4,2,6,64] [--splits 0,16,32]
 (a grid entry: block_n, num_warps, num_stages[, programs_per_sm[, max_merged_splits[,
 max_registers[, swap_ab[, f16_math[, int64_kv_offsets[, v_pairs[, slow_lo[, round_up[,
 outlier_max_registers[, prefetch_pages[, merge_splits_at_once[, head_pairs[, gluon]]]]]]]]]]]]]]];
 -1 keeps the row's value; slow_lo x sets slow_programs_per_sm to (x, 6.5)). ``gluon`` 1: the Gluon
 decode (kernels/gluon_decode.py, its own split count) where the launch fits it, int8 included
 (with the candidates on: int8, bf16 q, the direct store, ``LONE_CTA_STAGES`` 3; the other fields
-then do not apply to it).
+then do not apply to it). ``--splits``: each entry also at these split counts (0: the plan's).
 ``--outliers N``: every quantized cache as dense-and-sparse keys (``KeyOutliers``, N fp16 channels per KV head from the first 2048 keys),
 its launches with ``key_outliers=``.
 
@@ -25,6 +25,7 @@ prints the best configs and their speedup over the fp16 cache with its own tuned
 import argparse
 import dataclasses
 import itertools
+import os
 
 import torch
 import triton.testing
@@ -40,8 +41,9 @@ SHAPES = [(16, 4096), (64, 8192), (1, 131072)]
 # written): int8, bf16 q, one split storing out itself, 3 stages at one CTA an SM.
 gluon_decode.GLUON_FORMATS = (1, 2)
 gluon_decode.GLUON_QUERY_DTYPES = (torch.float16, torch.bfloat16)
-gluon_decode.GLUON_DIRECT_STORE = True
-gluon_decode.LONE_CTA_STAGES = 3
+if not os.environ.get("SWEEP_GLUON_SHIPPED"):   # set: the direct store and stages as shipped
+    gluon_decode.GLUON_DIRECT_STORE = True
+    gluon_decode.LONE_CTA_STAGES = 3
 
 
 def graph_us(fn):
@@ -60,6 +62,8 @@ def main():
     p.add_argument("--shapes", default="", help="only these BATCHxLEN, comma-separated")
     p.add_argument("--heads", default="32/8", help="q/kv head counts, comma-separated")
     p.add_argument("--dtype", default="fp16", choices=("fp16", "bf16"), help="queries and cache")
+    p.add_argument("--splits", default="0",
+                   help="split counts each grid entry runs at, comma-separated (0: the plan's)")
     p.add_argument("--layout", default="nhd", choices=("nhd", "hnd"), help="page storage")
     p.add_argument("--all", action="store_true", help="also print every grid entry's time")
     p.add_argument("--outliers", type=int, default=0, help="KeyOutliers with N channels")
@@ -77,6 +81,7 @@ def main():
     if args.shapes:
         shapes = [tuple(int(x) for x in sh.split("x")) for sh in args.shapes.split(",")]
     heads = [tuple(int(x) for x in h.split("/")) for h in args.heads.split(",")]
+    splits_list = [int(x) for x in args.splits.split(",")]
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     print("| heads | batch x len | format | best (block_n, warps, stages) | us | 2nd | 3rd | default us |"
           " fp16 us | speedup |")
@@ -100,7 +105,7 @@ def main():
             fmt_cfg = get_paged_decode_config(torch.cuda.get_device_capability(), 128, fmt, 2,
                                               bf16=dtype == torch.bfloat16)
             res = []
-            for spec in grid:
+            for spec, n_splits in itertools.product(grid, splits_list):
                 bn, w, st = spec[:3]
                 # the Triton kernel's knobs: the fp8 row's Gluon launch off
                 cfg = dataclasses.replace(fmt_cfg, block_n=bn, num_warps=w, num_stages=st,
@@ -117,14 +122,14 @@ def main():
                         cfg = dataclasses.replace(cfg, **{name: kind(value)})
                 try:
                     pl = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks,
-                                                v_scale=vs, config=cfg,
+                                                v_scale=vs, config=cfg, num_splits=n_splits,
                                                 kv_format="int4" if fmt == "int4" else None)
                     us = graph_us(lambda: pl.run(q, kq, vq, seqlens, table, k_scale=ks,
                                                  v_scale=vs, key_outliers=ko))
                 except Exception as exc:  # noqa: BLE001 (out of shared memory etc.)
                     print(f"  {fmt} {spec}: {type(exc).__name__}"[:120])
                     continue
-                res.append((us, tuple(spec)))
+                res.append((us, tuple(spec) + ((f"s{n_splits}",) if n_splits else ())))
             if args.all:
                 print(f"  {hq}/{hk} {batch}x{length} {fmt}: "
                       + ", ".join(f"{c} {u:.1f}" for u, c in res), flush=True)
