@@ -7,9 +7,8 @@
 max_registers[, swap_ab[, f16_math[, int64_kv_offsets[, v_pairs[, slow_lo[, round_up[,
 outlier_max_registers[, prefetch_pages[, merge_splits_at_once[, head_pairs[, gluon]]]]]]]]]]]]]]];
 -1 keeps the row's value; slow_lo x sets slow_programs_per_sm to (x, 6.5)). ``gluon`` 1: the Gluon
-decode (kernels/gluon_decode.py, its own split count) where the launch fits it, int8 included
-(with the candidates on: int8, bf16 q, the direct store, ``LONE_CTA_STAGES`` 3; the other fields
-then do not apply to it). ``--splits``: each entry also at these split counts (0: the plan's).
+decode (kernels/gluon_decode.py, its own split count) where the launch fits it (the other fields
+then do not apply to it); every entry runs the Triton kernel otherwise. ``--splits``: each entry also at these split counts (0: the plan's).
 ``--outliers N``: every quantized cache as dense-and-sparse keys (``KeyOutliers``, N fp16 channels per KV head from the first 2048 keys),
 its launches with ``key_outliers=``.
 
@@ -25,25 +24,16 @@ prints the best configs and their speedup over the fp16 cache with its own tuned
 import argparse
 import dataclasses
 import itertools
-import os
 
 import torch
 import triton.testing
 
 import kvonce
-import kvonce.kernels.gluon_decode as gluon_decode
 from decode_ncu_case import paged_case
 from kvonce.bench.quant import stored
 from kvonce.kernels.configs import get_paged_decode_config
 
 SHAPES = [(16, 4096), (64, 8192), (1, 131072)]
-# A grid entry's gluon=1 runs the Gluon decode's candidates (compiled, not yet measured when
-# written): int8, bf16 q, one split storing out itself, 3 stages at one CTA an SM.
-gluon_decode.GLUON_FORMATS = (1, 2)
-gluon_decode.GLUON_QUERY_DTYPES = (torch.float16, torch.bfloat16)
-if not os.environ.get("SWEEP_GLUON_SHIPPED"):   # set: the direct store and stages as shipped
-    gluon_decode.GLUON_DIRECT_STORE = True
-    gluon_decode.LONE_CTA_STAGES = 3
 
 
 def graph_us(fn):

@@ -1,9 +1,9 @@
-"""The Gluon fp8 paged decode (kernels/gluon_decode.py) as ``PagedDecodePlan`` runs it
-(``PagedDecodeConfig.gluon``, the fp8 Hopper row): on a Hopper GPU against the float32 reference
-on the dequantized cache and against the Triton kernel, with cache slots no sequence owns holding
-NaN bytes, eager, in a CUDA graph, through the custom op and under torch.compile. On the CPU the
-routing (which launches take it, their split counts) is checked on meta tensors (Gluon has no
-interpreter)."""
+"""The Gluon paged decode (kernels/gluon_decode.py) as ``PagedDecodePlan`` runs it
+(``PagedDecodeConfig.gluon``, the fp8 and int8 Hopper rows; fp16 and bf16 queries): on a Hopper
+GPU against the float32 reference on the dequantized cache and against the Triton kernel, with
+cache slots no sequence owns holding NaN bytes, eager, in a CUDA graph, through the custom op and
+under torch.compile. On the CPU the routing (which launches take it, their split counts) is
+checked on meta tensors (Gluon has no interpreter)."""
 from __future__ import annotations
 
 import dataclasses
@@ -23,22 +23,8 @@ HOPPER = HAS_CUDA and torch.cuda.get_device_capability() == (9, 0)
 hopper_only = pytest.mark.skipif(not HOPPER, reason="the Gluon kernel needs an sm_90 GPU")
 FP8_ROW = _PAGED_DECODE_QUANT_TABLE[((9, 0), "fp8_e4m3")][128]
 INT8_ROW = _PAGED_DECODE_QUANT_TABLE[((9, 0), "int8")][128]
-ROWS = {"fp8_e4m3": FP8_ROW, "int8": dataclasses.replace(INT8_ROW, gluon=True)}
-
-
+ROWS = {"fp8_e4m3": FP8_ROW, "int8": INT8_ROW}
 QDTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-@pytest.fixture
-def gluon_routes(monkeypatch):
-    """The candidates, not yet run on a GPU when written (2026-11-29): the plan routes int8
-    caches and bf16 queries to the Gluon kernel (``GLUON_FORMATS``, ``GLUON_QUERY_DTYPES``; the
-    int8 row's ``gluon`` is off, so its cases pass ``ROWS["int8"]``), one split stores out itself
-    (``GLUON_DIRECT_STORE``) and launches of at most one CTA an SM take 3 stages."""
-    monkeypatch.setattr(gluon_decode, "GLUON_FORMATS", (1, 2))
-    monkeypatch.setattr(gluon_decode, "GLUON_QUERY_DTYPES", (torch.float16, torch.bfloat16))
-    monkeypatch.setattr(gluon_decode, "GLUON_DIRECT_STORE", True)
-    monkeypatch.setattr(gluon_decode, "LONE_CTA_STAGES", 3)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -61,10 +47,18 @@ def test_gluon_split_counts():
     assert gluon_num_splits(768, 8192, 132) == 1
     assert gluon_num_splits(8, 1024, 132) == 2         # no split under 512 keys
     assert gluon_num_splits(0, 8192, 132) >= 1
+    # int8: the most splits within one wave of two CTAs an SM (264 CTAs)
+    assert gluon_num_splits(8, 131072, 132, two_ctas_an_sm=True) == 32  # 33: one empty
+    assert gluon_num_splits(12, 131072, 132, two_ctas_an_sm=True) == 22
+    assert gluon_num_splits(200, 8192, 132, two_ctas_an_sm=True) == 1
+    assert gluon_num_splits(512, 8192, 132, two_ctas_an_sm=True) == 1
     for base in range(1, 600, 7):
         for keys in (512, 8192, 131072):
-            s = gluon_num_splits(base, keys, 132)
-            assert 1 <= s <= max(1, keys // 512)
+            for two in (False, True):
+                s = gluon_num_splits(base, keys, 132, two_ctas_an_sm=two)
+                assert 1 <= s <= max(1, keys // 512)
+                if two and base < 0.9 * 264:     # short launches: within one wave
+                    assert s == 1 or base * s <= 264
 
 
 def _meta_plan(monkeypatch, *, batch=4, q_len=1, nheads=32, nheads_k=8, head_dim=128, page=16,
@@ -90,46 +84,43 @@ def _meta_plan(monkeypatch, *, batch=4, q_len=1, nheads=32, nheads_k=8, head_dim
                                   kv_format=kv_format)
 
 
-def test_fp8_fp16_launches_take_the_gluon_decode(monkeypatch):
+def test_fp8_and_int8_launches_take_the_gluon_decode(monkeypatch):
     plan = _meta_plan(monkeypatch, batch=1, max_keys=131072)
     assert plan.uses_gluon and plan.config.gluon and plan.num_splits == 16
     plan = _meta_plan(monkeypatch, batch=64, nheads=12, nheads_k=12, max_keys=8192)
-    assert plan.uses_gluon and plan.num_splits == 1
-    # one split: the float32 partials and the combine, or (GLUON_DIRECT_STORE) out and LSE
-    # stored by the kernel
-    assert plan._split_scratch[0] is not None and plan._split_scratch[0].shape[3] == 1
-    monkeypatch.setattr(gluon_decode, "GLUON_DIRECT_STORE", True)
-    plan = _meta_plan(monkeypatch, batch=64, nheads=12, nheads_k=12, max_keys=8192)
+    # one split: out and LSE stored by the kernel, no scratch
     assert plan.uses_gluon and plan.num_splits == 1 and plan._split_scratch[0] is None
     plan = _meta_plan(monkeypatch, batch=2, q_len=4, nheads=8, nheads_k=2, page=64)
     assert plan.uses_gluon                                      # 4 x 4 = 16 packed rows
+    plan = _meta_plan(monkeypatch, q_dtype=torch.bfloat16)
+    assert plan.uses_gluon
+    int8 = dict(cache_dtype=torch.int8, kv_format="int8", config=INT8_ROW)
+    plan = _meta_plan(monkeypatch, batch=1, max_keys=131072, **int8)
+    assert plan.uses_gluon and plan.num_splits == 32             # a wave of two CTAs an SM
+    plan = _meta_plan(monkeypatch, batch=1, nheads=12, nheads_k=12, max_keys=131072,
+                      q_dtype=torch.bfloat16, **int8)
+    assert plan.uses_gluon and plan.num_splits == 22
+    plan = _meta_plan(monkeypatch, batch=2, max_keys=8192, **int8)
+    assert plan.uses_gluon and plan._split_scratch[0] is not None
 
 
-def test_int8_and_bf16_take_the_gluon_decode_only_where_routed(monkeypatch):
-    """int8 caches (per-key scales) and bf16 queries are compiled, not yet measured: the plan
-    takes them only with the format in ``GLUON_FORMATS`` (and a row with ``gluon`` on), the
-    dtype in ``GLUON_QUERY_DTYPES``."""
-    int8 = dict(cache_dtype=torch.int8, kv_format="int8")
-    bf16 = dict(q_dtype=torch.bfloat16)
-    assert not _meta_plan(monkeypatch, config=ROWS["int8"], **int8).uses_gluon
-    assert not _meta_plan(monkeypatch, **bf16).uses_gluon
-    monkeypatch.setattr(gluon_decode, "GLUON_FORMATS", (1, 2))
-    monkeypatch.setattr(gluon_decode, "GLUON_QUERY_DTYPES", (torch.float16, torch.bfloat16))
-    assert _meta_plan(monkeypatch, config=ROWS["int8"], **int8).uses_gluon
-    assert _meta_plan(monkeypatch, config=ROWS["int8"], **int8, **bf16).uses_gluon
-    assert _meta_plan(monkeypatch, **bf16).uses_gluon
-    assert not _meta_plan(monkeypatch, config=INT8_ROW, **int8).uses_gluon
+def test_routing_follows_the_formats_and_query_dtypes(monkeypatch):
+    """``GLUON_FORMATS`` / ``GLUON_QUERY_DTYPES`` say what the route takes."""
+    int8 = dict(cache_dtype=torch.int8, kv_format="int8", config=INT8_ROW)
+    monkeypatch.setattr(gluon_decode, "GLUON_FORMATS", (1,))
+    assert not _meta_plan(monkeypatch, **int8).uses_gluon
+    assert _meta_plan(monkeypatch).uses_gluon
+    monkeypatch.setattr(gluon_decode, "GLUON_QUERY_DTYPES", (torch.float16,))
+    assert not _meta_plan(monkeypatch, q_dtype=torch.bfloat16).uses_gluon
 
 
-@pytest.mark.parametrize("case", ["bf16 q", "int8", "int4", "head-major", "fp32 q",
+@pytest.mark.parametrize("case", ["int4", "head-major", "fp32 q",
                                   "group x q_len 32", "head dim 64", "short", "sm_80",
-                                  "row without gluon"])
+                                  "row without gluon", "int8 row without gluon"])
 def test_other_launches_keep_the_triton_decode(monkeypatch, case):
     """Every launch the Gluon kernel cannot run (or was not measured on) keeps the Triton one,
     with the row's own split rule."""
-    kwargs = {"bf16 q": dict(q_dtype=torch.bfloat16),
-              "int8": dict(cache_dtype=torch.int8, kv_format="int8"),
-              "int4": dict(cache_dtype=torch.uint8, kv_format="int4"),
+    kwargs = {"int4": dict(cache_dtype=torch.uint8, kv_format="int4"),
               "head-major": dict(head_major=True),
               "fp32 q": dict(q_dtype=torch.float32),
               "group x q_len 32": dict(q_len=8),
@@ -137,6 +128,9 @@ def test_other_launches_keep_the_triton_decode(monkeypatch, case):
               "short": dict(max_keys=GLUON_MIN_KEYS // 2),
               "sm_80": dict(capability=(8, 0)),
               "row without gluon": dict(config=dataclasses.replace(FP8_ROW, gluon=False)),
+              "int8 row without gluon": dict(
+                  cache_dtype=torch.int8, kv_format="int8",
+                  config=dataclasses.replace(INT8_ROW, gluon=False)),
               }[case]
     plan = _meta_plan(monkeypatch, **kwargs)
     assert not plan.uses_gluon and not plan.config.gluon
@@ -197,19 +191,11 @@ GPU_CASES = [
 
 
 @hopper_only
-@pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("case", range(len(GPU_CASES)))
-def test_shipped_fp8_route_matches_reference_and_triton(case, causal):
-    """The route as shipped (fp8, fp16 q; the candidates of ``gluon_routes`` off)."""
-    _check_against_reference_and_triton(case, causal, "fp8_e4m3", "fp16")
-
-
-@hopper_only
 @pytest.mark.parametrize("q_dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8"])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("case", range(len(GPU_CASES)))
-def test_gluon_decode_matches_reference_and_triton(case, causal, fmt, q_dtype, gluon_routes):
+def test_gluon_decode_matches_reference_and_triton(case, causal, fmt, q_dtype):
     _check_against_reference_and_triton(case, causal, fmt, q_dtype)
 
 
@@ -257,7 +243,7 @@ def _gluon_plan(fmt, nheads, nheads_k, lens):
 
 @hopper_only
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8"])
-def test_gluon_decode_in_a_cuda_graph_and_compiled(fmt, gluon_routes):
+def test_gluon_decode_in_a_cuda_graph_and_compiled(fmt):
     plan, (q, kq, vq, ks, vs, seqlens, table, kd, vd) = _gluon_plan(fmt, 32, 8, [8192, 4000])
     eager = plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs)
     graph = torch.cuda.CUDAGraph()
@@ -281,7 +267,7 @@ def test_gluon_decode_in_a_cuda_graph_and_compiled(fmt, gluon_routes):
 
 @hopper_only
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8"])
-def test_opcheck_gluon_split_op(fmt, gluon_routes):
+def test_opcheck_gluon_split_op(fmt):
     plan, (q, kq, vq, ks, vs, seqlens, table, _, _) = _gluon_plan(fmt, 8, 2, [8192, 100])
     c = plan.config
     fields = (plan.softmax_scale, True, c.block_n, c.num_warps, c.num_stages,

@@ -257,14 +257,13 @@ class PagedDecodeConfig:
         bytes in flight per program and spends fewer instructions a key, but fits fewer
         programs an SM, so it loses where the shorter tile's launch fits one wave and its own
         runs a ragged second.
-    gluon: launches that ``kernels.gluon_decode.paged_fits`` (an fp8 e4m3 cache, fp16 q, head dim
-        128 (int8 and bf16 q compiled, routed once measured: ``GLUON_FORMATS``,
-        ``GLUON_QUERY_DTYPES``), token-major contiguous pages of a multiple of 16 keys, GQA group x
+    gluon: launches that ``kernels.gluon_decode.paged_fits`` (an fp8 e4m3 or int8 cache, fp16 or
+        bf16 q, head dim 128, token-major contiguous pages of a multiple of 16 keys, GQA group x
         q_len <= 16, no dense-and-sparse keys, sm_90) with at least ``GLUON_MIN_KEYS`` keys a
         sequence take the warp-specialized Gluon decode (a TMA loader warp, two CTAs an SM) and its
         own split count (``paged.splits.gluon_num_splits``); the row's other fields then apply to
-        the launches it does not fit. Set in the fp8 row: 1.07-1.12x the Triton kernel at the
-        ``bench quant`` shapes (H200, 2026-11-29, graphs).
+        the launches it does not fit. Set in the fp8 and int8 rows: 1.07-1.12x and 1.08-1.21x the
+        Triton kernel at the ``bench quant`` shapes (H200, 2026-11-29, graphs).
     """
     block_n: int
     num_warps: int
@@ -454,7 +453,7 @@ _INT4_PAIRS = dataclasses.replace(_INT4, head_pairs=True, max_registers=232, pro
                                   slow_programs_per_sm=(2.3, 6.5))
 _PAGED_DECODE_QUANT_TABLE: dict[tuple[tuple[int, int], str], dict[int, PagedDecodeConfig]] = {
     ((9, 0), "int8"): {128: PagedDecodeConfig(128, 4, 2, min_keys_per_split=2048, v_pairs=True,
-                                              f16_math=True,
+                                              f16_math=True, gluon=True,
                                               **_QUANT_SPLITS,
                                               outlier_max_registers=168)},
     ((9, 0), "fp8_e4m3"): {128: PagedDecodeConfig(128, 4, 2, min_keys_per_split=2048,

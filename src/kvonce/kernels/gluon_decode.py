@@ -1,19 +1,18 @@
-"""Warp-specialized Hopper (sm_90a) paged decode in Gluon for an fp8 e4m3 KV cache: the contract of
-``_paged_decode_kernel`` (kernels/paged_decode.py) with SPLIT (float32 partials, merged by
-``paged_combine``), for fp16 queries, head dim 128, pages a multiple of 16 keys.
+"""Warp-specialized Hopper (sm_90a) paged decode in Gluon for fp8 e4m3 and int8 KV caches: the
+contract of ``_paged_decode_kernel`` (kernels/paged_decode.py) with SPLIT (float32 partials,
+merged by ``paged_combine``; one split stores out itself), for fp16 and bf16 queries, head dim
+128, pages a multiple of 16 keys.
 
-WIRED for fp8 caches with fp16 queries on sm_90 (``PagedDecodeConfig.gluon``, the fp8 row;
-``paged_fits`` says which launches, ``PagedGluonDecodeLaunch`` is the plan's launch): two CTAs
-an SM at two ring stages (``GLUON_PLAN_VARIANT``; three measured faster where the launch has at
-most one CTA an SM, ``LONE_CTA_STAGES``). On the lent H200 (2026-11-29, CUDA graphs, decode + combine,
-``scripts/gluon_decode_check.py``) it ran 1.07-1.12x the Triton kernel at the ``bench quant``
-shapes with its own split counts (``paged.splits.gluon_num_splits``: about one CTA an SM for
-short launches, one pass from a full wave of two), where the Triton loop, at 604 instructions a
-tile a warp, no longer follows the H200's memory. On the H100 (2026-11-27, one CTA an SM, four
-stages, the Triton row's splits) it was 2-11% slower. Compiled for sm_90a and not yet run on a
-GPU, so off until tests/test_gluon_decode.py has run them: int8 (``KV_FORMAT`` 2: per-key
-scales; ``GLUON_FORMATS``), bf16 queries (``GLUON_QUERY_DTYPES``), one split storing out itself
-(``GLUON_DIRECT_STORE``) and ``LONE_CTA_STAGES`` 3.
+WIRED on sm_90 (``PagedDecodeConfig.gluon``, the fp8 and int8 rows; ``paged_fits`` says which
+launches, ``PagedGluonDecodeLaunch`` is the plan's launch): two CTAs an SM at two ring stages
+(``GLUON_PLAN_VARIANT``). On the lent H200 (2026-11-29, CUDA graphs, decode + combine) the fp8
+form ran 1.07-1.12x the Triton kernel at the ``bench quant`` shapes with its own split counts
+(``paged.splits.gluon_num_splits``: about one CTA an SM for short launches, one pass from a full
+wave of two), where the Triton loop, at 604 instructions a tile a warp, no longer follows the
+H200's memory; int8 (``KV_FORMAT`` 2: per-key scales, a wave of two CTAs an SM for short
+launches) 1.08-1.21x (scripts/quant_decode_sweep.py, seventeenth session); bf16 queries (rows
+scaled into fp16 once a CTA, the same loop) alike. On the H100 (2026-11-27, one CTA an SM, four
+stages, the Triton row's splits) the fp8 form was 2-11% slower.
 (docs/notes.md, "A Gluon decode for the quantized caches"; ``make kernel-check``.)
 
 16-bit caches (fp16 / bf16 pages and q, no scales: a 16-bit descriptor, 64-key tiles so that a
@@ -101,7 +100,6 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
-from .configs import device_info
 from .gluon_prefill import _add, _max  # the reduce combiners
 from .quant_convert import _INT8_PAIR_EVEN, _INT8_PAIR_ODD
 
@@ -766,7 +764,7 @@ class GluonDecodeLaunch:
             q.stride(0), q.stride(1), q.stride(2), ksh, vsh, *out_partial.stride()[:4],
             *lse_partial.stride(), block_table.stride(0), 0, 0, 0, 0)
         self.constexprs = dict(GROUP=nheads // nheads_k, IS_CAUSAL=bool(causal),
-                               PAGE_SIZE=page_size, STAGES=stages,
+                               PAGE_SIZE=page_size, STAGES=GLUON_PLAN_VARIANT["stages"],
                                THREAD_ARRIVE=bool(thread_arrive), RING_MERGE=bool(ring_merge),
                                TILE_KEYS=int(tile_keys), num_warps=WARPS.value)
         if ctas_per_sm == 2:
@@ -834,31 +832,24 @@ def combine_partials(out_partial, lse_partial, out, lse=None) -> None:
 # the idle K ring. H200, 2026-11-29, graphs, at the plan's split counts: 1.07-1.12x the Triton
 # kernel, 2-3% ahead of three stages at 64 x 8192 and even to 1% behind at 1 x 131072.
 GLUON_PLAN_VARIANT = dict(stages=2, ctas_per_sm=2, ring_merge=True)
-# A launch of at most one CTA an SM takes a third ring slot (98.7 KB a CTA): GQA 32/8 1 x 131072
-# at 16 splits 68.8 us against 69.7, MHA 12/12 at 11 splits 99.2 / 99.1 against 100.8 / 100.9
-# (two runs); with more CTAs than SMs 3 stages lost 4-11% (192 CTAs: 80.4 against 72.7 and 112.5
-# against 100.5; H200, graphs). fp8 only: int8's loop at 3 stages spills 128 B at 128 registers
-# (compiled for sm_90a). The plan's launch has not run it yet (2026-11-29: no device time left):
-# 2 until tests/test_gluon_decode.py has, which sets 3.
-LONE_CTA_STAGES = 2
-# One split stores out and LSE itself (no combine, no scratch; 6.0 us of GQA 32/8 64 x 8192's
-# 260.6 was the combine, H200). Compiled, not yet run: off until the GPU tests have run it.
-GLUON_DIRECT_STORE = False
-# The cache formats (QUANT_FORMATS codes) the plan may route here. int8 (``KV_FORMAT`` 2, per-key
-# scales) is compiled for sm_90a and not yet run on a GPU: tests and sweeps add it themselves.
-GLUON_FORMATS = (1,)
-# The query dtypes the plan may route here. bf16 (rows scaled into fp16 once a CTA; compiled for
-# sm_90a: the same 453-instruction loop as fp16's, never run) waits for its measurement too.
-GLUON_QUERY_DTYPES = (torch.float16,)
+# Three ring stages where the launch has at most one CTA an SM (98.7 KB a CTA) measured +1.3% in
+# scripts/gluon_decode_check.py and -1.3 to -2.0% through the plan (GQA 32/8 1 x 131072 83.7 us
+# against 82.0, MHA 12/12 114.5 against 113.0; H200, graphs, 2026-11-29): not taken. One split
+# stores out and LSE itself (no combine, no scratch): GQA 32/8 64 x 8192 262.2 us against 269.1
+# through the partials, MHA 12/12 386.4 against 389.8.
+# The cache formats (QUANT_FORMATS codes) the plan may route here: fp8 e4m3 (1), int8 (2).
+GLUON_FORMATS = (1, 2)
+# The query dtypes: bf16 rows are scaled into fp16 once a CTA (the loop unchanged).
+GLUON_QUERY_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def paged_fits(q, k_cache, v_cache, kv_format: int, outlier_values=None) -> bool:
     """Whether the Gluon decode runs this launch: q ``[batch, q_len, nheads, 128]`` of a dtype in
-    ``GLUON_QUERY_DTYPES`` (fp16) with GQA group x q_len <= 16, a cache of a format in
-    ``GLUON_FORMATS`` (fp8 e4m3: 1) of token-major contiguous pages (``[num_pages, page_size, nheads_k, 128]``, page_size a
-    multiple of 16, rows under 2^31), no dense-and-sparse keys (the caller also checks the
-    device: sm_90). Shapes, dtypes and strides only (meta tensors answer too; the caches'
-    16-byte alignment is checked by each call)."""
+    ``GLUON_QUERY_DTYPES`` (fp16, bf16) with GQA group x q_len <= 16, a cache of a format in
+    ``GLUON_FORMATS`` (fp8 e4m3: 1, int8: 2) of token-major contiguous pages (``[num_pages,
+    page_size, nheads_k, 128]``, page_size a multiple of 16, rows under 2^31), no dense-and-sparse
+    keys (the caller also checks the device: sm_90). Shapes, dtypes and strides only (meta
+    tensors answer too; the caches' 16-byte alignment is checked by each call)."""
     if (kv_format not in GLUON_FORMATS or outlier_values is not None
             or q.dtype not in GLUON_QUERY_DTYPES
             or q.dim() != 4 or k_cache.dim() != 4 or q.shape[3] != HEAD_DIM.value
@@ -878,7 +869,7 @@ def paged_fits(q, k_cache, v_cache, kv_format: int, outlier_values=None) -> bool
 
 def writes_partials(num_splits: int) -> bool:
     """Whether a launch of ``num_splits`` splits needs the float32 split scratch."""
-    return num_splits > 1 or not GLUON_DIRECT_STORE
+    return num_splits > 1
 
 
 class PagedGluonDecodeLaunch:
@@ -887,12 +878,12 @@ class PagedGluonDecodeLaunch:
     block_table, out, lse, o_part, lse_part, arrivals, k_scale, v_scale, outlier_values,
     outlier_channels)`` launches for tensors of those shapes and strides. Split launches go
     through ``o_part [batch, q_len, nheads, S, 128]`` / ``lse_part [batch, q_len, nheads, S]``
-    (float32, contiguous) and the combine, and so does one split unless ``GLUON_DIRECT_STORE``:
-    then it stores ``out`` (contiguous, q's dtype) and ``lse`` (contiguous float32 ``[batch,
-    nheads, q_len]``, or None without ``store_lse``) itself (``writes_partials``).
-    ``arrivals`` and the outlier arguments are unused. The two TMA descriptors are built from each call's caches (the
-    plan runs every layer's; a few us of host time), both kernels launched through
-    ``_launch.launch`` (Triton's C launcher, no per-call argument binding): no allocation, no host
+    (float32, contiguous) and the combine; one split stores ``out`` (contiguous, q's dtype)
+    and ``lse`` (contiguous float32 ``[batch, nheads, q_len]``, or None without ``store_lse``)
+    itself (``writes_partials``). ``arrivals`` and the outlier arguments are unused. The two
+    TMA descriptors are built from each call's caches (the plan runs every layer's; a few us of
+    host time), both kernels launched through ``_launch.launch`` (Triton's C launcher, no
+    per-call argument binding): no allocation, no host
     sync, CUDA-graph capturable."""
 
     def __init__(self, q, k_cache, v_cache, block_table, *, softmax_scale: float, causal: bool,
@@ -903,9 +894,6 @@ class PagedGluonDecodeLaunch:
         page_size, nheads_k = k_cache.shape[1], k_cache.shape[2]
         self.store_lse = store_lse
         self.per_key_scales = kv_format == INT8.value
-        ctas = num_splits * nheads_k * batch
-        stages = (LONE_CTA_STAGES if kv_format == FP8.value and ctas <= device_info(q.device)[1]
-                  else GLUON_PLAN_VARIANT["stages"])
         self.device_index = q.device.index
         self.grid = (num_splits, nheads_k, batch)
         self.box = min(box_rows(page_size), BLOCK_N.value)
@@ -914,7 +902,7 @@ class PagedGluonDecodeLaunch:
         # One split stores the final out [batch, q_len, nheads, d] and lse [batch, nheads, q_len]
         # (a combine launch and the partials' round trip saved: 6.0 us of GQA 32/8 64 x 8192's
         # 260.6, H200), more go through the float32 partials (contiguous scratch).
-        self.direct = num_splits == 1 and GLUON_DIRECT_STORE
+        self.direct = num_splits == 1
         s = num_splits
         if self.direct:
             out_strides = (q_len * nheads * head_dim, nheads * head_dim, head_dim, 0)
@@ -926,7 +914,7 @@ class PagedGluonDecodeLaunch:
         self.ints = (q_len, num_splits, q.stride(0), q.stride(1), q.stride(2))
         self.tail_ints = (*out_strides, *lse_strides, block_table.stride(0))
         self.constexprs = dict(GROUP=nheads // nheads_k, IS_CAUSAL=bool(causal),
-                               PAGE_SIZE=page_size, STAGES=stages,
+                               PAGE_SIZE=page_size, STAGES=GLUON_PLAN_VARIANT["stages"],
                                THREAD_ARRIVE=True, RING_MERGE=GLUON_PLAN_VARIANT["ring_merge"],
                                TILE_KEYS=0, KV_FORMAT=kv_format,
                                STORE_LSE=store_lse or not self.direct)

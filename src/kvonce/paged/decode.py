@@ -257,7 +257,8 @@ class PagedDecodePlan:
         grid_heads = k_cache.shape[2] // (2 if head_pairs_eligible(
             self.config, self._kv_code, q.dtype, head_dim, k_cache.shape[2]) else 1)
         if num_splits == 0 and self.uses_gluon:
-            num_splits = gluon_num_splits(batch * k_cache.shape[2], max_keys, num_sms)
+            num_splits = gluon_num_splits(batch * k_cache.shape[2], max_keys, num_sms,
+                                          two_ctas_an_sm=self.kv_format == "int8")
         elif num_splits == 0:
             num_splits = choose_num_splits(batch, grid_heads, max_keys, num_sms, self.config)
             self.config = _launch_shape_config(self.config, batch * grid_heads, num_splits,

@@ -58,7 +58,12 @@ def choose_num_splits(batch: int, nheads_k: int, max_keys: int, num_sms: int,
 # about one CTA an SM.
 GLUON_CTAS_PER_SM = 2
 GLUON_ONE_PASS_FROM = 0.9      # of a full wave of GLUON_CTAS_PER_SM CTAs an SM
-GLUON_SM_FILL = 0.95           # short launches aim at this many CTAs an SM
+GLUON_SM_FILL = 0.95           # short fp8 launches aim at this many CTAs an SM
+# int8's loop (780 instructions a tile a warp against fp8's 453) hides its memory only at two
+# CTAs an SM: 8 KV heads x 131072 keys 84.8 us at 32 splits (256 CTAs) against 99.5 at 16, 109.2
+# at 44 (1.33 waves), 90.9 at 64; 12 heads 116.8 at 22 (264) against 142.2 at 11, 142.2 at 32,
+# 124.3 at 44 (H200, graphs, 2026-11-29; the Triton row 94.6 / 130.0): the most splits that
+# stay within one wave of two (``gluon_num_splits(..., two_ctas_an_sm=True)``).
 GLUON_WAVE_FILL = 0.8          # the last wave's fill a split count must reach (1 to 3 splits)
 # Launches with fewer keys a sequence (block-table capacity) keep the Triton kernel: the Gluon
 # decode was measured from 2048 keys up only (H200, graphs, at this rule's splits: 32/8 64 x 2048
@@ -66,8 +71,9 @@ GLUON_WAVE_FILL = 0.8          # the last wave's fill a split count must reach (
 GLUON_MIN_KEYS = 2048
 
 
-def gluon_num_splits(base: int, max_keys: int, num_sms: int) -> int:
-    """Split count of the Gluon fp8 decode (``base = batch * nheads_k`` CTAs a split), from
+def gluon_num_splits(base: int, max_keys: int, num_sms: int,
+                     two_ctas_an_sm: bool = False) -> int:
+    """Split count of the Gluon decode (``base = batch * nheads_k`` CTAs a split), from
     shapes only. Measured on the H200 (2026-11-29, CUDA graphs, decode + combine,
     scripts/gluon_decode_check.py; docs/notes.md): where one split fills most of a wave of two
     CTAs an SM, one pass (512 and 768 CTAs: 1.9 and 2.9 waves, 4% and 2% ahead of two splits;
@@ -77,8 +83,9 @@ def gluon_num_splits(base: int, max_keys: int, num_sms: int) -> int:
     (``GLUON_SM_FILL``): 8 KV heads x 131072 keys ran 69.7 us at 16 splits (128 CTAs), 72.7 at
     24, 73.1 at 33, 74.9 at 49; 12 heads 100.8 at 11 (132 CTAs), 102.8 at 22, 108.5 at 33; 96
     CTAs a split 100.5 at 2 splits against 112.7 at one (96 CTAs leave 36 SMs idle); 48 a split
-    106.2 at 3, 104.2 at 5, 113.7 at 2. No split shorter than ``FALLBACK_MIN_KEYS`` keys, none
-    empty at 128-key tiles (``busy_splits``)."""
+    106.2 at 3, 104.2 at 5, 113.7 at 2 (fp8). ``two_ctas_an_sm`` (int8 caches): short launches
+    take the most splits within one wave of two CTAs an SM instead. No split shorter than
+    ``FALLBACK_MIN_KEYS`` keys, none empty at 128-key tiles (``busy_splits``)."""
     base = max(1, base)
     cap = max(1, min(MAX_SPLITS, max_keys // FALLBACK_MIN_KEYS))
     wave = GLUON_CTAS_PER_SM * num_sms
@@ -90,7 +97,10 @@ def gluon_num_splits(base: int, max_keys: int, num_sms: int) -> int:
             if fills[-1] >= GLUON_WAVE_FILL:
                 return splits
         return 1 + fills.index(max(fills))
-    splits = min(cap, -(-int(GLUON_SM_FILL * num_sms) // base))
+    if two_ctas_an_sm:
+        splits = min(cap, max(1, wave // base))
+    else:
+        splits = min(cap, -(-int(GLUON_SM_FILL * num_sms) // base))
     return busy_splits(max_keys, max(1, splits), 128)
 
 
