@@ -68,11 +68,10 @@
 #   gluondec    scripts/gluon_decode_check.py (the Gluon fp8 decode, wired 2026-11-29; TMA loader warp: 2-11%
 #               slower than the Triton row on the H100, where fp8 read ~2.8 TB/s; on the H200
 #               the Triton row reads 3.6-4.1 TB/s of fp8 bytes against the fp16 row's 4.1-4.5)
-#   gluonint8   the Gluon decode's int8 form (per-key scales; compiled for sm_90a 2026-11-29, 900
-#               instructions a tile a warp against fp8's 453, no spill, never run) and its bf16
-#               queries (rows scaled into fp16; fp8's loop unchanged at 453): its GPU tests
-#               (tests/test_gluon_decode.py routes them itself), then quant_decode_sweep.py with
-#               the row (Triton) against gluon=1, int8 and fp8, GQA 32/8 and MHA 12/12,
+#   gluonint8   the Gluon decode's int8 and bf16 q routes (shipped 2026-11-29, seventeenth session:
+#               int8 1.09-1.21x the Triton row at 64 x 8192, 1.12x / 1.11x at 1 x 131072 with a
+#               wave of two CTAs an SM): tests/test_gluon_decode.py, then quant_decode_sweep.py
+#               with the row (Triton) against gluon=1, int8 and fp8, GQA 32/8 and MHA 12/12,
 #               64 x 8192 and 1 x 131072, DTYPES (say "fp16 bf16")
 #   prefix      the shared-prefix decode after 2026-11-29's fourteenth session (the chunk loop's
 #               masked band under a branch, the suffix decode in int32 with the d128 row, the op
