@@ -23,7 +23,18 @@ HOPPER = HAS_CUDA and torch.cuda.get_device_capability() == (9, 0)
 hopper_only = pytest.mark.skipif(not HOPPER, reason="the Gluon kernel needs an sm_90 GPU")
 FP8_ROW = _PAGED_DECODE_QUANT_TABLE[((9, 0), "fp8_e4m3")][128]
 INT8_ROW = _PAGED_DECODE_QUANT_TABLE[((9, 0), "int8")][128]
-ROWS = {"fp8_e4m3": FP8_ROW, "int8": INT8_ROW}
+# int4 (compiled for sm_90a, not yet run on a GPU when written, 2026-11-29): not routed
+# (``GLUON_FORMATS``); its cases take the token-major int4 row with ``gluon`` on and the
+# ``_route_int4``.
+INT4_ROW = dataclasses.replace(_PAGED_DECODE_QUANT_TABLE[((9, 0), "int4/token-major")][128],
+                               gluon=True)
+ROWS = {"fp8_e4m3": FP8_ROW, "int8": INT8_ROW, "int4": INT4_ROW}
+FORMAT_CODES = {"fp8_e4m3": 1, "int8": 2, "int4": 3}
+
+
+def _route_int4(monkeypatch):
+    """The plan may route int4 caches to the Gluon decode (``GLUON_FORMATS`` with 3)."""
+    monkeypatch.setattr(gluon_decode, "GLUON_FORMATS", (*gluon_decode.GLUON_FORMATS, 3))
 QDTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -114,13 +125,30 @@ def test_routing_follows_the_formats_and_query_dtypes(monkeypatch):
     assert not _meta_plan(monkeypatch, q_dtype=torch.bfloat16).uses_gluon
 
 
-@pytest.mark.parametrize("case", ["int4", "head-major", "fp32 q",
+def test_int4_launches_where_routed(monkeypatch):
+    """int4 (``KV_FORMAT`` 3, compiled, not yet run): with 3 in ``GLUON_FORMATS`` and a row with
+    ``gluon`` on, token-major 64-byte rows take the Gluon decode, short launches at a wave of
+    two CTAs an SM as int8's."""
+    int4 = dict(cache_dtype=torch.uint8, kv_format="int4", config=INT4_ROW)
+    assert not _meta_plan(monkeypatch, **int4).uses_gluon
+    _route_int4(monkeypatch)
+    plan = _meta_plan(monkeypatch, batch=1, max_keys=131072, **int4)
+    assert plan.uses_gluon and plan.num_splits == 32
+    plan = _meta_plan(monkeypatch, batch=64, nheads=12, nheads_k=12, max_keys=8192,
+                      q_dtype=torch.bfloat16, **int4)
+    assert plan.uses_gluon and plan.num_splits == 1
+    assert not _meta_plan(monkeypatch, head_major=True, **int4).uses_gluon
+    assert not _meta_plan(monkeypatch, head_dim=64, **int4).uses_gluon
+
+
+@pytest.mark.parametrize("case", ["int4 (not routed)", "head-major", "fp32 q",
                                   "group x q_len 32", "head dim 64", "short", "sm_80",
                                   "row without gluon", "int8 row without gluon"])
 def test_other_launches_keep_the_triton_decode(monkeypatch, case):
     """Every launch the Gluon kernel cannot run (or was not measured on) keeps the Triton one,
     with the row's own split rule."""
-    kwargs = {"int4": dict(cache_dtype=torch.uint8, kv_format="int4"),
+    kwargs = {"int4 (not routed)": dict(cache_dtype=torch.uint8, kv_format="int4",
+                                        config=INT4_ROW),
               "head-major": dict(head_major=True),
               "fp32 q": dict(q_dtype=torch.float32),
               "group x q_len 32": dict(q_len=8),
@@ -141,8 +169,9 @@ def test_other_launches_keep_the_triton_decode(monkeypatch, case):
 # ------------------------------------------------------------------------------------------------
 
 def _poison_unowned(kq, vq, ks, vs, seqlens, table):
-    """In every cache slot no sequence owns: NaN bytes (fp8 0x7F; int8: the largest byte, 127)
-    and, for int8's per-key scales, NaN scales."""
+    """In every cache slot no sequence owns: NaN bytes (fp8 0x7F; int8: the largest byte, 127;
+    int4: two nibbles 7 and 15) and, for int8's and int4's per-key scales, NaN scales (and
+    offsets)."""
     page = kq.shape[1]
     owned = torch.zeros(kq.shape[:2], dtype=torch.bool, device=kq.device)
     for b, n in enumerate(seqlens.tolist()):
@@ -150,7 +179,7 @@ def _poison_unowned(kq, vq, ks, vs, seqlens, table):
         owned[table[b, pos // page].long(), pos % page] = True
     for t in (kq, vq):
         t.view(torch.uint8)[~owned] = 0x7F
-    if ks.dim() == 3:
+    if ks.dim() >= 3:
         ks[~owned] = float("nan")
         vs[~owned] = float("nan")
 
@@ -192,10 +221,12 @@ GPU_CASES = [
 
 @hopper_only
 @pytest.mark.parametrize("q_dtype", ["fp16", "bf16"])
-@pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8"])
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8", "int4"])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("case", range(len(GPU_CASES)))
-def test_gluon_decode_matches_reference_and_triton(case, causal, fmt, q_dtype):
+def test_gluon_decode_matches_reference_and_triton(case, causal, fmt, q_dtype, monkeypatch):
+    if fmt == "int4":
+        _route_int4(monkeypatch)
     _check_against_reference_and_triton(case, causal, fmt, q_dtype)
 
 
@@ -242,8 +273,10 @@ def _gluon_plan(fmt, nheads, nheads_k, lens):
 
 
 @hopper_only
-@pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8"])
-def test_gluon_decode_in_a_cuda_graph_and_compiled(fmt):
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8", "int4"])
+def test_gluon_decode_in_a_cuda_graph_and_compiled(fmt, monkeypatch):
+    if fmt == "int4":
+        _route_int4(monkeypatch)
     plan, (q, kq, vq, ks, vs, seqlens, table, kd, vd) = _gluon_plan(fmt, 32, 8, [8192, 4000])
     eager = plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs)
     graph = torch.cuda.CUDAGraph()
@@ -266,13 +299,15 @@ def test_gluon_decode_in_a_cuda_graph_and_compiled(fmt):
 
 
 @hopper_only
-@pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8"])
-def test_opcheck_gluon_split_op(fmt):
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8", "int4"])
+def test_opcheck_gluon_split_op(fmt, monkeypatch):
+    if fmt == "int4":
+        _route_int4(monkeypatch)
     plan, (q, kq, vq, ks, vs, seqlens, table, _, _) = _gluon_plan(fmt, 8, 2, [8192, 100])
     c = plan.config
     fields = (plan.softmax_scale, True, c.block_n, c.num_warps, c.num_stages,
               c.kv_cache_modifier, c.kv_eviction, c.max_merged_splits, ks, vs,
-              {"fp8_e4m3": 1, "int8": 2}[fmt], c.max_registers,
+              FORMAT_CODES[fmt], c.max_registers,
               c.swap_ab, c.f16_math, c.int64_kv_offsets, c.v_pairs, None, None,
               c.prefetch_pages, c.head_pairs, True)
     # torch 2.11 lacks the float8 arithmetic opcheck's schema test compares inputs with

@@ -101,7 +101,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from .gluon_prefill import _add, _max  # the reduce combiners
-from .quant_convert import _INT8_PAIR_EVEN, _INT8_PAIR_ODD
+from .quant_convert import _I4_UNIT_ASM, _INT8_PAIR_EVEN, _INT8_PAIR_ODD
 
 LOG2E = gl.constexpr(1.4426950408889634)
 LN2 = gl.constexpr(0.6931471805599453)
@@ -159,6 +159,26 @@ INT8_QUAD_BIASED = gl.constexpr("""{
 INT8_BIAS = gl.constexpr(1152.0)
 INT8_PAIR_EVEN = gl.constexpr(_INT8_PAIR_EVEN.value)
 INT8_PAIR_ODD = gl.constexpr(_INT8_PAIR_ODD.value)
+# int4 (``KV_FORMAT`` 3): a key's 64 bytes hold channel i in byte i's low nibble and i + 64 in its
+# high one (each nibble q + 8), with a float32 (scale, offset) a (token, KV head). K bytes ->
+# fp16 under a 0x64 high byte (prmt), then one AND keeps the low nibble (1024 + n) or the high
+# one (1024 + 16 n): 6 instructions for 8 values; the scores' dots start from the rows' biases
+# (``_int4_score_inits``). V units (two bytes of a key) -> the exact q of one nibble plane
+# (quant_convert's int4 unit converters: channels 2u, 2u + 1, 64 + 2u, 65 + 2u).
+INT4 = gl.constexpr(3)
+_INT4_K_BYTES = """{
+    .reg .b32 t, u;
+    prmt.b32 t, $2, 0x64646464, 0x4140;
+    prmt.b32 u, $2, 0x64646464, 0x4342;
+    and.b32 $0, t, MASK;
+    and.b32 $1, u, MASK;
+    }"""
+INT4_K_LOW = gl.constexpr(_INT4_K_BYTES.replace("MASK", "0xFF0FFF0F"))
+INT4_K_HIGH = gl.constexpr(_INT4_K_BYTES.replace("MASK", "0xFFF0FFF0"))
+INT4_V_EVEN_LOW = gl.constexpr(_I4_UNIT_ASM[(False, False)].value)
+INT4_V_ODD_LOW = gl.constexpr(_I4_UNIT_ASM[(True, False)].value)
+INT4_V_EVEN_HIGH = gl.constexpr(_I4_UNIT_ASM[(False, True)].value)
+INT4_V_ODD_HIGH = gl.constexpr(_I4_UNIT_ASM[(True, True)].value)
 
 
 @gluon.jit
@@ -216,7 +236,7 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, ca
     seq = gl.program_id(2)
     seqlen, lo, hi = _split_range(cache_seqlens, seq, split, num_splits, TILE)
     n_tiles = gl.maximum(hi - lo + TILE - 1, 0) // TILE
-    col = kv_head * HEAD_DIM
+    col = kv_head * k_desc.block_type.shape[1]     # a key's row of this head (int4: 64 bytes)
     bt_row = block_table + seq.to(gl.int64) * stride_btb
     box = gl.arange(0, BOXES, gl.BlockedLayout([1], [32], [1], [0]))
     last_box = gl.maximum(seqlen - 1, 0) // BOX * BOX
@@ -273,12 +293,41 @@ def _int8_to_biased_f16(bytes):
 
 
 @gluon.jit
-def _key_scales(KS, VS, bt_row, start, hi, stride_ksp, stride_kst, stride_vsp, stride_vst,
-                PAGE_SIZE: gl.constexpr, WKEYS: gl.constexpr):
-    """int8's per-key K and V scales of the tile at key ``start`` (KS, VS: this KV head's),
-    float32 ``[WARPS, WKEYS]`` in the scores' column layout (warp w: keys ``start + WKEYS w
-    ..``); 0 for keys from ``hi`` on (never read: the block table past a sequence's pages and
-    the slots past its end may hold anything)."""
+def _int4_k_to_f16(bytes, HIGH: gl.constexpr):
+    """int4 K bytes -> fp16 ``1024 + n`` of each byte's low nibble (or, HIGH, ``1024 + 16 n`` of
+    its high one), exactly, four a register (the two calls' prmt are the same: ptxas keeps one)."""
+    if HIGH:
+        asm: gl.constexpr = INT4_K_HIGH
+    else:
+        asm: gl.constexpr = INT4_K_LOW
+    return gl.inline_asm_elementwise(asm, "=r,=r,r", [bytes], dtype=gl.float16, is_pure=True,
+                                     pack=4)
+
+
+@gluon.jit
+def _int4_v_to_f16(units, ODD: gl.constexpr, HIGH: gl.constexpr):
+    """uint16 units of an int4 V tile (bytes 2u, 2u + 1 of a key) -> fp16 ``q`` of channel
+    ``2u + ODD + 64 HIGH``, exactly, two keys a register."""
+    if ODD:
+        if HIGH:
+            asm: gl.constexpr = INT4_V_ODD_HIGH
+        else:
+            asm: gl.constexpr = INT4_V_ODD_LOW
+    else:
+        if HIGH:
+            asm: gl.constexpr = INT4_V_EVEN_HIGH
+        else:
+            asm: gl.constexpr = INT4_V_EVEN_LOW
+    return gl.inline_asm_elementwise(asm, "=r,r", [units], dtype=gl.float16, is_pure=True,
+                                     pack=2)
+
+
+@gluon.jit
+def _tile_key_slots(bt_row, start, hi, PAGE_SIZE: gl.constexpr, WKEYS: gl.constexpr):
+    """Where the keys of the tile at key ``start`` sit, in the scores' column layout (warp w:
+    keys ``start + WKEYS w ..``): ``(page [WARPS, WKEYS] int64, slot, ok)``, ``ok`` false from
+    ``hi`` on (the block table past a sequence's pages and the slots past its end may hold
+    anything: never read)."""
     SL: gl.constexpr = gl.SliceLayout(1, MMA)
     w = gl.arange(0, WARPS, gl.SliceLayout(1, SL))
     n = gl.arange(0, WKEYS, gl.SliceLayout(0, SL))
@@ -293,11 +342,33 @@ def _key_scales(KS, VS, bt_row, start, hi, stride_ksp, stride_kst, stride_vsp, s
         page2 = gl.load(bt_row + w_start // PAGE_SIZE + 1, mask=w_start + PAGE_SIZE < hi,
                         other=0)
         page = gl.where(gl.expand_dims(n, 0) < PAGE_SIZE, page, gl.expand_dims(page2, 1))
-    page = page.to(gl.int64)
-    slot = keys % PAGE_SIZE
+    return page.to(gl.int64), keys % PAGE_SIZE, ok
+
+
+@gluon.jit
+def _key_scales(KS, VS, bt_row, start, hi, stride_ksp, stride_kst, stride_vsp, stride_vst,
+                PAGE_SIZE: gl.constexpr, WKEYS: gl.constexpr):
+    """int8's per-key K and V scales of the tile at key ``start`` (KS, VS: this KV head's),
+    float32 ``[WARPS, WKEYS]`` in the scores' column layout; 0 for keys from ``hi`` on."""
+    page, slot, ok = _tile_key_slots(bt_row, start, hi, PAGE_SIZE, WKEYS)
     ks = gl.load(KS + page * stride_ksp + slot * stride_kst, mask=ok, other=0.0)
     vs = gl.load(VS + page * stride_vsp + slot * stride_vst, mask=ok, other=0.0)
     return ks.to(gl.float32), vs.to(gl.float32)
+
+
+@gluon.jit
+def _key_scale_offsets(KS, VS, bt_row, start, hi, stride_ksp, stride_kst, stride_vsp,
+                       stride_vst, PAGE_SIZE: gl.constexpr, WKEYS: gl.constexpr):
+    """int4's per-key (scale, offset) pairs of K and V (KS, VS: this KV head's, the offset next
+    to its scale), float32 ``[WARPS, WKEYS]`` each as ``_key_scales``; 0 from ``hi`` on."""
+    page, slot, ok = _tile_key_slots(bt_row, start, hi, PAGE_SIZE, WKEYS)
+    k_at = KS + page * stride_ksp + slot * stride_kst
+    v_at = VS + page * stride_vsp + slot * stride_vst
+    ks = gl.load(k_at, mask=ok, other=0.0)
+    ko = gl.load(k_at + 1, mask=ok, other=0.0)
+    vs = gl.load(v_at, mask=ok, other=0.0)
+    vo = gl.load(v_at + 1, mask=ok, other=0.0)
+    return ks, ko, vs, vo
 
 
 @gluon.constexpr_function
@@ -316,6 +387,38 @@ def _release(bar, THREAD_ARRIVE: gl.constexpr):
         async_copy.mbarrier_arrive(bar, increment_count=False)
     else:
         mbarrier.arrive(bar)
+
+
+@gluon.jit
+def _softmax_step(sc, m_i, l_i, start, hi, last_key, qk_scale, MASKED: gl.constexpr,
+                  ROW_SCALE: gl.constexpr):
+    """The online softmax of a tile's scores ``sc [WARPS, ROWS, WKEYS]`` (keys ``start + WKEYS
+    w ..`` in warp w), in base 2: ``(p, m_new, l_i, alpha)``. MASKED: keys from ``hi`` on, and
+    those past a row's ``last_key``, get -inf. ROW_SCALE: ``qk_scale`` is a row's own."""
+    WKEYS: gl.constexpr = sc.shape[2]
+    if MASKED:
+        w = gl.arange(0, WARPS, gl.SliceLayout(1, gl.SliceLayout(2, MMA)))
+        n = gl.arange(0, WKEYS, gl.SliceLayout(0, gl.SliceLayout(1, MMA)))
+        keys = start + gl.expand_dims(gl.expand_dims(w * WKEYS, 1), 2) \
+            + gl.expand_dims(gl.expand_dims(n, 0), 1)
+        visible = (keys < hi) & (keys <= gl.expand_dims(gl.expand_dims(last_key, 0), 2))
+        if ROW_SCALE:
+            sc = gl.where(visible, sc * gl.expand_dims(qk_scale, 2), float("-inf"))
+        else:
+            sc = gl.where(visible, sc * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.reduce(sc, 2, _max))
+        m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp2(sc - gl.expand_dims(m_sub, 2))
+    else:
+        m_new = gl.maximum(m_i, gl.reduce(sc, 2, _max) * qk_scale)   # qk_scale > 0
+        m_sub = m_new
+        if ROW_SCALE:
+            p = gl.exp2(sc * gl.expand_dims(qk_scale, 2) - gl.expand_dims(m_sub, 2))
+        else:
+            p = gl.exp2(sc * qk_scale - gl.expand_dims(m_sub, 2))
+    alpha = gl.exp2(m_i - m_sub)
+    l_i = l_i * alpha + gl.reduce(p, 2, _add)
+    return p, m_new, l_i, alpha
 
 
 @gluon.jit
@@ -366,28 +469,8 @@ def _tile(q, s_init, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, k_ready,
         sc = mma_v2(q, kf, gl.zeros([WARPS, ROWS, WKEYS], gl.float32, MMA))
     if KV_FORMAT == INT8:
         sc = sc * gl.expand_dims(ks, 1)
-    if MASKED:
-        w = gl.arange(0, WARPS, gl.SliceLayout(1, gl.SliceLayout(2, MMA)))
-        n = gl.arange(0, WKEYS, gl.SliceLayout(0, gl.SliceLayout(1, MMA)))
-        keys = start + gl.expand_dims(gl.expand_dims(w * WKEYS, 1), 2) \
-            + gl.expand_dims(gl.expand_dims(n, 0), 1)
-        visible = (keys < hi) & (keys <= gl.expand_dims(gl.expand_dims(last_key, 0), 2))
-        if ROW_SCALE:
-            sc = gl.where(visible, sc * gl.expand_dims(qk_scale, 2), float("-inf"))
-        else:
-            sc = gl.where(visible, sc * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.reduce(sc, 2, _max))
-        m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
-        p = gl.exp2(sc - gl.expand_dims(m_sub, 2))
-    else:
-        m_new = gl.maximum(m_i, gl.reduce(sc, 2, _max) * qk_scale)   # qk_scale > 0
-        m_sub = m_new
-        if ROW_SCALE:
-            p = gl.exp2(sc * gl.expand_dims(qk_scale, 2) - gl.expand_dims(m_sub, 2))
-        else:
-            p = gl.exp2(sc * qk_scale - gl.expand_dims(m_sub, 2))
-    alpha = gl.exp2(m_i - m_sub)
-    l_i = l_i * alpha + gl.reduce(p, 2, _add)
+    p, m_new, l_i, alpha = _softmax_step(sc, m_i, l_i, start, hi, last_key, qk_scale, MASKED,
+                                         ROW_SCALE)
     a3 = gl.expand_dims(alpha, 2)
     if KV_FORMAT == INT8:
         v_max = gl.max(vs, 1)                                   # [WARPS]: 0 past the end
@@ -428,6 +511,154 @@ def _tile(q, s_init, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, k_ready,
     return acc_e, acc_o, m_new, l_i, acc_scale
 
 
+@gluon.constexpr_function
+def _units_layout(byte_layout):
+    """The ring slot's NVMMA layout (bytes) read as 16-bit units: the same swizzle."""
+    return gl.NVMMASharedLayout(swizzle_byte_width=byte_layout.swizzle_byte_width,
+                                element_bitwidth=16, rank=2)
+
+
+@gluon.jit
+def _tile_int4(q_lo, q_hi, s_init, q_sum, acc_el, acc_ol, acc_eh, acc_oh, b_i, m_i,
+               l_i, acc_scale, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, j, start, hi,
+               last_key, qk_scale, KS, VS, bt_row, stride_ksp, stride_kst, stride_vsp,
+               stride_vst, MASKED: gl.constexpr, THREAD_ARRIVE: gl.constexpr,
+               PAGE_SIZE: gl.constexpr, ROW_SCALE: gl.constexpr):
+    """``_tile`` for int4 slots (``[TILE, 64]`` bytes a key). Scores: the high nibbles' dot
+    (``1024 + 16 n``), times 1/16 plus ``s_init [WARPS, ROWS]`` as the low nibbles' start
+    (``1024 + n``), which leaves ``sum q (n - 8)`` a key (``_consume_int4_tiles``); then each key's
+    scale on its column and its offset times the row's ``sum(q)``. Output: the four nibble
+    planes' dots (channels ``2u``, ``2u + 1``, ``64 + 2u``, ``65 + 2u``: ``acc_el, acc_ol,
+    acc_eh, acc_oh [WARPS, ROWS, 32]``) of the exact ``q`` with the probabilities times the V
+    scales over the warp's largest, in units of ``acc_scale`` as int8's; the V offsets' share
+    ``sum p o`` a row in ``b_i [WARPS, ROWS]`` in the same unit (added to every channel at the
+    end)."""
+    STAGES: gl.constexpr = k_smem.shape[0]
+    TILE: gl.constexpr = k_smem.shape[1]
+    ROW: gl.constexpr = k_smem.shape[2]
+    WKEYS: gl.constexpr = TILE // WARPS
+    U16: gl.constexpr = _units_layout(v_smem.layout)
+    s = j % STAGES
+    phase = (j // STAGES) & 1
+    ks, ko, vs, vo = _key_scale_offsets(KS, VS, bt_row, start, hi, stride_ksp, stride_kst,
+                                        stride_vsp, stride_vst, PAGE_SIZE, WKEYS)
+
+    mbarrier.wait(k_ready.index(s), phase)
+    kb = k_smem.index(s).reshape([WARPS, WKEYS, ROW]).permute((0, 2, 1)).load(K_OP)
+    _release(k_empty.index(s), THREAD_ARRIVE)
+    sc = mma_v2(q_hi, _int4_k_to_f16(kb, True), gl.zeros([WARPS, ROWS, WKEYS], gl.float32, MMA))
+    sc = mma_v2(q_lo, _int4_k_to_f16(kb, False), sc * 0.0625 + gl.expand_dims(s_init, 2))
+    sc = sc * gl.expand_dims(ks, 1) + gl.expand_dims(ko, 1) * gl.expand_dims(q_sum, 2)
+    p, m_new, l_i, alpha = _softmax_step(sc, m_i, l_i, start, hi, last_key, qk_scale, MASKED,
+                                         ROW_SCALE)
+    v_max = gl.max(vs, 1)                                       # [WARPS]: 0 past the end
+    v_max = gl.where(v_max > 0.0, v_max, 1.0)
+    v_inv = gl.expand_dims(1.0 / v_max, 1)
+    # the change of unit as well ([WARPS] vectors: the same layout either way)
+    alpha = alpha * gl.expand_dims(gl.convert_layout(acc_scale / v_max,
+                                                     gl.SliceLayout(1, ROW_STATE)), 1)
+    b_i = b_i * alpha + gl.reduce(p * gl.expand_dims(vo * v_inv, 1), 2, _add)
+    p = p * gl.expand_dims(vs * v_inv, 1)
+    a3 = gl.expand_dims(alpha, 2)
+    acc_scale = v_max
+    p_op = gl.convert_layout(p.to(gl.float16), P_OP)
+
+    mbarrier.wait(v_ready.index(s), phase)
+    units = v_smem.index(s)._reinterpret(gl.uint16, [TILE, ROW // 2], U16).reshape(
+        [WARPS, WKEYS, ROW // 2]).load(V_OP)
+    _release(v_empty.index(s), THREAD_ARRIVE)
+    # Bytes past the end need no mask: any byte is two finite q, and their p is 0.
+    acc_el = mma_v2(p_op, _int4_v_to_f16(units, False, False), acc_el * a3)
+    acc_ol = mma_v2(p_op, _int4_v_to_f16(units, True, False), acc_ol * a3)
+    acc_eh = mma_v2(p_op, _int4_v_to_f16(units, False, True), acc_eh * a3)
+    acc_oh = mma_v2(p_op, _int4_v_to_f16(units, True, True), acc_oh * a3)
+    return acc_el, acc_ol, acc_eh, acc_oh, b_i, m_new, l_i, acc_scale
+
+
+@gluon.jit
+def _store_lse(Lse, lse, seq, split, kv_head, q_len, stride_lb, stride_lt, stride_lh, stride_ls,
+               GROUP: gl.constexpr):
+    rl = gl.arange(0, ROWS, gl.SliceLayout(0, ROW_STATE))
+    gl.store(Lse + seq.to(gl.int64) * stride_lb + split * stride_ls
+             + (rl // GROUP) * stride_lt + (kv_head * GROUP + rl % GROUP) * stride_lh, lse,
+             mask=rl < GROUP * q_len)
+
+
+@gluon.jit
+def _consume_int4_tiles(q_lo, q_hi, acc_scale, m_i, l_i, k_smem, v_smem, k_ready, v_ready,
+                        k_empty, v_empty, lo, hi, n_full, n_tiles, last_key, qk_scale, KS, VS,
+                        bt_row, stride_ksp, stride_kst, stride_vsp, stride_vst, Out, Lse, seq,
+                        split, kv_head, q_len, stride_ob, stride_ot, stride_oh, stride_os,
+                        stride_lb, stride_lt, stride_lh, stride_ls, GROUP: gl.constexpr,
+                        THREAD_ARRIVE: gl.constexpr, PAGE_SIZE: gl.constexpr,
+                        ROW_SCALE: gl.constexpr, STORE_LSE: gl.constexpr):
+    """``_consume``'s tiles, merge and stores for int4 caches (``_tile_int4``): the four nibble
+    planes merged through Triton's reduce scratch, the V offsets' share added to every channel,
+    the planes stored at channels ``2u``, ``2u + 1``, ``64 + 2u``, ``65 + 2u``."""
+    TILE: gl.constexpr = k_smem.shape[1]
+    WKEYS: gl.constexpr = TILE // WARPS
+    PLANE: gl.constexpr = HEAD_DIM // 4
+    # The low nibbles' dot (1024 + n) starts from a sixteenth of the high ones' (1024 + 16 n,
+    # from 0) plus -72 sum(q_hi) - 1032 sum(q_lo) a row: sum q (n - 8) a key. Products of fp16
+    # are exact in fp32; the sums' rounding at those magnitudes is far under int4's step, as
+    # int8's 1152. The start is a row's: one FFMA an element, no register tile.
+    sum_lo = gl.convert_layout(gl.sum(q_lo.to(gl.float32), 2), ROW_STATE)
+    sum_hi = gl.convert_layout(gl.sum(q_hi.to(gl.float32), 2), ROW_STATE)
+    s_init = sum_hi * -72.0 + sum_lo * -1032.0
+    q_sum = sum_lo + sum_hi
+    acc_el = gl.zeros([WARPS, ROWS, PLANE], gl.float32, MMA)
+    acc_ol = gl.zeros([WARPS, ROWS, PLANE], gl.float32, MMA)
+    acc_eh = gl.zeros([WARPS, ROWS, PLANE], gl.float32, MMA)
+    acc_oh = gl.zeros([WARPS, ROWS, PLANE], gl.float32, MMA)
+    b_i = gl.zeros([WARPS, ROWS], gl.float32, ROW_STATE)
+    for j in range(0, n_full):
+        acc_el, acc_ol, acc_eh, acc_oh, b_i, m_i, l_i, acc_scale = _tile_int4(
+            q_lo, q_hi, s_init, q_sum, acc_el, acc_ol, acc_eh, acc_oh, b_i, m_i, l_i,
+            acc_scale, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, j, lo + j * TILE, hi,
+            last_key, qk_scale, KS, VS, bt_row, stride_ksp, stride_kst, stride_vsp, stride_vst,
+            False, THREAD_ARRIVE, PAGE_SIZE, ROW_SCALE)
+    for j in range(n_full, n_tiles):
+        acc_el, acc_ol, acc_eh, acc_oh, b_i, m_i, l_i, acc_scale = _tile_int4(
+            q_lo, q_hi, s_init, q_sum, acc_el, acc_ol, acc_eh, acc_oh, b_i, m_i, l_i,
+            acc_scale, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, j, lo + j * TILE, hi,
+            last_key, qk_scale, KS, VS, bt_row, stride_ksp, stride_kst, stride_vsp, stride_vst,
+            True, THREAD_ARRIVE, PAGE_SIZE, ROW_SCALE)
+
+    # The four warps' states merged once (each warp's weight times its accumulators' unit).
+    m = gl.reduce(m_i, 0, _max)
+    m_sub = gl.where(m == float("-inf"), 0.0, m)
+    w = gl.exp2(m_i - gl.expand_dims(m_sub, 0))                  # [WARPS, ROWS], 0 for -inf
+    l = gl.reduce(l_i * w, 0, _add)
+    w_unit = w * gl.expand_dims(gl.convert_layout(acc_scale, gl.SliceLayout(1, ROW_STATE)), 1)
+    w3 = gl.expand_dims(w_unit, 2)
+    o_el = gl.reduce(acc_el * w3, 0, _add)
+    o_ol = gl.reduce(acc_ol * w3, 0, _add)
+    o_eh = gl.reduce(acc_eh * w3, 0, _add)
+    o_oh = gl.reduce(acc_oh * w3, 0, _add)
+    b = gl.reduce(b_i * w_unit, 0, _add)                        # [ROWS]: sum p o
+    seen = l > 0.0
+    inv = gl.where(seen, 1.0 / gl.where(seen, l, 1.0), 0.0)
+    lse = gl.where(seen, (m + gl.log2(gl.where(seen, l, 1.0))) * LN2, float("-inf"))
+
+    OUT2: gl.constexpr = gl.SliceLayout(0, MMA)
+    ro = gl.arange(0, ROWS, gl.SliceLayout(1, OUT2))
+    po = gl.arange(0, PLANE, gl.SliceLayout(0, OUT2))
+    o_row = (seq.to(gl.int64) * stride_ob + split * stride_os + (ro // GROUP) * stride_ot
+             + (kv_head * GROUP + ro % GROUP) * stride_oh)
+    o_ptrs = Out + gl.expand_dims(o_row, 1) + gl.expand_dims(po * 2, 0)
+    o_ok = gl.expand_dims(ro < GROUP * q_len, 1)
+    inv_o = gl.expand_dims(gl.convert_layout(inv, gl.SliceLayout(1, OUT2)), 1)
+    b_o = gl.expand_dims(gl.convert_layout(b, gl.SliceLayout(1, OUT2)), 1)
+    OT: gl.constexpr = Out.dtype.element_ty
+    gl.store(o_ptrs, ((o_el + b_o) * inv_o).to(OT), mask=o_ok)
+    gl.store(o_ptrs + 1, ((o_ol + b_o) * inv_o).to(OT), mask=o_ok)
+    gl.store(o_ptrs + HEAD_DIM // 2, ((o_eh + b_o) * inv_o).to(OT), mask=o_ok)
+    gl.store(o_ptrs + HEAD_DIM // 2 + 1, ((o_oh + b_o) * inv_o).to(OT), mask=o_ok)
+    if STORE_LSE:
+        _store_lse(Lse, lse, seq, split, kv_head, q_len, stride_lb, stride_lt, stride_lh,
+                   stride_ls, GROUP)
+
+
 @gluon.jit
 def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
              cache_seqlens, block_table, sm_scale, q_len, num_splits, stride_qb, stride_qt,
@@ -446,8 +677,10 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
     seqlen, lo, hi = _split_range(cache_seqlens, seq, split, num_splits, TILE)
 
     # Q rows [WARPS, ROWS, D], the same in every warp, loaded straight into the operand layout.
+    # int4: the channels of the low nibbles (0-63) and of the high ones (64-127) apart
+    D_Q: gl.constexpr = HEAD_DIM // 2 if KV_FORMAT == INT4 else HEAD_DIM
     r = gl.arange(0, ROWS, gl.SliceLayout(0, gl.SliceLayout(2, QL)))
-    d = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, gl.SliceLayout(1, QL)))
+    d = gl.arange(0, D_Q, gl.SliceLayout(0, gl.SliceLayout(1, QL)))
     wq = gl.arange(0, WARPS, gl.SliceLayout(1, gl.SliceLayout(2, QL)))
     q_row = (r // GROUP) * stride_qt + (kv_head * GROUP + r % GROUP) * stride_qh
     q_ptrs = (Q + seq.to(gl.int64) * stride_qb
@@ -455,6 +688,8 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
               + gl.expand_dims(gl.expand_dims(d, 0), 1))
     q_ok = gl.expand_dims(gl.expand_dims(wq >= 0, 1) & gl.expand_dims(r < GROUP * q_len, 0), 2)
     q = gl.load(q_ptrs, mask=q_ok, other=0.0)
+    if KV_FORMAT == INT4:
+        q_hi = gl.load(q_ptrs + D_Q, mask=q_ok, other=0.0)
     # bf16 q (fp8 / int8 caches): each row times a power of two into fp16 (its largest magnitude
     # in [2^13, 2^14): nothing lost, paged_decode._f16_rows), so the dots and the converters stay
     # fp16's; the inverse factor goes on the row's score scale.
@@ -462,11 +697,15 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
     if ROW_SCALE:
         qf = q.to(gl.float32)
         amax = gl.max(gl.abs(qf), 2)                             # [WARPS, ROWS]
+        if KV_FORMAT == INT4:
+            amax = gl.maximum(amax, gl.max(gl.abs(q_hi.to(gl.float32)), 2))
         e = ((amax.to(gl.int32, bitcast=True) >> 23) & 0xFF) - 127   # floor(log2); -127 for 0
         e = gl.minimum(gl.maximum(e, -100), 127)
         up = ((140 - e) << 23).to(gl.float32, bitcast=True)         # 2^(13 - e)
         down = ((114 + e) << 23).to(gl.float32, bitcast=True)       # 2^(e - 13)
         q = (qf * gl.expand_dims(up, 2)).to(gl.float16)
+        if KV_FORMAT == INT4:
+            q_hi = (q_hi.to(gl.float32) * gl.expand_dims(up, 2)).to(gl.float16)
 
     if IS_CAUSAL:
         diag = seqlen - q_len                       # row t sees key j <= t + diag
@@ -479,7 +718,7 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
     n_tiles = gl.maximum(hi - lo + TILE - 1, 0) // TILE
     rs = gl.arange(0, ROWS, gl.SliceLayout(0, ROW_STATE))
     last_key = rs // GROUP + diag
-    if KV16 or KV_FORMAT == INT8:   # int8: per-key scales, on each tile's scores
+    if KV16 or KV_FORMAT == INT8 or KV_FORMAT == INT4:   # int8, int4: per-key scales
         qk_scale = sm_scale * LOG2E
     else:
         qk_scale = sm_scale * LOG2E * gl.load(KS + kv_head * stride_ksh)
@@ -501,81 +740,86 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
     if KV_FORMAT == INT8:
         q_sum = gl.convert_layout(gl.sum(q.to(gl.float32), 2), ROW_STATE)
         s_init = s_init + gl.expand_dims(q_sum * (-INT8_BIAS), 2)
-    for j in range(0, n_full):
-        acc_e, acc_o, m_i, l_i, acc_scale = _tile(
-            q, s_init, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, k_ready, v_ready,
-            k_empty, v_empty, j, lo + j * TILE, hi, last_key, qk_scale, KSh, VSh, bt_row,
-            stride_ksp, stride_kst, stride_vsp, stride_vst, False, THREAD_ARRIVE, KV_FORMAT, PAGE_SIZE,
-            ROW_SCALE)
-    for j in range(n_full, n_tiles):
-        acc_e, acc_o, m_i, l_i, acc_scale = _tile(
-            q, s_init, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, k_ready, v_ready,
-            k_empty, v_empty, j, lo + j * TILE, hi, last_key, qk_scale, KSh, VSh, bt_row,
-            stride_ksp, stride_kst, stride_vsp, stride_vst, True, THREAD_ARRIVE, KV_FORMAT, PAGE_SIZE,
-            ROW_SCALE)
-
-    # The four warps' states merged once.
-    m = gl.reduce(m_i, 0, _max)
-    m_sub = gl.where(m == float("-inf"), 0.0, m)
-    w = gl.exp2(m_i - gl.expand_dims(m_sub, 0))                  # [WARPS, ROWS], 0 for -inf
-    l = gl.reduce(l_i * w, 0, _add)
-    w3 = gl.expand_dims(w, 2)
-    if KV_FORMAT == INT8:   # the accumulators back from their unit
-        w3 = w3 * gl.expand_dims(gl.expand_dims(acc_scale, 1), 1)
-    if not RING_MERGE:   # Triton's cross-warp reduction (shared-memory scratch)
-        o_e = gl.reduce(acc_e * w3, 0, _add)
-        o_o = gl.reduce(acc_o * w3, 0, _add)
-    seen = l > 0.0
-    if KV16 or KV_FORMAT == INT8:
-        inv = gl.where(seen, 1.0 / gl.where(seen, l, 1.0), 0.0)
+    if KV_FORMAT == INT4:
+        _consume_int4_tiles(q, q_hi, acc_scale, m_i, l_i, k_smem, v_smem, k_ready, v_ready,
+                            k_empty, v_empty, lo, hi, n_full, n_tiles, last_key, qk_scale, KSh,
+                            VSh, bt_row, stride_ksp, stride_kst, stride_vsp, stride_vst, Out,
+                            Lse, seq, split, kv_head, q_len, stride_ob, stride_ot, stride_oh,
+                            stride_os, stride_lb, stride_lt, stride_lh, stride_ls, GROUP,
+                            THREAD_ARRIVE, PAGE_SIZE, ROW_SCALE, STORE_LSE)
     else:
-        inv = gl.where(seen, gl.load(VS + kv_head * stride_vsh) / gl.where(seen, l, 1.0), 0.0)
-    lse = gl.where(seen, (m + gl.log2(gl.where(seen, l, 1.0))) * LN2, float("-inf"))
+        for j in range(0, n_full):
+            acc_e, acc_o, m_i, l_i, acc_scale = _tile(
+                q, s_init, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, k_ready, v_ready,
+                k_empty, v_empty, j, lo + j * TILE, hi, last_key, qk_scale, KSh, VSh, bt_row,
+                stride_ksp, stride_kst, stride_vsp, stride_vst, False, THREAD_ARRIVE, KV_FORMAT,
+                PAGE_SIZE, ROW_SCALE)
+        for j in range(n_full, n_tiles):
+            acc_e, acc_o, m_i, l_i, acc_scale = _tile(
+                q, s_init, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, k_ready, v_ready,
+                k_empty, v_empty, j, lo + j * TILE, hi, last_key, qk_scale, KSh, VSh, bt_row,
+                stride_ksp, stride_kst, stride_vsp, stride_vst, True, THREAD_ARRIVE, KV_FORMAT,
+                PAGE_SIZE, ROW_SCALE)
 
-    if RING_MERGE:
-        # Every tile's K and V waits are behind every consumer warp and the loader issues no
-        # tile past the last, so the ring is idle: K slot 0 takes the even channels' weighted
-        # accumulators, slot 1 the odd ones' (fp32 [WARPS, ROWS, 64], 16 KB each). Membar puts a
-        # bar.sync of the consumer warps between the last tile's ldmatrix and these stores (the
-        # views alias the K ring) and another between the stores and the loads.
-        ev = k_smem.index(0)._reinterpret(gl.float32, [WARPS * ROWS, HEAD_DIM // 2],
-                                          MERGE_SMEM).reshape([WARPS, ROWS, HEAD_DIM // 2])
-        od = k_smem.index(1)._reinterpret(gl.float32, [WARPS * ROWS, HEAD_DIM // 2],
-                                          MERGE_SMEM).reshape([WARPS, ROWS, HEAD_DIM // 2])
-        ev.store(acc_e * w3)
-        od.store(acc_o * w3)
-        o_e = gl.sum(ev.load(MERGE_LOAD), 0)                   # [ROWS, 64], 2 pairs a thread
-        o_o = gl.sum(od.load(MERGE_LOAD), 0)
-        o = gl.convert_layout(gl.join(o_e, o_o).reshape([ROWS, HEAD_DIM]), MERGE_OUT,
-                              assert_trivial=True)             # channels 4i .. 4i + 3
-        ro = gl.arange(0, ROWS, gl.SliceLayout(1, MERGE_OUT))
-        po = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, MERGE_OUT))
-        o_row = (seq.to(gl.int64) * stride_ob + split * stride_os + (ro // GROUP) * stride_ot
-                 + (kv_head * GROUP + ro % GROUP) * stride_oh)
-        o_ptrs = Out + gl.expand_dims(o_row, 1) + gl.expand_dims(po, 0)
-        o_ok = gl.expand_dims(ro < GROUP * q_len, 1)
-        inv_o = gl.expand_dims(gl.convert_layout(inv, gl.SliceLayout(1, MERGE_OUT)), 1)
-        gl.store(o_ptrs, (o * inv_o).to(Out.dtype.element_ty), mask=o_ok)
-    else:
-        OUT2: gl.constexpr = gl.SliceLayout(0, MMA)
-        ro = gl.arange(0, ROWS, gl.SliceLayout(1, OUT2))
-        po = gl.arange(0, HEAD_DIM // 2, gl.SliceLayout(0, OUT2))
-        o_row = (seq.to(gl.int64) * stride_ob + split * stride_os + (ro // GROUP) * stride_ot
-                 + (kv_head * GROUP + ro % GROUP) * stride_oh)
-        # fp8: even and odd channels (stride 2); 16-bit: the two 64-channel halves
-        C_STEP: gl.constexpr = 1 if KV16 else 2
-        C_OFF: gl.constexpr = HEAD_DIM // 2 if KV16 else 1
-        o_ptrs = Out + gl.expand_dims(o_row, 1) + gl.expand_dims(po * C_STEP, 0)
-        o_ok = gl.expand_dims(ro < GROUP * q_len, 1)
-        inv_o = gl.expand_dims(gl.convert_layout(inv, gl.SliceLayout(1, OUT2)), 1)
-        gl.store(o_ptrs, (o_e * inv_o).to(Out.dtype.element_ty), mask=o_ok)
-        gl.store(o_ptrs + C_OFF, (o_o * inv_o).to(Out.dtype.element_ty), mask=o_ok)
-    LSE1: gl.constexpr = gl.SliceLayout(0, ROW_STATE)
-    rl = gl.arange(0, ROWS, LSE1)
-    if STORE_LSE:
-        gl.store(Lse + seq.to(gl.int64) * stride_lb + split * stride_ls
-                 + (rl // GROUP) * stride_lt + (kv_head * GROUP + rl % GROUP) * stride_lh, lse,
-                 mask=rl < GROUP * q_len)
+        # The four warps' states merged once.
+        m = gl.reduce(m_i, 0, _max)
+        m_sub = gl.where(m == float("-inf"), 0.0, m)
+        w = gl.exp2(m_i - gl.expand_dims(m_sub, 0))                  # [WARPS, ROWS], 0 for -inf
+        l = gl.reduce(l_i * w, 0, _add)
+        w3 = gl.expand_dims(w, 2)
+        if KV_FORMAT == INT8:   # the accumulators back from their unit
+            w3 = w3 * gl.expand_dims(gl.expand_dims(acc_scale, 1), 1)
+        if not RING_MERGE:   # Triton's cross-warp reduction (shared-memory scratch)
+            o_e = gl.reduce(acc_e * w3, 0, _add)
+            o_o = gl.reduce(acc_o * w3, 0, _add)
+        seen = l > 0.0
+        if KV16 or KV_FORMAT == INT8:
+            inv = gl.where(seen, 1.0 / gl.where(seen, l, 1.0), 0.0)
+        else:
+            inv = gl.where(seen, gl.load(VS + kv_head * stride_vsh) / gl.where(seen, l, 1.0), 0.0)
+        lse = gl.where(seen, (m + gl.log2(gl.where(seen, l, 1.0))) * LN2, float("-inf"))
+
+        if RING_MERGE:
+            # Every tile's K and V waits are behind every consumer warp and the loader issues no
+            # tile past the last, so the ring is idle: K slot 0 takes the even channels' weighted
+            # accumulators, slot 1 the odd ones' (fp32 [WARPS, ROWS, 64], 16 KB each). Membar puts a
+            # bar.sync of the consumer warps between the last tile's ldmatrix and these stores (the
+            # views alias the K ring) and another between the stores and the loads.
+            ev = k_smem.index(0)._reinterpret(gl.float32, [WARPS * ROWS, HEAD_DIM // 2],
+                                              MERGE_SMEM).reshape([WARPS, ROWS, HEAD_DIM // 2])
+            od = k_smem.index(1)._reinterpret(gl.float32, [WARPS * ROWS, HEAD_DIM // 2],
+                                              MERGE_SMEM).reshape([WARPS, ROWS, HEAD_DIM // 2])
+            ev.store(acc_e * w3)
+            od.store(acc_o * w3)
+            o_e = gl.sum(ev.load(MERGE_LOAD), 0)                   # [ROWS, 64], 2 pairs a thread
+            o_o = gl.sum(od.load(MERGE_LOAD), 0)
+            o = gl.convert_layout(gl.join(o_e, o_o).reshape([ROWS, HEAD_DIM]), MERGE_OUT,
+                                  assert_trivial=True)             # channels 4i .. 4i + 3
+            ro = gl.arange(0, ROWS, gl.SliceLayout(1, MERGE_OUT))
+            po = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, MERGE_OUT))
+            o_row = (seq.to(gl.int64) * stride_ob + split * stride_os + (ro // GROUP) * stride_ot
+                     + (kv_head * GROUP + ro % GROUP) * stride_oh)
+            o_ptrs = Out + gl.expand_dims(o_row, 1) + gl.expand_dims(po, 0)
+            o_ok = gl.expand_dims(ro < GROUP * q_len, 1)
+            inv_o = gl.expand_dims(gl.convert_layout(inv, gl.SliceLayout(1, MERGE_OUT)), 1)
+            gl.store(o_ptrs, (o * inv_o).to(Out.dtype.element_ty), mask=o_ok)
+        else:
+            OUT2: gl.constexpr = gl.SliceLayout(0, MMA)
+            ro = gl.arange(0, ROWS, gl.SliceLayout(1, OUT2))
+            po = gl.arange(0, HEAD_DIM // 2, gl.SliceLayout(0, OUT2))
+            o_row = (seq.to(gl.int64) * stride_ob + split * stride_os + (ro // GROUP) * stride_ot
+                     + (kv_head * GROUP + ro % GROUP) * stride_oh)
+            # fp8: even and odd channels (stride 2); 16-bit: the two 64-channel halves
+            C_STEP: gl.constexpr = 1 if KV16 else 2
+            C_OFF: gl.constexpr = HEAD_DIM // 2 if KV16 else 1
+            o_ptrs = Out + gl.expand_dims(o_row, 1) + gl.expand_dims(po * C_STEP, 0)
+            o_ok = gl.expand_dims(ro < GROUP * q_len, 1)
+            inv_o = gl.expand_dims(gl.convert_layout(inv, gl.SliceLayout(1, OUT2)), 1)
+            gl.store(o_ptrs, (o_e * inv_o).to(Out.dtype.element_ty), mask=o_ok)
+            gl.store(o_ptrs + C_OFF, (o_o * inv_o).to(Out.dtype.element_ty), mask=o_ok)
+        if STORE_LSE:
+            _store_lse(Lse, lse, seq, split, kv_head, q_len, stride_lb, stride_lt, stride_lh,
+                       stride_ls, GROUP)
 
 
 @gluon.jit
@@ -594,8 +838,9 @@ def _gluon_decode_kernel(
     # their own dtype (``TILE_KEYS`` 0: 64-key tiles, 16 KB a slot as well).
     KV16: gl.constexpr = k_desc.dtype.primitive_bitwidth == 16
     TILE: gl.constexpr = TILE_KEYS if TILE_KEYS else (64 if KV16 else BLOCK_N)
-    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, TILE, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, TILE, HEAD_DIM], v_desc.layout)
+    ROW: gl.constexpr = k_desc.block_type.shape[1]     # a key's row: 128 (int4: 64 bytes)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, TILE, ROW], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, TILE, ROW], v_desc.layout)
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -832,6 +1077,8 @@ def combine_partials(out_partial, lse_partial, out, lse=None) -> None:
 # the idle K ring. H200, 2026-11-29, graphs, at the plan's split counts: 1.07-1.12x the Triton
 # kernel, 2-3% ahead of three stages at 64 x 8192 and even to 1% behind at 1 x 131072.
 GLUON_PLAN_VARIANT = dict(stages=2, ctas_per_sm=2, ring_merge=True)
+# int4 (compiled for sm_90a, not yet run): the same bytes in flight in 16 KB stages.
+INT4_VARIANT = dict(stages=4, ctas_per_sm=2, ring_merge=False)
 # Three ring stages where the launch has at most one CTA an SM (98.7 KB a CTA) measured +1.3% in
 # scripts/gluon_decode_check.py and -1.3 to -2.0% through the plan (GQA 32/8 1 x 131072 83.7 us
 # against 82.0, MHA 12/12 114.5 against 113.0; H200, graphs, 2026-11-29): not taken. One split
@@ -843,20 +1090,24 @@ GLUON_FORMATS = (1, 2)
 GLUON_QUERY_DTYPES = (torch.float16, torch.bfloat16)
 
 
-def paged_fits(q, k_cache, v_cache, kv_format: int, outlier_values=None) -> bool:
+def paged_fits(q, k_cache, v_cache, kv_format: int, outlier_values=None, k_scale=None,
+               v_scale=None) -> bool:
     """Whether the Gluon decode runs this launch: q ``[batch, q_len, nheads, 128]`` of a dtype in
     ``GLUON_QUERY_DTYPES`` (fp16, bf16) with GQA group x q_len <= 16, a cache of a format in
-    ``GLUON_FORMATS`` (fp8 e4m3: 1, int8: 2) of token-major contiguous pages (``[num_pages,
-    page_size, nheads_k, 128]``, page_size a multiple of 16, rows under 2^31), no dense-and-sparse
-    keys (the caller also checks the device: sm_90). Shapes, dtypes and strides only (meta
-    tensors answer too; the caches' 16-byte alignment is checked by each call)."""
+    ``GLUON_FORMATS`` (fp8 e4m3: 1, int8: 2; int4: 3 compiled, not routed) of token-major
+    contiguous pages (``[num_pages, page_size, nheads_k, 128]``, int4 64 bytes a row; page_size a
+    multiple of 16, rows under 2^31), int4's (scale, offset) pairs adjacent (``k_scale`` /
+    ``v_scale`` where given), no dense-and-sparse keys (the caller also checks the device:
+    sm_90). Shapes, dtypes and strides only (meta tensors answer too; the caches' 16-byte
+    alignment is checked by each call)."""
     if (kv_format not in GLUON_FORMATS or outlier_values is not None
             or q.dtype not in GLUON_QUERY_DTYPES
             or q.dim() != 4 or k_cache.dim() != 4 or q.shape[3] != HEAD_DIM.value
             or q.stride(3) != 1 or k_cache.element_size() != 1):
         return False
     num_pages, page_size, nheads_k, d = k_cache.shape
-    if (d != HEAD_DIM.value or page_size % 16 or nheads_k == 0 or q.shape[2] % nheads_k
+    row = HEAD_DIM.value // 2 if kv_format == INT4.value else HEAD_DIM.value
+    if (d != row or page_size % 16 or nheads_k == 0 or q.shape[2] % nheads_k
             or (q.shape[2] // nheads_k) * q.shape[1] > ROWS.value
             or num_pages * page_size >= 2**31):
         return False
@@ -864,6 +1115,8 @@ def paged_fits(q, k_cache, v_cache, kv_format: int, outlier_values=None) -> bool
         if (t.shape != k_cache.shape or t.stride(3) != 1 or t.stride(2) != d
                 or t.stride(1) != nheads_k * d or t.stride(0) != page_size * t.stride(1)):
             return False
+    if kv_format == INT4.value:
+        return all(sc is None or sc.stride(-1) == 1 for sc in (k_scale, v_scale))
     return True
 
 
@@ -893,11 +1146,13 @@ class PagedGluonDecodeLaunch:
         batch, q_len, nheads, head_dim = q.shape
         page_size, nheads_k = k_cache.shape[1], k_cache.shape[2]
         self.store_lse = store_lse
-        self.per_key_scales = kv_format == INT8.value
+        self.per_key_scales = kv_format in (INT8.value, INT4.value)
+        self.int4 = kv_format == INT4.value
         self.device_index = q.device.index
         self.grid = (num_splits, nheads_k, batch)
         self.box = min(box_rows(page_size), BLOCK_N.value)
-        self.layout = gl.NVMMASharedLayout.get_default_for([self.box, HEAD_DIM.value], gl.uint8)
+        self.row = k_cache.shape[3]                     # bytes a key (int4: 64)
+        self.layout = gl.NVMMASharedLayout.get_default_for([self.box, self.row], gl.uint8)
         self.scale = float(softmax_scale)
         # One split stores the final out [batch, q_len, nheads, d] and lse [batch, nheads, q_len]
         # (a combine launch and the partials' round trip saved: 6.0 us of GQA 32/8 64 x 8192's
@@ -913,9 +1168,12 @@ class PagedGluonDecodeLaunch:
             lse_strides = (q_len * nheads * s, nheads * s, s, 1)
         self.ints = (q_len, num_splits, q.stride(0), q.stride(1), q.stride(2))
         self.tail_ints = (*out_strides, *lse_strides, block_table.stride(0))
+        # int4: 16 KB a stage (64-byte rows), four of them; its four nibble planes merge
+        # through Triton's reduce scratch
+        variant = INT4_VARIANT if self.int4 else GLUON_PLAN_VARIANT
         self.constexprs = dict(GROUP=nheads // nheads_k, IS_CAUSAL=bool(causal),
-                               PAGE_SIZE=page_size, STAGES=GLUON_PLAN_VARIANT["stages"],
-                               THREAD_ARRIVE=True, RING_MERGE=GLUON_PLAN_VARIANT["ring_merge"],
+                               PAGE_SIZE=page_size, STAGES=variant["stages"],
+                               THREAD_ARRIVE=True, RING_MERGE=variant["ring_merge"],
                                TILE_KEYS=0, KV_FORMAT=kv_format,
                                STORE_LSE=store_lse or not self.direct)
         self.key = ("gluon-decode", q.dtype, self.ints, self.tail_ints,
@@ -936,7 +1194,7 @@ class PagedGluonDecodeLaunch:
 
         raw = cache.view(torch.uint8)
         return TensorDescriptor(raw, [raw.shape[0] * raw.shape[1], raw.shape[2] * raw.shape[3]],
-                                [raw.stride(1), 1], [self.box, HEAD_DIM.value], self.layout)
+                                [raw.stride(1), 1], [self.box, self.row], self.layout)
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, out, lse, o_part,
                  lse_part, arrivals, k_scale, v_scale, outlier_values=None,
@@ -947,10 +1205,14 @@ class PagedGluonDecodeLaunch:
         if self.grid[2] == 0:
             return
         if k_cache.data_ptr() % 16 or v_cache.data_ptr() % 16:
-            raise ValueError("the Gluon fp8 decode (TMA) needs 16-byte aligned caches: "
+            raise ValueError("the Gluon decode (TMA) needs 16-byte aligned caches: "
                              f"k_cache at {k_cache.data_ptr():#x}, v_cache at "
                              f"{v_cache.data_ptr():#x}")
-        if self.per_key_scales:   # int8: [pages, page_size, nheads_k], any strides
+        if self.int4 and (k_scale.stride(3) != 1 or v_scale.stride(3) != 1):
+            raise ValueError("the Gluon int4 decode needs each (scale, offset) pair adjacent "
+                             f"(stride 1): k_scale strides {tuple(k_scale.stride())}, v_scale "
+                             f"{tuple(v_scale.stride())}")
+        if self.per_key_scales:   # int8 / int4: [pages, page_size, nheads_k(, 2)], any strides
             head_strides = (k_scale.stride(2), v_scale.stride(2))
             key_strides = (*k_scale.stride()[:2], *v_scale.stride()[:2])
         else:                     # fp8: [nheads_k] or 0-dim

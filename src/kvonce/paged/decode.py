@@ -122,13 +122,14 @@ def _default_config(capability, num_sms, q, k_cache, block_table, kv_format,
     return config if waves / math.ceil(waves) >= PAIR_WAVE_FILL else row()
 
 
-def _gluon_fits(q, k_cache, v_cache, kv_format: int, outlier_values=None) -> bool:
+def _gluon_fits(q, k_cache, v_cache, kv_format: int, outlier_values=None, k_scale=None,
+                v_scale=None) -> bool:
     """Whether the Gluon decode (``PagedDecodeConfig.gluon``) can run this launch: an sm_90
     device and ``kernels.gluon_decode.paged_fits`` (imported only there)."""
     if device_info(q.device)[0] != (9, 0):   # (None, 1) off CUDA
         return False
     from ..kernels.gluon_decode import paged_fits
-    return paged_fits(q, k_cache, v_cache, kv_format, outlier_values)
+    return paged_fits(q, k_cache, v_cache, kv_format, outlier_values, k_scale, v_scale)
 
 
 def _gluon_writes_partials(num_splits: int) -> bool:
@@ -145,7 +146,8 @@ def _decode_launch(q, k_cache, v_cache, block_table, *, softmax_scale: float, ca
     allows it (``gluon_ok``: the plan's choice; a custom op's where it has the scratch the Gluon
     launch needs) and the tensors fit (``_gluon_fits``), else ``PagedDecodeLaunch``; both are
     called alike."""
-    if config.gluon and gluon_ok and _gluon_fits(q, k_cache, v_cache, kv_format, outlier_values):
+    if config.gluon and gluon_ok and _gluon_fits(q, k_cache, v_cache, kv_format, outlier_values,
+                                                 k_scale, v_scale):
         from ..kernels.gluon_decode import PagedGluonDecodeLaunch
         return PagedGluonDecodeLaunch(q, k_cache, v_cache, block_table,
                                       softmax_scale=softmax_scale, causal=causal,
@@ -250,7 +252,8 @@ class PagedDecodePlan:
         # The Gluon decode (config.gluon) where the example tensors fit it; its own splits.
         max_keys = block_table.shape[1] * page_size
         self.uses_gluon = (self.config.gluon and max_keys >= GLUON_MIN_KEYS
-                           and _gluon_fits(q, k_cache, v_cache, self._kv_code))
+                           and _gluon_fits(q, k_cache, v_cache, self._kv_code, None, k_scale,
+                                           v_scale))
         if self.config.gluon and not self.uses_gluon:
             self.config = dataclasses.replace(self.config, gluon=False)
         # int4 head pairs (config.head_pairs): a program serves two KV heads
@@ -258,7 +261,7 @@ class PagedDecodePlan:
             self.config, self._kv_code, q.dtype, head_dim, k_cache.shape[2]) else 1)
         if num_splits == 0 and self.uses_gluon:
             num_splits = gluon_num_splits(batch * k_cache.shape[2], max_keys, num_sms,
-                                          two_ctas_an_sm=self.kv_format == "int8")
+                                          two_ctas_an_sm=self.kv_format in ("int8", "int4"))
         elif num_splits == 0:
             num_splits = choose_num_splits(batch, grid_heads, max_keys, num_sms, self.config)
             self.config = _launch_shape_config(self.config, batch * grid_heads, num_splits,

@@ -84,7 +84,7 @@ def gluon_num_splits(base: int, max_keys: int, num_sms: int,
     24, 73.1 at 33, 74.9 at 49; 12 heads 100.8 at 11 (132 CTAs), 102.8 at 22, 108.5 at 33; 96
     CTAs a split 100.5 at 2 splits against 112.7 at one (96 CTAs leave 36 SMs idle); 48 a split
     106.2 at 3, 104.2 at 5, 113.7 at 2 (fp8). ``two_ctas_an_sm`` (int8 caches): short launches
-    take the most splits within one wave of two CTAs an SM instead. No split shorter than
+    take the most splits within one wave of two CTAs an SM instead (int4 too). No split shorter than
     ``FALLBACK_MIN_KEYS`` keys, none empty at 128-key tiles (``busy_splits``)."""
     base = max(1, base)
     cap = max(1, min(MAX_SPLITS, max_keys // FALLBACK_MIN_KEYS))
