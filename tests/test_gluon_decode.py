@@ -74,7 +74,8 @@ def test_gluon_split_counts():
 
 def _meta_plan(monkeypatch, *, batch=4, q_len=1, nheads=32, nheads_k=8, head_dim=128, page=16,
                max_keys=16384, q_dtype=torch.float16, cache_dtype=torch.float8_e4m3fn,
-               head_major=False, config=FP8_ROW, capability=(9, 0), kv_format=None):
+               head_major=False, config=FP8_ROW, capability=(9, 0), kv_format=None,
+               token_major_pairs=False):
     monkeypatch.setattr(decode, "device_info", lambda device: (capability, 132))
     monkeypatch.setattr(decode, "_default_config", lambda *a: config)
     meta = dict(device="meta")  # shapes only: nothing launches, on any machine
@@ -87,8 +88,10 @@ def _meta_plan(monkeypatch, *, batch=4, q_len=1, nheads=32, nheads_k=8, head_dim
     scale = torch.empty(nheads_k, dtype=torch.float32, **meta)
     if kv_format == "int8":
         scale = torch.empty(k.shape[:3], dtype=torch.float32, **meta)
-    elif kv_format == "int4":
-        scale = torch.empty(*k.shape[:3], 2, dtype=torch.float32, **meta)
+    elif kv_format == "int4":   # quantize_kv's storage: head-major pairs
+        scale = torch.empty(pages, nheads_k, page, 2, dtype=torch.float32, **meta).transpose(1, 2)
+        if token_major_pairs:
+            scale = scale.contiguous()
     table = torch.empty(batch, max_keys // page, dtype=torch.int32, **meta)
     seqlens = torch.empty(batch, dtype=torch.int32, **meta)
     return decode.PagedDecodePlan(q, k, k, seqlens, table, k_scale=scale, v_scale=scale,
@@ -139,6 +142,8 @@ def test_int4_launches_where_routed(monkeypatch):
     assert plan.uses_gluon and plan.num_splits == 1
     assert not _meta_plan(monkeypatch, head_major=True, **int4).uses_gluon
     assert not _meta_plan(monkeypatch, head_dim=64, **int4).uses_gluon
+    # the pairs come by TMA, a page's of one KV head a row: token-major pairs keep Triton
+    assert not _meta_plan(monkeypatch, token_major_pairs=True, **int4).uses_gluon
 
 
 @pytest.mark.parametrize("case", ["int4 (not routed)", "head-major", "fp32 q",

@@ -224,9 +224,40 @@ def _load_tile(desc, smem, ready, empty, phase, pages, box, start, col, last_box
 
 
 @gluon.jit
+def _load_tile_scales(desc, smem, ready, empty, phase, pages, box, start, col, last_box,
+                      ks_desc, ks_smem, vs_desc, vs_smem, kv_head, PAGE_SIZE: gl.constexpr):
+    """``_load_tile`` for int4's K tile, with the tile's K and V (scale, offset) pairs on the
+    same barrier: each box's pairs are one row of the scales' head-major storage (``[pages *
+    nheads_k, page_size * 2]`` float32: a page's pairs of one KV head are adjacent), into
+    ``ks_smem`` / ``vs_smem`` ``[TILE / BOX, BOX * 2]``."""
+    BOX: gl.constexpr = desc.block_type.shape[0]
+    TILE: gl.constexpr = smem.shape[0]
+    nheads_k = gl.num_programs(1)
+    mbarrier.wait(empty, phase)
+    mbarrier.expect(ready, (TILE // BOX) * (desc.block_type.nbytes + ks_desc.block_type.nbytes
+                                            + vs_desc.block_type.nbytes))
+    for i in gl.static_range(TILE // BOX):
+        key = gl.minimum(start + i * BOX, last_box)
+        if BOX == TILE:
+            page = gl.reduce(pages, 0, _add)
+        else:
+            page = gl.reduce(gl.where(box == i, pages, 0), 0, _add)
+        tma.async_copy_global_to_shared(desc, [page * PAGE_SIZE + key % PAGE_SIZE, col], ready,
+                                        smem.slice(i * BOX, BOX))
+        scale_row = page * nheads_k + kv_head
+        scale_col = (key % PAGE_SIZE) * 2
+        tma.async_copy_global_to_shared(ks_desc, [scale_row, scale_col], ready,
+                                        ks_smem.slice(i, 1))
+        tma.async_copy_global_to_shared(vs_desc, [scale_row, scale_col], ready,
+                                        vs_smem.slice(i, 1))
+
+
+@gluon.jit
 def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, cache_seqlens,
-          block_table, num_splits, stride_btb, PAGE_SIZE: gl.constexpr):
-    """The loader warp: the split's key tiles into the K and V rings."""
+          block_table, num_splits, stride_btb, ks_desc, vs_desc, ks_smem, vs_smem,
+          PAGE_SIZE: gl.constexpr, KV_FORMAT: gl.constexpr):
+    """The loader warp: the split's key tiles into the K and V rings (int4: each tile's scale
+    pairs with its K tile, ``_load_tile_scales``)."""
     STAGES: gl.constexpr = k_smem.shape[0]
     TILE: gl.constexpr = k_smem.shape[1]
     BOX: gl.constexpr = k_desc.block_type.shape[0]
@@ -247,8 +278,13 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, ca
         start = lo + j * TILE
         cur = pages
         pages = _box_pages(bt_row, start + TILE, box, last_box, BOX, PAGE_SIZE)
-        _load_tile(k_desc, k_smem.index(s), k_ready.index(s), k_empty.index(s), phase, cur, box,
-                   start, col, last_box, PAGE_SIZE)
+        if KV_FORMAT == INT4:
+            _load_tile_scales(k_desc, k_smem.index(s), k_ready.index(s), k_empty.index(s), phase,
+                              cur, box, start, col, last_box, ks_desc, ks_smem.index(s), vs_desc,
+                              vs_smem.index(s), kv_head, PAGE_SIZE)
+        else:
+            _load_tile(k_desc, k_smem.index(s), k_ready.index(s), k_empty.index(s), phase, cur,
+                       box, start, col, last_box, PAGE_SIZE)
         _load_tile(v_desc, v_smem.index(s), v_ready.index(s), v_empty.index(s), phase, cur, box,
                    start, col, last_box, PAGE_SIZE)
 
@@ -518,12 +554,34 @@ def _units_layout(byte_layout):
                                 element_bitwidth=16, rank=2)
 
 
+# int4's (scale, offset) pairs from a ring slot ([TILE, 2] float32) straight into the scores'
+# column layout (``SliceLayout(1, MMA)``: warp w's keys, lane l's 2 (l % 4) + {0, 1} + 8 j, the
+# other lane bits broadcast), the pair's two floats the fastest registers: a thread's two
+# adjacent keys are one 16-byte load, and the split halves are that layout as they are.
+PAIR_LOAD = gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=[[0, 0, 1], [0, 1, 0], [0, 8, 0], [0, 16, 0]],
+    lane_bases=[[0, 2, 0], [0, 4, 0], [0, 0, 0], [0, 0, 0], [0, 0, 0]],
+    warp_bases=[[1, 0, 0], [2, 0, 0]], block_bases=[], shape=[4, 32, 2]))
+PAIR_SMEM = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1,
+                                                 order=[2, 1, 0]))
+
+
+@gluon.jit
+def _ring_scale_pairs(slot, WKEYS: gl.constexpr):
+    """A ring slot's per-key (scale, offset) pairs -> two float32 ``[WARPS, WKEYS]`` in the
+    scores' column layout (warp w: keys ``WKEYS w ..`` of the tile)."""
+    gl.static_assert(WARPS * WKEYS == 128, "PAIR_LOAD is the 128-key tile's")
+    pairs = slot._reinterpret(gl.float32, [WARPS, WKEYS, 2], PAIR_SMEM).load(PAIR_LOAD)
+    scale, offset = pairs.split()
+    COLS: gl.constexpr = gl.SliceLayout(1, MMA)
+    return gl.convert_layout(scale, COLS), gl.convert_layout(offset, COLS)
+
+
 @gluon.jit
 def _tile_int4(q_lo, q_hi, s_init, q_sum, acc_el, acc_ol, acc_eh, acc_oh, b_i, m_i,
-               l_i, acc_scale, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, j, start, hi,
-               last_key, qk_scale, KS, VS, bt_row, stride_ksp, stride_kst, stride_vsp,
-               stride_vst, MASKED: gl.constexpr, THREAD_ARRIVE: gl.constexpr,
-               PAGE_SIZE: gl.constexpr, ROW_SCALE: gl.constexpr):
+               l_i, acc_scale, k_smem, v_smem, ks_smem, vs_smem, k_ready, v_ready, k_empty,
+               v_empty, j, start, hi, last_key, qk_scale, MASKED: gl.constexpr,
+               THREAD_ARRIVE: gl.constexpr, ROW_SCALE: gl.constexpr):
     """``_tile`` for int4 slots (``[TILE, 64]`` bytes a key). Scores: the high nibbles' dot
     (``1024 + 16 n``), times 1/16 plus ``s_init [WARPS, ROWS]`` as the low nibbles' start
     (``1024 + n``), which leaves ``sum q (n - 8)`` a key (``_consume_int4_tiles``); then each key's
@@ -540,12 +598,17 @@ def _tile_int4(q_lo, q_hi, s_init, q_sum, acc_el, acc_ol, acc_eh, acc_oh, b_i, m
     U16: gl.constexpr = _units_layout(v_smem.layout)
     s = j % STAGES
     phase = (j // STAGES) & 1
-    ks, ko, vs, vo = _key_scale_offsets(KS, VS, bt_row, start, hi, stride_ksp, stride_kst,
-                                        stride_vsp, stride_vst, PAGE_SIZE, WKEYS)
-
     mbarrier.wait(k_ready.index(s), phase)
+    ks, ko = _ring_scale_pairs(ks_smem.index(s), WKEYS)
+    vs, vo = _ring_scale_pairs(vs_smem.index(s), WKEYS)
     kb = k_smem.index(s).reshape([WARPS, WKEYS, ROW]).permute((0, 2, 1)).load(K_OP)
     _release(k_empty.index(s), THREAD_ARRIVE)
+    if MASKED:   # pairs past the end: whatever the slots hold (NaN): out of v_max and b
+        w = gl.arange(0, WARPS, gl.SliceLayout(1, gl.SliceLayout(1, MMA)))
+        n = gl.arange(0, WKEYS, gl.SliceLayout(0, gl.SliceLayout(1, MMA)))
+        inside = start + gl.expand_dims(w * WKEYS, 1) + gl.expand_dims(n, 0) < hi
+        vs = gl.where(inside, vs, 0.0)
+        vo = gl.where(inside, vo, 0.0)
     sc = mma_v2(q_hi, _int4_k_to_f16(kb, True), gl.zeros([WARPS, ROWS, WKEYS], gl.float32, MMA))
     sc = mma_v2(q_lo, _int4_k_to_f16(kb, False), sc * 0.0625 + gl.expand_dims(s_init, 2))
     sc = sc * gl.expand_dims(ks, 1) + gl.expand_dims(ko, 1) * gl.expand_dims(q_sum, 2)
@@ -586,12 +649,12 @@ def _store_lse(Lse, lse, seq, split, kv_head, q_len, stride_lb, stride_lt, strid
 
 @gluon.jit
 def _consume_int4_tiles(q_lo, q_hi, acc_scale, m_i, l_i, k_smem, v_smem, k_ready, v_ready,
-                        k_empty, v_empty, lo, hi, n_full, n_tiles, last_key, qk_scale, KS, VS,
-                        bt_row, stride_ksp, stride_kst, stride_vsp, stride_vst, Out, Lse, seq,
+                        k_empty, v_empty, lo, hi, n_full, n_tiles, last_key, qk_scale, ks_smem,
+                        vs_smem, Out, Lse, seq,
                         split, kv_head, q_len, stride_ob, stride_ot, stride_oh, stride_os,
                         stride_lb, stride_lt, stride_lh, stride_ls, GROUP: gl.constexpr,
-                        THREAD_ARRIVE: gl.constexpr, PAGE_SIZE: gl.constexpr,
-                        ROW_SCALE: gl.constexpr, STORE_LSE: gl.constexpr):
+                        THREAD_ARRIVE: gl.constexpr, ROW_SCALE: gl.constexpr,
+                        STORE_LSE: gl.constexpr):
     """``_consume``'s tiles, merge and stores for int4 caches (``_tile_int4``): the four nibble
     planes merged through Triton's reduce scratch, the V offsets' share added to every channel,
     the planes stored at channels ``2u``, ``2u + 1``, ``64 + 2u``, ``65 + 2u``."""
@@ -614,15 +677,13 @@ def _consume_int4_tiles(q_lo, q_hi, acc_scale, m_i, l_i, k_smem, v_smem, k_ready
     for j in range(0, n_full):
         acc_el, acc_ol, acc_eh, acc_oh, b_i, m_i, l_i, acc_scale = _tile_int4(
             q_lo, q_hi, s_init, q_sum, acc_el, acc_ol, acc_eh, acc_oh, b_i, m_i, l_i,
-            acc_scale, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, j, lo + j * TILE, hi,
-            last_key, qk_scale, KS, VS, bt_row, stride_ksp, stride_kst, stride_vsp, stride_vst,
-            False, THREAD_ARRIVE, PAGE_SIZE, ROW_SCALE)
+            acc_scale, k_smem, v_smem, ks_smem, vs_smem, k_ready, v_ready, k_empty, v_empty, j,
+            lo + j * TILE, hi, last_key, qk_scale, False, THREAD_ARRIVE, ROW_SCALE)
     for j in range(n_full, n_tiles):
         acc_el, acc_ol, acc_eh, acc_oh, b_i, m_i, l_i, acc_scale = _tile_int4(
             q_lo, q_hi, s_init, q_sum, acc_el, acc_ol, acc_eh, acc_oh, b_i, m_i, l_i,
-            acc_scale, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, j, lo + j * TILE, hi,
-            last_key, qk_scale, KS, VS, bt_row, stride_ksp, stride_kst, stride_vsp, stride_vst,
-            True, THREAD_ARRIVE, PAGE_SIZE, ROW_SCALE)
+            acc_scale, k_smem, v_smem, ks_smem, vs_smem, k_ready, v_ready, k_empty, v_empty, j,
+            lo + j * TILE, hi, last_key, qk_scale, True, THREAD_ARRIVE, ROW_SCALE)
 
     # The four warps' states merged once (each warp's weight times its accumulators' unit).
     m = gl.reduce(m_i, 0, _max)
@@ -664,7 +725,8 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
              cache_seqlens, block_table, sm_scale, q_len, num_splits, stride_qb, stride_qt,
              stride_qh, stride_ksh, stride_vsh, stride_ob, stride_ot, stride_oh, stride_os,
              stride_lb, stride_lt, stride_lh, stride_ls, stride_btb, stride_ksp, stride_kst,
-             stride_vsp, stride_vst, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr,
+             stride_vsp, stride_vst, ks_smem, vs_smem, GROUP: gl.constexpr,
+             IS_CAUSAL: gl.constexpr,
              THREAD_ARRIVE: gl.constexpr, RING_MERGE: gl.constexpr, KV_FORMAT: gl.constexpr,
              PAGE_SIZE: gl.constexpr, STORE_LSE: gl.constexpr):
     TILE: gl.constexpr = k_smem.shape[1]
@@ -724,8 +786,9 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
         qk_scale = sm_scale * LOG2E * gl.load(KS + kv_head * stride_ksh)
     if ROW_SCALE:
         qk_scale = qk_scale * gl.convert_layout(down, ROW_STATE)
-    KSh = KS + kv_head * stride_ksh
-    VSh = VS + kv_head * stride_vsh
+    if KV_FORMAT != INT4:   # int4: KS / VS are TMA descriptors (its scales come by ring)
+        KSh = KS + kv_head * stride_ksh
+        VSh = VS + kv_head * stride_vsh
     bt_row = block_table + seq.to(gl.int64) * stride_btb
 
     m_i = gl.full([WARPS, ROWS], float("-inf"), gl.float32, ROW_STATE)
@@ -742,11 +805,11 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
         s_init = s_init + gl.expand_dims(q_sum * (-INT8_BIAS), 2)
     if KV_FORMAT == INT4:
         _consume_int4_tiles(q, q_hi, acc_scale, m_i, l_i, k_smem, v_smem, k_ready, v_ready,
-                            k_empty, v_empty, lo, hi, n_full, n_tiles, last_key, qk_scale, KSh,
-                            VSh, bt_row, stride_ksp, stride_kst, stride_vsp, stride_vst, Out,
+                            k_empty, v_empty, lo, hi, n_full, n_tiles, last_key, qk_scale,
+                            ks_smem, vs_smem, Out,
                             Lse, seq, split, kv_head, q_len, stride_ob, stride_ot, stride_oh,
                             stride_os, stride_lb, stride_lt, stride_lh, stride_ls, GROUP,
-                            THREAD_ARRIVE, PAGE_SIZE, ROW_SCALE, STORE_LSE)
+                            THREAD_ARRIVE, ROW_SCALE, STORE_LSE)
     else:
         for j in range(0, n_full):
             acc_e, acc_o, m_i, l_i, acc_scale = _tile(
@@ -845,6 +908,17 @@ def _gluon_decode_kernel(
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    if KV_FORMAT == INT4:
+        # KS / VS: TMA descriptors of the (scale, offset) pairs' head-major storage, a box's
+        # pairs a row ([1, BOX * 2] float32): a ring of them beside K's
+        SBOX: gl.constexpr = KS.block_type.shape[1]
+        ks_smem = gl.allocate_shared_memory(gl.float32, [STAGES, TILE * 2 // SBOX, SBOX],
+                                            KS.layout)
+        vs_smem = gl.allocate_shared_memory(gl.float32, [STAGES, TILE * 2 // SBOX, SBOX],
+                                            VS.layout)
+    else:   # unused
+        ks_smem = k_smem
+        vs_smem = v_smem
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
@@ -855,16 +929,23 @@ def _gluon_decode_kernel(
                     cache_seqlens, block_table, sm_scale, q_len, num_splits, stride_qb,
                     stride_qt, stride_qh, stride_ksh, stride_vsh, stride_ob, stride_ot,
                     stride_oh, stride_os, stride_lb, stride_lt, stride_lh, stride_ls, stride_btb,
-                    stride_ksp, stride_kst, stride_vsp, stride_vst, GROUP, IS_CAUSAL,
-                    THREAD_ARRIVE, RING_MERGE, KV_FORMAT, PAGE_SIZE, STORE_LSE)),
+                    stride_ksp, stride_kst, stride_vsp, stride_vst, ks_smem, vs_smem, GROUP,
+                    IS_CAUSAL, THREAD_ARRIVE, RING_MERGE, KV_FORMAT, PAGE_SIZE, STORE_LSE)),
         (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                 cache_seqlens, block_table, num_splits, stride_btb, PAGE_SIZE)),
+                 cache_seqlens, block_table, num_splits, stride_btb, KS, VS, ks_smem, vs_smem,
+                 PAGE_SIZE, KV_FORMAT)),
     ], [LOADER_WARPS], [LOADER_REGS])
 
 
 # ----------------------------------------------------------------------------------------------
 # Host side
 # ----------------------------------------------------------------------------------------------
+
+def scale_pair_layout():
+    """The shared layout of int4's (scale, offset) ring (a box of ``[1, BOX * 2]`` float32 a
+    row, unswizzled: the consumers read a key pair's 16 bytes at once)."""
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+
 
 def box_rows(page_size: int) -> int:
     """Rows of a TMA box: the largest of 128, 64, 32, 16 that divides the page (a box never
@@ -1096,8 +1177,8 @@ def paged_fits(q, k_cache, v_cache, kv_format: int, outlier_values=None, k_scale
     ``GLUON_QUERY_DTYPES`` (fp16, bf16) with GQA group x q_len <= 16, a cache of a format in
     ``GLUON_FORMATS`` (fp8 e4m3: 1, int8: 2; int4: 3 compiled, not routed) of token-major
     contiguous pages (``[num_pages, page_size, nheads_k, 128]``, int4 64 bytes a row; page_size a
-    multiple of 16, rows under 2^31), int4's (scale, offset) pairs adjacent (``k_scale`` /
-    ``v_scale`` where given), no dense-and-sparse keys (the caller also checks the device:
+    multiple of 16, rows under 2^31), int4's (scale, offset) pairs stored head-major
+    (``head_major_pairs``; ``k_scale`` / ``v_scale`` where given), no dense-and-sparse keys (the caller also checks the device:
     sm_90). Shapes, dtypes and strides only (meta tensors answer too; the caches' 16-byte
     alignment is checked by each call)."""
     if (kv_format not in GLUON_FORMATS or outlier_values is not None
@@ -1116,8 +1197,16 @@ def paged_fits(q, k_cache, v_cache, kv_format: int, outlier_values=None, k_scale
                 or t.stride(1) != nheads_k * d or t.stride(0) != page_size * t.stride(1)):
             return False
     if kv_format == INT4.value:
-        return all(sc is None or sc.stride(-1) == 1 for sc in (k_scale, v_scale))
+        return all(sc is None or head_major_pairs(sc) for sc in (k_scale, v_scale))
     return True
+
+
+def head_major_pairs(scale) -> bool:
+    """Whether int4 ``(scale, offset)`` pairs ``[pages, page_size, nheads_k, 2]`` are stored
+    head-major and contiguous (memory ``[pages, nheads_k, page_size, 2]``, ``quantize_kv``'s
+    storage of a paged cache): a page's pairs of one KV head are then one row for TMA."""
+    pages, page_size, nheads_k, two = scale.shape
+    return scale.stride() == (nheads_k * page_size * 2, 2, page_size * 2, 1) and two == 2
 
 
 def writes_partials(num_splits: int) -> bool:
@@ -1196,6 +1285,15 @@ class PagedGluonDecodeLaunch:
         return TensorDescriptor(raw, [raw.shape[0] * raw.shape[1], raw.shape[2] * raw.shape[3]],
                                 [raw.stride(1), 1], [self.box, self.row], self.layout)
 
+    def _pairs_desc(self, scale):
+        """int4's (scale, offset) pairs as ``[pages * nheads_k, page_size * 2]`` float32 rows
+        (``head_major_pairs``), a box's pairs a TMA box."""
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+        pages, page_size, nheads_k, _ = scale.shape
+        return TensorDescriptor(scale, [pages * nheads_k, page_size * 2], [page_size * 2, 1],
+                                [1, self.box * 2], scale_pair_layout())
+
     def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, out, lse, o_part,
                  lse_part, arrivals, k_scale, v_scale, outlier_values=None,
                  outlier_channels=None):
@@ -1208,10 +1306,14 @@ class PagedGluonDecodeLaunch:
             raise ValueError("the Gluon decode (TMA) needs 16-byte aligned caches: "
                              f"k_cache at {k_cache.data_ptr():#x}, v_cache at "
                              f"{v_cache.data_ptr():#x}")
-        if self.int4 and (k_scale.stride(3) != 1 or v_scale.stride(3) != 1):
-            raise ValueError("the Gluon int4 decode needs each (scale, offset) pair adjacent "
-                             f"(stride 1): k_scale strides {tuple(k_scale.stride())}, v_scale "
-                             f"{tuple(v_scale.stride())}")
+        if self.int4:
+            for name, sc in (("k_scale", k_scale), ("v_scale", v_scale)):
+                if not head_major_pairs(sc) or sc.data_ptr() % 16:
+                    raise ValueError(
+                        f"the Gluon int4 decode reads {name} by TMA: pairs stored head-major "
+                        "(memory [pages, nheads_k, page_size, 2], quantize_kv's) from a 16-byte "
+                        f"aligned address; got strides {tuple(sc.stride())} at "
+                        f"{sc.data_ptr():#x}")
         if self.per_key_scales:   # int8 / int4: [pages, page_size, nheads_k(, 2)], any strides
             head_strides = (k_scale.stride(2), v_scale.stride(2))
             key_strides = (*k_scale.stride()[:2], *v_scale.stride()[:2])
@@ -1224,9 +1326,12 @@ class PagedGluonDecodeLaunch:
             dst_o, dst_l = out, (out if lse is None or not self.store_lse else lse)
         else:
             dst_o, dst_l = o_part, lse_part
+        ks_arg, vs_arg = k_scale, v_scale
+        if self.int4:
+            ks_arg, vs_arg = self._pairs_desc(k_scale), self._pairs_desc(v_scale)
         launch(_gluon_decode_kernel,
                (self.key, head_strides, key_strides, k_scale.dtype, aligned), self.grid,
-               (q, self._desc(k_cache), self._desc(v_cache), k_scale, v_scale, dst_o, dst_l,
+               (q, self._desc(k_cache), self._desc(v_cache), ks_arg, vs_arg, dst_o, dst_l,
                 cache_seqlens, block_table, self.scale, *self.ints, *head_strides,
                 *self.tail_ints, *key_strides),
                self.constexprs, WARPS.value, 1, self.device_index, TWO_CTA_MAXNREG)

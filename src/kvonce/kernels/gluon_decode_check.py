@@ -21,7 +21,7 @@ import re
 
 from triton.experimental.gluon import language as gl
 
-from .gluon_decode import TWO_CTA_MAXNREG, _gluon_decode_kernel, box_rows
+from .gluon_decode import TWO_CTA_MAXNREG, _gluon_decode_kernel, box_rows, scale_pair_layout
 
 
 def _check_signature(box: int, kv_dtype: str = "u8", q_dtype: str = "fp16",
@@ -29,8 +29,11 @@ def _check_signature(box: int, kv_dtype: str = "u8", q_dtype: str = "fp16",
     gl_dtype = {"u8": gl.uint8, "fp16": gl.float16, "bf16": gl.bfloat16}[kv_dtype]
     kv = gl.NVMMASharedLayout.get_default_for([box, row], gl_dtype)
     q = "bf16" if kv_dtype == "bf16" else q_dtype
+    scales = "*fp32"
+    if row == 64:   # int4: the (scale, offset) pairs by TMA, a box's a row
+        scales = f"tensordesc<fp32[1, {2 * box}],{scale_pair_layout()!r}>"
     sig = dict(Q=f"*{q}", k_desc=f"tensordesc<{kv_dtype}[{box}, {row}],{kv!r}>",
-               v_desc=f"tensordesc<{kv_dtype}[{box}, {row}],{kv!r}>", KS="*fp32", VS="*fp32",
+               v_desc=f"tensordesc<{kv_dtype}[{box}, {row}],{kv!r}>", KS=scales, VS=scales,
                Out=f"*{out_dtype}", Lse="*fp32", cache_seqlens="*i32", block_table="*i32",
                sm_scale="fp32")
     sig.update({name: "i32" for name in (
