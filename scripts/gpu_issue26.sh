@@ -73,6 +73,13 @@
 #               wave of two CTAs an SM): tests/test_gluon_decode.py, then quant_decode_sweep.py
 #               with the row (Triton) against gluon=1, int8 and fp8, GQA 32/8 and MHA 12/12,
 #               64 x 8192 and 1 x 131072, DTYPES (say "fp16 bf16")
+#   gluonint4   the Gluon decode's int4 form (compiled for sm_90a 2026-11-29, seventeenth session,
+#               never run: KV_FORMAT 3, 64-byte rows in four 16 KB stages, the (scale, offset)
+#               pairs by TMA with the K tile, 649 instructions a tile a warp against the Triton
+#               int4 loop's 734; not routed, GLUON_FORMATS): its GPU tests (-k int4: the tests
+#               route it themselves), then quant_decode_sweep.py --gluon-int4, the int4 rows
+#               (Triton) against gluon=1 at the plan's splits and at 16 / 32 / 64 for
+#               1 x 131072, GQA 32/8 and MHA 12/12, DTYPES
 #   prefix      the shared-prefix decode after 2026-11-29's fourteenth session (the chunk loop's
 #               masked band under a branch, the suffix decode in int32 with the d128 row, the op
 #               carrying the configs' flags: compiled and CPU-tested only): its GPU tests, then
@@ -323,6 +330,20 @@ if has gluonint8; then
     timeout 300 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int8,fp8_e4m3 \
       --heads 32/8,12/12 --shapes 64x8192,1x131072 --all --grid 128,4,2 128,4,2,$P,1 \
       2>&1 | grep -v Warn | tail -20
+  done
+fi
+if has gluonint4; then
+  step gluonint4
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_gluon_decode.py -k int4 \
+    2>&1 | tail -15 | cut -c1-400
+  P=-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1
+  for dt in ${DTYPES:-fp16}; do
+    timeout 150 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int4 --gluon-int4 \
+      --heads 32/8,12/12 --shapes 64x8192 --all --grid 128,4,3 128,4,3,$P,1 2>&1 \
+      | grep -v Warn | tail -6
+    timeout 150 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int4 --gluon-int4 \
+      --heads 32/8,12/12 --shapes 1x131072 --all --grid 128,4,3,$P,1 --splits 0,16,32,64 \
+      2>&1 | grep -v Warn | tail -6
   done
 fi
 if has prefix; then

@@ -8,7 +8,8 @@ max_registers[, swap_ab[, f16_math[, int64_kv_offsets[, v_pairs[, slow_lo[, roun
 outlier_max_registers[, prefetch_pages[, merge_splits_at_once[, head_pairs[, gluon]]]]]]]]]]]]]]];
 -1 keeps the row's value; slow_lo x sets slow_programs_per_sm to (x, 6.5)). ``gluon`` 1: the Gluon
 decode (kernels/gluon_decode.py, its own split count) where the launch fits it (the other fields
-then do not apply to it); every entry runs the Triton kernel otherwise. ``--splits``: each entry also at these split counts (0: the plan's).
+then do not apply to it; ``--gluon-int4`` lets it take int4); every entry runs the Triton
+kernel otherwise. ``--splits``: each entry also at these split counts (0: the plan's).
 ``--outliers N``: every quantized cache as dense-and-sparse keys (``KeyOutliers``, N fp16 channels per KV head from the first 2048 keys),
 its launches with ``key_outliers=``.
 
@@ -52,6 +53,9 @@ def main():
     p.add_argument("--shapes", default="", help="only these BATCHxLEN, comma-separated")
     p.add_argument("--heads", default="32/8", help="q/kv head counts, comma-separated")
     p.add_argument("--dtype", default="fp16", choices=("fp16", "bf16"), help="queries and cache")
+    p.add_argument("--gluon-int4", action="store_true",
+                   help="let gluon=1 entries route int4 caches (GLUON_FORMATS + 3: compiled, "
+                        "not routed by default)")
     p.add_argument("--splits", default="0",
                    help="split counts each grid entry runs at, comma-separated (0: the plan's)")
     p.add_argument("--layout", default="nhd", choices=("nhd", "hnd"), help="page storage")
@@ -72,6 +76,9 @@ def main():
         shapes = [tuple(int(x) for x in sh.split("x")) for sh in args.shapes.split(",")]
     heads = [tuple(int(x) for x in h.split("/")) for h in args.heads.split(",")]
     splits_list = [int(x) for x in args.splits.split(",")]
+    if args.gluon_int4:
+        from kvonce.kernels import gluon_decode
+        gluon_decode.GLUON_FORMATS = (*gluon_decode.GLUON_FORMATS, 3)
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     print("| heads | batch x len | format | best (block_n, warps, stages) | us | 2nd | 3rd | default us |"
           " fp16 us | speedup |")

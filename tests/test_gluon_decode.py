@@ -224,21 +224,45 @@ GPU_CASES = [
 ]
 
 
+def _spy_scale_rings(monkeypatch) -> list:
+    """Counts the launches whose scales come by TMA (``SCALE_RING``)."""
+    calls = []
+    real = gluon_decode.PagedGluonDecodeLaunch._scales_desc
+
+    def spy(self, scale):
+        calls.append(scale.shape)
+        return real(self, scale)
+
+    monkeypatch.setattr(gluon_decode.PagedGluonDecodeLaunch, "_scales_desc", spy)
+    return calls
+
+
+# The formats' routes: int8's scales as quantize_kv stores them (head-major) read a key at a
+# time ("int8"), by TMA ("int8 ring", INT8_SCALES_BY_TMA: compiled, not yet run when written),
+# or stored token-major ("int8 token-major scales": a key at a time, other strides); int4's
+# always by TMA (compiled, not yet run, not routed: _route_int4).
+ROUTES = ["fp8_e4m3", "int8", "int8 ring", "int8 token-major scales", "int4"]
+
+
 @hopper_only
 @pytest.mark.parametrize("q_dtype", ["fp16", "bf16"])
-@pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8", "int4"])
+@pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("case", range(len(GPU_CASES)))
-def test_gluon_decode_matches_reference_and_triton(case, causal, fmt, q_dtype, monkeypatch):
-    if fmt == "int4":
-        _route_int4(monkeypatch)
-    _check_against_reference_and_triton(case, causal, fmt, q_dtype)
+def test_gluon_decode_matches_reference_and_triton(case, causal, route, q_dtype, monkeypatch):
+    fmt = _take_route(route, monkeypatch)
+    rings = _spy_scale_rings(monkeypatch)
+    _check_against_reference_and_triton(case, causal, fmt, q_dtype,
+                                        token_major_scales="token-major" in route)
+    assert bool(rings) == (route in ("int8 ring", "int4"))
 
 
-def _check_against_reference_and_triton(case, causal, fmt, q_dtype):
+def _check_against_reference_and_triton(case, causal, fmt, q_dtype, token_major_scales=False):
     batch, q_len, nheads, nheads_k, page, lens, max_keys, splits = GPU_CASES[case]
     q, kq, vq, ks, vs, seqlens, table, kd, vd = _case(fmt, batch, q_len, nheads, nheads_k, page,
                                                       lens, max_keys, q_dtype=QDTYPES[q_dtype])
+    if token_major_scales:
+        ks, vs = ks.contiguous(), vs.contiguous()
     tol = 2e-3 if q_dtype == "fp16" else 8e-3    # the output's own rounding
     ref, ref_lse = paged_attention_ref(q.float(), kd, vd, seqlens, table, causal=causal)
     _poison_unowned(kq, vq, ks, vs, seqlens, table)
@@ -277,11 +301,19 @@ def _gluon_plan(fmt, nheads, nheads_k, lens):
     return plan, case
 
 
-@hopper_only
-@pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8", "int4"])
-def test_gluon_decode_in_a_cuda_graph_and_compiled(fmt, monkeypatch):
+def _take_route(route, monkeypatch) -> str:
+    """The format of a ``ROUTES`` entry, its route set up (int4 routed, int8 scales by TMA)."""
+    fmt = route.split()[0]
     if fmt == "int4":
         _route_int4(monkeypatch)
+    monkeypatch.setattr(gluon_decode, "INT8_SCALES_BY_TMA", route == "int8 ring")
+    return fmt
+
+
+@hopper_only
+@pytest.mark.parametrize("route", ["fp8_e4m3", "int8", "int8 ring", "int4"])
+def test_gluon_decode_in_a_cuda_graph_and_compiled(route, monkeypatch):
+    fmt = _take_route(route, monkeypatch)
     plan, (q, kq, vq, ks, vs, seqlens, table, kd, vd) = _gluon_plan(fmt, 32, 8, [8192, 4000])
     eager = plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs)
     graph = torch.cuda.CUDAGraph()
@@ -304,10 +336,9 @@ def test_gluon_decode_in_a_cuda_graph_and_compiled(fmt, monkeypatch):
 
 
 @hopper_only
-@pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8", "int4"])
-def test_opcheck_gluon_split_op(fmt, monkeypatch):
-    if fmt == "int4":
-        _route_int4(monkeypatch)
+@pytest.mark.parametrize("route", ["fp8_e4m3", "int8", "int8 ring", "int4"])
+def test_opcheck_gluon_split_op(route, monkeypatch):
+    fmt = _take_route(route, monkeypatch)
     plan, (q, kq, vq, ks, vs, seqlens, table, _, _) = _gluon_plan(fmt, 8, 2, [8192, 100])
     c = plan.config
     fields = (plan.softmax_scale, True, c.block_n, c.num_warps, c.num_stages,

@@ -106,7 +106,8 @@ def test_bad_arguments_raise():
 def test_int4_scales_of_a_paged_cache_are_stored_head_major():
     """``quantize_kv`` of a 4-D (paged) int4 cache returns its scales stored head-major (memory
     ``[pages, heads_k, page, 2]``, the ``transpose(1, 2)`` view): the same values as the
-    per-token computation, the same logical shape; 3-D inputs (new tokens) stay contiguous."""
+    per-token computation, the same logical shape; 3-D inputs (new tokens) stay contiguous.
+    int8's likewise (memory ``[pages, heads_k, page]``)."""
     x = torch.randn(5, 16, 3, 64)
     data, scales = quantize_kv(x, "int4")
     assert scales.shape == (5, 16, 3, 2)
@@ -115,5 +116,9 @@ def test_int4_scales_of_a_paged_cache_are_stored_head_major():
     assert flat_scales.is_contiguous()
     assert torch.equal(scales.reshape(80, 3, 2), flat_scales)
     assert torch.equal(data.reshape(80, 3, 32), flat_data)
-    # int8 keeps one float per key as computed (head-major measured no faster)
-    assert quantize_kv(x, "int8")[1].is_contiguous()
+    data8, scales8 = quantize_kv(x, "int8")
+    assert scales8.shape == (5, 16, 3) and scales8.stride() == (3 * 16, 1, 16)
+    flat_data8, flat_scales8 = quantize_kv(x.reshape(80, 3, 64), "int8")
+    assert flat_scales8.is_contiguous()
+    assert torch.equal(scales8.reshape(80, 3), flat_scales8)
+    assert torch.equal(data8.reshape(80, 3, 64), flat_data8)

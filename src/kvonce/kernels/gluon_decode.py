@@ -226,12 +226,13 @@ def _load_tile(desc, smem, ready, empty, phase, pages, box, start, col, last_box
 @gluon.jit
 def _load_tile_scales(desc, smem, ready, empty, phase, pages, box, start, col, last_box,
                       ks_desc, ks_smem, vs_desc, vs_smem, kv_head, PAGE_SIZE: gl.constexpr):
-    """``_load_tile`` for int4's K tile, with the tile's K and V (scale, offset) pairs on the
-    same barrier: each box's pairs are one row of the scales' head-major storage (``[pages *
-    nheads_k, page_size * 2]`` float32: a page's pairs of one KV head are adjacent), into
-    ``ks_smem`` / ``vs_smem`` ``[TILE / BOX, BOX * 2]``."""
+    """``_load_tile`` for a K tile with the tile's K and V scales on the same barrier (int4's
+    (scale, offset) pairs, ``PAIR`` 2; int8's scales, 1): each box's are one row of the scales'
+    head-major storage (``[pages * nheads_k, page_size * PAIR]`` float32: a page's of one KV head
+    are adjacent), into ``ks_smem`` / ``vs_smem`` ``[TILE / BOX, BOX * PAIR]``."""
     BOX: gl.constexpr = desc.block_type.shape[0]
     TILE: gl.constexpr = smem.shape[0]
+    PAIR: gl.constexpr = ks_desc.block_type.shape[1] // BOX
     nheads_k = gl.num_programs(1)
     mbarrier.wait(empty, phase)
     mbarrier.expect(ready, (TILE // BOX) * (desc.block_type.nbytes + ks_desc.block_type.nbytes
@@ -245,7 +246,7 @@ def _load_tile_scales(desc, smem, ready, empty, phase, pages, box, start, col, l
         tma.async_copy_global_to_shared(desc, [page * PAGE_SIZE + key % PAGE_SIZE, col], ready,
                                         smem.slice(i * BOX, BOX))
         scale_row = page * nheads_k + kv_head
-        scale_col = (key % PAGE_SIZE) * 2
+        scale_col = (key % PAGE_SIZE) * PAIR
         tma.async_copy_global_to_shared(ks_desc, [scale_row, scale_col], ready,
                                         ks_smem.slice(i, 1))
         tma.async_copy_global_to_shared(vs_desc, [scale_row, scale_col], ready,
@@ -255,9 +256,9 @@ def _load_tile_scales(desc, smem, ready, empty, phase, pages, box, start, col, l
 @gluon.jit
 def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, cache_seqlens,
           block_table, num_splits, stride_btb, ks_desc, vs_desc, ks_smem, vs_smem,
-          PAGE_SIZE: gl.constexpr, KV_FORMAT: gl.constexpr):
-    """The loader warp: the split's key tiles into the K and V rings (int4: each tile's scale
-    pairs with its K tile, ``_load_tile_scales``)."""
+          PAGE_SIZE: gl.constexpr, SCALE_RING: gl.constexpr):
+    """The loader warp: the split's key tiles into the K and V rings (SCALE_RING: each tile's
+    per-key scales with its K tile, ``_load_tile_scales``)."""
     STAGES: gl.constexpr = k_smem.shape[0]
     TILE: gl.constexpr = k_smem.shape[1]
     BOX: gl.constexpr = k_desc.block_type.shape[0]
@@ -278,7 +279,7 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, ca
         start = lo + j * TILE
         cur = pages
         pages = _box_pages(bt_row, start + TILE, box, last_box, BOX, PAGE_SIZE)
-        if KV_FORMAT == INT4:
+        if SCALE_RING:
             _load_tile_scales(k_desc, k_smem.index(s), k_ready.index(s), k_empty.index(s), phase,
                               cur, box, start, col, last_box, ks_desc, ks_smem.index(s), vs_desc,
                               vs_smem.index(s), kv_head, PAGE_SIZE)
@@ -462,7 +463,8 @@ def _tile(q, s_init, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, k_ready,
           k_empty, v_empty, j, start, hi, last_key, qk_scale, KS, VS, bt_row, stride_ksp,
           stride_kst,
           stride_vsp, stride_vst, MASKED: gl.constexpr, THREAD_ARRIVE: gl.constexpr,
-          KV_FORMAT: gl.constexpr, PAGE_SIZE: gl.constexpr, ROW_SCALE: gl.constexpr):
+          KV_FORMAT: gl.constexpr, PAGE_SIZE: gl.constexpr, ROW_SCALE: gl.constexpr,
+          SCALE_RING: gl.constexpr = False):
     """Key tile ``j`` of the ring (keys ``start ..``) into each warp's state: warp w takes keys
     ``start + TILE / 4 * w ..``. fp8 and int8 slots (uint8) are converted to fp16 here; 16-bit
     slots (``KV16``) are the operands as they are, V's channels 0-63 into ``acc_e`` and 64-127
@@ -476,7 +478,8 @@ def _tile(q, s_init, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, k_ready,
     stay <= 1: a bf16-range scale would overflow fp16, ``paged_decode_pairs``' reason), and the
     accumulators are kept in units of the last tile's largest scale, ``acc_scale [WARPS]``: the
     rescale by ``alpha`` also carries the change of unit, so the dot still accumulates in place.
-    ROW_SCALE: ``qk_scale`` is a row's own (``[WARPS, ROWS]``: bf16 q rows scaled into fp16)."""
+    ROW_SCALE: ``qk_scale`` is a row's own (``[WARPS, ROWS]``: bf16 q rows scaled into fp16).
+    SCALE_RING (int8): KS / VS are the scale rings (``_load_tile_scales``), read with K."""
     STAGES: gl.constexpr = k_smem.shape[0]
     TILE: gl.constexpr = k_smem.shape[1]
     WKEYS: gl.constexpr = TILE // WARPS
@@ -484,7 +487,7 @@ def _tile(q, s_init, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, k_ready,
     s = j % STAGES
     phase = (j // STAGES) & 1
     U16: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    if KV_FORMAT == INT8:   # issued before the waits: their latency runs under K's
+    if KV_FORMAT == INT8 and not SCALE_RING:   # issued before the waits: under K's latency
         ks, vs = _key_scales(KS, VS, bt_row, start, hi, stride_ksp, stride_kst, stride_vsp,
                              stride_vst, PAGE_SIZE, WKEYS)
 
@@ -494,7 +497,15 @@ def _tile(q, s_init, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, k_ready,
         _release(k_empty.index(s), THREAD_ARRIVE)
     else:
         kb = k_smem.index(s).reshape([WARPS, WKEYS, HEAD_DIM]).permute((0, 2, 1)).load(K_OP)
+        if SCALE_RING:
+            ks = _ring_scales(KS.index(s), WKEYS)
+            vs = _ring_scales(VS.index(s), WKEYS)
         _release(k_empty.index(s), THREAD_ARRIVE)
+        if SCALE_RING and MASKED:   # scales past the end: whatever the slots hold (NaN)
+            w = gl.arange(0, WARPS, gl.SliceLayout(1, gl.SliceLayout(1, MMA)))
+            n = gl.arange(0, WKEYS, gl.SliceLayout(0, gl.SliceLayout(1, MMA)))
+            vs = gl.where(start + gl.expand_dims(w * WKEYS, 1) + gl.expand_dims(n, 0) < hi,
+                          vs, 0.0)
         if KV_FORMAT == INT8:
             kf = _int8_to_biased_f16(kb)
         else:
@@ -564,6 +575,16 @@ PAIR_LOAD = gl.constexpr(gl.DistributedLinearLayout(
     warp_bases=[[1, 0, 0], [2, 0, 0]], block_bases=[], shape=[4, 32, 2]))
 PAIR_SMEM = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1,
                                                  order=[2, 1, 0]))
+
+
+PLAIN2 = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
+
+
+@gluon.jit
+def _ring_scales(slot, WKEYS: gl.constexpr):
+    """A ring slot's per-key scales (int8) -> float32 ``[WARPS, WKEYS]`` in the scores' column
+    layout (a thread's two adjacent keys: one 8-byte load)."""
+    return slot._reinterpret(gl.float32, [WARPS, WKEYS], PLAIN2).load(gl.SliceLayout(1, MMA))
 
 
 @gluon.jit
@@ -728,7 +749,7 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
              stride_vsp, stride_vst, ks_smem, vs_smem, GROUP: gl.constexpr,
              IS_CAUSAL: gl.constexpr,
              THREAD_ARRIVE: gl.constexpr, RING_MERGE: gl.constexpr, KV_FORMAT: gl.constexpr,
-             PAGE_SIZE: gl.constexpr, STORE_LSE: gl.constexpr):
+             PAGE_SIZE: gl.constexpr, STORE_LSE: gl.constexpr, SCALE_RING: gl.constexpr):
     TILE: gl.constexpr = k_smem.shape[1]
     KV16: gl.constexpr = k_smem.dtype.primitive_bitwidth == 16
     gl.static_assert(not (KV16 and RING_MERGE), "16-bit caches merge through the scratch")
@@ -786,7 +807,7 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
         qk_scale = sm_scale * LOG2E * gl.load(KS + kv_head * stride_ksh)
     if ROW_SCALE:
         qk_scale = qk_scale * gl.convert_layout(down, ROW_STATE)
-    if KV_FORMAT != INT4:   # int4: KS / VS are TMA descriptors (its scales come by ring)
+    if not SCALE_RING:   # else KS / VS are TMA descriptors: the scales come by ring
         KSh = KS + kv_head * stride_ksh
         VSh = VS + kv_head * stride_vsh
     bt_row = block_table + seq.to(gl.int64) * stride_btb
@@ -811,18 +832,24 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
                             stride_os, stride_lb, stride_lt, stride_lh, stride_ls, GROUP,
                             THREAD_ARRIVE, ROW_SCALE, STORE_LSE)
     else:
+        if SCALE_RING:
+            KSt = ks_smem
+            VSt = vs_smem
+        else:
+            KSt = KSh
+            VSt = VSh
         for j in range(0, n_full):
             acc_e, acc_o, m_i, l_i, acc_scale = _tile(
                 q, s_init, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, k_ready, v_ready,
-                k_empty, v_empty, j, lo + j * TILE, hi, last_key, qk_scale, KSh, VSh, bt_row,
+                k_empty, v_empty, j, lo + j * TILE, hi, last_key, qk_scale, KSt, VSt, bt_row,
                 stride_ksp, stride_kst, stride_vsp, stride_vst, False, THREAD_ARRIVE, KV_FORMAT,
-                PAGE_SIZE, ROW_SCALE)
+                PAGE_SIZE, ROW_SCALE, SCALE_RING)
         for j in range(n_full, n_tiles):
             acc_e, acc_o, m_i, l_i, acc_scale = _tile(
                 q, s_init, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, k_ready, v_ready,
-                k_empty, v_empty, j, lo + j * TILE, hi, last_key, qk_scale, KSh, VSh, bt_row,
+                k_empty, v_empty, j, lo + j * TILE, hi, last_key, qk_scale, KSt, VSt, bt_row,
                 stride_ksp, stride_kst, stride_vsp, stride_vst, True, THREAD_ARRIVE, KV_FORMAT,
-                PAGE_SIZE, ROW_SCALE)
+                PAGE_SIZE, ROW_SCALE, SCALE_RING)
 
         # The four warps' states merged once.
         m = gl.reduce(m_i, 0, _max)
@@ -894,6 +921,7 @@ def _gluon_decode_kernel(
     GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr, PAGE_SIZE: gl.constexpr,
     STAGES: gl.constexpr, THREAD_ARRIVE: gl.constexpr = True, RING_MERGE: gl.constexpr = False,
     TILE_KEYS: gl.constexpr = 0, KV_FORMAT: gl.constexpr = 1, STORE_LSE: gl.constexpr = True,
+    SCALE_RING: gl.constexpr = False,
 ):
     # Out / Lse: the float32 split partials (merged by paged_combine), or, with one split, the
     # final out (q's dtype, any strides: stride_os unused) and LSE, which STORE_LSE False skips.
@@ -908,14 +936,14 @@ def _gluon_decode_kernel(
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    if KV_FORMAT == INT4:
-        # KS / VS: TMA descriptors of the (scale, offset) pairs' head-major storage, a box's
-        # pairs a row ([1, BOX * 2] float32): a ring of them beside K's
+    gl.static_assert(SCALE_RING or KV_FORMAT != INT4, "int4's scales come by ring")
+    if SCALE_RING:
+        # KS / VS: TMA descriptors of the per-key scales' head-major storage (int4: (scale,
+        # offset) pairs), a box's a row ([1, BOX * PAIR] float32): a ring of them beside K's
+        BOXES: gl.constexpr = TILE // k_desc.block_type.shape[0]
         SBOX: gl.constexpr = KS.block_type.shape[1]
-        ks_smem = gl.allocate_shared_memory(gl.float32, [STAGES, TILE * 2 // SBOX, SBOX],
-                                            KS.layout)
-        vs_smem = gl.allocate_shared_memory(gl.float32, [STAGES, TILE * 2 // SBOX, SBOX],
-                                            VS.layout)
+        ks_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BOXES, SBOX], KS.layout)
+        vs_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BOXES, SBOX], VS.layout)
     else:   # unused
         ks_smem = k_smem
         vs_smem = v_smem
@@ -930,10 +958,11 @@ def _gluon_decode_kernel(
                     stride_qt, stride_qh, stride_ksh, stride_vsh, stride_ob, stride_ot,
                     stride_oh, stride_os, stride_lb, stride_lt, stride_lh, stride_ls, stride_btb,
                     stride_ksp, stride_kst, stride_vsp, stride_vst, ks_smem, vs_smem, GROUP,
-                    IS_CAUSAL, THREAD_ARRIVE, RING_MERGE, KV_FORMAT, PAGE_SIZE, STORE_LSE)),
+                    IS_CAUSAL, THREAD_ARRIVE, RING_MERGE, KV_FORMAT, PAGE_SIZE, STORE_LSE,
+                    SCALE_RING)),
         (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                  cache_seqlens, block_table, num_splits, stride_btb, KS, VS, ks_smem, vs_smem,
-                 PAGE_SIZE, KV_FORMAT)),
+                 PAGE_SIZE, SCALE_RING)),
     ], [LOADER_WARPS], [LOADER_REGS])
 
 
@@ -1160,6 +1189,10 @@ def combine_partials(out_partial, lse_partial, out, lse=None) -> None:
 GLUON_PLAN_VARIANT = dict(stages=2, ctas_per_sm=2, ring_merge=True)
 # int4 (compiled for sm_90a, not yet run): the same bytes in flight in 16 KB stages.
 INT4_VARIANT = dict(stages=4, ctas_per_sm=2, ring_merge=False)
+# int8 scales stored head-major (quantize_kv's, 2026-11-29) by TMA with each K tile
+# (``SCALE_RING``: 622 instructions a tile a warp against 780 with a load a key; compiled for
+# sm_90a, not yet run): off until tests/test_gluon_decode.py has run it on a GPU.
+INT8_SCALES_BY_TMA = False
 # Three ring stages where the launch has at most one CTA an SM (98.7 KB a CTA) measured +1.3% in
 # scripts/gluon_decode_check.py and -1.3 to -2.0% through the plan (GQA 32/8 1 x 131072 83.7 us
 # against 82.0, MHA 12/12 114.5 against 113.0; H200, graphs, 2026-11-29): not taken. One split
@@ -1178,9 +1211,9 @@ def paged_fits(q, k_cache, v_cache, kv_format: int, outlier_values=None, k_scale
     ``GLUON_FORMATS`` (fp8 e4m3: 1, int8: 2; int4: 3 compiled, not routed) of token-major
     contiguous pages (``[num_pages, page_size, nheads_k, 128]``, int4 64 bytes a row; page_size a
     multiple of 16, rows under 2^31), int4's (scale, offset) pairs stored head-major
-    (``head_major_pairs``; ``k_scale`` / ``v_scale`` where given), no dense-and-sparse keys (the caller also checks the device:
-    sm_90). Shapes, dtypes and strides only (meta tensors answer too; the caches' 16-byte
-    alignment is checked by each call)."""
+    (``head_major_scales``; ``k_scale`` / ``v_scale`` where given), no dense-and-sparse keys
+    (the caller also checks the device: sm_90). Shapes, dtypes and strides only (meta tensors
+    answer too; the caches' 16-byte alignment is checked by each call)."""
     if (kv_format not in GLUON_FORMATS or outlier_values is not None
             or q.dtype not in GLUON_QUERY_DTYPES
             or q.dim() != 4 or k_cache.dim() != 4 or q.shape[3] != HEAD_DIM.value
@@ -1197,16 +1230,21 @@ def paged_fits(q, k_cache, v_cache, kv_format: int, outlier_values=None, k_scale
                 or t.stride(1) != nheads_k * d or t.stride(0) != page_size * t.stride(1)):
             return False
     if kv_format == INT4.value:
-        return all(sc is None or head_major_pairs(sc) for sc in (k_scale, v_scale))
+        return all(sc is None or head_major_scales(sc) for sc in (k_scale, v_scale))
     return True
 
 
-def head_major_pairs(scale) -> bool:
-    """Whether int4 ``(scale, offset)`` pairs ``[pages, page_size, nheads_k, 2]`` are stored
-    head-major and contiguous (memory ``[pages, nheads_k, page_size, 2]``, ``quantize_kv``'s
-    storage of a paged cache): a page's pairs of one KV head are then one row for TMA."""
-    pages, page_size, nheads_k, two = scale.shape
-    return scale.stride() == (nheads_k * page_size * 2, 2, page_size * 2, 1) and two == 2
+def head_major_scales(scale) -> bool:
+    """Whether per-key scales (int8 ``[pages, page_size, nheads_k]``, int4's (scale, offset)
+    pairs ``[..., 2]``) are stored head-major and contiguous (memory ``[pages, nheads_k,
+    page_size(, 2)]``, ``quantize_kv``'s storage of a paged cache): a page's scales of one KV head
+    are then one row for TMA (``SCALE_RING``)."""
+    if scale.dim() not in (3, 4):
+        return False
+    pages, page_size, nheads_k = scale.shape[:3]
+    pair = scale.shape[3] if scale.dim() == 4 else 1
+    strides = (nheads_k * page_size * pair, pair, page_size * pair) + ((1,) if pair > 1 else ())
+    return tuple(scale.stride()) == strides and pair in (1, 2)
 
 
 def writes_partials(num_splits: int) -> bool:
@@ -1265,6 +1303,7 @@ class PagedGluonDecodeLaunch:
                                THREAD_ARRIVE=True, RING_MERGE=variant["ring_merge"],
                                TILE_KEYS=0, KV_FORMAT=kv_format,
                                STORE_LSE=store_lse or not self.direct)
+        self.ring_constexprs = dict(self.constexprs, SCALE_RING=True)
         self.key = ("gluon-decode", q.dtype, self.ints, self.tail_ints,
                     tuple(self.constexprs.values()))
         self.combine = None
@@ -1285,14 +1324,16 @@ class PagedGluonDecodeLaunch:
         return TensorDescriptor(raw, [raw.shape[0] * raw.shape[1], raw.shape[2] * raw.shape[3]],
                                 [raw.stride(1), 1], [self.box, self.row], self.layout)
 
-    def _pairs_desc(self, scale):
-        """int4's (scale, offset) pairs as ``[pages * nheads_k, page_size * 2]`` float32 rows
-        (``head_major_pairs``), a box's pairs a TMA box."""
+    def _scales_desc(self, scale):
+        """Per-key scales (``head_major_scales``: int8's, int4's pairs) as ``[pages * nheads_k,
+        page_size * pair]`` float32 rows, a box's a TMA box."""
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-        pages, page_size, nheads_k, _ = scale.shape
-        return TensorDescriptor(scale, [pages * nheads_k, page_size * 2], [page_size * 2, 1],
-                                [1, self.box * 2], scale_pair_layout())
+        pages, page_size, nheads_k = scale.shape[:3]
+        pair = scale.shape[3] if scale.dim() == 4 else 1
+        return TensorDescriptor(scale, [pages * nheads_k, page_size * pair],
+                                [page_size * pair, 1], [1, self.box * pair],
+                                scale_pair_layout())
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, out, lse, o_part,
                  lse_part, arrivals, k_scale, v_scale, outlier_values=None,
@@ -1306,9 +1347,13 @@ class PagedGluonDecodeLaunch:
             raise ValueError("the Gluon decode (TMA) needs 16-byte aligned caches: "
                              f"k_cache at {k_cache.data_ptr():#x}, v_cache at "
                              f"{v_cache.data_ptr():#x}")
+        # int4's scales come by TMA (SCALE_RING); int8's too where stored head-major from a
+        # 16-byte aligned address and INT8_SCALES_BY_TMA, else a load a key
+        ring = self.int4 or (self.per_key_scales and INT8_SCALES_BY_TMA and all(
+            head_major_scales(sc) and sc.data_ptr() % 16 == 0 for sc in (k_scale, v_scale)))
         if self.int4:
             for name, sc in (("k_scale", k_scale), ("v_scale", v_scale)):
-                if not head_major_pairs(sc) or sc.data_ptr() % 16:
+                if not head_major_scales(sc) or sc.data_ptr() % 16:
                     raise ValueError(
                         f"the Gluon int4 decode reads {name} by TMA: pairs stored head-major "
                         "(memory [pages, nheads_k, page_size, 2], quantize_kv's) from a 16-byte "
@@ -1327,14 +1372,15 @@ class PagedGluonDecodeLaunch:
         else:
             dst_o, dst_l = o_part, lse_part
         ks_arg, vs_arg = k_scale, v_scale
-        if self.int4:
-            ks_arg, vs_arg = self._pairs_desc(k_scale), self._pairs_desc(v_scale)
+        if ring:
+            ks_arg, vs_arg = self._scales_desc(k_scale), self._scales_desc(v_scale)
         launch(_gluon_decode_kernel,
-               (self.key, head_strides, key_strides, k_scale.dtype, aligned), self.grid,
+               (self.key, head_strides, key_strides, k_scale.dtype, aligned, ring), self.grid,
                (q, self._desc(k_cache), self._desc(v_cache), ks_arg, vs_arg, dst_o, dst_l,
                 cache_seqlens, block_table, self.scale, *self.ints, *head_strides,
                 *self.tail_ints, *key_strides),
-               self.constexprs, WARPS.value, 1, self.device_index, TWO_CTA_MAXNREG)
+               self.ring_constexprs if ring else self.constexprs, WARPS.value, 1,
+               self.device_index, TWO_CTA_MAXNREG)
         if self.direct:
             return
         key, grid, constexprs, warps = self.combine

@@ -10,8 +10,9 @@ range holding HMMA; the out-of-line mbarrier retry blocks, which sit past EXIT, 
 its instructions per tile per warp (NOPs not counted), HMMA, BAR.SYNC, LDSM, the fp8 converts
 (F2FP.F16.E4M3) and MUFU.EX2. Each consumer warp runs the loop body once per 128-key tile. Also
 the SASS's setmaxnreg immediates and highest register; a variant fails here on a spill inside a
-tile loop (one outside them, a value kept across a loop, is reported) and, for the two-CTA ones (``maxnreg`` = ``TWO_CTA_MAXNREG``), on launch registers over 128 or shared
-memory over half an SM (kernel_check itself fails spills only inside wgmma loops, and this
+tile loop (one outside them, a value kept across a loop, is reported) and, for the two-CTA ones
+(``maxnreg`` = ``TWO_CTA_MAXNREG``), on launch registers over 128 or shared memory over half an
+SM (kernel_check itself fails spills only inside wgmma loops, and this
 kernel has none).
 """
 from __future__ import annotations
@@ -25,13 +26,13 @@ from .gluon_decode import TWO_CTA_MAXNREG, _gluon_decode_kernel, box_rows, scale
 
 
 def _check_signature(box: int, kv_dtype: str = "u8", q_dtype: str = "fp16",
-                     out_dtype: str = "fp32", row: int = 128) -> dict:
+                     out_dtype: str = "fp32", row: int = 128, scale_pair: int = 0) -> dict:
     gl_dtype = {"u8": gl.uint8, "fp16": gl.float16, "bf16": gl.bfloat16}[kv_dtype]
     kv = gl.NVMMASharedLayout.get_default_for([box, row], gl_dtype)
     q = "bf16" if kv_dtype == "bf16" else q_dtype
     scales = "*fp32"
-    if row == 64:   # int4: the (scale, offset) pairs by TMA, a box's a row
-        scales = f"tensordesc<fp32[1, {2 * box}],{scale_pair_layout()!r}>"
+    if scale_pair:   # the scales by TMA, a box's a row (int4: (scale, offset) pairs)
+        scales = f"tensordesc<fp32[1, {scale_pair * box}],{scale_pair_layout()!r}>"
     sig = dict(Q=f"*{q}", k_desc=f"tensordesc<{kv_dtype}[{box}, {row}],{kv!r}>",
                v_desc=f"tensordesc<{kv_dtype}[{box}, {row}],{kv!r}>", KS=scales, VS=scales,
                Out=f"*{out_dtype}", Lse="*fp32", cache_seqlens="*i32", block_table="*i32",
@@ -48,7 +49,7 @@ def _check_signature(box: int, kv_dtype: str = "u8", q_dtype: str = "fp16",
 
 def _check_spec(variant, group, page_size, stages=4, causal=False, thread_arrive=True,
                 ring_merge=False, ctas_per_sm=1, kv_dtype="u8", tile_keys=0, kv_format=1,
-                q_dtype="fp16", direct_lse=None):
+                q_dtype="fp16", direct_lse=None, scale_ring=False):
     options = dict(num_warps=4)
     if ctas_per_sm == 2:
         options["maxnreg"] = TWO_CTA_MAXNREG
@@ -60,12 +61,17 @@ def _check_spec(variant, group, page_size, stages=4, causal=False, thread_arrive
     if kv_format != 1 or direct_lse is not None:
         constexprs.update(TILE_KEYS=tile_keys, KV_FORMAT=kv_format)
     out_dtype = "fp32"
-    if direct_lse is not None:   # one split: the final out (q's dtype) and LSE stored directly
-        constexprs["STORE_LSE"] = direct_lse
-        out_dtype = q_dtype
+    if direct_lse is not None or scale_ring or kv_format == 3:
+        # one split: the final out (q's dtype) and LSE stored directly
+        constexprs["STORE_LSE"] = True if direct_lse is None else direct_lse
+        out_dtype = q_dtype if direct_lse is not None else "fp32"
+    scale_pair = 0
+    if scale_ring or kv_format == 3:   # the scales by ring (int4's always)
+        constexprs["SCALE_RING"] = True
+        scale_pair = 2 if kv_format == 3 else 1
     return (variant, _gluon_decode_kernel,
             _check_signature(min(box_rows(page_size), tile), kv_dtype, q_dtype, out_dtype,
-                             64 if kv_format == 3 else 128),
+                             64 if kv_format == 3 else 128, scale_pair),
             constexprs, options,
             dict(HGMMA=0))
 
@@ -110,8 +116,14 @@ GLUON_CHECK_SPECS = [
                 ctas_per_sm=2, direct_lse=True),
     _check_spec("int8-page16-gqa4-2stages-2cta-direct", 4, 16, stages=2, ring_merge=True,
                 ctas_per_sm=2, kv_format=2, direct_lse=True),
-    # int4 (64-byte rows, per-key (scale, offset) pairs; four 16 KB stages, the merge through the
-    # reduce scratch): compiled, not yet run on a GPU.
+    # int8 with its scales by TMA (head-major scale runs, INT8_SCALES_BY_TMA): compiled only.
+    _check_spec("int8-ring-page16-gqa4-2stages-2cta", 4, 16, stages=2, ring_merge=True,
+                ctas_per_sm=2, kv_format=2, scale_ring=True),
+    _check_spec("int8-ring-bf16q-page64-mha-causal-2stages-2cta-direct", 1, 64, stages=2,
+                causal=True, ring_merge=True, ctas_per_sm=2, kv_format=2, q_dtype="bf16",
+                direct_lse=True, scale_ring=True),
+    # int4 (64-byte rows, per-key (scale, offset) pairs by TMA; four 16 KB stages, the merge
+    # through the reduce scratch): compiled, not yet run on a GPU.
     _check_spec("int4-page16-gqa4-4stages-2cta", 4, 16, stages=4, ctas_per_sm=2, kv_format=3),
     _check_spec("int4-bf16q-page64-mha-causal-4stages-2cta-direct", 1, 64, stages=4,
                 causal=True, ctas_per_sm=2, kv_format=3, q_dtype="bf16", direct_lse=True),

@@ -25,14 +25,16 @@
 - An all-zero row (int8, int4) gets the smallest positive scale (never 0 or NaN) and dequantizes
   to 0.
 - Storage: the kernels read data and scales through their strides. ``quantize_kv`` of a 4-D
-  (paged) ``x [pages, page, nheads_k, d]`` returns int4's scales stored head-major (memory
-  ``[pages, nheads_k, page, 2]``, returned as its ``transpose(1, 2)`` view: same shape and
-  values, ``is_contiguous()`` False) whatever ``x``'s own layout: each KV head's (scale, offset)
-  pairs of a page are then one 128-byte run (page 16) where token-major storage puts them 8 bytes
-  a key, ``nheads_k * 8`` bytes apart. Measured with token-major int4 pages (H100, graphs,
-  2026-11-27, docs/notes.md): GQA 32/8 64 x 8192 230 -> 216 us, 1 x 131072 68.7 -> 65.6, MHA
-  12/12 1 x 131072 99.9 -> 92.9; int8's one float per key measured no different either way
-  (404 / 405 us), so its scales stay as computed.
+  (paged) ``x [pages, page, nheads_k, d]`` returns int4's and int8's scales stored head-major
+  (memory ``[pages, nheads_k, page, 2]`` / ``[pages, nheads_k, page]``, returned as its
+  ``transpose(1, 2)`` view: same shape and values, ``is_contiguous()`` False) whatever ``x``'s
+  own layout: each KV head's scales of a page are then one run (128 / 64 bytes at page 16)
+  where token-major storage puts them ``nheads_k * 8`` / ``nheads_k * 4`` bytes apart. Measured
+  with token-major int4 pages (H100, graphs, 2026-11-27, docs/notes.md): GQA 32/8 64 x 8192 230
+  -> 216 us, 1 x 131072 68.7 -> 65.6, MHA 12/12 1 x 131072 99.9 -> 92.9; int8's one float per
+  key measured no different either way in the Triton kernel (404 / 405 us); the Gluon decode
+  (kernels/gluon_decode.py) brings head-major scale runs by TMA with each K tile (2026-11-29)
+  and reads other strides per key.
 """
 from __future__ import annotations
 
@@ -89,6 +91,8 @@ def quantize_kv(x: torch.Tensor, kv_format: str, *, scale: torch.Tensor | None =
     if kv_format == "int8":
         s = torch.clamp(xf.abs().amax(dim=-1) / _const(127.0, x), min=_TINY)
         x_q = torch.clamp(torch.round(xf / s[..., None]), -127, 127).to(torch.int8)
+        if x.dim() == 4:   # a paged cache's scales stored head-major ("Storage")
+            s = s.transpose(1, 2).contiguous().transpose(1, 2)
         return x_q, s
     if d % INT4_HEAD_DIM_MULTIPLE != 0:
         raise ValueError(f"int4 needs a head dim that is a multiple of {INT4_HEAD_DIM_MULTIPLE}, "
