@@ -206,13 +206,25 @@ def _box_pages(bt_row, start, box, last_box, BOX: gl.constexpr, PAGE_SIZE: gl.co
 
 @gluon.jit
 def _load_tile(desc, smem, ready, empty, phase, pages, box, start, col, last_box,
-               PAGE_SIZE: gl.constexpr):
+               PAGE_SIZE: gl.constexpr, SCALES: gl.constexpr = False, ks_desc=None,
+               ks_smem=None, vs_desc=None, vs_smem=None, kv_head=0):
     """The tile at key ``start`` of K (or V) into the ring slot ``smem`` once ``empty`` passes
-    ``phase``, box by box, on ``ready`` (expect + the boxes' bytes)."""
+    ``phase``, box by box, on ``ready`` (expect + the boxes' bytes). SCALES (a K tile of a
+    ``SCALE_RING`` launch): the tile's K and V scales too, on the same barrier (int4's (scale,
+    offset) pairs, ``PAIR`` 2; int8's scales, 1): each box's are one row of the scales'
+    head-major storage (``[pages * nheads_k, page_size * PAIR]`` float32: a page's of one KV head
+    are adjacent), into ``ks_smem`` / ``vs_smem`` ``[TILE / BOX, BOX * PAIR]``."""
     BOX: gl.constexpr = desc.block_type.shape[0]
     TILE: gl.constexpr = smem.shape[0]
     mbarrier.wait(empty, phase)
-    mbarrier.expect(ready, (TILE // BOX) * desc.block_type.nbytes)
+    if SCALES:
+        PAIR: gl.constexpr = ks_desc.block_type.shape[1] // BOX
+        nheads_k = gl.num_programs(1)
+        mbarrier.expect(ready, (TILE // BOX) * (desc.block_type.nbytes
+                                                + ks_desc.block_type.nbytes
+                                                + vs_desc.block_type.nbytes))
+    else:
+        mbarrier.expect(ready, (TILE // BOX) * desc.block_type.nbytes)
     for i in gl.static_range(TILE // BOX):
         key = gl.minimum(start + i * BOX, last_box)
         if BOX == TILE:
@@ -221,36 +233,10 @@ def _load_tile(desc, smem, ready, empty, phase, pages, box, start, col, last_box
             page = gl.reduce(gl.where(box == i, pages, 0), 0, _add)
         row = page * PAGE_SIZE + key % PAGE_SIZE
         tma.async_copy_global_to_shared(desc, [row, col], ready, smem.slice(i * BOX, BOX))
-
-
-@gluon.jit
-def _load_tile_scales(desc, smem, ready, empty, phase, pages, box, start, col, last_box,
-                      ks_desc, ks_smem, vs_desc, vs_smem, kv_head, PAGE_SIZE: gl.constexpr):
-    """``_load_tile`` for a K tile with the tile's K and V scales on the same barrier (int4's
-    (scale, offset) pairs, ``PAIR`` 2; int8's scales, 1): each box's are one row of the scales'
-    head-major storage (``[pages * nheads_k, page_size * PAIR]`` float32: a page's of one KV head
-    are adjacent), into ``ks_smem`` / ``vs_smem`` ``[TILE / BOX, BOX * PAIR]``."""
-    BOX: gl.constexpr = desc.block_type.shape[0]
-    TILE: gl.constexpr = smem.shape[0]
-    PAIR: gl.constexpr = ks_desc.block_type.shape[1] // BOX
-    nheads_k = gl.num_programs(1)
-    mbarrier.wait(empty, phase)
-    mbarrier.expect(ready, (TILE // BOX) * (desc.block_type.nbytes + ks_desc.block_type.nbytes
-                                            + vs_desc.block_type.nbytes))
-    for i in gl.static_range(TILE // BOX):
-        key = gl.minimum(start + i * BOX, last_box)
-        if BOX == TILE:
-            page = gl.reduce(pages, 0, _add)
-        else:
-            page = gl.reduce(gl.where(box == i, pages, 0), 0, _add)
-        tma.async_copy_global_to_shared(desc, [page * PAGE_SIZE + key % PAGE_SIZE, col], ready,
-                                        smem.slice(i * BOX, BOX))
-        scale_row = page * nheads_k + kv_head
-        scale_col = (key % PAGE_SIZE) * PAIR
-        tma.async_copy_global_to_shared(ks_desc, [scale_row, scale_col], ready,
-                                        ks_smem.slice(i, 1))
-        tma.async_copy_global_to_shared(vs_desc, [scale_row, scale_col], ready,
-                                        vs_smem.slice(i, 1))
+        if SCALES:
+            scale_at = [page * nheads_k + kv_head, (key % PAGE_SIZE) * PAIR]
+            tma.async_copy_global_to_shared(ks_desc, scale_at, ready, ks_smem.slice(i, 1))
+            tma.async_copy_global_to_shared(vs_desc, scale_at, ready, vs_smem.slice(i, 1))
 
 
 @gluon.jit
@@ -258,7 +244,7 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, ca
           block_table, num_splits, stride_btb, ks_desc, vs_desc, ks_smem, vs_smem,
           PAGE_SIZE: gl.constexpr, SCALE_RING: gl.constexpr):
     """The loader warp: the split's key tiles into the K and V rings (SCALE_RING: each tile's
-    per-key scales with its K tile, ``_load_tile_scales``)."""
+    per-key scales with its K tile, ``_load_tile``'s SCALES)."""
     STAGES: gl.constexpr = k_smem.shape[0]
     TILE: gl.constexpr = k_smem.shape[1]
     BOX: gl.constexpr = k_desc.block_type.shape[0]
@@ -280,9 +266,9 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, ca
         cur = pages
         pages = _box_pages(bt_row, start + TILE, box, last_box, BOX, PAGE_SIZE)
         if SCALE_RING:
-            _load_tile_scales(k_desc, k_smem.index(s), k_ready.index(s), k_empty.index(s), phase,
-                              cur, box, start, col, last_box, ks_desc, ks_smem.index(s), vs_desc,
-                              vs_smem.index(s), kv_head, PAGE_SIZE)
+            _load_tile(k_desc, k_smem.index(s), k_ready.index(s), k_empty.index(s), phase, cur,
+                       box, start, col, last_box, PAGE_SIZE, True, ks_desc, ks_smem.index(s),
+                       vs_desc, vs_smem.index(s), kv_head)
         else:
             _load_tile(k_desc, k_smem.index(s), k_ready.index(s), k_empty.index(s), phase, cur,
                        box, start, col, last_box, PAGE_SIZE)
@@ -393,21 +379,6 @@ def _key_scales(KS, VS, bt_row, start, hi, stride_ksp, stride_kst, stride_vsp, s
     return ks.to(gl.float32), vs.to(gl.float32)
 
 
-@gluon.jit
-def _key_scale_offsets(KS, VS, bt_row, start, hi, stride_ksp, stride_kst, stride_vsp,
-                       stride_vst, PAGE_SIZE: gl.constexpr, WKEYS: gl.constexpr):
-    """int4's per-key (scale, offset) pairs of K and V (KS, VS: this KV head's, the offset next
-    to its scale), float32 ``[WARPS, WKEYS]`` each as ``_key_scales``; 0 from ``hi`` on."""
-    page, slot, ok = _tile_key_slots(bt_row, start, hi, PAGE_SIZE, WKEYS)
-    k_at = KS + page * stride_ksp + slot * stride_kst
-    v_at = VS + page * stride_vsp + slot * stride_vst
-    ks = gl.load(k_at, mask=ok, other=0.0)
-    ko = gl.load(k_at + 1, mask=ok, other=0.0)
-    vs = gl.load(v_at, mask=ok, other=0.0)
-    vo = gl.load(v_at + 1, mask=ok, other=0.0)
-    return ks, ko, vs, vo
-
-
 @gluon.constexpr_function
 def _release_count(thread_arrive):
     """Arrivals that free a ring slot: every consumer thread's, or the partition's one."""
@@ -479,7 +450,7 @@ def _tile(q, s_init, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, k_ready,
     accumulators are kept in units of the last tile's largest scale, ``acc_scale [WARPS]``: the
     rescale by ``alpha`` also carries the change of unit, so the dot still accumulates in place.
     ROW_SCALE: ``qk_scale`` is a row's own (``[WARPS, ROWS]``: bf16 q rows scaled into fp16).
-    SCALE_RING (int8): KS / VS are the scale rings (``_load_tile_scales``), read with K."""
+    SCALE_RING (int8): KS / VS are the scale rings (``_load_tile``'s SCALES), read with K."""
     STAGES: gl.constexpr = k_smem.shape[0]
     TILE: gl.constexpr = k_smem.shape[1]
     WKEYS: gl.constexpr = TILE // WARPS
