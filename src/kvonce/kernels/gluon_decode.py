@@ -13,6 +13,13 @@ H200's memory; int8 (``KV_FORMAT`` 2: per-key scales, a wave of two CTAs an SM f
 launches) 1.08-1.21x (scripts/quant_decode_sweep.py, seventeenth session); bf16 queries (rows
 scaled into fp16 once a CTA, the same loop) alike. On the H100 (2026-11-27, one CTA an SM, four
 stages, the Triton row's splits) the fp8 form was 2-11% slower.
+
+Compiled for sm_90a, not yet run on a GPU (2026-11-29, seventeenth session), so off until
+tests/test_gluon_decode.py has run them: per-key scales brought by TMA with each K tile
+(``SCALE_RING``: the loader copies a box's scales, one row of their head-major storage, into a
+ring beside K's; int8 behind ``INT8_SCALES_BY_TMA``: 622 instructions a tile a warp against 780)
+and an int4 form (``KV_FORMAT`` 3, ``_tile_int4``: 64-byte rows, the nibble planes, scales by
+ring; 649 against the Triton int4 loop's 734; not in ``GLUON_FORMATS``).
 (docs/notes.md, "A Gluon decode for the quantized caches"; ``make kernel-check``.)
 
 16-bit caches (fp16 / bf16 pages and q, no scales: a 16-bit descriptor, 64-key tiles so that a
