@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 26's GPU steps (STEPS="quanttest quantbench splits hf prefill"; default all), logs in $OUT:
-#   quanttest   the quantized decode (Gluon fp8 included) / append / format / key-transform tests,
+#   gluontests  tests/test_gluon_decode.py alone (every route of the Gluon decode; ~190 cases)
+#   quanttest   the quantized decode / append / format / key-transform tests,
 #               prefill's quant tests
 #   quantbench  python -m kvonce bench quant (FlashInfer beside when .peers/fi travels: carry it)
 #   splits      scripts/quant_decode_sweep.py at 1 x 131072: the split count's knobs per format
@@ -70,14 +71,16 @@
 #               the Triton row reads 3.6-4.1 TB/s of fp8 bytes against the fp16 row's 4.1-4.5)
 #   gluonint8   the Gluon decode's int8 and bf16 q routes (shipped 2026-11-29, seventeenth session:
 #               int8 1.09-1.21x the Triton row at 64 x 8192, 1.12x / 1.11x at 1 x 131072 with a
-#               wave of two CTAs an SM): tests/test_gluon_decode.py, then quant_decode_sweep.py
+#               wave of two CTAs an SM; their tests: gluontests): quant_decode_sweep.py
 #               with the row (Triton) against gluon=1, int8 and fp8, GQA 32/8 and MHA 12/12,
-#               64 x 8192 and 1 x 131072, DTYPES (say "fp16 bf16")
+#               64 x 8192 and 1 x 131072, DTYPES (say "fp16 bf16"); then int8 with its scales
+#               by TMA (--int8-ring: compiled 2026-11-29, 622 instructions a tile a warp
+#               against 780)
 #   gluonint4   the Gluon decode's int4 form (compiled for sm_90a 2026-11-29, seventeenth session,
 #               never run: KV_FORMAT 3, 64-byte rows in four 16 KB stages, the (scale, offset)
 #               pairs by TMA with the K tile, 649 instructions a tile a warp against the Triton
-#               int4 loop's 734; not routed, GLUON_FORMATS): its GPU tests (-k int4: the tests
-#               route it themselves), then quant_decode_sweep.py --gluon-int4, the int4 rows
+#               int4 loop's 734; not routed, GLUON_FORMATS; its tests: gluontests):
+#               quant_decode_sweep.py --gluon-int4, the int4 rows
 #               (Triton) against gluon=1 at the plan's splits and at 16 / 32 / 64 for
 #               1 x 131072, GQA 32/8 and MHA 12/12, DTYPES
 #   prefix      the shared-prefix decode after 2026-11-29's fourteenth session (the chunk loop's
@@ -95,11 +98,17 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 step() { echo "== $1 ($(date +%T))"; }
 # a step runs when its whole name is in STEPS ("gluondec" alone does not run "gluon")
 has() { [[ " $STEPS " == *" $1 "* ]]; }
+if has gluontests; then
+  step gluontests
+  # every Gluon decode route (fp8, int8 a key at a time / by ring / token-major scales, int4),
+  # the shipped ones first in each case's parametrization; ~190 cases
+  timeout ${GLUON_TESTS_S:-540} python3 -m pytest -q -p no:cacheprovider -rfE \
+    tests/test_gluon_decode.py 2>&1 | tail -25 | cut -c1-400
+fi
 if has quanttest; then
   step quanttest
-  timeout 360 python3 -m pytest -q -p no:cacheprovider tests/test_gluon_decode.py \
-    tests/test_decode_quant.py tests/test_append_quant.py tests/test_quant.py \
-    tests/test_key_transform.py 2>&1 | tail -3
+  timeout 360 python3 -m pytest -q -p no:cacheprovider tests/test_decode_quant.py \
+    tests/test_append_quant.py tests/test_quant.py tests/test_key_transform.py 2>&1 | tail -3
   timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_paged_prefill.py \
     -k "quant or one_head_per_program" 2>&1 | tail -2
 fi
@@ -324,18 +333,19 @@ if has gluondec; then
 fi
 if has gluonint8; then
   step gluonint8
-  timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_gluon_decode.py 2>&1 | tail -3
   P=-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1
   for dt in ${DTYPES:-fp16}; do
     timeout 300 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int8,fp8_e4m3 \
       --heads 32/8,12/12 --shapes 64x8192,1x131072 --all --grid 128,4,2 128,4,2,$P,1 \
       2>&1 | grep -v Warn | tail -20
+    # int8's scales by TMA (INT8_SCALES_BY_TMA) against the rows above
+    timeout 200 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int8 --int8-ring \
+      --heads 32/8,12/12 --shapes 64x8192,1x131072 --all --grid 128,4,2,$P,1 \
+      2>&1 | grep -v Warn | grep "^|"
   done
 fi
 if has gluonint4; then
   step gluonint4
-  timeout 200 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_gluon_decode.py -k int4 \
-    2>&1 | tail -15 | cut -c1-400
   P=-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1
   for dt in ${DTYPES:-fp16}; do
     timeout 150 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int4 --gluon-int4 \

@@ -8,7 +8,8 @@ max_registers[, swap_ab[, f16_math[, int64_kv_offsets[, v_pairs[, slow_lo[, roun
 outlier_max_registers[, prefetch_pages[, merge_splits_at_once[, head_pairs[, gluon]]]]]]]]]]]]]]];
 -1 keeps the row's value; slow_lo x sets slow_programs_per_sm to (x, 6.5)). ``gluon`` 1: the Gluon
 decode (kernels/gluon_decode.py, its own split count) where the launch fits it (the other fields
-then do not apply to it; ``--gluon-int4`` lets it take int4); every entry runs the Triton
+then do not apply to it; ``--gluon-int4`` lets it take int4, ``--int8-ring`` brings int8's
+scales by TMA); every entry runs the Triton
 kernel otherwise. ``--splits``: each entry also at these split counts (0: the plan's).
 ``--outliers N``: every quantized cache as dense-and-sparse keys (``KeyOutliers``, N fp16 channels per KV head from the first 2048 keys),
 its launches with ``key_outliers=``.
@@ -56,6 +57,9 @@ def main():
     p.add_argument("--gluon-int4", action="store_true",
                    help="let gluon=1 entries route int4 caches (GLUON_FORMATS + 3: compiled, "
                         "not routed by default)")
+    p.add_argument("--int8-ring", action="store_true",
+                   help="gluon=1 entries bring int8 scales by TMA (INT8_SCALES_BY_TMA: compiled, "
+                        "off by default)")
     p.add_argument("--splits", default="0",
                    help="split counts each grid entry runs at, comma-separated (0: the plan's)")
     p.add_argument("--layout", default="nhd", choices=("nhd", "hnd"), help="page storage")
@@ -76,9 +80,10 @@ def main():
         shapes = [tuple(int(x) for x in sh.split("x")) for sh in args.shapes.split(",")]
     heads = [tuple(int(x) for x in h.split("/")) for h in args.heads.split(",")]
     splits_list = [int(x) for x in args.splits.split(",")]
+    from kvonce.kernels import gluon_decode
     if args.gluon_int4:
-        from kvonce.kernels import gluon_decode
         gluon_decode.GLUON_FORMATS = (*gluon_decode.GLUON_FORMATS, 3)
+    gluon_decode.INT8_SCALES_BY_TMA = args.int8_ring
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     print("| heads | batch x len | format | best (block_n, warps, stages) | us | 2nd | 3rd | default us |"
           " fp16 us | speedup |")
