@@ -1,8 +1,9 @@
 """The Gluon paged decode (kernels/gluon_decode.py) as ``PagedDecodePlan`` runs it
 (``PagedDecodeConfig.gluon``, the fp8 and int8 Hopper rows; fp16 and bf16 queries): on a Hopper
 GPU against the float32 reference on the dequantized cache and against the Triton kernel, with
-cache slots no sequence owns holding NaN bytes, eager, in a CUDA graph, through the custom op and
-under torch.compile. On the CPU the routing (which launches take it, their split counts) is
+cache slots no sequence owns holding NaN bytes (and NaN scales), eager, in a CUDA graph, through
+the custom op and under torch.compile; int8's scales by TMA and the int4 form (compiled, not yet
+on) routed by the tests themselves. On the CPU the routing (which launches take it, their split counts) is
 checked on meta tensors (Gluon has no interpreter)."""
 from __future__ import annotations
 
@@ -24,18 +25,18 @@ hopper_only = pytest.mark.skipif(not HOPPER, reason="the Gluon kernel needs an s
 FP8_ROW = _PAGED_DECODE_QUANT_TABLE[((9, 0), "fp8_e4m3")][128]
 INT8_ROW = _PAGED_DECODE_QUANT_TABLE[((9, 0), "int8")][128]
 # int4 (compiled for sm_90a, not yet run on a GPU when written, 2026-11-29): not routed
-# (``GLUON_FORMATS``); its cases take the token-major int4 row with ``gluon`` on and the
+# (``GLUON_FORMATS``); its cases take the token-major int4 row with ``gluon`` on, routed by
 # ``_route_int4``.
 INT4_ROW = dataclasses.replace(_PAGED_DECODE_QUANT_TABLE[((9, 0), "int4/token-major")][128],
                                gluon=True)
 ROWS = {"fp8_e4m3": FP8_ROW, "int8": INT8_ROW, "int4": INT4_ROW}
 FORMAT_CODES = {"fp8_e4m3": 1, "int8": 2, "int4": 3}
+QDTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def _route_int4(monkeypatch):
     """The plan may route int4 caches to the Gluon decode (``GLUON_FORMATS`` with 3)."""
     monkeypatch.setattr(gluon_decode, "GLUON_FORMATS", (*gluon_decode.GLUON_FORMATS, 3))
-QDTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 # ------------------------------------------------------------------------------------------------
