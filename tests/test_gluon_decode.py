@@ -3,8 +3,8 @@
 GPU against the float32 reference on the dequantized cache and against the Triton kernel, with
 cache slots no sequence owns holding NaN bytes (and NaN scales), eager, in a CUDA graph, through
 the custom op and under torch.compile; int8's scales by TMA and the int4 form (compiled, not yet
-on) routed by the tests themselves. On the CPU the routing (which launches take it, their split counts) is
-checked on meta tensors (Gluon has no interpreter)."""
+on) routed by the tests themselves. On the CPU the routing (which launches take it, their split
+counts) is checked on meta tensors (Gluon has no interpreter)."""
 from __future__ import annotations
 
 import dataclasses
