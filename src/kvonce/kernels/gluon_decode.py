@@ -182,10 +182,6 @@ _INT4_K_BYTES = """{
     }"""
 INT4_K_LOW = gl.constexpr(_INT4_K_BYTES.replace("MASK", "0xFF0FFF0F"))
 INT4_K_HIGH = gl.constexpr(_INT4_K_BYTES.replace("MASK", "0xFFF0FFF0"))
-INT4_V_EVEN_LOW = gl.constexpr(_I4_UNIT_ASM[(False, False)].value)
-INT4_V_ODD_LOW = gl.constexpr(_I4_UNIT_ASM[(True, False)].value)
-INT4_V_EVEN_HIGH = gl.constexpr(_I4_UNIT_ASM[(False, True)].value)
-INT4_V_ODD_HIGH = gl.constexpr(_I4_UNIT_ASM[(True, True)].value)
 
 
 @gluon.jit
@@ -322,14 +318,19 @@ def _int8_to_biased_f16(bytes):
                                      is_pure=True, pack=4)
 
 
+@gluon.constexpr_function
+def _int4_asm(kind, high, odd=False):
+    """The PTX of an int4 converter: K bytes (``kind`` "k") or V units (``"v"``)."""
+    if kind == "k":
+        return INT4_K_HIGH.value if high else INT4_K_LOW.value
+    return _I4_UNIT_ASM[(bool(odd), bool(high))].value
+
+
 @gluon.jit
 def _int4_k_to_f16(bytes, HIGH: gl.constexpr):
     """int4 K bytes -> fp16 ``1024 + n`` of each byte's low nibble (or, HIGH, ``1024 + 16 n`` of
     its high one), exactly, four a register (the two calls' prmt are the same: ptxas keeps one)."""
-    if HIGH:
-        asm: gl.constexpr = INT4_K_HIGH
-    else:
-        asm: gl.constexpr = INT4_K_LOW
+    asm: gl.constexpr = _int4_asm("k", HIGH)
     return gl.inline_asm_elementwise(asm, "=r,=r,r", [bytes], dtype=gl.float16, is_pure=True,
                                      pack=4)
 
@@ -337,17 +338,8 @@ def _int4_k_to_f16(bytes, HIGH: gl.constexpr):
 @gluon.jit
 def _int4_v_to_f16(units, ODD: gl.constexpr, HIGH: gl.constexpr):
     """uint16 units of an int4 V tile (bytes 2u, 2u + 1 of a key) -> fp16 ``q`` of channel
-    ``2u + ODD + 64 HIGH``, exactly, two keys a register."""
-    if ODD:
-        if HIGH:
-            asm: gl.constexpr = INT4_V_ODD_HIGH
-        else:
-            asm: gl.constexpr = INT4_V_ODD_LOW
-    else:
-        if HIGH:
-            asm: gl.constexpr = INT4_V_EVEN_HIGH
-        else:
-            asm: gl.constexpr = INT4_V_EVEN_LOW
+    ``2u + ODD + 64 HIGH``, exactly, two keys a register (quant_convert's unit converters)."""
+    asm: gl.constexpr = _int4_asm("v", HIGH, ODD)
     return gl.inline_asm_elementwise(asm, "=r,r", [units], dtype=gl.float16, is_pure=True,
                                      pack=2)
 
