@@ -83,6 +83,7 @@
 #               quant_decode_sweep.py --gluon-int4, the int4 rows
 #               (Triton) against gluon=1 at the plan's splits and at 16 / 32 / 64 for
 #               1 x 131072, GQA 32/8 and MHA 12/12, DTYPES
+#   ringvs      int8 on the Gluon decode: its scales a key at a time against by TMA (DTYPES)
 #   prefix      the shared-prefix decode after 2026-11-29's fourteenth session (the chunk loop's
 #               masked band under a branch, the suffix decode in int32 with the d128 row, the op
 #               carrying the configs' flags: compiled and CPU-tested only): its GPU tests, then
@@ -354,6 +355,19 @@ if has gluonint4; then
     timeout 150 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int4 --gluon-int4 \
       --heads 32/8,12/12 --shapes 1x131072 --all --grid 128,4,3,$P,1 --splits 0,16,32,64 \
       2>&1 | grep -v Warn | tail -6
+  done
+fi
+if has ringvs; then
+  step ringvs
+  # int8 on the Gluon decode, its scales a key at a time (shipped) against by TMA (--int8-ring;
+  # 2026-11-29 eighteenth session: its 16-key boxes' scale rows padded to TMA's 128 bytes)
+  P=-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1
+  for dt in ${DTYPES:-fp16}; do
+    for ring in "" --int8-ring; do
+      timeout 200 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int8 $ring \
+        --heads 32/8,12/12 --shapes 64x8192,1x131072 --all --grid 128,4,2,$P,1 \
+        2>&1 | grep -v Warn | grep "^|"
+    done
   done
 fi
 if has prefix; then

@@ -31,6 +31,7 @@ INT4_ROW = dataclasses.replace(_PAGED_DECODE_QUANT_TABLE[((9, 0), "int4/token-ma
                                gluon=True)
 ROWS = {"fp8_e4m3": FP8_ROW, "int8": INT8_ROW, "int4": INT4_ROW}
 FORMAT_CODES = {"fp8_e4m3": 1, "int8": 2, "int4": 3}
+KV_FORMATS = {"int4": "int4"}    # the plan's kv_format (a uint8 cache says int4 only by it)
 QDTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -268,7 +269,8 @@ def _check_against_reference_and_triton(case, causal, fmt, q_dtype, token_major_
     ref, ref_lse = paged_attention_ref(q.float(), kd, vd, seqlens, table, causal=causal)
     _poison_unowned(kq, vq, ks, vs, seqlens, table)
     plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
-                                  causal=causal, num_splits=splits, config=ROWS[fmt])
+                                  causal=causal, num_splits=splits, config=ROWS[fmt],
+                                  kv_format=KV_FORMATS.get(fmt))
     assert plan.uses_gluon
     with poison_empty:
         out, lse = plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs, return_lse=True)
@@ -282,7 +284,8 @@ def _check_against_reference_and_triton(case, causal, fmt, q_dtype, token_major_
     assert (out[~fin.transpose(1, 2)] == 0).all()      # rows that see no key: 0, LSE -inf
     triton_plan = kvonce.PagedDecodePlan(
         q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs, causal=causal,
-        num_splits=plan.num_splits, config=dataclasses.replace(ROWS[fmt], gluon=False))
+        num_splits=plan.num_splits, config=dataclasses.replace(ROWS[fmt], gluon=False),
+        kv_format=KV_FORMATS.get(fmt))
     assert not triton_plan.uses_gluon
     tri = triton_plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs)
     assert (out.float() - tri.float()).abs().max() <= 2 * tol * ref.abs().max() + 1e-3
@@ -297,7 +300,7 @@ def _gluon_plan(fmt, nheads, nheads_k, lens):
     case = _case(fmt, len(lens), 1, nheads, nheads_k, 16, lens, 8192)
     q, kq, vq, ks, vs, seqlens, table = case[:7]
     plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
-                                  config=ROWS[fmt])
+                                  config=ROWS[fmt], kv_format=KV_FORMATS.get(fmt))
     assert plan.uses_gluon
     return plan, case
 

@@ -222,6 +222,7 @@ def _load_tile(desc, smem, ready, empty, phase, pages, box, start, col, last_box
     mbarrier.wait(empty, phase)
     if SCALES:
         PAIR: gl.constexpr = ks_desc.block_type.shape[1] // BOX
+        RS: gl.constexpr = _scale_rows(ks_desc.block_type.shape[1])
         nheads_k = gl.num_programs(1)
         mbarrier.expect(ready, (TILE // BOX) * (desc.block_type.nbytes
                                                 + ks_desc.block_type.nbytes
@@ -238,8 +239,8 @@ def _load_tile(desc, smem, ready, empty, phase, pages, box, start, col, last_box
         tma.async_copy_global_to_shared(desc, [row, col], ready, smem.slice(i * BOX, BOX))
         if SCALES:
             scale_at = [page * nheads_k + kv_head, (key % PAGE_SIZE) * PAIR]
-            tma.async_copy_global_to_shared(ks_desc, scale_at, ready, ks_smem.slice(i, 1))
-            tma.async_copy_global_to_shared(vs_desc, scale_at, ready, vs_smem.slice(i, 1))
+            tma.async_copy_global_to_shared(ks_desc, scale_at, ready, ks_smem.slice(i * RS, 1))
+            tma.async_copy_global_to_shared(vs_desc, scale_at, ready, vs_smem.slice(i * RS, 1))
 
 
 @gluon.jit
@@ -550,11 +551,33 @@ PAIR_SMEM = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1
 PLAIN2 = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
 
 
+@gluon.constexpr_function
+def _scale_rows(sbox):
+    """Ring rows a box's scales take (``sbox`` float32): TMA writes shared memory at multiples
+    of 128 bytes, so a box of fewer than 32 floats (int8's 16-key boxes) is followed by
+    padding rows."""
+    return max(1, 32 // sbox)
+
+
+@gluon.constexpr_function
+def _scale_slot_layout(warps, wkeys, sbox):
+    """A scale ring slot (``[BOXES * _scale_rows(sbox), sbox]``) read as ``[warps, wkeys]``
+    keys: plain rows, or, with padding rows, ``sbox`` keys then ``32 - sbox`` floats of
+    padding."""
+    rows = _scale_rows(sbox)
+    if rows == 1:
+        return PLAIN2
+    bases = [[0, 1 << b] for b in range(wkeys.bit_length() - 1)]
+    bases += [[1 << b, 0] for b in range(warps.bit_length() - 1)]
+    return gl.PaddedSharedLayout([[sbox, sbox * (rows - 1)]], bases, [], [warps, wkeys])
+
+
 @gluon.jit
 def _ring_scales(slot, WKEYS: gl.constexpr):
     """A ring slot's per-key scales (int8) -> float32 ``[WARPS, WKEYS]`` in the scores' column
     layout (a thread's two adjacent keys: one 8-byte load)."""
-    return slot._reinterpret(gl.float32, [WARPS, WKEYS], PLAIN2).load(gl.SliceLayout(1, MMA))
+    layout: gl.constexpr = _scale_slot_layout(WARPS, WKEYS, slot.shape[1])
+    return slot._reinterpret(gl.float32, [WARPS, WKEYS], layout).load(gl.SliceLayout(1, MMA))
 
 
 @gluon.jit
@@ -562,6 +585,7 @@ def _ring_scale_pairs(slot, WKEYS: gl.constexpr):
     """A ring slot's per-key (scale, offset) pairs -> two float32 ``[WARPS, WKEYS]`` in the
     scores' column layout (warp w: keys ``WKEYS w ..`` of the tile)."""
     gl.static_assert(WARPS * WKEYS == 128, "PAIR_LOAD is the 128-key tile's")
+    gl.static_assert(_scale_rows(slot.shape[1]) == 1, "pairs of a 16-key box: 128 bytes")
     pairs = slot._reinterpret(gl.float32, [WARPS, WKEYS, 2], PAIR_SMEM).load(PAIR_LOAD)
     scale, offset = pairs.split()
     COLS: gl.constexpr = gl.SliceLayout(1, MMA)
@@ -909,11 +933,14 @@ def _gluon_decode_kernel(
     gl.static_assert(SCALE_RING or KV_FORMAT != INT4, "int4's scales come by ring")
     if SCALE_RING:
         # KS / VS: TMA descriptors of the per-key scales' head-major storage (int4: (scale,
-        # offset) pairs), a box's a row ([1, BOX * PAIR] float32): a ring of them beside K's
+        # offset]) a box's a row ([1, BOX * PAIR] float32): a ring of them beside K's, each box's
+        # row at a multiple of 128 bytes (TMA's shared-memory alignment: int8's 16-key boxes,
+        # 64 bytes, take two rows, ``SCALE_ROWS``)
         BOXES: gl.constexpr = TILE // k_desc.block_type.shape[0]
         SBOX: gl.constexpr = KS.block_type.shape[1]
-        ks_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BOXES, SBOX], KS.layout)
-        vs_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BOXES, SBOX], VS.layout)
+        RS: gl.constexpr = _scale_rows(SBOX)
+        ks_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BOXES * RS, SBOX], KS.layout)
+        vs_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BOXES * RS, SBOX], VS.layout)
     else:   # unused
         ks_smem = k_smem
         vs_smem = v_smem
@@ -1214,7 +1241,9 @@ def head_major_scales(scale) -> bool:
     pages, page_size, nheads_k = scale.shape[:3]
     pair = scale.shape[3] if scale.dim() == 4 else 1
     strides = (nheads_k * page_size * pair, pair, page_size * pair) + ((1,) if pair > 1 else ())
-    return tuple(scale.stride()) == strides and pair in (1, 2)
+    # a dim of one element may carry any stride (one KV head: reductions give it stride 1)
+    return pair in (1, 2) and all(n == 1 or got == want for n, got, want
+                                  in zip(scale.shape, scale.stride(), strides))
 
 
 def writes_partials(num_splits: int) -> bool:
