@@ -2,8 +2,8 @@
 (``PagedDecodeConfig.gluon``, the fp8 and int8 Hopper rows; fp16 and bf16 queries): on a Hopper
 GPU against the float32 reference on the dequantized cache and against the Triton kernel, with
 cache slots no sequence owns holding NaN bytes (and NaN scales), eager, in a CUDA graph, through
-the custom op and under torch.compile; int8's scales by TMA and the int4 form (compiled, not yet
-on) routed by the tests themselves. On the CPU the routing (which launches take it, their split
+the custom op and under torch.compile; int8's scales read a key at a time and the int4 form (not
+routed: slower than the Triton row) routed by the tests themselves. On the CPU the routing (which launches take it, their split
 counts) is checked on meta tensors (Gluon has no interpreter)."""
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ HOPPER = HAS_CUDA and torch.cuda.get_device_capability() == (9, 0)
 hopper_only = pytest.mark.skipif(not HOPPER, reason="the Gluon kernel needs an sm_90 GPU")
 FP8_ROW = _PAGED_DECODE_QUANT_TABLE[((9, 0), "fp8_e4m3")][128]
 INT8_ROW = _PAGED_DECODE_QUANT_TABLE[((9, 0), "int8")][128]
-# int4 (compiled for sm_90a, not yet run on a GPU when written, 2026-11-29): not routed
+# int4 (correct on the H200, slower than the Triton row, 2026-11-29): not routed
 # (``GLUON_FORMATS``); its cases take the token-major int4 row with ``gluon`` on, routed by
 # ``_route_int4``.
 INT4_ROW = dataclasses.replace(_PAGED_DECODE_QUANT_TABLE[((9, 0), "int4/token-major")][128],
@@ -131,8 +131,8 @@ def test_routing_follows_the_formats_and_query_dtypes(monkeypatch):
 
 
 def test_int4_launches_where_routed(monkeypatch):
-    """int4 (``KV_FORMAT`` 3, compiled, not yet run): with 3 in ``GLUON_FORMATS`` and a row with
-    ``gluon`` on, token-major 64-byte rows take the Gluon decode, short launches at a wave of
+    """int4 (``KV_FORMAT`` 3, correct, slower than the Triton row): with 3 in ``GLUON_FORMATS``
+    and a row with ``gluon`` on, token-major 64-byte rows take the Gluon decode, short launches at a wave of
     two CTAs an SM as int8's."""
     int4 = dict(cache_dtype=torch.uint8, kv_format="int4", config=INT4_ROW)
     assert not _meta_plan(monkeypatch, **int4).uses_gluon
@@ -239,11 +239,11 @@ def _spy_scale_rings(monkeypatch) -> list:
     return calls
 
 
-# The formats' routes: int8's scales as quantize_kv stores them (head-major) read a key at a
-# time ("int8"), by TMA ("int8 ring", INT8_SCALES_BY_TMA: compiled, not yet run when written),
-# or stored token-major ("int8 token-major scales": a key at a time, other strides); int4's
-# always by TMA (compiled, not yet run, not routed: _route_int4).
-ROUTES = ["fp8_e4m3", "int8", "int8 ring", "int8 token-major scales", "int4"]
+# The formats' routes: int8's scales as quantize_kv stores them (head-major) by TMA ("int8 ring",
+# INT8_SCALES_BY_TMA, shipped) or read a key at a time ("int8"), or stored token-major ("int8
+# token-major scales": a key at a time, other strides); int4's always by TMA (not routed:
+# _route_int4).
+ROUTES = ["fp8_e4m3", "int8 ring", "int8", "int8 token-major scales", "int4"]
 
 
 @hopper_only

@@ -14,12 +14,12 @@ launches) 1.08-1.21x (scripts/quant_decode_sweep.py, seventeenth session); bf16 
 scaled into fp16 once a CTA, the same loop) alike. On the H100 (2026-11-27, one CTA an SM, four
 stages, the Triton row's splits) the fp8 form was 2-11% slower.
 
-Compiled for sm_90a, not yet run on a GPU (2026-11-29, seventeenth session), so off until
-tests/test_gluon_decode.py has run them: per-key scales brought by TMA with each K tile
-(``SCALE_RING``: the loader copies a box's scales, one row of their head-major storage, into a
-ring beside K's; int8 behind ``INT8_SCALES_BY_TMA``: 622 instructions a tile a warp against 780)
-and an int4 form (``KV_FORMAT`` 3, ``_tile_int4``: 64-byte rows, the nibble planes, scales by
-ring; 649 against the Triton int4 loop's 734; not in ``GLUON_FORMATS``).
+int8's per-key scales come by TMA with each K tile where stored head-major (``SCALE_RING``: the
+loader copies a box's scales, one row of their head-major storage, into a ring beside K's;
+``INT8_SCALES_BY_TMA``: 623 instructions a tile a warp against 780, 2-3% faster at 64 x 8192 on
+the H200). An int4 form (``KV_FORMAT`` 3, ``_tile_int4``: 64-byte rows, the nibble planes,
+scales by ring; 649 instructions against the Triton int4 loop's 734) is correct on the H200 but
+9-13% slower than the Triton int4 row, so not in ``GLUON_FORMATS``.
 (docs/notes.md, "A Gluon decode for the quantized caches"; ``make kernel-check``.)
 
 16-bit caches (fp16 / bf16 pages and q, no scales: a 16-bit descriptor, 64-key tiles so that a
@@ -1184,12 +1184,17 @@ def combine_partials(out_partial, lse_partial, out, lse=None) -> None:
 # the idle K ring. H200, 2026-11-29, graphs, at the plan's split counts: 1.07-1.12x the Triton
 # kernel, 2-3% ahead of three stages at 64 x 8192 and even to 1% behind at 1 x 131072.
 GLUON_PLAN_VARIANT = dict(stages=2, ctas_per_sm=2, ring_merge=True)
-# int4 (compiled for sm_90a, not yet run): the same bytes in flight in 16 KB stages.
+# int4: the same bytes in flight in 16 KB stages. Correct on the H200 (tests/test_gluon_decode.py,
+# 2026-11-29 eighteenth session) but 9-13% slower than the Triton int4 row's default (GQA 32/8
+# 64 x 8192 218.6 us against 199.2, 1 x 131072 70.6 against 61.9; MHA 12/12 324.1 / 96.5
+# against 294.8 / 85.7): not routed (``GLUON_FORMATS``).
 INT4_VARIANT = dict(stages=4, ctas_per_sm=2, ring_merge=False)
-# int8 scales stored head-major (quantize_kv's, 2026-11-29) by TMA with each K tile
-# (``SCALE_RING``: 622 instructions a tile a warp against 780 with a load a key; compiled for
-# sm_90a, not yet run): off until tests/test_gluon_decode.py has run it on a GPU.
-INT8_SCALES_BY_TMA = False
+# int8 scales stored head-major (quantize_kv's) by TMA with each K tile (``SCALE_RING``: 623
+# instructions a tile a warp against 780 with a load a key). H200, 2026-11-29 eighteenth
+# session, graphs: GQA 32/8 64 x 8192 267.5 us against 273.2, MHA 12/12 390.8 against 400.1,
+# 1 x 131072 even (85.7 / 117.1 against 84.9 / 117.7). Scales stored otherwise (token-major, or
+# not 16-byte aligned) are read a key at a time.
+INT8_SCALES_BY_TMA = True
 # Three ring stages where the launch has at most one CTA an SM (98.7 KB a CTA) measured +1.3% in
 # scripts/gluon_decode_check.py and -1.3 to -2.0% through the plan (GQA 32/8 1 x 131072 83.7 us
 # against 82.0, MHA 12/12 114.5 against 113.0; H200, graphs, 2026-11-29): not taken. One split
