@@ -84,6 +84,8 @@
 #               (Triton) against gluon=1 at the plan's splits and at 16 / 32 / 64 for
 #               1 x 131072, GQA 32/8 and MHA 12/12, DTYPES
 #   ringvs      int8 on the Gluon decode: its scales a key at a time against by TMA (DTYPES)
+#   mergehere   the Gluon decode's split launches merged by their last split against the combine
+#               kernel (GLUON_MERGE_HERE), fp8 and int8, 1 x 131072 and 4 x 32768 (DTYPES)
 #   prefix      the shared-prefix decode after 2026-11-29's fourteenth session (the chunk loop's
 #               masked band under a branch, the suffix decode in int32 with the d128 row, the op
 #               carrying the configs' flags: compiled and CPU-tested only): its GPU tests, then
@@ -340,7 +342,7 @@ if has gluonint8; then
       --heads 32/8,12/12 --shapes 64x8192,1x131072 --all --grid 128,4,2 128,4,2,$P,1 \
       2>&1 | grep -v Warn | tail -20
     # int8's scales by TMA (INT8_SCALES_BY_TMA) against the rows above
-    timeout 200 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int8 --int8-ring \
+    timeout 200 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int8 --int8-ring 0 \
       --heads 32/8,12/12 --shapes 64x8192,1x131072 --all --grid 128,4,2,$P,1 \
       2>&1 | grep -v Warn | grep "^|"
   done
@@ -359,14 +361,28 @@ if has gluonint4; then
 fi
 if has ringvs; then
   step ringvs
-  # int8 on the Gluon decode, its scales a key at a time (shipped) against by TMA (--int8-ring;
-  # 2026-11-29 eighteenth session: its 16-key boxes' scale rows padded to TMA's 128 bytes)
+  # int8 on the Gluon decode, its scales a key at a time (--int8-ring 0) against by TMA (1,
+  # shipped; 2026-11-29 eighteenth session: its 16-key boxes' scale rows padded to 128 bytes)
   P=-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1
   for dt in ${DTYPES:-fp16}; do
-    for ring in "" --int8-ring; do
-      timeout 200 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int8 $ring \
+    for ring in 0 1; do
+      timeout 200 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int8 \
+        --int8-ring $ring \
         --heads 32/8,12/12 --shapes 64x8192,1x131072 --all --grid 128,4,2,$P,1 \
         2>&1 | grep -v Warn | grep "^|"
+    done
+  done
+fi
+if has mergehere; then
+  step mergehere
+  # split launches of the Gluon decode: merged by their last split (GLUON_MERGE_HERE, 2026-11-29
+  # eighteenth session) against the combine kernel, fp8 and int8, at the splits' shapes
+  P=-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1
+  for dt in ${DTYPES:-fp16}; do
+    for merge in 0 1; do
+      timeout 200 python3 scripts/quant_decode_sweep.py --dtype $dt --formats fp8_e4m3,int8 \
+        --merge-here $merge --heads 32/8,12/12 --shapes ${MERGE_SHAPES:-1x131072,4x32768} \
+        --all --grid 128,4,2,$P,1 2>&1 | grep -v Warn | grep "^|" | grep -v "^|--\|^| heads"
     done
   done
 fi
