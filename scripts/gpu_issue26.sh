@@ -84,8 +84,6 @@
 #               (Triton) against gluon=1 at the plan's splits and at 16 / 32 / 64 for
 #               1 x 131072, GQA 32/8 and MHA 12/12, DTYPES
 #   ringvs      int8 on the Gluon decode: its scales a key at a time against by TMA (DTYPES)
-#   mergehere   the Gluon decode's split launches merged by their last split against the combine
-#               kernel (GLUON_MERGE_HERE), fp8 and int8, 1 x 131072 and 4 x 32768 (DTYPES)
 #   prefix      the shared-prefix decode after 2026-11-29's fourteenth session (the chunk loop's
 #               masked band under a branch, the suffix decode in int32 with the d128 row, the op
 #               carrying the configs' flags: compiled and CPU-tested only): its GPU tests, then
@@ -370,19 +368,6 @@ if has ringvs; then
         --int8-ring $ring \
         --heads 32/8,12/12 --shapes 64x8192,1x131072 --all --grid 128,4,2,$P,1 \
         2>&1 | grep -v Warn | grep "^|"
-    done
-  done
-fi
-if has mergehere; then
-  step mergehere
-  # split launches of the Gluon decode: merged by their last split (GLUON_MERGE_HERE, 2026-11-29
-  # eighteenth session) against the combine kernel, fp8 and int8, at the splits' shapes
-  P=-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1
-  for dt in ${DTYPES:-fp16}; do
-    for merge in 0 1; do
-      timeout 200 python3 scripts/quant_decode_sweep.py --dtype $dt --formats fp8_e4m3,int8 \
-        --merge-here $merge --heads 32/8,12/12 --shapes ${MERGE_SHAPES:-1x131072,4x32768} \
-        --all --grid 128,4,2,$P,1 2>&1 | grep -v Warn | grep "^|" | grep -v "^|--\|^| heads"
     done
   done
 fi

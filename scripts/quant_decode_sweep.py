@@ -60,9 +60,6 @@ def main():
     p.add_argument("--int8-ring", type=int, default=1, choices=(0, 1),
                    help="gluon=1 entries bring head-major int8 scales by TMA "
                         "(INT8_SCALES_BY_TMA, 1 shipped) or 0: a load a key")
-    p.add_argument("--merge-here", type=int, default=1, choices=(0, 1),
-                   help="gluon=1 split launches merge in their last split (GLUON_MERGE_HERE, 1 "
-                        "shipped) or 0: through the combine kernel")
     p.add_argument("--splits", default="0",
                    help="split counts each grid entry runs at, comma-separated (0: the plan's)")
     p.add_argument("--layout", default="nhd", choices=("nhd", "hnd"), help="page storage")
@@ -87,7 +84,6 @@ def main():
     if args.gluon_int4:
         gluon_decode.GLUON_FORMATS = (*gluon_decode.GLUON_FORMATS, 3)
     gluon_decode.INT8_SCALES_BY_TMA = bool(args.int8_ring)
-    gluon_decode.GLUON_MERGE_HERE = bool(args.merge_here)
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     print("| heads | batch x len | format | best (block_n, warps, stages) | us | 2nd | 3rd | default us |"
           " fp16 us | speedup |")

@@ -740,12 +740,10 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
              cache_seqlens, block_table, sm_scale, q_len, num_splits, stride_qb, stride_qt,
              stride_qh, stride_ksh, stride_vsh, stride_ob, stride_ot, stride_oh, stride_os,
              stride_lb, stride_lt, stride_lh, stride_ls, stride_btb, stride_ksp, stride_kst,
-             stride_vsp, stride_vst, ks_smem, vs_smem, Arrivals, FinalOut, FinalLse,
-             GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr,
+             stride_vsp, stride_vst, ks_smem, vs_smem, GROUP: gl.constexpr,
+             IS_CAUSAL: gl.constexpr,
              THREAD_ARRIVE: gl.constexpr, RING_MERGE: gl.constexpr, KV_FORMAT: gl.constexpr,
-             PAGE_SIZE: gl.constexpr, STORE_LSE: gl.constexpr, SCALE_RING: gl.constexpr,
-             MERGE_HERE: gl.constexpr, STORE_FINAL_LSE: gl.constexpr,
-             MERGE_ROWS: gl.constexpr):
+             PAGE_SIZE: gl.constexpr, STORE_LSE: gl.constexpr, SCALE_RING: gl.constexpr):
     TILE: gl.constexpr = k_smem.shape[1]
     KV16: gl.constexpr = k_smem.dtype.primitive_bitwidth == 16
     gl.static_assert(not (KV16 and RING_MERGE), "16-bit caches merge through the scratch")
@@ -906,103 +904,6 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
         if STORE_LSE:
             _store_lse(Lse, lse, seq, split, kv_head, q_len, stride_lb, stride_lt, stride_lh,
                        stride_ls, GROUP)
-    if MERGE_HERE:
-        _merge_here(Out, Lse, FinalOut, FinalLse, Arrivals, seq, kv_head, q_len, num_splits,
-                    stride_ob, stride_ot, stride_oh, stride_os, stride_lb, stride_lt, stride_lh,
-                    stride_ls, GROUP, STORE_FINAL_LSE, MERGE_ROWS)
-
-
-# MERGE_HERE: the splits' partials [splits, MERGE_ROWS, 128], a split a consumer warp, a thread's
-# 4 adjacent channels of every row (16-byte loads).
-SPLIT_MERGE = gl.constexpr(gl.BlockedLayout([1, 1, 4], [1, 1, 32], [4, 1, 1], [2, 1, 0]))
-
-
-@gluon.jit
-def _fold_split(acc, m, l, o, lse):
-    """One split's normalized rows ``o [WARPS, MR, 128]`` with their LSE (natural log) into
-    the merge state (``paged_combine._merge_rows``' arithmetic: a -inf LSE weighs exactly 0)."""
-    m_new = gl.maximum(m, lse)
-    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = gl.exp2((m - m_safe) * LOG2E)
-    w = gl.exp2((lse - m_safe) * LOG2E)
-    w3 = gl.expand_dims(w, 2)
-    acc = acc * gl.expand_dims(alpha, 2) + gl.where(w3 > 0.0, o * w3, 0.0)
-    return acc, m_new, l * alpha + w
-
-
-@gluon.jit
-def _merge_here(Out, Lse, FinalOut, FinalLse, Arrivals, seq, kv_head, q_len, num_splits,
-                stride_ob, stride_ot, stride_oh, stride_os, stride_lb, stride_lt, stride_lh,
-                stride_ls, GROUP: gl.constexpr, STORE_FINAL_LSE: gl.constexpr,
-                MR: gl.constexpr):
-    """The last split of this (sequence, KV head) to store its partials merges every split's
-    into ``FinalOut`` (contiguous ``[batch, q_len, nheads, 128]``, q's dtype) and, with
-    STORE_FINAL_LSE, ``FinalLse`` (contiguous float32 ``[batch, nheads, q_len]``): one launch
-    instead of decode + combine. The barrier orders the consumer warps' partial stores before
-    the count's release; the merging CTA reads the other splits' partials through L2 (.cg).
-    Each warp folds every fourth split, two at a time, then the warps' states merge. MR: the
-    launch's packed rows (``GROUP * q_len``) to a power of two, so the registers hold no more
-    (the merge runs after the tile loops, whose registers are free by then)."""
-    gl.thread_barrier()
-    slot = seq * gl.num_programs(1) + kv_head
-    arrived = gl.atomic_add(Arrivals + slot, 1, sem="acq_rel", scope="gpu")
-    if arrived == num_splits - 1:
-        gl.thread_barrier()
-        L2: gl.constexpr = gl.SliceLayout(2, SPLIT_MERGE)
-        sw = gl.arange(0, WARPS, gl.SliceLayout(1, L2))
-        r = gl.arange(0, MR, gl.SliceLayout(0, L2))
-        c = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, gl.SliceLayout(1, SPLIT_MERGE)))
-        row_ok = r < GROUP * q_len
-        tok = r // GROUP
-        head = kv_head * GROUP + r % GROUP
-        lse_at = (Lse + seq.to(gl.int64) * stride_lb + gl.expand_dims(sw * stride_ls, 1)
-                  + gl.expand_dims(tok * stride_lt + head * stride_lh, 0))      # [WARPS, MR]
-        o_row = gl.expand_dims(sw * stride_os, 1) + gl.expand_dims(tok * stride_ot
-                                                                   + head * stride_oh, 0)
-        o_at = (Out + seq.to(gl.int64) * stride_ob + gl.expand_dims(o_row, 2)
-                + gl.expand_dims(gl.expand_dims(c, 0), 1))                     # [WARPS, MR, D]
-        acc = gl.zeros([WARPS, MR, HEAD_DIM], gl.float32, SPLIT_MERGE)
-        m = gl.full([WARPS, MR], float("-inf"), gl.float32, L2)
-        l = gl.zeros([WARPS, MR], gl.float32, L2)
-        for s0 in range(0, num_splits, 2 * WARPS):
-            # both splits' loads issued before either folds (splits past the end: -inf, 0)
-            ok_a = gl.expand_dims(s0 + sw < num_splits, 1) & gl.expand_dims(row_ok, 0)
-            ok_b = gl.expand_dims(s0 + WARPS + sw < num_splits, 1) & gl.expand_dims(row_ok, 0)
-            o_a = gl.load(o_at + s0 * stride_os, mask=gl.expand_dims(ok_a, 2), other=0.0,
-                          cache_modifier=".cg")
-            lse_a = gl.load(lse_at + s0 * stride_ls, mask=ok_a, other=float("-inf"),
-                            cache_modifier=".cg")
-            o_b = gl.load(o_at + (s0 + WARPS) * stride_os, mask=gl.expand_dims(ok_b, 2),
-                          other=0.0, cache_modifier=".cg")
-            lse_b = gl.load(lse_at + (s0 + WARPS) * stride_ls, mask=ok_b, other=float("-inf"),
-                            cache_modifier=".cg")
-            acc, m, l = _fold_split(acc, m, l, o_a, lse_a)
-            acc, m, l = _fold_split(acc, m, l, o_b, lse_b)
-        mx = gl.max(m, 0)                                               # [MR]
-        mx_safe = gl.where(mx == float("-inf"), 0.0, mx)
-        w = gl.exp2((m - gl.expand_dims(mx_safe, 0)) * LOG2E)           # 0 for a -inf state
-        l_all = gl.sum(l * w, 0)
-        o = gl.sum(acc * gl.expand_dims(w, 2), 0)                       # [MR, D]
-        seen = l_all > 0.0
-        inv = gl.where(seen, 1.0 / gl.where(seen, l_all, 1.0), 0.0)
-        OUT2: gl.constexpr = gl.SliceLayout(0, SPLIT_MERGE)
-        ro = gl.arange(0, MR, gl.SliceLayout(1, OUT2))
-        co = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, OUT2))
-        nheads = GROUP * gl.num_programs(1)
-        tok_o = ro // GROUP
-        head_o = kv_head * GROUP + ro % GROUP
-        f_row = ((seq.to(gl.int64) * q_len + tok_o) * nheads + head_o) * HEAD_DIM
-        f_ok = gl.expand_dims(ro < GROUP * q_len, 1)
-        inv_o = gl.expand_dims(gl.convert_layout(inv, gl.SliceLayout(1, OUT2)), 1)
-        gl.store(FinalOut + gl.expand_dims(f_row, 1) + gl.expand_dims(co, 0),
-                 (o * inv_o).to(FinalOut.dtype.element_ty), mask=f_ok)
-        if STORE_FINAL_LSE:
-            lse = gl.where(seen, mx + gl.log2(gl.where(seen, l_all, 1.0)) * LN2, float("-inf"))
-            rl = gl.arange(0, MR, gl.SliceLayout(0, L2))
-            gl.store(FinalLse + (seq.to(gl.int64) * nheads + kv_head * GROUP + rl % GROUP) * q_len
-                     + rl // GROUP, gl.convert_layout(lse, gl.SliceLayout(0, L2)),
-                     mask=rl < GROUP * q_len)
-        gl.atomic_xchg(Arrivals + slot, 0)   # ready for the next launch (CUDA-graph replays)
 
 
 @gluon.jit
@@ -1010,17 +911,14 @@ def _gluon_decode_kernel(
     Q, k_desc, v_desc, KS, VS, Out, Lse, cache_seqlens, block_table, sm_scale, q_len,
     num_splits, stride_qb, stride_qt, stride_qh, stride_ksh, stride_vsh, stride_ob, stride_ot,
     stride_oh, stride_os, stride_lb, stride_lt, stride_lh, stride_ls, stride_btb,
-    stride_ksp, stride_kst, stride_vsp, stride_vst, Arrivals, FinalOut, FinalLse,
+    stride_ksp, stride_kst, stride_vsp, stride_vst,
     GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr, PAGE_SIZE: gl.constexpr,
     STAGES: gl.constexpr, THREAD_ARRIVE: gl.constexpr = True, RING_MERGE: gl.constexpr = False,
     TILE_KEYS: gl.constexpr = 0, KV_FORMAT: gl.constexpr = 1, STORE_LSE: gl.constexpr = True,
-    SCALE_RING: gl.constexpr = False, MERGE_HERE: gl.constexpr = False,
-    STORE_FINAL_LSE: gl.constexpr = True, MERGE_ROWS: gl.constexpr = 16,
+    SCALE_RING: gl.constexpr = False,
 ):
-    # Out / Lse: the float32 split partials (merged by paged_combine, or, MERGE_HERE, by the
-    # last split of each (sequence, KV head) into FinalOut / FinalLse, counting on Arrivals), or,
-    # with one split, the final out (q's dtype, any strides: stride_os unused) and LSE, which
-    # STORE_LSE False skips. Arrivals / FinalOut / FinalLse: unused without MERGE_HERE.
+    # Out / Lse: the float32 split partials (merged by paged_combine), or, with one split, the
+    # final out (q's dtype, any strides: stride_os unused) and LSE, which STORE_LSE False skips.
     # fp8 caches come as uint8 descriptors (128-key tiles, 16 KB a slot); fp16 / bf16 caches as
     # their own dtype (``TILE_KEYS`` 0: 64-key tiles, 16 KB a slot as well).
     KV16: gl.constexpr = k_desc.dtype.primitive_bitwidth == 16
@@ -1056,10 +954,9 @@ def _gluon_decode_kernel(
                     cache_seqlens, block_table, sm_scale, q_len, num_splits, stride_qb,
                     stride_qt, stride_qh, stride_ksh, stride_vsh, stride_ob, stride_ot,
                     stride_oh, stride_os, stride_lb, stride_lt, stride_lh, stride_ls, stride_btb,
-                    stride_ksp, stride_kst, stride_vsp, stride_vst, ks_smem, vs_smem,
-                    Arrivals, FinalOut, FinalLse, GROUP,
+                    stride_ksp, stride_kst, stride_vsp, stride_vst, ks_smem, vs_smem, GROUP,
                     IS_CAUSAL, THREAD_ARRIVE, RING_MERGE, KV_FORMAT, PAGE_SIZE, STORE_LSE,
-                    SCALE_RING, MERGE_HERE, STORE_FINAL_LSE, MERGE_ROWS)),
+                    SCALE_RING)),
         (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                  cache_seqlens, block_table, num_splits, stride_btb, KS, VS, ks_smem, vs_smem,
                  PAGE_SIZE, SCALE_RING)),
@@ -1217,8 +1114,7 @@ class GluonDecodeLaunch:
             q, _desc(k_cache, box), _desc(v_cache, box), k_scale, v_scale, out_partial,
             lse_partial, cache_seqlens, block_table, float(softmax_scale), q_len, num_splits,
             q.stride(0), q.stride(1), q.stride(2), ksh, vsh, *out_partial.stride()[:4],
-            *lse_partial.stride(), block_table.stride(0), 0, 0, 0, 0,
-            cache_seqlens, out_partial, lse_partial)    # no MERGE_HERE: unused
+            *lse_partial.stride(), block_table.stride(0), 0, 0, 0, 0)
         self.constexprs = dict(GROUP=nheads // nheads_k, IS_CAUSAL=bool(causal),
                                PAGE_SIZE=page_size, STAGES=GLUON_PLAN_VARIANT["stages"],
                                THREAD_ARRIVE=bool(thread_arrive), RING_MERGE=bool(ring_merge),
@@ -1299,8 +1195,10 @@ INT4_VARIANT = dict(stages=4, ctas_per_sm=2, ring_merge=False)
 # 1 x 131072 even (85.7 / 117.1 against 84.9 / 117.7). Scales stored otherwise (token-major, or
 # not 16-byte aligned) are read a key at a time.
 INT8_SCALES_BY_TMA = True
-# Split launches merge in their last split (``_merge_here``) instead of a combine launch.
-GLUON_MERGE_HERE = True
+# Split launches merged by their last split (an arrival count a (sequence, KV head), the
+# partials read back through L2, no combine launch; commit 4f3a76e) measured 0-3% slower than the
+# combine kernel (H200, graphs, 2026-11-29: fp8 GQA 32/8 1 x 131072 84.2 us against 82.5, int8
+# 91.0 against 88.5, MHA 12/12 even): the merging CTA's L2 round trips outlast a launch.
 # Three ring stages where the launch has at most one CTA an SM (98.7 KB a CTA) measured +1.3% in
 # scripts/gluon_decode_check.py and -1.3 to -2.0% through the plan (GQA 32/8 1 x 131072 83.7 us
 # against 82.0, MHA 12/12 114.5 against 113.0; H200, graphs, 2026-11-29): not taken. One split
@@ -1378,7 +1276,6 @@ class PagedGluonDecodeLaunch:
 
     def __init__(self, q, k_cache, v_cache, block_table, *, softmax_scale: float, causal: bool,
                  num_splits: int, store_lse: bool, kv_format: int = 1):
-        from ._launch import next_pow2
         from .paged_combine import combine_launch_shape
 
         batch, q_len, nheads, head_dim = q.shape
@@ -1414,17 +1311,11 @@ class PagedGluonDecodeLaunch:
                                THREAD_ARRIVE=True, RING_MERGE=variant["ring_merge"],
                                TILE_KEYS=0, KV_FORMAT=kv_format,
                                STORE_LSE=store_lse or not self.direct)
-        # split launches: the last split of each (sequence, KV head) merges (GLUON_MERGE_HERE),
-        # else the combine kernel does
-        self.merge_here = not self.direct and GLUON_MERGE_HERE
-        if self.merge_here:
-            self.constexprs.update(MERGE_HERE=True, STORE_FINAL_LSE=bool(store_lse),
-                                   MERGE_ROWS=next_pow2(nheads // nheads_k * q_len))
         self.ring_constexprs = dict(self.constexprs, SCALE_RING=True)
         self.key = ("gluon-decode", q.dtype, self.ints, self.tail_ints,
                     tuple(self.constexprs.values()))
         self.combine = None
-        if not self.direct and not self.merge_here:
+        if not self.direct:
             self.combine_ints = (num_splits, head_dim, *out_strides, *lse_strides,
                                  q_len * nheads * head_dim, nheads * head_dim, head_dim,
                                  nheads * q_len, 1, q_len)
@@ -1484,9 +1375,8 @@ class PagedGluonDecodeLaunch:
                             v_scale.stride(0) if v_scale.dim() == 1 else 0)
             key_strides = (0, 0, 0, 0)
         aligned = alignment_key(q, cache_seqlens, block_table, k_scale, v_scale)
-        final_l = out if lse is None or not self.store_lse else lse
         if self.direct:
-            dst_o, dst_l = out, final_l
+            dst_o, dst_l = out, (out if lse is None or not self.store_lse else lse)
         else:
             dst_o, dst_l = o_part, lse_part
         ks_arg, vs_arg = k_scale, v_scale
@@ -1496,11 +1386,10 @@ class PagedGluonDecodeLaunch:
                (self.key, head_strides, key_strides, k_scale.dtype, aligned, ring), self.grid,
                (q, self._desc(k_cache), self._desc(v_cache), ks_arg, vs_arg, dst_o, dst_l,
                 cache_seqlens, block_table, self.scale, *self.ints, *head_strides,
-                *self.tail_ints, *key_strides, arrivals if self.merge_here else cache_seqlens,
-                out, final_l),
+                *self.tail_ints, *key_strides),
                self.ring_constexprs if ring else self.constexprs, WARPS.value, 1,
                self.device_index, TWO_CTA_MAXNREG)
-        if self.combine is None:   # one split, or the last split merged
+        if self.direct:
             return
         key, grid, constexprs, warps = self.combine
         launch(_combine_splits_kernel, key, grid,

@@ -42,7 +42,6 @@ def _check_signature(box: int, kv_dtype: str = "u8", q_dtype: str = "fp16",
         "stride_vsh", "stride_ob", "stride_ot", "stride_oh", "stride_os", "stride_lb",
         "stride_lt", "stride_lh", "stride_ls", "stride_btb", "stride_ksp", "stride_kst",
         "stride_vsp", "stride_vst")})
-    sig.update(Arrivals="*i32", FinalOut=f"*{q}", FinalLse="*fp32")
     for name in ("GROUP", "IS_CAUSAL", "PAGE_SIZE", "STAGES", "THREAD_ARRIVE", "RING_MERGE"):
         sig[name] = "constexpr"
     return sig
@@ -50,7 +49,7 @@ def _check_signature(box: int, kv_dtype: str = "u8", q_dtype: str = "fp16",
 
 def _check_spec(variant, group, page_size, stages=4, causal=False, thread_arrive=True,
                 ring_merge=False, ctas_per_sm=1, kv_dtype="u8", tile_keys=0, kv_format=1,
-                q_dtype="fp16", direct_lse=None, scale_ring=False, merge_here=False):
+                q_dtype="fp16", direct_lse=None, scale_ring=False):
     options = dict(num_warps=4)
     if ctas_per_sm == 2:
         options["maxnreg"] = TWO_CTA_MAXNREG
@@ -66,9 +65,6 @@ def _check_spec(variant, group, page_size, stages=4, causal=False, thread_arrive
         # one split: the final out (q's dtype) and LSE stored directly
         constexprs["STORE_LSE"] = True if direct_lse is None else direct_lse
         out_dtype = q_dtype if direct_lse is not None else "fp32"
-    if merge_here:   # the last split merges every split's partials into the final out / LSE
-        constexprs.update(TILE_KEYS=tile_keys, KV_FORMAT=kv_format, STORE_LSE=True,
-                          MERGE_HERE=True, STORE_FINAL_LSE=True, MERGE_ROWS=group)
     scale_pair = 0
     if scale_ring or kv_format == 3:   # the scales by ring (int4's always)
         constexprs["SCALE_RING"] = True
@@ -126,12 +122,6 @@ GLUON_CHECK_SPECS = [
     _check_spec("int8-ring-bf16q-page64-mha-causal-2stages-2cta-direct", 1, 64, stages=2,
                 causal=True, ring_merge=True, ctas_per_sm=2, kv_format=2, q_dtype="bf16",
                 direct_lse=True, scale_ring=True),
-    # Split launches merged by their last split (MERGE_HERE, the plan's).
-    _check_spec("fp8-page16-gqa4-2stages-2cta-merge", 4, 16, stages=2, ring_merge=True,
-                ctas_per_sm=2, merge_here=True),
-    _check_spec("int8-ring-bf16q-page16-mha-2stages-2cta-merge", 1, 16, stages=2,
-                ring_merge=True, ctas_per_sm=2, kv_format=2, q_dtype="bf16", scale_ring=True,
-                merge_here=True),
     # int4 (64-byte rows, per-key (scale, offset) pairs by TMA; four 16 KB stages, the merge
     # through the reduce scratch): correct on the H200, 9-13% slower than the Triton row.
     _check_spec("int4-page16-gqa4-4stages-2cta", 4, 16, stages=4, ctas_per_sm=2, kv_format=3),
