@@ -84,6 +84,8 @@
 #               (Triton) against gluon=1 at the plan's splits and at 16 / 32 / 64 for
 #               1 x 131072, GQA 32/8 and MHA 12/12, DTYPES
 #   ringvs      int8 on the Gluon decode: its scales a key at a time against by TMA (DTYPES)
+#   vbias       int8 V as 1152 + x on the Gluon decode (INT8_V_BIASED, compiled only): its tests,
+#               then the sweep against the shipped int8 route (DTYPES)
 #   prefix      the shared-prefix decode after 2026-11-29's fourteenth session (the chunk loop's
 #               masked band under a branch, the suffix decode in int32 with the d128 row, the op
 #               carrying the configs' flags: compiled and CPU-tested only): its GPU tests, then
@@ -368,6 +370,21 @@ if has ringvs; then
         --int8-ring $ring \
         --heads 32/8,12/12 --shapes 64x8192,1x131072 --all --grid 128,4,2,$P,1 \
         2>&1 | grep -v Warn | grep "^|"
+    done
+  done
+fi
+if has vbias; then
+  step vbias
+  # int8 V as 1152 + x on the Gluon decode (INT8_V_BIASED; compiled 2026-11-29 eighteenth
+  # session: 566 instructions a tile a warp against 623, the masked tile 656 against 854): its
+  # tests (the "int8 v-biased" route, ~34 cases), then the A/B against the shipped int8 route
+  ROUTES=vbias ROUTE_S=${VBIAS_TEST_S:-200} bash scripts/gluon_routes_test.sh
+  P=-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1
+  for dt in ${DTYPES:-fp16}; do
+    for vb in 0 1; do
+      timeout 200 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int8 \
+        --int8-v-biased $vb --heads 32/8,12/12 --shapes 64x8192,1x131072 --all \
+        --grid 128,4,2,$P,1 2>&1 | grep -v Warn | grep "^|" | grep -v "^|--\|^| heads"
     done
   done
 fi

@@ -60,6 +60,9 @@ def main():
     p.add_argument("--int8-ring", type=int, default=1, choices=(0, 1),
                    help="gluon=1 entries bring head-major int8 scales by TMA "
                         "(INT8_SCALES_BY_TMA, 1 shipped) or 0: a load a key")
+    p.add_argument("--int8-v-biased", type=int, default=0, choices=(0, 1),
+                   help="gluon=1 entries convert int8 V to 1152 + x, the bias off at the end "
+                        "(INT8_V_BIASED: compiled 2026-11-29, off by default)")
     p.add_argument("--splits", default="0",
                    help="split counts each grid entry runs at, comma-separated (0: the plan's)")
     p.add_argument("--layout", default="nhd", choices=("nhd", "hnd"), help="page storage")
@@ -84,6 +87,7 @@ def main():
     if args.gluon_int4:
         gluon_decode.GLUON_FORMATS = (*gluon_decode.GLUON_FORMATS, 3)
     gluon_decode.INT8_SCALES_BY_TMA = bool(args.int8_ring)
+    gluon_decode.INT8_V_BIASED = bool(args.int8_v_biased)
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     print("| heads | batch x len | format | best (block_n, warps, stages) | us | 2nd | 3rd | default us |"
           " fp16 us | speedup |")

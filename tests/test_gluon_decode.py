@@ -242,8 +242,10 @@ def _spy_scale_rings(monkeypatch) -> list:
 # The formats' routes: int8's scales as quantize_kv stores them (head-major) by TMA ("int8 ring",
 # INT8_SCALES_BY_TMA, shipped) or read a key at a time ("int8"), or stored token-major ("int8
 # token-major scales": a key at a time, other strides); int4's always by TMA (not routed:
-# _route_int4).
-ROUTES = ["fp8_e4m3", "int8 ring", "int8", "int8 token-major scales", "int4"]
+# _route_int4); "int8 v-biased": by TMA with V as 1152 + x (INT8_V_BIASED: compiled, not yet run
+# when written).
+ROUTES = ["fp8_e4m3", "int8 ring", "int8", "int8 token-major scales", "int4", "int8 v-biased"]
+RING_ROUTES = ("int8 ring", "int4", "int8 v-biased")
 
 
 @hopper_only
@@ -256,7 +258,7 @@ def test_gluon_decode_matches_reference_and_triton(case, causal, route, q_dtype,
     rings = _spy_scale_rings(monkeypatch)
     _check_against_reference_and_triton(case, causal, fmt, q_dtype,
                                         token_major_scales="token-major" in route)
-    assert bool(rings) == (route in ("int8 ring", "int4"))
+    assert bool(rings) == (route in RING_ROUTES)
 
 
 def _check_against_reference_and_triton(case, causal, fmt, q_dtype, token_major_scales=False):
@@ -310,12 +312,13 @@ def _take_route(route, monkeypatch) -> str:
     fmt = route.split()[0]
     if fmt == "int4":
         _route_int4(monkeypatch)
-    monkeypatch.setattr(gluon_decode, "INT8_SCALES_BY_TMA", route == "int8 ring")
+    monkeypatch.setattr(gluon_decode, "INT8_SCALES_BY_TMA", route in RING_ROUTES)
+    monkeypatch.setattr(gluon_decode, "INT8_V_BIASED", route == "int8 v-biased")
     return fmt
 
 
 @hopper_only
-@pytest.mark.parametrize("route", ["fp8_e4m3", "int8", "int8 ring", "int4"])
+@pytest.mark.parametrize("route", ["fp8_e4m3", "int8", "int8 ring", "int4", "int8 v-biased"])
 def test_gluon_decode_in_a_cuda_graph_and_compiled(route, monkeypatch):
     fmt = _take_route(route, monkeypatch)
     plan, (q, kq, vq, ks, vs, seqlens, table, kd, vd) = _gluon_plan(fmt, 32, 8, [8192, 4000])

@@ -108,7 +108,8 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from .gluon_prefill import _add, _max  # the reduce combiners
-from .quant_convert import _I4_UNIT_ASM, _INT8_PAIR_EVEN, _INT8_PAIR_ODD
+from .quant_convert import (_I4_UNIT_ASM, _INT8_BIAS, _INT8_PAIR_EVEN, _INT8_PAIR_ODD,
+                            _pair_asm)
 
 LOG2E = gl.constexpr(1.4426950408889634)
 LN2 = gl.constexpr(0.6931471805599453)
@@ -166,6 +167,12 @@ INT8_QUAD_BIASED = gl.constexpr("""{
 INT8_BIAS = gl.constexpr(1152.0)
 INT8_PAIR_EVEN = gl.constexpr(_INT8_PAIR_EVEN.value)
 INT8_PAIR_ODD = gl.constexpr(_INT8_PAIR_ODD.value)
+# V_BIASED: int8 V bytes -> fp16 ``1152 + x`` two keys a register (xor, prmt: the pair
+# converters without their subtract); the bias comes off the accumulators once (``_tile``).
+INT8_PAIR_EVEN_BIASED = gl.constexpr(_pair_asm(_INT8_BIAS, "0x64646464", "0x4240",
+                                               "mov.b32 $0, u;"))
+INT8_PAIR_ODD_BIASED = gl.constexpr(_pair_asm(_INT8_BIAS, "0x64646464", "0x4341",
+                                              "mov.b32 $0, u;"))
 # int4 (``KV_FORMAT`` 3): a key's 64 bytes hold channel i in byte i's low nibble and i + 64 in its
 # high one (each nibble q + 8), with a float32 (scale, offset) a (token, KV head). K bytes ->
 # fp16 under a 0x64 high byte (prmt), then one AND keeps the low nibble (1024 + n) or the high
@@ -301,10 +308,16 @@ def _fp8_pairs_to_f16(units, ODD: gl.constexpr):
 
 
 @gluon.jit
-def _int8_pairs_to_f16(units, ODD: gl.constexpr):
+def _int8_pairs_to_f16(units, ODD: gl.constexpr, BIASED: gl.constexpr = False):
     """uint16 units of an int8 V tile -> fp16 channel 2p (or, ODD, 2p + 1) of two keys a
-    register (``quant_convert._pair_units_to_f16``'s int8 form: xor, prmt, sub)."""
-    if ODD:
+    register (``quant_convert._pair_units_to_f16``'s int8 form: xor, prmt, sub); BIASED:
+    ``1152 + x`` (xor, prmt)."""
+    if BIASED:
+        if ODD:
+            asm: gl.constexpr = INT8_PAIR_ODD_BIASED
+        else:
+            asm: gl.constexpr = INT8_PAIR_EVEN_BIASED
+    elif ODD:
         asm: gl.constexpr = INT8_PAIR_ODD
     else:
         asm: gl.constexpr = INT8_PAIR_EVEN
@@ -430,12 +443,13 @@ def _softmax_step(sc, m_i, l_i, start, hi, last_key, qk_scale, MASKED: gl.conste
 
 
 @gluon.jit
-def _tile(q, s_init, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, k_ready, v_ready,
+def _tile(q, s_init, acc_e, acc_o, b_acc, m_i, l_i, acc_scale, k_smem, v_smem, k_ready,
+          v_ready,
           k_empty, v_empty, j, start, hi, last_key, qk_scale, KS, VS, bt_row, stride_ksp,
           stride_kst,
           stride_vsp, stride_vst, MASKED: gl.constexpr, THREAD_ARRIVE: gl.constexpr,
           KV_FORMAT: gl.constexpr, PAGE_SIZE: gl.constexpr, ROW_SCALE: gl.constexpr,
-          SCALE_RING: gl.constexpr = False):
+          SCALE_RING: gl.constexpr = False, V_BIASED: gl.constexpr = False):
     """Key tile ``j`` of the ring (keys ``start ..``) into each warp's state: warp w takes keys
     ``start + TILE / 4 * w ..``. fp8 and int8 slots (uint8) are converted to fp16 here; 16-bit
     slots (``KV16``) are the operands as they are, V's channels 0-63 into ``acc_e`` and 64-127
@@ -450,7 +464,12 @@ def _tile(q, s_init, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, k_ready,
     accumulators are kept in units of the last tile's largest scale, ``acc_scale [WARPS]``: the
     rescale by ``alpha`` also carries the change of unit, so the dot still accumulates in place.
     ROW_SCALE: ``qk_scale`` is a row's own (``[WARPS, ROWS]``: bf16 q rows scaled into fp16).
-    SCALE_RING (int8): KS / VS are the scale rings (``_load_tile``'s SCALES), read with K."""
+    SCALE_RING (int8): KS / VS are the scale rings (``_load_tile``'s SCALES), read with K.
+    V_BIASED (int8): V converts to ``1152 + x`` (no subtract: 64 instructions a tile a thread
+    fewer) and one more dot, the probabilities against ones (``b_acc [WARPS, ROWS, 8]``, every
+    column the same), sums the fp16 probabilities exactly as the V dots used them, in the
+    accumulators' unit: ``_consume`` takes 1152 times it off at the end. The bias costs the fp32
+    accumulators ~2^-24 x 1152 of their sum of p a step, as K's s_init, far under int8's own."""
     STAGES: gl.constexpr = k_smem.shape[0]
     TILE: gl.constexpr = k_smem.shape[1]
     WKEYS: gl.constexpr = TILE // WARPS
@@ -507,7 +526,9 @@ def _tile(q, s_init, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, k_ready,
         units = v_smem.index(s)._reinterpret(gl.uint16, [TILE, HEAD_DIM // 2], U16).reshape(
             [WARPS, WKEYS, HEAD_DIM // 2]).load(V_OP)
     _release(v_empty.index(s), THREAD_ARRIVE)
-    if MASKED:   # V rows past the end may hold anything (NaN bytes): 0 * NaN would be NaN
+    if MASKED and not (V_BIASED and KV_FORMAT == INT8):
+        # V rows past the end may hold anything (NaN bytes): 0 * NaN would be NaN (biased int8
+        # converts any byte to a finite 1024 .. 1279, and p is 0 there)
         wv = gl.arange(0, WARPS, gl.SliceLayout(1, gl.SliceLayout(2, V_OP)))
         kv = gl.arange(0, WKEYS, gl.SliceLayout(0, gl.SliceLayout(2, V_OP)))
         vkeys = start + gl.expand_dims(gl.expand_dims(wv * WKEYS, 1), 2) \
@@ -521,12 +542,15 @@ def _tile(q, s_init, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, k_ready,
         acc_e = mma_v2(p_op, v_lo, acc_e * a3)
         acc_o = mma_v2(p_op, v_hi, acc_o * a3)
     elif KV_FORMAT == INT8:
-        acc_e = mma_v2(p_op, _int8_pairs_to_f16(units, False), acc_e * a3)
-        acc_o = mma_v2(p_op, _int8_pairs_to_f16(units, True), acc_o * a3)
+        acc_e = mma_v2(p_op, _int8_pairs_to_f16(units, False, V_BIASED), acc_e * a3)
+        acc_o = mma_v2(p_op, _int8_pairs_to_f16(units, True, V_BIASED), acc_o * a3)
+        if V_BIASED:
+            ones = gl.full([WARPS, WKEYS, 8], 1.0, gl.float16, V_OP)
+            b_acc = mma_v2(p_op, ones, b_acc * a3)
     else:
         acc_e = mma_v2(p_op, _fp8_pairs_to_f16(units, False), acc_e * a3)
         acc_o = mma_v2(p_op, _fp8_pairs_to_f16(units, True), acc_o * a3)
-    return acc_e, acc_o, m_new, l_i, acc_scale
+    return acc_e, acc_o, b_acc, m_new, l_i, acc_scale
 
 
 @gluon.constexpr_function
@@ -743,7 +767,8 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
              stride_vsp, stride_vst, ks_smem, vs_smem, GROUP: gl.constexpr,
              IS_CAUSAL: gl.constexpr,
              THREAD_ARRIVE: gl.constexpr, RING_MERGE: gl.constexpr, KV_FORMAT: gl.constexpr,
-             PAGE_SIZE: gl.constexpr, STORE_LSE: gl.constexpr, SCALE_RING: gl.constexpr):
+             PAGE_SIZE: gl.constexpr, STORE_LSE: gl.constexpr, SCALE_RING: gl.constexpr,
+             V_BIASED: gl.constexpr):
     TILE: gl.constexpr = k_smem.shape[1]
     KV16: gl.constexpr = k_smem.dtype.primitive_bitwidth == 16
     gl.static_assert(not (KV16 and RING_MERGE), "16-bit caches merge through the scratch")
@@ -826,6 +851,8 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
                             stride_os, stride_lb, stride_lt, stride_lh, stride_ls, GROUP,
                             THREAD_ARRIVE, ROW_SCALE, STORE_LSE)
     else:
+        # V_BIASED: the fp16 probabilities' sums (every column the same; _tile)
+        b_acc = gl.zeros([WARPS, ROWS, 8], gl.float32, MMA)
         if SCALE_RING:
             KSt = ks_smem
             VSt = vs_smem
@@ -833,18 +860,22 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
             KSt = KSh
             VSt = VSh
         for j in range(0, n_full):
-            acc_e, acc_o, m_i, l_i, acc_scale = _tile(
-                q, s_init, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, k_ready, v_ready,
-                k_empty, v_empty, j, lo + j * TILE, hi, last_key, qk_scale, KSt, VSt, bt_row,
-                stride_ksp, stride_kst, stride_vsp, stride_vst, False, THREAD_ARRIVE, KV_FORMAT,
-                PAGE_SIZE, ROW_SCALE, SCALE_RING)
+            acc_e, acc_o, b_acc, m_i, l_i, acc_scale = _tile(
+                q, s_init, acc_e, acc_o, b_acc, m_i, l_i, acc_scale, k_smem, v_smem, k_ready,
+                v_ready, k_empty, v_empty, j, lo + j * TILE, hi, last_key, qk_scale, KSt, VSt,
+                bt_row, stride_ksp, stride_kst, stride_vsp, stride_vst, False, THREAD_ARRIVE,
+                KV_FORMAT, PAGE_SIZE, ROW_SCALE, SCALE_RING, V_BIASED)
         for j in range(n_full, n_tiles):
-            acc_e, acc_o, m_i, l_i, acc_scale = _tile(
-                q, s_init, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, k_ready, v_ready,
-                k_empty, v_empty, j, lo + j * TILE, hi, last_key, qk_scale, KSt, VSt, bt_row,
-                stride_ksp, stride_kst, stride_vsp, stride_vst, True, THREAD_ARRIVE, KV_FORMAT,
-                PAGE_SIZE, ROW_SCALE, SCALE_RING)
+            acc_e, acc_o, b_acc, m_i, l_i, acc_scale = _tile(
+                q, s_init, acc_e, acc_o, b_acc, m_i, l_i, acc_scale, k_smem, v_smem, k_ready,
+                v_ready, k_empty, v_empty, j, lo + j * TILE, hi, last_key, qk_scale, KSt, VSt,
+                bt_row, stride_ksp, stride_kst, stride_vsp, stride_vst, True, THREAD_ARRIVE,
+                KV_FORMAT, PAGE_SIZE, ROW_SCALE, SCALE_RING, V_BIASED)
 
+        if V_BIASED:   # the V bias off each warp's accumulators, in their unit
+            bias = gl.expand_dims(gl.max(b_acc, 2) * INT8_BIAS, 2)
+            acc_e = acc_e - bias
+            acc_o = acc_o - bias
         # The four warps' states merged once.
         m = gl.reduce(m_i, 0, _max)
         m_sub = gl.where(m == float("-inf"), 0.0, m)
@@ -915,7 +946,7 @@ def _gluon_decode_kernel(
     GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr, PAGE_SIZE: gl.constexpr,
     STAGES: gl.constexpr, THREAD_ARRIVE: gl.constexpr = True, RING_MERGE: gl.constexpr = False,
     TILE_KEYS: gl.constexpr = 0, KV_FORMAT: gl.constexpr = 1, STORE_LSE: gl.constexpr = True,
-    SCALE_RING: gl.constexpr = False,
+    SCALE_RING: gl.constexpr = False, V_BIASED: gl.constexpr = False,
 ):
     # Out / Lse: the float32 split partials (merged by paged_combine), or, with one split, the
     # final out (q's dtype, any strides: stride_os unused) and LSE, which STORE_LSE False skips.
@@ -956,7 +987,7 @@ def _gluon_decode_kernel(
                     stride_oh, stride_os, stride_lb, stride_lt, stride_lh, stride_ls, stride_btb,
                     stride_ksp, stride_kst, stride_vsp, stride_vst, ks_smem, vs_smem, GROUP,
                     IS_CAUSAL, THREAD_ARRIVE, RING_MERGE, KV_FORMAT, PAGE_SIZE, STORE_LSE,
-                    SCALE_RING)),
+                    SCALE_RING, V_BIASED and KV_FORMAT == INT8)),
         (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                  cache_seqlens, block_table, num_splits, stride_btb, KS, VS, ks_smem, vs_smem,
                  PAGE_SIZE, SCALE_RING)),
@@ -1195,6 +1226,10 @@ INT4_VARIANT = dict(stages=4, ctas_per_sm=2, ring_merge=False)
 # 1 x 131072 even (85.7 / 117.1 against 84.9 / 117.7). Scales stored otherwise (token-major, or
 # not 16-byte aligned) are read a key at a time.
 INT8_SCALES_BY_TMA = True
+# int8 V as ``1152 + x`` with the bias off the accumulators at the end (``_tile``'s V_BIASED;
+# compiled for sm_90a 2026-11-29, not yet run on a GPU): off until tests/test_gluon_decode.py
+# has run it.
+INT8_V_BIASED = False
 # Split launches merged by their last split (an arrival count a (sequence, KV head), the
 # partials read back through L2, no combine launch; commit 4f3a76e) measured 0-3% slower than the
 # combine kernel (H200, graphs, 2026-11-29: fp8 GQA 32/8 1 x 131072 84.2 us against 82.5, int8
@@ -1310,7 +1345,8 @@ class PagedGluonDecodeLaunch:
                                PAGE_SIZE=page_size, STAGES=variant["stages"],
                                THREAD_ARRIVE=True, RING_MERGE=variant["ring_merge"],
                                TILE_KEYS=0, KV_FORMAT=kv_format,
-                               STORE_LSE=store_lse or not self.direct)
+                               STORE_LSE=store_lse or not self.direct,
+                               V_BIASED=kv_format == INT8.value and INT8_V_BIASED)
         self.ring_constexprs = dict(self.constexprs, SCALE_RING=True)
         self.key = ("gluon-decode", q.dtype, self.ints, self.tail_ints,
                     tuple(self.constexprs.values()))
