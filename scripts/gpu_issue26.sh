@@ -376,7 +376,7 @@ fi
 if has vbias; then
   step vbias
   # int8 V as 1152 + x on the Gluon decode (INT8_V_BIASED; compiled 2026-11-29 eighteenth
-  # session: 566 instructions a tile a warp against 623, the masked tile 656 against 854): its
+  # session: 573 instructions a tile a warp against 623, the masked tile 662 against 854): its
   # tests (the "int8 v-biased" route, ~34 cases), then the A/B against the shipped int8 route
   ROUTES=vbias ROUTE_S=${VBIAS_TEST_S:-200} bash scripts/gluon_routes_test.sh
   P=-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1
