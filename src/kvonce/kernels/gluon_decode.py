@@ -168,7 +168,7 @@ INT8_BIAS = gl.constexpr(1152.0)
 INT8_PAIR_EVEN = gl.constexpr(_INT8_PAIR_EVEN.value)
 INT8_PAIR_ODD = gl.constexpr(_INT8_PAIR_ODD.value)
 # V_BIASED: int8 V bytes -> fp16 ``1152 + x`` two keys a register (xor, prmt: the pair
-# converters without their subtract); the bias comes off the accumulators once (``_tile``).
+# converters without their subtract); the bias comes off each tile's dot start (``_tile``).
 INT8_PAIR_EVEN_BIASED = gl.constexpr(_pair_asm(_INT8_BIAS, "0x64646464", "0x4240",
                                                "mov.b32 $0, u;"))
 INT8_PAIR_ODD_BIASED = gl.constexpr(_pair_asm(_INT8_BIAS, "0x64646464", "0x4341",
