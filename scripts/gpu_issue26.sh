@@ -86,6 +86,8 @@
 #   ringvs      int8 on the Gluon decode: its scales a key at a time against by TMA (DTYPES)
 #   vbias       int8 V as 1152 + x on the Gluon decode (INT8_V_BIASED, compiled only): its tests,
 #               then the sweep against the shipped int8 route (DTYPES)
+#   swap        the Gluon decode's swapped-operand consumers (GLUON_SWAP_AB, compiled only): their
+#               tests, then fp8 / int8 (V_BIASED off, on) against the shipped routes (DTYPES)
 #   prefix      the shared-prefix decode after 2026-11-29's fourteenth session (the chunk loop's
 #               masked band under a branch, the suffix decode in int32 with the d128 row, the op
 #               carrying the configs' flags: compiled and CPU-tested only): its GPU tests, then
@@ -390,6 +392,23 @@ if has vbias; then
     timeout 200 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int8 \
       --int8-v-biased 1 --heads 32/8,12/12 --shapes 1x131072 --all --grid 128,4,2,$P,1 \
       --splits 0,11,16,22,32 2>&1 | grep -v Warn | grep -v "^|"
+  done
+fi
+if has swap; then
+  step swap
+  # the swapped-operand consumers (GLUON_SWAP_AB; compiled 2026-11-29 eighteenth session: fp8
+  # 373 instructions a tile a warp against 453, int8 504 / 472 with V_BIASED against 623 / 573):
+  # their tests (the "... swapped" routes, ~100 cases), then fp8 and int8 (V_BIASED 0 and 1)
+  # against the shipped routes, GQA 32/8 and MHA 12/12 (rows 4 and 1)
+  ROUTES=swap ROUTE_S=${SWAP_TEST_S:-300} bash scripts/gluon_routes_test.sh
+  P=-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1
+  for dt in ${DTYPES:-fp16}; do
+    for sw in "0 0" "1 0" "1 1"; do
+      set -- $sw
+      timeout 200 python3 scripts/quant_decode_sweep.py --dtype $dt --formats fp8_e4m3,int8 \
+        --swap-ab $1 --int8-v-biased $2 --heads 32/8,12/12 --shapes 64x8192,1x131072 --all \
+        --grid 128,4,2,$P,1 2>&1 | grep -v Warn | grep "^|" | grep -v "^|--\|^| heads"
+    done
   done
 fi
 if has prefix; then

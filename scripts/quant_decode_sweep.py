@@ -63,6 +63,9 @@ def main():
     p.add_argument("--int8-v-biased", type=int, default=0, choices=(0, 1),
                    help="gluon=1 entries convert int8 V to 1152 + x, the bias off at the end "
                         "(INT8_V_BIASED: compiled 2026-11-29, off by default)")
+    p.add_argument("--swap-ab", type=int, default=0, choices=(0, 1),
+                   help="gluon=1 entries run the swapped-operand consumers where the packed rows "
+                        "fit 8 (GLUON_SWAP_AB: compiled 2026-11-29, off by default)")
     p.add_argument("--splits", default="0",
                    help="split counts each grid entry runs at, comma-separated (0: the plan's)")
     p.add_argument("--layout", default="nhd", choices=("nhd", "hnd"), help="page storage")
@@ -88,6 +91,7 @@ def main():
         gluon_decode.GLUON_FORMATS = (*gluon_decode.GLUON_FORMATS, 3)
     gluon_decode.INT8_SCALES_BY_TMA = bool(args.int8_ring)
     gluon_decode.INT8_V_BIASED = bool(args.int8_v_biased)
+    gluon_decode.GLUON_SWAP_AB = bool(args.swap_ab)
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     print("| heads | batch x len | format | best (block_n, warps, stages) | us | 2nd | 3rd | default us |"
           " fp16 us | speedup |")

@@ -130,6 +130,33 @@ def test_routing_follows_the_formats_and_query_dtypes(monkeypatch):
     assert not _meta_plan(monkeypatch, q_dtype=torch.bfloat16).uses_gluon
 
 
+def test_swapped_operands_where_the_rows_fit(monkeypatch):
+    """``GLUON_SWAP_AB`` (compiled, not yet run): launches whose packed rows fit the swapped
+    dots' N (8) take them, fp8 at once and int8 where its scales come by ring; wider ones keep
+    the row-major consumers."""
+    def launch(nheads=32, nheads_k=8, q_len=1, kv_format=1):
+        meta = dict(device="meta")
+        q = torch.empty(2, q_len, nheads, 128, dtype=torch.float16, **meta)
+        k = torch.empty(64, 16, nheads_k, 128, dtype=torch.uint8, **meta)
+        table = torch.empty(2, 32, dtype=torch.int32, **meta)
+        return gluon_decode.PagedGluonDecodeLaunch(q, k, k, table, softmax_scale=0.1,
+                                                   causal=False, num_splits=2, store_lse=True,
+                                                   kv_format=kv_format)
+
+    monkeypatch.setattr(gluon_decode, "GLUON_SWAP_AB", True)
+    for kwargs, swapped in ((dict(), True), (dict(nheads=12, nheads_k=12), True),
+                            (dict(q_len=2), True), (dict(q_len=4), False),
+                            (dict(nheads=32, nheads_k=2), False), (dict(kv_format=2), True),
+                            (dict(kv_format=3), False)):
+        la = launch(**kwargs)
+        assert la.swap == swapped
+        assert la.ring_constexprs["SWAP_AB"] == swapped
+        assert la.constexprs["SWAP_AB"] == (swapped and kwargs.get("kv_format", 1) == 1)
+    monkeypatch.setattr(gluon_decode, "GLUON_SWAP_AB", False)
+    la = launch()
+    assert not la.swap and not la.constexprs["SWAP_AB"] and not la.ring_constexprs["SWAP_AB"]
+
+
 def test_int4_launches_where_routed(monkeypatch):
     """int4 (``KV_FORMAT`` 3, correct, slower than the Triton row): with 3 in ``GLUON_FORMATS``
     and a row with ``gluon`` on, token-major 64-byte rows take the Gluon decode, short launches at a wave of
@@ -244,8 +271,11 @@ def _spy_scale_rings(monkeypatch) -> list:
 # token-major scales": a key at a time, other strides); int4's always by TMA (not routed:
 # _route_int4); "int8 v-biased": by TMA with V as 1152 + x (INT8_V_BIASED: compiled, not yet run
 # when written).
-ROUTES = ["fp8_e4m3", "int8 ring", "int8", "int8 token-major scales", "int4", "int8 v-biased"]
-RING_ROUTES = ("int8 ring", "int4", "int8 v-biased")
+# "... swapped": the swapped-operand consumers (GLUON_SWAP_AB, compiled, not yet run when
+# written) where the packed rows fit 8.
+ROUTES = ["fp8_e4m3", "int8 ring", "int8", "int8 token-major scales", "int4", "int8 v-biased",
+          "fp8_e4m3 swapped", "int8 swapped", "int8 swapped v-biased"]
+RING_ROUTES = ("int8 ring", "int4", "int8 v-biased", "int8 swapped", "int8 swapped v-biased")
 
 
 @hopper_only
@@ -256,9 +286,12 @@ RING_ROUTES = ("int8 ring", "int4", "int8 v-biased")
 def test_gluon_decode_matches_reference_and_triton(case, causal, route, q_dtype, monkeypatch):
     fmt = _take_route(route, monkeypatch)
     rings = _spy_scale_rings(monkeypatch)
-    _check_against_reference_and_triton(case, causal, fmt, q_dtype,
-                                        token_major_scales="token-major" in route)
+    plan = _check_against_reference_and_triton(case, causal, fmt, q_dtype,
+                                               token_major_scales="token-major" in route)
     assert bool(rings) == (route in RING_ROUTES)
+    batch, q_len, nheads, nheads_k = GPU_CASES[case][:4]
+    swapped = "swapped" in route and nheads // nheads_k * q_len <= 8
+    assert all(la.swap == swapped for la in plan._launches.values())
 
 
 def _check_against_reference_and_triton(case, causal, fmt, q_dtype, token_major_scales=False):
@@ -295,6 +328,7 @@ def _check_against_reference_and_triton(case, causal, fmt, q_dtype, token_major_
     assert torch.equal(plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs), out)
     op_out, op_lse = plan._run_op(q, kq, vq, seqlens, table, ks, vs)
     assert torch.equal(op_out, out) and torch.equal(op_lse, lse)
+    return plan
 
 
 def _gluon_plan(fmt, nheads, nheads_k, lens):
@@ -313,12 +347,14 @@ def _take_route(route, monkeypatch) -> str:
     if fmt == "int4":
         _route_int4(monkeypatch)
     monkeypatch.setattr(gluon_decode, "INT8_SCALES_BY_TMA", route in RING_ROUTES)
-    monkeypatch.setattr(gluon_decode, "INT8_V_BIASED", route == "int8 v-biased")
+    monkeypatch.setattr(gluon_decode, "INT8_V_BIASED", "v-biased" in route)
+    monkeypatch.setattr(gluon_decode, "GLUON_SWAP_AB", "swapped" in route)
     return fmt
 
 
 @hopper_only
-@pytest.mark.parametrize("route", ["fp8_e4m3", "int8", "int8 ring", "int4", "int8 v-biased"])
+@pytest.mark.parametrize("route", ["fp8_e4m3", "int8", "int8 ring", "int4", "int8 v-biased",
+                                   "fp8_e4m3 swapped", "int8 swapped v-biased"])
 def test_gluon_decode_in_a_cuda_graph_and_compiled(route, monkeypatch):
     fmt = _take_route(route, monkeypatch)
     plan, (q, kq, vq, ks, vs, seqlens, table, kd, vd) = _gluon_plan(fmt, 32, 8, [8192, 4000])

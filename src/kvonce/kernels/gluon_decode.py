@@ -765,6 +765,248 @@ def _consume_int4_tiles(q_lo, q_hi, acc_scale, m_i, l_i, k_smem, v_smem, k_ready
                    stride_ls, GROUP)
 
 
+# ----------------------------------------------------------------------------------------------
+# Swapped operands (SWAP_AB): keys as the dots' M, q rows as N
+# ----------------------------------------------------------------------------------------------
+# S^T = K q^T and O^T = V^T P^T: a group of at most 8 packed q rows fills an n8 tile where the
+# row-major form pads it to m16, so each thread holds half the scores (8 a tile), half the
+# softmax and half the accumulators ([WARPS, 64, 8] a plane: 16 registers against 32). The cost:
+# P^T's operand layout is the transpose of S^T's accumulator (one layout conversion a tile).
+NR = gl.constexpr(8)                  # packed q rows, the dots' N (GROUP * q_len <= 8)
+KA_OP = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=4))   # K
+QB_OP = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=4))   # q^T
+VA_OP = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2))   # V^T units
+PB_OP = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2))   # P^T
+KEY_COL = gl.constexpr(gl.SliceLayout(2, MMA))    # per-key values [WARPS, WKEYS] (keys as M)
+ROW_T = gl.constexpr(gl.SliceLayout(1, MMA))      # m, l [WARPS, NR]
+
+
+@gluon.jit
+def _softmax_step_t(sc, m_i, l_i, start, hi, last_key, qk_scale, MASKED: gl.constexpr,
+                    ROW_SCALE: gl.constexpr):
+    """``_softmax_step`` on swapped scores ``sc [WARPS, WKEYS, NR]`` (keys along axis 1)."""
+    WKEYS: gl.constexpr = sc.shape[1]
+    if ROW_SCALE:
+        scale = gl.expand_dims(qk_scale, 1)
+    else:
+        scale = qk_scale
+    if MASKED:
+        w = gl.arange(0, WARPS, gl.SliceLayout(1, KEY_COL))
+        n = gl.arange(0, WKEYS, gl.SliceLayout(0, KEY_COL))
+        keys = gl.expand_dims(start + gl.expand_dims(w * WKEYS, 1) + gl.expand_dims(n, 0), 2)
+        visible = (keys < hi) & (keys <= gl.expand_dims(gl.expand_dims(last_key, 0), 1))
+        sc = gl.where(visible, sc * scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.reduce(sc, 1, _max))
+        m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp2(sc - gl.expand_dims(m_sub, 1))
+    else:
+        m_new = gl.maximum(m_i, gl.reduce(sc, 1, _max) * qk_scale)   # qk_scale > 0
+        m_sub = m_new
+        p = gl.exp2(sc * scale - gl.expand_dims(m_sub, 1))
+    alpha = gl.exp2(m_i - m_sub)
+    l_i = l_i * alpha + gl.reduce(p, 1, _add)
+    return p, m_new, l_i, alpha
+
+
+@gluon.jit
+def _tile_t(qt, s_init, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, ks_smem, vs_smem,
+            k_ready, v_ready, k_empty, v_empty, j, start, hi, last_key, qk_scale,
+            MASKED: gl.constexpr, THREAD_ARRIVE: gl.constexpr, KV_FORMAT: gl.constexpr,
+            ROW_SCALE: gl.constexpr, V_BIASED: gl.constexpr):
+    """``_tile`` with swapped operands (fp8, int8 with its scales by ring): ``qt [WARPS, 128,
+    NR]`` (q^T), scores ``[WARPS, WKEYS, NR]``, accumulators ``acc_e, acc_o [WARPS, 64, NR]``
+    (the even and the odd channels), the row state ``[WARPS, NR]``, int8's unit ``acc_scale``
+    ``[WARPS]``. The same arithmetic as ``_tile``'s, transposed."""
+    STAGES: gl.constexpr = k_smem.shape[0]
+    TILE: gl.constexpr = k_smem.shape[1]
+    WKEYS: gl.constexpr = TILE // WARPS
+    s = j % STAGES
+    phase = (j // STAGES) & 1
+    U16: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    mbarrier.wait(k_ready.index(s), phase)
+    kb = k_smem.index(s).reshape([WARPS, WKEYS, HEAD_DIM]).load(KA_OP)
+    if KV_FORMAT == INT8:
+        layout: gl.constexpr = _scale_slot_layout(WARPS, WKEYS, ks_smem.shape[2])
+        ks = ks_smem.index(s)._reinterpret(gl.float32, [WARPS, WKEYS], layout).load(KEY_COL)
+        vs = vs_smem.index(s)._reinterpret(gl.float32, [WARPS, WKEYS], layout).load(KEY_COL)
+    _release(k_empty.index(s), THREAD_ARRIVE)
+    if KV_FORMAT == INT8:
+        if MASKED:   # scales past the end: whatever the slots hold (NaN)
+            w = gl.arange(0, WARPS, gl.SliceLayout(1, KEY_COL))
+            n = gl.arange(0, WKEYS, gl.SliceLayout(0, KEY_COL))
+            vs = gl.where(start + gl.expand_dims(w * WKEYS, 1) + gl.expand_dims(n, 0) < hi,
+                          vs, 0.0)
+        sc = mma_v2(_int8_to_biased_f16(kb), qt, s_init) * gl.expand_dims(ks, 2)
+    else:
+        kf = kb.to(gl.float8e4nv, bitcast=True).to(gl.float16)
+        sc = mma_v2(kf, qt, gl.zeros([WARPS, WKEYS, NR], gl.float32, MMA))
+    p, m_new, l_i, alpha = _softmax_step_t(sc, m_i, l_i, start, hi, last_key, qk_scale, MASKED,
+                                           ROW_SCALE)
+    a3 = gl.expand_dims(alpha, 1)                                # [WARPS, 1, NR]
+    if KV_FORMAT == INT8:
+        v_max = gl.max(vs, 1)                                   # [WARPS]: 0 past the end
+        v_max = gl.where(v_max > 0.0, v_max, 1.0)
+        p = p * gl.expand_dims(vs / gl.expand_dims(v_max, 1), 2)
+        a3 = a3 * gl.expand_dims(gl.expand_dims(acc_scale / v_max, 1), 2)
+        acc_scale = v_max
+    p16 = p.to(gl.float16)
+    p_op = gl.convert_layout(p16, PB_OP)
+
+    mbarrier.wait(v_ready.index(s), phase)
+    units = v_smem.index(s)._reinterpret(gl.uint16, [TILE, HEAD_DIM // 2], U16).reshape(
+        [WARPS, WKEYS, HEAD_DIM // 2]).permute((0, 2, 1)).load(VA_OP)
+    _release(v_empty.index(s), THREAD_ARRIVE)
+    BIASED: gl.constexpr = V_BIASED and KV_FORMAT == INT8
+    if MASKED and not BIASED:   # V rows past the end may hold NaN bytes (0 * NaN)
+        wv = gl.arange(0, WARPS, gl.SliceLayout(1, gl.SliceLayout(1, VA_OP)))
+        kv = gl.arange(0, WKEYS, gl.SliceLayout(0, gl.SliceLayout(1, VA_OP)))
+        vkeys = start + gl.expand_dims(gl.expand_dims(wv * WKEYS, 1), 1) \
+            + gl.expand_dims(gl.expand_dims(kv, 0), 1)
+        units = gl.where(vkeys < hi, units, 0)
+    if KV_FORMAT == INT8:
+        if BIASED:   # each row's 1152 sum p (p as the dots take it) off the dots' start
+            bias = gl.expand_dims(gl.sum(p16.to(gl.float32), 1) * -INT8_BIAS, 1)
+            acc_e = mma_v2(_int8_pairs_to_f16(units, False, True), p_op, acc_e * a3 + bias)
+            acc_o = mma_v2(_int8_pairs_to_f16(units, True, True), p_op, acc_o * a3 + bias)
+        else:
+            acc_e = mma_v2(_int8_pairs_to_f16(units, False), p_op, acc_e * a3)
+            acc_o = mma_v2(_int8_pairs_to_f16(units, True), p_op, acc_o * a3)
+    else:
+        acc_e = mma_v2(_fp8_pairs_to_f16(units, False), p_op, acc_e * a3)
+        acc_o = mma_v2(_fp8_pairs_to_f16(units, True), p_op, acc_o * a3)
+    return acc_e, acc_o, m_new, l_i, acc_scale
+
+
+@gluon.jit
+def _consume_t(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+               ks_smem, vs_smem, seq, split, kv_head, seqlen, lo, hi, sm_scale, q_len,
+               stride_qb, stride_qt, stride_qh, stride_ksh, stride_vsh, stride_ob, stride_ot,
+               stride_oh, stride_os, stride_lb, stride_lt, stride_lh, stride_ls,
+               GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr, THREAD_ARRIVE: gl.constexpr,
+               KV_FORMAT: gl.constexpr, STORE_LSE: gl.constexpr, V_BIASED: gl.constexpr):
+    """``_consume`` with swapped operands (``_tile_t``): q^T loaded once into the operand
+    layout, the tiles, the four warps' states merged through Triton's reduce scratch, the
+    output's even and odd channels stored from ``[64, NR]``."""
+    TILE: gl.constexpr = k_smem.shape[1]
+    WKEYS: gl.constexpr = TILE // WARPS
+    gl.static_assert(GROUP <= NR, "swapped operands: at most 8 q heads a KV head")
+    r = gl.arange(0, NR, gl.SliceLayout(0, gl.SliceLayout(1, QB_OP)))
+    d = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, gl.SliceLayout(2, QB_OP)))
+    wq = gl.arange(0, WARPS, gl.SliceLayout(1, gl.SliceLayout(2, QB_OP)))
+    q_row = (r // GROUP) * stride_qt + (kv_head * GROUP + r % GROUP) * stride_qh
+    q_ptrs = (Q + seq.to(gl.int64) * stride_qb
+              + gl.expand_dims(gl.expand_dims(wq * 0, 1) + gl.expand_dims(d, 0), 2)
+              + gl.expand_dims(gl.expand_dims(q_row, 0), 1))
+    q_ok = gl.expand_dims(gl.expand_dims(wq >= 0, 1) & gl.expand_dims(d >= 0, 0), 2) \
+        & gl.expand_dims(gl.expand_dims(r < GROUP * q_len, 0), 1)
+    qt = gl.load(q_ptrs, mask=q_ok, other=0.0)
+    ROW_SCALE: gl.constexpr = Q.dtype.element_ty == gl.bfloat16
+    if ROW_SCALE:   # bf16 rows times a power of two into fp16 (``_consume``'s)
+        qf = qt.to(gl.float32)
+        amax = gl.max(gl.abs(qf), 1)                             # [WARPS, NR]
+        e = ((amax.to(gl.int32, bitcast=True) >> 23) & 0xFF) - 127
+        e = gl.minimum(gl.maximum(e, -100), 127)
+        up = ((140 - e) << 23).to(gl.float32, bitcast=True)
+        down = ((114 + e) << 23).to(gl.float32, bitcast=True)
+        qt = (qf * gl.expand_dims(up, 1)).to(gl.float16)
+
+    if IS_CAUSAL:
+        diag = seqlen - q_len
+        all_see = gl.minimum(hi, diag + 1)
+    else:
+        diag = seqlen
+        all_see = hi
+    full = lo + gl.maximum(all_see - lo, 0) // TILE * TILE
+    n_full = (full - lo) // TILE
+    n_tiles = gl.maximum(hi - lo + TILE - 1, 0) // TILE
+    rs = gl.arange(0, NR, gl.SliceLayout(0, ROW_T))
+    last_key = rs // GROUP + diag
+    if KV_FORMAT == INT8:
+        qk_scale = sm_scale * LOG2E
+    else:
+        qk_scale = sm_scale * LOG2E * gl.load(KS + kv_head * stride_ksh)
+    if ROW_SCALE:
+        qk_scale = qk_scale * gl.convert_layout(down, ROW_T)
+
+    m_i = gl.full([WARPS, NR], float("-inf"), gl.float32, ROW_T)
+    l_i = gl.zeros([WARPS, NR], gl.float32, ROW_T)
+    acc_e = gl.zeros([WARPS, HEAD_DIM // 2, NR], gl.float32, MMA)
+    acc_o = gl.zeros([WARPS, HEAD_DIM // 2, NR], gl.float32, MMA)
+    acc_scale = gl.full([WARPS], 1.0, gl.float32, gl.SliceLayout(1, KEY_COL))
+    s_init = gl.zeros([WARPS, WKEYS, NR], gl.float32, MMA)
+    if KV_FORMAT == INT8:   # K converts to 1152 + x: the dot starts from -1152 sum(q) a row
+        q_sum = gl.convert_layout(gl.sum(qt.to(gl.float32), 1), ROW_T)
+        s_init = s_init + gl.expand_dims(q_sum * (-INT8_BIAS), 1)
+    for j in range(0, n_full):
+        acc_e, acc_o, m_i, l_i, acc_scale = _tile_t(
+            qt, s_init, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, ks_smem, vs_smem,
+            k_ready, v_ready, k_empty, v_empty, j, lo + j * TILE, hi, last_key, qk_scale, False,
+            THREAD_ARRIVE, KV_FORMAT, ROW_SCALE, V_BIASED)
+    for j in range(n_full, n_tiles):
+        acc_e, acc_o, m_i, l_i, acc_scale = _tile_t(
+            qt, s_init, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, ks_smem, vs_smem,
+            k_ready, v_ready, k_empty, v_empty, j, lo + j * TILE, hi, last_key, qk_scale, True,
+            THREAD_ARRIVE, KV_FORMAT, ROW_SCALE, V_BIASED)
+
+    m = gl.reduce(m_i, 0, _max)                                    # [NR]
+    m_sub = gl.where(m == float("-inf"), 0.0, m)
+    w = gl.exp2(m_i - gl.expand_dims(m_sub, 0))                    # [WARPS, NR]
+    l = gl.reduce(l_i * w, 0, _add)
+    w3 = gl.expand_dims(w, 1)                                      # [WARPS, 1, NR]
+    if KV_FORMAT == INT8:   # the accumulators back from their unit
+        w3 = w3 * gl.expand_dims(gl.expand_dims(acc_scale, 1), 2)
+    o_e = gl.reduce(acc_e * w3, 0, _add)                           # [64, NR]
+    o_o = gl.reduce(acc_o * w3, 0, _add)
+    seen = l > 0.0
+    if KV_FORMAT == INT8:
+        inv = gl.where(seen, 1.0 / gl.where(seen, l, 1.0), 0.0)
+    else:
+        inv = gl.where(seen, gl.load(VS + kv_head * stride_vsh) / gl.where(seen, l, 1.0), 0.0)
+    lse = gl.where(seen, (m + gl.log2(gl.where(seen, l, 1.0))) * LN2, float("-inf"))
+    OUT2: gl.constexpr = gl.SliceLayout(0, MMA)
+    ch = gl.arange(0, HEAD_DIM // 2, gl.SliceLayout(1, OUT2))
+    ro = gl.arange(0, NR, gl.SliceLayout(0, OUT2))
+    o_row = (seq.to(gl.int64) * stride_ob + split * stride_os + (ro // GROUP) * stride_ot
+             + (kv_head * GROUP + ro % GROUP) * stride_oh)
+    o_ptrs = Out + gl.expand_dims(o_row, 0) + gl.expand_dims(ch * 2, 1)
+    o_ok = gl.expand_dims(ro < GROUP * q_len, 0)
+    inv_o = gl.expand_dims(gl.convert_layout(inv, gl.SliceLayout(0, OUT2)), 0)
+    OT: gl.constexpr = Out.dtype.element_ty
+    gl.store(o_ptrs, (o_e * inv_o).to(OT), mask=o_ok)
+    gl.store(o_ptrs + 1, (o_o * inv_o).to(OT), mask=o_ok)
+    if STORE_LSE:
+        rl = gl.arange(0, NR, gl.SliceLayout(0, ROW_T))
+        gl.store(Lse + seq.to(gl.int64) * stride_lb + split * stride_ls
+                 + (rl // GROUP) * stride_lt + (kv_head * GROUP + rl % GROUP) * stride_lh, lse,
+                 mask=rl < GROUP * q_len)
+
+
+@gluon.jit
+def _consume_swapped(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                     cache_seqlens, block_table, sm_scale, q_len, num_splits, stride_qb,
+                     stride_qt, stride_qh, stride_ksh, stride_vsh, stride_ob, stride_ot,
+                     stride_oh, stride_os, stride_lb, stride_lt, stride_lh, stride_ls,
+                     stride_btb, stride_ksp, stride_kst, stride_vsp, stride_vst, ks_smem,
+                     vs_smem, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                     THREAD_ARRIVE: gl.constexpr, RING_MERGE: gl.constexpr,
+                     KV_FORMAT: gl.constexpr, PAGE_SIZE: gl.constexpr, STORE_LSE: gl.constexpr,
+                     SCALE_RING: gl.constexpr, V_BIASED: gl.constexpr):
+    """The consumer partition with swapped operands: ``_consume``'s arguments, ``_consume_t``'s
+    work (fp8, and int8 with its scales by ring; the merge through Triton's reduce scratch)."""
+    gl.static_assert(KV_FORMAT == FP8 or (KV_FORMAT == INT8 and SCALE_RING),
+                     "swapped operands: fp8, or int8 with its scales by ring")
+    TILE: gl.constexpr = k_smem.shape[1]
+    split = gl.program_id(0)
+    kv_head = gl.program_id(1)
+    seq = gl.program_id(2)
+    seqlen, lo, hi = _split_range(cache_seqlens, seq, split, num_splits, TILE)
+    _consume_t(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, ks_smem,
+               vs_smem, seq, split, kv_head, seqlen, lo, hi, sm_scale, q_len, stride_qb,
+               stride_qt, stride_qh, stride_ksh, stride_vsh, stride_ob, stride_ot, stride_oh,
+               stride_os, stride_lb, stride_lt, stride_lh, stride_ls, GROUP, IS_CAUSAL,
+               THREAD_ARRIVE, KV_FORMAT, STORE_LSE, V_BIASED)
+
+
 @gluon.jit
 def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
              cache_seqlens, block_table, sm_scale, q_len, num_splits, stride_qb, stride_qt,
@@ -947,8 +1189,10 @@ def _gluon_decode_kernel(
     STAGES: gl.constexpr, THREAD_ARRIVE: gl.constexpr = True, RING_MERGE: gl.constexpr = False,
     TILE_KEYS: gl.constexpr = 0, KV_FORMAT: gl.constexpr = 1, STORE_LSE: gl.constexpr = True,
     SCALE_RING: gl.constexpr = False, V_BIASED: gl.constexpr = False,
+    SWAP_AB: gl.constexpr = False,
 ):
-    # Out / Lse: the float32 split partials (merged by paged_combine), or, with one split, the
+    # SWAP_AB: the consumers' dots with swapped operands (``_consume_t``: fp8, int8 by ring,
+    # GROUP * q_len <= 8). Out / Lse: the float32 split partials (merged by paged_combine), or, with one split, the
     # final out (q's dtype, any strides: stride_os unused) and LSE, which STORE_LSE False skips.
     # fp8 caches come as uint8 descriptors (128-key tiles, 16 KB a slot); fp16 / bf16 caches as
     # their own dtype (``TILE_KEYS`` 0: 64-key tiles, 16 KB a slot as well).
@@ -980,18 +1224,34 @@ def _gluon_decode_kernel(
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=_release_count(THREAD_ARRIVE))
         mbarrier.init(v_empty.index(i), count=_release_count(THREAD_ARRIVE))
-    gl.warp_specialize([
-        (_consume, (Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                    cache_seqlens, block_table, sm_scale, q_len, num_splits, stride_qb,
-                    stride_qt, stride_qh, stride_ksh, stride_vsh, stride_ob, stride_ot,
-                    stride_oh, stride_os, stride_lb, stride_lt, stride_lh, stride_ls, stride_btb,
-                    stride_ksp, stride_kst, stride_vsp, stride_vst, ks_smem, vs_smem, GROUP,
-                    IS_CAUSAL, THREAD_ARRIVE, RING_MERGE, KV_FORMAT, PAGE_SIZE, STORE_LSE,
-                    SCALE_RING, V_BIASED and KV_FORMAT == INT8)),
-        (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+    # (the partitions' argument lists written twice: a tuple variable would drop constexprs)
+    if SWAP_AB:
+        gl.warp_specialize([
+            (_consume_swapped,
+             (Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                 cache_seqlens, block_table, sm_scale, q_len, num_splits, stride_qb, stride_qt,
+                 stride_qh, stride_ksh, stride_vsh, stride_ob, stride_ot, stride_oh, stride_os,
+                 stride_lb, stride_lt, stride_lh, stride_ls, stride_btb, stride_ksp, stride_kst,
+                 stride_vsp, stride_vst, ks_smem, vs_smem, GROUP, IS_CAUSAL, THREAD_ARRIVE,
+                 RING_MERGE, KV_FORMAT, PAGE_SIZE, STORE_LSE, SCALE_RING,
+                 V_BIASED and KV_FORMAT == INT8)),
+            (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                  cache_seqlens, block_table, num_splits, stride_btb, KS, VS, ks_smem, vs_smem,
                  PAGE_SIZE, SCALE_RING)),
-    ], [LOADER_WARPS], [LOADER_REGS])
+        ], [LOADER_WARPS], [LOADER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consume, (Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                 cache_seqlens, block_table, sm_scale, q_len, num_splits, stride_qb, stride_qt,
+                 stride_qh, stride_ksh, stride_vsh, stride_ob, stride_ot, stride_oh, stride_os,
+                 stride_lb, stride_lt, stride_lh, stride_ls, stride_btb, stride_ksp, stride_kst,
+                 stride_vsp, stride_vst, ks_smem, vs_smem, GROUP, IS_CAUSAL, THREAD_ARRIVE,
+                 RING_MERGE, KV_FORMAT, PAGE_SIZE, STORE_LSE, SCALE_RING,
+                 V_BIASED and KV_FORMAT == INT8)),
+            (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                 cache_seqlens, block_table, num_splits, stride_btb, KS, VS, ks_smem, vs_smem,
+                 PAGE_SIZE, SCALE_RING)),
+        ], [LOADER_WARPS], [LOADER_REGS])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1230,6 +1490,12 @@ INT8_SCALES_BY_TMA = True
 # for sm_90a 2026-11-29: 573 instructions a tile a warp against 623, the masked tile 662 against
 # 854; not yet run on a GPU): off until tests/test_gluon_decode.py has run it.
 INT8_V_BIASED = False
+# The consumers' dots with swapped operands (``_consume_t``: keys as M, q rows as N = 8) where
+# the packed rows fit 8, for fp8 and for int8 with its scales by ring (compiled for sm_90a
+# 2026-11-29: fp8 373 instructions a tile a warp against 453, int8 504 against 623 and, with
+# INT8_V_BIASED, 472 against 573; 157-172 registers against ~210-230; not yet run on a GPU):
+# off until tests/test_gluon_decode.py has run it.
+GLUON_SWAP_AB = False
 # Split launches merged by their last split (an arrival count a (sequence, KV head), the
 # partials read back through L2, no combine launch; commit 4f3a76e) measured 0-3% slower than the
 # combine kernel (H200, graphs, 2026-11-29: fp8 GQA 32/8 1 x 131072 84.2 us against 82.5, int8
@@ -1347,7 +1613,12 @@ class PagedGluonDecodeLaunch:
                                TILE_KEYS=0, KV_FORMAT=kv_format,
                                STORE_LSE=store_lse or not self.direct,
                                V_BIASED=kv_format == INT8.value and INT8_V_BIASED)
-        self.ring_constexprs = dict(self.constexprs, SCALE_RING=True)
+        # swapped operands (GLUON_SWAP_AB): packed rows <= 8, fp8, or int8 with its scales by
+        # ring (so int8's choice waits for the call's scales: ``ring_constexprs``)
+        rows = nheads // nheads_k * q_len
+        self.swap = GLUON_SWAP_AB and rows <= NR.value and kv_format in (FP8.value, INT8.value)
+        self.ring_constexprs = dict(self.constexprs, SCALE_RING=True, SWAP_AB=self.swap)
+        self.constexprs["SWAP_AB"] = self.swap and kv_format == FP8.value
         self.key = ("gluon-decode", q.dtype, self.ints, self.tail_ints,
                     tuple(self.constexprs.values()))
         self.combine = None

@@ -49,7 +49,8 @@ def _check_signature(box: int, kv_dtype: str = "u8", q_dtype: str = "fp16",
 
 def _check_spec(variant, group, page_size, stages=4, causal=False, thread_arrive=True,
                 ring_merge=False, ctas_per_sm=1, kv_dtype="u8", tile_keys=0, kv_format=1,
-                q_dtype="fp16", direct_lse=None, scale_ring=False, v_biased=False):
+                q_dtype="fp16", direct_lse=None, scale_ring=False, v_biased=False,
+                swap_ab=False):
     options = dict(num_warps=4)
     if ctas_per_sm == 2:
         options["maxnreg"] = TWO_CTA_MAXNREG
@@ -65,8 +66,11 @@ def _check_spec(variant, group, page_size, stages=4, causal=False, thread_arrive
         # one split: the final out (q's dtype) and LSE stored directly
         constexprs["STORE_LSE"] = True if direct_lse is None else direct_lse
         out_dtype = q_dtype if direct_lse is not None else "fp32"
-    if v_biased:   # int8 V as 1152 + x, the bias off the accumulators at the end
+    if v_biased:   # int8 V as 1152 + x, the bias off each tile's dot start
         constexprs.update(TILE_KEYS=tile_keys, KV_FORMAT=kv_format, V_BIASED=True)
+    if swap_ab:    # keys as the dots' M, q rows as N
+        constexprs.update(TILE_KEYS=tile_keys, KV_FORMAT=kv_format, SCALE_RING=scale_ring,
+                          STORE_LSE=True if direct_lse is None else direct_lse, SWAP_AB=True)
     scale_pair = 0
     if scale_ring or kv_format == 3:   # the scales by ring (int4's always)
         constexprs["SCALE_RING"] = True
@@ -130,6 +134,14 @@ GLUON_CHECK_SPECS = [
     _check_spec("int8-vbias-ring-bf16q-page64-mha-causal-2stages-2cta-direct", 1, 64, stages=2,
                 causal=True, ring_merge=True, ctas_per_sm=2, kv_format=2, q_dtype="bf16",
                 direct_lse=True, scale_ring=True, v_biased=True),
+    # Swapped operands (SWAP_AB: compiled, not yet run on a GPU).
+    _check_spec("fp8-swap-page16-gqa4-2stages-2cta", 4, 16, stages=2, ctas_per_sm=2,
+                swap_ab=True),
+    _check_spec("int8-swap-vbias-ring-page16-gqa4-2stages-2cta", 4, 16, stages=2,
+                ctas_per_sm=2, kv_format=2, scale_ring=True, v_biased=True, swap_ab=True),
+    _check_spec("int8-swap-ring-bf16q-page16-mha-causal-2stages-2cta", 1, 16, stages=2,
+                causal=True, ctas_per_sm=2, kv_format=2, q_dtype="bf16", scale_ring=True,
+                swap_ab=True),
     # int4 (64-byte rows, per-key (scale, offset) pairs by TMA; four 16 KB stages, the merge
     # through the reduce scratch): correct on the H200, 9-13% slower than the Triton row.
     _check_spec("int4-page16-gqa4-4stages-2cta", 4, 16, stages=4, ctas_per_sm=2, kv_format=3),
