@@ -87,7 +87,9 @@
 #   vbias       int8 V as 1152 + x on the Gluon decode (INT8_V_BIASED, compiled only): its tests,
 #               then the sweep against the shipped int8 route (DTYPES)
 #   swap        the Gluon decode's swapped-operand consumers (GLUON_SWAP_AB, compiled only): their
-#               tests, then fp8 / int8 (V_BIASED off, on) against the shipped routes (DTYPES)
+#               tests, then fp8 / int8 (V_BIASED off, on) against the shipped routes (DTYPES);
+#               STEP_TESTS=0 skips vbias's and swap's tests (run them at once, in parallel:
+#               ROUTES="vbias swap" bash scripts/gluon_routes_test.sh)
 #   prefix      the shared-prefix decode after 2026-11-29's fourteenth session (the chunk loop's
 #               masked band under a branch, the suffix decode in int32 with the d128 row, the op
 #               carrying the configs' flags: compiled and CPU-tested only): its GPU tests, then
@@ -380,7 +382,7 @@ if has vbias; then
   # int8 V as 1152 + x on the Gluon decode (INT8_V_BIASED; compiled 2026-11-29 eighteenth
   # session: 573 instructions a tile a warp against 623, the masked tile 662 against 854): its
   # tests (the "int8 v-biased" route, ~34 cases), then the A/B against the shipped int8 route
-  ROUTES=vbias ROUTE_S=${VBIAS_TEST_S:-200} bash scripts/gluon_routes_test.sh
+  [[ ${STEP_TESTS:-1} == 1 ]] && ROUTES=vbias ROUTE_S=${VBIAS_TEST_S:-200} bash scripts/gluon_routes_test.sh
   P=-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1
   for dt in ${DTYPES:-fp16}; do
     for vb in 0 1; do
@@ -400,7 +402,7 @@ if has swap; then
   # 373 instructions a tile a warp against 453, int8 504 / 472 with V_BIASED against 623 / 573):
   # their tests (the "... swapped" routes, ~100 cases), then fp8 and int8 (V_BIASED 0 and 1)
   # against the shipped routes, GQA 32/8 and MHA 12/12 (rows 4 and 1)
-  ROUTES=swap ROUTE_S=${SWAP_TEST_S:-300} bash scripts/gluon_routes_test.sh
+  [[ ${STEP_TESTS:-1} == 1 ]] && ROUTES=swap ROUTE_S=${SWAP_TEST_S:-300} bash scripts/gluon_routes_test.sh
   P=-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1
   for dt in ${DTYPES:-fp16}; do
     for sw in "0 0" "1 0" "1 1"; do
