@@ -382,7 +382,8 @@ if has vbias; then
   # int8 V as 1152 + x on the Gluon decode (INT8_V_BIASED; compiled 2026-11-29 eighteenth
   # session: 573 instructions a tile a warp against 623, the masked tile 662 against 854): its
   # tests (the "int8 v-biased" route, ~34 cases), then the A/B against the shipped int8 route
-  [[ ${STEP_TESTS:-1} == 1 ]] && ROUTES=vbias ROUTE_S=${VBIAS_TEST_S:-200} bash scripts/gluon_routes_test.sh
+  [[ ${STEP_TESTS:-1} == 1 ]] && \
+    ROUTES=vbias ROUTE_S=${VBIAS_TEST_S:-200} bash scripts/gluon_routes_test.sh
   P=-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1
   for dt in ${DTYPES:-fp16}; do
     for vb in 0 1; do
@@ -402,7 +403,8 @@ if has swap; then
   # 373 instructions a tile a warp against 453, int8 504 / 472 with V_BIASED against 623 / 573):
   # their tests (the "... swapped" routes, ~100 cases), then fp8 and int8 (V_BIASED 0 and 1)
   # against the shipped routes, GQA 32/8 and MHA 12/12 (rows 4 and 1)
-  [[ ${STEP_TESTS:-1} == 1 ]] && ROUTES=swap ROUTE_S=${SWAP_TEST_S:-300} bash scripts/gluon_routes_test.sh
+  [[ ${STEP_TESTS:-1} == 1 ]] && \
+    ROUTES=swap ROUTE_S=${SWAP_TEST_S:-300} bash scripts/gluon_routes_test.sh
   P=-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1
   for dt in ${DTYPES:-fp16}; do
     for sw in "0 0" "1 0" "1 1"; do
