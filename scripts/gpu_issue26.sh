@@ -401,8 +401,9 @@ if has swap; then
   step swap
   # the swapped-operand consumers (GLUON_SWAP_AB; compiled 2026-11-29 eighteenth session: fp8
   # 373 instructions a tile a warp against 453, int8 504 / 472 with V_BIASED against 623 / 573):
-  # their tests (the "... swapped" routes, ~100 cases), then fp8 and int8 (V_BIASED 0 and 1)
-  # against the shipped routes, GQA 32/8 and MHA 12/12 (rows 4 and 1)
+  # their tests (the "... swapped" routes, ~130 cases), then fp8 and int8 (V_BIASED 0 and 1)
+  # against the shipped routes, GQA 32/8 and MHA 12/12 (rows 4 and 1), then int4 (516
+  # instructions against the row-major form's 649) against the Triton int4 row
   [[ ${STEP_TESTS:-1} == 1 ]] && \
     ROUTES=swap ROUTE_S=${SWAP_TEST_S:-300} bash scripts/gluon_routes_test.sh
   P=-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1
@@ -412,6 +413,11 @@ if has swap; then
       timeout 200 python3 scripts/quant_decode_sweep.py --dtype $dt --formats fp8_e4m3,int8 \
         --swap-ab $1 --int8-v-biased $2 --heads 32/8,12/12 --shapes 64x8192,1x131072 --all \
         --grid 128,4,2,$P,1 2>&1 | grep -v Warn | grep "^|" | grep -v "^|--\|^| heads"
+    done
+    for sw in 0 1; do
+      timeout 150 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int4 --gluon-int4 \
+        --swap-ab $sw --heads 32/8,12/12 --shapes 64x8192,1x131072 --all \
+        --grid 128,4,3 128,4,3,$P,1 2>&1 | grep -v Warn | grep "^|" | grep -v "^|--\|^| heads"
     done
   done
 fi

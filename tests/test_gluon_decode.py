@@ -132,8 +132,8 @@ def test_routing_follows_the_formats_and_query_dtypes(monkeypatch):
 
 def test_swapped_operands_where_the_rows_fit(monkeypatch):
     """``GLUON_SWAP_AB`` (compiled, not yet run): launches whose packed rows fit the swapped
-    dots' N (8) take them, fp8 at once and int8 where its scales come by ring; wider ones keep
-    the row-major consumers."""
+    dots' N (8) take them, fp8 at once and int8 / int4 where their scales come by ring; wider
+    ones keep the row-major consumers."""
     def launch(nheads=32, nheads_k=8, q_len=1, kv_format=1):
         meta = dict(device="meta")
         q = torch.empty(2, q_len, nheads, 128, dtype=torch.float16, **meta)
@@ -147,7 +147,7 @@ def test_swapped_operands_where_the_rows_fit(monkeypatch):
     for kwargs, swapped in ((dict(), True), (dict(nheads=12, nheads_k=12), True),
                             (dict(q_len=2), True), (dict(q_len=4), False),
                             (dict(nheads=32, nheads_k=2), False), (dict(kv_format=2), True),
-                            (dict(kv_format=3), False)):
+                            (dict(kv_format=3), True), (dict(kv_format=3, q_len=4), False)):
         la = launch(**kwargs)
         assert la.swap == swapped
         assert la.ring_constexprs["SWAP_AB"] == swapped
@@ -274,8 +274,9 @@ def _spy_scale_rings(monkeypatch) -> list:
 # "... swapped": the swapped-operand consumers (GLUON_SWAP_AB, compiled, not yet run when
 # written) where the packed rows fit 8.
 ROUTES = ["fp8_e4m3", "int8 ring", "int8", "int8 token-major scales", "int4", "int8 v-biased",
-          "fp8_e4m3 swapped", "int8 swapped", "int8 swapped v-biased"]
-RING_ROUTES = ("int8 ring", "int4", "int8 v-biased", "int8 swapped", "int8 swapped v-biased")
+          "fp8_e4m3 swapped", "int8 swapped", "int8 swapped v-biased", "int4 swapped"]
+RING_ROUTES = ("int8 ring", "int4", "int8 v-biased", "int8 swapped", "int8 swapped v-biased",
+               "int4 swapped")
 
 
 @hopper_only
@@ -354,7 +355,7 @@ def _take_route(route, monkeypatch) -> str:
 
 @hopper_only
 @pytest.mark.parametrize("route", ["fp8_e4m3", "int8", "int8 ring", "int4", "int8 v-biased",
-                                   "fp8_e4m3 swapped", "int8 swapped v-biased"])
+                                   "fp8_e4m3 swapped", "int8 swapped v-biased", "int4 swapped"])
 def test_gluon_decode_in_a_cuda_graph_and_compiled(route, monkeypatch):
     fmt = _take_route(route, monkeypatch)
     plan, (q, kq, vq, ks, vs, seqlens, table, kd, vd) = _gluon_plan(fmt, 32, 8, [8192, 4000])

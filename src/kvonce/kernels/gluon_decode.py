@@ -981,6 +981,186 @@ def _consume_t(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v
                  mask=rl < GROUP * q_len)
 
 
+# int4's (scale, offset) pairs from a ring slot straight into the swapped scores' key layout
+# (``KEY_COL``: warp w's keys, lane l's l // 4 + {0, 8, 16, 24}, the lane's low two bits
+# broadcast), the pair's two floats the fastest registers (one 8-byte load a key).
+PAIR_LOAD_T = gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=[[0, 0, 1], [0, 8, 0], [0, 16, 0]],
+    lane_bases=[[0, 0, 0], [0, 0, 0], [0, 1, 0], [0, 2, 0], [0, 4, 0]],
+    warp_bases=[[1, 0, 0], [2, 0, 0]], block_bases=[], shape=[4, 32, 2]))
+
+
+@gluon.jit
+def _ring_scale_pairs_t(slot, WKEYS: gl.constexpr):
+    """``_ring_scale_pairs`` into ``KEY_COL`` (keys as the swapped dots' M)."""
+    gl.static_assert(WARPS * WKEYS == 128, "PAIR_LOAD_T is the 128-key tile's")
+    pairs = slot._reinterpret(gl.float32, [WARPS, WKEYS, 2], PAIR_SMEM).load(PAIR_LOAD_T)
+    scale, offset = pairs.split()
+    return gl.convert_layout(scale, KEY_COL), gl.convert_layout(offset, KEY_COL)
+
+
+@gluon.jit
+def _tile_int4_t(q_lo, q_hi, s_init, q_sum, acc_el, acc_ol, acc_eh, acc_oh, b_i, m_i, l_i,
+                 acc_scale, k_smem, v_smem, ks_smem, vs_smem, k_ready, v_ready, k_empty,
+                 v_empty, j, start, hi, last_key, qk_scale, MASKED: gl.constexpr,
+                 THREAD_ARRIVE: gl.constexpr, ROW_SCALE: gl.constexpr):
+    """``_tile_int4`` with swapped operands: ``q_lo, q_hi [WARPS, 64, NR]`` (q^T's two
+    halves), scores ``[WARPS, WKEYS, NR]``, the four nibble planes' accumulators ``[WARPS, 32,
+    NR]``, ``b_i`` and the row state ``[WARPS, NR]``, the unit ``acc_scale [WARPS]``."""
+    STAGES: gl.constexpr = k_smem.shape[0]
+    TILE: gl.constexpr = k_smem.shape[1]
+    ROW: gl.constexpr = k_smem.shape[2]
+    WKEYS: gl.constexpr = TILE // WARPS
+    U16: gl.constexpr = _units_layout(v_smem.layout)
+    s = j % STAGES
+    phase = (j // STAGES) & 1
+    mbarrier.wait(k_ready.index(s), phase)
+    ks, ko = _ring_scale_pairs_t(ks_smem.index(s), WKEYS)
+    vs, vo = _ring_scale_pairs_t(vs_smem.index(s), WKEYS)
+    kb = k_smem.index(s).reshape([WARPS, WKEYS, ROW]).load(KA_OP)
+    _release(k_empty.index(s), THREAD_ARRIVE)
+    if MASKED:   # pairs past the end: whatever the slots hold (NaN): out of v_max and b
+        w = gl.arange(0, WARPS, gl.SliceLayout(1, KEY_COL))
+        n = gl.arange(0, WKEYS, gl.SliceLayout(0, KEY_COL))
+        inside = start + gl.expand_dims(w * WKEYS, 1) + gl.expand_dims(n, 0) < hi
+        vs = gl.where(inside, vs, 0.0)
+        vo = gl.where(inside, vo, 0.0)
+    sc = mma_v2(_int4_k_to_f16(kb, True), q_hi, gl.zeros([WARPS, WKEYS, NR], gl.float32, MMA))
+    sc = mma_v2(_int4_k_to_f16(kb, False), q_lo, sc * 0.0625 + gl.expand_dims(s_init, 1))
+    sc = sc * gl.expand_dims(ks, 2) + gl.expand_dims(ko, 2) * gl.expand_dims(q_sum, 1)
+    p, m_new, l_i, alpha = _softmax_step_t(sc, m_i, l_i, start, hi, last_key, qk_scale, MASKED,
+                                           ROW_SCALE)
+    v_max = gl.max(vs, 1)                                       # [WARPS]: 0 past the end
+    v_max = gl.where(v_max > 0.0, v_max, 1.0)
+    v_inv = gl.expand_dims(1.0 / v_max, 1)
+    alpha = alpha * gl.expand_dims(gl.convert_layout(acc_scale / v_max,
+                                                     gl.SliceLayout(1, ROW_T)), 1)
+    b_i = b_i * alpha + gl.reduce(p * gl.expand_dims(vo * v_inv, 2), 1, _add)
+    p = p * gl.expand_dims(vs * v_inv, 2)
+    a3 = gl.expand_dims(alpha, 1)
+    acc_scale = v_max
+    p_op = gl.convert_layout(p.to(gl.float16), PB_OP)
+
+    mbarrier.wait(v_ready.index(s), phase)
+    units = v_smem.index(s)._reinterpret(gl.uint16, [TILE, ROW // 2], U16).reshape(
+        [WARPS, WKEYS, ROW // 2]).permute((0, 2, 1)).load(VA_OP)
+    _release(v_empty.index(s), THREAD_ARRIVE)
+    # Bytes past the end need no mask: any byte is two finite q, and their p is 0.
+    acc_el = mma_v2(_int4_v_to_f16(units, False, False), p_op, acc_el * a3)
+    acc_ol = mma_v2(_int4_v_to_f16(units, True, False), p_op, acc_ol * a3)
+    acc_eh = mma_v2(_int4_v_to_f16(units, False, True), p_op, acc_eh * a3)
+    acc_oh = mma_v2(_int4_v_to_f16(units, True, True), p_op, acc_oh * a3)
+    return acc_el, acc_ol, acc_eh, acc_oh, b_i, m_new, l_i, acc_scale
+
+
+@gluon.jit
+def _consume_int4_t(Q, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, ks_smem,
+                    vs_smem, seq, split, kv_head, seqlen, lo, hi, sm_scale, q_len, stride_qb,
+                    stride_qt, stride_qh, stride_ob, stride_ot, stride_oh, stride_os,
+                    stride_lb, stride_lt, stride_lh, stride_ls, GROUP: gl.constexpr,
+                    IS_CAUSAL: gl.constexpr, THREAD_ARRIVE: gl.constexpr,
+                    STORE_LSE: gl.constexpr):
+    """``_consume_int4_tiles`` with swapped operands (``_tile_int4_t``), q^T loaded here."""
+    TILE: gl.constexpr = k_smem.shape[1]
+    PLANE: gl.constexpr = HEAD_DIM // 4
+    HALF: gl.constexpr = HEAD_DIM // 2
+    gl.static_assert(GROUP <= NR, "swapped operands: at most 8 q heads a KV head")
+    r = gl.arange(0, NR, gl.SliceLayout(0, gl.SliceLayout(1, QB_OP)))
+    d = gl.arange(0, HALF, gl.SliceLayout(0, gl.SliceLayout(2, QB_OP)))
+    wq = gl.arange(0, WARPS, gl.SliceLayout(1, gl.SliceLayout(2, QB_OP)))
+    q_row = (r // GROUP) * stride_qt + (kv_head * GROUP + r % GROUP) * stride_qh
+    q_ptrs = (Q + seq.to(gl.int64) * stride_qb
+              + gl.expand_dims(gl.expand_dims(wq * 0, 1) + gl.expand_dims(d, 0), 2)
+              + gl.expand_dims(gl.expand_dims(q_row, 0), 1))
+    q_ok = gl.expand_dims(gl.expand_dims(wq >= 0, 1) & gl.expand_dims(d >= 0, 0), 2) \
+        & gl.expand_dims(gl.expand_dims(r < GROUP * q_len, 0), 1)
+    q_lo = gl.load(q_ptrs, mask=q_ok, other=0.0)
+    q_hi = gl.load(q_ptrs + HALF, mask=q_ok, other=0.0)
+    ROW_SCALE: gl.constexpr = Q.dtype.element_ty == gl.bfloat16
+    if ROW_SCALE:   # bf16 rows times a power of two into fp16 (``_consume``'s)
+        lo_f = q_lo.to(gl.float32)
+        hi_f = q_hi.to(gl.float32)
+        amax = gl.maximum(gl.max(gl.abs(lo_f), 1), gl.max(gl.abs(hi_f), 1))   # [WARPS, NR]
+        e = ((amax.to(gl.int32, bitcast=True) >> 23) & 0xFF) - 127
+        e = gl.minimum(gl.maximum(e, -100), 127)
+        up = ((140 - e) << 23).to(gl.float32, bitcast=True)
+        down = ((114 + e) << 23).to(gl.float32, bitcast=True)
+        q_lo = (lo_f * gl.expand_dims(up, 1)).to(gl.float16)
+        q_hi = (hi_f * gl.expand_dims(up, 1)).to(gl.float16)
+
+    if IS_CAUSAL:
+        diag = seqlen - q_len
+        all_see = gl.minimum(hi, diag + 1)
+    else:
+        diag = seqlen
+        all_see = hi
+    full = lo + gl.maximum(all_see - lo, 0) // TILE * TILE
+    n_full = (full - lo) // TILE
+    n_tiles = gl.maximum(hi - lo + TILE - 1, 0) // TILE
+    rs = gl.arange(0, NR, gl.SliceLayout(0, ROW_T))
+    last_key = rs // GROUP + diag
+    qk_scale = sm_scale * LOG2E
+    if ROW_SCALE:
+        qk_scale = qk_scale * gl.convert_layout(down, ROW_T)
+    # ``_consume_int4_tiles``' start: -72 sum(q_hi) - 1032 sum(q_lo) a row
+    sum_lo = gl.convert_layout(gl.sum(q_lo.to(gl.float32), 1), ROW_T)
+    sum_hi = gl.convert_layout(gl.sum(q_hi.to(gl.float32), 1), ROW_T)
+    s_init = sum_hi * -72.0 + sum_lo * -1032.0
+    q_sum = sum_lo + sum_hi
+    m_i = gl.full([WARPS, NR], float("-inf"), gl.float32, ROW_T)
+    l_i = gl.zeros([WARPS, NR], gl.float32, ROW_T)
+    b_i = gl.zeros([WARPS, NR], gl.float32, ROW_T)
+    acc_scale = gl.full([WARPS], 1.0, gl.float32, gl.SliceLayout(1, KEY_COL))
+    acc_el = gl.zeros([WARPS, PLANE, NR], gl.float32, MMA)
+    acc_ol = gl.zeros([WARPS, PLANE, NR], gl.float32, MMA)
+    acc_eh = gl.zeros([WARPS, PLANE, NR], gl.float32, MMA)
+    acc_oh = gl.zeros([WARPS, PLANE, NR], gl.float32, MMA)
+    for j in range(0, n_full):
+        acc_el, acc_ol, acc_eh, acc_oh, b_i, m_i, l_i, acc_scale = _tile_int4_t(
+            q_lo, q_hi, s_init, q_sum, acc_el, acc_ol, acc_eh, acc_oh, b_i, m_i, l_i,
+            acc_scale, k_smem, v_smem, ks_smem, vs_smem, k_ready, v_ready, k_empty, v_empty, j,
+            lo + j * TILE, hi, last_key, qk_scale, False, THREAD_ARRIVE, ROW_SCALE)
+    for j in range(n_full, n_tiles):
+        acc_el, acc_ol, acc_eh, acc_oh, b_i, m_i, l_i, acc_scale = _tile_int4_t(
+            q_lo, q_hi, s_init, q_sum, acc_el, acc_ol, acc_eh, acc_oh, b_i, m_i, l_i,
+            acc_scale, k_smem, v_smem, ks_smem, vs_smem, k_ready, v_ready, k_empty, v_empty, j,
+            lo + j * TILE, hi, last_key, qk_scale, True, THREAD_ARRIVE, ROW_SCALE)
+
+    m = gl.reduce(m_i, 0, _max)                                    # [NR]
+    m_sub = gl.where(m == float("-inf"), 0.0, m)
+    w = gl.exp2(m_i - gl.expand_dims(m_sub, 0))                    # [WARPS, NR]
+    l = gl.reduce(l_i * w, 0, _add)
+    w_unit = w * gl.expand_dims(gl.convert_layout(acc_scale, gl.SliceLayout(1, ROW_T)), 1)
+    w3 = gl.expand_dims(w_unit, 1)
+    o_el = gl.reduce(acc_el * w3, 0, _add)                         # [32, NR]
+    o_ol = gl.reduce(acc_ol * w3, 0, _add)
+    o_eh = gl.reduce(acc_eh * w3, 0, _add)
+    o_oh = gl.reduce(acc_oh * w3, 0, _add)
+    b = gl.reduce(b_i * w_unit, 0, _add)                          # [NR]: sum p o
+    seen = l > 0.0
+    inv = gl.where(seen, 1.0 / gl.where(seen, l, 1.0), 0.0)
+    lse = gl.where(seen, (m + gl.log2(gl.where(seen, l, 1.0))) * LN2, float("-inf"))
+    OUT2: gl.constexpr = gl.SliceLayout(0, MMA)
+    pu = gl.arange(0, PLANE, gl.SliceLayout(1, OUT2))
+    ro = gl.arange(0, NR, gl.SliceLayout(0, OUT2))
+    o_row = (seq.to(gl.int64) * stride_ob + split * stride_os + (ro // GROUP) * stride_ot
+             + (kv_head * GROUP + ro % GROUP) * stride_oh)
+    o_ptrs = Out + gl.expand_dims(o_row, 0) + gl.expand_dims(pu * 2, 1)
+    o_ok = gl.expand_dims(ro < GROUP * q_len, 0)
+    inv_o = gl.expand_dims(gl.convert_layout(inv, gl.SliceLayout(0, OUT2)), 0)
+    b_o = gl.expand_dims(gl.convert_layout(b, gl.SliceLayout(0, OUT2)), 0)
+    OT: gl.constexpr = Out.dtype.element_ty
+    gl.store(o_ptrs, ((o_el + b_o) * inv_o).to(OT), mask=o_ok)
+    gl.store(o_ptrs + 1, ((o_ol + b_o) * inv_o).to(OT), mask=o_ok)
+    gl.store(o_ptrs + HALF, ((o_eh + b_o) * inv_o).to(OT), mask=o_ok)
+    gl.store(o_ptrs + HALF + 1, ((o_oh + b_o) * inv_o).to(OT), mask=o_ok)
+    if STORE_LSE:
+        rl = gl.arange(0, NR, gl.SliceLayout(0, ROW_T))
+        gl.store(Lse + seq.to(gl.int64) * stride_lb + split * stride_ls
+                 + (rl // GROUP) * stride_lt + (kv_head * GROUP + rl % GROUP) * stride_lh, lse,
+                 mask=rl < GROUP * q_len)
+
+
 @gluon.jit
 def _consume_swapped(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                      cache_seqlens, block_table, sm_scale, q_len, num_splits, stride_qb,
@@ -993,18 +1173,25 @@ def _consume_swapped(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_em
                      SCALE_RING: gl.constexpr, V_BIASED: gl.constexpr):
     """The consumer partition with swapped operands: ``_consume``'s arguments, ``_consume_t``'s
     work (fp8, and int8 with its scales by ring; the merge through Triton's reduce scratch)."""
-    gl.static_assert(KV_FORMAT == FP8 or (KV_FORMAT == INT8 and SCALE_RING),
-                     "swapped operands: fp8, or int8 with its scales by ring")
+    gl.static_assert(KV_FORMAT == FP8 or SCALE_RING,
+                     "swapped operands: fp8, or int8 / int4 with their scales by ring")
     TILE: gl.constexpr = k_smem.shape[1]
     split = gl.program_id(0)
     kv_head = gl.program_id(1)
     seq = gl.program_id(2)
     seqlen, lo, hi = _split_range(cache_seqlens, seq, split, num_splits, TILE)
-    _consume_t(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, ks_smem,
-               vs_smem, seq, split, kv_head, seqlen, lo, hi, sm_scale, q_len, stride_qb,
-               stride_qt, stride_qh, stride_ksh, stride_vsh, stride_ob, stride_ot, stride_oh,
-               stride_os, stride_lb, stride_lt, stride_lh, stride_ls, GROUP, IS_CAUSAL,
-               THREAD_ARRIVE, KV_FORMAT, STORE_LSE, V_BIASED)
+    if KV_FORMAT == INT4:
+        _consume_int4_t(Q, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                        ks_smem, vs_smem, seq, split, kv_head, seqlen, lo, hi, sm_scale, q_len,
+                        stride_qb, stride_qt, stride_qh, stride_ob, stride_ot, stride_oh,
+                        stride_os, stride_lb, stride_lt, stride_lh, stride_ls, GROUP, IS_CAUSAL,
+                        THREAD_ARRIVE, STORE_LSE)
+    else:
+        _consume_t(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                   ks_smem, vs_smem, seq, split, kv_head, seqlen, lo, hi, sm_scale, q_len,
+                   stride_qb, stride_qt, stride_qh, stride_ksh, stride_vsh, stride_ob,
+                   stride_ot, stride_oh, stride_os, stride_lb, stride_lt, stride_lh, stride_ls,
+                   GROUP, IS_CAUSAL, THREAD_ARRIVE, KV_FORMAT, STORE_LSE, V_BIASED)
 
 
 @gluon.jit
@@ -1490,11 +1677,12 @@ INT8_SCALES_BY_TMA = True
 # for sm_90a 2026-11-29: 573 instructions a tile a warp against 623, the masked tile 662 against
 # 854; not yet run on a GPU): off until tests/test_gluon_decode.py has run it.
 INT8_V_BIASED = False
-# The consumers' dots with swapped operands (``_consume_t``: keys as M, q rows as N = 8) where
-# the packed rows fit 8, for fp8 and for int8 with its scales by ring (compiled for sm_90a
-# 2026-11-29: fp8 373 instructions a tile a warp against 453, int8 504 against 623 and, with
-# INT8_V_BIASED, 472 against 573; 157-172 registers against ~210-230; not yet run on a GPU):
-# off until tests/test_gluon_decode.py has run it.
+# The consumers' dots with swapped operands (``_consume_t``, ``_consume_int4_t``: keys as M, q
+# rows as N = 8) where the packed rows fit 8, for fp8 and for int8 / int4 with their scales by
+# ring (compiled for sm_90a 2026-11-29: fp8 373 instructions a tile a warp against 453, int8 504
+# against 623 and, with INT8_V_BIASED, 472 against 573, int4 516 against 649 (the Triton int4
+# loop: 734); 157-175 registers against ~210-230; not yet run on a GPU): off until
+# tests/test_gluon_decode.py has run it. int4 is still routed only where GLUON_FORMATS has 3.
 GLUON_SWAP_AB = False
 # Split launches merged by their last split (an arrival count a (sequence, KV head), the
 # partials read back through L2, no combine launch; commit 4f3a76e) measured 0-3% slower than the
@@ -1613,10 +1801,10 @@ class PagedGluonDecodeLaunch:
                                TILE_KEYS=0, KV_FORMAT=kv_format,
                                STORE_LSE=store_lse or not self.direct,
                                V_BIASED=kv_format == INT8.value and INT8_V_BIASED)
-        # swapped operands (GLUON_SWAP_AB): packed rows <= 8, fp8, or int8 with its scales by
-        # ring (so int8's choice waits for the call's scales: ``ring_constexprs``)
+        # swapped operands (GLUON_SWAP_AB): packed rows <= 8; fp8, or int8 / int4 with their
+        # scales by ring (so int8's choice waits for the call's scales: ``ring_constexprs``)
         rows = nheads // nheads_k * q_len
-        self.swap = GLUON_SWAP_AB and rows <= NR.value and kv_format in (FP8.value, INT8.value)
+        self.swap = GLUON_SWAP_AB and rows <= NR.value and kv_format in (1, 2, 3)
         self.ring_constexprs = dict(self.constexprs, SCALE_RING=True, SWAP_AB=self.swap)
         self.constexprs["SWAP_AB"] = self.swap and kv_format == FP8.value
         self.key = ("gluon-decode", q.dtype, self.ints, self.tail_ints,
