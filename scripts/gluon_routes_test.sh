@@ -5,8 +5,8 @@ set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 declare -A K=([shipped]="not ring and not token and not int4 and not biased and not swapped"
-              [ring]="ring" [token]="token" [int4]="int4 and not swapped" [vbias]="biased and not swapped"
-              [swap]="swapped")
+              [ring]="ring" [token]="token" [int4]="int4 and not swapped"
+              [vbias]="biased and not swapped" [swap]="swapped")
 for r in ${ROUTES:-shipped ring token int4}; do
   timeout ${ROUTE_S:-420} python3 -m pytest -q -p no:cacheprovider -rfE tests/test_gluon_decode.py \
     -k "${K[$r]}" > "$OUT/gluon_$r.log" 2>&1 &
