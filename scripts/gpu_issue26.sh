@@ -419,6 +419,10 @@ if has swap; then
         --swap-ab $sw --heads 32/8,12/12 --shapes 64x8192,1x131072 --all \
         --grid 128,4,3 128,4,3,$P,1 2>&1 | grep -v Warn | grep "^|" | grep -v "^|--\|^| heads"
     done
+    # fewer instructions a tile: do int8 / int4 still want a wave of two CTAs an SM?
+    timeout 200 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int8,int4 \
+      --gluon-int4 --swap-ab 1 --heads 32/8,12/12 --shapes 1x131072 --all \
+      --grid 128,4,2,$P,1 --splits 0,11,16,22,32 2>&1 | grep -v Warn | grep -v "^|"
   done
 fi
 if has prefix; then
