@@ -684,6 +684,21 @@ def _tile_int4(q_lo, q_hi, s_init, q_sum, acc_el, acc_ol, acc_eh, acc_oh, b_i, m
 
 
 @gluon.jit
+def _warp_weights(m_i, l_i):
+    """The consumer warps' row states ``m_i, l_i [WARPS, rows]`` (base 2) merged: ``(m, w, l,
+    seen, lse)``: the rows' max ``m`` and sum ``l``, each warp's weight ``w [WARPS, rows]`` (0
+    for a warp that saw no key), whether a row saw any key, its LSE (natural log, -inf where
+    none)."""
+    m = gl.reduce(m_i, 0, _max)
+    m_sub = gl.where(m == float("-inf"), 0.0, m)
+    w = gl.exp2(m_i - gl.expand_dims(m_sub, 0))
+    l = gl.reduce(l_i * w, 0, _add)
+    seen = l > 0.0
+    lse = gl.where(seen, (m + gl.log2(gl.where(seen, l, 1.0))) * LN2, float("-inf"))
+    return m, w, l, seen, lse
+
+
+@gluon.jit
 def _store_lse(Lse, lse, seq, split, kv_head, q_len, stride_lb, stride_lt, stride_lh, stride_ls,
                GROUP: gl.constexpr):
     rl = gl.arange(0, ROWS, gl.SliceLayout(0, ROW_STATE))
@@ -731,10 +746,7 @@ def _consume_int4_tiles(q_lo, q_hi, acc_scale, m_i, l_i, k_smem, v_smem, k_ready
             lo + j * TILE, hi, last_key, qk_scale, True, THREAD_ARRIVE, ROW_SCALE)
 
     # The four warps' states merged once (each warp's weight times its accumulators' unit).
-    m = gl.reduce(m_i, 0, _max)
-    m_sub = gl.where(m == float("-inf"), 0.0, m)
-    w = gl.exp2(m_i - gl.expand_dims(m_sub, 0))                  # [WARPS, ROWS], 0 for -inf
-    l = gl.reduce(l_i * w, 0, _add)
+    m, w, l, seen, lse = _warp_weights(m_i, l_i)                 # w [WARPS, ROWS]
     w_unit = w * gl.expand_dims(gl.convert_layout(acc_scale, gl.SliceLayout(1, ROW_STATE)), 1)
     w3 = gl.expand_dims(w_unit, 2)
     o_el = gl.reduce(acc_el * w3, 0, _add)
@@ -742,9 +754,7 @@ def _consume_int4_tiles(q_lo, q_hi, acc_scale, m_i, l_i, k_smem, v_smem, k_ready
     o_eh = gl.reduce(acc_eh * w3, 0, _add)
     o_oh = gl.reduce(acc_oh * w3, 0, _add)
     b = gl.reduce(b_i * w_unit, 0, _add)                        # [ROWS]: sum p o
-    seen = l > 0.0
     inv = gl.where(seen, 1.0 / gl.where(seen, l, 1.0), 0.0)
-    lse = gl.where(seen, (m + gl.log2(gl.where(seen, l, 1.0))) * LN2, float("-inf"))
 
     OUT2: gl.constexpr = gl.SliceLayout(0, MMA)
     ro = gl.arange(0, ROWS, gl.SliceLayout(1, OUT2))
@@ -948,21 +958,16 @@ def _consume_t(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v
             k_ready, v_ready, k_empty, v_empty, j, lo + j * TILE, hi, last_key, qk_scale, True,
             THREAD_ARRIVE, KV_FORMAT, ROW_SCALE, V_BIASED)
 
-    m = gl.reduce(m_i, 0, _max)                                    # [NR]
-    m_sub = gl.where(m == float("-inf"), 0.0, m)
-    w = gl.exp2(m_i - gl.expand_dims(m_sub, 0))                    # [WARPS, NR]
-    l = gl.reduce(l_i * w, 0, _add)
+    m, w, l, seen, lse = _warp_weights(m_i, l_i)                   # w [WARPS, NR]
     w3 = gl.expand_dims(w, 1)                                      # [WARPS, 1, NR]
     if KV_FORMAT == INT8:   # the accumulators back from their unit
         w3 = w3 * gl.expand_dims(gl.expand_dims(acc_scale, 1), 2)
     o_e = gl.reduce(acc_e * w3, 0, _add)                           # [64, NR]
     o_o = gl.reduce(acc_o * w3, 0, _add)
-    seen = l > 0.0
     if KV_FORMAT == INT8:
         inv = gl.where(seen, 1.0 / gl.where(seen, l, 1.0), 0.0)
     else:
         inv = gl.where(seen, gl.load(VS + kv_head * stride_vsh) / gl.where(seen, l, 1.0), 0.0)
-    lse = gl.where(seen, (m + gl.log2(gl.where(seen, l, 1.0))) * LN2, float("-inf"))
     OUT2: gl.constexpr = gl.SliceLayout(0, MMA)
     ch = gl.arange(0, HEAD_DIM // 2, gl.SliceLayout(1, OUT2))
     ro = gl.arange(0, NR, gl.SliceLayout(0, OUT2))
@@ -1126,10 +1131,7 @@ def _consume_int4_t(Q, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_em
             acc_scale, k_smem, v_smem, ks_smem, vs_smem, k_ready, v_ready, k_empty, v_empty, j,
             lo + j * TILE, hi, last_key, qk_scale, True, THREAD_ARRIVE, ROW_SCALE)
 
-    m = gl.reduce(m_i, 0, _max)                                    # [NR]
-    m_sub = gl.where(m == float("-inf"), 0.0, m)
-    w = gl.exp2(m_i - gl.expand_dims(m_sub, 0))                    # [WARPS, NR]
-    l = gl.reduce(l_i * w, 0, _add)
+    m, w, l, seen, lse = _warp_weights(m_i, l_i)                   # w [WARPS, NR]
     w_unit = w * gl.expand_dims(gl.convert_layout(acc_scale, gl.SliceLayout(1, ROW_T)), 1)
     w3 = gl.expand_dims(w_unit, 1)
     o_el = gl.reduce(acc_el * w3, 0, _add)                         # [32, NR]
@@ -1137,9 +1139,7 @@ def _consume_int4_t(Q, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_em
     o_eh = gl.reduce(acc_eh * w3, 0, _add)
     o_oh = gl.reduce(acc_oh * w3, 0, _add)
     b = gl.reduce(b_i * w_unit, 0, _add)                          # [NR]: sum p o
-    seen = l > 0.0
     inv = gl.where(seen, 1.0 / gl.where(seen, l, 1.0), 0.0)
-    lse = gl.where(seen, (m + gl.log2(gl.where(seen, l, 1.0))) * LN2, float("-inf"))
     OUT2: gl.constexpr = gl.SliceLayout(0, MMA)
     pu = gl.arange(0, PLANE, gl.SliceLayout(1, OUT2))
     ro = gl.arange(0, NR, gl.SliceLayout(0, OUT2))
@@ -1306,22 +1306,17 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
                 PAGE_SIZE, ROW_SCALE, SCALE_RING, V_BIASED)
 
         # The four warps' states merged once.
-        m = gl.reduce(m_i, 0, _max)
-        m_sub = gl.where(m == float("-inf"), 0.0, m)
-        w = gl.exp2(m_i - gl.expand_dims(m_sub, 0))                  # [WARPS, ROWS], 0 for -inf
-        l = gl.reduce(l_i * w, 0, _add)
+        m, w, l, seen, lse = _warp_weights(m_i, l_i)               # w [WARPS, ROWS]
         w3 = gl.expand_dims(w, 2)
         if KV_FORMAT == INT8:   # the accumulators back from their unit
             w3 = w3 * gl.expand_dims(gl.expand_dims(acc_scale, 1), 1)
         if not RING_MERGE:   # Triton's cross-warp reduction (shared-memory scratch)
             o_e = gl.reduce(acc_e * w3, 0, _add)
             o_o = gl.reduce(acc_o * w3, 0, _add)
-        seen = l > 0.0
         if KV16 or KV_FORMAT == INT8:
             inv = gl.where(seen, 1.0 / gl.where(seen, l, 1.0), 0.0)
         else:
             inv = gl.where(seen, gl.load(VS + kv_head * stride_vsh) / gl.where(seen, l, 1.0), 0.0)
-        lse = gl.where(seen, (m + gl.log2(gl.where(seen, l, 1.0))) * LN2, float("-inf"))
 
         if RING_MERGE:
             # Every tile's K and V waits are behind every consumer warp and the loader issues no
