@@ -684,6 +684,19 @@ def _tile_int4(q_lo, q_hi, s_init, q_sum, acc_el, acc_ol, acc_eh, acc_oh, b_i, m
 
 
 @gluon.jit
+def _f16_row_factors(amax):
+    """bf16 q rows into fp16's range: for a row's largest magnitude ``amax``, ``(up, down)`` =
+    ``(2^(13 - e), 2^(e - 13))`` with ``e = floor(log2(amax))`` (-127 for 0, clamped to
+    [-100, 127]): times ``up`` the row's largest lands in [2^13, 2^14) and nothing is lost
+    (``paged_decode._f16_rows``); ``down`` goes on the row's score scale."""
+    e = ((amax.to(gl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    e = gl.minimum(gl.maximum(e, -100), 127)
+    up = ((140 - e) << 23).to(gl.float32, bitcast=True)
+    down = ((114 + e) << 23).to(gl.float32, bitcast=True)
+    return up, down
+
+
+@gluon.jit
 def _warp_weights(m_i, l_i):
     """The consumer warps' row states ``m_i, l_i [WARPS, rows]`` (base 2) merged: ``(m, w, l,
     seen, lse)``: the rows' max ``m`` and sum ``l``, each warp's weight ``w [WARPS, rows]`` (0
@@ -913,11 +926,7 @@ def _consume_t(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v
     ROW_SCALE: gl.constexpr = Q.dtype.element_ty == gl.bfloat16
     if ROW_SCALE:   # bf16 rows times a power of two into fp16 (``_consume``'s)
         qf = qt.to(gl.float32)
-        amax = gl.max(gl.abs(qf), 1)                             # [WARPS, NR]
-        e = ((amax.to(gl.int32, bitcast=True) >> 23) & 0xFF) - 127
-        e = gl.minimum(gl.maximum(e, -100), 127)
-        up = ((140 - e) << 23).to(gl.float32, bitcast=True)
-        down = ((114 + e) << 23).to(gl.float32, bitcast=True)
+        up, down = _f16_row_factors(gl.max(gl.abs(qf), 1))       # [WARPS, NR]
         qt = (qf * gl.expand_dims(up, 1)).to(gl.float16)
 
     if IS_CAUSAL:
@@ -1085,11 +1094,8 @@ def _consume_int4_t(Q, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_em
     if ROW_SCALE:   # bf16 rows times a power of two into fp16 (``_consume``'s)
         lo_f = q_lo.to(gl.float32)
         hi_f = q_hi.to(gl.float32)
-        amax = gl.maximum(gl.max(gl.abs(lo_f), 1), gl.max(gl.abs(hi_f), 1))   # [WARPS, NR]
-        e = ((amax.to(gl.int32, bitcast=True) >> 23) & 0xFF) - 127
-        e = gl.minimum(gl.maximum(e, -100), 127)
-        up = ((140 - e) << 23).to(gl.float32, bitcast=True)
-        down = ((114 + e) << 23).to(gl.float32, bitcast=True)
+        up, down = _f16_row_factors(gl.maximum(gl.max(gl.abs(lo_f), 1),
+                                               gl.max(gl.abs(hi_f), 1)))   # [WARPS, NR]
         q_lo = (lo_f * gl.expand_dims(up, 1)).to(gl.float16)
         q_hi = (hi_f * gl.expand_dims(up, 1)).to(gl.float16)
 
@@ -1236,10 +1242,7 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
         amax = gl.max(gl.abs(qf), 2)                             # [WARPS, ROWS]
         if KV_FORMAT == INT4:
             amax = gl.maximum(amax, gl.max(gl.abs(q_hi.to(gl.float32)), 2))
-        e = ((amax.to(gl.int32, bitcast=True) >> 23) & 0xFF) - 127   # floor(log2); -127 for 0
-        e = gl.minimum(gl.maximum(e, -100), 127)
-        up = ((140 - e) << 23).to(gl.float32, bitcast=True)         # 2^(13 - e)
-        down = ((114 + e) << 23).to(gl.float32, bitcast=True)       # 2^(e - 13)
+        up, down = _f16_row_factors(amax)
         q = (qf * gl.expand_dims(up, 2)).to(gl.float16)
         if KV_FORMAT == INT4:
             q_hi = (q_hi.to(gl.float32) * gl.expand_dims(up, 2)).to(gl.float16)
