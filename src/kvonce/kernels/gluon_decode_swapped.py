@@ -1,0 +1,431 @@
+"""The Gluon paged decode's swapped-operand consumers (kernels/gluon_decode.py, ``SWAP_AB``):
+S^T = K q^T and O^T = V^T P^T, each warp's 32 keys of a tile as the dots' M and the packed q rows
+(``GROUP * q_len <= 8``) as N = 8, where the row-major form (gluon_decode_rows) pads them to
+m16: each thread holds half the scores, half the softmax and half the accumulators. The cost:
+P^T's operand layout is the transpose of S^T's accumulator (one conversion a tile, by shuffles).
+fp8, and int8 / int4 with their scales by ring (``_consume_swapped``).
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+
+from .gluon_decode_common import (FP8, HEAD_DIM, INT4, INT8, INT8_BIAS, LOG2E, MMA, PAIR_SMEM,
+                                  WARPS, _f16_row_factors, _fp8_pairs_to_f16, _int4_k_to_f16,
+                                  _int4_v_to_f16, _int8_pairs_to_f16, _int8_to_biased_f16, _release,
+                                  _scale_slot_layout, _split_range, _units_layout, _warp_weights)
+from .gluon_prefill import _add, _max
+
+
+# ----------------------------------------------------------------------------------------------
+# Swapped operands (SWAP_AB): keys as the dots' M, q rows as N
+# ----------------------------------------------------------------------------------------------
+# S^T = K q^T and O^T = V^T P^T: a group of at most 8 packed q rows fills an n8 tile where the
+# row-major form pads it to m16, so each thread holds half the scores (8 a tile), half the
+# softmax and half the accumulators ([WARPS, 64, 8] a plane: 16 registers against 32). The cost:
+# P^T's operand layout is the transpose of S^T's accumulator (one layout conversion a tile).
+NR = gl.constexpr(8)                  # packed q rows, the dots' N (GROUP * q_len <= 8)
+KA_OP = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=4))   # K
+QB_OP = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=4))   # q^T
+VA_OP = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2))   # V^T units
+PB_OP = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2))   # P^T
+KEY_COL = gl.constexpr(gl.SliceLayout(2, MMA))    # per-key values [WARPS, WKEYS] (keys as M)
+ROW_T = gl.constexpr(gl.SliceLayout(1, MMA))      # m, l [WARPS, NR]
+
+
+@gluon.jit
+def _softmax_step_t(sc, m_i, l_i, start, hi, last_key, qk_scale, MASKED: gl.constexpr,
+                    ROW_SCALE: gl.constexpr):
+    """``_softmax_step`` on swapped scores ``sc [WARPS, WKEYS, NR]`` (keys along axis 1)."""
+    WKEYS: gl.constexpr = sc.shape[1]
+    if ROW_SCALE:
+        scale = gl.expand_dims(qk_scale, 1)
+    else:
+        scale = qk_scale
+    if MASKED:
+        w = gl.arange(0, WARPS, gl.SliceLayout(1, KEY_COL))
+        n = gl.arange(0, WKEYS, gl.SliceLayout(0, KEY_COL))
+        keys = gl.expand_dims(start + gl.expand_dims(w * WKEYS, 1) + gl.expand_dims(n, 0), 2)
+        visible = (keys < hi) & (keys <= gl.expand_dims(gl.expand_dims(last_key, 0), 1))
+        sc = gl.where(visible, sc * scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.reduce(sc, 1, _max))
+        m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp2(sc - gl.expand_dims(m_sub, 1))
+    else:
+        m_new = gl.maximum(m_i, gl.reduce(sc, 1, _max) * qk_scale)   # qk_scale > 0
+        m_sub = m_new
+        p = gl.exp2(sc * scale - gl.expand_dims(m_sub, 1))
+    alpha = gl.exp2(m_i - m_sub)
+    l_i = l_i * alpha + gl.reduce(p, 1, _add)
+    return p, m_new, l_i, alpha
+
+
+@gluon.jit
+def _tile_t(qt, s_init, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, ks_smem, vs_smem,
+            k_ready, v_ready, k_empty, v_empty, j, start, hi, last_key, qk_scale,
+            MASKED: gl.constexpr, THREAD_ARRIVE: gl.constexpr, KV_FORMAT: gl.constexpr,
+            ROW_SCALE: gl.constexpr, V_BIASED: gl.constexpr):
+    """``_tile`` with swapped operands (fp8, int8 with its scales by ring): ``qt [WARPS, 128,
+    NR]`` (q^T), scores ``[WARPS, WKEYS, NR]``, accumulators ``acc_e, acc_o [WARPS, 64, NR]``
+    (the even and the odd channels), the row state ``[WARPS, NR]``, int8's unit ``acc_scale``
+    ``[WARPS]``. The same arithmetic as ``_tile``'s, transposed."""
+    STAGES: gl.constexpr = k_smem.shape[0]
+    TILE: gl.constexpr = k_smem.shape[1]
+    WKEYS: gl.constexpr = TILE // WARPS
+    s = j % STAGES
+    phase = (j // STAGES) & 1
+    U16: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    mbarrier.wait(k_ready.index(s), phase)
+    kb = k_smem.index(s).reshape([WARPS, WKEYS, HEAD_DIM]).load(KA_OP)
+    if KV_FORMAT == INT8:
+        layout: gl.constexpr = _scale_slot_layout(WARPS, WKEYS, ks_smem.shape[2])
+        ks = ks_smem.index(s)._reinterpret(gl.float32, [WARPS, WKEYS], layout).load(KEY_COL)
+        vs = vs_smem.index(s)._reinterpret(gl.float32, [WARPS, WKEYS], layout).load(KEY_COL)
+    _release(k_empty.index(s), THREAD_ARRIVE)
+    if KV_FORMAT == INT8:
+        if MASKED:   # scales past the end: whatever the slots hold (NaN)
+            w = gl.arange(0, WARPS, gl.SliceLayout(1, KEY_COL))
+            n = gl.arange(0, WKEYS, gl.SliceLayout(0, KEY_COL))
+            vs = gl.where(start + gl.expand_dims(w * WKEYS, 1) + gl.expand_dims(n, 0) < hi,
+                          vs, 0.0)
+        sc = mma_v2(_int8_to_biased_f16(kb), qt, s_init) * gl.expand_dims(ks, 2)
+    else:
+        kf = kb.to(gl.float8e4nv, bitcast=True).to(gl.float16)
+        sc = mma_v2(kf, qt, gl.zeros([WARPS, WKEYS, NR], gl.float32, MMA))
+    p, m_new, l_i, alpha = _softmax_step_t(sc, m_i, l_i, start, hi, last_key, qk_scale, MASKED,
+                                           ROW_SCALE)
+    a3 = gl.expand_dims(alpha, 1)                                # [WARPS, 1, NR]
+    if KV_FORMAT == INT8:
+        v_max = gl.max(vs, 1)                                   # [WARPS]: 0 past the end
+        v_max = gl.where(v_max > 0.0, v_max, 1.0)
+        p = p * gl.expand_dims(vs / gl.expand_dims(v_max, 1), 2)
+        a3 = a3 * gl.expand_dims(gl.expand_dims(acc_scale / v_max, 1), 2)
+        acc_scale = v_max
+    p16 = p.to(gl.float16)
+    p_op = gl.convert_layout(p16, PB_OP)
+
+    mbarrier.wait(v_ready.index(s), phase)
+    units = v_smem.index(s)._reinterpret(gl.uint16, [TILE, HEAD_DIM // 2], U16).reshape(
+        [WARPS, WKEYS, HEAD_DIM // 2]).permute((0, 2, 1)).load(VA_OP)
+    _release(v_empty.index(s), THREAD_ARRIVE)
+    BIASED: gl.constexpr = V_BIASED and KV_FORMAT == INT8
+    if MASKED and not BIASED:   # V rows past the end may hold NaN bytes (0 * NaN)
+        wv = gl.arange(0, WARPS, gl.SliceLayout(1, gl.SliceLayout(1, VA_OP)))
+        kv = gl.arange(0, WKEYS, gl.SliceLayout(0, gl.SliceLayout(1, VA_OP)))
+        vkeys = start + gl.expand_dims(gl.expand_dims(wv * WKEYS, 1), 1) \
+            + gl.expand_dims(gl.expand_dims(kv, 0), 1)
+        units = gl.where(vkeys < hi, units, 0)
+    if KV_FORMAT == INT8:
+        if BIASED:   # each row's 1152 sum p (p as the dots take it) off the dots' start
+            bias = gl.expand_dims(gl.sum(p16.to(gl.float32), 1) * -INT8_BIAS, 1)
+            acc_e = mma_v2(_int8_pairs_to_f16(units, False, True), p_op, acc_e * a3 + bias)
+            acc_o = mma_v2(_int8_pairs_to_f16(units, True, True), p_op, acc_o * a3 + bias)
+        else:
+            acc_e = mma_v2(_int8_pairs_to_f16(units, False), p_op, acc_e * a3)
+            acc_o = mma_v2(_int8_pairs_to_f16(units, True), p_op, acc_o * a3)
+    else:
+        acc_e = mma_v2(_fp8_pairs_to_f16(units, False), p_op, acc_e * a3)
+        acc_o = mma_v2(_fp8_pairs_to_f16(units, True), p_op, acc_o * a3)
+    return acc_e, acc_o, m_new, l_i, acc_scale
+
+
+@gluon.jit
+def _consume_t(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+               ks_smem, vs_smem, seq, split, kv_head, seqlen, lo, hi, sm_scale, q_len,
+               stride_qb, stride_qt, stride_qh, stride_ksh, stride_vsh, stride_ob, stride_ot,
+               stride_oh, stride_os, stride_lb, stride_lt, stride_lh, stride_ls,
+               GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr, THREAD_ARRIVE: gl.constexpr,
+               KV_FORMAT: gl.constexpr, STORE_LSE: gl.constexpr, V_BIASED: gl.constexpr):
+    """``_consume`` with swapped operands (``_tile_t``): q^T loaded once into the operand
+    layout, the tiles, the four warps' states merged through Triton's reduce scratch, the
+    output's even and odd channels stored from ``[64, NR]``."""
+    TILE: gl.constexpr = k_smem.shape[1]
+    WKEYS: gl.constexpr = TILE // WARPS
+    gl.static_assert(GROUP <= NR, "swapped operands: at most 8 q heads a KV head")
+    r = gl.arange(0, NR, gl.SliceLayout(0, gl.SliceLayout(1, QB_OP)))
+    d = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, gl.SliceLayout(2, QB_OP)))
+    wq = gl.arange(0, WARPS, gl.SliceLayout(1, gl.SliceLayout(2, QB_OP)))
+    q_row = (r // GROUP) * stride_qt + (kv_head * GROUP + r % GROUP) * stride_qh
+    q_ptrs = (Q + seq.to(gl.int64) * stride_qb
+              + gl.expand_dims(gl.expand_dims(wq * 0, 1) + gl.expand_dims(d, 0), 2)
+              + gl.expand_dims(gl.expand_dims(q_row, 0), 1))
+    q_ok = gl.expand_dims(gl.expand_dims(wq >= 0, 1) & gl.expand_dims(d >= 0, 0), 2) \
+        & gl.expand_dims(gl.expand_dims(r < GROUP * q_len, 0), 1)
+    qt = gl.load(q_ptrs, mask=q_ok, other=0.0)
+    ROW_SCALE: gl.constexpr = Q.dtype.element_ty == gl.bfloat16
+    if ROW_SCALE:   # bf16 rows times a power of two into fp16 (``_consume``'s)
+        qf = qt.to(gl.float32)
+        up, down = _f16_row_factors(gl.max(gl.abs(qf), 1))       # [WARPS, NR]
+        qt = (qf * gl.expand_dims(up, 1)).to(gl.float16)
+
+    if IS_CAUSAL:
+        diag = seqlen - q_len
+        all_see = gl.minimum(hi, diag + 1)
+    else:
+        diag = seqlen
+        all_see = hi
+    full = lo + gl.maximum(all_see - lo, 0) // TILE * TILE
+    n_full = (full - lo) // TILE
+    n_tiles = gl.maximum(hi - lo + TILE - 1, 0) // TILE
+    rs = gl.arange(0, NR, gl.SliceLayout(0, ROW_T))
+    last_key = rs // GROUP + diag
+    if KV_FORMAT == INT8:
+        qk_scale = sm_scale * LOG2E
+    else:
+        qk_scale = sm_scale * LOG2E * gl.load(KS + kv_head * stride_ksh)
+    if ROW_SCALE:
+        qk_scale = qk_scale * gl.convert_layout(down, ROW_T)
+
+    m_i = gl.full([WARPS, NR], float("-inf"), gl.float32, ROW_T)
+    l_i = gl.zeros([WARPS, NR], gl.float32, ROW_T)
+    acc_e = gl.zeros([WARPS, HEAD_DIM // 2, NR], gl.float32, MMA)
+    acc_o = gl.zeros([WARPS, HEAD_DIM // 2, NR], gl.float32, MMA)
+    acc_scale = gl.full([WARPS], 1.0, gl.float32, gl.SliceLayout(1, KEY_COL))
+    s_init = gl.zeros([WARPS, WKEYS, NR], gl.float32, MMA)
+    if KV_FORMAT == INT8:   # K converts to 1152 + x: the dot starts from -1152 sum(q) a row
+        q_sum = gl.convert_layout(gl.sum(qt.to(gl.float32), 1), ROW_T)
+        s_init = s_init + gl.expand_dims(q_sum * (-INT8_BIAS), 1)
+    for j in range(0, n_full):
+        acc_e, acc_o, m_i, l_i, acc_scale = _tile_t(
+            qt, s_init, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, ks_smem, vs_smem,
+            k_ready, v_ready, k_empty, v_empty, j, lo + j * TILE, hi, last_key, qk_scale, False,
+            THREAD_ARRIVE, KV_FORMAT, ROW_SCALE, V_BIASED)
+    for j in range(n_full, n_tiles):
+        acc_e, acc_o, m_i, l_i, acc_scale = _tile_t(
+            qt, s_init, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, ks_smem, vs_smem,
+            k_ready, v_ready, k_empty, v_empty, j, lo + j * TILE, hi, last_key, qk_scale, True,
+            THREAD_ARRIVE, KV_FORMAT, ROW_SCALE, V_BIASED)
+
+    m, w, l, seen, lse = _warp_weights(m_i, l_i)                   # w [WARPS, NR]
+    w3 = gl.expand_dims(w, 1)                                      # [WARPS, 1, NR]
+    if KV_FORMAT == INT8:   # the accumulators back from their unit
+        w3 = w3 * gl.expand_dims(gl.expand_dims(acc_scale, 1), 2)
+    o_e = gl.reduce(acc_e * w3, 0, _add)                           # [64, NR]
+    o_o = gl.reduce(acc_o * w3, 0, _add)
+    if KV_FORMAT == INT8:
+        inv = gl.where(seen, 1.0 / gl.where(seen, l, 1.0), 0.0)
+    else:
+        inv = gl.where(seen, gl.load(VS + kv_head * stride_vsh) / gl.where(seen, l, 1.0), 0.0)
+    OUT2: gl.constexpr = gl.SliceLayout(0, MMA)
+    ch = gl.arange(0, HEAD_DIM // 2, gl.SliceLayout(1, OUT2))
+    ro = gl.arange(0, NR, gl.SliceLayout(0, OUT2))
+    o_row = (seq.to(gl.int64) * stride_ob + split * stride_os + (ro // GROUP) * stride_ot
+             + (kv_head * GROUP + ro % GROUP) * stride_oh)
+    o_ptrs = Out + gl.expand_dims(o_row, 0) + gl.expand_dims(ch * 2, 1)
+    o_ok = gl.expand_dims(ro < GROUP * q_len, 0)
+    inv_o = gl.expand_dims(gl.convert_layout(inv, gl.SliceLayout(0, OUT2)), 0)
+    OT: gl.constexpr = Out.dtype.element_ty
+    gl.store(o_ptrs, (o_e * inv_o).to(OT), mask=o_ok)
+    gl.store(o_ptrs + 1, (o_o * inv_o).to(OT), mask=o_ok)
+    if STORE_LSE:
+        rl = gl.arange(0, NR, gl.SliceLayout(0, ROW_T))
+        gl.store(Lse + seq.to(gl.int64) * stride_lb + split * stride_ls
+                 + (rl // GROUP) * stride_lt + (kv_head * GROUP + rl % GROUP) * stride_lh, lse,
+                 mask=rl < GROUP * q_len)
+
+
+# int4's (scale, offset) pairs from a ring slot straight into the swapped scores' key layout
+# (``KEY_COL``: warp w's keys, lane l's l // 4 + {0, 8, 16, 24}, the lane's low two bits
+# broadcast), the pair's two floats the fastest registers (one 8-byte load a key).
+PAIR_LOAD_T = gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=[[0, 0, 1], [0, 8, 0], [0, 16, 0]],
+    lane_bases=[[0, 0, 0], [0, 0, 0], [0, 1, 0], [0, 2, 0], [0, 4, 0]],
+    warp_bases=[[1, 0, 0], [2, 0, 0]], block_bases=[], shape=[4, 32, 2]))
+
+
+@gluon.jit
+def _ring_scale_pairs_t(slot, WKEYS: gl.constexpr):
+    """``_ring_scale_pairs`` into ``KEY_COL`` (keys as the swapped dots' M)."""
+    gl.static_assert(WARPS * WKEYS == 128, "PAIR_LOAD_T is the 128-key tile's")
+    pairs = slot._reinterpret(gl.float32, [WARPS, WKEYS, 2], PAIR_SMEM).load(PAIR_LOAD_T)
+    scale, offset = pairs.split()
+    return gl.convert_layout(scale, KEY_COL), gl.convert_layout(offset, KEY_COL)
+
+
+@gluon.jit
+def _tile_int4_t(q_lo, q_hi, s_init, q_sum, acc_el, acc_ol, acc_eh, acc_oh, b_i, m_i, l_i,
+                 acc_scale, k_smem, v_smem, ks_smem, vs_smem, k_ready, v_ready, k_empty,
+                 v_empty, j, start, hi, last_key, qk_scale, MASKED: gl.constexpr,
+                 THREAD_ARRIVE: gl.constexpr, ROW_SCALE: gl.constexpr):
+    """``_tile_int4`` with swapped operands: ``q_lo, q_hi [WARPS, 64, NR]`` (q^T's two
+    halves), scores ``[WARPS, WKEYS, NR]``, the four nibble planes' accumulators ``[WARPS, 32,
+    NR]``, ``b_i`` and the row state ``[WARPS, NR]``, the unit ``acc_scale [WARPS]``."""
+    STAGES: gl.constexpr = k_smem.shape[0]
+    TILE: gl.constexpr = k_smem.shape[1]
+    ROW: gl.constexpr = k_smem.shape[2]
+    WKEYS: gl.constexpr = TILE // WARPS
+    U16: gl.constexpr = _units_layout(v_smem.layout)
+    s = j % STAGES
+    phase = (j // STAGES) & 1
+    mbarrier.wait(k_ready.index(s), phase)
+    ks, ko = _ring_scale_pairs_t(ks_smem.index(s), WKEYS)
+    vs, vo = _ring_scale_pairs_t(vs_smem.index(s), WKEYS)
+    kb = k_smem.index(s).reshape([WARPS, WKEYS, ROW]).load(KA_OP)
+    _release(k_empty.index(s), THREAD_ARRIVE)
+    if MASKED:   # pairs past the end: whatever the slots hold (NaN): out of v_max and b
+        w = gl.arange(0, WARPS, gl.SliceLayout(1, KEY_COL))
+        n = gl.arange(0, WKEYS, gl.SliceLayout(0, KEY_COL))
+        inside = start + gl.expand_dims(w * WKEYS, 1) + gl.expand_dims(n, 0) < hi
+        vs = gl.where(inside, vs, 0.0)
+        vo = gl.where(inside, vo, 0.0)
+    sc = mma_v2(_int4_k_to_f16(kb, True), q_hi, gl.zeros([WARPS, WKEYS, NR], gl.float32, MMA))
+    sc = mma_v2(_int4_k_to_f16(kb, False), q_lo, sc * 0.0625 + gl.expand_dims(s_init, 1))
+    sc = sc * gl.expand_dims(ks, 2) + gl.expand_dims(ko, 2) * gl.expand_dims(q_sum, 1)
+    p, m_new, l_i, alpha = _softmax_step_t(sc, m_i, l_i, start, hi, last_key, qk_scale, MASKED,
+                                           ROW_SCALE)
+    v_max = gl.max(vs, 1)                                       # [WARPS]: 0 past the end
+    v_max = gl.where(v_max > 0.0, v_max, 1.0)
+    v_inv = gl.expand_dims(1.0 / v_max, 1)
+    alpha = alpha * gl.expand_dims(gl.convert_layout(acc_scale / v_max,
+                                                     gl.SliceLayout(1, ROW_T)), 1)
+    b_i = b_i * alpha + gl.reduce(p * gl.expand_dims(vo * v_inv, 2), 1, _add)
+    p = p * gl.expand_dims(vs * v_inv, 2)
+    a3 = gl.expand_dims(alpha, 1)
+    acc_scale = v_max
+    p_op = gl.convert_layout(p.to(gl.float16), PB_OP)
+
+    mbarrier.wait(v_ready.index(s), phase)
+    units = v_smem.index(s)._reinterpret(gl.uint16, [TILE, ROW // 2], U16).reshape(
+        [WARPS, WKEYS, ROW // 2]).permute((0, 2, 1)).load(VA_OP)
+    _release(v_empty.index(s), THREAD_ARRIVE)
+    # Bytes past the end need no mask: any byte is two finite q, and their p is 0.
+    acc_el = mma_v2(_int4_v_to_f16(units, False, False), p_op, acc_el * a3)
+    acc_ol = mma_v2(_int4_v_to_f16(units, True, False), p_op, acc_ol * a3)
+    acc_eh = mma_v2(_int4_v_to_f16(units, False, True), p_op, acc_eh * a3)
+    acc_oh = mma_v2(_int4_v_to_f16(units, True, True), p_op, acc_oh * a3)
+    return acc_el, acc_ol, acc_eh, acc_oh, b_i, m_new, l_i, acc_scale
+
+
+@gluon.jit
+def _consume_int4_t(Q, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, ks_smem,
+                    vs_smem, seq, split, kv_head, seqlen, lo, hi, sm_scale, q_len, stride_qb,
+                    stride_qt, stride_qh, stride_ob, stride_ot, stride_oh, stride_os,
+                    stride_lb, stride_lt, stride_lh, stride_ls, GROUP: gl.constexpr,
+                    IS_CAUSAL: gl.constexpr, THREAD_ARRIVE: gl.constexpr,
+                    STORE_LSE: gl.constexpr):
+    """``_consume_int4_tiles`` with swapped operands (``_tile_int4_t``), q^T loaded here."""
+    TILE: gl.constexpr = k_smem.shape[1]
+    PLANE: gl.constexpr = HEAD_DIM // 4
+    HALF: gl.constexpr = HEAD_DIM // 2
+    gl.static_assert(GROUP <= NR, "swapped operands: at most 8 q heads a KV head")
+    r = gl.arange(0, NR, gl.SliceLayout(0, gl.SliceLayout(1, QB_OP)))
+    d = gl.arange(0, HALF, gl.SliceLayout(0, gl.SliceLayout(2, QB_OP)))
+    wq = gl.arange(0, WARPS, gl.SliceLayout(1, gl.SliceLayout(2, QB_OP)))
+    q_row = (r // GROUP) * stride_qt + (kv_head * GROUP + r % GROUP) * stride_qh
+    q_ptrs = (Q + seq.to(gl.int64) * stride_qb
+              + gl.expand_dims(gl.expand_dims(wq * 0, 1) + gl.expand_dims(d, 0), 2)
+              + gl.expand_dims(gl.expand_dims(q_row, 0), 1))
+    q_ok = gl.expand_dims(gl.expand_dims(wq >= 0, 1) & gl.expand_dims(d >= 0, 0), 2) \
+        & gl.expand_dims(gl.expand_dims(r < GROUP * q_len, 0), 1)
+    q_lo = gl.load(q_ptrs, mask=q_ok, other=0.0)
+    q_hi = gl.load(q_ptrs + HALF, mask=q_ok, other=0.0)
+    ROW_SCALE: gl.constexpr = Q.dtype.element_ty == gl.bfloat16
+    if ROW_SCALE:   # bf16 rows times a power of two into fp16 (``_consume``'s)
+        lo_f = q_lo.to(gl.float32)
+        hi_f = q_hi.to(gl.float32)
+        up, down = _f16_row_factors(gl.maximum(gl.max(gl.abs(lo_f), 1),
+                                               gl.max(gl.abs(hi_f), 1)))   # [WARPS, NR]
+        q_lo = (lo_f * gl.expand_dims(up, 1)).to(gl.float16)
+        q_hi = (hi_f * gl.expand_dims(up, 1)).to(gl.float16)
+
+    if IS_CAUSAL:
+        diag = seqlen - q_len
+        all_see = gl.minimum(hi, diag + 1)
+    else:
+        diag = seqlen
+        all_see = hi
+    full = lo + gl.maximum(all_see - lo, 0) // TILE * TILE
+    n_full = (full - lo) // TILE
+    n_tiles = gl.maximum(hi - lo + TILE - 1, 0) // TILE
+    rs = gl.arange(0, NR, gl.SliceLayout(0, ROW_T))
+    last_key = rs // GROUP + diag
+    qk_scale = sm_scale * LOG2E
+    if ROW_SCALE:
+        qk_scale = qk_scale * gl.convert_layout(down, ROW_T)
+    # ``_consume_int4_tiles``' start: -72 sum(q_hi) - 1032 sum(q_lo) a row
+    sum_lo = gl.convert_layout(gl.sum(q_lo.to(gl.float32), 1), ROW_T)
+    sum_hi = gl.convert_layout(gl.sum(q_hi.to(gl.float32), 1), ROW_T)
+    s_init = sum_hi * -72.0 + sum_lo * -1032.0
+    q_sum = sum_lo + sum_hi
+    m_i = gl.full([WARPS, NR], float("-inf"), gl.float32, ROW_T)
+    l_i = gl.zeros([WARPS, NR], gl.float32, ROW_T)
+    b_i = gl.zeros([WARPS, NR], gl.float32, ROW_T)
+    acc_scale = gl.full([WARPS], 1.0, gl.float32, gl.SliceLayout(1, KEY_COL))
+    acc_el = gl.zeros([WARPS, PLANE, NR], gl.float32, MMA)
+    acc_ol = gl.zeros([WARPS, PLANE, NR], gl.float32, MMA)
+    acc_eh = gl.zeros([WARPS, PLANE, NR], gl.float32, MMA)
+    acc_oh = gl.zeros([WARPS, PLANE, NR], gl.float32, MMA)
+    for j in range(0, n_full):
+        acc_el, acc_ol, acc_eh, acc_oh, b_i, m_i, l_i, acc_scale = _tile_int4_t(
+            q_lo, q_hi, s_init, q_sum, acc_el, acc_ol, acc_eh, acc_oh, b_i, m_i, l_i,
+            acc_scale, k_smem, v_smem, ks_smem, vs_smem, k_ready, v_ready, k_empty, v_empty, j,
+            lo + j * TILE, hi, last_key, qk_scale, False, THREAD_ARRIVE, ROW_SCALE)
+    for j in range(n_full, n_tiles):
+        acc_el, acc_ol, acc_eh, acc_oh, b_i, m_i, l_i, acc_scale = _tile_int4_t(
+            q_lo, q_hi, s_init, q_sum, acc_el, acc_ol, acc_eh, acc_oh, b_i, m_i, l_i,
+            acc_scale, k_smem, v_smem, ks_smem, vs_smem, k_ready, v_ready, k_empty, v_empty, j,
+            lo + j * TILE, hi, last_key, qk_scale, True, THREAD_ARRIVE, ROW_SCALE)
+
+    m, w, l, seen, lse = _warp_weights(m_i, l_i)                   # w [WARPS, NR]
+    w_unit = w * gl.expand_dims(gl.convert_layout(acc_scale, gl.SliceLayout(1, ROW_T)), 1)
+    w3 = gl.expand_dims(w_unit, 1)
+    o_el = gl.reduce(acc_el * w3, 0, _add)                         # [32, NR]
+    o_ol = gl.reduce(acc_ol * w3, 0, _add)
+    o_eh = gl.reduce(acc_eh * w3, 0, _add)
+    o_oh = gl.reduce(acc_oh * w3, 0, _add)
+    b = gl.reduce(b_i * w_unit, 0, _add)                          # [NR]: sum p o
+    inv = gl.where(seen, 1.0 / gl.where(seen, l, 1.0), 0.0)
+    OUT2: gl.constexpr = gl.SliceLayout(0, MMA)
+    pu = gl.arange(0, PLANE, gl.SliceLayout(1, OUT2))
+    ro = gl.arange(0, NR, gl.SliceLayout(0, OUT2))
+    o_row = (seq.to(gl.int64) * stride_ob + split * stride_os + (ro // GROUP) * stride_ot
+             + (kv_head * GROUP + ro % GROUP) * stride_oh)
+    o_ptrs = Out + gl.expand_dims(o_row, 0) + gl.expand_dims(pu * 2, 1)
+    o_ok = gl.expand_dims(ro < GROUP * q_len, 0)
+    inv_o = gl.expand_dims(gl.convert_layout(inv, gl.SliceLayout(0, OUT2)), 0)
+    b_o = gl.expand_dims(gl.convert_layout(b, gl.SliceLayout(0, OUT2)), 0)
+    OT: gl.constexpr = Out.dtype.element_ty
+    gl.store(o_ptrs, ((o_el + b_o) * inv_o).to(OT), mask=o_ok)
+    gl.store(o_ptrs + 1, ((o_ol + b_o) * inv_o).to(OT), mask=o_ok)
+    gl.store(o_ptrs + HALF, ((o_eh + b_o) * inv_o).to(OT), mask=o_ok)
+    gl.store(o_ptrs + HALF + 1, ((o_oh + b_o) * inv_o).to(OT), mask=o_ok)
+    if STORE_LSE:
+        rl = gl.arange(0, NR, gl.SliceLayout(0, ROW_T))
+        gl.store(Lse + seq.to(gl.int64) * stride_lb + split * stride_ls
+                 + (rl // GROUP) * stride_lt + (kv_head * GROUP + rl % GROUP) * stride_lh, lse,
+                 mask=rl < GROUP * q_len)
+
+
+@gluon.jit
+def _consume_swapped(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                     cache_seqlens, block_table, sm_scale, q_len, num_splits, stride_qb,
+                     stride_qt, stride_qh, stride_ksh, stride_vsh, stride_ob, stride_ot,
+                     stride_oh, stride_os, stride_lb, stride_lt, stride_lh, stride_ls,
+                     stride_btb, stride_ksp, stride_kst, stride_vsp, stride_vst, ks_smem,
+                     vs_smem, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                     THREAD_ARRIVE: gl.constexpr, RING_MERGE: gl.constexpr,
+                     KV_FORMAT: gl.constexpr, PAGE_SIZE: gl.constexpr, STORE_LSE: gl.constexpr,
+                     SCALE_RING: gl.constexpr, V_BIASED: gl.constexpr):
+    """The consumer partition with swapped operands: ``_consume``'s arguments, ``_consume_t``'s
+    work (fp8, and int8 with its scales by ring; the merge through Triton's reduce scratch)."""
+    gl.static_assert(KV_FORMAT == FP8 or SCALE_RING,
+                     "swapped operands: fp8, or int8 / int4 with their scales by ring")
+    TILE: gl.constexpr = k_smem.shape[1]
+    split = gl.program_id(0)
+    kv_head = gl.program_id(1)
+    seq = gl.program_id(2)
+    seqlen, lo, hi = _split_range(cache_seqlens, seq, split, num_splits, TILE)
+    if KV_FORMAT == INT4:
+        _consume_int4_t(Q, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                        ks_smem, vs_smem, seq, split, kv_head, seqlen, lo, hi, sm_scale, q_len,
+                        stride_qb, stride_qt, stride_qh, stride_ob, stride_ot, stride_oh,
+                        stride_os, stride_lb, stride_lt, stride_lh, stride_ls, GROUP, IS_CAUSAL,
+                        THREAD_ARRIVE, STORE_LSE)
+    else:
+        _consume_t(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                   ks_smem, vs_smem, seq, split, kv_head, seqlen, lo, hi, sm_scale, q_len,
+                   stride_qb, stride_qt, stride_qh, stride_ksh, stride_vsh, stride_ob,
+                   stride_ot, stride_oh, stride_os, stride_lb, stride_lt, stride_lh, stride_ls,
+                   GROUP, IS_CAUSAL, THREAD_ARRIVE, KV_FORMAT, STORE_LSE, V_BIASED)
