@@ -74,8 +74,7 @@
 #               wave of two CTAs an SM; their tests: gluontests): quant_decode_sweep.py
 #               with the row (Triton) against gluon=1, int8 and fp8, GQA 32/8 and MHA 12/12,
 #               64 x 8192 and 1 x 131072, DTYPES (say "fp16 bf16"); then int8 with its scales
-#               by TMA (--int8-ring: compiled 2026-11-29, 622 instructions a tile a warp
-#               against 780)
+#               a key at a time (--int8-ring 0; by TMA shipped 2026-11-29, eighteenth session)
 #   gluonint4   the Gluon decode's int4 form (compiled for sm_90a 2026-11-29, seventeenth session,
 #               never run: KV_FORMAT 3, 64-byte rows in four 16 KB stages, the (scale, offset)
 #               pairs by TMA with the K tile, 649 instructions a tile a warp against the Triton
@@ -345,7 +344,7 @@ if has gluonint8; then
     timeout 300 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int8,fp8_e4m3 \
       --heads 32/8,12/12 --shapes 64x8192,1x131072 --all --grid 128,4,2 128,4,2,$P,1 \
       2>&1 | grep -v Warn | tail -20
-    # int8's scales by TMA (INT8_SCALES_BY_TMA) against the rows above
+    # int8's scales a key at a time against the rows above (by TMA: INT8_SCALES_BY_TMA)
     timeout 200 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int8 --int8-ring 0 \
       --heads 32/8,12/12 --shapes 64x8192,1x131072 --all --grid 128,4,2,$P,1 \
       2>&1 | grep -v Warn | grep "^|"
