@@ -347,6 +347,23 @@ def _scale_slot_layout(warps, wkeys, sbox):
 
 
 @gluon.jit
+def _tile_counts(seqlen, lo, hi, q_len, IS_CAUSAL: gl.constexpr, TILE: gl.constexpr):
+    """A split's keys ``[lo, hi)`` as tiles: ``(diag, n_full, n_tiles)``, row ``t`` seeing key
+    ``j <= t + diag`` (causal: bottom-right; else every key), the first ``n_full`` tiles wholly
+    visible to every row (the unmasked loop), ``n_tiles`` in all."""
+    if IS_CAUSAL:
+        diag = seqlen - q_len                       # row t sees key j <= t + diag
+        all_see = gl.minimum(hi, diag + 1)
+    else:
+        diag = seqlen
+        all_see = hi
+    full = lo + gl.maximum(all_see - lo, 0) // TILE * TILE
+    n_full = (full - lo) // TILE
+    n_tiles = gl.maximum(hi - lo + TILE - 1, 0) // TILE
+    return diag, n_full, n_tiles
+
+
+@gluon.jit
 def _f16_row_factors(amax):
     """bf16 q rows into fp16's range: for a row's largest magnitude ``amax``, ``(up, down)`` =
     ``(2^(13 - e), 2^(e - 13))`` with ``e = floor(log2(amax))`` (-127 for 0, clamped to

@@ -14,8 +14,8 @@ from .gluon_decode_common import (HEAD_DIM, INT4, INT8, INT8_BIAS, K_OP, K_OP16,
                                   ROW_STATE, V_OP, WARPS, _f16_row_factors, _fp8_pairs_to_f16,
                                   _int4_k_to_f16, _int4_v_to_f16, _int8_pairs_to_f16,
                                   _int8_to_biased_f16, _key_scales, _release, _scale_rows,
-                                  _scale_slot_layout, _split_range, _store_lse, _units_layout,
-                                  _warp_weights)
+                                  _scale_slot_layout, _split_range, _store_lse, _tile_counts,
+                                  _units_layout, _warp_weights)
 from .gluon_prefill import _add, _max
 
 
@@ -374,15 +374,7 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
         if KV_FORMAT == INT4:
             q_hi = (q_hi.to(gl.float32) * gl.expand_dims(up, 2)).to(gl.float16)
 
-    if IS_CAUSAL:
-        diag = seqlen - q_len                       # row t sees key j <= t + diag
-        all_see = gl.minimum(hi, diag + 1)
-    else:
-        diag = seqlen
-        all_see = hi
-    full = lo + gl.maximum(all_see - lo, 0) // TILE * TILE
-    n_full = (full - lo) // TILE
-    n_tiles = gl.maximum(hi - lo + TILE - 1, 0) // TILE
+    diag, n_full, n_tiles = _tile_counts(seqlen, lo, hi, q_len, IS_CAUSAL, TILE)
     rs = gl.arange(0, ROWS, gl.SliceLayout(0, ROW_STATE))
     last_key = rs // GROUP + diag
     if KV16 or KV_FORMAT == INT8 or KV_FORMAT == INT4:   # int8, int4: per-key scales

@@ -15,7 +15,8 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 from .gluon_decode_common import (FP8, HEAD_DIM, INT4, INT8, INT8_BIAS, LOG2E, MMA, PAIR_SMEM,
                                   WARPS, _f16_row_factors, _fp8_pairs_to_f16, _int4_k_to_f16,
                                   _int4_v_to_f16, _int8_pairs_to_f16, _int8_to_biased_f16, _release,
-                                  _scale_slot_layout, _split_range, _units_layout, _warp_weights)
+                                  _scale_slot_layout, _split_range, _tile_counts, _units_layout,
+                                  _warp_weights)
 from .gluon_prefill import _add, _max
 
 
@@ -33,6 +34,24 @@ VA_OP = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
 PB_OP = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2))   # P^T
 KEY_COL = gl.constexpr(gl.SliceLayout(2, MMA))    # per-key values [WARPS, WKEYS] (keys as M)
 ROW_T = gl.constexpr(gl.SliceLayout(1, MMA))      # m, l [WARPS, NR]
+
+
+@gluon.jit
+def _load_q_t(Q, seq, kv_head, q_len, stride_qb, stride_qt, stride_qh, GROUP: gl.constexpr,
+              D: gl.constexpr, FIRST: gl.constexpr):
+    """q^T's channels ``FIRST .. FIRST + D`` of the packed rows (row ``r``: token ``r //
+    GROUP``, q head ``kv_head * GROUP + r % GROUP``; rows past ``GROUP * q_len`` zero) as the
+    B operand ``[WARPS, D, NR]``, the same in every warp."""
+    r = gl.arange(0, NR, gl.SliceLayout(0, gl.SliceLayout(1, QB_OP)))
+    d = gl.arange(0, D, gl.SliceLayout(0, gl.SliceLayout(2, QB_OP)))
+    wq = gl.arange(0, WARPS, gl.SliceLayout(1, gl.SliceLayout(2, QB_OP)))
+    q_row = (r // GROUP) * stride_qt + (kv_head * GROUP + r % GROUP) * stride_qh
+    q_ptrs = (Q + seq.to(gl.int64) * stride_qb + FIRST
+              + gl.expand_dims(gl.expand_dims(wq * 0, 1) + gl.expand_dims(d, 0), 2)
+              + gl.expand_dims(gl.expand_dims(q_row, 0), 1))
+    q_ok = gl.expand_dims(gl.expand_dims(wq >= 0, 1) & gl.expand_dims(d >= 0, 0), 2) \
+        & gl.expand_dims(gl.expand_dims(r < GROUP * q_len, 0), 1)
+    return gl.load(q_ptrs, mask=q_ok, other=0.0)
 
 
 @gluon.jit
@@ -144,31 +163,14 @@ def _consume_t(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v
     TILE: gl.constexpr = k_smem.shape[1]
     WKEYS: gl.constexpr = TILE // WARPS
     gl.static_assert(GROUP <= NR, "swapped operands: at most 8 q heads a KV head")
-    r = gl.arange(0, NR, gl.SliceLayout(0, gl.SliceLayout(1, QB_OP)))
-    d = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, gl.SliceLayout(2, QB_OP)))
-    wq = gl.arange(0, WARPS, gl.SliceLayout(1, gl.SliceLayout(2, QB_OP)))
-    q_row = (r // GROUP) * stride_qt + (kv_head * GROUP + r % GROUP) * stride_qh
-    q_ptrs = (Q + seq.to(gl.int64) * stride_qb
-              + gl.expand_dims(gl.expand_dims(wq * 0, 1) + gl.expand_dims(d, 0), 2)
-              + gl.expand_dims(gl.expand_dims(q_row, 0), 1))
-    q_ok = gl.expand_dims(gl.expand_dims(wq >= 0, 1) & gl.expand_dims(d >= 0, 0), 2) \
-        & gl.expand_dims(gl.expand_dims(r < GROUP * q_len, 0), 1)
-    qt = gl.load(q_ptrs, mask=q_ok, other=0.0)
+    qt = _load_q_t(Q, seq, kv_head, q_len, stride_qb, stride_qt, stride_qh, GROUP, HEAD_DIM, 0)
     ROW_SCALE: gl.constexpr = Q.dtype.element_ty == gl.bfloat16
     if ROW_SCALE:   # bf16 rows times a power of two into fp16 (``_consume``'s)
         qf = qt.to(gl.float32)
         up, down = _f16_row_factors(gl.max(gl.abs(qf), 1))       # [WARPS, NR]
         qt = (qf * gl.expand_dims(up, 1)).to(gl.float16)
 
-    if IS_CAUSAL:
-        diag = seqlen - q_len
-        all_see = gl.minimum(hi, diag + 1)
-    else:
-        diag = seqlen
-        all_see = hi
-    full = lo + gl.maximum(all_see - lo, 0) // TILE * TILE
-    n_full = (full - lo) // TILE
-    n_tiles = gl.maximum(hi - lo + TILE - 1, 0) // TILE
+    diag, n_full, n_tiles = _tile_counts(seqlen, lo, hi, q_len, IS_CAUSAL, TILE)
     rs = gl.arange(0, NR, gl.SliceLayout(0, ROW_T))
     last_key = rs // GROUP + diag
     if KV_FORMAT == INT8:
@@ -310,17 +312,8 @@ def _consume_int4_t(Q, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_em
     PLANE: gl.constexpr = HEAD_DIM // 4
     HALF: gl.constexpr = HEAD_DIM // 2
     gl.static_assert(GROUP <= NR, "swapped operands: at most 8 q heads a KV head")
-    r = gl.arange(0, NR, gl.SliceLayout(0, gl.SliceLayout(1, QB_OP)))
-    d = gl.arange(0, HALF, gl.SliceLayout(0, gl.SliceLayout(2, QB_OP)))
-    wq = gl.arange(0, WARPS, gl.SliceLayout(1, gl.SliceLayout(2, QB_OP)))
-    q_row = (r // GROUP) * stride_qt + (kv_head * GROUP + r % GROUP) * stride_qh
-    q_ptrs = (Q + seq.to(gl.int64) * stride_qb
-              + gl.expand_dims(gl.expand_dims(wq * 0, 1) + gl.expand_dims(d, 0), 2)
-              + gl.expand_dims(gl.expand_dims(q_row, 0), 1))
-    q_ok = gl.expand_dims(gl.expand_dims(wq >= 0, 1) & gl.expand_dims(d >= 0, 0), 2) \
-        & gl.expand_dims(gl.expand_dims(r < GROUP * q_len, 0), 1)
-    q_lo = gl.load(q_ptrs, mask=q_ok, other=0.0)
-    q_hi = gl.load(q_ptrs + HALF, mask=q_ok, other=0.0)
+    q_lo = _load_q_t(Q, seq, kv_head, q_len, stride_qb, stride_qt, stride_qh, GROUP, HALF, 0)
+    q_hi = _load_q_t(Q, seq, kv_head, q_len, stride_qb, stride_qt, stride_qh, GROUP, HALF, HALF)
     ROW_SCALE: gl.constexpr = Q.dtype.element_ty == gl.bfloat16
     if ROW_SCALE:   # bf16 rows times a power of two into fp16 (``_consume``'s)
         lo_f = q_lo.to(gl.float32)
@@ -330,15 +323,7 @@ def _consume_int4_t(Q, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_em
         q_lo = (lo_f * gl.expand_dims(up, 1)).to(gl.float16)
         q_hi = (hi_f * gl.expand_dims(up, 1)).to(gl.float16)
 
-    if IS_CAUSAL:
-        diag = seqlen - q_len
-        all_see = gl.minimum(hi, diag + 1)
-    else:
-        diag = seqlen
-        all_see = hi
-    full = lo + gl.maximum(all_see - lo, 0) // TILE * TILE
-    n_full = (full - lo) // TILE
-    n_tiles = gl.maximum(hi - lo + TILE - 1, 0) // TILE
+    diag, n_full, n_tiles = _tile_counts(seqlen, lo, hi, q_len, IS_CAUSAL, TILE)
     rs = gl.arange(0, NR, gl.SliceLayout(0, ROW_T))
     last_key = rs // GROUP + diag
     qk_scale = sm_scale * LOG2E
