@@ -54,6 +54,22 @@ def _load_q_t(Q, seq, kv_head, q_len, stride_qb, stride_qt, stride_qh, GROUP: gl
     return gl.load(q_ptrs, mask=q_ok, other=0.0)
 
 
+OUT2_T = gl.constexpr(gl.SliceLayout(0, MMA))   # merged outputs [channels, NR]
+
+
+@gluon.jit
+def _out_ptrs_t(Out, seq, split, kv_head, q_len, stride_ob, stride_ot, stride_oh, stride_os,
+                GROUP: gl.constexpr, CH: gl.constexpr):
+    """Where a ``[CH, NR]`` output plane goes (channel ``c`` of the plane at ``Out``'s channel
+    ``2 c``: the caller adds its plane's first channel) and which rows exist: ``(ptrs, ok)``."""
+    ch = gl.arange(0, CH, gl.SliceLayout(1, OUT2_T))
+    ro = gl.arange(0, NR, gl.SliceLayout(0, OUT2_T))
+    o_row = (seq.to(gl.int64) * stride_ob + split * stride_os + (ro // GROUP) * stride_ot
+             + (kv_head * GROUP + ro % GROUP) * stride_oh)
+    return (Out + gl.expand_dims(o_row, 0) + gl.expand_dims(ch * 2, 1),
+            gl.expand_dims(ro < GROUP * q_len, 0))
+
+
 @gluon.jit
 def _softmax_step_t(sc, m_i, l_i, start, hi, last_key, qk_scale, MASKED: gl.constexpr,
                     ROW_SCALE: gl.constexpr):
@@ -210,14 +226,9 @@ def _consume_t(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v
         inv = gl.where(seen, 1.0 / gl.where(seen, l, 1.0), 0.0)
     else:
         inv = gl.where(seen, gl.load(VS + kv_head * stride_vsh) / gl.where(seen, l, 1.0), 0.0)
-    OUT2: gl.constexpr = gl.SliceLayout(0, MMA)
-    ch = gl.arange(0, HEAD_DIM // 2, gl.SliceLayout(1, OUT2))
-    ro = gl.arange(0, NR, gl.SliceLayout(0, OUT2))
-    o_row = (seq.to(gl.int64) * stride_ob + split * stride_os + (ro // GROUP) * stride_ot
-             + (kv_head * GROUP + ro % GROUP) * stride_oh)
-    o_ptrs = Out + gl.expand_dims(o_row, 0) + gl.expand_dims(ch * 2, 1)
-    o_ok = gl.expand_dims(ro < GROUP * q_len, 0)
-    inv_o = gl.expand_dims(gl.convert_layout(inv, gl.SliceLayout(0, OUT2)), 0)
+    o_ptrs, o_ok = _out_ptrs_t(Out, seq, split, kv_head, q_len, stride_ob, stride_ot,
+                               stride_oh, stride_os, GROUP, HEAD_DIM // 2)
+    inv_o = gl.expand_dims(gl.convert_layout(inv, gl.SliceLayout(0, OUT2_T)), 0)
     OT: gl.constexpr = Out.dtype.element_ty
     gl.store(o_ptrs, (o_e * inv_o).to(OT), mask=o_ok)
     gl.store(o_ptrs + 1, (o_o * inv_o).to(OT), mask=o_ok)
@@ -362,15 +373,10 @@ def _consume_int4_t(Q, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_em
     o_oh = gl.reduce(acc_oh * w3, 0, _add)
     b = gl.reduce(b_i * w_unit, 0, _add)                          # [NR]: sum p o
     inv = gl.where(seen, 1.0 / gl.where(seen, l, 1.0), 0.0)
-    OUT2: gl.constexpr = gl.SliceLayout(0, MMA)
-    pu = gl.arange(0, PLANE, gl.SliceLayout(1, OUT2))
-    ro = gl.arange(0, NR, gl.SliceLayout(0, OUT2))
-    o_row = (seq.to(gl.int64) * stride_ob + split * stride_os + (ro // GROUP) * stride_ot
-             + (kv_head * GROUP + ro % GROUP) * stride_oh)
-    o_ptrs = Out + gl.expand_dims(o_row, 0) + gl.expand_dims(pu * 2, 1)
-    o_ok = gl.expand_dims(ro < GROUP * q_len, 0)
-    inv_o = gl.expand_dims(gl.convert_layout(inv, gl.SliceLayout(0, OUT2)), 0)
-    b_o = gl.expand_dims(gl.convert_layout(b, gl.SliceLayout(0, OUT2)), 0)
+    o_ptrs, o_ok = _out_ptrs_t(Out, seq, split, kv_head, q_len, stride_ob, stride_ot,
+                               stride_oh, stride_os, GROUP, PLANE)
+    inv_o = gl.expand_dims(gl.convert_layout(inv, gl.SliceLayout(0, OUT2_T)), 0)
+    b_o = gl.expand_dims(gl.convert_layout(b, gl.SliceLayout(0, OUT2_T)), 0)
     OT: gl.constexpr = Out.dtype.element_ty
     gl.store(o_ptrs, ((o_el + b_o) * inv_o).to(OT), mask=o_ok)
     gl.store(o_ptrs + 1, ((o_ol + b_o) * inv_o).to(OT), mask=o_ok)
