@@ -7,6 +7,8 @@ are allocated NaN-filled, so an element the kernels fail to write shows up as a 
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from conftest import DEVICE, poison_empty
@@ -559,12 +561,17 @@ def test_token_major_int4_pages_take_head_pairs_where_they_can_run(monkeypatch):
     """The plan's default config (``paged.decode._default_config``) on a 132-SM Hopper: int4
     pages stored token-major take the head-pair row when the pairs can run (even KV head count,
     head dim 128, fp16/bf16 q) and their launch fills its waves (``PAIR_WAVE_FILL``), else the
-    format's row; head-major pages, other formats and fp32 q never take it."""
+    format's row; head-major pages, other formats and fp32 q never take it. (The rows compare
+    with ``gluon`` off: where int4 takes the Gluon decode is test_gluon_decode.py's.)"""
     from kvonce.kernels import configs
     from kvonce.paged.decode import PAIR_WAVE_FILL, _default_config
     monkeypatch.setattr(configs, "interpreter_active", lambda: False)  # the Hopper rows, on a CPU
     table = configs._PAGED_DECODE_QUANT_TABLE
-    pairs, int4 = table[((9, 0), "int4/token-major")][128], table[((9, 0), "int4")][128]
+    def rows(config):
+        return dataclasses.replace(config, gluon=False)
+
+    pairs = rows(table[((9, 0), "int4/token-major")][128])
+    int4 = rows(table[((9, 0), "int4")][128])
     assert pairs.head_pairs and not int4.head_pairs and pairs.programs_per_sm == 2
 
     def pick(batch, keys, heads, heads_k, dtype=torch.float16, head_major=False, fmt="int4",
@@ -575,24 +582,25 @@ def test_token_major_int4_pages_take_head_pairs_where_they_can_run(monkeypatch):
         if head_major:
             k = k.transpose(1, 2).contiguous().transpose(1, 2)
         table_ = torch.empty(batch, keys // 16, dtype=torch.int32)
-        return _default_config((9, 0), 132, q, k, table_, fmt, {"int4": 3, "int8": 2}[fmt])
+        return rows(_default_config((9, 0), 132, q, k, table_, fmt, {"int4": 3, "int8": 2}[fmt]))
 
     # GQA 32/8 64 x 8192: 256 pair programs (0.97 of a wave); 1 x 131072: 66 splits, one wave;
     # MHA 64 x 8192: 384 pairs = 2.9 programs an SM, two splits (the slow band from 2.3): 2.91
     # waves of 3
-    assert pick(64, 8192, 32, 8) is pairs and pick(64, 8192, 32, 8, torch.bfloat16) is pairs
-    assert pick(1, 131072, 32, 8) is pairs and pick(1, 131072, 12, 12) is pairs
+    assert pick(64, 8192, 32, 8) == pairs and pick(64, 8192, 32, 8, torch.bfloat16) == pairs
+    assert pick(1, 131072, 32, 8) == pairs and pick(1, 131072, 12, 12) == pairs
     assert decode.choose_num_splits(64, 6, 8192, 132, pairs) == 2
-    assert pick(64, 8192, 12, 12) is pairs
+    assert pick(64, 8192, 12, 12) == pairs
     # MHA 32 x 8192 and 16 x 4096: 192 pair programs, 0.73 of a wave: one head a program
     assert 192 / 264 < PAIR_WAVE_FILL
-    assert pick(32, 8192, 12, 12) is int4 and pick(16, 4096, 12, 12) is int4
-    assert pick(0, 8192, 32, 8) is int4  # an empty batch: one program, a sliver of a wave
-    assert pick(64, 8192, 32, 8, head_major=True) is int4
-    assert pick(64, 8192, 24, 3) is int4  # odd KV head counts: one head a program
-    assert pick(64, 8192, 32, 8, head_dim=64) is configs.get_paged_decode_config((9, 0), 64, "int4")
-    assert pick(64, 8192, 32, 8, torch.float32) is configs._PAGED_DECODE_FALLBACK
-    assert pick(64, 8192, 32, 8, fmt="int8") is table[((9, 0), "int8")][128]
+    assert pick(32, 8192, 12, 12) == int4 and pick(16, 4096, 12, 12) == int4
+    assert pick(0, 8192, 32, 8) == int4  # an empty batch: one program, a sliver of a wave
+    assert pick(64, 8192, 32, 8, head_major=True) == int4
+    assert pick(64, 8192, 24, 3) == int4  # odd KV head counts: one head a program
+    assert pick(64, 8192, 32, 8, head_dim=64) == rows(
+        configs.get_paged_decode_config((9, 0), 64, "int4"))
+    assert pick(64, 8192, 32, 8, torch.float32) == rows(configs._PAGED_DECODE_FALLBACK)
+    assert pick(64, 8192, 32, 8, fmt="int8") == rows(table[((9, 0), "int8")][128])
 
 
 @pytest.mark.parametrize("fmt", ["plain", "int4"])

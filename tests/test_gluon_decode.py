@@ -2,8 +2,9 @@
 (``PagedDecodeConfig.gluon``, the fp8 and int8 Hopper rows; fp16 and bf16 queries): on a Hopper
 GPU against the float32 reference on the dequantized cache and against the Triton kernel, with
 cache slots no sequence owns holding NaN bytes (and NaN scales), eager, in a CUDA graph, through
-the custom op and under torch.compile; int8's scales read a key at a time and the int4 form (not
-routed: slower than the Triton row) routed by the tests themselves. On the CPU the routing (which launches take it, their split
+the custom op and under torch.compile; int8's scales read a key at a time, int4's row-major
+consumers (not routed: slower than the Triton row) and fp8's / int8's swapped ones (not routed)
+taken by the tests themselves. On the CPU the routing (which launches take it, their split
 counts) is checked on meta tensors (Gluon has no interpreter)."""
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from conftest import HAS_CUDA, poison_empty
 
 import kvonce
 import kvonce.paged.decode as decode
-from kvonce.kernels import gluon_decode
+from kvonce.kernels import configs, gluon_decode
 from kvonce.kernels.configs import _PAGED_DECODE_QUANT_TABLE
 from kvonce.paged.splits import GLUON_MIN_KEYS, gluon_num_splits
 from kvonce.reference import paged_attention_ref
@@ -24,20 +25,14 @@ HOPPER = HAS_CUDA and torch.cuda.get_device_capability() == (9, 0)
 hopper_only = pytest.mark.skipif(not HOPPER, reason="the Gluon kernel needs an sm_90 GPU")
 FP8_ROW = _PAGED_DECODE_QUANT_TABLE[((9, 0), "fp8_e4m3")][128]
 INT8_ROW = _PAGED_DECODE_QUANT_TABLE[((9, 0), "int8")][128]
-# int4 (correct on the H200, slower than the Triton row, 2026-11-29): not routed
-# (``GLUON_FORMATS``); its cases take the token-major int4 row with ``gluon`` on, routed by
-# ``_route_int4``.
+# int4: the plan's default turns ``gluon`` on where it pays (``gluon_int4_pays``); the cases
+# pass the token-major row with it on, which then runs it at any launch that fits.
 INT4_ROW = dataclasses.replace(_PAGED_DECODE_QUANT_TABLE[((9, 0), "int4/token-major")][128],
                                gluon=True)
 ROWS = {"fp8_e4m3": FP8_ROW, "int8": INT8_ROW, "int4": INT4_ROW}
 FORMAT_CODES = {"fp8_e4m3": 1, "int8": 2, "int4": 3}
 KV_FORMATS = {"int4": "int4"}    # the plan's kv_format (a uint8 cache says int4 only by it)
 QDTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-def _route_int4(monkeypatch):
-    """The plan may route int4 caches to the Gluon decode (``GLUON_FORMATS`` with 3)."""
-    monkeypatch.setattr(gluon_decode, "GLUON_FORMATS", (*gluon_decode.GLUON_FORMATS, 3))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -78,8 +73,13 @@ def _meta_plan(monkeypatch, *, batch=4, q_len=1, nheads=32, nheads_k=8, head_dim
                max_keys=16384, q_dtype=torch.float16, cache_dtype=torch.float8_e4m3fn,
                head_major=False, config=FP8_ROW, capability=(9, 0), kv_format=None,
                token_major_pairs=False):
+    """A plan on meta tensors, on an sm_90 device of 132 SMs by default, with ``config`` as its
+    default row (``None``: the plan's own ``_default_config``)."""
     monkeypatch.setattr(decode, "device_info", lambda device: (capability, 132))
-    monkeypatch.setattr(decode, "_default_config", lambda *a: config)
+    if config is not None:
+        monkeypatch.setattr(decode, "_default_config", lambda *a: config)
+    else:   # the GPU's rows, not the interpreter's (which the CPU suite runs under)
+        monkeypatch.setattr(configs, "interpreter_active", lambda: False)
     meta = dict(device="meta")  # shapes only: nothing launches, on any machine
     pages = batch * max_keys // page
     q = torch.empty(batch, q_len, nheads, head_dim, dtype=q_dtype, **meta)
@@ -131,9 +131,9 @@ def test_routing_follows_the_formats_and_query_dtypes(monkeypatch):
 
 
 def test_swapped_operands_where_the_rows_fit(monkeypatch):
-    """``GLUON_SWAP_AB`` (compiled, not yet run): launches whose packed rows fit the swapped
-    dots' N (8) take them, fp8 at once and int8 / int4 where their scales come by ring; wider
-    ones keep the row-major consumers."""
+    """``GLUON_SWAP_FORMATS``: launches whose packed rows fit the swapped dots' N (8) take them,
+    fp8 at once and int8 / int4 where their scales come by ring; wider ones keep the row-major
+    consumers. Shipped for int4 only."""
     def launch(nheads=32, nheads_k=8, q_len=1, kv_format=1):
         meta = dict(device="meta")
         q = torch.empty(2, q_len, nheads, 128, dtype=torch.float16, **meta)
@@ -143,7 +143,7 @@ def test_swapped_operands_where_the_rows_fit(monkeypatch):
                                                    causal=False, num_splits=2, store_lse=True,
                                                    kv_format=kv_format)
 
-    monkeypatch.setattr(gluon_decode, "GLUON_SWAP_AB", True)
+    monkeypatch.setattr(gluon_decode, "GLUON_SWAP_FORMATS", (1, 2, 3))
     for kwargs, swapped in ((dict(), True), (dict(nheads=12, nheads_k=12), True),
                             (dict(q_len=2), True), (dict(q_len=4), False),
                             (dict(nheads=32, nheads_k=2), False), (dict(kv_format=2), True),
@@ -152,18 +152,18 @@ def test_swapped_operands_where_the_rows_fit(monkeypatch):
         assert la.swap == swapped
         assert la.ring_constexprs["SWAP_AB"] == swapped
         assert la.constexprs["SWAP_AB"] == (swapped and kwargs.get("kv_format", 1) == 1)
-    monkeypatch.setattr(gluon_decode, "GLUON_SWAP_AB", False)
+    monkeypatch.undo()
     la = launch()
     assert not la.swap and not la.constexprs["SWAP_AB"] and not la.ring_constexprs["SWAP_AB"]
+    assert not launch(kv_format=2).swap
+    assert launch(kv_format=3).swap and not launch(kv_format=3, q_len=4).swap
 
 
 def test_int4_launches_where_routed(monkeypatch):
-    """int4 (``KV_FORMAT`` 3, correct, slower than the Triton row): with 3 in ``GLUON_FORMATS``
-    and a row with ``gluon`` on, token-major 64-byte rows take the Gluon decode, short launches at a wave of
+    """int4 (``KV_FORMAT`` 3) with a row with ``gluon`` on: token-major 64-byte rows with their
+    (scale, offset) pairs stored head-major take the Gluon decode, short launches at a wave of
     two CTAs an SM as int8's."""
     int4 = dict(cache_dtype=torch.uint8, kv_format="int4", config=INT4_ROW)
-    assert not _meta_plan(monkeypatch, **int4).uses_gluon
-    _route_int4(monkeypatch)
     plan = _meta_plan(monkeypatch, batch=1, max_keys=131072, **int4)
     assert plan.uses_gluon and plan.num_splits == 32
     plan = _meta_plan(monkeypatch, batch=64, nheads=12, nheads_k=12, max_keys=8192,
@@ -173,16 +173,43 @@ def test_int4_launches_where_routed(monkeypatch):
     assert not _meta_plan(monkeypatch, head_dim=64, **int4).uses_gluon
     # the pairs come by TMA, a page's of one KV head a row: token-major pairs keep Triton
     assert not _meta_plan(monkeypatch, token_major_pairs=True, **int4).uses_gluon
+    monkeypatch.setattr(gluon_decode, "GLUON_FORMATS", (1, 2))
+    assert not _meta_plan(monkeypatch, **int4).uses_gluon
 
 
-@pytest.mark.parametrize("case", ["int4 (not routed)", "head-major", "fp32 q",
+@pytest.mark.parametrize("capability", [(9, 0), (8, 0)])
+def test_int4_default_rows_take_the_gluon_decode_where_it_pays(monkeypatch, capability):
+    """The plan's own int4 rows (``_default_config``) keep ``gluon`` where the Gluon decode
+    measured faster than the Triton int4 row (``gluon_int4_pays``: 0.7 of a wave of two CTAs an
+    SM or more, at most 8 packed q rows), on sm_90 only; fp8's row keeps it everywhere."""
+    int4 = dict(cache_dtype=torch.uint8, kv_format="int4", config=None, capability=capability)
+    hopper = capability == (9, 0)
+
+    def takes(**kwargs):
+        plan = _meta_plan(monkeypatch, **{**int4, **kwargs})
+        assert plan.uses_gluon == plan.config.gluon
+        return plan.uses_gluon
+
+    assert takes(batch=64, max_keys=8192) == hopper                      # 512 CTAs
+    assert takes(batch=24, max_keys=8192) == hopper                      # 192
+    assert takes(batch=16, nheads=12, nheads_k=12, max_keys=8192) == hopper
+    assert takes(batch=128, max_keys=4096, q_dtype=torch.bfloat16) == hopper
+    assert takes(batch=64, q_len=2, max_keys=8192) == hopper             # 8 packed rows
+    assert not takes(batch=16, max_keys=8192)                # 128 CTAs: Triton measured faster
+    assert not takes(batch=1, max_keys=131072)               # split launches too
+    assert not takes(batch=64, q_len=4, max_keys=8192)       # 16 rows: no swapped operands
+    assert not takes(batch=64, nheads=32, nheads_k=2, max_keys=8192)
+    fp8 = dict(config=None, capability=capability)
+    assert _meta_plan(monkeypatch, batch=1, max_keys=131072, **fp8).uses_gluon == hopper
+
+
+@pytest.mark.parametrize("case", ["int4 short", "head-major", "fp32 q",
                                   "group x q_len 32", "head dim 64", "short", "sm_80",
                                   "row without gluon", "int8 row without gluon"])
 def test_other_launches_keep_the_triton_decode(monkeypatch, case):
     """Every launch the Gluon kernel cannot run (or was not measured on) keeps the Triton one,
     with the row's own split rule."""
-    kwargs = {"int4 (not routed)": dict(cache_dtype=torch.uint8, kv_format="int4",
-                                        config=INT4_ROW),
+    kwargs = {"int4 short": dict(cache_dtype=torch.uint8, kv_format="int4", config=None),
               "head-major": dict(head_major=True),
               "fp32 q": dict(q_dtype=torch.float32),
               "group x q_len 32": dict(q_len=8),
@@ -268,11 +295,11 @@ def _spy_scale_rings(monkeypatch) -> list:
 
 # The formats' routes: int8's scales as quantize_kv stores them (head-major) by TMA ("int8 ring",
 # INT8_SCALES_BY_TMA, shipped) or read a key at a time ("int8"), or stored token-major ("int8
-# token-major scales": a key at a time, other strides); int4's always by TMA (not routed:
-# _route_int4); "int8 v-biased": by TMA with V as 1152 + x (INT8_V_BIASED: compiled, not yet run
-# when written).
-# "... swapped": the swapped-operand consumers (GLUON_SWAP_AB, compiled, not yet run when
-# written) where the packed rows fit 8.
+# token-major scales": a key at a time, other strides); int4's always by TMA, row-major
+# consumers ("int4": not routed) or swapped ("int4 swapped", routed); "int8 v-biased": by TMA
+# with V as 1152 + x (INT8_V_BIASED: correct, not faster, off).
+# "... swapped": the swapped-operand consumers (GLUON_SWAP_FORMATS: int4's shipped, fp8's and
+# int8's correct and not faster) where the packed rows fit 8.
 ROUTES = ["fp8_e4m3", "int8 ring", "int8", "int8 token-major scales", "int4", "int8 v-biased",
           "fp8_e4m3 swapped", "int8 swapped", "int8 swapped v-biased", "int4 swapped"]
 RING_ROUTES = ("int8 ring", "int4", "int8 v-biased", "int8 swapped", "int8 swapped v-biased",
@@ -343,14 +370,39 @@ def _gluon_plan(fmt, nheads, nheads_k, lens):
 
 
 def _take_route(route, monkeypatch) -> str:
-    """The format of a ``ROUTES`` entry, its route set up (int4 routed, int8 scales by TMA)."""
+    """The format of a ``ROUTES`` entry, its route set up (int8 scales by TMA or a key at a time,
+    V biased or not, swapped operands or row-major consumers)."""
     fmt = route.split()[0]
-    if fmt == "int4":
-        _route_int4(monkeypatch)
     monkeypatch.setattr(gluon_decode, "INT8_SCALES_BY_TMA", route in RING_ROUTES)
     monkeypatch.setattr(gluon_decode, "INT8_V_BIASED", "v-biased" in route)
-    monkeypatch.setattr(gluon_decode, "GLUON_SWAP_AB", "swapped" in route)
+    monkeypatch.setattr(gluon_decode, "GLUON_SWAP_FORMATS",
+                        (1, 2, 3) if "swapped" in route else ())
     return fmt
+
+
+@hopper_only
+@pytest.mark.parametrize("q_dtype", ["fp16", "bf16"])
+def test_int4_default_plan_takes_the_gluon_decode_where_it_pays(q_dtype):
+    """The plan's own int4 row (no config given) at 48 sequences x 8 KV heads (384 CTAs, 1.5
+    of a wave of two on 132 SMs; ``gluon_int4_pays`` wherever the GPU has at most 274 SMs) runs
+    the Gluon decode's swapped operands and matches the reference, with unowned slots poisoned;
+    one sequence keeps the Triton kernel."""
+    lens = [2048 - 37 * i for i in range(48)]
+    q, kq, vq, ks, vs, seqlens, table, kd, vd = _case("int4", 48, 1, 32, 8, 16, lens, 2048,
+                                                      q_dtype=QDTYPES[q_dtype])
+    ref = paged_attention_ref(q.float(), kd, vd, seqlens, table)[0]
+    _poison_unowned(kq, vq, ks, vs, seqlens, table)
+    plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
+                                  kv_format="int4")
+    assert plan.uses_gluon and plan.config.gluon
+    with poison_empty:
+        out = plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs)
+    assert all(la.swap for la in plan._launches.values())
+    rel = ((out.float() - ref).norm() / ref.norm()).item()
+    assert rel < (2e-3 if q_dtype == "fp16" else 8e-3), f"relative error {rel:.2e}"
+    one = kvonce.PagedDecodePlan(q[:1], kq, vq, seqlens[:1], table[:1], k_scale=ks,
+                                 v_scale=vs, kv_format="int4")
+    assert not one.uses_gluon and not one.config.gluon
 
 
 @hopper_only

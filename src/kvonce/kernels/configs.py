@@ -430,6 +430,10 @@ _paged_warned: set = set()
 # (H200), 1 x 131072 90.6 / 76.6, but MHA 64 x 8192 467.9 / 422.2 (its split count follows
 # programs_per_sm): not this row yet. bf16 q through fp16 rows (`f16_math`, now int4's too).
 _QUANT_SPLITS = dict(slow_programs_per_sm=(3.5, 6.5), one_pass_programs_per_sm=(5.0, 6.0))
+# The plan's default turns `gluon` on (the Gluon decode's swapped operands, kernels/
+# gluon_decode.py) where the launch has 0.7 of a wave of two CTAs an SM or more
+# (paged/decode.py _default_config, paged/splits.py gluon_int4_pays): 1-10% faster there (H200,
+# 2026-11-29, nineteenth session), slower below; a caller's row keeps the Triton kernel.
 _INT4 = PagedDecodeConfig(128, 4, 3, **_QUANT_SPLITS,
                           max_registers=168,
                           outlier_max_registers=168, prefetch_pages=True, f16_math=True)

@@ -1,9 +1,9 @@
-"""Warp-specialized Hopper (sm_90a) paged decode in Gluon for fp8 e4m3 and int8 KV caches: the
+"""Warp-specialized Hopper (sm_90a) paged decode in Gluon for fp8 e4m3, int8 and int4 KV caches: the
 contract of ``_paged_decode_kernel`` (kernels/paged_decode.py) with SPLIT (float32 partials,
 merged by ``paged_combine``; one split stores out itself), for fp16 and bf16 queries, head dim
 128, pages a multiple of 16 keys.
 
-WIRED on sm_90 (``PagedDecodeConfig.gluon``, the fp8 and int8 rows; ``paged_fits`` says which
+WIRED on sm_90 (``PagedDecodeConfig.gluon``, the fp8, int8 and int4 rows; ``paged_fits`` says which
 launches, ``PagedGluonDecodeLaunch`` is the plan's launch): two CTAs an SM at two ring stages
 (``GLUON_PLAN_VARIANT``). On the lent H200 (2026-11-29, CUDA graphs, decode + combine) the fp8
 form ran 1.07-1.12x the Triton kernel at the ``bench quant`` shapes with its own split counts
@@ -17,9 +17,13 @@ stages, the Triton row's splits) the fp8 form was 2-11% slower.
 int8's per-key scales come by TMA with each K tile where stored head-major (``SCALE_RING``: the
 loader copies a box's scales, one row of their head-major storage, into a ring beside K's;
 ``INT8_SCALES_BY_TMA``: 623 instructions a tile a warp against 780, 2-3% faster at 64 x 8192 on
-the H200). An int4 form (``KV_FORMAT`` 3, ``_tile_int4``: 64-byte rows, the nibble planes,
-scales by ring; 649 instructions against the Triton int4 loop's 734) is correct on the H200 but
-9-13% slower than the Triton int4 row, so not in ``GLUON_FORMATS``.
+the H200). An int4 form (``KV_FORMAT`` 3, 64-byte rows, the nibble planes, scales by ring)
+runs with swapped operands (``GLUON_SWAP_FORMATS``: keys as the dots' M, the packed q rows as
+N = 8; 516 instructions a tile a warp against the Triton int4 loop's 734): 1-10% faster than
+the Triton int4 row where a launch has about 0.7 of a wave of two CTAs an SM or more (H200,
+2026-11-29, nineteenth session), slower below (split launches); the plan routes it there only
+(``paged.splits.gluon_int4_pays``). The row-major int4 form (``_tile_int4``) was 9-13% slower
+than Triton: kept for rows over 8 where a caller forces it, not routed.
 (docs/notes.md, "A Gluon decode for the quantized caches"; ``make kernel-check``.)
 
 16-bit caches (fp16 / bf16 pages and q, no scales: a 16-bit descriptor, 64-key tiles so that a
@@ -413,10 +417,10 @@ def combine_partials(out_partial, lse_partial, out, lse=None) -> None:
 # the idle K ring. H200, 2026-11-29, graphs, at the plan's split counts: 1.07-1.12x the Triton
 # kernel, 2-3% ahead of three stages at 64 x 8192 and even to 1% behind at 1 x 131072.
 GLUON_PLAN_VARIANT = dict(stages=2, ctas_per_sm=2, ring_merge=True)
-# int4: the same bytes in flight in 16 KB stages. Correct on the H200 (tests/test_gluon_decode.py,
-# 2026-11-29 eighteenth session) but 9-13% slower than the Triton int4 row's default (GQA 32/8
-# 64 x 8192 218.6 us against 199.2, 1 x 131072 70.6 against 61.9; MHA 12/12 324.1 / 96.5
-# against 294.8 / 85.7): not routed (``GLUON_FORMATS``).
+# int4: the same bytes in flight in 16 KB stages. Row-major consumers: correct on the H200
+# (tests/test_gluon_decode.py, 2026-11-29 eighteenth session) but 9-13% slower than the Triton
+# int4 row (GQA 32/8 64 x 8192 218.6 us against 199.2, 1 x 131072 70.6 against 61.9; MHA 12/12
+# 324.1 / 96.5 against 294.8 / 85.7); swapped (GLUON_SWAP_FORMATS) the routed form.
 INT4_VARIANT = dict(stages=4, ctas_per_sm=2, ring_merge=False)
 # int8 scales stored head-major (quantize_kv's) by TMA with each K tile (``SCALE_RING``: 623
 # instructions a tile a warp against 780 with a load a key). H200, 2026-11-29 eighteenth
@@ -426,15 +430,20 @@ INT4_VARIANT = dict(stages=4, ctas_per_sm=2, ring_merge=False)
 INT8_SCALES_BY_TMA = True
 # int8 V as ``1152 + x``, the bias off each tile's dot start (``_tile``'s V_BIASED; compiled
 # for sm_90a 2026-11-29: 573 instructions a tile a warp against 623, the masked tile 662 against
-# 854; not yet run on a GPU): off until tests/test_gluon_decode.py has run it.
+# 854): correct on the H200 but not faster (nineteenth session, graphs, GQA 32/8 then MHA 12/12
+# at 64 x 8192 / 1 x 131072: 274.1 / 87.5, 404.1 / 119.6 us against 274.4 / 87.7, 403.8 /
+# 119.9; swapped, 270.8 / 87.5, 396.9 / 116.8 against 270.2 / 87.7, 397.8 / 116.8): off.
 INT8_V_BIASED = False
-# The consumers' dots with swapped operands (``_consume_t``, ``_consume_int4_t``: keys as M, q
-# rows as N = 8) where the packed rows fit 8, for fp8 and for int8 / int4 with their scales by
-# ring (compiled for sm_90a 2026-11-29: fp8 373 instructions a tile a warp against 453, int8 504
-# against 623 and, with INT8_V_BIASED, 472 against 573, int4 516 against 649 (the Triton int4
-# loop: 734); 157-175 registers against ~210-230; not yet run on a GPU): off until
-# tests/test_gluon_decode.py has run it. int4 is still routed only where GLUON_FORMATS has 3.
-GLUON_SWAP_AB = False
+# The cache formats whose consumers take swapped operands (``_consume_t``, ``_consume_int4_t``:
+# keys as M, q rows as N = 8) where the packed rows fit 8 (int8 / int4 with their scales by
+# ring). Compiled for sm_90a 2026-11-29: fp8 373 instructions a tile a warp against 453, int8 504
+# against 623, int4 516 against 649 (the Triton int4 loop: 734); 157-175 registers against
+# ~210-230. On the H200 (nineteenth session, graphs; every route correct) fewer instructions
+# paid only for int4: fp8 / int8 ran 1-2% slower (GQA 32/8 64 x 8192 261.5 / 270.2 us against
+# 257.6 / 267.2, 1 x 131072 81.4 / 87.7 against 80.2 / 85.9; MHA 12/12 381.7 / 397.8 against
+# 378.8 / 394.8), int4 1-10% faster than the Triton int4 row from 192 CTAs (GQA 64 x 8192 191.3
+# against 198.0, MHA 278.1 against 294.7; ``paged.splits.gluon_int4_pays``).
+GLUON_SWAP_FORMATS = (3,)
 # Split launches merged by their last split (an arrival count a (sequence, KV head), the
 # partials read back through L2, no combine launch; commit 4f3a76e) measured 0-3% slower than the
 # combine kernel (H200, graphs, 2026-11-29: fp8 GQA 32/8 1 x 131072 84.2 us against 82.5, int8
@@ -444,8 +453,9 @@ GLUON_SWAP_AB = False
 # against 82.0, MHA 12/12 114.5 against 113.0; H200, graphs, 2026-11-29): not taken. One split
 # stores out and LSE itself (no combine, no scratch): GQA 32/8 64 x 8192 262.2 us against 269.1
 # through the partials, MHA 12/12 386.4 against 389.8.
-# The cache formats (QUANT_FORMATS codes) the plan may route here: fp8 e4m3 (1), int8 (2).
-GLUON_FORMATS = (1, 2)
+# The cache formats (QUANT_FORMATS codes) the plan may route here: fp8 e4m3 (1), int8 (2), int4
+# (3; the plan's default rows only where ``paged.splits.gluon_int4_pays``).
+GLUON_FORMATS = (1, 2, 3)
 # The query dtypes: bf16 rows are scaled into fp16 once a CTA (the loop unchanged).
 GLUON_QUERY_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -454,7 +464,7 @@ def paged_fits(q, k_cache, v_cache, kv_format: int, outlier_values=None, k_scale
                v_scale=None) -> bool:
     """Whether the Gluon decode runs this launch: q ``[batch, q_len, nheads, 128]`` of a dtype in
     ``GLUON_QUERY_DTYPES`` (fp16, bf16) with GQA group x q_len <= 16, a cache of a format in
-    ``GLUON_FORMATS`` (fp8 e4m3: 1, int8: 2; int4: 3 compiled, not routed) of token-major
+    ``GLUON_FORMATS`` (fp8 e4m3: 1, int8: 2, int4: 3) of token-major
     contiguous pages (``[num_pages, page_size, nheads_k, 128]``, int4 64 bytes a row; page_size a
     multiple of 16, rows under 2^31), int4's (scale, offset) pairs stored head-major
     (``head_major_scales``; ``k_scale`` / ``v_scale`` where given), no dense-and-sparse keys
@@ -552,10 +562,10 @@ class PagedGluonDecodeLaunch:
                                TILE_KEYS=0, KV_FORMAT=kv_format,
                                STORE_LSE=store_lse or not self.direct,
                                V_BIASED=kv_format == INT8.value and INT8_V_BIASED)
-        # swapped operands (GLUON_SWAP_AB): packed rows <= 8; fp8, or int8 / int4 with their
-        # scales by ring (so int8's choice waits for the call's scales: ``ring_constexprs``)
+        # swapped operands (GLUON_SWAP_FORMATS): packed rows <= 8; fp8, or int8 / int4 with
+        # their scales by ring (so int8's choice waits for the call's scales: ``ring_constexprs``)
         rows = nheads // nheads_k * q_len
-        self.swap = GLUON_SWAP_AB and rows <= NR.value and kv_format in (1, 2, 3)
+        self.swap = kv_format in GLUON_SWAP_FORMATS and rows <= NR.value
         self.ring_constexprs = dict(self.constexprs, SCALE_RING=True, SWAP_AB=self.swap)
         self.constexprs["SWAP_AB"] = self.swap and kv_format == FP8.value
         self.key = ("gluon-decode", q.dtype, self.ints, self.tail_ints,

@@ -28,7 +28,7 @@ from .checks import (QUANT_FORMATS, check_block_table_values, check_device_ok, c
                      validate_quantized_cache)
 from .prefix import plan_cascade
 from .splits import (FALLBACK_MIN_KEYS, GLUON_MIN_KEYS, busy_splits, choose_num_splits,
-                     gluon_num_splits)
+                     gluon_int4_pays, gluon_num_splits)
 
 __all__ = ["paged_attention", "PagedDecodePlan", "choose_num_splits"]
 
@@ -106,20 +106,28 @@ def _default_config(capability, num_sms, q, k_cache, block_table, kv_format,
     (a key's KV heads adjacent: ``k_cache.stride(2)`` is one head's row) take the format's
     token-major row where its head pairs can run (``head_pairs_eligible``) and their launch
     fills its waves (``PAIR_WAVE_FILL``, counted as ``choose_num_splits`` counts programs), else
-    the general one."""
+    the general one; int4 on sm_90 with ``gluon`` turned on where the Gluon decode pays
+    (``gluon_int4_pays``: the rows keep it off, so that a caller's row runs Triton)."""
     head_dim, nheads_k = q.shape[-1], k_cache.shape[2]
     row = functools.partial(get_paged_decode_config, capability, head_dim, kv_format,
                             q.element_size(), bf16=q.dtype == torch.bfloat16)
     config = row(token_major=kv_format is not None and k_cache.stride(2) == k_cache.shape[3])
-    if not config.head_pairs:
-        return config
-    if not head_pairs_eligible(config, kv_code, q.dtype, head_dim, nheads_k):
-        return row()
-    batch, pairs = q.shape[0], nheads_k // 2
-    splits = choose_num_splits(batch, pairs, block_table.shape[1] * k_cache.shape[1], num_sms,
-                               config)
-    waves = max(1, batch * pairs * splits) / (config.programs_per_sm * num_sms)
-    return config if waves / math.ceil(waves) >= PAIR_WAVE_FILL else row()
+    if config.head_pairs and not head_pairs_eligible(config, kv_code, q.dtype, head_dim,
+                                                     nheads_k):
+        config = row()
+    elif config.head_pairs:
+        batch, pairs = q.shape[0], nheads_k // 2
+        splits = choose_num_splits(batch, pairs, block_table.shape[1] * k_cache.shape[1],
+                                   num_sms, config)
+        waves = max(1, batch * pairs * splits) / (config.programs_per_sm * num_sms)
+        if waves / math.ceil(waves) < PAIR_WAVE_FILL:
+            config = row()
+    # int4 on sm_90 takes the Gluon decode where it measured faster (``gluon_int4_pays``)
+    rows = q.shape[1] * (q.shape[2] // max(1, nheads_k))
+    if (kv_format == "int4" and capability == (9, 0)
+            and gluon_int4_pays(q.shape[0] * nheads_k, rows, num_sms)):
+        config = dataclasses.replace(config, gluon=True)
+    return config
 
 
 def _gluon_fits(q, k_cache, v_cache, kv_format: int, outlier_values=None, k_scale=None,

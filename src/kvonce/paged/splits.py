@@ -6,7 +6,7 @@ import math
 
 from ..kernels.configs import PagedDecodeConfig
 
-__all__ = ["choose_num_splits", "busy_splits", "gluon_num_splits", "GLUON_MIN_KEYS",
+__all__ = ["choose_num_splits", "busy_splits", "gluon_num_splits", "gluon_int4_pays", "GLUON_MIN_KEYS",
            "MAX_SPLITS", "FALLBACK_MIN_KEYS"]
 
 MAX_SPLITS = 256
@@ -69,6 +69,25 @@ GLUON_WAVE_FILL = 0.8          # the last wave's fill a split count must reach (
 # decode was measured from 2048 keys up only (H200, graphs, at this rule's splits: 32/8 64 x 2048
 # 1.10x the Triton plan, 12/12 16 x 2048 1.07x, 32/8 4 x 4096 1.22x).
 GLUON_MIN_KEYS = 2048
+
+
+# int4 on the Gluon decode (swapped operands, kernels/gluon_decode.py) against the Triton int4
+# row (H200, graphs, 2026-11-29, nineteenth session, fp16 q; bf16 alike), us, GQA 32/8 at
+# 16 / 24 / 32 / 48 / 64 x 8192 and 128 x 4096 (128 to 1024 CTAs): 65.3 / 90.0 / 98.9 / 164.6 /
+# 192.2 / 201.7 against 62.3 / 96.3 / 107.6 / 166.7 / 199.7 / 213.6; MHA 12/12 (192 to 1536
+# CTAs) 90.0 / 138.7 / 155.9 / 238.8 / 277.2 / 287.4 against 96.0 / 154.5 / 160.3 / 257.3 /
+# 296.4 / 289.6; split launches lost (1 x 131072: 71.5 against 61.7, MHA 88.9 / 85.6).
+GLUON_INT4_FROM = 0.7          # of a wave of GLUON_CTAS_PER_SM CTAs an SM (192 / 264 = 0.73)
+GLUON_INT4_MAX_ROWS = 8        # packed q rows (GQA group x q_len): the swapped dots' N
+
+
+def gluon_int4_pays(base: int, rows: int, num_sms: int) -> bool:
+    """Whether an int4 launch of ``base = batch * nheads_k`` CTAs a split and ``rows`` packed q
+    rows (GQA group x q_len) runs faster on the Gluon decode than on the Triton int4 row: its
+    swapped operands (rows <= ``GLUON_INT4_MAX_ROWS``) and at least ``GLUON_INT4_FROM`` of a wave
+    of two CTAs an SM (the measurements above)."""
+    return (rows <= GLUON_INT4_MAX_ROWS
+            and base >= GLUON_INT4_FROM * GLUON_CTAS_PER_SM * num_sms)
 
 
 def gluon_num_splits(base: int, max_keys: int, num_sms: int,
