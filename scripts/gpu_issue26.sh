@@ -75,18 +75,18 @@
 #               with the row (Triton) against gluon=1, int8 and fp8, GQA 32/8 and MHA 12/12,
 #               64 x 8192 and 1 x 131072, DTYPES (say "fp16 bf16"); then int8 with its scales
 #               a key at a time (--int8-ring 0; by TMA shipped 2026-11-29, eighteenth session)
-#   gluonint4   the Gluon decode's int4 form (compiled for sm_90a 2026-11-29, seventeenth session,
-#               never run: KV_FORMAT 3, 64-byte rows in four 16 KB stages, the (scale, offset)
-#               pairs by TMA with the K tile, 649 instructions a tile a warp against the Triton
-#               int4 loop's 734; not routed, GLUON_FORMATS; its tests: gluontests):
-#               quant_decode_sweep.py --gluon-int4, the int4 rows
+#   gluonint4   the Gluon decode's int4 form (KV_FORMAT 3, 64-byte rows in four 16 KB stages, the
+#               (scale, offset) pairs by TMA with the K tile; swapped operands shipped where
+#               gluon_int4_pays, 2026-11-29 nineteenth session; its tests: gluontests):
+#               quant_decode_sweep.py, the int4 rows
 #               (Triton) against gluon=1 at the plan's splits and at 16 / 32 / 64 for
 #               1 x 131072, GQA 32/8 and MHA 12/12, DTYPES
 #   ringvs      int8 on the Gluon decode: its scales a key at a time against by TMA (DTYPES)
-#   vbias       int8 V as 1152 + x on the Gluon decode (INT8_V_BIASED, compiled only): its tests,
-#               then the sweep against the shipped int8 route (DTYPES)
-#   swap        the Gluon decode's swapped-operand consumers (GLUON_SWAP_AB, compiled only): their
-#               tests, then fp8 / int8 (V_BIASED off, on) against the shipped routes (DTYPES);
+#   vbias       int8 V as 1152 + x on the Gluon decode (INT8_V_BIASED: correct, measured even,
+#               off): its tests, then the sweep against the shipped int8 route (DTYPES)
+#   swap        the Gluon decode's swapped-operand consumers (GLUON_SWAP_FORMATS: int4's shipped,
+#               fp8's / int8's 1-2% slower): their tests, then fp8 / int8 (V_BIASED off, on)
+#               against the shipped routes, int4 swapped or not (--swap-ab) (DTYPES);
 #               STEP_TESTS=0 skips vbias's and swap's tests (run them at once, in parallel:
 #               ROUTES="vbias swap" bash scripts/gluon_routes_test.sh)
 #   prefix      the shared-prefix decode after 2026-11-29's fourteenth session (the chunk loop's
@@ -354,10 +354,10 @@ if has gluonint4; then
   step gluonint4
   P=-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1
   for dt in ${DTYPES:-fp16}; do
-    timeout 150 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int4 --gluon-int4 \
+    timeout 150 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int4 \
       --heads 32/8,12/12 --shapes 64x8192 --all --grid 128,4,3 128,4,3,$P,1 2>&1 \
       | grep -v Warn | tail -6
-    timeout 150 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int4 --gluon-int4 \
+    timeout 150 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int4 \
       --heads 32/8,12/12 --shapes 1x131072 --all --grid 128,4,3,$P,1 --splits 0,16,32,64 \
       2>&1 | grep -v Warn | tail -6
   done
@@ -398,7 +398,7 @@ if has vbias; then
 fi
 if has swap; then
   step swap
-  # the swapped-operand consumers (GLUON_SWAP_AB; compiled 2026-11-29 eighteenth session: fp8
+  # the swapped-operand consumers (GLUON_SWAP_FORMATS; compiled 2026-11-29 eighteenth session: fp8
   # 373 instructions a tile a warp against 453, int8 504 / 472 with V_BIASED against 623 / 573):
   # their tests (the "... swapped" routes, ~130 cases), then fp8 and int8 (V_BIASED 0 and 1)
   # against the shipped routes, GQA 32/8 and MHA 12/12 (rows 4 and 1), then int4 (516
@@ -414,13 +414,13 @@ if has swap; then
         --grid 128,4,2,$P,1 2>&1 | grep -v Warn | grep "^|" | grep -v "^|--\|^| heads"
     done
     for sw in 0 1; do
-      timeout 150 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int4 --gluon-int4 \
+      timeout 150 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int4 \
         --swap-ab $sw --heads 32/8,12/12 --shapes 64x8192,1x131072 --all \
         --grid 128,4,3 128,4,3,$P,1 2>&1 | grep -v Warn | grep "^|" | grep -v "^|--\|^| heads"
     done
     # fewer instructions a tile: do int8 / int4 still want a wave of two CTAs an SM?
     timeout 200 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int8,int4 \
-      --gluon-int4 --swap-ab 1 --heads 32/8,12/12 --shapes 1x131072 --all \
+      --swap-ab 1 --heads 32/8,12/12 --shapes 1x131072 --all \
       --grid 128,4,2,$P,1 --splits 0,11,16,22,32 2>&1 | grep -v Warn | grep -v "^|"
   done
 fi

@@ -8,8 +8,8 @@ max_registers[, swap_ab[, f16_math[, int64_kv_offsets[, v_pairs[, slow_lo[, roun
 outlier_max_registers[, prefetch_pages[, merge_splits_at_once[, head_pairs[, gluon]]]]]]]]]]]]]]];
 -1 keeps the row's value; slow_lo x sets slow_programs_per_sm to (x, 6.5)). ``gluon`` 1: the Gluon
 decode (kernels/gluon_decode.py, its own split count) where the launch fits it (the other fields
-then do not apply to it; ``--gluon-int4`` lets it take int4, ``--int8-ring`` brings int8's
-scales by TMA); every entry runs the Triton
+then do not apply to it; ``--int8-ring`` brings int8's scales by TMA, ``--swap-ab`` picks the
+swapped-operand consumers); every entry runs the Triton
 kernel otherwise. ``--splits``: each entry also at these split counts (0: the plan's).
 ``--outliers N``: every quantized cache as dense-and-sparse keys (``KeyOutliers``, N fp16 channels per KV head from the first 2048 keys),
 its launches with ``key_outliers=``.
@@ -54,18 +54,15 @@ def main():
     p.add_argument("--shapes", default="", help="only these BATCHxLEN, comma-separated")
     p.add_argument("--heads", default="32/8", help="q/kv head counts, comma-separated")
     p.add_argument("--dtype", default="fp16", choices=("fp16", "bf16"), help="queries and cache")
-    p.add_argument("--gluon-int4", action="store_true",
-                   help="let gluon=1 entries route int4 caches (GLUON_FORMATS + 3: compiled, "
-                        "not routed by default)")
     p.add_argument("--int8-ring", type=int, default=1, choices=(0, 1),
                    help="gluon=1 entries bring head-major int8 scales by TMA "
                         "(INT8_SCALES_BY_TMA, 1 shipped) or 0: a load a key")
     p.add_argument("--int8-v-biased", type=int, default=0, choices=(0, 1),
                    help="gluon=1 entries convert int8 V to 1152 + x, the bias off at the end "
-                        "(INT8_V_BIASED: compiled 2026-11-29, off by default)")
-    p.add_argument("--swap-ab", type=int, default=0, choices=(0, 1),
+                        "(INT8_V_BIASED: measured even on the H200, off by default)")
+    p.add_argument("--swap-ab", type=int, default=-1, choices=(-1, 0, 1),
                    help="gluon=1 entries run the swapped-operand consumers where the packed rows "
-                        "fit 8 (GLUON_SWAP_AB: compiled 2026-11-29, off by default)")
+                        "fit 8: 1 every format, 0 none, -1 the shipped GLUON_SWAP_FORMATS (int4)")
     p.add_argument("--splits", default="0",
                    help="split counts each grid entry runs at, comma-separated (0: the plan's)")
     p.add_argument("--layout", default="nhd", choices=("nhd", "hnd"), help="page storage")
@@ -87,11 +84,10 @@ def main():
     heads = [tuple(int(x) for x in h.split("/")) for h in args.heads.split(",")]
     splits_list = [int(x) for x in args.splits.split(",")]
     from kvonce.kernels import gluon_decode
-    if args.gluon_int4:
-        gluon_decode.GLUON_FORMATS = (*gluon_decode.GLUON_FORMATS, 3)
     gluon_decode.INT8_SCALES_BY_TMA = bool(args.int8_ring)
     gluon_decode.INT8_V_BIASED = bool(args.int8_v_biased)
-    gluon_decode.GLUON_SWAP_AB = bool(args.swap_ab)
+    if args.swap_ab >= 0:
+        gluon_decode.GLUON_SWAP_FORMATS = (1, 2, 3) if args.swap_ab else ()
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     print("| heads | batch x len | format | best (block_n, warps, stages) | us | 2nd | 3rd | default us |"
           " fp16 us | speedup |")

@@ -35,7 +35,8 @@
   key measured no different either way in the Triton kernel (404 / 405 us). The Gluon decode
   (kernels/gluon_decode.py) brings head-major int8 runs by TMA with each K tile (``SCALE_RING``:
   2-3% faster than a load a key on the H200, 2026-11-29) and reads other strides a key at a
-  time; its int4 form (not routed) takes only head-major pairs.
+  time; its int4 form (swapped operands, where ``paged.splits.gluon_int4_pays``) takes only
+  head-major pairs (token-major ones keep the Triton kernel).
 """
 from __future__ import annotations
 
