@@ -89,6 +89,10 @@
 #               against the shipped routes, int4 swapped or not (--swap-ab) (DTYPES);
 #               STEP_TESTS=0 skips vbias's and swap's tests (run them at once, in parallel:
 #               ROUTES="vbias swap" bash scripts/gluon_routes_test.sh)
+#   gluonncu    ncu on the Gluon decode (fp8, int8, int4 swapped) and the Triton int4 row at GQA
+#               32/8 64 x 8192 and 1 x 131072: issue rate and the stall reasons a warp an issue
+#               (the nineteenth session found the loops latency-bound: fewer instructions did
+#               not pay), DRAM throughput; what to hide next
 #   prefix      the shared-prefix decode after 2026-11-29's fourteenth session (the chunk loop's
 #               masked band under a branch, the suffix decode in int32 with the d128 row, the op
 #               carrying the configs' flags: compiled and CPU-tested only): its GPU tests, then
@@ -422,6 +426,29 @@ if has swap; then
     timeout 200 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int8,int4 \
       --swap-ab 1 --heads 32/8,12/12 --shapes 1x131072 --all \
       --grid 128,4,2,$P,1 --splits 0,11,16,22,32 2>&1 | grep -v Warn | grep -v "^|"
+  done
+fi
+if has gluonncu; then
+  step gluonncu
+  M=gpu__time_duration.sum,sm__cycles_active.avg,smsp__inst_executed.sum
+  M=$M,smsp__issue_active.avg.per_cycle_active,sm__warps_active.avg.per_cycle_active
+  M=$M,dram__throughput.avg.pct_of_peak_sustained_elapsed
+  for r in long_scoreboard short_scoreboard barrier wait math_pipe_throttle mio_throttle \
+      lg_throttle sleeping dispatch_stall no_instruction not_selected selected \
+      branch_resolving membar; do
+    M=$M,smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio
+  done
+  # "set" runs the plan's launch with config fields changed (decode_ncu_case.py)
+  for c in "fp8_e4m3 32 8 64 8192" "int8 32 8 64 8192" "int4 32 8 64 8192" \
+      "int4 32 8 64 8192 set=gluon=0" "fp8_e4m3 32 8 1 131072" "int4 32 8 1 131072" \
+      "int4 32 8 1 131072 set=gluon=1"; do
+    echo "-- $c"
+    set -- $c
+    SET=""; [[ ${6:-} == set=* ]] && SET=${6#set=}
+    (cd scripts && DECODE_CASE_SET=$SET PYTHONPATH=../src:. timeout 150 ncu --clock-control \
+      none --kernel-name regex:"gluon_decode|paged_decode" --launch-skip 1 --launch-count 1 \
+      --metrics $M python3 decode_ncu_case.py $1 $2 $3 $4 $5 2>&1 \
+      | grep -E "^\s+(gpu|sm|smsp|dram|launch)__|_kernel")
   done
 fi
 if has prefix; then
