@@ -93,6 +93,10 @@
 #               32/8 64 x 8192 and 1 x 131072: issue rate and the stall reasons a warp an issue
 #               (the nineteenth session found the loops latency-bound: fewer instructions did
 #               not pay), DRAM throughput; what to hide next
+#   t256        int4's swapped consumers in 256-key tiles (INT4_SWAPPED_TILE_KEYS, compiled
+#               2026-11-29 nineteenth session: 455 instructions a 128 keys a warp against 515, a
+#               chain of 64 keys a warp): their tests (the "t256" route), then int4 at 128 / 256
+#               against the Triton row, GQA 32/8 and MHA 12/12, from 16 x 8192 to 1 x 131072
 #   prefix      the shared-prefix decode after 2026-11-29's fourteenth session (the chunk loop's
 #               masked band under a branch, the suffix decode in int32 with the d128 row, the op
 #               carrying the configs' flags: compiled and CPU-tested only): its GPU tests, then
@@ -449,6 +453,21 @@ if has gluonncu; then
       none --kernel-name regex:"gluon_decode|paged_decode" --launch-skip 1 --launch-count 1 \
       --metrics $M python3 decode_ncu_case.py $1 $2 $3 $4 $5 2>&1 \
       | grep -E "^\s+(gpu|sm|smsp|dram|launch)__|_kernel")
+  done
+fi
+if has t256; then
+  step t256
+  [[ ${STEP_TESTS:-1} == 1 ]] && ROUTES=t256 ROUTE_S=${T256_TEST_S:-300} \
+    bash scripts/gluon_routes_test.sh
+  P=-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1
+  for dt in ${DTYPES:-fp16}; do
+    for t in 128 256; do
+      # the Triton row (gluon 0) beside the Gluon one at this tile, every shape
+      timeout 200 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int4 \
+        --int4-tile $t --heads 32/8,12/12 \
+        --shapes 16x8192,32x8192,64x8192,128x4096,8x16384,1x131072 --all \
+        --grid 128,4,3,$P,0 128,4,3,$P,1 2>&1 | grep -v Warn | grep "^|" | grep -v "^|--"
+    done
   done
 fi
 if has prefix; then

@@ -63,6 +63,9 @@ def main():
     p.add_argument("--swap-ab", type=int, default=-1, choices=(-1, 0, 1),
                    help="gluon=1 entries run the swapped-operand consumers where the packed rows "
                         "fit 8: 1 every format, 0 none, -1 the shipped GLUON_SWAP_FORMATS (int4)")
+    p.add_argument("--int4-tile", type=int, default=0, choices=(0, 128, 256),
+                   help="int4's swapped consumers' tile keys (INT4_SWAPPED_TILE_KEYS: 128 "
+                        "shipped, 256 compiled 2026-11-29); 0 keeps the module's")
     p.add_argument("--splits", default="0",
                    help="split counts each grid entry runs at, comma-separated (0: the plan's)")
     p.add_argument("--layout", default="nhd", choices=("nhd", "hnd"), help="page storage")
@@ -86,6 +89,8 @@ def main():
     from kvonce.kernels import gluon_decode
     gluon_decode.INT8_SCALES_BY_TMA = bool(args.int8_ring)
     gluon_decode.INT8_V_BIASED = bool(args.int8_v_biased)
+    if args.int4_tile:
+        gluon_decode.INT4_SWAPPED_TILE_KEYS = args.int4_tile
     if args.swap_ab >= 0:
         gluon_decode.GLUON_SWAP_FORMATS = (1, 2, 3) if args.swap_ab else ()
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]

@@ -157,6 +157,13 @@ def test_swapped_operands_where_the_rows_fit(monkeypatch):
     assert not la.swap and not la.constexprs["SWAP_AB"] and not la.ring_constexprs["SWAP_AB"]
     assert not launch(kv_format=2).swap
     assert launch(kv_format=3).swap and not launch(kv_format=3, q_len=4).swap
+    # int4 swapped in 256-key tiles (INT4_SWAPPED_TILE_KEYS): two stages of 32 KB
+    assert launch(kv_format=3).ring_constexprs["TILE_KEYS"] == 0
+    monkeypatch.setattr(gluon_decode, "INT4_SWAPPED_TILE_KEYS", 256)
+    for kwargs, tile, stages in ((dict(kv_format=3), 256, 2), (dict(kv_format=3, q_len=4), 0, 4),
+                                 (dict(kv_format=1), 0, 2)):
+        la = launch(**kwargs)
+        assert (la.ring_constexprs["TILE_KEYS"], la.ring_constexprs["STAGES"]) == (tile, stages)
 
 
 def test_int4_launches_where_routed(monkeypatch):
@@ -299,11 +306,13 @@ def _spy_scale_rings(monkeypatch) -> list:
 # consumers ("int4": not routed) or swapped ("int4 swapped", routed); "int8 v-biased": by TMA
 # with V as 1152 + x (INT8_V_BIASED: correct, not faster, off).
 # "... swapped": the swapped-operand consumers (GLUON_SWAP_FORMATS: int4's shipped, fp8's and
-# int8's correct and not faster) where the packed rows fit 8.
+# int8's correct and not faster) where the packed rows fit 8; "t256": int4's in 256-key tiles
+# (INT4_SWAPPED_TILE_KEYS, compiled, not yet run when written).
 ROUTES = ["fp8_e4m3", "int8 ring", "int8", "int8 token-major scales", "int4", "int8 v-biased",
-          "fp8_e4m3 swapped", "int8 swapped", "int8 swapped v-biased", "int4 swapped"]
+          "fp8_e4m3 swapped", "int8 swapped", "int8 swapped v-biased", "int4 swapped",
+          "int4 swapped t256"]
 RING_ROUTES = ("int8 ring", "int4", "int8 v-biased", "int8 swapped", "int8 swapped v-biased",
-               "int4 swapped")
+               "int4 swapped", "int4 swapped t256")
 
 
 @hopper_only
@@ -377,6 +386,7 @@ def _take_route(route, monkeypatch) -> str:
     monkeypatch.setattr(gluon_decode, "INT8_V_BIASED", "v-biased" in route)
     monkeypatch.setattr(gluon_decode, "GLUON_SWAP_FORMATS",
                         (1, 2, 3) if "swapped" in route else ())
+    monkeypatch.setattr(gluon_decode, "INT4_SWAPPED_TILE_KEYS", 256 if "t256" in route else 128)
     return fmt
 
 
@@ -407,7 +417,8 @@ def test_int4_default_plan_takes_the_gluon_decode_where_it_pays(q_dtype):
 
 @hopper_only
 @pytest.mark.parametrize("route", ["fp8_e4m3", "int8", "int8 ring", "int4", "int8 v-biased",
-                                   "fp8_e4m3 swapped", "int8 swapped v-biased", "int4 swapped"])
+                                   "fp8_e4m3 swapped", "int8 swapped v-biased", "int4 swapped",
+                                   "int4 swapped t256"])
 def test_gluon_decode_in_a_cuda_graph_and_compiled(route, monkeypatch):
     fmt = _take_route(route, monkeypatch)
     plan, (q, kq, vq, ks, vs, seqlens, table, kd, vd) = _gluon_plan(fmt, 32, 8, [8192, 4000])

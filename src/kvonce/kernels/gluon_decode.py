@@ -444,6 +444,12 @@ INT8_V_BIASED = False
 # 378.8 / 394.8), int4 1-10% faster than the Triton int4 row from 192 CTAs (GQA 64 x 8192 191.3
 # against 198.0, MHA 278.1 against 294.7; ``paged.splits.gluon_int4_pays``).
 GLUON_SWAP_FORMATS = (3,)
+# int4's swapped consumers in 256-key tiles (two 32 KB stages, the same shared memory as four
+# of 16 KB): each consumer warp's chain (ring wait, converts, dots, softmax, release) then
+# carries 64 keys, where the loops measured latency-bound (the nineteenth session). Compiled
+# for sm_90a 2026-11-29: 909 instructions a 256-key tile a warp (455 a 128 keys against 515),
+# 224 registers (consumers' 232), 16 B spilled outside the tile loops; not yet run on a GPU.
+INT4_SWAPPED_TILE_KEYS = 128
 # Split launches merged by their last split (an arrival count a (sequence, KV head), the
 # partials read back through L2, no combine launch; commit 4f3a76e) measured 0-3% slower than the
 # combine kernel (H200, graphs, 2026-11-29: fp8 GQA 32/8 1 x 131072 84.2 us against 82.5, int8
@@ -553,19 +559,24 @@ class PagedGluonDecodeLaunch:
             lse_strides = (q_len * nheads * s, nheads * s, s, 1)
         self.ints = (q_len, num_splits, q.stride(0), q.stride(1), q.stride(2))
         self.tail_ints = (*out_strides, *lse_strides, block_table.stride(0))
-        # int4: 16 KB a stage (64-byte rows), four of them; its four nibble planes merge
-        # through Triton's reduce scratch
-        variant = INT4_VARIANT if self.int4 else GLUON_PLAN_VARIANT
-        self.constexprs = dict(GROUP=nheads // nheads_k, IS_CAUSAL=bool(causal),
-                               PAGE_SIZE=page_size, STAGES=variant["stages"],
-                               THREAD_ARRIVE=True, RING_MERGE=variant["ring_merge"],
-                               TILE_KEYS=0, KV_FORMAT=kv_format,
-                               STORE_LSE=store_lse or not self.direct,
-                               V_BIASED=kv_format == INT8.value and INT8_V_BIASED)
         # swapped operands (GLUON_SWAP_FORMATS): packed rows <= 8; fp8, or int8 / int4 with
         # their scales by ring (so int8's choice waits for the call's scales: ``ring_constexprs``)
         rows = nheads // nheads_k * q_len
         self.swap = kv_format in GLUON_SWAP_FORMATS and rows <= NR.value
+        # int4: 16 KB a stage (64-byte rows), four of them; its four nibble planes merge
+        # through Triton's reduce scratch. Swapped, INT4_SWAPPED_TILE_KEYS-key tiles in as many
+        # stages as keep those bytes.
+        variant = INT4_VARIANT if self.int4 else GLUON_PLAN_VARIANT
+        tile, stages = 0, variant["stages"]
+        if self.int4 and self.swap and INT4_SWAPPED_TILE_KEYS != BLOCK_N.value:
+            tile = INT4_SWAPPED_TILE_KEYS
+            stages = max(2, stages * BLOCK_N.value // tile)
+        self.constexprs = dict(GROUP=nheads // nheads_k, IS_CAUSAL=bool(causal),
+                               PAGE_SIZE=page_size, STAGES=stages,
+                               THREAD_ARRIVE=True, RING_MERGE=variant["ring_merge"],
+                               TILE_KEYS=tile, KV_FORMAT=kv_format,
+                               STORE_LSE=store_lse or not self.direct,
+                               V_BIASED=kv_format == INT8.value and INT8_V_BIASED)
         self.ring_constexprs = dict(self.constexprs, SCALE_RING=True, SWAP_AB=self.swap)
         self.constexprs["SWAP_AB"] = self.swap and kv_format == FP8.value
         self.key = ("gluon-decode", q.dtype, self.ints, self.tail_ints,

@@ -148,6 +148,12 @@ GLUON_CHECK_SPECS = [
     _check_spec("int4-swap-bf16q-page64-mha-causal-4stages-2cta-direct", 1, 64, stages=4,
                 causal=True, ctas_per_sm=2, kv_format=3, q_dtype="bf16", direct_lse=True,
                 swap_ab=True),
+    # int4 swapped in 256-key tiles, two 32 KB stages (INT4_SWAPPED_TILE_KEYS: compiled only).
+    _check_spec("int4-swap-t256-page16-gqa4-2stages-2cta", 4, 16, stages=2, ctas_per_sm=2,
+                kv_format=3, swap_ab=True, tile_keys=256),
+    _check_spec("int4-swap-t256-bf16q-page256-mha-causal-2stages-2cta-direct", 1, 256,
+                stages=2, causal=True, ctas_per_sm=2, kv_format=3, q_dtype="bf16",
+                direct_lse=True, swap_ab=True, tile_keys=256),
     # int4 (64-byte rows, per-key (scale, offset) pairs by TMA; four 16 KB stages, the merge
     # through the reduce scratch): correct on the H200, 9-13% slower than the Triton row.
     _check_spec("int4-page16-gqa4-4stages-2cta", 4, 16, stages=4, ctas_per_sm=2, kv_format=3),

@@ -239,20 +239,23 @@ def _consume_t(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v
                  mask=rl < GROUP * q_len)
 
 
-# int4's (scale, offset) pairs from a ring slot straight into the swapped scores' key layout
-# (``KEY_COL``: warp w's keys, lane l's l // 4 + {0, 8, 16, 24}, the lane's low two bits
-# broadcast), the pair's two floats the fastest registers (one 8-byte load a key).
-PAIR_LOAD_T = gl.constexpr(gl.DistributedLinearLayout(
-    reg_bases=[[0, 0, 1], [0, 8, 0], [0, 16, 0]],
-    lane_bases=[[0, 0, 0], [0, 0, 0], [0, 1, 0], [0, 2, 0], [0, 4, 0]],
-    warp_bases=[[1, 0, 0], [2, 0, 0]], block_bases=[], shape=[4, 32, 2]))
+@gluon.constexpr_function
+def _pair_load_t(wkeys):
+    """int4's (scale, offset) pairs from a ring slot straight into the swapped scores' key
+    layout (``KEY_COL``: warp w's ``wkeys`` keys, lane l's l // 4 + {0, 8, 16, ..}, the lane's
+    low two bits broadcast), the pair's two floats the fastest registers (one 8-byte load a
+    key)."""
+    reg_bases = [[0, 0, 1]] + [[0, k, 0] for k in (8, 16, 32, 64) if k < wkeys]
+    return gl.DistributedLinearLayout(
+        reg_bases=reg_bases, lane_bases=[[0, 0, 0], [0, 0, 0], [0, 1, 0], [0, 2, 0], [0, 4, 0]],
+        warp_bases=[[1, 0, 0], [2, 0, 0]], block_bases=[], shape=[4, wkeys, 2])
 
 
 @gluon.jit
 def _ring_scale_pairs_t(slot, WKEYS: gl.constexpr):
     """``_ring_scale_pairs`` into ``KEY_COL`` (keys as the swapped dots' M)."""
-    gl.static_assert(WARPS * WKEYS == 128, "PAIR_LOAD_T is the 128-key tile's")
-    pairs = slot._reinterpret(gl.float32, [WARPS, WKEYS, 2], PAIR_SMEM).load(PAIR_LOAD_T)
+    gl.static_assert(WKEYS % 8 == 0, "a warp's keys: whole m8 groups")
+    pairs = slot._reinterpret(gl.float32, [WARPS, WKEYS, 2], PAIR_SMEM).load(_pair_load_t(WKEYS))
     scale, offset = pairs.split()
     return gl.convert_layout(scale, KEY_COL), gl.convert_layout(offset, KEY_COL)
 
