@@ -96,7 +96,8 @@
 #   t256        int4's swapped consumers in 256-key tiles (INT4_SWAPPED_TILE_KEYS, compiled
 #               2026-11-29 nineteenth session: 455 instructions a 128 keys a warp against 515, a
 #               chain of 64 keys a warp): their tests (the "t256" route), then int4 at 128 / 256
-#               against the Triton row, GQA 32/8 and MHA 12/12, from 16 x 8192 to 1 x 131072
+#               against the Triton row (two and three 32 KB stages), GQA 32/8 and MHA 12/12,
+#               from 16 x 8192 to 1 x 131072
 #   prefix      the shared-prefix decode after 2026-11-29's fourteenth session (the chunk loop's
 #               masked band under a branch, the suffix decode in int32 with the d128 row, the op
 #               carrying the configs' flags: compiled and CPU-tested only): its GPU tests, then
@@ -461,10 +462,12 @@ if has t256; then
     bash scripts/gluon_routes_test.sh
   P=-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1
   for dt in ${DTYPES:-fp16}; do
-    for t in 128 256; do
-      # the Triton row (gluon 0) beside the Gluon one at this tile, every shape
+    for t in "128 0" "256 2" "256 3"; do
+      set -- $t
+      # the Triton row (gluon 0) beside the Gluon one at this tile and ring depth, every shape
+      echo "- tile $1, stages $2"
       timeout 200 python3 scripts/quant_decode_sweep.py --dtype $dt --formats int4 \
-        --int4-tile $t --heads 32/8,12/12 \
+        --int4-tile $1 --int4-stages $2 --heads 32/8,12/12 \
         --shapes 16x8192,32x8192,64x8192,128x4096,8x16384,1x131072 --all \
         --grid 128,4,3,$P,0 128,4,3,$P,1 2>&1 | grep -v Warn | grep "^|" | grep -v "^|--"
     done

@@ -66,6 +66,8 @@ def main():
     p.add_argument("--int4-tile", type=int, default=0, choices=(0, 128, 256),
                    help="int4's swapped consumers' tile keys (INT4_SWAPPED_TILE_KEYS: 128 "
                         "shipped, 256 compiled 2026-11-29); 0 keeps the module's")
+    p.add_argument("--int4-stages", type=int, default=0,
+                   help="with --int4-tile 256: its ring stages (INT4_SWAPPED_STAGES; 0: two)")
     p.add_argument("--splits", default="0",
                    help="split counts each grid entry runs at, comma-separated (0: the plan's)")
     p.add_argument("--layout", default="nhd", choices=("nhd", "hnd"), help="page storage")
@@ -91,6 +93,7 @@ def main():
     gluon_decode.INT8_V_BIASED = bool(args.int8_v_biased)
     if args.int4_tile:
         gluon_decode.INT4_SWAPPED_TILE_KEYS = args.int4_tile
+    gluon_decode.INT4_SWAPPED_STAGES = args.int4_stages
     if args.swap_ab >= 0:
         gluon_decode.GLUON_SWAP_FORMATS = (1, 2, 3) if args.swap_ab else ()
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]

@@ -449,7 +449,10 @@ GLUON_SWAP_FORMATS = (3,)
 # carries 64 keys, where the loops measured latency-bound (the nineteenth session). Compiled
 # for sm_90a 2026-11-29: 909 instructions a 256-key tile a warp (455 a 128 keys against 515),
 # 224 registers (consumers' 232), 16 B spilled outside the tile loops; not yet run on a GPU.
+# Three such stages (``INT4_SWAPPED_STAGES`` 3): 114812 B of shared memory (two CTAs an SM
+# still fit), 933 instructions a tile.
 INT4_SWAPPED_TILE_KEYS = 128
+INT4_SWAPPED_STAGES = 0
 # Split launches merged by their last split (an arrival count a (sequence, KV head), the
 # partials read back through L2, no combine launch; commit 4f3a76e) measured 0-3% slower than the
 # combine kernel (H200, graphs, 2026-11-29: fp8 GQA 32/8 1 x 131072 84.2 us against 82.5, int8
@@ -564,13 +567,13 @@ class PagedGluonDecodeLaunch:
         rows = nheads // nheads_k * q_len
         self.swap = kv_format in GLUON_SWAP_FORMATS and rows <= NR.value
         # int4: 16 KB a stage (64-byte rows), four of them; its four nibble planes merge
-        # through Triton's reduce scratch. Swapped, INT4_SWAPPED_TILE_KEYS-key tiles in as many
-        # stages as keep those bytes.
+        # through Triton's reduce scratch. Swapped, INT4_SWAPPED_TILE_KEYS-key tiles in
+        # INT4_SWAPPED_STAGES stages (0: as many as keep those bytes).
         variant = INT4_VARIANT if self.int4 else GLUON_PLAN_VARIANT
         tile, stages = 0, variant["stages"]
         if self.int4 and self.swap and INT4_SWAPPED_TILE_KEYS != BLOCK_N.value:
             tile = INT4_SWAPPED_TILE_KEYS
-            stages = max(2, stages * BLOCK_N.value // tile)
+            stages = INT4_SWAPPED_STAGES or max(2, stages * BLOCK_N.value // tile)
         self.constexprs = dict(GROUP=nheads // nheads_k, IS_CAUSAL=bool(causal),
                                PAGE_SIZE=page_size, STAGES=stages,
                                THREAD_ARRIVE=True, RING_MERGE=variant["ring_merge"],

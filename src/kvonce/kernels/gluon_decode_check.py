@@ -151,6 +151,8 @@ GLUON_CHECK_SPECS = [
     # int4 swapped in 256-key tiles, two 32 KB stages (INT4_SWAPPED_TILE_KEYS: compiled only).
     _check_spec("int4-swap-t256-page16-gqa4-2stages-2cta", 4, 16, stages=2, ctas_per_sm=2,
                 kv_format=3, swap_ab=True, tile_keys=256),
+    _check_spec("int4-swap-t256-page16-gqa4-3stages-2cta", 4, 16, stages=3, ctas_per_sm=2,
+                kv_format=3, swap_ab=True, tile_keys=256),
     _check_spec("int4-swap-t256-bf16q-page256-mha-causal-2stages-2cta-direct", 1, 256,
                 stages=2, causal=True, ctas_per_sm=2, kv_format=3, q_dtype="bf16",
                 direct_lse=True, swap_ab=True, tile_keys=256),
