@@ -6,8 +6,8 @@ import math
 
 from ..kernels.configs import PagedDecodeConfig
 
-__all__ = ["choose_num_splits", "busy_splits", "gluon_num_splits", "gluon_int4_pays", "GLUON_MIN_KEYS",
-           "MAX_SPLITS", "FALLBACK_MIN_KEYS"]
+__all__ = ["choose_num_splits", "busy_splits", "gluon_num_splits", "gluon_int4_pays",
+           "GLUON_MIN_KEYS", "MAX_SPLITS", "FALLBACK_MIN_KEYS"]
 
 MAX_SPLITS = 256
 # The shortest split any row falls back to (the plain rows' ``min_keys_per_split``) where a
