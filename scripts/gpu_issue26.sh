@@ -93,11 +93,15 @@
 #               32/8 64 x 8192 and 1 x 131072: issue rate and the stall reasons a warp an issue
 #               (the nineteenth session found the loops latency-bound: fewer instructions did
 #               not pay), DRAM throughput; what to hide next
-#   t256        int4's swapped consumers in 256-key tiles (INT4_SWAPPED_TILE_KEYS, compiled
-#               2026-11-29 nineteenth session: 455 instructions a 128 keys a warp against 515, a
-#               chain of 64 keys a warp): their tests (the "t256" route), then int4 at 128 / 256
+#   t256        int4's swapped consumers in 256-key tiles (INT4_SWAPPED_TILE_KEYS, 2026-11-29
+#               nineteenth session: 455 instructions a 128 keys a warp against 515, a chain of
+#               64 keys a warp; its 33 tests passed on the H200, GQA 64 x 8192 even with 128-key
+#               tiles at two stages): their tests (the "t256" route), then int4 at 128 / 256
 #               against the Triton row (two and three 32 KB stages), GQA 32/8 and MHA 12/12,
 #               from 16 x 8192 to 1 x 131072
+#   pages       the loader's TMA boxes (a page's rows: 16 x 64 bytes for int4 at page 16): fp8,
+#               int8, int4 on the Gluon decode and their Triton rows at pages of 16 / 64 / 256
+#               keys, GQA 32/8 and MHA 12/12 64 x 8192 (the fp16 cache at the same page size)
 #   prefix      the shared-prefix decode after 2026-11-29's fourteenth session (the chunk loop's
 #               masked band under a branch, the suffix decode in int32 with the d128 row, the op
 #               carrying the configs' flags: compiled and CPU-tested only): its GPU tests, then
@@ -471,6 +475,18 @@ if has t256; then
         --shapes 16x8192,32x8192,64x8192,128x4096,8x16384,1x131072 --all \
         --grid 128,4,3,$P,0 128,4,3,$P,1 2>&1 | grep -v Warn | grep "^|" | grep -v "^|--"
     done
+  done
+fi
+if has pages; then
+  step pages
+  P=-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1
+  dt=${DTYPES:-fp16}
+  for pg in 16 64 256; do
+    echo "- page $pg"
+    timeout 200 python3 scripts/quant_decode_sweep.py --dtype ${dt%% *} --page $pg \
+      --formats fp8_e4m3,int8,int4 --heads 32/8,12/12 --shapes 64x8192 --all \
+      --grid 128,4,3,$P,0 128,4,2,$P,0 128,4,2,$P,1 2>&1 | grep -v Warn | grep "^|" \
+      | grep -v "^|--"
   done
 fi
 if has prefix; then

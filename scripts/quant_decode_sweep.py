@@ -14,7 +14,7 @@ kernel otherwise. ``--splits``: each entry also at these split counts (0: the pl
 ``--outliers N``: every quantized cache as dense-and-sparse keys (``KeyOutliers``, N fp16 channels per KV head from the first 2048 keys),
 its launches with ``key_outliers=``.
 
-GQA 32/8 (or ``--heads``: q/kv head pairs), d128, page 16, random page order, q_len 1, fp16
+GQA 32/8 (or ``--heads``: q/kv head pairs), d128, page 16 (``--page``), random page order, q_len 1, fp16
 queries (``--dtype bf16``: bf16 queries and source cache; "fp16" below is then bf16), the issue's
 three shapes. ``--layout hnd``: every cache and per-token scale stored head-major (the same
 logical tensors, ``kvonce.bench.quant.stored``), the fp16 baseline's too.
@@ -71,6 +71,8 @@ def main():
     p.add_argument("--splits", default="0",
                    help="split counts each grid entry runs at, comma-separated (0: the plan's)")
     p.add_argument("--layout", default="nhd", choices=("nhd", "hnd"), help="page storage")
+    p.add_argument("--page", type=int, default=16,
+                   help="keys a page (the Gluon decode's TMA boxes: a page's rows at most 128)")
     p.add_argument("--all", action="store_true", help="also print every grid entry's time")
     p.add_argument("--outliers", type=int, default=0, help="KeyOutliers with N channels")
     p.add_argument("--grid", nargs="*", default=[],
@@ -101,7 +103,8 @@ def main():
           " fp16 us | speedup |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for (hq, hk), (batch, length) in itertools.product(heads, shapes):
-        q, k, v, table, seqlens, _ = paged_case(hq, hk, batch, length, dtype=dtype)
+        q, k, v, table, seqlens, _ = paged_case(hq, hk, batch, length, dtype=dtype,
+                                                page=args.page)
         k, v = stored(k, args.layout), stored(v, args.layout)
         pages = k.shape[0]
         plan = kvonce.PagedDecodePlan(q, k, v, seqlens, table)
@@ -110,7 +113,7 @@ def main():
             ko, keys = None, k
             if args.outliers:
                 ko = kvonce.new_key_outliers(kvonce.calibrate_outlier_channels(
-                    k.reshape(-1, hk, 128)[:2048], n=args.outliers), pages, 16)
+                    k.reshape(-1, hk, 128)[:2048], n=args.outliers), pages, args.page)
                 keys, sparse = ko.split(k)
                 ko.values.copy_(sparse)
             kq, ks, vq, vs = (stored(t, args.layout) for t in (*kvonce.quantize_kv(keys, fmt),

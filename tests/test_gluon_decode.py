@@ -307,7 +307,7 @@ def _spy_scale_rings(monkeypatch) -> list:
 # with V as 1152 + x (INT8_V_BIASED: correct, not faster, off).
 # "... swapped": the swapped-operand consumers (GLUON_SWAP_FORMATS: int4's shipped, fp8's and
 # int8's correct and not faster) where the packed rows fit 8; "t256": int4's in 256-key tiles
-# (INT4_SWAPPED_TILE_KEYS, compiled, not yet run when written).
+# (INT4_SWAPPED_TILE_KEYS: correct, even with 128-key tiles, off).
 ROUTES = ["fp8_e4m3", "int8 ring", "int8", "int8 token-major scales", "int4", "int8 v-biased",
           "fp8_e4m3 swapped", "int8 swapped", "int8 swapped v-biased", "int4 swapped",
           "int4 swapped t256"]

@@ -448,9 +448,10 @@ GLUON_SWAP_FORMATS = (3,)
 # of 16 KB): each consumer warp's chain (ring wait, converts, dots, softmax, release) then
 # carries 64 keys, where the loops measured latency-bound (the nineteenth session). Compiled
 # for sm_90a 2026-11-29: 909 instructions a 256-key tile a warp (455 a 128 keys against 515),
-# 224 registers (consumers' 232), 16 B spilled outside the tile loops; not yet run on a GPU.
-# Three such stages (``INT4_SWAPPED_STAGES`` 3): 114812 B of shared memory (two CTAs an SM
-# still fit), 933 instructions a tile.
+# 224 registers (consumers' 232), 16 B spilled outside the tile loops. Three such stages
+# (``INT4_SWAPPED_STAGES`` 3): 114812 B of shared memory (two CTAs an SM still fit), 933
+# instructions a tile. On the H200 (nineteenth session): correct (its 33 route cases), and at
+# two stages even with 128-key tiles (GQA 32/8 64 x 8192 194.5 us against 194.8, one call): off.
 INT4_SWAPPED_TILE_KEYS = 128
 INT4_SWAPPED_STAGES = 0
 # Split launches merged by their last split (an arrival count a (sequence, KV head), the

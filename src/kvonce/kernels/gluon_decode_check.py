@@ -148,7 +148,8 @@ GLUON_CHECK_SPECS = [
     _check_spec("int4-swap-bf16q-page64-mha-causal-4stages-2cta-direct", 1, 64, stages=4,
                 causal=True, ctas_per_sm=2, kv_format=3, q_dtype="bf16", direct_lse=True,
                 swap_ab=True),
-    # int4 swapped in 256-key tiles, two 32 KB stages (INT4_SWAPPED_TILE_KEYS: compiled only).
+    # int4 swapped in 256-key tiles, two 32 KB stages (INT4_SWAPPED_TILE_KEYS: correct on the
+    # H200, even with 128-key tiles at two stages; off).
     _check_spec("int4-swap-t256-page16-gqa4-2stages-2cta", 4, 16, stages=2, ctas_per_sm=2,
                 kv_format=3, swap_ab=True, tile_keys=256),
     _check_spec("int4-swap-t256-page16-gqa4-3stages-2cta", 4, 16, stages=3, ctas_per_sm=2,
