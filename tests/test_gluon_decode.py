@@ -120,6 +120,32 @@ def test_fp8_and_int8_launches_take_the_gluon_decode(monkeypatch):
     assert plan.uses_gluon and plan._split_scratch[0] is not None
 
 
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8", "int4"])
+def test_head_major_pages_take_the_gluon_decode(monkeypatch, fmt):
+    """Pages stored head-major (``[num_pages, nheads_k, page_size, row]`` in memory) take the
+    Gluon decode as token-major ones do, its launch told so (``HEAD_MAJOR``); a cache of another
+    storage keeps the Triton kernel."""
+    kw = {"fp8_e4m3": dict(), "int8": dict(cache_dtype=torch.int8, kv_format="int8",
+                                            config=INT8_ROW),
+          "int4": dict(cache_dtype=torch.uint8, kv_format="int4", config=INT4_ROW)}[fmt]
+    plan = _meta_plan(monkeypatch, head_major=True, **kw)
+    assert plan.uses_gluon
+    meta = dict(device="meta")
+    cache = torch.empty(64, 16, 8, 64 if fmt == "int4" else 128, dtype=torch.uint8, **meta)
+    assert not gluon_decode.pages_head_major(cache)
+    hnd = cache.transpose(1, 2).contiguous().transpose(1, 2)
+    assert gluon_decode.pages_head_major(hnd)
+    assert not gluon_decode.pages_head_major(hnd[:, :, :1])      # one KV head: token-major
+    # pages neither token- nor head-major (a page's rows strided apart): Triton
+    padded = torch.empty(64, 16, 8, 256, dtype=torch.uint8, **meta)[..., :cache.shape[3]]
+    q = torch.empty(4, 1, 32, 128, dtype=torch.float16, **meta)
+    code = {"fp8_e4m3": 1, "int8": 2, "int4": 3}[fmt]
+    assert not gluon_decode.paged_fits(q, padded, padded, code)
+    assert not gluon_decode.paged_fits(q, hnd, cache, code)            # K and V alike
+    assert gluon_decode.paged_fits(q, hnd, hnd, code)
+    assert gluon_decode.paged_fits(q, cache, cache, code)
+
+
 def test_routing_follows_the_formats_and_query_dtypes(monkeypatch):
     """``GLUON_FORMATS`` / ``GLUON_QUERY_DTYPES`` say what the route takes."""
     int8 = dict(cache_dtype=torch.int8, kv_format="int8", config=INT8_ROW)
@@ -176,7 +202,7 @@ def test_int4_launches_where_routed(monkeypatch):
     plan = _meta_plan(monkeypatch, batch=64, nheads=12, nheads_k=12, max_keys=8192,
                       q_dtype=torch.bfloat16, **int4)
     assert plan.uses_gluon and plan.num_splits == 1
-    assert not _meta_plan(monkeypatch, head_major=True, **int4).uses_gluon
+    assert _meta_plan(monkeypatch, head_major=True, **int4).uses_gluon
     assert not _meta_plan(monkeypatch, head_dim=64, **int4).uses_gluon
     # the pairs come by TMA, a page's of one KV head a row: token-major pairs keep Triton
     assert not _meta_plan(monkeypatch, token_major_pairs=True, **int4).uses_gluon
@@ -210,14 +236,13 @@ def test_int4_default_rows_take_the_gluon_decode_where_it_pays(monkeypatch, capa
     assert _meta_plan(monkeypatch, batch=1, max_keys=131072, **fp8).uses_gluon == hopper
 
 
-@pytest.mark.parametrize("case", ["int4 short", "head-major", "fp32 q",
+@pytest.mark.parametrize("case", ["int4 short", "fp32 q",
                                   "group x q_len 32", "head dim 64", "short", "sm_80",
                                   "row without gluon", "int8 row without gluon"])
 def test_other_launches_keep_the_triton_decode(monkeypatch, case):
     """Every launch the Gluon kernel cannot run (or was not measured on) keeps the Triton one,
     with the row's own split rule."""
     kwargs = {"int4 short": dict(cache_dtype=torch.uint8, kv_format="int4", config=None),
-              "head-major": dict(head_major=True),
               "fp32 q": dict(q_dtype=torch.float32),
               "group x q_len 32": dict(q_len=8),
               "head dim 64": dict(head_dim=64),
@@ -331,12 +356,16 @@ def test_gluon_decode_matches_reference_and_triton(case, causal, route, q_dtype,
     assert all(la.swap == swapped for la in plan._launches.values())
 
 
-def _check_against_reference_and_triton(case, causal, fmt, q_dtype, token_major_scales=False):
+def _check_against_reference_and_triton(case, causal, fmt, q_dtype, token_major_scales=False,
+                                        head_major=False):
     batch, q_len, nheads, nheads_k, page, lens, max_keys, splits = GPU_CASES[case]
     q, kq, vq, ks, vs, seqlens, table, kd, vd = _case(fmt, batch, q_len, nheads, nheads_k, page,
                                                       lens, max_keys, q_dtype=QDTYPES[q_dtype])
     if token_major_scales:
         ks, vs = ks.contiguous(), vs.contiguous()
+    if head_major:   # the same logical pages stored [num_pages, nheads_k, page_size, row]
+        kq, vq = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (kq, vq))
+        assert gluon_decode.pages_head_major(kq) == (nheads_k > 1)
     tol = 2e-3 if q_dtype == "fp16" else 8e-3    # the output's own rounding
     ref, ref_lse = paged_attention_ref(q.float(), kd, vd, seqlens, table, causal=causal)
     _poison_unowned(kq, vq, ks, vs, seqlens, table)
@@ -366,6 +395,21 @@ def _check_against_reference_and_triton(case, causal, fmt, q_dtype, token_major_
     op_out, op_lse = plan._run_op(q, kq, vq, seqlens, table, ks, vs)
     assert torch.equal(op_out, out) and torch.equal(op_lse, lse)
     return plan
+
+
+@hopper_only
+@pytest.mark.parametrize("q_dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("route", ["fp8_e4m3", "int8 ring", "int4 swapped"])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("case", range(len(GPU_CASES)))
+def test_gluon_decode_on_head_major_pages(case, causal, route, q_dtype, monkeypatch):
+    """Pages stored head-major (a page's keys of one KV head contiguous: one TMA box a page and
+    head, ``HEAD_MAJOR``) on the shipped routes, against the reference and the Triton kernel on
+    the same caches."""
+    fmt = _take_route(route, monkeypatch)
+    plan = _check_against_reference_and_triton(case, causal, fmt, q_dtype, head_major=True)
+    nheads_k = GPU_CASES[case][3]
+    assert all(la.head_major == (nheads_k > 1) for la in plan._launches.values())
 
 
 def _gluon_plan(fmt, nheads, nheads_k, lens):

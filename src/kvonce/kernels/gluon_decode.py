@@ -130,8 +130,13 @@ def _gluon_decode_kernel(
     STAGES: gl.constexpr, THREAD_ARRIVE: gl.constexpr = True, RING_MERGE: gl.constexpr = False,
     TILE_KEYS: gl.constexpr = 0, KV_FORMAT: gl.constexpr = 1, STORE_LSE: gl.constexpr = True,
     SCALE_RING: gl.constexpr = False, V_BIASED: gl.constexpr = False,
-    SWAP_AB: gl.constexpr = False,
+    SWAP_AB: gl.constexpr = False, PROBE: gl.constexpr = 0, LOADERS: gl.constexpr = 1,
+    HEAD_MAJOR: gl.constexpr = False,
 ):
+    # HEAD_MAJOR: pages stored [num_pages, nheads_k, page_size, row] (the descriptors' rows a
+    # (page, KV head)'s keys), else token-major [num_pages, page_size, nheads_k, row].
+    # LOADERS: loader warps (1 or 2), each copying its share of every tile's TMA boxes.
+    # PROBE: the roofline probe (gluon_decode_common's PROBE_MEMORY / PROBE_MATH; 0 the kernel).
     # SWAP_AB: the consumers with swapped operands (gluon_decode_swapped: fp8, int8 / int4 with
     # their scales by ring, GROUP * q_len <= 8), else the row-major ones (gluon_decode_rows).
     # Out / Lse: the float32 split partials (merged by paged_combine), or, with one split, the
@@ -162,38 +167,72 @@ def _gluon_decode_kernel(
         ks_smem = k_smem
         vs_smem = v_smem
     for i in gl.static_range(STAGES):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_ready.index(i), count=LOADERS)    # each loader warp's expect
+        mbarrier.init(v_ready.index(i), count=LOADERS)
         mbarrier.init(k_empty.index(i), count=_release_count(THREAD_ARRIVE))
         mbarrier.init(v_empty.index(i), count=_release_count(THREAD_ARRIVE))
-    # (the partitions' argument lists written twice: a tuple variable would drop constexprs)
-    if SWAP_AB:
+    # (the partitions' argument lists written out: a tuple variable would drop constexprs)
+    if LOADERS == 2:
         gl.warp_specialize([
-            (_consume_swapped,
+            (_consume_any,
              (Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                  cache_seqlens, block_table, sm_scale, q_len, num_splits, stride_qb, stride_qt,
                  stride_qh, stride_ksh, stride_vsh, stride_ob, stride_ot, stride_oh, stride_os,
                  stride_lb, stride_lt, stride_lh, stride_ls, stride_btb, stride_ksp, stride_kst,
                  stride_vsp, stride_vst, ks_smem, vs_smem, GROUP, IS_CAUSAL, THREAD_ARRIVE,
                  RING_MERGE, KV_FORMAT, PAGE_SIZE, STORE_LSE, SCALE_RING,
-                 V_BIASED and KV_FORMAT == INT8)),
+                 V_BIASED and KV_FORMAT == INT8, PROBE, SWAP_AB)),
             (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                  cache_seqlens, block_table, num_splits, stride_btb, KS, VS, ks_smem, vs_smem,
-                 PAGE_SIZE, SCALE_RING)),
-        ], [LOADER_WARPS], [LOADER_REGS])
+                 PAGE_SIZE, SCALE_RING, PROBE, 0, 2, HEAD_MAJOR)),
+            (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                 cache_seqlens, block_table, num_splits, stride_btb, KS, VS, ks_smem, vs_smem,
+                 PAGE_SIZE, SCALE_RING, PROBE, 1, 2, HEAD_MAJOR)),
+        ], [LOADER_WARPS, LOADER_WARPS], [LOADER_REGS, LOADER_REGS])
     else:
+        gl.static_assert(LOADERS == 1, "one or two loader warps")
         gl.warp_specialize([
-            (_consume, (Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+            (_consume_any,
+             (Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                  cache_seqlens, block_table, sm_scale, q_len, num_splits, stride_qb, stride_qt,
                  stride_qh, stride_ksh, stride_vsh, stride_ob, stride_ot, stride_oh, stride_os,
                  stride_lb, stride_lt, stride_lh, stride_ls, stride_btb, stride_ksp, stride_kst,
                  stride_vsp, stride_vst, ks_smem, vs_smem, GROUP, IS_CAUSAL, THREAD_ARRIVE,
                  RING_MERGE, KV_FORMAT, PAGE_SIZE, STORE_LSE, SCALE_RING,
-                 V_BIASED and KV_FORMAT == INT8)),
+                 V_BIASED and KV_FORMAT == INT8, PROBE, SWAP_AB)),
             (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                  cache_seqlens, block_table, num_splits, stride_btb, KS, VS, ks_smem, vs_smem,
-                 PAGE_SIZE, SCALE_RING)),
+                 PAGE_SIZE, SCALE_RING, PROBE, 0, 1, HEAD_MAJOR)),
         ], [LOADER_WARPS], [LOADER_REGS])
+
+
+@gluon.jit
+def _consume_any(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                 cache_seqlens, block_table, sm_scale, q_len, num_splits, stride_qb, stride_qt,
+                 stride_qh, stride_ksh, stride_vsh, stride_ob, stride_ot, stride_oh, stride_os,
+                 stride_lb, stride_lt, stride_lh, stride_ls, stride_btb, stride_ksp, stride_kst,
+                 stride_vsp, stride_vst, ks_smem, vs_smem, GROUP: gl.constexpr,
+                 IS_CAUSAL: gl.constexpr, THREAD_ARRIVE: gl.constexpr,
+                 RING_MERGE: gl.constexpr, KV_FORMAT: gl.constexpr, PAGE_SIZE: gl.constexpr,
+                 STORE_LSE: gl.constexpr, SCALE_RING: gl.constexpr, V_BIASED: gl.constexpr,
+                 PROBE: gl.constexpr, SWAP_AB: gl.constexpr):
+    """The consumer partition: the swapped-operand consumers (SWAP_AB) or the row-major ones,
+    both on the same arguments."""
+    if SWAP_AB:
+        _consume_swapped(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty,
+                         v_empty, cache_seqlens, block_table, sm_scale, q_len, num_splits,
+                         stride_qb, stride_qt, stride_qh, stride_ksh, stride_vsh, stride_ob,
+                         stride_ot, stride_oh, stride_os, stride_lb, stride_lt, stride_lh,
+                         stride_ls, stride_btb, stride_ksp, stride_kst, stride_vsp, stride_vst,
+                         ks_smem, vs_smem, GROUP, IS_CAUSAL, THREAD_ARRIVE, RING_MERGE,
+                         KV_FORMAT, PAGE_SIZE, STORE_LSE, SCALE_RING, V_BIASED, PROBE)
+    else:
+        _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                 cache_seqlens, block_table, sm_scale, q_len, num_splits, stride_qb, stride_qt,
+                 stride_qh, stride_ksh, stride_vsh, stride_ob, stride_ot, stride_oh, stride_os,
+                 stride_lb, stride_lt, stride_lh, stride_ls, stride_btb, stride_ksp, stride_kst,
+                 stride_vsp, stride_vst, ks_smem, vs_smem, GROUP, IS_CAUSAL, THREAD_ARRIVE,
+                 RING_MERGE, KV_FORMAT, PAGE_SIZE, STORE_LSE, SCALE_RING, V_BIASED, PROBE)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -463,6 +502,13 @@ INT4_SWAPPED_STAGES = 0
 # against 82.0, MHA 12/12 114.5 against 113.0; H200, graphs, 2026-11-29): not taken. One split
 # stores out and LSE itself (no combine, no scratch): GQA 32/8 64 x 8192 262.2 us against 269.1
 # through the partials, MHA 12/12 386.4 against 389.8.
+# Loader warps by cache format (QUANT_FORMATS code; ``LOADERS``): each issues its share of a
+# tile's TMA boxes (int4 at page 16: 32 a 128-key tile, K, V and their scale pairs, 18 KB).
+GLUON_LOADERS = {1: 1, 2: 1, 3: 1}
+# The roofline probe (a measurement: gluon_decode_common's PROBE_MEMORY 1 / PROBE_MATH 2, the
+# shipped fp8 / int8 row-major and int4 swapped consumers; scripts/quant_decode_probe.py sets
+# it before building its plans): 0, the kernel.
+ROOFLINE_PROBE = 0
 # The cache formats (QUANT_FORMATS codes) the plan may route here: fp8 e4m3 (1), int8 (2), int4
 # (3; the plan's default rows only where ``paged.splits.gluon_int4_pays``).
 GLUON_FORMATS = (1, 2, 3)
@@ -474,10 +520,10 @@ def paged_fits(q, k_cache, v_cache, kv_format: int, outlier_values=None, k_scale
                v_scale=None) -> bool:
     """Whether the Gluon decode runs this launch: q ``[batch, q_len, nheads, 128]`` of a dtype in
     ``GLUON_QUERY_DTYPES`` (fp16, bf16) with GQA group x q_len <= 16, a cache of a format in
-    ``GLUON_FORMATS`` (fp8 e4m3: 1, int8: 2, int4: 3) of token-major
-    contiguous pages (``[num_pages, page_size, nheads_k, 128]``, int4 64 bytes a row; page_size a
-    multiple of 16, rows under 2^31), int4's (scale, offset) pairs stored head-major
-    (``head_major_scales``; ``k_scale`` / ``v_scale`` where given), no dense-and-sparse keys
+    ``GLUON_FORMATS`` (fp8 e4m3: 1, int8: 2, int4: 3) of contiguous pages
+    (``[num_pages, page_size, nheads_k, 128]``, int4 64 bytes a row, stored token-major or
+    head-major, K and V alike; page_size a multiple of 16, under 2^31 (key, head) rows), int4's
+    (scale, offset) pairs stored head-major (``head_major_scales``; ``k_scale`` / ``v_scale`` where given), no dense-and-sparse keys
     (the caller also checks the device: sm_90). Shapes, dtypes and strides only (meta tensors
     answer too; the caches' 16-byte alignment is checked by each call)."""
     if (kv_format not in GLUON_FORMATS or outlier_values is not None
@@ -489,15 +535,31 @@ def paged_fits(q, k_cache, v_cache, kv_format: int, outlier_values=None, k_scale
     row = HEAD_DIM.value // 2 if kv_format == INT4.value else HEAD_DIM.value
     if (d != row or page_size % 16 or nheads_k == 0 or q.shape[2] % nheads_k
             or (q.shape[2] // nheads_k) * q.shape[1] > ROWS.value
-            or num_pages * page_size >= 2**31):
+            or num_pages * page_size * nheads_k >= 2**31):   # TMA rows: int32
         return False
+    head_major = pages_head_major(k_cache)
     for t in (k_cache, v_cache):
-        if (t.shape != k_cache.shape or t.stride(3) != 1 or t.stride(2) != d
-                or t.stride(1) != nheads_k * d or t.stride(0) != page_size * t.stride(1)):
+        if (t.shape != k_cache.shape or t.stride(3) != 1
+                or t.stride() != _page_strides(t.shape, head_major)):
             return False
     if kv_format == INT4.value:
         return all(sc is None or head_major_scales(sc) for sc in (k_scale, v_scale))
     return True
+
+
+def _page_strides(shape, head_major: bool) -> tuple:
+    """A paged cache's contiguous strides, token-major ``[num_pages, page_size, nheads_k, row]``
+    or head-major (memory ``[num_pages, nheads_k, page_size, row]``)."""
+    _, page_size, nheads_k, row = shape
+    if head_major:
+        return (nheads_k * page_size * row, row, page_size * row, 1)
+    return (page_size * nheads_k * row, nheads_k * row, row, 1)
+
+
+def pages_head_major(cache) -> bool:
+    """Whether a paged cache ``[num_pages, page_size, nheads_k, row]`` is stored head-major
+    (memory ``[num_pages, nheads_k, page_size, row]``, contiguous; one KV head's: token-major)."""
+    return cache.shape[2] > 1 and cache.stride() == _page_strides(cache.shape, True)
 
 
 def head_major_scales(scale) -> bool:
@@ -547,6 +609,7 @@ class PagedGluonDecodeLaunch:
         self.grid = (num_splits, nheads_k, batch)
         self.box = min(box_rows(page_size), BLOCK_N.value)
         self.row = k_cache.shape[3]                     # bytes a key (int4: 64)
+        self.head_major = pages_head_major(k_cache)
         self.layout = gl.NVMMASharedLayout.get_default_for([self.box, self.row], gl.uint8)
         self.scale = float(softmax_scale)
         # One split stores the final out [batch, q_len, nheads, d] and lse [batch, nheads, q_len]
@@ -580,7 +643,10 @@ class PagedGluonDecodeLaunch:
                                THREAD_ARRIVE=True, RING_MERGE=variant["ring_merge"],
                                TILE_KEYS=tile, KV_FORMAT=kv_format,
                                STORE_LSE=store_lse or not self.direct,
-                               V_BIASED=kv_format == INT8.value and INT8_V_BIASED)
+                               V_BIASED=kv_format == INT8.value and INT8_V_BIASED,
+                               PROBE=ROOFLINE_PROBE,
+                               LOADERS=GLUON_LOADERS.get(kv_format, 1),
+                               HEAD_MAJOR=self.head_major)
         self.ring_constexprs = dict(self.constexprs, SCALE_RING=True, SWAP_AB=self.swap)
         self.constexprs["SWAP_AB"] = self.swap and kv_format == FP8.value
         self.key = ("gluon-decode", q.dtype, self.ints, self.tail_ints,
@@ -600,6 +666,9 @@ class PagedGluonDecodeLaunch:
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
         raw = cache.view(torch.uint8)
+        if self.head_major:   # rows: every (page, KV head)'s keys in turn
+            return TensorDescriptor(raw, [raw.numel() // self.row, self.row], [self.row, 1],
+                                    [self.box, self.row], self.layout)
         return TensorDescriptor(raw, [raw.shape[0] * raw.shape[1], raw.shape[2] * raw.shape[3]],
                                 [raw.stride(1), 1], [self.box, self.row], self.layout)
 
@@ -622,6 +691,10 @@ class PagedGluonDecodeLaunch:
 
         if self.grid[2] == 0:
             return
+        if any(pages_head_major(c) != self.head_major for c in (k_cache, v_cache)):
+            raise ValueError("the Gluon decode's plan was built for "
+                             f"{'head' if self.head_major else 'token'}-major pages; got caches "
+                             f"with strides {tuple(k_cache.stride())}, {tuple(v_cache.stride())}")
         if k_cache.data_ptr() % 16 or v_cache.data_ptr() % 16:
             raise ValueError("the Gluon decode (TMA) needs 16-byte aligned caches: "
                              f"k_cache at {k_cache.data_ptr():#x}, v_cache at "

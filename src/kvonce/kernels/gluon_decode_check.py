@@ -50,13 +50,13 @@ def _check_signature(box: int, kv_dtype: str = "u8", q_dtype: str = "fp16",
 def _check_spec(variant, group, page_size, stages=4, causal=False, thread_arrive=True,
                 ring_merge=False, ctas_per_sm=1, kv_dtype="u8", tile_keys=0, kv_format=1,
                 q_dtype="fp16", direct_lse=None, scale_ring=False, v_biased=False,
-                swap_ab=False):
+                swap_ab=False, probe=0, loaders=1, head_major=False):
     options = dict(num_warps=4)
     if ctas_per_sm == 2:
         options["maxnreg"] = TWO_CTA_MAXNREG
     tile = tile_keys or (128 if kv_dtype == "u8" else 64)
     constexprs = dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, STAGES=stages,
-                      THREAD_ARRIVE=thread_arrive, RING_MERGE=ring_merge)
+                      THREAD_ARRIVE=thread_arrive, RING_MERGE=ring_merge, LOADERS=loaders)
     if tile_keys:
         constexprs["TILE_KEYS"] = tile_keys
     if kv_format != 1 or direct_lse is not None:
@@ -71,6 +71,12 @@ def _check_spec(variant, group, page_size, stages=4, causal=False, thread_arrive
     if swap_ab:    # keys as the dots' M, q rows as N
         constexprs.update(TILE_KEYS=tile_keys, KV_FORMAT=kv_format, SCALE_RING=scale_ring,
                           STORE_LSE=True if direct_lse is None else direct_lse, SWAP_AB=True)
+    if probe:      # the roofline probe (memory only 1, math only 2)
+        constexprs.update(TILE_KEYS=tile_keys, KV_FORMAT=kv_format, PROBE=probe)
+    if head_major:     # pages stored [num_pages, nheads_k, page_size, row]
+        constexprs.update(TILE_KEYS=tile_keys, KV_FORMAT=kv_format, HEAD_MAJOR=True)
+    if loaders != 1:   # loader warps, each its share of a tile's boxes
+        constexprs.update(TILE_KEYS=tile_keys, KV_FORMAT=kv_format)
     scale_pair = 0
     if scale_ring or kv_format == 3:   # the scales by ring (int4's always)
         constexprs["SCALE_RING"] = True
@@ -148,6 +154,35 @@ GLUON_CHECK_SPECS = [
     _check_spec("int4-swap-bf16q-page64-mha-causal-4stages-2cta-direct", 1, 64, stages=4,
                 causal=True, ctas_per_sm=2, kv_format=3, q_dtype="bf16", direct_lse=True,
                 swap_ab=True),
+    # Head-major pages (a page's keys of one KV head contiguous: one box a page and head).
+    _check_spec("int4-swap-hnd-page16-gqa4-4stages-2cta", 4, 16, stages=4, ctas_per_sm=2,
+                kv_format=3, swap_ab=True, head_major=True),
+    _check_spec("fp8-hnd-page16-gqa4-2stages-2cta", 4, 16, stages=2, ring_merge=True,
+                ctas_per_sm=2, head_major=True),
+    _check_spec("int8-ring-hnd-page64-mha-causal-2stages-2cta", 1, 64, stages=2, causal=True,
+                ring_merge=True, ctas_per_sm=2, kv_format=2, scale_ring=True, head_major=True),
+    # Two loader warps, each half of a tile's boxes.
+    _check_spec("int4-swap-2loaders-page16-gqa4-4stages-2cta", 4, 16, stages=4, ctas_per_sm=2,
+                kv_format=3, swap_ab=True, loaders=2),
+    _check_spec("probe-memory-int4-swap-2loaders-page16-gqa4-4stages-2cta", 4, 16, stages=4,
+                ctas_per_sm=2, kv_format=3, swap_ab=True, probe=1, loaders=2),
+    _check_spec("fp8-2loaders-page16-gqa4-2stages-2cta", 4, 16, stages=2, ring_merge=True,
+                ctas_per_sm=2, loaders=2),
+    _check_spec("int8-ring-2loaders-page16-gqa4-2stages-2cta", 4, 16, stages=2,
+                ring_merge=True, ctas_per_sm=2, kv_format=2, scale_ring=True, loaders=2),
+    _check_spec("int4-swap-2loaders-page16-gqa4-6stages-2cta", 4, 16, stages=6, ctas_per_sm=2,
+                kv_format=3, swap_ab=True, loaders=2),
+    _check_spec("int4-swap-2loaders-page256-gqa4-4stages-2cta", 4, 256, stages=4,
+                ctas_per_sm=2, kv_format=3, swap_ab=True, loaders=2),
+    # The roofline probe (ROOFLINE_PROBE: memory only, math only) on the shipped routes.
+    _check_spec("probe-memory-int4-swap-page16-gqa4-4stages-2cta", 4, 16, stages=4,
+                ctas_per_sm=2, kv_format=3, swap_ab=True, probe=1),
+    _check_spec("probe-math-int4-swap-page16-gqa4-4stages-2cta", 4, 16, stages=4,
+                ctas_per_sm=2, kv_format=3, swap_ab=True, probe=2),
+    _check_spec("probe-memory-fp8-page16-gqa4-2stages-2cta", 4, 16, stages=2, ring_merge=True,
+                ctas_per_sm=2, probe=1),
+    _check_spec("probe-math-int8-ring-page16-gqa4-2stages-2cta", 4, 16, stages=2,
+                ring_merge=True, ctas_per_sm=2, kv_format=2, scale_ring=True, probe=2),
     # int4 swapped in 256-key tiles, two 32 KB stages (INT4_SWAPPED_TILE_KEYS: correct on the
     # H200, even with 128-key tiles at two stages; off).
     _check_spec("int4-swap-t256-page16-gqa4-2stages-2cta", 4, 16, stages=2, ctas_per_sm=2,

@@ -117,35 +117,49 @@ def _box_pages(bt_row, start, box, last_box, BOX: gl.constexpr, PAGE_SIZE: gl.co
     return gl.load(bt_row + key // PAGE_SIZE)
 
 
+@gluon.constexpr_function
+def _part_boxes(boxes, part, parts):
+    """How many of a tile's ``boxes`` loader warp ``part`` of ``parts`` copies."""
+    return len(range(part, boxes, parts))
+
+
 @gluon.jit
 def _load_tile(desc, smem, ready, empty, phase, pages, box, start, col, last_box,
                PAGE_SIZE: gl.constexpr, SCALES: gl.constexpr = False, ks_desc=None,
-               ks_smem=None, vs_desc=None, vs_smem=None, kv_head=0):
+               ks_smem=None, vs_desc=None, vs_smem=None, kv_head=0, PART: gl.constexpr = 0,
+               PARTS: gl.constexpr = 1, HEAD_MAJOR: gl.constexpr = False):
     """The tile at key ``start`` of K (or V) into the ring slot ``smem`` once ``empty`` passes
     ``phase``, box by box, on ``ready`` (expect + the boxes' bytes). SCALES (a K tile of a
     ``SCALE_RING`` launch): the tile's K and V scales too, on the same barrier (int4's (scale,
     offset) pairs, ``PAIR`` 2; int8's scales, 1): each box's are one row of the scales'
     head-major storage (``[pages * nheads_k, page_size * PAIR]`` float32: a page's of one KV head
-    are adjacent), into ``ks_smem`` / ``vs_smem`` ``[TILE / BOX, BOX * PAIR]``."""
+    are adjacent), into ``ks_smem`` / ``vs_smem`` ``[TILE / BOX, BOX * PAIR]``. ``PART`` of
+    ``PARTS`` loader warps: the boxes ``i % PARTS == PART`` (``ready`` counts ``PARTS``
+    arrivals, each warp's expect of its own bytes). HEAD_MAJOR: pages stored ``[num_pages,
+    nheads_k, page_size, row]`` (the descriptor's rows: ``(page * nheads_k + kv_head) *
+    page_size + slot``, ``col`` 0), else token-major (``page * page_size + slot``)."""
     BOX: gl.constexpr = desc.block_type.shape[0]
     TILE: gl.constexpr = smem.shape[0]
+    MINE: gl.constexpr = _part_boxes(TILE // BOX, PART, PARTS)
+    nheads_k = gl.num_programs(1)
     mbarrier.wait(empty, phase)
     if SCALES:
         PAIR: gl.constexpr = ks_desc.block_type.shape[1] // BOX
         RS: gl.constexpr = _scale_rows(ks_desc.block_type.shape[1])
-        nheads_k = gl.num_programs(1)
-        mbarrier.expect(ready, (TILE // BOX) * (desc.block_type.nbytes
-                                                + ks_desc.block_type.nbytes
-                                                + vs_desc.block_type.nbytes))
+        mbarrier.expect(ready, MINE * (desc.block_type.nbytes + ks_desc.block_type.nbytes
+                                       + vs_desc.block_type.nbytes))
     else:
-        mbarrier.expect(ready, (TILE // BOX) * desc.block_type.nbytes)
-    for i in gl.static_range(TILE // BOX):
+        mbarrier.expect(ready, MINE * desc.block_type.nbytes)
+    for i in gl.static_range(PART, TILE // BOX, PARTS):
         key = gl.minimum(start + i * BOX, last_box)
         if BOX == TILE:
             page = gl.reduce(pages, 0, _add)
         else:
             page = gl.reduce(gl.where(box == i, pages, 0), 0, _add)
-        row = page * PAGE_SIZE + key % PAGE_SIZE
+        if HEAD_MAJOR:
+            row = (page * nheads_k + kv_head) * PAGE_SIZE + key % PAGE_SIZE
+        else:
+            row = page * PAGE_SIZE + key % PAGE_SIZE
         tma.async_copy_global_to_shared(desc, [row, col], ready, smem.slice(i * BOX, BOX))
         if SCALES:
             scale_at = [page * nheads_k + kv_head, (key % PAGE_SIZE) * PAIR]
@@ -153,12 +167,43 @@ def _load_tile(desc, smem, ready, empty, phase, pages, box, start, col, last_box
             tma.async_copy_global_to_shared(vs_desc, scale_at, ready, vs_smem.slice(i * RS, 1))
 
 
+# The roofline probe (``PROBE``, a measurement, never the plan's: ``gluon_decode.ROOFLINE_PROBE``,
+# scripts/quant_decode_probe.py): 1, memory only: the consumers wait for each tile's slots and
+# free them, reading nothing (the launch runs at the loader's and the memory's pace); 2, math
+# only: the loader copies the ring's first round of tiles and then passes each slot on without a
+# copy (the consumers run at their own pace on the ring's stale tiles). Outputs are garbage.
+PROBE_MEMORY = gl.constexpr(1)
+PROBE_MATH = gl.constexpr(2)
+
+
+@gluon.jit
+def _pass_slot(ready, empty, phase):
+    """The math-only probe's loader: a freed slot handed back as filled, no bytes copied."""
+    mbarrier.wait(empty, phase)
+    mbarrier.arrive(ready)
+
+
+@gluon.jit
+def _drain(k_ready, v_ready, k_empty, v_empty, n_tiles, THREAD_ARRIVE: gl.constexpr):
+    """The memory-only probe's consumers: each tile's K and V slots waited for and freed."""
+    STAGES: gl.constexpr = k_ready.shape[0]
+    for j in range(n_tiles):
+        s = j % STAGES
+        phase = (j // STAGES) & 1
+        mbarrier.wait(k_ready.index(s), phase)
+        _release(k_empty.index(s), THREAD_ARRIVE)
+        mbarrier.wait(v_ready.index(s), phase)
+        _release(v_empty.index(s), THREAD_ARRIVE)
+
+
 @gluon.jit
 def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, cache_seqlens,
           block_table, num_splits, stride_btb, ks_desc, vs_desc, ks_smem, vs_smem,
-          PAGE_SIZE: gl.constexpr, SCALE_RING: gl.constexpr):
-    """The loader warp: the split's key tiles into the K and V rings (SCALE_RING: each tile's
-    per-key scales with its K tile, ``_load_tile``'s SCALES)."""
+          PAGE_SIZE: gl.constexpr, SCALE_RING: gl.constexpr, PROBE: gl.constexpr = 0,
+          PART: gl.constexpr = 0, PARTS: gl.constexpr = 1, HEAD_MAJOR: gl.constexpr = False):
+    """A loader warp: the split's key tiles into the K and V rings (SCALE_RING: each tile's
+    per-key scales with its K tile, ``_load_tile``'s SCALES); with ``PARTS`` loader warps, this
+    one's share of every tile's boxes (``PART``)."""
     STAGES: gl.constexpr = k_smem.shape[0]
     TILE: gl.constexpr = k_smem.shape[1]
     BOX: gl.constexpr = k_desc.block_type.shape[0]
@@ -168,7 +213,10 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, ca
     seq = gl.program_id(2)
     seqlen, lo, hi = _split_range(cache_seqlens, seq, split, num_splits, TILE)
     n_tiles = gl.maximum(hi - lo + TILE - 1, 0) // TILE
-    col = kv_head * k_desc.block_type.shape[1]     # a key's row of this head (int4: 64 bytes)
+    if HEAD_MAJOR:   # a page's keys of one head are the descriptor's rows
+        col = 0
+    else:            # a key's row of this head (int4: 64 bytes) within the token's
+        col = kv_head * k_desc.block_type.shape[1]
     bt_row = block_table + seq.to(gl.int64) * stride_btb
     box = gl.arange(0, BOXES, gl.BlockedLayout([1], [32], [1], [0]))
     last_box = gl.maximum(seqlen - 1, 0) // BOX * BOX
@@ -179,15 +227,25 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, ca
         start = lo + j * TILE
         cur = pages
         pages = _box_pages(bt_row, start + TILE, box, last_box, BOX, PAGE_SIZE)
-        if SCALE_RING:
-            _load_tile(k_desc, k_smem.index(s), k_ready.index(s), k_empty.index(s), phase, cur,
-                       box, start, col, last_box, PAGE_SIZE, True, ks_desc, ks_smem.index(s),
-                       vs_desc, vs_smem.index(s), kv_head)
+        copy = True
+        if PROBE == PROBE_MATH:
+            copy = j < STAGES
+        if copy:
+            if SCALE_RING:
+                _load_tile(k_desc, k_smem.index(s), k_ready.index(s), k_empty.index(s), phase,
+                           cur, box, start, col, last_box, PAGE_SIZE, True, ks_desc,
+                           ks_smem.index(s), vs_desc, vs_smem.index(s), kv_head, PART, PARTS,
+                           HEAD_MAJOR)
+            else:
+                _load_tile(k_desc, k_smem.index(s), k_ready.index(s), k_empty.index(s), phase,
+                           cur, box, start, col, last_box, PAGE_SIZE, kv_head=kv_head,
+                           PART=PART, PARTS=PARTS, HEAD_MAJOR=HEAD_MAJOR)
+            _load_tile(v_desc, v_smem.index(s), v_ready.index(s), v_empty.index(s), phase, cur,
+                       box, start, col, last_box, PAGE_SIZE, kv_head=kv_head, PART=PART,
+                       PARTS=PARTS, HEAD_MAJOR=HEAD_MAJOR)
         else:
-            _load_tile(k_desc, k_smem.index(s), k_ready.index(s), k_empty.index(s), phase, cur,
-                       box, start, col, last_box, PAGE_SIZE)
-        _load_tile(v_desc, v_smem.index(s), v_ready.index(s), v_empty.index(s), phase, cur, box,
-                   start, col, last_box, PAGE_SIZE)
+            _pass_slot(k_ready.index(s), k_empty.index(s), phase)
+            _pass_slot(v_ready.index(s), v_empty.index(s), phase)
 
 
 # ----------------------------------------------------------------------------------------------

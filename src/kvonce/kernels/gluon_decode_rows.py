@@ -10,8 +10,8 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from .gluon_decode_common import (HEAD_DIM, INT4, INT8, INT8_BIAS, K_OP, K_OP16, LOG2E, MERGE_LOAD,
-                                  MERGE_OUT, MERGE_SMEM, MMA, PAIR_SMEM, P_OP, Q_OP, Q_OP16, ROWS,
-                                  ROW_STATE, V_OP, WARPS, _f16_row_factors, _fp8_pairs_to_f16,
+                                  MERGE_OUT, MERGE_SMEM, MMA, PAIR_SMEM, PROBE_MEMORY, P_OP, Q_OP, Q_OP16, ROWS,
+                                  ROW_STATE, V_OP, WARPS, _drain, _f16_row_factors, _fp8_pairs_to_f16,
                                   _int4_k_to_f16, _int4_v_to_f16, _int8_pairs_to_f16,
                                   _int8_to_biased_f16, _key_scales, _release, _scale_rows,
                                   _scale_slot_layout, _split_range, _store_lse, _tile_counts,
@@ -336,7 +336,7 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
              IS_CAUSAL: gl.constexpr,
              THREAD_ARRIVE: gl.constexpr, RING_MERGE: gl.constexpr, KV_FORMAT: gl.constexpr,
              PAGE_SIZE: gl.constexpr, STORE_LSE: gl.constexpr, SCALE_RING: gl.constexpr,
-             V_BIASED: gl.constexpr):
+             V_BIASED: gl.constexpr, PROBE: gl.constexpr = 0):
     TILE: gl.constexpr = k_smem.shape[1]
     KV16: gl.constexpr = k_smem.dtype.primitive_bitwidth == 16
     gl.static_assert(not (KV16 and RING_MERGE), "16-bit caches merge through the scratch")
@@ -401,6 +401,7 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
         q_sum = gl.convert_layout(gl.sum(q.to(gl.float32), 2), ROW_STATE)
         s_init = s_init + gl.expand_dims(q_sum * (-INT8_BIAS), 2)
     if KV_FORMAT == INT4:
+        gl.static_assert(PROBE == 0, "the roofline probe: fp8 / int8 row-major consumers")
         _consume_int4_tiles(q, q_hi, acc_scale, m_i, l_i, k_smem, v_smem, k_ready, v_ready,
                             k_empty, v_empty, lo, hi, n_full, n_tiles, last_key, qk_scale,
                             ks_smem, vs_smem, Out,
@@ -414,6 +415,10 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
         else:
             KSt = KSh
             VSt = VSh
+        if PROBE == PROBE_MEMORY:
+            _drain(k_ready, v_ready, k_empty, v_empty, n_tiles, THREAD_ARRIVE)
+            n_full = 0
+            n_tiles = 0
         for j in range(0, n_full):
             acc_e, acc_o, m_i, l_i, acc_scale = _tile(
                 q, s_init, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, k_ready, v_ready,

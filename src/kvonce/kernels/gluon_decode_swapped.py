@@ -13,7 +13,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from .gluon_decode_common import (FP8, HEAD_DIM, INT4, INT8, INT8_BIAS, LOG2E, MMA, PAIR_SMEM,
-                                  WARPS, _f16_row_factors, _fp8_pairs_to_f16, _int4_k_to_f16,
+                                  PROBE_MEMORY, WARPS, _drain, _f16_row_factors, _fp8_pairs_to_f16, _int4_k_to_f16,
                                   _int4_v_to_f16, _int8_pairs_to_f16, _int8_to_biased_f16, _release,
                                   _scale_slot_layout, _split_range, _tile_counts, _units_layout,
                                   _warp_weights)
@@ -320,7 +320,7 @@ def _consume_int4_t(Q, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_em
                     stride_qt, stride_qh, stride_ob, stride_ot, stride_oh, stride_os,
                     stride_lb, stride_lt, stride_lh, stride_ls, GROUP: gl.constexpr,
                     IS_CAUSAL: gl.constexpr, THREAD_ARRIVE: gl.constexpr,
-                    STORE_LSE: gl.constexpr):
+                    STORE_LSE: gl.constexpr, PROBE: gl.constexpr = 0):
     """``_consume_int4_tiles`` with swapped operands (``_tile_int4_t``), q^T loaded here."""
     TILE: gl.constexpr = k_smem.shape[1]
     PLANE: gl.constexpr = HEAD_DIM // 4
@@ -356,6 +356,10 @@ def _consume_int4_t(Q, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_em
     acc_ol = gl.zeros([WARPS, PLANE, NR], gl.float32, MMA)
     acc_eh = gl.zeros([WARPS, PLANE, NR], gl.float32, MMA)
     acc_oh = gl.zeros([WARPS, PLANE, NR], gl.float32, MMA)
+    if PROBE == PROBE_MEMORY:
+        _drain(k_ready, v_ready, k_empty, v_empty, n_tiles, THREAD_ARRIVE)
+        n_full = 0
+        n_tiles = 0
     for j in range(0, n_full):
         acc_el, acc_ol, acc_eh, acc_oh, b_i, m_i, l_i, acc_scale = _tile_int4_t(
             q_lo, q_hi, s_init, q_sum, acc_el, acc_ol, acc_eh, acc_oh, b_i, m_i, l_i,
@@ -401,7 +405,8 @@ def _consume_swapped(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_em
                      vs_smem, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr,
                      THREAD_ARRIVE: gl.constexpr, RING_MERGE: gl.constexpr,
                      KV_FORMAT: gl.constexpr, PAGE_SIZE: gl.constexpr, STORE_LSE: gl.constexpr,
-                     SCALE_RING: gl.constexpr, V_BIASED: gl.constexpr):
+                     SCALE_RING: gl.constexpr, V_BIASED: gl.constexpr,
+                     PROBE: gl.constexpr = 0):
     """The consumer partition with swapped operands: ``_consume``'s arguments, ``_consume_t``'s
     work (fp8, and int8 with its scales by ring; the merge through Triton's reduce scratch)."""
     gl.static_assert(KV_FORMAT == FP8 or SCALE_RING,
@@ -416,8 +421,9 @@ def _consume_swapped(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_em
                         ks_smem, vs_smem, seq, split, kv_head, seqlen, lo, hi, sm_scale, q_len,
                         stride_qb, stride_qt, stride_qh, stride_ob, stride_ot, stride_oh,
                         stride_os, stride_lb, stride_lt, stride_lh, stride_ls, GROUP, IS_CAUSAL,
-                        THREAD_ARRIVE, STORE_LSE)
+                        THREAD_ARRIVE, STORE_LSE, PROBE)
     else:
+        gl.static_assert(PROBE == 0, "the roofline probe: int4's swapped consumers")
         _consume_t(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                    ks_smem, vs_smem, seq, split, kv_head, seqlen, lo, hi, sm_scale, q_len,
                    stride_qb, stride_qt, stride_qh, stride_ksh, stride_vsh, stride_ob,

@@ -1,0 +1,130 @@
+"""The Gluon quantized decode's roofline probe (CUDA, sm_90): where each shipped route's time
+goes, memory or math.
+
+    PYTHONPATH=src python scripts/quant_decode_probe.py [--heads 32/8,12/12]
+        [--shapes 64x8192,1x131072] [--formats fp8_e4m3,int8,int4] [--dtype fp16|bf16]
+
+For each case, the plan's own launch (``PagedDecodePlan``, default config: the Gluon decode
+where the plan routes it; ``--force-gluon`` also where it does not) timed three ways in CUDA
+graphs (``do_bench`` medians): the kernel (``gluon_decode.ROOFLINE_PROBE`` 0), memory only (1:
+the consumers wait for each tile's slots and free them, reading nothing) and math only (2: the
+loader copies the ring's first round and then passes the slots on without copying), beside
+the fp16 cache's plan at the same shape. A route whose time sits on its memory-only time is
+held by the loader and the memory; one on its math-only time by its consumers. TB/s: the
+bytes a call reads (``kvonce.bench.quant.bytes_read``) over the time. Outputs of the probes
+are garbage (not checked); the kernel's are checked against the fp16 plan's.
+"""
+import argparse
+import dataclasses
+import itertools
+
+import torch
+import triton.testing
+
+import kvonce
+from decode_ncu_case import paged_case
+from kvonce.bench.quant import Case, bytes_read, stored
+from kvonce.kernels import gluon_decode
+
+
+def graph_us(fn):
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return 1e3 * triton.testing.do_bench(g.replay, warmup=10, rep=60, return_mode="median")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--heads", default="32/8,12/12")
+    p.add_argument("--shapes", default="64x8192,1x131072")
+    p.add_argument("--formats", default="fp8_e4m3,int8,int4")
+    p.add_argument("--dtype", default="fp16", choices=("fp16", "bf16"))
+    p.add_argument("--layout", default="nhd", choices=("nhd", "hnd"),
+                   help="page storage of every cache (kvonce.bench.quant.stored)")
+    p.add_argument("--loaders", default="1",
+                   help="loader warps (gluon_decode.GLUON_LOADERS, every format), comma-separated")
+    p.add_argument("--int4-stages", default="0",
+                   help="int4's ring stages (gluon_decode.INT4_VARIANT; 0 the module's), "
+                        "comma-separated")
+    p.add_argument("--triton", action="store_true",
+                   help="also time the format's Triton row (config gluon off)")
+    p.add_argument("--probes", default="0,1,2", help="ROOFLINE_PROBE values, 0 first")
+    p.add_argument("--force-gluon", action="store_true",
+                   help="int4 on the Gluon decode where the plan would run Triton")
+    args = p.parse_args()
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+    heads = [tuple(int(x) for x in h.split("/")) for h in args.heads.split(",")]
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    loaders = [int(x) for x in args.loaders.split(",")]
+    probes = [int(x) for x in args.probes.split(",")]
+    int4_stages = [int(x) for x in args.int4_stages.split(",")]
+    assert probes[0] == 0, "--probes: the kernel (0) first"
+    names = {0: "kernel us", 1: "memory only", 2: "math only"}
+    print("| heads | batch x len | format | loaders | route | "
+          + " | ".join(names[pr] for pr in probes)
+          + " | Triton row us | fp16 us | x fp16 | TB/s kernel / fp16 |")
+    print("|---" * (9 + len(probes)) + "|")
+    for (hq, hk), (batch, length) in itertools.product(heads, shapes):
+        q, k, v, table, seqlens, _ = paged_case(hq, hk, batch, length, dtype=dtype)
+        k, v = stored(k, args.layout), stored(v, args.layout)
+        case = Case(batch, length, hq, hk, "")
+        base = kvonce.PagedDecodePlan(q, k, v, seqlens, table)
+        ref = base.run(q, k, v, seqlens, table).float()
+        fp16_us = graph_us(lambda: base.run(q, k, v, seqlens, table))
+        fp16_tbs = bytes_read(case, None) / fp16_us / 1e6
+        for fmt, n_loaders, n_stages in itertools.product(args.formats.split(","), loaders,
+                                                          int4_stages):
+            if n_stages and fmt != "int4":
+                continue
+            kq, ks, vq, vs = (stored(t, args.layout) for t in (*kvonce.quantize_kv(k, fmt),
+                                                                 *kvonce.quantize_kv(v, fmt)))
+            kw = dict(k_scale=ks, v_scale=vs)
+            times, route = [], "?"
+            for probe in probes:
+                gluon_decode.ROOFLINE_PROBE = probe
+                saved = dict(gluon_decode.GLUON_LOADERS)
+                gluon_decode.GLUON_LOADERS.update({code: n_loaders for code in saved})
+                saved_stages = gluon_decode.INT4_VARIANT["stages"]
+                gluon_decode.INT4_VARIANT["stages"] = n_stages or saved_stages
+                try:
+                    plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table,
+                                                  kv_format="int4" if fmt == "int4" else None,
+                                                  **kw)
+                    if args.force_gluon and not plan.uses_gluon:
+                        cfg = dataclasses.replace(plan.config, gluon=True)
+                        plan = kvonce.PagedDecodePlan(
+                            q, kq, vq, seqlens, table, config=cfg,
+                            kv_format="int4" if fmt == "int4" else None, **kw)
+                    route = (f"gluon, {plan.num_splits} splits" if plan.uses_gluon
+                             else f"triton, {plan.num_splits} splits")
+                    if probe and not plan.uses_gluon:
+                        times.append(float("nan"))
+                        continue
+                    if probe == 0:
+                        err = (plan.run(q, kq, vq, seqlens, table, **kw).float() - ref).abs()
+                        assert err.max().item() < 0.1, (fmt, n_loaders, err.max().item())
+                    times.append(graph_us(lambda: plan.run(q, kq, vq, seqlens, table, **kw)))
+                finally:
+                    gluon_decode.ROOFLINE_PROBE = 0
+                    gluon_decode.GLUON_LOADERS.update(saved)
+                    gluon_decode.INT4_VARIANT["stages"] = saved_stages
+            triton_us = float("nan")
+            if args.triton:   # the format's Triton row on the same caches
+                cfg = dataclasses.replace(plan.config, gluon=False)
+                tri = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, config=cfg,
+                                             kv_format="int4" if fmt == "int4" else None, **kw)
+                triton_us = graph_us(lambda: tri.run(q, kq, vq, seqlens, table, **kw))
+            nbytes = bytes_read(case, fmt)
+            stages = f", {n_stages} stages" if n_stages else ""
+            print(f"| {hq}/{hk} | {batch} x {length} | {fmt} | {n_loaders}{stages} | {route} | "
+                  + " | ".join(f"{t:.1f}" for t in times)
+                  + f" | {triton_us:.1f} | {fp16_us:.1f} | {fp16_us / times[0]:.2f} | "
+                  f"{nbytes / times[0] / 1e6:.2f} / {fp16_tbs:.2f} |", flush=True)
+        del k, v
+
+
+if __name__ == "__main__":
+    main()
