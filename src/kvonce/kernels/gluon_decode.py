@@ -44,7 +44,8 @@ split_len, min((s + 1) * split_len, seqlen))``). Rows are GQA-packed as there: r
 16-row tile is token ``r // GROUP``, q head ``kv_head * GROUP + r % GROUP`` (``GROUP * q_len <=
 16``, the rest zero padding, never stored). Two partitions:
 
-- ``_load`` (1 warp, 24 registers): ``gluon_prefill._load``'s scheme. Key tile ``j`` (128 keys)
+- ``_load`` (1 warp, 24 registers; ``LOADERS`` 2: two, each its share of the boxes):
+  ``gluon_prefill._load``'s scheme. Key tile ``j`` (128 keys)
   into ring slot ``j % STAGES`` (K 16 KB + V 16 KB) as ``128 / BOX`` TMA boxes of ``[BOX, 128]``
   bytes (``BOX`` = the largest of 128/64/32/16 dividing the page: 8 boxes at page 16) from the
   caches viewed as ``[num_pages * page_size, nheads_k * 128]`` uint8: TMA cannot gather rows,
@@ -97,6 +98,21 @@ Shared memory: the ring is 32 KB a stage; the four warps' merge goes through Tri
 scratch (16 KB more: 4 stages 147588 B, 3 stages 114812 B) or, ``ring_merge=True`` (constexpr
 ``RING_MERGE``), through the idle K ring (3 stages 98684 B, 2 stages 65860 B), which fits two CTAs
 (228 KB an SM, 1 KB reserved a CTA) with room to spare.
+
+Head-major pages (``HEAD_MAJOR``; memory ``[num_pages, nheads_k, page_size, row]``, the
+Triton kernels' "hnd" storage): the descriptors' rows are every (page, KV head)'s keys in turn,
+so a box is a page's keys of one head, contiguous (token-major: ``page_size`` rows of ``row``
+bytes, ``nheads_k * row`` apart). H200, 2026-11-29 (twentieth session, graphs): int4 7-16%
+faster than on token-major pages (GQA 32/8 64 x 8192 180.1 us against 192.6, 1 x 131072 62.0
+against 72.0), fp8 / int8 0.5-3%.
+
+Where the time goes (``PROBE``, ``scripts/quant_decode_probe.py``; H200, 2026-11-29): with the
+consumers reading nothing (memory only) every shipped route runs within 2-10% of its kernel
+time (GQA 32/8 64 x 8192: fp8 256.9 us against 262.4, int8 266.7 against 274.7, int4 172.9
+against 194.9), with the loader copying nothing (math only) 35-45% faster (142.7, 174.8, 142.6):
+the loader and the memory set the pace. A second loader warp (``LOADERS`` 2, each half a tile's
+boxes) took int4's memory-only time 5% down and its kernel time 0-3%; five or six int4 stages
+nothing (``GLUON_LOADERS`` stays 1).
 
 Modules: gluon_decode_common (layouts, converters, the loader warp, the consumers' shared
 steps), gluon_decode_rows (the row-major consumers described above), gluon_decode_swapped (keys

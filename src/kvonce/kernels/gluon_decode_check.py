@@ -56,7 +56,8 @@ def _check_spec(variant, group, page_size, stages=4, causal=False, thread_arrive
         options["maxnreg"] = TWO_CTA_MAXNREG
     tile = tile_keys or (128 if kv_dtype == "u8" else 64)
     constexprs = dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, STAGES=stages,
-                      THREAD_ARRIVE=thread_arrive, RING_MERGE=ring_merge, LOADERS=loaders)
+                      THREAD_ARRIVE=thread_arrive, RING_MERGE=ring_merge, LOADERS=loaders,
+                      PROBE=probe, HEAD_MAJOR=head_major)
     if tile_keys:
         constexprs["TILE_KEYS"] = tile_keys
     if kv_format != 1 or direct_lse is not None:
