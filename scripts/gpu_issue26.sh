@@ -99,6 +99,9 @@
 #               tiles at two stages): their tests (the "t256" route), then int4 at 128 / 256
 #               against the Triton row (two and three 32 KB stages), GQA 32/8 and MHA 12/12,
 #               from 16 x 8192 to 1 x 131072
+#   probe       scripts/quant_decode_probe.py (2026-11-29, twentieth session): the Gluon routes'
+#               kernel, memory-only and math-only times and the Triton row, per LAYOUTS
+#               ("nhd hnd"; quantbench takes LAYOUTS too)
 #   pages       the loader's TMA boxes (a page's rows: 16 x 64 bytes for int4 at page 16): fp8,
 #               int8, int4 on the Gluon decode and their Triton rows at pages of 16 / 64 / 256
 #               keys, GQA 32/8 and MHA 12/12 64 x 8192 (the fp16 cache at the same page size)
@@ -134,8 +137,20 @@ fi
 if has quantbench; then
   step quantbench
   for dt in ${DTYPES:-fp16}; do
-    timeout 420 python3 -m kvonce bench quant --shapes ${QUANT_SHAPES:-64x8192,1x131072} \
-      --dtype $dt --md "$OUT/bench_quant_$dt.md" --plot '' 2>&1 | grep "^|" | tail -26
+    for lay in ${LAYOUTS:-nhd}; do
+      echo "- $dt $lay"
+      timeout 420 python3 -m kvonce bench quant --shapes ${QUANT_SHAPES:-64x8192,1x131072} \
+        --dtype $dt --layout $lay --md "$OUT/bench_quant_${dt}_$lay.md" --plot '' 2>&1 \
+        | grep "^|" | tail -26
+    done
+  done
+fi
+if has probe; then
+  step probe
+  # the Gluon decode's roofline probe: kernel, memory only, math only, the Triton row
+  for lay in ${LAYOUTS:-nhd}; do
+    (cd scripts && PYTHONPATH=../src:. timeout 280 python3 quant_decode_probe.py --layout $lay \
+      --force-gluon --triton 2>&1 | grep "^|")
   done
 fi
 if has knobs; then
