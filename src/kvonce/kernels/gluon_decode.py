@@ -539,9 +539,10 @@ def paged_fits(q, k_cache, v_cache, kv_format: int, outlier_values=None, k_scale
     ``GLUON_FORMATS`` (fp8 e4m3: 1, int8: 2, int4: 3) of contiguous pages
     (``[num_pages, page_size, nheads_k, 128]``, int4 64 bytes a row, stored token-major or
     head-major, K and V alike; page_size a multiple of 16, under 2^31 (key, head) rows), int4's
-    (scale, offset) pairs stored head-major (``head_major_scales``; ``k_scale`` / ``v_scale`` where given), no dense-and-sparse keys
-    (the caller also checks the device: sm_90). Shapes, dtypes and strides only (meta tensors
-    answer too; the caches' 16-byte alignment is checked by each call)."""
+    (scale, offset) pairs stored head-major (``head_major_scales``; ``k_scale`` / ``v_scale``
+    where given), no dense-and-sparse keys (the caller also checks the device: sm_90). Shapes,
+    dtypes and strides only (meta tensors answer too; the caches' 16-byte alignment is checked
+    by each call)."""
     if (kv_format not in GLUON_FORMATS or outlier_values is not None
             or q.dtype not in GLUON_QUERY_DTYPES
             or q.dim() != 4 or k_cache.dim() != 4 or q.shape[3] != HEAD_DIM.value

@@ -10,12 +10,12 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from .gluon_decode_common import (HEAD_DIM, INT4, INT8, INT8_BIAS, K_OP, K_OP16, LOG2E, MERGE_LOAD,
-                                  MERGE_OUT, MERGE_SMEM, MMA, PAIR_SMEM, PROBE_MEMORY, P_OP, Q_OP, Q_OP16, ROWS,
-                                  ROW_STATE, V_OP, WARPS, _drain, _f16_row_factors, _fp8_pairs_to_f16,
-                                  _int4_k_to_f16, _int4_v_to_f16, _int8_pairs_to_f16,
-                                  _int8_to_biased_f16, _key_scales, _release, _scale_rows,
-                                  _scale_slot_layout, _split_range, _store_lse, _tile_counts,
-                                  _units_layout, _warp_weights)
+                                  MERGE_OUT, MERGE_SMEM, MMA, PAIR_SMEM, PROBE_MEMORY, P_OP, Q_OP,
+                                  Q_OP16, ROWS, ROW_STATE, V_OP, WARPS, _drain, _f16_row_factors,
+                                  _fp8_pairs_to_f16, _int4_k_to_f16, _int4_v_to_f16,
+                                  _int8_pairs_to_f16, _int8_to_biased_f16, _key_scales, _release,
+                                  _scale_rows, _scale_slot_layout, _split_range, _store_lse,
+                                  _tile_counts, _units_layout, _warp_weights)
 from .gluon_prefill import _add, _max
 
 

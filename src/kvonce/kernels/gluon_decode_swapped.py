@@ -13,8 +13,9 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from .gluon_decode_common import (FP8, HEAD_DIM, INT4, INT8, INT8_BIAS, LOG2E, MMA, PAIR_SMEM,
-                                  PROBE_MEMORY, WARPS, _drain, _f16_row_factors, _fp8_pairs_to_f16, _int4_k_to_f16,
-                                  _int4_v_to_f16, _int8_pairs_to_f16, _int8_to_biased_f16, _release,
+                                  PROBE_MEMORY, WARPS, _drain, _f16_row_factors,
+                                  _fp8_pairs_to_f16, _int4_k_to_f16, _int4_v_to_f16,
+                                  _int8_pairs_to_f16, _int8_to_biased_f16, _release,
                                   _scale_slot_layout, _split_range, _tile_counts, _units_layout,
                                   _warp_weights)
 from .gluon_prefill import _add, _max
