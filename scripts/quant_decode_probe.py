@@ -19,21 +19,12 @@ import dataclasses
 import itertools
 
 import torch
-import triton.testing
 
 import kvonce
 from decode_ncu_case import paged_case
+from quant_decode_sweep import graph_us
 from kvonce.bench.quant import Case, bytes_read, stored
 from kvonce.kernels import gluon_decode
-
-
-def graph_us(fn):
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return 1e3 * triton.testing.do_bench(g.replay, warmup=10, rep=60, return_mode="median")
 
 
 def main():
