@@ -42,7 +42,8 @@ def main():
                         "comma-separated")
     p.add_argument("--triton", action="store_true",
                    help="also time the format's Triton row (config gluon off)")
-    p.add_argument("--probes", default="0,1,2", help="ROOFLINE_PROBE values, 0 first")
+    p.add_argument("--probes", default="0,1,2",
+                   help="ROOFLINE_PROBE values, 0 first (3, 4: without the scales' copies)")
     p.add_argument("--force-gluon", action="store_true",
                    help="int4 on the Gluon decode where the plan would run Triton")
     args = p.parse_args()
@@ -53,7 +54,8 @@ def main():
     probes = [int(x) for x in args.probes.split(",")]
     int4_stages = [int(x) for x in args.int4_stages.split(",")]
     assert probes[0] == 0, "--probes: the kernel (0) first"
-    names = {0: "kernel us", 1: "memory only", 2: "math only"}
+    names = {0: "kernel us", 1: "memory only", 2: "math only", 3: "no scales",
+             4: "memory only, no scales"}
     print("| heads | batch x len | format | loaders | route | "
           + " | ".join(names[pr] for pr in probes)
           + " | Triton row us | fp16 us | x fp16 | TB/s kernel / fp16 |")

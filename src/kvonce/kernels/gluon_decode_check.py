@@ -72,7 +72,7 @@ def _check_spec(variant, group, page_size, stages=4, causal=False, thread_arrive
     if swap_ab:    # keys as the dots' M, q rows as N
         constexprs.update(TILE_KEYS=tile_keys, KV_FORMAT=kv_format, SCALE_RING=scale_ring,
                           STORE_LSE=True if direct_lse is None else direct_lse, SWAP_AB=True)
-    if probe:      # the roofline probe (memory only 1, math only 2)
+    if probe:      # the roofline probe (memory only 1, math only 2, no scales 3 / 4)
         constexprs.update(TILE_KEYS=tile_keys, KV_FORMAT=kv_format, PROBE=probe)
     if head_major:     # pages stored [num_pages, nheads_k, page_size, row]
         constexprs.update(TILE_KEYS=tile_keys, KV_FORMAT=kv_format, HEAD_MAJOR=True)
@@ -184,6 +184,11 @@ GLUON_CHECK_SPECS = [
                 ctas_per_sm=2, probe=1),
     _check_spec("probe-math-int8-ring-page16-gqa4-2stages-2cta", 4, 16, stages=2,
                 ring_merge=True, ctas_per_sm=2, kv_format=2, scale_ring=True, probe=2),
+    # ... and without the scales' copies (3: the kernel, 4: memory only).
+    _check_spec("probe-noscales-int4-swap-hnd-page16-gqa4-4stages-2cta", 4, 16, stages=4,
+                ctas_per_sm=2, kv_format=3, swap_ab=True, probe=3, head_major=True),
+    _check_spec("probe-memory-noscales-int8-ring-page16-gqa4-2stages-2cta", 4, 16, stages=2,
+                ring_merge=True, ctas_per_sm=2, kv_format=2, scale_ring=True, probe=4),
     # int4 swapped in 256-key tiles, two 32 KB stages (INT4_SWAPPED_TILE_KEYS: correct on the
     # H200, even with 128-key tiles at two stages; off).
     _check_spec("int4-swap-t256-page16-gqa4-2stages-2cta", 4, 16, stages=2, ctas_per_sm=2,

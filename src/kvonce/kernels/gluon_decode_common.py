@@ -171,9 +171,20 @@ def _load_tile(desc, smem, ready, empty, phase, pages, box, start, col, last_box
 # scripts/quant_decode_probe.py): 1, memory only: the consumers wait for each tile's slots and
 # free them, reading nothing (the launch runs at the loader's and the memory's pace); 2, math
 # only: the loader copies the ring's first round of tiles and then passes each slot on without a
-# copy (the consumers run at their own pace on the ring's stale tiles). Outputs are garbage.
+# copy (the consumers run at their own pace on the ring's stale tiles); 3, no scales: the kernel
+# with the loader copying no per-key scales (int8 / int4 by ring: the consumers read the scale
+# ring's stale bytes), what the scales' traffic costs; 4, memory only without the scales.
+# Outputs are garbage.
 PROBE_MEMORY = gl.constexpr(1)
 PROBE_MATH = gl.constexpr(2)
+PROBE_NO_SCALES = gl.constexpr(3)
+PROBE_MEMORY_NO_SCALES = gl.constexpr(4)
+
+
+@gluon.constexpr_function
+def probe_drains(probe):
+    """Whether the roofline probe ``probe``'s consumers only free the slots (memory only)."""
+    return probe == 1 or probe == 4
 
 
 @gluon.jit
@@ -231,7 +242,7 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, ca
         if PROBE == PROBE_MATH:
             copy = j < STAGES
         if copy:
-            if SCALE_RING:
+            if SCALE_RING and PROBE != PROBE_NO_SCALES and PROBE != PROBE_MEMORY_NO_SCALES:
                 _load_tile(k_desc, k_smem.index(s), k_ready.index(s), k_empty.index(s), phase,
                            cur, box, start, col, last_box, PAGE_SIZE, True, ks_desc,
                            ks_smem.index(s), vs_desc, vs_smem.index(s), kv_head, PART, PARTS,

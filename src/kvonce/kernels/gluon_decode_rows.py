@@ -10,7 +10,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from .gluon_decode_common import (HEAD_DIM, INT4, INT8, INT8_BIAS, K_OP, K_OP16, LOG2E, MERGE_LOAD,
-                                  MERGE_OUT, MERGE_SMEM, MMA, PAIR_SMEM, PROBE_MEMORY, P_OP, Q_OP,
+                                  MERGE_OUT, MERGE_SMEM, MMA, PAIR_SMEM, probe_drains, P_OP, Q_OP,
                                   Q_OP16, ROWS, ROW_STATE, V_OP, WARPS, _drain, _f16_row_factors,
                                   _fp8_pairs_to_f16, _int4_k_to_f16, _int4_v_to_f16,
                                   _int8_pairs_to_f16, _int8_to_biased_f16, _key_scales, _release,
@@ -415,7 +415,7 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
         else:
             KSt = KSh
             VSt = VSh
-        if PROBE == PROBE_MEMORY:
+        if probe_drains(PROBE):
             _drain(k_ready, v_ready, k_empty, v_empty, n_tiles, THREAD_ARRIVE)
             n_full = 0
             n_tiles = 0

@@ -13,7 +13,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from .gluon_decode_common import (FP8, HEAD_DIM, INT4, INT8, INT8_BIAS, LOG2E, MMA, PAIR_SMEM,
-                                  PROBE_MEMORY, WARPS, _drain, _f16_row_factors,
+                                  probe_drains, WARPS, _drain, _f16_row_factors,
                                   _fp8_pairs_to_f16, _int4_k_to_f16, _int4_v_to_f16,
                                   _int8_pairs_to_f16, _int8_to_biased_f16, _release,
                                   _scale_slot_layout, _split_range, _tile_counts, _units_layout,
@@ -357,7 +357,7 @@ def _consume_int4_t(Q, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_em
     acc_ol = gl.zeros([WARPS, PLANE, NR], gl.float32, MMA)
     acc_eh = gl.zeros([WARPS, PLANE, NR], gl.float32, MMA)
     acc_oh = gl.zeros([WARPS, PLANE, NR], gl.float32, MMA)
-    if PROBE == PROBE_MEMORY:
+    if probe_drains(PROBE):
         _drain(k_ready, v_ready, k_empty, v_empty, n_tiles, THREAD_ARRIVE)
         n_full = 0
         n_tiles = 0
