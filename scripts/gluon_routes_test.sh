@@ -6,7 +6,8 @@ export PYTHONPATH=src PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 declare -A K=([shipped]="not ring and not token and not int4 and not biased and not swapped"
               [ring]="ring" [token]="token" [int4]="int4 and not swapped"
-              [vbias]="biased and not swapped" [swap]="swapped and not t256" [t256]="t256")
+              [vbias]="biased and not swapped" [swap]="swapped and not t256" [t256]="t256"
+              [int4swap]="int4 and swapped and not t256")
 for r in ${ROUTES:-shipped ring token int4}; do
   timeout ${ROUTE_S:-420} python3 -m pytest -q -p no:cacheprovider -rfE tests/test_gluon_decode.py \
     -k "${K[$r]}" > "$OUT/gluon_$r.log" 2>&1 &

@@ -111,6 +111,11 @@
 #               python -m kvonce bench prefix (FlashInfer beside when .peers/fi travels), then
 #               --sweep on cases 0, 3, 6: the row in int64 (shipped) against int32 (sm_90a, bf16
 #               32/8: the chunk loop 789 -> 663 instructions a tile a warp, 4 B of spill gone)
+#   f16pairs    int4's fp16 (scale, offset) pairs (2026-11-29, twenty-first session: quantize_kv's
+#               new default, 136 bytes a (token, KV head) against 144): the int4 Gluon routes'
+#               tests (fp16 and fp32 pairs) beside the Triton int4 tests (decode, append,
+#               prefill, prefix), then the probe at both pair dtypes (kernel / memory only, the
+#               Triton row), per LAYOUTS
 set -u
 export PYTHONPATH=src:.peers/fi PYTHONUNBUFFERED=1 FLASHINFER_WORKSPACE_BASE=/tmp/fi_ws \
   FLASHINFER_CUDA_ARCH_LIST=9.0
@@ -151,6 +156,25 @@ if has probe; then
   for lay in ${LAYOUTS:-nhd}; do
     (cd scripts && PYTHONPATH=../src:. timeout 280 python3 quant_decode_probe.py --layout $lay \
       --force-gluon --triton 2>&1 | grep "^|")
+  done
+fi
+if has f16pairs; then
+  step f16pairs
+  ROUTES="int4 int4swap" ROUTE_S=320 OUT=$OUT bash scripts/gluon_routes_test.sh \
+    > "$OUT/f16pairs_routes.txt" 2>&1 &
+  timeout 320 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_decode_quant.py \
+    tests/test_append_quant.py tests/test_quant.py > "$OUT/f16pairs_triton.log" 2>&1 &
+  timeout 320 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_paged_prefill.py \
+    tests/test_prefix_decode.py -k "int4 or quant" > "$OUT/f16pairs_prefill.log" 2>&1 &
+  wait
+  cat "$OUT/f16pairs_routes.txt"
+  for f in triton prefill; do
+    echo "- $f"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/f16pairs_$f.log" | head -8 \
+      | cut -c1-300
+  done
+  for lay in ${LAYOUTS:-nhd}; do
+    (cd scripts && PYTHONPATH=../src:. timeout 150 python3 quant_decode_probe.py --layout $lay \
+      --formats int4 --int4-pairs fp16,fp32 --probes 0,1 --triton 2>&1 | grep "^|")
   done
 fi
 if has knobs; then

@@ -44,6 +44,8 @@ def main():
                    help="also time the format's Triton row (config gluon off)")
     p.add_argument("--probes", default="0,1,2",
                    help="ROOFLINE_PROBE values, 0 first (3, 4: without the scales' copies)")
+    p.add_argument("--int4-pairs", default="fp16",
+                   help="int4's (scale, offset) dtypes (quantize_kv's scale_dtype): fp16,fp32")
     p.add_argument("--force-gluon", action="store_true",
                    help="int4 on the Gluon decode where the plan would run Triton")
     args = p.parse_args()
@@ -68,12 +70,15 @@ def main():
         ref = base.run(q, k, v, seqlens, table).float()
         fp16_us = graph_us(lambda: base.run(q, k, v, seqlens, table))
         fp16_tbs = bytes_read(case, None) / fp16_us / 1e6
-        for fmt, n_loaders, n_stages in itertools.product(args.formats.split(","), loaders,
-                                                          int4_stages):
-            if n_stages and fmt != "int4":
+        pair_dtypes = {"fp16": torch.float16, "fp32": torch.float32}
+        for fmt, n_loaders, n_stages, pairs in itertools.product(
+                args.formats.split(","), loaders, int4_stages, args.int4_pairs.split(",")):
+            if (n_stages or pairs != args.int4_pairs.split(",")[0]) and fmt != "int4":
                 continue
-            kq, ks, vq, vs = (stored(t, args.layout) for t in (*kvonce.quantize_kv(k, fmt),
-                                                                 *kvonce.quantize_kv(v, fmt)))
+            sd = pair_dtypes[pairs] if fmt == "int4" else None
+            kq, ks, vq, vs = (stored(t, args.layout) for t in (
+                *kvonce.quantize_kv(k, fmt, scale_dtype=sd),
+                *kvonce.quantize_kv(v, fmt, scale_dtype=sd)))
             kw = dict(k_scale=ks, v_scale=vs)
             times, route = [], "?"
             for probe in probes:
@@ -110,9 +115,10 @@ def main():
                 tri = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, config=cfg,
                                              kv_format="int4" if fmt == "int4" else None, **kw)
                 triton_us = graph_us(lambda: tri.run(q, kq, vq, seqlens, table, **kw))
-            nbytes = bytes_read(case, fmt)
+            nbytes = bytes_read(case, fmt, int4_pair_bytes=4 if pairs == "fp16" else 8)
             stages = f", {n_stages} stages" if n_stages else ""
-            print(f"| {hq}/{hk} | {batch} x {length} | {fmt} | {n_loaders}{stages} | {route} | "
+            label = f"{fmt} ({pairs} pairs)" if fmt == "int4" else fmt
+            print(f"| {hq}/{hk} | {batch} x {length} | {label} | {n_loaders}{stages} | {route} | "
                   + " | ".join(f"{t:.1f}" for t in times)
                   + f" | {triton_us:.1f} | {fp16_us:.1f} | {fp16_us / times[0]:.2f} | "
                   f"{nbytes / times[0] / 1e6:.2f} / {fp16_tbs:.2f} |", flush=True)

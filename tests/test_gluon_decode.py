@@ -278,7 +278,7 @@ def _poison_unowned(kq, vq, ks, vs, seqlens, table):
 
 
 def _case(fmt, batch, q_len, nheads, nheads_k, page, lens, max_keys, seed=0,
-          q_dtype=torch.float16):
+          q_dtype=torch.float16, int4_pairs=None):
     torch.manual_seed(seed)
     pages_per_seq = max_keys // page
     num_pages = batch * pages_per_seq + 2
@@ -289,8 +289,8 @@ def _case(fmt, batch, q_len, nheads, nheads_k, page, lens, max_keys, seed=0,
     v = torch.randn(num_pages, page, nheads_k, 128, device="cuda")
     k[..., 5] *= 20.0
     v[num_pages // 2:] *= 300.0   # V scales of different sizes (int8: the tile's unit changes)
-    kq, ks = kvonce.quantize_kv(k, fmt)
-    vq, vs = kvonce.quantize_kv(v, fmt)
+    kq, ks = kvonce.quantize_kv(k, fmt, scale_dtype=int4_pairs)
+    vq, vs = kvonce.quantize_kv(v, fmt, scale_dtype=int4_pairs)
     table = torch.randperm(num_pages, device="cuda")[:batch * pages_per_seq]
     table = table.reshape(batch, pages_per_seq).to(torch.int32)
     seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
@@ -331,13 +331,14 @@ def _spy_scale_rings(monkeypatch) -> list:
 # consumers ("int4": not routed) or swapped ("int4 swapped", routed); "int8 v-biased": by TMA
 # with V as 1152 + x (INT8_V_BIASED: correct, not faster, off).
 # "... swapped": the swapped-operand consumers (GLUON_SWAP_FORMATS: int4's shipped, fp8's and
-# int8's correct and not faster) where the packed rows fit 8; "t256": int4's in 256-key tiles
+# int8's correct and not faster) where the packed rows fit 8; "fp32 pairs": int4's float32
+# (scale, offset) pairs (quantize_kv's default is fp16); "t256": int4's in 256-key tiles
 # (INT4_SWAPPED_TILE_KEYS: correct, even with 128-key tiles, off).
 ROUTES = ["fp8_e4m3", "int8 ring", "int8", "int8 token-major scales", "int4", "int8 v-biased",
           "fp8_e4m3 swapped", "int8 swapped", "int8 swapped v-biased", "int4 swapped",
-          "int4 swapped t256"]
+          "int4 swapped t256", "int4 fp32 pairs", "int4 swapped fp32 pairs"]
 RING_ROUTES = ("int8 ring", "int4", "int8 v-biased", "int8 swapped", "int8 swapped v-biased",
-               "int4 swapped", "int4 swapped t256")
+               "int4 swapped", "int4 swapped t256", "int4 fp32 pairs", "int4 swapped fp32 pairs")
 
 
 @hopper_only
@@ -348,8 +349,9 @@ RING_ROUTES = ("int8 ring", "int4", "int8 v-biased", "int8 swapped", "int8 swapp
 def test_gluon_decode_matches_reference_and_triton(case, causal, route, q_dtype, monkeypatch):
     fmt = _take_route(route, monkeypatch)
     rings = _spy_scale_rings(monkeypatch)
-    plan = _check_against_reference_and_triton(case, causal, fmt, q_dtype,
-                                               token_major_scales="token-major" in route)
+    plan = _check_against_reference_and_triton(
+        case, causal, fmt, q_dtype, token_major_scales="token-major" in route,
+        int4_pairs=torch.float32 if "fp32 pairs" in route else None)
     assert bool(rings) == (route in RING_ROUTES)
     batch, q_len, nheads, nheads_k = GPU_CASES[case][:4]
     swapped = "swapped" in route and nheads // nheads_k * q_len <= 8
@@ -357,10 +359,13 @@ def test_gluon_decode_matches_reference_and_triton(case, causal, route, q_dtype,
 
 
 def _check_against_reference_and_triton(case, causal, fmt, q_dtype, token_major_scales=False,
-                                        head_major=False):
+                                        head_major=False, int4_pairs=None):
     batch, q_len, nheads, nheads_k, page, lens, max_keys, splits = GPU_CASES[case]
     q, kq, vq, ks, vs, seqlens, table, kd, vd = _case(fmt, batch, q_len, nheads, nheads_k, page,
-                                                      lens, max_keys, q_dtype=QDTYPES[q_dtype])
+                                                      lens, max_keys, q_dtype=QDTYPES[q_dtype],
+                                                      int4_pairs=int4_pairs)
+    if int4_pairs is not None:
+        assert ks.dtype == vs.dtype == int4_pairs
     if token_major_scales:
         ks, vs = ks.contiguous(), vs.contiguous()
     if head_major:   # the same logical pages stored [num_pages, nheads_k, page_size, row]

@@ -26,38 +26,67 @@ def test_int8_per_token_bound(outliers):
     assert (err <= bound).all()
 
 
+# int4's (scale, offset) pair dtypes and their relative rounding (fp16: half an ulp, 2^-11).
+INT4_PAIRS = [(torch.float16, 2.0 ** -11), (torch.float32, 1e-6)]
+
+
+@pytest.mark.parametrize("pair_dtype,rel", INT4_PAIRS)
 @pytest.mark.parametrize("outliers", [False, True])
-def test_int4_per_key_bound_and_layout(outliers):
+def test_int4_per_key_bound_and_layout(outliers, pair_dtype, rel):
     x = _keys(2, 16, 2, 128, outliers=outliers)
-    x_q, s = quantize_kv(x, "int4")
+    x_q, s = quantize_kv(x, "int4", scale_dtype=pair_dtype)
     assert x_q.dtype == torch.uint8 and x_q.shape == (2, 16, 2, 64)
-    assert s.dtype == torch.float32 and s.shape == (2, 16, 2, 2)
-    scale, offset = s.unbind(-1)
+    assert s.dtype == pair_dtype and s.shape == (2, 16, 2, 2)
+    scale, offset = s.float().unbind(-1)
     xf = x.float()
-    assert torch.allclose(scale, (xf.amax(-1) - xf.amin(-1)) / 15, rtol=1e-6, atol=0)
-    assert torch.allclose(offset, xf.amin(-1) + 8 * scale, rtol=1e-6, atol=1e-6)
+    assert torch.allclose(scale, (xf.amax(-1) - xf.amin(-1)) / 15, rtol=rel, atol=0)
+    # the offset from the scale as stored, then rounded itself
+    assert torch.allclose(offset, xf.amin(-1) + 8 * scale, rtol=rel, atol=1e-6)
     back = dequantize_kv(x_q, s, "int4", torch.float32)
-    # Half a step of scale = (max - min) / 15, plus float32 rounding.
-    bound = scale[..., None] * (0.5 + 1e-5) + xf.abs() * 1e-6
+    # Half a step of the stored scale, plus the offset's rounding (a clamped extreme), plus
+    # float32 rounding.
+    bound = scale[..., None] * (0.5 + 1e-5) + offset.abs()[..., None] * rel + xf.abs() * 1e-6
     assert ((back - xf).abs() <= bound).all()
     # Nibble order: channel i low, i + d/2 high, q + 8 (d = 64: byte 0 holds channels 0 and 32).
     y = torch.zeros(1, 1, 64, device=DEVICE, dtype=torch.float16)
     y[..., 0], y[..., 32], y[..., 1] = 7.0, -8.0, 7.0
-    y_q, y_s = quantize_kv(y, "int4")
+    y_q, y_s = quantize_kv(y, "int4", scale_dtype=pair_dtype)
     assert y_s.tolist() == [[[1.0, 0.0]]]
     assert y_q[0, 0, 0].item() == 15 and y_q[0, 0, 1].item() == (15 | (8 << 4))
     assert y_q[0, 0, 2:].eq(8 | (8 << 4)).all()
 
 
-def test_int4_offset_rows():
+@pytest.mark.parametrize("pair_dtype,rel", INT4_PAIRS)
+def test_int4_offset_rows(pair_dtype, rel):
     """Rows far from 0 (a common offset larger than their spread: the minimum, not a symmetric
-    range, sets the levels) and constant rows dequantize within half a step."""
+    range, sets the levels) and constant rows dequantize within half a step (plus, fp16 pairs,
+    the offset's own rounding: 2^-11 of it, where the codes clamp)."""
     x = torch.randn(4, 2, 64, device=DEVICE) * 0.1 + 100.0
     x[0, 1] = -3.0  # constant
-    x_q, s = quantize_kv(x, "int4")
+    x_q, s = quantize_kv(x, "int4", scale_dtype=pair_dtype)
     back = dequantize_kv(x_q, s, "int4", torch.float32)
-    assert ((back - x).abs() <= s[..., :1] * 0.51 + x.abs() * 1e-6).all()
+    s = s.float()
+    bound = s[..., :1] * 0.51 + s[..., 1:].abs() * rel + x.abs() * 1e-6
+    assert ((back - x).abs() <= bound).all()
     assert (back[0, 1] + 3.0).abs().max() < 1e-5
+
+
+def test_int4_fp16_pairs_error_matches_float32():
+    """fp16 pairs cost int4 nothing measurable on keys of unit scale: the output of a
+    dequantized row stays within 1% of the float32 pairs' error, both well under the level."""
+    x = _keys(4, 64, 2, 128, outliers=False)
+    errs = []
+    for pair_dtype in (torch.float16, torch.float32):
+        x_q, s = quantize_kv(x, "int4", scale_dtype=pair_dtype)
+        errs.append((dequantize_kv(x_q, s, "int4", torch.float32) - x.float()).pow(2).mean())
+    assert errs[0] <= errs[1] * 1.01, errs
+
+
+@pytest.mark.parametrize("fmt,dt", [("int4", torch.bfloat16), ("int8", torch.float16),
+                                    ("fp8_e4m3", torch.float32)])
+def test_scale_dtype_is_int4s_pair_dtype(fmt, dt):
+    with pytest.raises(ValueError, match="scale_dtype"):
+        quantize_kv(_keys(1, 16, 1, 64), fmt, scale_dtype=dt)
 
 
 def test_fp8_per_head_scale_and_given_scale():

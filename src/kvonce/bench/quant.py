@@ -70,11 +70,12 @@ class Case:
 
 
 def bytes_read(case: Case, fmt: str | None, *, per_tensor_scale: bool = False,
-               outliers: int = 0) -> int:
+               outliers: int = 0, int4_pair_bytes: int = 4) -> int:
     """K/V bytes a decode call reads: data plus scales (both caches). fp16 2 B a value, fp8/int8
-    1 B, int4 half a byte; scales: int8 one float32 per (token, KV head), int4 one fp16 per 32
-    channels per token, fp8 one float32 per KV head (or per tensor); ``outliers`` 16-bit values
-    per (token, KV head) in the side cache."""
+    1 B, int4 half a byte; scales: int8 one float32 per (token, KV head), int4 one (scale,
+    offset) pair per (token, KV head) (``int4_pair_bytes``: 4 fp16, quantize_kv's default; 8
+    float32), fp8 one float32 per KV head (or per tensor); ``outliers`` 16-bit values per
+    (token, KV head) in the side cache."""
     values = case.tokens * case.nheads_k * HEAD_DIM
     if fmt is None:
         data, scales = 2 * values, 0
@@ -83,7 +84,7 @@ def bytes_read(case: Case, fmt: str | None, *, per_tensor_scale: bool = False,
     elif fmt == "int8":
         data, scales = values, 4 * case.tokens * case.nheads_k
     elif fmt == "int4":
-        data, scales = values // 2, 8 * case.tokens * case.nheads_k  # (scale, offset) float32
+        data, scales = values // 2, int4_pair_bytes * case.tokens * case.nheads_k
     else:
         raise ValueError(f"unknown format {fmt!r}")
     return 2 * (data + scales) + 2 * outliers * case.tokens * case.nheads_k

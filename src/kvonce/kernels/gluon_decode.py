@@ -691,9 +691,12 @@ class PagedGluonDecodeLaunch:
 
     def _scales_desc(self, scale):
         """Per-key scales (``head_major_scales``: int8's, int4's pairs) as ``[pages * nheads_k,
-        page_size * pair]`` float32 rows, a box's a TMA box."""
+        page_size * pair]`` 32-bit rows, a box's a TMA box; int4's fp16 pairs as one 32-bit unit
+        a key (pair 1: the kernel reads them so, ``gluon_decode_common.packed_pairs``)."""
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+        if scale.dtype == torch.float16:   # [..., 2] fp16, last dim contiguous
+            scale = scale.view(torch.float32)[..., 0]
         pages, page_size, nheads_k = scale.shape[:3]
         pair = scale.shape[3] if scale.dim() == 4 else 1
         return TensorDescriptor(scale, [pages * nheads_k, page_size * pair],
@@ -719,7 +722,8 @@ class PagedGluonDecodeLaunch:
         # int4's scales come by TMA (SCALE_RING); int8's too where stored head-major from a
         # 16-byte aligned address and INT8_SCALES_BY_TMA, else a load a key
         ring = self.int4 or (self.per_key_scales and INT8_SCALES_BY_TMA and all(
-            head_major_scales(sc) and sc.data_ptr() % 16 == 0 for sc in (k_scale, v_scale)))
+            head_major_scales(sc) and sc.data_ptr() % 16 == 0 and sc.dtype == torch.float32
+            for sc in (k_scale, v_scale)))
         if self.int4:
             for name, sc in (("k_scale", k_scale), ("v_scale", v_scale)):
                 if not head_major_scales(sc) or sc.data_ptr() % 16:

@@ -50,7 +50,7 @@ def _check_signature(box: int, kv_dtype: str = "u8", q_dtype: str = "fp16",
 def _check_spec(variant, group, page_size, stages=4, causal=False, thread_arrive=True,
                 ring_merge=False, ctas_per_sm=1, kv_dtype="u8", tile_keys=0, kv_format=1,
                 q_dtype="fp16", direct_lse=None, scale_ring=False, v_biased=False,
-                swap_ab=False, probe=0, loaders=1, head_major=False):
+                swap_ab=False, probe=0, loaders=1, head_major=False, f16_pairs=False):
     options = dict(num_warps=4)
     if ctas_per_sm == 2:
         options["maxnreg"] = TWO_CTA_MAXNREG
@@ -81,7 +81,9 @@ def _check_spec(variant, group, page_size, stages=4, causal=False, thread_arrive
     scale_pair = 0
     if scale_ring or kv_format == 3:   # the scales by ring (int4's always)
         constexprs["SCALE_RING"] = True
-        scale_pair = 2 if kv_format == 3 else 1
+        # int4's float32 (scale, offset) pairs two 32-bit units a key; fp16 pairs (f16_pairs,
+        # quantize_kv's default) one
+        scale_pair = 2 if kv_format == 3 and not f16_pairs else 1
     return (variant, _gluon_decode_kernel,
             _check_signature(min(box_rows(page_size), tile), kv_dtype, q_dtype, out_dtype,
                              64 if kv_format == 3 else 128, scale_pair),
@@ -155,6 +157,15 @@ GLUON_CHECK_SPECS = [
     _check_spec("int4-swap-bf16q-page64-mha-causal-4stages-2cta-direct", 1, 64, stages=4,
                 causal=True, ctas_per_sm=2, kv_format=3, q_dtype="bf16", direct_lse=True,
                 swap_ab=True),
+    # int4's fp16 (scale, offset) pairs (one 32-bit unit a key; quantize_kv's default), page 16
+    # (64-byte scale boxes, padded rows) and 64, row-major and swapped consumers.
+    _check_spec("int4f16-swap-hnd-page16-gqa4-4stages-2cta", 4, 16, stages=4, ctas_per_sm=2,
+                kv_format=3, swap_ab=True, head_major=True, f16_pairs=True),
+    _check_spec("int4f16-swap-bf16q-page64-mha-causal-4stages-2cta-direct", 1, 64, stages=4,
+                causal=True, ctas_per_sm=2, kv_format=3, q_dtype="bf16", direct_lse=True,
+                swap_ab=True, f16_pairs=True),
+    _check_spec("int4f16-page16-gqa4-4stages-2cta", 4, 16, stages=4, ctas_per_sm=2,
+                kv_format=3, f16_pairs=True),
     # Head-major pages (a page's keys of one KV head contiguous: one box a page and head).
     _check_spec("int4-swap-hnd-page16-gqa4-4stages-2cta", 4, 16, stages=4, ctas_per_sm=2,
                 kv_format=3, swap_ab=True, head_major=True),

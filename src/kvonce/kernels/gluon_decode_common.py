@@ -403,6 +403,24 @@ def _scale_rows(sbox):
 
 
 @gluon.constexpr_function
+def packed_pairs(slot_rows, sbox, tile):
+    """Whether an int4 scale ring slot (``[slot_rows, sbox]`` 32-bit units, ``_scale_rows``
+    padded) holds one unit a key, an fp16 (scale, offset) pair, rather than two (a float32
+    pair)."""
+    return slot_rows // max(1, 32 // sbox) * sbox == tile
+
+
+@gluon.jit
+def _unpack_f16_pairs(units):
+    """32-bit units holding fp16 (scale, offset) pairs (scale the low half) -> two float32
+    tensors of ``units``' shape and layout."""
+    bits = units.to(gl.uint32, bitcast=True)
+    scale = (bits & 0xFFFF).to(gl.uint16).to(gl.float16, bitcast=True).to(gl.float32)
+    offset = (bits >> 16).to(gl.uint16).to(gl.float16, bitcast=True).to(gl.float32)
+    return scale, offset
+
+
+@gluon.constexpr_function
 def _scale_slot_layout(warps, wkeys, sbox):
     """A scale ring slot (``[BOXES * _scale_rows(sbox), sbox]``) read as ``[warps, wkeys]``
     keys: plain rows, or, with padding rows, ``sbox`` keys then ``32 - sbox`` floats of

@@ -14,7 +14,8 @@ from .gluon_decode_common import (HEAD_DIM, INT4, INT8, INT8_BIAS, K_OP, K_OP16,
                                   Q_OP16, ROWS, ROW_STATE, V_OP, WARPS, _drain, _f16_row_factors,
                                   _fp8_pairs_to_f16, _int4_k_to_f16, _int4_v_to_f16,
                                   _int8_pairs_to_f16, _int8_to_biased_f16, _key_scales, _release,
-                                  _scale_rows, _scale_slot_layout, _split_range, _store_lse,
+                                  _scale_rows, _scale_slot_layout, _split_range,
+                                  _unpack_f16_pairs, packed_pairs, _store_lse,
                                   _tile_counts, _units_layout, _warp_weights)
 from .gluon_prefill import _add, _max
 
@@ -220,8 +221,12 @@ def _tile_int4(q_lo, q_hi, s_init, q_sum, acc_el, acc_ol, acc_eh, acc_oh, b_i, m
     s = j % STAGES
     phase = (j // STAGES) & 1
     mbarrier.wait(k_ready.index(s), phase)
-    ks, ko = _ring_scale_pairs(ks_smem.index(s), WKEYS)
-    vs, vo = _ring_scale_pairs(vs_smem.index(s), WKEYS)
+    if packed_pairs(ks_smem.shape[1], ks_smem.shape[2], TILE):   # fp16 pairs
+        ks, ko = _unpack_f16_pairs(_ring_scales(ks_smem.index(s), WKEYS))
+        vs, vo = _unpack_f16_pairs(_ring_scales(vs_smem.index(s), WKEYS))
+    else:
+        ks, ko = _ring_scale_pairs(ks_smem.index(s), WKEYS)
+        vs, vo = _ring_scale_pairs(vs_smem.index(s), WKEYS)
     kb = k_smem.index(s).reshape([WARPS, WKEYS, ROW]).permute((0, 2, 1)).load(K_OP)
     _release(k_empty.index(s), THREAD_ARRIVE)
     if MASKED:   # pairs past the end: whatever the slots hold (NaN): out of v_max and b

@@ -17,7 +17,7 @@ from .gluon_decode_common import (FP8, HEAD_DIM, INT4, INT8, INT8_BIAS, LOG2E, M
                                   _fp8_pairs_to_f16, _int4_k_to_f16, _int4_v_to_f16,
                                   _int8_pairs_to_f16, _int8_to_biased_f16, _release,
                                   _scale_slot_layout, _split_range, _tile_counts, _units_layout,
-                                  _warp_weights)
+                                  _unpack_f16_pairs, _warp_weights, packed_pairs)
 from .gluon_prefill import _add, _max
 
 
@@ -277,8 +277,15 @@ def _tile_int4_t(q_lo, q_hi, s_init, q_sum, acc_el, acc_ol, acc_eh, acc_oh, b_i,
     s = j % STAGES
     phase = (j // STAGES) & 1
     mbarrier.wait(k_ready.index(s), phase)
-    ks, ko = _ring_scale_pairs_t(ks_smem.index(s), WKEYS)
-    vs, vo = _ring_scale_pairs_t(vs_smem.index(s), WKEYS)
+    if packed_pairs(ks_smem.shape[1], ks_smem.shape[2], TILE):   # fp16 pairs: a unit a key
+        layout: gl.constexpr = _scale_slot_layout(WARPS, WKEYS, ks_smem.shape[2])
+        ks, ko = _unpack_f16_pairs(
+            ks_smem.index(s)._reinterpret(gl.float32, [WARPS, WKEYS], layout).load(KEY_COL))
+        vs, vo = _unpack_f16_pairs(
+            vs_smem.index(s)._reinterpret(gl.float32, [WARPS, WKEYS], layout).load(KEY_COL))
+    else:
+        ks, ko = _ring_scale_pairs_t(ks_smem.index(s), WKEYS)
+        vs, vo = _ring_scale_pairs_t(vs_smem.index(s), WKEYS)
     kb = k_smem.index(s).reshape([WARPS, WKEYS, ROW]).load(KA_OP)
     _release(k_empty.index(s), THREAD_ARRIVE)
     if MASKED:   # pairs past the end: whatever the slots hold (NaN): out of v_max and b

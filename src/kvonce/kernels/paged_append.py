@@ -10,7 +10,9 @@ round-half ties), so the bytes equal ``quantize_kv``'s for the same tokens:
     KV_FORMAT 2 int8:     s = max(amax_d |x| / 127, 2^-24); q = clamp(rint(x / s), +-127)
     KV_FORMAT 3 int4:     s = max((max_d x - min_d x) / 15, 2^-24); z = min_d x + 8 s;
                           q = clamp(rint((x - z) / s), -8, 7) + 8; byte i: channel i low
-                          nibble, channel i + d/2 high (i < d/2); scale row (s, z), float32
+                          nibble, channel i + d/2 high (i < d/2); scale row (s, z) in the
+                          scale tensor's dtype (fp16 / float32), s and then z rounded to it
+                          before q is computed against them
 
 ``rint`` is round half to even (``torch.round``), done on the fraction of ``|y|`` (exact):
 ``.to(tl.int8)`` truncates, ``libdevice.rint`` does not run under the interpreter, and
@@ -95,7 +97,10 @@ def _store_token_row(x, Cache, Scale, dst, scale_dst, offs_h, h_ok, head_dim, st
         lo = tl.where(h_ok, tl.min(tl.where(d_ok, x, float("inf")), axis=1), 0.0)
         hi = tl.where(h_ok, tl.max(tl.where(d_ok, x, float("-inf")), axis=1), 0.0)
         s = tl.maximum(tl.math.div_rn(hi - lo, tl.full([BLOCK_H], 15.0, tl.float32)), TINY)
-        offset = lo + 8.0 * s
+        # The pair as stored (fp16: rounded to nearest even, as quantize_kv's .to), then the
+        # codes against it.
+        s = s.to(Scale.dtype.element_ty).to(tl.float32)
+        offset = (lo + 8.0 * s).to(Scale.dtype.element_ty).to(tl.float32)
         y = tl.math.div_rn(x - offset[:, None],
                            tl.broadcast_to(s[:, None], [BLOCK_H, BLOCK_D]))
         q = (tl.minimum(tl.maximum(_rint(y), -8.0), 7.0) + 8.0).to(tl.int32)
@@ -107,8 +112,8 @@ def _store_token_row(x, Cache, Scale, dst, scale_dst, offs_h, h_ok, head_dim, st
         tl.store(Cache + rows + offs_b[None, :], (low | (high << 4)).to(tl.uint8),
                  mask=h_ok[:, None] & (offs_b[None, :] < head_dim // 2))
         s_ptrs = Scale + scale_dst + offs_h * stride_sh
-        tl.store(s_ptrs, s, mask=h_ok)
-        tl.store(s_ptrs + 1, offset, mask=h_ok)
+        tl.store(s_ptrs, s.to(Scale.dtype.element_ty), mask=h_ok)
+        tl.store(s_ptrs + 1, offset.to(Scale.dtype.element_ty), mask=h_ok)
 
 
 @triton.jit

@@ -664,8 +664,8 @@ class PagedDecodeLaunch:
         self._scale = float(softmax_scale)
         self._grid = (num_splits * num_m_blocks, launch_heads, batch)
         f16_math = f16 and (kv_format == 1 or v_pairs)
-        # int4's nibble-plane loop: each key's float32 (scale, offset) as one 64-bit load. Even
-        # strides here; 8-byte aligned pointers per call (__call__: otherwise two 32-bit loads).
+        # int4's nibble-plane loop: each key's (scale, offset) as one 64-bit (fp16: 32-bit) load.
+        # Even strides here; pair-aligned pointers per call (__call__: otherwise two loads).
         scale_pairs = (v_pairs and kv_format == 3
                        and all(st % 2 == 0 for t in (k_scale, v_scale)
                                for st in t.stride()[:3]))
@@ -697,7 +697,7 @@ class PagedDecodeLaunch:
         # A call whose V is at an odd byte takes no 16-bit V units, one whose scales are off 4
         # bytes (int4: 8) no scale pairs (views at odd offsets; __call__): their loads would be
         # misaligned there. int8's fp16 dots need the V units (f16_math above).
-        self._scale_align = 8 if kv_format == 3 else 4
+        self._scale_align = 2 * k_scale.element_size() if kv_format == 3 else 4
         self._misaligned_constexprs = {
             (v_ok, scales_ok): dict(self._constexprs, V_PAIRS=v_pairs and v_ok,
                                     SCALE_PAIRS=scale_pairs and v_ok and scales_ok,

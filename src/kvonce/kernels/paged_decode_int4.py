@@ -1,9 +1,9 @@
-"""The int4 paged-decode pieces (format: ``kvonce.paged.quant``, one float32 scale and offset per
-key): the generic per-channel tile (head dims other than 128, fp32 q, V at an odd byte) and, at
-head dim 128, the nibble-plane loop (``_attend_paged_int4``). A key's channel is ``(n - 8) *
-scale + offset`` for its nibble n: the scale and offset are per key, so K's go on the scores'
-columns and V's on the probabilities, and the bytes reach the MMA operand with only the lop3
-converts between.
+"""The int4 paged-decode pieces (format: ``kvonce.paged.quant``, one fp16 or float32 scale and
+offset per key): the generic per-channel tile (head dims other than 128, fp32 q, V at an odd
+byte) and, at head dim 128, the nibble-plane loop (``_attend_paged_int4``). A key's channel is
+``(n - 8) * scale + offset`` for its nibble n: the scale and offset are per key, so K's go on
+the scores' columns and V's on the probabilities, and the bytes reach the MMA operand with only
+the lop3 converts between.
 """
 from __future__ import annotations
 
@@ -18,17 +18,26 @@ from .quant_convert import _int4_units_to_f16, _nibbles_to
 
 @triton.jit
 def _int4_key_scales(CS, rows, in_range, MASKED: tl.constexpr, SCALE_PAIRS: tl.constexpr):
-    """Each key's float32 ``(scale, offset)`` ``[BLOCK_N]`` each, at ``CS + rows``. SCALE_PAIRS
-    (scale rows 8-byte aligned): one 64-bit load a key, which the pipeliner prefetches with
-    cp.async with K and V; otherwise two 32-bit loads."""
+    """Each key's ``(scale, offset)`` ``[BLOCK_N]`` each, at ``CS + rows`` (fp16 or float32
+    pairs), as float32. SCALE_PAIRS (scale rows aligned to the pair: 8 bytes float32, 4 fp16):
+    one load a key, which the pipeliner prefetches with cp.async with K and V; otherwise two."""
     if SCALE_PAIRS:
-        C64 = CS.to(tl.pointer_type(tl.uint64))
-        if MASKED:
-            pair = tl.load(C64 + rows // 2, mask=in_range, other=0)
+        if CS.dtype.element_ty == tl.float16:
+            C32 = CS.to(tl.pointer_type(tl.uint32))
+            if MASKED:
+                pair = tl.load(C32 + rows // 2, mask=in_range, other=0)
+            else:
+                pair = tl.load(C32 + rows // 2)
+            s = (pair & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
+            offset = (pair >> 16).to(tl.uint16).to(tl.float16, bitcast=True)
         else:
-            pair = tl.load(C64 + rows // 2)
-        s = (pair & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
-        offset = (pair >> 32).to(tl.uint32).to(tl.float32, bitcast=True)
+            C64 = CS.to(tl.pointer_type(tl.uint64))
+            if MASKED:
+                pair = tl.load(C64 + rows // 2, mask=in_range, other=0)
+            else:
+                pair = tl.load(C64 + rows // 2)
+            s = (pair & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
+            offset = (pair >> 32).to(tl.uint32).to(tl.float32, bitcast=True)
     else:
         if MASKED:
             s = tl.load(CS + rows, mask=in_range, other=0.0)
@@ -36,7 +45,7 @@ def _int4_key_scales(CS, rows, in_range, MASKED: tl.constexpr, SCALE_PAIRS: tl.c
         else:
             s = tl.load(CS + rows)
             offset = tl.load(CS + rows + 1)
-    return s, offset
+    return s.to(tl.float32), offset.to(tl.float32)
 
 
 @triton.jit

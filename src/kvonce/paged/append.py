@@ -8,7 +8,7 @@ from .. import _validate as V
 from .._dispatch import use_op
 from ..kernels.configs import interpreter_active
 from ..kernels.paged_append import launch_append_paged_kv
-from .checks import (QUANT_FORMATS, check_block_table_values, check_device_ok, check_scale,
+from .checks import (QUANT_FORMATS, check_block_table_values, check_device_ok, check_scales,
                      resolve_kv_format, validate_cache, validate_quantized_cache)
 from .quant import INT4_HEAD_DIM_MULTIPLE
 
@@ -149,8 +149,7 @@ def _validate_append(k, v, k_cache, v_cache, cache_seqlens, block_table, k_scale
     V.check_head_dim("k", head_dim)
     V.check_last_dim_contiguous(k=k, v=v)
     if fmt is not None:
-        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
-            check_scale(name, scale, fmt, k_cache.shape, head_dim)
+        check_scales(k_scale, v_scale, fmt, k_cache.shape, head_dim)
         V.check_same_device(k=k, k_scale=k_scale, v_scale=v_scale)
     check_device_ok(k.device)
     return fmt

@@ -14,7 +14,7 @@ from ..kernels.configs import interpreter_active
 
 __all__ = ["PAGE_SIZES", "QUANT_FORMATS", "check_device_ok", "validate_cache",
            "check_block_table_values", "resolve_kv_format", "validate_quantized_cache",
-           "check_scale"]
+           "check_scale", "check_scales"]
 
 PAGE_SIZES = tuple(1 << i for i in range(4, 9))  # 16 .. 256
 
@@ -121,12 +121,21 @@ def check_scale(name: str, scale, fmt: str, cache_shape, head_dim: int) -> None:
         ok = scale.shape == cache_shape[:3]
         want = f"float32/fp16 {list(cache_shape[:3])} (per token and KV head)"
     else:
-        V.check_tensor(name, scale, dtypes=(torch.float32,))
+        V.check_tensor(name, scale, dtypes=(torch.float16, torch.float32))
         ok = scale.shape == (*cache_shape[:3], 2) and scale.stride(-1) == 1
-        want = (f"float32 {[*cache_shape[:3], 2]} ((scale, offset) per token and KV head, "
+        want = (f"fp16/float32 {[*cache_shape[:3], 2]} ((scale, offset) per token and KV head, "
                 "last dim contiguous)")
     if not ok:
         raise ValueError(f"{name} must be {want}, got {tuple(scale.shape)}")
+
+
+def check_scales(k_scale, v_scale, fmt: str, cache_shape, head_dim: int) -> None:
+    """``check_scale`` of both, and one dtype for the two (a launch reads them alike)."""
+    for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+        check_scale(name, scale, fmt, cache_shape, head_dim)
+    if k_scale.dtype != v_scale.dtype:
+        raise ValueError(f"k_scale and v_scale must share a dtype, got {k_scale.dtype} and "
+                         f"{v_scale.dtype}")
 
 
 def launch_layout(q, k_cache, v_cache, block_table, return_lse: bool, k_scale=None,

@@ -23,7 +23,7 @@ from ..kernels.configs import (SHORT_SPLIT_KEYS, PagedDecodeConfig, device_info,
 from ..kernels._launch import dot_precision
 from ..kernels.paged_decode import PagedDecodeLaunch, decode_row_blocks, head_pairs_eligible
 from ._alloc import allocator
-from .checks import (QUANT_FORMATS, check_block_table_values, check_device_ok, check_scale,
+from .checks import (QUANT_FORMATS, check_block_table_values, check_device_ok, check_scales,
                      launch_layout, resolve_kv_format, validate_cache,
                      validate_quantized_cache)
 from .prefix import plan_cascade
@@ -51,8 +51,7 @@ def _validate_quantized(q, k_cache, v_cache, cache_seqlens, block_table, k_scale
         raise ValueError(f"q must have q_len >= 1 (dim 1), got shape {tuple(q.shape)}")
     V.check_gqa(q.shape[2], k_cache.shape[2])
     V.check_last_dim_contiguous(q=q)
-    for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
-        check_scale(name, scale, kv_format, k_cache.shape, head_dim)
+    check_scales(k_scale, v_scale, kv_format, k_cache.shape, head_dim)
     V.check_same_device(q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens,
                         block_table=block_table, k_scale=k_scale, v_scale=v_scale)
     check_device_ok(q.device)

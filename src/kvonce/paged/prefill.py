@@ -17,7 +17,7 @@ from ..kernels.configs import (PagedPrefillConfig, device_info, get_paged_prefil
 from ..kernels._launch import dot_precision
 from ..kernels.paged_prefill import PagedPrefillLaunch
 from ._alloc import allocator
-from .checks import (QUANT_FORMATS, check_block_table_values, check_device_ok, check_scale,
+from .checks import (QUANT_FORMATS, check_block_table_values, check_device_ok, check_scales,
                      launch_layout, resolve_kv_format, validate_cache,
                      validate_quantized_cache)
 from .decode import PagedDecodePlan
@@ -46,8 +46,7 @@ def _validate(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table, max
         if k_cache.shape[3] != stored or (kv_format == "int4" and head_dim % 32 != 0):
             raise ValueError(f"k_cache's last dim must be {stored} for q's head dim {head_dim} "
                              f"({kv_format}), got {k_cache.shape[3]}")
-        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
-            check_scale(name, scale, kv_format, k_cache.shape, head_dim)
+        check_scales(k_scale, v_scale, kv_format, k_cache.shape, head_dim)
     V.check_head_dim("q", head_dim)
     V.check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, batch=block_table.shape[0])
     V.check_gqa(q.shape[1], k_cache.shape[2])

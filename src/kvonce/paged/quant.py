@@ -4,20 +4,27 @@
 | --- | --- | --- |
 | ``"fp8_e4m3"`` | ``float8_e4m3fn [..., nheads_k, d]`` | float32 ``[nheads_k]`` per KV head, or 0-dim per tensor: fixed when the cache is created |
 | ``"int8"`` | ``int8 [..., nheads_k, d]``, symmetric | float32 ``[..., nheads_k]``: one per (token, KV head) |
-| ``"int4"`` | ``uint8 [..., nheads_k, d // 2]``, asymmetric | float32 ``[..., nheads_k, 2]``: (scale, offset) per (token, KV head) |
+| ``"int4"`` | ``uint8 [..., nheads_k, d // 2]``, asymmetric | fp16 (or float32) ``[..., nheads_k, 2]``: (scale, offset) per (token, KV head) |
 
 - fp8: ``x_q = fp8(x / scale)`` (saturating at +-448); ``x = x_q * scale``. Without a given
   scale, ``amax(|x|) / 448`` per KV head over every other dim (the scale a cache is created with).
 - int8: ``scale = amax(|x|) / 127`` over ``d`` per (token, head); ``x_q = round(x / scale)``.
 - int4: asymmetric per (token, KV head), 16 levels over ``[min, max]`` of its ``d`` values, in
-  float32: ``scale = max((max - min) / 15, 2^-24)``, ``offset = min + 8 * scale``, ``q =
-  round((x - offset) / scale)`` in ``[-8, 7]``, stored as ``q + 8`` in 4 bits; ``x = q * scale
-  + offset``. Channel ``i`` in the low nibble of byte ``i``, channel ``i + d / 2`` in its high
-  nibble (``i < d / 2``), so a decode kernel dots each nibble plane as stored. One scale and
-  offset per key put K's on the scores' columns (``scale * (q . x_q) + offset * sum(q)``) and
-  V's on the probabilities: nothing per channel between the bytes and the dot. Before
-  2026-11-27 (issue 26): symmetric per 32 channels, four fp16 scales a key (8 bytes, as the
-  float32 pair now); the int4 decode loop compiles 18% shorter with one pair, runs from 0.6%
+  float32: ``scale = max((max - min) / 15, 2^-24)`` rounded to the pair's dtype, ``offset =
+  min + 8 * scale`` (that rounded scale) rounded to it, ``q = round((x - offset) / scale)``
+  (the rounded pair) clamped to ``[-8, 7]``, stored as ``q + 8`` in 4 bits; ``x = q * scale +
+  offset``. The pair is fp16 (``scale_dtype``, the default since 2026-11-29, issue 26: 4
+  bytes a key where float32 took 8, 136 bytes a (token, KV head) for K and V against 144);
+  quantizing against the rounded pair keeps the error within half a level plus
+  ``2^-11 |offset|`` (a clamped extreme). fp16 holds pairs of keys whose ``|min|``, ``|max|``
+  stay under ~65000; beyond that the pair reads inf and the key inf or NaN (never a finite wrong
+  value). float32 pairs (the format before) are still read by every kernel. Channel ``i`` in
+  the low nibble of byte ``i``, channel ``i + d / 2`` in its high nibble (``i < d / 2``), so
+  a decode kernel dots each nibble plane as stored. One scale and offset per key put K's on
+  the scores' columns (``scale * (q . x_q) + offset * sum(q)``) and V's on the
+  probabilities: nothing per channel between the bytes and the dot. Before
+  2026-11-27 (issue 26): symmetric per 32 channels, four fp16 scales a key (8 bytes, as a
+  float32 pair); the int4 decode loop compiles 18% shorter with one pair, runs from 0.6%
   slower to 5% faster on the H100 and 10-29% faster on an H200 (graphs, docs/notes.md), and
   the output error on random keys rose 1.39e-1 -> 1.44e-1 (scripts/quant_accuracy.py). Keys
   with outlier channels need ``KeyTransform`` or ``KeyOutliers`` in either form
@@ -62,15 +69,22 @@ def _check_format(kv_format) -> None:
         raise ValueError(f"kv_format must be one of {KV_FORMATS}, got {kv_format!r}")
 
 
-def quantize_kv(x: torch.Tensor, kv_format: str, *, scale: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+INT4_SCALE_DTYPES = (torch.float16, torch.float32)
+
+
+def quantize_kv(x: torch.Tensor, kv_format: str, *, scale: torch.Tensor | None = None,
+                scale_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize K or V ``x [..., nheads_k, d]`` (fp16/bf16/fp32): whole caches or new tokens.
 
     Returns ``(x_q, x_scale)`` as in the module table. ``scale``: only for ``"fp8_e4m3"`` (float32
     ``[nheads_k]`` or 0-dim), to quantize new tokens with the cache's fixed scale; int8/int4 scales
-    are per token and always computed here.
+    are per token and always computed here. ``scale_dtype``: int4's (scale, offset) pairs,
+    ``torch.float16`` (None: the default) or ``torch.float32``.
     """
     _check_format(kv_format)
+    if scale_dtype is not None and (kv_format != "int4" or scale_dtype not in INT4_SCALE_DTYPES):
+        raise ValueError(f"scale_dtype is int4's (scale, offset) dtype, one of "
+                         f"{INT4_SCALE_DTYPES}; got {scale_dtype} for {kv_format}")
     V.check_tensor("x", x, dtypes=V.ATTN_DTYPES)
     if x.dim() < 2:
         raise ValueError(f"x must be [..., nheads_k, d], got shape {tuple(x.shape)}")
@@ -99,13 +113,15 @@ def quantize_kv(x: torch.Tensor, kv_format: str, *, scale: torch.Tensor | None =
     if d % INT4_HEAD_DIM_MULTIPLE != 0:
         raise ValueError(f"int4 needs a head dim that is a multiple of {INT4_HEAD_DIM_MULTIPLE}, "
                          f"got {d}")
+    pair_dtype = scale_dtype or torch.float16
     lo = xf.amin(dim=-1)
     s = torch.clamp((xf.amax(dim=-1) - lo) / _const(15.0, x), min=_TINY)
-    offset = lo + 8.0 * s
+    s = s.to(pair_dtype).float()                       # the pair as stored
+    offset = (lo + 8.0 * s).to(pair_dtype).float()
     q = torch.clamp(torch.round((xf - offset[..., None]) / s[..., None]), -8, 7)
     q = q.to(torch.int16) + 8
     packed = (q[..., : d // 2] | (q[..., d // 2:] << 4)).to(torch.uint8)
-    scales = torch.stack([s, offset], dim=-1)
+    scales = torch.stack([s, offset], dim=-1).to(pair_dtype)
     if x.dim() == 4:
         # A paged cache's scales stored head-major (module docstring, "Storage")
         scales = scales.transpose(1, 2).contiguous().transpose(1, 2)
