@@ -44,11 +44,16 @@ def main():
                    help="also time the format's Triton row (config gluon off)")
     p.add_argument("--probes", default="0,1,2",
                    help="ROOFLINE_PROBE values, 0 first (3, 4: without the scales' copies)")
+    p.add_argument("--int4-tile", type=int, default=0,
+                   help="int4's swapped tile keys (gluon_decode.INT4_SWAPPED_TILE_KEYS; 0 the "
+                        "module's)")
     p.add_argument("--int4-pairs", default="fp16",
                    help="int4's (scale, offset) dtypes (quantize_kv's scale_dtype): fp16,fp32")
     p.add_argument("--force-gluon", action="store_true",
                    help="int4 on the Gluon decode where the plan would run Triton")
     args = p.parse_args()
+    if args.int4_tile:
+        gluon_decode.INT4_SWAPPED_TILE_KEYS = args.int4_tile
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     heads = [tuple(int(x) for x in h.split("/")) for h in args.heads.split(",")]
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]

@@ -662,7 +662,10 @@ def test_quantized_arguments_are_checked_before_launch():
     with pytest.raises(ValueError, match="kv_format='int4'"):
         kvonce.paged_attention(q, k4, v4, seqlens, table, k_scale=ks4, v_scale=vs4)
     with pytest.raises(TypeError, match="k_scale"):
-        kvonce.paged_attention(q, k4, v4, seqlens, table, k_scale=ks4.half(), v_scale=vs4,
+        kvonce.paged_attention(q, k4, v4, seqlens, table, k_scale=ks4.bfloat16(), v_scale=vs4,
+                               kv_format="int4")
+    with pytest.raises(ValueError, match="share a dtype"):   # fp16 pairs against float32 ones
+        kvonce.paged_attention(q, k4, v4, seqlens, table, k_scale=ks4.float(), v_scale=vs4,
                                kv_format="int4")
     with pytest.raises(ValueError, match="quantized caches"):
         kvonce.paged_attention(q, k, v, seqlens, table, k_scale=ks, v_scale=vs)

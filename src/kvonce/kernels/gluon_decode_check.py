@@ -166,6 +166,9 @@ GLUON_CHECK_SPECS = [
                 swap_ab=True, f16_pairs=True),
     _check_spec("int4f16-page16-gqa4-4stages-2cta", 4, 16, stages=4, ctas_per_sm=2,
                 kv_format=3, f16_pairs=True),
+    _check_spec("int4f16-swap-t256-hnd-page16-gqa4-2stages-2cta", 4, 16, stages=2,
+                ctas_per_sm=2, kv_format=3, swap_ab=True, tile_keys=256, head_major=True,
+                f16_pairs=True),
     # Head-major pages (a page's keys of one KV head contiguous: one box a page and head).
     _check_spec("int4-swap-hnd-page16-gqa4-4stages-2cta", 4, 16, stages=4, ctas_per_sm=2,
                 kv_format=3, swap_ab=True, head_major=True),
