@@ -332,11 +332,13 @@ def _spy_scale_rings(monkeypatch) -> list:
 # with V as 1152 + x (INT8_V_BIASED: correct, not faster, off).
 # "... swapped": the swapped-operand consumers (GLUON_SWAP_FORMATS: int4's shipped, fp8's and
 # int8's correct and not faster) where the packed rows fit 8; "fp32 pairs": int4's float32
-# (scale, offset) pairs (quantize_kv's default is fp16); "t256": int4's in 256-key tiles
+# (scale, offset) pairs (quantize_kv's default is fp16); "int8 fp16 scales": int8's scales
+# rounded to fp16, stored head-major, with INT8_SCALES_BY_TMA on (the float32 ring declines
+# them: a key at a time); "t256": int4's in 256-key tiles
 # (INT4_SWAPPED_TILE_KEYS: correct, even with 128-key tiles, off).
 ROUTES = ["fp8_e4m3", "int8 ring", "int8", "int8 token-major scales", "int4", "int8 v-biased",
           "fp8_e4m3 swapped", "int8 swapped", "int8 swapped v-biased", "int4 swapped",
-          "int4 swapped t256", "int4 fp32 pairs", "int4 swapped fp32 pairs"]
+          "int4 swapped t256", "int4 fp32 pairs", "int4 swapped fp32 pairs", "int8 fp16 scales"]
 RING_ROUTES = ("int8 ring", "int4", "int8 v-biased", "int8 swapped", "int8 swapped v-biased",
                "int4 swapped", "int4 swapped t256", "int4 fp32 pairs", "int4 swapped fp32 pairs")
 
@@ -351,7 +353,8 @@ def test_gluon_decode_matches_reference_and_triton(case, causal, route, q_dtype,
     rings = _spy_scale_rings(monkeypatch)
     plan = _check_against_reference_and_triton(
         case, causal, fmt, q_dtype, token_major_scales="token-major" in route,
-        int4_pairs=torch.float32 if "fp32 pairs" in route else None)
+        int4_pairs=torch.float32 if "fp32 pairs" in route else None,
+        fp16_scales="fp16 scales" in route)
     assert bool(rings) == (route in RING_ROUTES)
     batch, q_len, nheads, nheads_k = GPU_CASES[case][:4]
     swapped = "swapped" in route and nheads // nheads_k * q_len <= 8
@@ -359,7 +362,7 @@ def test_gluon_decode_matches_reference_and_triton(case, causal, route, q_dtype,
 
 
 def _check_against_reference_and_triton(case, causal, fmt, q_dtype, token_major_scales=False,
-                                        head_major=False, int4_pairs=None):
+                                        head_major=False, int4_pairs=None, fp16_scales=False):
     batch, q_len, nheads, nheads_k, page, lens, max_keys, splits = GPU_CASES[case]
     q, kq, vq, ks, vs, seqlens, table, kd, vd = _case(fmt, batch, q_len, nheads, nheads_k, page,
                                                       lens, max_keys, q_dtype=QDTYPES[q_dtype],
@@ -368,6 +371,9 @@ def _check_against_reference_and_triton(case, causal, fmt, q_dtype, token_major_
         assert ks.dtype == vs.dtype == int4_pairs
     if token_major_scales:
         ks, vs = ks.contiguous(), vs.contiguous()
+    if fp16_scales:      # int8: the same head-major storage, rounded to fp16
+        ks, vs = ks.half(), vs.half()
+        assert gluon_decode.head_major_scales(ks)
     if head_major:   # the same logical pages stored [num_pages, nheads_k, page_size, row]
         kq, vq = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (kq, vq))
         assert gluon_decode.pages_head_major(kq) == (nheads_k > 1)
@@ -431,7 +437,8 @@ def _take_route(route, monkeypatch) -> str:
     """The format of a ``ROUTES`` entry, its route set up (int8 scales by TMA or a key at a time,
     V biased or not, swapped operands or row-major consumers)."""
     fmt = route.split()[0]
-    monkeypatch.setattr(gluon_decode, "INT8_SCALES_BY_TMA", route in RING_ROUTES)
+    monkeypatch.setattr(gluon_decode, "INT8_SCALES_BY_TMA",
+                        route in RING_ROUTES or "fp16 scales" in route)
     monkeypatch.setattr(gluon_decode, "INT8_V_BIASED", "v-biased" in route)
     monkeypatch.setattr(gluon_decode, "GLUON_SWAP_FORMATS",
                         (1, 2, 3) if "swapped" in route else ())
