@@ -47,6 +47,8 @@ def main():
     p.add_argument("--int4-tile", type=int, default=0,
                    help="int4's swapped tile keys (gluon_decode.INT4_SWAPPED_TILE_KEYS; 0 the "
                         "module's)")
+    p.add_argument("--int4-v-biased", action="store_true",
+                   help="int4 V as 1024 + n on the swapped consumers (gluon_decode.INT4_V_BIASED)")
     p.add_argument("--int4-pairs", default="fp16",
                    help="int4's (scale, offset) dtypes (quantize_kv's scale_dtype): fp16,fp32")
     p.add_argument("--force-gluon", action="store_true",
@@ -54,6 +56,7 @@ def main():
     args = p.parse_args()
     if args.int4_tile:
         gluon_decode.INT4_SWAPPED_TILE_KEYS = args.int4_tile
+    gluon_decode.INT4_V_BIASED = args.int4_v_biased
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     heads = [tuple(int(x) for x in h.split("/")) for h in args.heads.split(",")]
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]

@@ -190,6 +190,11 @@ def test_swapped_operands_where_the_rows_fit(monkeypatch):
                                  (dict(kv_format=1), 0, 2)):
         la = launch(**kwargs)
         assert (la.ring_constexprs["TILE_KEYS"], la.ring_constexprs["STAGES"]) == (tile, stages)
+    # int4's biased V (INT4_V_BIASED) rides the swapped consumers only; int8's has its own knob
+    monkeypatch.setattr(gluon_decode, "INT4_V_BIASED", True)
+    assert launch(kv_format=3).ring_constexprs["V_BIASED"]
+    assert not launch(kv_format=3, q_len=4).ring_constexprs["V_BIASED"]
+    assert not launch(kv_format=2).ring_constexprs["V_BIASED"]
 
 
 def test_int4_launches_where_routed(monkeypatch):
@@ -332,15 +337,18 @@ def _spy_scale_rings(monkeypatch) -> list:
 # with V as 1152 + x (INT8_V_BIASED: correct, not faster, off).
 # "... swapped": the swapped-operand consumers (GLUON_SWAP_FORMATS: int4's shipped, fp8's and
 # int8's correct and not faster) where the packed rows fit 8; "fp32 pairs": int4's float32
-# (scale, offset) pairs (quantize_kv's default is fp16); "int8 fp16 scales": int8's scales
+# (scale, offset) pairs (quantize_kv's default is fp16); "int4 swapped v-biased": V as 1024 + n
+# (INT4_V_BIASED, off); "int8 fp16 scales": int8's scales
 # rounded to fp16, stored head-major, with INT8_SCALES_BY_TMA on (the float32 ring declines
 # them: a key at a time); "t256": int4's in 256-key tiles
 # (INT4_SWAPPED_TILE_KEYS: correct, even with 128-key tiles, off).
 ROUTES = ["fp8_e4m3", "int8 ring", "int8", "int8 token-major scales", "int4", "int8 v-biased",
           "fp8_e4m3 swapped", "int8 swapped", "int8 swapped v-biased", "int4 swapped",
-          "int4 swapped t256", "int4 fp32 pairs", "int4 swapped fp32 pairs", "int8 fp16 scales"]
+          "int4 swapped t256", "int4 fp32 pairs", "int4 swapped fp32 pairs", "int8 fp16 scales",
+          "int4 swapped v-biased"]
 RING_ROUTES = ("int8 ring", "int4", "int8 v-biased", "int8 swapped", "int8 swapped v-biased",
-               "int4 swapped", "int4 swapped t256", "int4 fp32 pairs", "int4 swapped fp32 pairs")
+               "int4 swapped", "int4 swapped t256", "int4 fp32 pairs", "int4 swapped fp32 pairs",
+               "int4 swapped v-biased")
 
 
 @hopper_only
@@ -440,6 +448,7 @@ def _take_route(route, monkeypatch) -> str:
     monkeypatch.setattr(gluon_decode, "INT8_SCALES_BY_TMA",
                         route in RING_ROUTES or "fp16 scales" in route)
     monkeypatch.setattr(gluon_decode, "INT8_V_BIASED", "v-biased" in route)
+    monkeypatch.setattr(gluon_decode, "INT4_V_BIASED", "v-biased" in route)
     monkeypatch.setattr(gluon_decode, "GLUON_SWAP_FORMATS",
                         (1, 2, 3) if "swapped" in route else ())
     monkeypatch.setattr(gluon_decode, "INT4_SWAPPED_TILE_KEYS", 256 if "t256" in route else 128)

@@ -197,7 +197,7 @@ def _gluon_decode_kernel(
                  stride_lb, stride_lt, stride_lh, stride_ls, stride_btb, stride_ksp, stride_kst,
                  stride_vsp, stride_vst, ks_smem, vs_smem, GROUP, IS_CAUSAL, THREAD_ARRIVE,
                  RING_MERGE, KV_FORMAT, PAGE_SIZE, STORE_LSE, SCALE_RING,
-                 V_BIASED and KV_FORMAT == INT8, PROBE, SWAP_AB)),
+                 V_BIASED and KV_FORMAT != FP8, PROBE, SWAP_AB)),
             (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                  cache_seqlens, block_table, num_splits, stride_btb, KS, VS, ks_smem, vs_smem,
                  PAGE_SIZE, SCALE_RING, PROBE, 0, 2, HEAD_MAJOR)),
@@ -215,7 +215,7 @@ def _gluon_decode_kernel(
                  stride_lb, stride_lt, stride_lh, stride_ls, stride_btb, stride_ksp, stride_kst,
                  stride_vsp, stride_vst, ks_smem, vs_smem, GROUP, IS_CAUSAL, THREAD_ARRIVE,
                  RING_MERGE, KV_FORMAT, PAGE_SIZE, STORE_LSE, SCALE_RING,
-                 V_BIASED and KV_FORMAT == INT8, PROBE, SWAP_AB)),
+                 V_BIASED and KV_FORMAT != FP8, PROBE, SWAP_AB)),
             (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                  cache_seqlens, block_table, num_splits, stride_btb, KS, VS, ks_smem, vs_smem,
                  PAGE_SIZE, SCALE_RING, PROBE, 0, 1, HEAD_MAJOR)),
@@ -489,6 +489,14 @@ INT8_SCALES_BY_TMA = True
 # at 64 x 8192 / 1 x 131072: 274.1 / 87.5, 404.1 / 119.6 us against 274.4 / 87.7, 403.8 /
 # 119.9; swapped, 270.8 / 87.5, 396.9 / 116.8 against 270.2 / 87.7, 397.8 / 116.8): off.
 INT8_V_BIASED = False
+# int4 V as ``1024 + n`` / ``1024 + 16 n`` (the swapped consumers' V_BIASED: one lop3 a
+# register, no subtract / fma; each plane's bias times the rows' probability sums off its dot's
+# start, ``gluon_decode_common.INT4_V_BIAS``). Compiled for sm_90a 2026-11-29 (twenty-first
+# session): 499 instructions a tile a warp against 531 (fp16 pairs, head-major, GQA 4: 56
+# half-precision adds / fmas gone, the rows' probability sums 22 more); the head-major int4
+# route is held by its consumers there (kernel 181.6 us, memory only 159.8). Not yet run on a
+# GPU: off.
+INT4_V_BIASED = False
 # The cache formats whose consumers take swapped operands (``_consume_t``, ``_consume_int4_t``:
 # keys as M, q rows as N = 8) where the packed rows fit 8 (int8 / int4 with their scales by
 # ring). Compiled for sm_90a 2026-11-29: fp8 373 instructions a tile a warp against 453, int8 504
@@ -660,7 +668,8 @@ class PagedGluonDecodeLaunch:
                                THREAD_ARRIVE=True, RING_MERGE=variant["ring_merge"],
                                TILE_KEYS=tile, KV_FORMAT=kv_format,
                                STORE_LSE=store_lse or not self.direct,
-                               V_BIASED=kv_format == INT8.value and INT8_V_BIASED,
+                               V_BIASED=(kv_format == INT8.value and INT8_V_BIASED)
+                               or (kv_format == INT4.value and INT4_V_BIASED and self.swap),
                                PROBE=ROOFLINE_PROBE,
                                LOADERS=GLUON_LOADERS.get(kv_format, 1),
                                HEAD_MAJOR=self.head_major)

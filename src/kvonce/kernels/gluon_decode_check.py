@@ -166,6 +166,13 @@ GLUON_CHECK_SPECS = [
                 swap_ab=True, f16_pairs=True),
     _check_spec("int4f16-page16-gqa4-4stages-2cta", 4, 16, stages=4, ctas_per_sm=2,
                 kv_format=3, f16_pairs=True),
+    # int4 V biased (INT4_V_BIASED: one lop3 a V register, the bias off the dots' start).
+    _check_spec("int4f16-swap-vbias-hnd-page16-gqa4-4stages-2cta", 4, 16, stages=4,
+                ctas_per_sm=2, kv_format=3, swap_ab=True, head_major=True, f16_pairs=True,
+                v_biased=True),
+    _check_spec("int4f16-swap-vbias-bf16q-page64-mha-causal-4stages-2cta-direct", 1, 64,
+                stages=4, causal=True, ctas_per_sm=2, kv_format=3, q_dtype="bf16",
+                direct_lse=True, swap_ab=True, f16_pairs=True, v_biased=True),
     _check_spec("int4f16-swap-t256-hnd-page16-gqa4-2stages-2cta", 4, 16, stages=2,
                 ctas_per_sm=2, kv_format=3, swap_ab=True, tile_keys=256, head_major=True,
                 f16_pairs=True),

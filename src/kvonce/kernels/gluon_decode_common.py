@@ -322,12 +322,38 @@ def _int4_k_to_f16(bytes, HIGH: gl.constexpr):
 
 
 @gluon.jit
-def _int4_v_to_f16(units, ODD: gl.constexpr, HIGH: gl.constexpr):
+def _int4_v_to_f16(units, ODD: gl.constexpr, HIGH: gl.constexpr, BIASED: gl.constexpr = False):
     """uint16 units of an int4 V tile (bytes 2u, 2u + 1 of a key) -> fp16 ``q`` of channel
-    ``2u + ODD + 64 HIGH``, exactly, two keys a register (quant_convert's unit converters)."""
-    asm: gl.constexpr = _int4_asm("v", HIGH, ODD)
+    ``2u + ODD + 64 HIGH``, exactly, two keys a register (quant_convert's unit converters).
+    BIASED: ``1024 + n`` (``1024 + 16 n`` HIGH) of the stored nibble ``n = q + 8``, the
+    converters' lop3 without their subtract / fma (``INT4_V_BIAS``)."""
+    if BIASED:
+        asm: gl.constexpr = _int4_v_biased_asm(ODD, HIGH)
+    else:
+        asm: gl.constexpr = _int4_asm("v", HIGH, ODD)
     return gl.inline_asm_elementwise(asm, "=r,r", [units], dtype=gl.float16, is_pure=True,
                                      pack=2)
+
+
+# int4 V biased (``V_BIASED`` on int4): a plane's dot takes ``1024 + n`` (low nibbles: ``q +
+# 1032``) or ``1024 + 16 n`` (high: ``16 q + 1152``) and starts from minus that bias times each
+# row's sum of the fp16 probabilities (as the dot takes them); the high planes' sums are 16
+# times the value, scaled once at the end.
+INT4_V_BIAS = gl.constexpr((1032.0, 1152.0))
+
+
+@gluon.constexpr_function
+def _int4_v_biased_asm(odd, high):
+    """PTX of a biased int4 V converter: the nibble under fp16 1024's exponent, one lop3 (the
+    odd byte shifted down 8 first)."""
+    src = "s" if odd else "$1"
+    shift = "shr.b32 s, $1, 8;" if odd else ""
+    mask = "0x00F000F0" if high else "0x000F000F"
+    return f"""{{
+    .reg .b32 s;
+    {shift}
+    lop3.b32 $0, {src}, {mask}, 0x64006400, 0xEA;
+    }}"""
 
 
 @gluon.jit

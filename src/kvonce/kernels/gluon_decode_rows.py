@@ -407,6 +407,7 @@ def _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
         s_init = s_init + gl.expand_dims(q_sum * (-INT8_BIAS), 2)
     if KV_FORMAT == INT4:
         gl.static_assert(PROBE == 0, "the roofline probe: fp8 / int8 row-major consumers")
+        gl.static_assert(not V_BIASED, "int4's biased V: the swapped consumers only")
         _consume_int4_tiles(q, q_hi, acc_scale, m_i, l_i, k_smem, v_smem, k_ready, v_ready,
                             k_empty, v_empty, lo, hi, n_full, n_tiles, last_key, qk_scale,
                             ks_smem, vs_smem, Out,

@@ -17,7 +17,8 @@ from .gluon_decode_common import (FP8, HEAD_DIM, INT4, INT8, INT8_BIAS, LOG2E, M
                                   _fp8_pairs_to_f16, _int4_k_to_f16, _int4_v_to_f16,
                                   _int8_pairs_to_f16, _int8_to_biased_f16, _release,
                                   _scale_slot_layout, _split_range, _tile_counts, _units_layout,
-                                  _unpack_f16_pairs, _warp_weights, packed_pairs)
+                                  _unpack_f16_pairs, _warp_weights, packed_pairs,
+                                  INT4_V_BIAS)
 from .gluon_prefill import _add, _max
 
 
@@ -265,10 +266,14 @@ def _ring_scale_pairs_t(slot, WKEYS: gl.constexpr):
 def _tile_int4_t(q_lo, q_hi, s_init, q_sum, acc_el, acc_ol, acc_eh, acc_oh, b_i, m_i, l_i,
                  acc_scale, k_smem, v_smem, ks_smem, vs_smem, k_ready, v_ready, k_empty,
                  v_empty, j, start, hi, last_key, qk_scale, MASKED: gl.constexpr,
-                 THREAD_ARRIVE: gl.constexpr, ROW_SCALE: gl.constexpr):
+                 THREAD_ARRIVE: gl.constexpr, ROW_SCALE: gl.constexpr,
+                 V_BIASED: gl.constexpr = False):
     """``_tile_int4`` with swapped operands: ``q_lo, q_hi [WARPS, 64, NR]`` (q^T's two
     halves), scores ``[WARPS, WKEYS, NR]``, the four nibble planes' accumulators ``[WARPS, 32,
-    NR]``, ``b_i`` and the row state ``[WARPS, NR]``, the unit ``acc_scale [WARPS]``."""
+    NR]``, ``b_i`` and the row state ``[WARPS, NR]``, the unit ``acc_scale [WARPS]``.
+    V_BIASED: V's nibbles as ``INT4_V_BIAS``'s biased fp16 (one lop3 a register), each plane's
+    dot starting from minus its bias times the rows' probability sums; the high planes' sums
+    come out 16 times their value."""
     STAGES: gl.constexpr = k_smem.shape[0]
     TILE: gl.constexpr = k_smem.shape[1]
     ROW: gl.constexpr = k_smem.shape[2]
@@ -308,17 +313,27 @@ def _tile_int4_t(q_lo, q_hi, s_init, q_sum, acc_el, acc_ol, acc_eh, acc_oh, b_i,
     p = p * gl.expand_dims(vs * v_inv, 2)
     a3 = gl.expand_dims(alpha, 1)
     acc_scale = v_max
-    p_op = gl.convert_layout(p.to(gl.float16), PB_OP)
+    p16 = p.to(gl.float16)
+    p_op = gl.convert_layout(p16, PB_OP)
 
     mbarrier.wait(v_ready.index(s), phase)
     units = v_smem.index(s)._reinterpret(gl.uint16, [TILE, ROW // 2], U16).reshape(
         [WARPS, WKEYS, ROW // 2]).permute((0, 2, 1)).load(VA_OP)
     _release(v_empty.index(s), THREAD_ARRIVE)
     # Bytes past the end need no mask: any byte is two finite q, and their p is 0.
-    acc_el = mma_v2(_int4_v_to_f16(units, False, False), p_op, acc_el * a3)
-    acc_ol = mma_v2(_int4_v_to_f16(units, True, False), p_op, acc_ol * a3)
-    acc_eh = mma_v2(_int4_v_to_f16(units, False, True), p_op, acc_eh * a3)
-    acc_oh = mma_v2(_int4_v_to_f16(units, True, True), p_op, acc_oh * a3)
+    if V_BIASED:   # each row's bias times sum p (p as the dots take it) off the dots' start
+        p_sum = gl.expand_dims(gl.sum(p16.to(gl.float32), 1), 1)          # [WARPS, 1, NR]
+        low = p_sum * -INT4_V_BIAS[0]
+        high = p_sum * -INT4_V_BIAS[1]
+        acc_el = mma_v2(_int4_v_to_f16(units, False, False, True), p_op, acc_el * a3 + low)
+        acc_ol = mma_v2(_int4_v_to_f16(units, True, False, True), p_op, acc_ol * a3 + low)
+        acc_eh = mma_v2(_int4_v_to_f16(units, False, True, True), p_op, acc_eh * a3 + high)
+        acc_oh = mma_v2(_int4_v_to_f16(units, True, True, True), p_op, acc_oh * a3 + high)
+    else:
+        acc_el = mma_v2(_int4_v_to_f16(units, False, False), p_op, acc_el * a3)
+        acc_ol = mma_v2(_int4_v_to_f16(units, True, False), p_op, acc_ol * a3)
+        acc_eh = mma_v2(_int4_v_to_f16(units, False, True), p_op, acc_eh * a3)
+        acc_oh = mma_v2(_int4_v_to_f16(units, True, True), p_op, acc_oh * a3)
     return acc_el, acc_ol, acc_eh, acc_oh, b_i, m_new, l_i, acc_scale
 
 
@@ -328,8 +343,10 @@ def _consume_int4_t(Q, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_em
                     stride_qt, stride_qh, stride_ob, stride_ot, stride_oh, stride_os,
                     stride_lb, stride_lt, stride_lh, stride_ls, GROUP: gl.constexpr,
                     IS_CAUSAL: gl.constexpr, THREAD_ARRIVE: gl.constexpr,
-                    STORE_LSE: gl.constexpr, PROBE: gl.constexpr = 0):
-    """``_consume_int4_tiles`` with swapped operands (``_tile_int4_t``), q^T loaded here."""
+                    STORE_LSE: gl.constexpr, PROBE: gl.constexpr = 0,
+                    V_BIASED: gl.constexpr = False):
+    """``_consume_int4_tiles`` with swapped operands (``_tile_int4_t``, V_BIASED its), q^T
+    loaded here."""
     TILE: gl.constexpr = k_smem.shape[1]
     PLANE: gl.constexpr = HEAD_DIM // 4
     HALF: gl.constexpr = HEAD_DIM // 2
@@ -372,20 +389,24 @@ def _consume_int4_t(Q, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_em
         acc_el, acc_ol, acc_eh, acc_oh, b_i, m_i, l_i, acc_scale = _tile_int4_t(
             q_lo, q_hi, s_init, q_sum, acc_el, acc_ol, acc_eh, acc_oh, b_i, m_i, l_i,
             acc_scale, k_smem, v_smem, ks_smem, vs_smem, k_ready, v_ready, k_empty, v_empty, j,
-            lo + j * TILE, hi, last_key, qk_scale, False, THREAD_ARRIVE, ROW_SCALE)
+            lo + j * TILE, hi, last_key, qk_scale, False, THREAD_ARRIVE, ROW_SCALE, V_BIASED)
     for j in range(n_full, n_tiles):
         acc_el, acc_ol, acc_eh, acc_oh, b_i, m_i, l_i, acc_scale = _tile_int4_t(
             q_lo, q_hi, s_init, q_sum, acc_el, acc_ol, acc_eh, acc_oh, b_i, m_i, l_i,
             acc_scale, k_smem, v_smem, ks_smem, vs_smem, k_ready, v_ready, k_empty, v_empty, j,
-            lo + j * TILE, hi, last_key, qk_scale, True, THREAD_ARRIVE, ROW_SCALE)
+            lo + j * TILE, hi, last_key, qk_scale, True, THREAD_ARRIVE, ROW_SCALE, V_BIASED)
 
     m, w, l, seen, lse = _warp_weights(m_i, l_i)                   # w [WARPS, NR]
     w_unit = w * gl.expand_dims(gl.convert_layout(acc_scale, gl.SliceLayout(1, ROW_T)), 1)
     w3 = gl.expand_dims(w_unit, 1)
     o_el = gl.reduce(acc_el * w3, 0, _add)                         # [32, NR]
     o_ol = gl.reduce(acc_ol * w3, 0, _add)
-    o_eh = gl.reduce(acc_eh * w3, 0, _add)
-    o_oh = gl.reduce(acc_oh * w3, 0, _add)
+    if V_BIASED:   # the high planes' sums are 16 times their value
+        w3_high = w3 * 0.0625
+    else:
+        w3_high = w3
+    o_eh = gl.reduce(acc_eh * w3_high, 0, _add)
+    o_oh = gl.reduce(acc_oh * w3_high, 0, _add)
     b = gl.reduce(b_i * w_unit, 0, _add)                          # [NR]: sum p o
     inv = gl.where(seen, 1.0 / gl.where(seen, l, 1.0), 0.0)
     o_ptrs, o_ok = _out_ptrs_t(Out, seq, split, kv_head, q_len, stride_ob, stride_ot,
@@ -429,7 +450,7 @@ def _consume_swapped(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_em
                         ks_smem, vs_smem, seq, split, kv_head, seqlen, lo, hi, sm_scale, q_len,
                         stride_qb, stride_qt, stride_qh, stride_ob, stride_ot, stride_oh,
                         stride_os, stride_lb, stride_lt, stride_lh, stride_ls, GROUP, IS_CAUSAL,
-                        THREAD_ARRIVE, STORE_LSE, PROBE)
+                        THREAD_ARRIVE, STORE_LSE, PROBE, V_BIASED)
     else:
         gl.static_assert(PROBE == 0, "the roofline probe: int4's swapped consumers")
         _consume_t(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
