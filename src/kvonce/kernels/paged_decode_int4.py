@@ -22,22 +22,18 @@ def _int4_key_scales(CS, rows, in_range, MASKED: tl.constexpr, SCALE_PAIRS: tl.c
     pairs), as float32. SCALE_PAIRS (scale rows aligned to the pair: 8 bytes float32, 4 fp16):
     one load a key, which the pipeliner prefetches with cp.async with K and V; otherwise two."""
     if SCALE_PAIRS:
-        if CS.dtype.element_ty == tl.float16:
-            C32 = CS.to(tl.pointer_type(tl.uint32))
-            if MASKED:
-                pair = tl.load(C32 + rows // 2, mask=in_range, other=0)
-            else:
-                pair = tl.load(C32 + rows // 2)
-            s = (pair & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
-            offset = (pair >> 16).to(tl.uint16).to(tl.float16, bitcast=True)
+        # the pair as one unsigned word of twice the element's bits; scale the low half
+        F16: tl.constexpr = CS.dtype.element_ty == tl.float16
+        BITS: tl.constexpr = 16 if F16 else 32
+        HALF: tl.constexpr = tl.uint16 if F16 else tl.uint32
+        WORD: tl.constexpr = tl.uint32 if F16 else tl.uint64
+        CW = CS.to(tl.pointer_type(WORD))
+        if MASKED:
+            pair = tl.load(CW + rows // 2, mask=in_range, other=0)
         else:
-            C64 = CS.to(tl.pointer_type(tl.uint64))
-            if MASKED:
-                pair = tl.load(C64 + rows // 2, mask=in_range, other=0)
-            else:
-                pair = tl.load(C64 + rows // 2)
-            s = (pair & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
-            offset = (pair >> 32).to(tl.uint32).to(tl.float32, bitcast=True)
+            pair = tl.load(CW + rows // 2)
+        s = (pair & ((1 << BITS) - 1)).to(HALF).to(CS.dtype.element_ty, bitcast=True)
+        offset = (pair >> BITS).to(HALF).to(CS.dtype.element_ty, bitcast=True)
     else:
         if MASKED:
             s = tl.load(CS + rows, mask=in_range, other=0.0)
