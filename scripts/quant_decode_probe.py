@@ -49,6 +49,8 @@ def main():
                         "module's)")
     p.add_argument("--int4-v-biased", action="store_true",
                    help="int4 V as 1024 + n on the swapped consumers (gluon_decode.INT4_V_BIASED)")
+    p.add_argument("--int8-fp16-ring", action="store_true",
+                   help="int8's scales rounded to fp16, by the ring (INT8_FP16_SCALE_RING)")
     p.add_argument("--int4-pairs", default="fp16",
                    help="int4's (scale, offset) dtypes (quantize_kv's scale_dtype): fp16,fp32")
     p.add_argument("--force-gluon", action="store_true",
@@ -57,6 +59,7 @@ def main():
     if args.int4_tile:
         gluon_decode.INT4_SWAPPED_TILE_KEYS = args.int4_tile
     gluon_decode.INT4_V_BIASED = args.int4_v_biased
+    gluon_decode.INT8_FP16_SCALE_RING = args.int8_fp16_ring
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     heads = [tuple(int(x) for x in h.split("/")) for h in args.heads.split(",")]
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
@@ -87,6 +90,8 @@ def main():
             kq, ks, vq, vs = (stored(t, args.layout) for t in (
                 *kvonce.quantize_kv(k, fmt, scale_dtype=sd),
                 *kvonce.quantize_kv(v, fmt, scale_dtype=sd)))
+            if fmt == "int8" and args.int8_fp16_ring:   # the same storage, rounded
+                ks, vs = ks.half(), vs.half()
             kw = dict(k_scale=ks, v_scale=vs)
             times, route = [], "?"
             for probe in probes:
@@ -123,7 +128,8 @@ def main():
                 tri = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, config=cfg,
                                              kv_format="int4" if fmt == "int4" else None, **kw)
                 triton_us = graph_us(lambda: tri.run(q, kq, vq, seqlens, table, **kw))
-            nbytes = bytes_read(case, fmt, int4_pair_bytes=4 if pairs == "fp16" else 8)
+            nbytes = bytes_read(case, fmt, int4_pair_bytes=4 if pairs == "fp16" else 8,
+                                int8_scale_bytes=2 if args.int8_fp16_ring else 4)
             stages = f", {n_stages} stages" if n_stages else ""
             label = f"{fmt} ({pairs} pairs)" if fmt == "int4" else fmt
             print(f"| {hq}/{hk} | {batch} x {length} | {label} | {n_loaders}{stages} | {route} | "

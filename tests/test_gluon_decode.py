@@ -340,15 +340,16 @@ def _spy_scale_rings(monkeypatch) -> list:
 # (scale, offset) pairs (quantize_kv's default is fp16); "int4 swapped v-biased": V as 1024 + n
 # (INT4_V_BIASED, off); "int8 fp16 scales": int8's scales
 # rounded to fp16, stored head-major, with INT8_SCALES_BY_TMA on (the float32 ring declines
-# them: a key at a time); "t256": int4's in 256-key tiles
+# them: a key at a time; "int8 fp16 scale ring": INT8_FP16_SCALE_RING takes them, two keys a
+# unit); "t256": int4's in 256-key tiles
 # (INT4_SWAPPED_TILE_KEYS: correct, even with 128-key tiles, off).
 ROUTES = ["fp8_e4m3", "int8 ring", "int8", "int8 token-major scales", "int4", "int8 v-biased",
           "fp8_e4m3 swapped", "int8 swapped", "int8 swapped v-biased", "int4 swapped",
           "int4 swapped t256", "int4 fp32 pairs", "int4 swapped fp32 pairs", "int8 fp16 scales",
-          "int4 swapped v-biased"]
+          "int4 swapped v-biased", "int8 fp16 scale ring"]
 RING_ROUTES = ("int8 ring", "int4", "int8 v-biased", "int8 swapped", "int8 swapped v-biased",
                "int4 swapped", "int4 swapped t256", "int4 fp32 pairs", "int4 swapped fp32 pairs",
-               "int4 swapped v-biased")
+               "int4 swapped v-biased", "int8 fp16 scale ring")
 
 
 @hopper_only
@@ -362,7 +363,7 @@ def test_gluon_decode_matches_reference_and_triton(case, causal, route, q_dtype,
     plan = _check_against_reference_and_triton(
         case, causal, fmt, q_dtype, token_major_scales="token-major" in route,
         int4_pairs=torch.float32 if "fp32 pairs" in route else None,
-        fp16_scales="fp16 scales" in route)
+        fp16_scales="fp16 scale" in route)
     assert bool(rings) == (route in RING_ROUTES)
     batch, q_len, nheads, nheads_k = GPU_CASES[case][:4]
     swapped = "swapped" in route and nheads // nheads_k * q_len <= 8
@@ -449,6 +450,7 @@ def _take_route(route, monkeypatch) -> str:
                         route in RING_ROUTES or "fp16 scales" in route)
     monkeypatch.setattr(gluon_decode, "INT8_V_BIASED", "v-biased" in route)
     monkeypatch.setattr(gluon_decode, "INT4_V_BIASED", "v-biased" in route)
+    monkeypatch.setattr(gluon_decode, "INT8_FP16_SCALE_RING", "scale ring" in route)
     monkeypatch.setattr(gluon_decode, "GLUON_SWAP_FORMATS",
                         (1, 2, 3) if "swapped" in route else ())
     monkeypatch.setattr(gluon_decode, "INT4_SWAPPED_TILE_KEYS", 256 if "t256" in route else 128)

@@ -70,19 +70,19 @@ class Case:
 
 
 def bytes_read(case: Case, fmt: str | None, *, per_tensor_scale: bool = False,
-               outliers: int = 0, int4_pair_bytes: int = 4) -> int:
+               outliers: int = 0, int4_pair_bytes: int = 4, int8_scale_bytes: int = 4) -> int:
     """K/V bytes a decode call reads: data plus scales (both caches). fp16 2 B a value, fp8/int8
-    1 B, int4 half a byte; scales: int8 one float32 per (token, KV head), int4 one (scale,
-    offset) pair per (token, KV head) (``int4_pair_bytes``: 4 fp16, quantize_kv's default; 8
-    float32), fp8 one float32 per KV head (or per tensor); ``outliers`` 16-bit values per
-    (token, KV head) in the side cache."""
+    1 B, int4 half a byte; scales: int8 one per (token, KV head) (``int8_scale_bytes``: 4
+    float32, quantize_kv's; 2 fp16), int4 one (scale, offset) pair per (token, KV head)
+    (``int4_pair_bytes``: 4 fp16, quantize_kv's default; 8 float32), fp8 one float32 per KV
+    head (or per tensor); ``outliers`` 16-bit values per (token, KV head) in the side cache."""
     values = case.tokens * case.nheads_k * HEAD_DIM
     if fmt is None:
         data, scales = 2 * values, 0
     elif fmt == "fp8_e4m3":
         data, scales = values, 4 * (1 if per_tensor_scale else case.nheads_k)
     elif fmt == "int8":
-        data, scales = values, 4 * case.tokens * case.nheads_k
+        data, scales = values, int8_scale_bytes * case.tokens * case.nheads_k
     elif fmt == "int4":
         data, scales = values // 2, int4_pair_bytes * case.tokens * case.nheads_k
     else:

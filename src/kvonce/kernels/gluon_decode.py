@@ -483,6 +483,13 @@ INT4_VARIANT = dict(stages=4, ctas_per_sm=2, ring_merge=False)
 # 1 x 131072 even (85.7 / 117.1 against 84.9 / 117.7). Scales stored otherwise (token-major, or
 # not 16-byte aligned) are read a key at a time.
 INT8_SCALES_BY_TMA = True
+# int8's fp16 scales (``check_scale`` takes them) by the same ring, two keys a 32-bit unit (a
+# 16-key box's 32 bytes heading a 128-byte ring row; the row-major consumers read the units
+# where their key columns hold adjacent pairs: ``gluon_decode_common.UNIT_COLS``). Compiled for
+# sm_90a 2026-11-29 (twenty-first session): 636 instructions a tile a warp against 623 with
+# float32 scales, one CTA barrier a tile as there; the bytes 1.5% fewer (260 a token and KV
+# head against 264). Not yet run on a GPU: off (fp16 int8 scales go a key at a time).
+INT8_FP16_SCALE_RING = False
 # int8 V as ``1152 + x``, the bias off each tile's dot start (``_tile``'s V_BIASED; compiled
 # for sm_90a 2026-11-29: 573 instructions a tile a warp against 623, the masked tile 662 against
 # 854): correct on the H200 but not faster (nineteenth session, graphs, GQA 32/8 then MHA 12/12
@@ -701,16 +708,18 @@ class PagedGluonDecodeLaunch:
     def _scales_desc(self, scale):
         """Per-key scales (``head_major_scales``: int8's, int4's pairs) as ``[pages * nheads_k,
         page_size * pair]`` 32-bit rows, a box's a TMA box; int4's fp16 pairs as one 32-bit unit
-        a key (pair 1: the kernel reads them so, ``gluon_decode_common.packed_pairs``)."""
+        a key, int8's fp16 scales two keys a unit (the kernel reads them so,
+        ``gluon_decode_common.ring_units``)."""
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-        if scale.dtype == torch.float16:   # [..., 2] fp16, last dim contiguous
-            scale = scale.view(torch.float32)[..., 0]
         pages, page_size, nheads_k = scale.shape[:3]
-        pair = scale.shape[3] if scale.dim() == 4 else 1
-        return TensorDescriptor(scale, [pages * nheads_k, page_size * pair],
-                                [page_size * pair, 1], [1, self.box * pair],
-                                scale_pair_layout())
+        # the head-major storage, flat (a view: ``head_major_scales`` holds), as 32-bit units
+        flat = scale.transpose(1, 2).reshape(-1)
+        if flat.dtype == torch.float16:
+            flat = flat.view(torch.float32)
+        units = flat.numel() // (pages * nheads_k)      # a (page, KV head)'s
+        return TensorDescriptor(flat, [pages * nheads_k, units], [units, 1],
+                                [1, self.box * units // page_size], scale_pair_layout())
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, out, lse, o_part,
                  lse_part, arrivals, k_scale, v_scale, outlier_values=None,
@@ -731,7 +740,8 @@ class PagedGluonDecodeLaunch:
         # int4's scales come by TMA (SCALE_RING); int8's too where stored head-major from a
         # 16-byte aligned address and INT8_SCALES_BY_TMA, else a load a key
         ring = self.int4 or (self.per_key_scales and INT8_SCALES_BY_TMA and all(
-            head_major_scales(sc) and sc.data_ptr() % 16 == 0 and sc.dtype == torch.float32
+            head_major_scales(sc) and sc.data_ptr() % 16 == 0
+            and (sc.dtype == torch.float32 or INT8_FP16_SCALE_RING)
             for sc in (k_scale, v_scale)))
         if self.int4:
             for name, sc in (("k_scale", k_scale), ("v_scale", v_scale)):

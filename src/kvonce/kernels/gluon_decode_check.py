@@ -32,7 +32,7 @@ def _check_signature(box: int, kv_dtype: str = "u8", q_dtype: str = "fp16",
     q = "bf16" if kv_dtype == "bf16" else q_dtype
     scales = "*fp32"
     if scale_pair:   # the scales by TMA, a box's a row (int4: (scale, offset) pairs)
-        scales = f"tensordesc<fp32[1, {scale_pair * box}],{scale_pair_layout()!r}>"
+        scales = f"tensordesc<fp32[1, {int(scale_pair * box)}],{scale_pair_layout()!r}>"
     sig = dict(Q=f"*{q}", k_desc=f"tensordesc<{kv_dtype}[{box}, {row}],{kv!r}>",
                v_desc=f"tensordesc<{kv_dtype}[{box}, {row}],{kv!r}>", KS=scales, VS=scales,
                Out=f"*{out_dtype}", Lse="*fp32", cache_seqlens="*i32", block_table="*i32",
@@ -50,7 +50,8 @@ def _check_signature(box: int, kv_dtype: str = "u8", q_dtype: str = "fp16",
 def _check_spec(variant, group, page_size, stages=4, causal=False, thread_arrive=True,
                 ring_merge=False, ctas_per_sm=1, kv_dtype="u8", tile_keys=0, kv_format=1,
                 q_dtype="fp16", direct_lse=None, scale_ring=False, v_biased=False,
-                swap_ab=False, probe=0, loaders=1, head_major=False, f16_pairs=False):
+                swap_ab=False, probe=0, loaders=1, head_major=False, f16_pairs=False,
+                f16_scales=False):
     options = dict(num_warps=4)
     if ctas_per_sm == 2:
         options["maxnreg"] = TWO_CTA_MAXNREG
@@ -84,6 +85,8 @@ def _check_spec(variant, group, page_size, stages=4, causal=False, thread_arrive
         # int4's float32 (scale, offset) pairs two 32-bit units a key; fp16 pairs (f16_pairs,
         # quantize_kv's default) one
         scale_pair = 2 if kv_format == 3 and not f16_pairs else 1
+        if f16_scales:   # int8's fp16 scales: two keys a 32-bit unit
+            scale_pair = 0.5
     return (variant, _gluon_decode_kernel,
             _check_signature(min(box_rows(page_size), tile), kv_dtype, q_dtype, out_dtype,
                              64 if kv_format == 3 else 128, scale_pair),
@@ -166,6 +169,18 @@ GLUON_CHECK_SPECS = [
                 swap_ab=True, f16_pairs=True),
     _check_spec("int4f16-page16-gqa4-4stages-2cta", 4, 16, stages=4, ctas_per_sm=2,
                 kv_format=3, f16_pairs=True),
+    # int8's fp16 scales by ring (INT8_FP16_SCALE_RING: two keys a 32-bit unit; page 16: 32-byte
+    # boxes, each heading a 128-byte ring row), row-major and swapped consumers.
+    _check_spec("int8f16-ring-hnd-page16-gqa4-2stages-2cta", 4, 16, stages=2,
+                ring_merge=True, ctas_per_sm=2, kv_format=2, scale_ring=True, head_major=True,
+                f16_scales=True),
+    _check_spec("int8f16-ring-bf16q-page32-mha-causal-2stages-2cta", 1, 32, stages=2,
+                causal=True, ring_merge=True, ctas_per_sm=2, kv_format=2, q_dtype="bf16",
+                scale_ring=True, f16_scales=True),
+    _check_spec("int8f16-ring-page256-gqa4-2stages-2cta", 4, 256, stages=2,
+                ring_merge=True, ctas_per_sm=2, kv_format=2, scale_ring=True, f16_scales=True),
+    _check_spec("int8f16-swap-ring-page16-gqa4-2stages-2cta", 4, 16, stages=2, ctas_per_sm=2,
+                kv_format=2, scale_ring=True, swap_ab=True, f16_scales=True),
     # int4 V biased (INT4_V_BIASED: one lop3 a V register, the bias off the dots' start).
     _check_spec("int4f16-swap-vbias-hnd-page16-gqa4-4stages-2cta", 4, 16, stages=4,
                 ctas_per_sm=2, kv_format=3, swap_ab=True, head_major=True, f16_pairs=True,

@@ -144,8 +144,8 @@ def _load_tile(desc, smem, ready, empty, phase, pages, box, start, col, last_box
     nheads_k = gl.num_programs(1)
     mbarrier.wait(empty, phase)
     if SCALES:
-        PAIR: gl.constexpr = ks_desc.block_type.shape[1] // BOX
-        RS: gl.constexpr = _scale_rows(ks_desc.block_type.shape[1])
+        SBOX: gl.constexpr = ks_desc.block_type.shape[1]    # 32-bit units a box's keys take
+        RS: gl.constexpr = _scale_rows(SBOX)
         mbarrier.expect(ready, MINE * (desc.block_type.nbytes + ks_desc.block_type.nbytes
                                        + vs_desc.block_type.nbytes))
     else:
@@ -162,7 +162,7 @@ def _load_tile(desc, smem, ready, empty, phase, pages, box, start, col, last_box
             row = page * PAGE_SIZE + key % PAGE_SIZE
         tma.async_copy_global_to_shared(desc, [row, col], ready, smem.slice(i * BOX, BOX))
         if SCALES:
-            scale_at = [page * nheads_k + kv_head, (key % PAGE_SIZE) * PAIR]
+            scale_at = [page * nheads_k + kv_head, (key % PAGE_SIZE) * SBOX // BOX]
             tma.async_copy_global_to_shared(ks_desc, scale_at, ready, ks_smem.slice(i * RS, 1))
             tma.async_copy_global_to_shared(vs_desc, scale_at, ready, vs_smem.slice(i * RS, 1))
 
@@ -429,11 +429,64 @@ def _scale_rows(sbox):
 
 
 @gluon.constexpr_function
+def ring_units(slot_rows, sbox):
+    """32-bit units a scale ring slot (``[slot_rows, sbox]``, ``_scale_rows`` padded) holds:
+    a tile's keys times 1 (int8's float32 scales, int4's fp16 pairs), 2 (int4's float32 pairs)
+    or 1/2 (int8's fp16 scales, two keys a unit)."""
+    return slot_rows // max(1, 32 // sbox) * sbox
+
+
+@gluon.constexpr_function
 def packed_pairs(slot_rows, sbox, tile):
-    """Whether an int4 scale ring slot (``[slot_rows, sbox]`` 32-bit units, ``_scale_rows``
-    padded) holds one unit a key, an fp16 (scale, offset) pair, rather than two (a float32
-    pair)."""
-    return slot_rows // max(1, 32 // sbox) * sbox == tile
+    """Whether an int4 scale ring slot holds one unit a key, an fp16 (scale, offset) pair,
+    rather than two (a float32 pair)."""
+    return ring_units(slot_rows, sbox) == tile
+
+
+# int8's fp16 scales two keys a unit, for the row-major consumers' key columns
+# (``SliceLayout(1, MMA)`` of ``[WARPS, 32]``: lane l's keys 2 (l % 4) + {0, 1} + 8 j): unit u =
+# keys 2u, 2u + 1, so thread l takes units l % 4 + 4 j and the unpacked pairs land on its own
+# keys. ``UNIT_COLS``: those units ``[WARPS, 16]``; ``UNIT_BOXES``: the same registers read as
+# a page-16 slot's boxes ``[8, 8]`` (box b: warp b // 2's units 8 (b % 2) ..).
+UNIT_COLS = gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=[[0, 4], [0, 8]], lane_bases=[[0, 1], [0, 2], [0, 0], [0, 0], [0, 0]],
+    warp_bases=[[1, 0], [2, 0]], block_bases=[], shape=[4, 16]))
+UNIT_BOXES = gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=[[0, 4], [1, 0]], lane_bases=[[0, 1], [0, 2], [0, 0], [0, 0], [0, 0]],
+    warp_bases=[[2, 0], [4, 0]], block_bases=[], shape=[8, 8]))
+
+
+@gluon.jit
+def _ring_key_scales(slot, WKEYS: gl.constexpr, TILE: gl.constexpr, LAYOUT: gl.constexpr,
+                     KEY_PAIRS: gl.constexpr = False):
+    """int8's per-key scales of a ring slot -> float32 ``[WARPS, WKEYS]`` in ``LAYOUT`` (warp
+    w: keys ``WKEYS w ..`` of the tile): float32 scales a unit a key, or fp16 scales two keys a
+    unit (``ring_units`` half the tile), unpacked. KEY_PAIRS: ``LAYOUT`` holds adjacent key
+    pairs as the row-major consumers' columns do (the units read as ``UNIT_COLS``, no layout
+    conversion); else the pairs are moved into ``LAYOUT``."""
+    SBOX: gl.constexpr = slot.shape[1]
+    if ring_units(slot.shape[0], SBOX) * 2 == TILE:
+        HK: gl.constexpr = WKEYS // 2
+        if KEY_PAIRS:
+            gl.static_assert(WARPS * HK == 64, "UNIT_COLS: 128-key tiles")
+            LOAD: gl.constexpr = UNIT_COLS
+        else:
+            LOAD: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [WARPS, 1], [1, 0])
+        if _scale_rows(SBOX) == 4:
+            # page 16: each box's 8 units head a 128-byte row (a padding of 24 after every 8
+            # is no PaddedSharedLayout: powers of two only): the rows' heads, box by box
+            gl.static_assert(SBOX == 8 and TILE == 128, "UNIT_BOXES: 8 boxes of 8 units")
+            BOXES: gl.constexpr = slot.shape[0] // 4
+            heads = slot._reinterpret(gl.float32, [BOXES, 32], PLAIN2).slice(0, SBOX, 1)
+            units = gl.convert_layout(heads.load(UNIT_BOXES).reshape([WARPS, HK]), LOAD)
+        else:
+            layout: gl.constexpr = _scale_slot_layout(WARPS, HK, SBOX)
+            units = slot._reinterpret(gl.float32, [WARPS, HK], layout).load(LOAD)
+        even, odd = _unpack_f16_pairs(units)
+        return gl.convert_layout(gl.join(even, odd).reshape([WARPS, WKEYS]), LAYOUT)
+    else:
+        layout: gl.constexpr = _scale_slot_layout(WARPS, WKEYS, SBOX)
+        return slot._reinterpret(gl.float32, [WARPS, WKEYS], layout).load(LAYOUT)
 
 
 @gluon.jit

@@ -15,7 +15,7 @@ from .gluon_decode_common import (HEAD_DIM, INT4, INT8, INT8_BIAS, K_OP, K_OP16,
                                   _fp8_pairs_to_f16, _int4_k_to_f16, _int4_v_to_f16,
                                   _int8_pairs_to_f16, _int8_to_biased_f16, _key_scales, _release,
                                   _scale_rows, _scale_slot_layout, _split_range,
-                                  _unpack_f16_pairs, packed_pairs, _store_lse,
+                                  _unpack_f16_pairs, packed_pairs, _store_lse, _ring_key_scales,
                                   _tile_counts, _units_layout, _warp_weights)
 from .gluon_prefill import _add, _max
 
@@ -100,8 +100,8 @@ def _tile(q, s_init, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, k_ready,
     else:
         kb = k_smem.index(s).reshape([WARPS, WKEYS, HEAD_DIM]).permute((0, 2, 1)).load(K_OP)
         if SCALE_RING:
-            ks = _ring_scales(KS.index(s), WKEYS)
-            vs = _ring_scales(VS.index(s), WKEYS)
+            ks = _ring_key_scales(KS.index(s), WKEYS, TILE, gl.SliceLayout(1, MMA), True)
+            vs = _ring_key_scales(VS.index(s), WKEYS, TILE, gl.SliceLayout(1, MMA), True)
         _release(k_empty.index(s), THREAD_ARRIVE)
         if SCALE_RING and MASKED:   # scales past the end: whatever the slots hold (NaN)
             w = gl.arange(0, WARPS, gl.SliceLayout(1, gl.SliceLayout(1, MMA)))

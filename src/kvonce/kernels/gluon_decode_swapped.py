@@ -18,7 +18,7 @@ from .gluon_decode_common import (FP8, HEAD_DIM, INT4, INT8, INT8_BIAS, LOG2E, M
                                   _int8_pairs_to_f16, _int8_to_biased_f16, _release,
                                   _scale_slot_layout, _split_range, _tile_counts, _units_layout,
                                   _unpack_f16_pairs, _warp_weights, packed_pairs,
-                                  INT4_V_BIAS)
+                                  INT4_V_BIAS, _ring_key_scales)
 from .gluon_prefill import _add, _max
 
 
@@ -117,9 +117,8 @@ def _tile_t(qt, s_init, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, ks_sm
     mbarrier.wait(k_ready.index(s), phase)
     kb = k_smem.index(s).reshape([WARPS, WKEYS, HEAD_DIM]).load(KA_OP)
     if KV_FORMAT == INT8:
-        layout: gl.constexpr = _scale_slot_layout(WARPS, WKEYS, ks_smem.shape[2])
-        ks = ks_smem.index(s)._reinterpret(gl.float32, [WARPS, WKEYS], layout).load(KEY_COL)
-        vs = vs_smem.index(s)._reinterpret(gl.float32, [WARPS, WKEYS], layout).load(KEY_COL)
+        ks = _ring_key_scales(ks_smem.index(s), WKEYS, TILE, KEY_COL)
+        vs = _ring_key_scales(vs_smem.index(s), WKEYS, TILE, KEY_COL)
     _release(k_empty.index(s), THREAD_ARRIVE)
     if KV_FORMAT == INT8:
         if MASKED:   # scales past the end: whatever the slots hold (NaN)
