@@ -14,7 +14,7 @@ warning (C7510/C7512/C7514 or any "wgmma ... serialized" text), any spill instru
 steady-state wgmma loop (``wgmma_loop_spills``; a spill elsewhere is shown in the table and its
 status), or shared memory over the H100's 232448 bytes per block.
 
-    .venv/bin/python scripts/kernel_check.py [--only SUBSTRING] [--keep DIR]
+    .venv/bin/python scripts/kernel_check.py [--only SUBSTRING] [--keep DIR] [--jobs N]
 """
 from __future__ import annotations
 
@@ -215,14 +215,34 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def run_check(only: str | None = None, keep: Path | None = None) -> list[Row]:
-    rows = []
-    for module, variant, kernel, signature, constexprs, options, expected in discover_specs():
-        if only and only not in f"{module}.{kernel.__name__}[{variant}]":
-            continue
-        rows.append(check_spec(module, variant, kernel, signature, constexprs, options, expected,
-                               keep))
-    return rows
+_WORKER_SPECS: list | None = None
+
+
+def _check_index(index: int, keep: Path | None) -> Row:
+    """A worker process's check of ``discover_specs()[index]`` (kernels do not pickle: each
+    worker discovers the specs once and compiles the ones it is handed)."""
+    global _WORKER_SPECS
+    if _WORKER_SPECS is None:
+        sys.path.insert(0, str(ROOT / "src"))
+        _WORKER_SPECS = discover_specs()
+    return check_spec(*_WORKER_SPECS[index], keep=keep)
+
+
+def run_check(only: str | None = None, keep: Path | None = None, jobs: int = 1) -> list[Row]:
+    """Every matching variant's row, in ``discover_specs`` order; ``jobs`` > 1 compiles them in
+    that many processes (each compile is single-threaded: ptxas and Triton's passes)."""
+    specs = discover_specs()
+    picked = [i for i, (module, variant, kernel, *_) in enumerate(specs)
+              if not only or only in f"{module}.{kernel.__name__}[{variant}]"]
+    if jobs <= 1 or len(picked) <= 1:
+        return [check_spec(*specs[i], keep=keep) for i in picked]
+    import concurrent.futures
+    import multiprocessing
+
+    with concurrent.futures.ProcessPoolExecutor(
+            max_workers=min(jobs, len(picked)),
+            mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(_check_index, picked, [keep] * len(picked)))
 
 
 def main(argv=None) -> int:
@@ -230,10 +250,12 @@ def main(argv=None) -> int:
     parser.add_argument("--only", help="check only variants whose name contains this")
     parser.add_argument("--keep", type=Path, help="write ptx/ttgir/sass/cubin files here")
     parser.add_argument("--json", type=Path, help="also write the rows here (a list of dicts)")
+    parser.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)),
+                        help="compile processes (default: the CPUs this process may use)")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT / "src"))
     os.environ.pop("TRITON_INTERPRET", None)  # Gluon never runs in the interpreter
-    rows = run_check(args.only, args.keep)
+    rows = run_check(args.only, args.keep, args.jobs)
     if args.json:
         args.json.write_text(json.dumps([dataclasses.asdict(r) for r in rows]))
     print(format_table(rows))
