@@ -77,10 +77,10 @@ INT8_PAIR_EVEN_BIASED = gl.constexpr(_pair_asm(_INT8_BIAS, "0x64646464", "0x4240
 INT8_PAIR_ODD_BIASED = gl.constexpr(_pair_asm(_INT8_BIAS, "0x64646464", "0x4341",
                                               "mov.b32 $0, u;"))
 # int4 (``KV_FORMAT`` 3): a key's 64 bytes hold channel i in byte i's low nibble and i + 64 in its
-# high one (each nibble q + 8), with a float32 (scale, offset) a (token, KV head). K bytes ->
-# fp16 under a 0x64 high byte (prmt), then one AND keeps the low nibble (1024 + n) or the high
-# one (1024 + 16 n): 6 instructions for 8 values; the scores' dots start from the rows' biases
-# (``_int4_score_inits``). V units (two bytes of a key) -> the exact q of one nibble plane
+# high one (each nibble q + 8), with an fp16 (or float32) (scale, offset) a (token, KV head). K
+# bytes -> fp16 under a 0x64 high byte (prmt), then one AND keeps the low nibble (1024 + n) or
+# the high one (1024 + 16 n): 6 instructions for 8 values; the scores' dots start from the rows'
+# biases (``_int4_score_inits``). V units (two bytes of a key) -> the exact q of one nibble plane
 # (quant_convert's int4 unit converters: channels 2u, 2u + 1, 64 + 2u, 65 + 2u).
 INT4 = gl.constexpr(3)
 _INT4_K_BYTES = """{
