@@ -47,19 +47,22 @@ def main():
     p.add_argument("--int4-tile", type=int, default=0,
                    help="int4's swapped tile keys (gluon_decode.INT4_SWAPPED_TILE_KEYS; 0 the "
                         "module's)")
-    p.add_argument("--int4-v-biased", action="store_true",
-                   help="int4 V as 1024 + n on the swapped consumers (gluon_decode.INT4_V_BIASED)")
-    p.add_argument("--int8-fp16-ring", action="store_true",
-                   help="int8's scales rounded to fp16, by the ring (INT8_FP16_SCALE_RING)")
+    p.add_argument("--int4-v-unbiased", action="store_true",
+                   help="int4 V as n, not 1024 + n, on the swapped consumers "
+                        "(gluon_decode.INT4_V_BIASED off)")
+    p.add_argument("--int8-fp16-key-loads", action="store_true",
+                   help="int8's fp16 scales a key at a time (INT8_FP16_SCALE_RING off)")
     p.add_argument("--int4-pairs", default="fp16",
                    help="int4's (scale, offset) dtypes (quantize_kv's scale_dtype): fp16,fp32")
+    p.add_argument("--int8-scales", default="fp16",
+                   help="int8's scale dtypes (quantize_kv's scale_dtype): fp16,fp32")
     p.add_argument("--force-gluon", action="store_true",
                    help="int4 on the Gluon decode where the plan would run Triton")
     args = p.parse_args()
     if args.int4_tile:
         gluon_decode.INT4_SWAPPED_TILE_KEYS = args.int4_tile
-    gluon_decode.INT4_V_BIASED = args.int4_v_biased
-    gluon_decode.INT8_FP16_SCALE_RING = args.int8_fp16_ring
+    gluon_decode.INT4_V_BIASED = not args.int4_v_unbiased
+    gluon_decode.INT8_FP16_SCALE_RING = not args.int8_fp16_key_loads
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     heads = [tuple(int(x) for x in h.split("/")) for h in args.heads.split(",")]
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
@@ -81,17 +84,20 @@ def main():
         ref = base.run(q, k, v, seqlens, table).float()
         fp16_us = graph_us(lambda: base.run(q, k, v, seqlens, table))
         fp16_tbs = bytes_read(case, None) / fp16_us / 1e6
-        pair_dtypes = {"fp16": torch.float16, "fp32": torch.float32}
+        scale_dtypes = {"fp16": torch.float16, "fp32": torch.float32}
+        scale_lists = {"int4": args.int4_pairs.split(","), "int8": args.int8_scales.split(",")}
         for fmt, n_loaders, n_stages, pairs in itertools.product(
-                args.formats.split(","), loaders, int4_stages, args.int4_pairs.split(",")):
-            if (n_stages or pairs != args.int4_pairs.split(",")[0]) and fmt != "int4":
+                args.formats.split(","), loaders, int4_stages,
+                sorted(set(scale_lists["int4"] + scale_lists["int8"]))):
+            if n_stages and fmt != "int4":
                 continue
-            sd = pair_dtypes[pairs] if fmt == "int4" else None
+            if pairs not in scale_lists.get(fmt, [pairs]) or (
+                    fmt not in scale_lists and pairs != "fp16"):
+                continue
+            sd = scale_dtypes[pairs] if fmt in scale_lists else None
             kq, ks, vq, vs = (stored(t, args.layout) for t in (
                 *kvonce.quantize_kv(k, fmt, scale_dtype=sd),
                 *kvonce.quantize_kv(v, fmt, scale_dtype=sd)))
-            if fmt == "int8" and args.int8_fp16_ring:   # the same storage, rounded
-                ks, vs = ks.half(), vs.half()
             kw = dict(k_scale=ks, v_scale=vs)
             times, route = [], "?"
             for probe in probes:
@@ -129,9 +135,10 @@ def main():
                                              kv_format="int4" if fmt == "int4" else None, **kw)
                 triton_us = graph_us(lambda: tri.run(q, kq, vq, seqlens, table, **kw))
             nbytes = bytes_read(case, fmt, int4_pair_bytes=4 if pairs == "fp16" else 8,
-                                int8_scale_bytes=2 if args.int8_fp16_ring else 4)
+                                int8_scale_bytes=2 if pairs == "fp16" else 4)
             stages = f", {n_stages} stages" if n_stages else ""
-            label = f"{fmt} ({pairs} pairs)" if fmt == "int4" else fmt
+            label = {"int4": f"int4 ({pairs} pairs)", "int8": f"int8 ({pairs} scales)"}.get(
+                fmt, fmt)
             print(f"| {hq}/{hk} | {batch} x {length} | {label} | {n_loaders}{stages} | {route} | "
                   + " | ".join(f"{t:.1f}" for t in times)
                   + f" | {triton_us:.1f} | {fp16_us:.1f} | {fp16_us / times[0]:.2f} | "

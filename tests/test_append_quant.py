@@ -52,7 +52,7 @@ def _empty_cache(fmt, num_pages, page, nheads_k, head_dim, scale_dtype=None, fp8
     if fmt == "fp8_e4m3":
         return (*caches, fp8_scale, fp8_scale.clone() * 0.5)
     if fmt == "int8":
-        sshape, sdtype = (num_pages, page, nheads_k), scale_dtype or torch.float32
+        sshape, sdtype = (num_pages, page, nheads_k), scale_dtype or torch.float16
     else:
         sshape, sdtype = (num_pages, page, nheads_k, 2), scale_dtype or torch.float16
     return (*caches, *(torch.rand(sshape, device=DEVICE).to(sdtype) for _ in range(2)))
@@ -63,7 +63,7 @@ def _expected(x, cache, scale, fmt, seqlens, table):
     indexing of ``quantize_kv``'s output (what the kernel must produce, byte for byte)."""
     cache, scale = cache.clone(), scale.clone()
     xq, xs = kvonce.quantize_kv(x, fmt, scale=scale if fmt == "fp8_e4m3" else None,
-                                scale_dtype=scale.dtype if fmt == "int4" else None)
+                                scale_dtype=None if fmt == "fp8_e4m3" else scale.dtype)
     page_size = cache.shape[1]
     pos = seqlens.long()[:, None] + torch.arange(x.shape[1], device=DEVICE)[None, :]
     pages = table.long().gather(1, pos // page_size)
@@ -89,7 +89,7 @@ def _tokens(batch, new_len, nheads_k, head_dim, dtype, seed):
     return k.to(dtype), v.to(dtype)
 
 
-@pytest.mark.parametrize("fmt", [*FORMATS, "int8_fp16_scales", "int4_f32_scales",
+@pytest.mark.parametrize("fmt", [*FORMATS, "int8_f32_scales", "int4_f32_scales",
                                  "fp8_per_tensor"])
 @pytest.mark.parametrize("shape", range(len(SHAPES)))
 @pytest.mark.parametrize("dtype", TOKEN_DTYPES)
@@ -97,13 +97,13 @@ def test_append_stores_quantize_kv_bytes(fmt, shape, dtype):
     """Data and scales equal quantize_kv's for the appended tokens; every other byte (other
     pages, other slots, other scales) is untouched."""
     batch, new_len, nheads_k, head_dim, page, lens = SHAPES[shape]
-    scale_dtype = {"int8_fp16_scales": torch.float16,
+    scale_dtype = {"int8_f32_scales": torch.float32,
                    "int4_f32_scales": torch.float32}.get(fmt)
     fp8_scale = None
     if fmt.startswith("fp8"):
         fp8_scale = (torch.tensor(0.021, device=DEVICE) if fmt == "fp8_per_tensor" else
                      torch.linspace(0.004, 0.03, nheads_k, device=DEVICE))
-    fmt = {"int8_fp16_scales": "int8", "int4_f32_scales": "int4",
+    fmt = {"int8_f32_scales": "int8", "int4_f32_scales": "int4",
            "fp8_per_tensor": "fp8_e4m3"}.get(fmt, fmt)
     num_pages, table = _pages(batch, max(lens) + new_len, page, seed=shape)
     seqlens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
@@ -273,7 +273,7 @@ def test_bad_arguments_raise_before_any_write():
                                                           v_scale=v4s[..., :1], kv_format="int4")),
         (ValueError, "share a dtype", dict(k_cache=k4c, v_cache=v4c, k_scale=k4s.float(),
                                            v_scale=v4s, kv_format="int4")),
-        (ValueError, "share a dtype", dict(k_scale=ks.half(), v_scale=vs)),
+        (ValueError, "share a dtype", dict(k_scale=ks.float(), v_scale=vs)),
         (ValueError, "k must have shape", dict(k=torch.cat([k, k], -1), v=torch.cat([v, v], -1),
                                                k_cache=k4c, v_cache=v4c, k_scale=k4s,
                                                v_scale=v4s, kv_format="int4")),

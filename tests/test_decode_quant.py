@@ -30,9 +30,9 @@ def _case(batch, q_len, heads, heads_k, head_dim, page, lens, dtype, seed=0):
     return q, k, v, torch.tensor(lens, dtype=torch.int32, device=DEVICE), table
 
 
-def _quantized(k, v, fmt):
-    kq, ks = kvonce.quantize_kv(k, fmt)
-    vq, vs = kvonce.quantize_kv(v, fmt)
+def _quantized(k, v, fmt, scale_dtype=None):
+    kq, ks = kvonce.quantize_kv(k, fmt, scale_dtype=scale_dtype)
+    vq, vs = kvonce.quantize_kv(v, fmt, scale_dtype=scale_dtype)
     return kq, ks, vq, vs, kvonce.dequantize_kv(kq, ks, fmt, torch.float32), \
         kvonce.dequantize_kv(vq, vs, fmt, torch.float32)
 
@@ -229,7 +229,9 @@ def test_bf16_queries_take_fp16_dots_without_loss(fmt, magnitude, v_magnitude, n
     scale = 128 ** -0.5 / magnitude
     # per-key V magnitudes spread over 2^-6 .. 1 of v_magnitude: unlike scales in one tile
     v = v * v_magnitude * 2.0 ** -torch.randint(0, 7, v.shape[:3] + (1,), device=DEVICE)
-    kq, ks, vq, vs, kd, vd = _quantized(k.to(torch.bfloat16), v.to(torch.bfloat16), fmt)
+    # int8's V scales past fp16's range (and its subnormals) need float32 scales
+    wide = torch.float32 if fmt == "int8" and v_magnitude != 1.0 else None
+    kq, ks, vq, vs, kd, vd = _quantized(k.to(torch.bfloat16), v.to(torch.bfloat16), fmt, wide)
     ref, ref_lse = paged_attention_ref(q.float(), kd, vd, seqlens, table, softmax_scale=scale)
     cap = torch.cuda.get_device_capability() if HAS_CUDA else None
     base = get_paged_decode_config(cap, 128, fmt, 2, bf16=True)

@@ -283,7 +283,7 @@ def _poison_unowned(kq, vq, ks, vs, seqlens, table):
 
 
 def _case(fmt, batch, q_len, nheads, nheads_k, page, lens, max_keys, seed=0,
-          q_dtype=torch.float16, int4_pairs=None):
+          q_dtype=torch.float16, scale_dtype=None):
     torch.manual_seed(seed)
     pages_per_seq = max_keys // page
     num_pages = batch * pages_per_seq + 2
@@ -294,8 +294,8 @@ def _case(fmt, batch, q_len, nheads, nheads_k, page, lens, max_keys, seed=0,
     v = torch.randn(num_pages, page, nheads_k, 128, device="cuda")
     k[..., 5] *= 20.0
     v[num_pages // 2:] *= 300.0   # V scales of different sizes (int8: the tile's unit changes)
-    kq, ks = kvonce.quantize_kv(k, fmt, scale_dtype=int4_pairs)
-    vq, vs = kvonce.quantize_kv(v, fmt, scale_dtype=int4_pairs)
+    kq, ks = kvonce.quantize_kv(k, fmt, scale_dtype=scale_dtype)
+    vq, vs = kvonce.quantize_kv(v, fmt, scale_dtype=scale_dtype)
     table = torch.randperm(num_pages, device="cuda")[:batch * pages_per_seq]
     table = table.reshape(batch, pages_per_seq).to(torch.int32)
     seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
@@ -330,18 +330,18 @@ def _spy_scale_rings(monkeypatch) -> list:
     return calls
 
 
-# The formats' routes: int8's scales as quantize_kv stores them (head-major) by TMA ("int8 ring",
-# INT8_SCALES_BY_TMA, shipped) or read a key at a time ("int8"), or stored token-major ("int8
-# token-major scales": a key at a time, other strides); int4's always by TMA, row-major
-# consumers ("int4": not routed) or swapped ("int4 swapped", routed); "int8 v-biased": by TMA
-# with V as 1152 + x (INT8_V_BIASED: correct, not faster, off).
+# The formats' routes. int8 routes read float32 scales unless they name fp16 ones
+# (quantize_kv's default since 2026-11-29): "int8 fp16 scale ring", the shipped route, brings
+# them by TMA (INT8_FP16_SCALE_RING, two keys a 32-bit unit), "int8 fp16 scales" a key at a
+# time (the ring off). float32 scales as quantize_kv stores them (head-major) by TMA ("int8
+# ring", INT8_SCALES_BY_TMA) or read a key at a time ("int8"), or stored token-major ("int8
+# token-major scales": a key at a time, other strides). int4's always by TMA, row-major
+# consumers ("int4": not routed) or swapped ("int4 swapped", routed; V as 1024 + n where the
+# route says "v-biased": INT4_V_BIASED, shipped); "int8 v-biased": by TMA with V as 1152 + x
+# (INT8_V_BIASED: correct, not faster, off).
 # "... swapped": the swapped-operand consumers (GLUON_SWAP_FORMATS: int4's shipped, fp8's and
 # int8's correct and not faster) where the packed rows fit 8; "fp32 pairs": int4's float32
-# (scale, offset) pairs (quantize_kv's default is fp16); "int4 swapped v-biased": V as 1024 + n
-# (INT4_V_BIASED, off); "int8 fp16 scales": int8's scales
-# rounded to fp16, stored head-major, with INT8_SCALES_BY_TMA on (the float32 ring declines
-# them: a key at a time; "int8 fp16 scale ring": INT8_FP16_SCALE_RING takes them, two keys a
-# unit); "t256": int4's in 256-key tiles
+# (scale, offset) pairs (quantize_kv's default is fp16); "t256": int4's in 256-key tiles
 # (INT4_SWAPPED_TILE_KEYS: correct, even with 128-key tiles, off).
 ROUTES = ["fp8_e4m3", "int8 ring", "int8", "int8 token-major scales", "int4", "int8 v-biased",
           "fp8_e4m3 swapped", "int8 swapped", "int8 swapped v-biased", "int4 swapped",
@@ -362,8 +362,7 @@ def test_gluon_decode_matches_reference_and_triton(case, causal, route, q_dtype,
     rings = _spy_scale_rings(monkeypatch)
     plan = _check_against_reference_and_triton(
         case, causal, fmt, q_dtype, token_major_scales="token-major" in route,
-        int4_pairs=torch.float32 if "fp32 pairs" in route else None,
-        fp16_scales="fp16 scale" in route)
+        scale_dtype=_scale_dtype(route))
     assert bool(rings) == (route in RING_ROUTES)
     batch, q_len, nheads, nheads_k = GPU_CASES[case][:4]
     swapped = "swapped" in route and nheads // nheads_k * q_len <= 8
@@ -371,18 +370,15 @@ def test_gluon_decode_matches_reference_and_triton(case, causal, route, q_dtype,
 
 
 def _check_against_reference_and_triton(case, causal, fmt, q_dtype, token_major_scales=False,
-                                        head_major=False, int4_pairs=None, fp16_scales=False):
+                                        head_major=False, scale_dtype=None):
     batch, q_len, nheads, nheads_k, page, lens, max_keys, splits = GPU_CASES[case]
     q, kq, vq, ks, vs, seqlens, table, kd, vd = _case(fmt, batch, q_len, nheads, nheads_k, page,
                                                       lens, max_keys, q_dtype=QDTYPES[q_dtype],
-                                                      int4_pairs=int4_pairs)
-    if int4_pairs is not None:
-        assert ks.dtype == vs.dtype == int4_pairs
+                                                      scale_dtype=scale_dtype)
+    if scale_dtype is not None:
+        assert ks.dtype == vs.dtype == scale_dtype
     if token_major_scales:
         ks, vs = ks.contiguous(), vs.contiguous()
-    if fp16_scales:      # int8: the same head-major storage, rounded to fp16
-        ks, vs = ks.half(), vs.half()
-        assert gluon_decode.head_major_scales(ks)
     if head_major:   # the same logical pages stored [num_pages, nheads_k, page_size, row]
         kq, vq = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (kq, vq))
         assert gluon_decode.pages_head_major(kq) == (nheads_k > 1)
@@ -419,27 +415,40 @@ def _check_against_reference_and_triton(case, causal, fmt, q_dtype, token_major_
 
 @hopper_only
 @pytest.mark.parametrize("q_dtype", ["fp16", "bf16"])
-@pytest.mark.parametrize("route", ["fp8_e4m3", "int8 ring", "int4 swapped"])
+@pytest.mark.parametrize("route", ["fp8_e4m3", "int8 fp16 scale ring", "int8 ring",
+                                   "int4 swapped v-biased"])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("case", range(len(GPU_CASES)))
 def test_gluon_decode_on_head_major_pages(case, causal, route, q_dtype, monkeypatch):
     """Pages stored head-major (a page's keys of one KV head contiguous: one TMA box a page and
-    head, ``HEAD_MAJOR``) on the shipped routes, against the reference and the Triton kernel on
-    the same caches."""
+    head, ``HEAD_MAJOR``) on the shipped routes (and int8's float32 scale ring), against the
+    reference and the Triton kernel on the same caches."""
     fmt = _take_route(route, monkeypatch)
-    plan = _check_against_reference_and_triton(case, causal, fmt, q_dtype, head_major=True)
+    plan = _check_against_reference_and_triton(case, causal, fmt, q_dtype, head_major=True,
+                                               scale_dtype=_scale_dtype(route))
     nheads_k = GPU_CASES[case][3]
     assert all(la.head_major == (nheads_k > 1) for la in plan._launches.values())
 
 
-def _gluon_plan(fmt, nheads, nheads_k, lens):
-    """A plan on the Gluon route over a fresh ``_case`` (page 16, 8192 keys a sequence)."""
-    case = _case(fmt, len(lens), 1, nheads, nheads_k, 16, lens, 8192)
+def _gluon_plan(route, nheads, nheads_k, lens):
+    """A plan on the Gluon route over a fresh ``_case`` (page 16, 8192 keys a sequence) with the
+    route's scales."""
+    fmt = route.split()[0]
+    case = _case(fmt, len(lens), 1, nheads, nheads_k, 16, lens, 8192,
+                 scale_dtype=_scale_dtype(route))
     q, kq, vq, ks, vs, seqlens, table = case[:7]
     plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
                                   config=ROWS[fmt], kv_format=KV_FORMATS.get(fmt))
     assert plan.uses_gluon
     return plan, case
+
+
+def _scale_dtype(route):
+    """The scales a ``ROUTES`` entry reads: int8's float32 unless it names fp16 ones, int4's
+    pairs fp16 (None: quantize_kv's default) unless it names float32 ones."""
+    if route.startswith("int8"):
+        return torch.float16 if "fp16 scale" in route else torch.float32
+    return torch.float32 if "fp32 pairs" in route else None
 
 
 def _take_route(route, monkeypatch) -> str:
@@ -483,12 +492,13 @@ def test_int4_default_plan_takes_the_gluon_decode_where_it_pays(q_dtype):
 
 
 @hopper_only
-@pytest.mark.parametrize("route", ["fp8_e4m3", "int8", "int8 ring", "int4", "int8 v-biased",
-                                   "fp8_e4m3 swapped", "int8 swapped v-biased", "int4 swapped",
-                                   "int4 swapped t256"])
+@pytest.mark.parametrize("route", ["fp8_e4m3", "int8", "int8 ring", "int8 fp16 scale ring",
+                                   "int4", "int8 v-biased", "fp8_e4m3 swapped",
+                                   "int8 swapped v-biased", "int4 swapped",
+                                   "int4 swapped v-biased", "int4 swapped t256"])
 def test_gluon_decode_in_a_cuda_graph_and_compiled(route, monkeypatch):
-    fmt = _take_route(route, monkeypatch)
-    plan, (q, kq, vq, ks, vs, seqlens, table, kd, vd) = _gluon_plan(fmt, 32, 8, [8192, 4000])
+    _take_route(route, monkeypatch)
+    plan, (q, kq, vq, ks, vs, seqlens, table, kd, vd) = _gluon_plan(route, 32, 8, [8192, 4000])
     eager = plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -510,10 +520,11 @@ def test_gluon_decode_in_a_cuda_graph_and_compiled(route, monkeypatch):
 
 
 @hopper_only
-@pytest.mark.parametrize("route", ["fp8_e4m3", "int8", "int8 ring", "int4"])
+@pytest.mark.parametrize("route", ["fp8_e4m3", "int8", "int8 ring", "int8 fp16 scale ring",
+                                   "int4"])
 def test_opcheck_gluon_split_op(route, monkeypatch):
     fmt = _take_route(route, monkeypatch)
-    plan, (q, kq, vq, ks, vs, seqlens, table, _, _) = _gluon_plan(fmt, 8, 2, [8192, 100])
+    plan, (q, kq, vq, ks, vs, seqlens, table, _, _) = _gluon_plan(route, 8, 2, [8192, 100])
     c = plan.config
     fields = (plan.softmax_scale, True, c.block_n, c.num_warps, c.num_stages,
               c.kv_cache_modifier, c.kv_eviction, c.max_merged_splits, ks, vs,

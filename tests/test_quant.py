@@ -14,16 +14,49 @@ def _keys(*shape, outliers=False):
     return x.half()
 
 
+@pytest.mark.parametrize("scale_dtype", [torch.float16, torch.float32])
 @pytest.mark.parametrize("outliers", [False, True])
-def test_int8_per_token_bound(outliers):
+def test_int8_per_token_bound(outliers, scale_dtype):
     x = _keys(3, 16, 2, 64, outliers=outliers)
-    x_q, s = quantize_kv(x, "int8")
+    x_q, s = quantize_kv(x, "int8", scale_dtype=scale_dtype)
     assert x_q.dtype == torch.int8 and x_q.shape == x.shape
-    assert s.dtype == torch.float32 and s.shape == x.shape[:-1]
+    assert s.dtype == scale_dtype and s.shape == x.shape[:-1]
     err = (dequantize_kv(x_q, s, "int8", torch.float32) - x.float()).abs()
-    # Half a step of amax / 127 per (token, head), plus the fp32 rounding of the scale.
-    bound = x.float().abs().amax(-1, keepdim=True) / 254 * (1 + 1e-5)
-    assert (err <= bound).all()
+    # Half a step of the stored scale, which is amax / 127 rounded up (fp16: by at most 2^-10)
+    amax = x.float().abs().amax(-1)
+    assert (s.float() >= amax / 127).all()
+    assert (s.float() <= amax / 127 * (1 + (2 ** -10 if scale_dtype == torch.float16 else 1e-6))
+            ).all()
+    assert (err <= s.float()[..., None] * (0.5 + 1e-5)).all()
+    assert x_q.abs().amax(-1).eq(127).sum() > 0.9 * amax.numel()   # the levels used to the end
+
+
+def test_int8_fp16_scales_round_up_to_the_stored_scale():
+    """fp16 scales are amax / 127 rounded UP (next fp16) and the codes are computed against them:
+    no code clamps, so even keys whose scales fall below fp16's normal range (amax < ~0.008,
+    where a nearest rounding could move a scale by half its subnormal step) and a key a hair
+    past an fp16 value stay within half a level; keys past fp16's range read inf, never a finite
+    wrong value; the default is fp16."""
+    rows = torch.randn(6, 64)
+    rows[0] *= 1e-5                                    # scale ~ 1e-7: 2 subnormal steps
+    rows[1] *= 3e-4                                    # subnormal scale
+    rows[2, 0] = 127.0 * (1 + 2 ** -11)                # amax / 127 just past 1.0: rounds up
+    rows[3] = 0.0                                      # the smallest scale, 2^-24
+    rows[4, 1] = 127.0 * 65504.0 * 2                   # past fp16: inf scale
+    x = rows.view(6, 1, 64).to(DEVICE)
+    x_q, s = quantize_kv(x, "int8")
+    assert s.dtype == torch.float16
+    sf = s.float()[:, 0]
+    assert (sf[:5] >= x.abs().amax(-1)[:5, 0] / 127).all()
+    assert sf[2].item() == 1.0 + 2 ** -10 and sf[3].item() == 2 ** -24
+    back = dequantize_kv(x_q, s, "int8", torch.float32)
+    err = (back - x)[:4].abs()
+    assert (err <= sf[:4, None, None] * (0.5 + 1e-6)).all()
+    assert (x_q[:3].abs().amax(-1) <= 127).all() and back[3].eq(0).all()
+    assert sf[4].isinf() and not torch.isfinite(back[4]).all()
+    # the same bytes as a float32 quantization against the stored scales
+    want = torch.clamp(torch.round(x[:4] / sf[:4, None, None]), -127, 127).to(torch.int8)
+    assert torch.equal(x_q[:4], want)
 
 
 # int4's (scale, offset) pair dtypes and their relative rounding (fp16: half an ulp, 2^-11).
@@ -82,9 +115,9 @@ def test_int4_fp16_pairs_error_matches_float32():
     assert errs[0] <= errs[1] * 1.01, errs
 
 
-@pytest.mark.parametrize("fmt,dt", [("int4", torch.bfloat16), ("int8", torch.float16),
-                                    ("fp8_e4m3", torch.float32)])
-def test_scale_dtype_is_int4s_pair_dtype(fmt, dt):
+@pytest.mark.parametrize("fmt,dt", [("int4", torch.bfloat16), ("int8", torch.bfloat16),
+                                    ("int8", torch.float64), ("fp8_e4m3", torch.float32)])
+def test_scale_dtype_is_fp16_or_float32_for_the_integer_formats(fmt, dt):
     with pytest.raises(ValueError, match="scale_dtype"):
         quantize_kv(_keys(1, 16, 1, 64), fmt, scale_dtype=dt)
 

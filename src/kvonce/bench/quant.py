@@ -70,10 +70,10 @@ class Case:
 
 
 def bytes_read(case: Case, fmt: str | None, *, per_tensor_scale: bool = False,
-               outliers: int = 0, int4_pair_bytes: int = 4, int8_scale_bytes: int = 4) -> int:
+               outliers: int = 0, int4_pair_bytes: int = 4, int8_scale_bytes: int = 2) -> int:
     """K/V bytes a decode call reads: data plus scales (both caches). fp16 2 B a value, fp8/int8
-    1 B, int4 half a byte; scales: int8 one per (token, KV head) (``int8_scale_bytes``: 4
-    float32, quantize_kv's; 2 fp16), int4 one (scale, offset) pair per (token, KV head)
+    1 B, int4 half a byte; scales: int8 one per (token, KV head) (``int8_scale_bytes``: 2 fp16,
+    quantize_kv's default; 4 float32), int4 one (scale, offset) pair per (token, KV head)
     (``int4_pair_bytes``: 4 fp16, quantize_kv's default; 8 float32), fp8 one float32 per KV
     head (or per tensor); ``outliers`` 16-bit values per (token, KV head) in the side cache."""
     values = case.tokens * case.nheads_k * HEAD_DIM

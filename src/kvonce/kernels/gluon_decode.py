@@ -488,8 +488,10 @@ INT8_SCALES_BY_TMA = True
 # where their key columns hold adjacent pairs: ``gluon_decode_common.UNIT_COLS``). Compiled for
 # sm_90a 2026-11-29 (twenty-first session): 636 instructions a tile a warp against 623 with
 # float32 scales, one CTA barrier a tile as there; the bytes 1.5% fewer (260 a token and KV
-# head against 264). Not yet run on a GPU: off (fp16 int8 scales go a key at a time).
-INT8_FP16_SCALE_RING = False
+# head against 264). H200, 2026-11-29 twenty-second session, graphs, head-major pages,
+# 64 x 8192: GQA 32/8 267.2 us against 270.4 with float32 scales, MHA 12/12 389.9 against
+# 395.4 (quantize_kv's int8 default became fp16 scales with it).
+INT8_FP16_SCALE_RING = True
 # int8 V as ``1152 + x``, the bias off each tile's dot start (``_tile``'s V_BIASED; compiled
 # for sm_90a 2026-11-29: 573 instructions a tile a warp against 623, the masked tile 662 against
 # 854): correct on the H200 but not faster (nineteenth session, graphs, GQA 32/8 then MHA 12/12
@@ -501,9 +503,10 @@ INT8_V_BIASED = False
 # start, ``gluon_decode_common.INT4_V_BIAS``). Compiled for sm_90a 2026-11-29 (twenty-first
 # session): 499 instructions a tile a warp against 531 (fp16 pairs, head-major, GQA 4: 56
 # half-precision adds / fmas gone, the rows' probability sums 22 more); the head-major int4
-# route is held by its consumers there (kernel 181.6 us, memory only 159.8). Not yet run on a
-# GPU: off.
-INT4_V_BIASED = False
+# route is held by its consumers there (kernel 181.6 us, memory only 159.8). H200, 2026-11-29
+# twenty-second session, graphs, head-major pages, 64 x 8192: GQA 32/8 177.9 us against 181.5,
+# MHA 12/12 255.9 against 260.5.
+INT4_V_BIASED = True
 # The cache formats whose consumers take swapped operands (``_consume_t``, ``_consume_int4_t``:
 # keys as M, q rows as N = 8) where the packed rows fit 8 (int8 / int4 with their scales by
 # ring). Compiled for sm_90a 2026-11-29: fp8 373 instructions a tile a warp against 453, int8 504

@@ -7,7 +7,8 @@ Each program computes exactly ``quantize_kv``'s arithmetic, in float32 with IEEE
 round-half ties), so the bytes equal ``quantize_kv``'s for the same tokens:
 
     KV_FORMAT 1 fp8 e4m3: y = clamp(x / scale[head], +-448), stored as fp8 (round to nearest even)
-    KV_FORMAT 2 int8:     s = max(amax_d |x| / 127, 2^-24); q = clamp(rint(x / s), +-127)
+    KV_FORMAT 2 int8:     s = max(amax_d |x| / 127, 2^-24), rounded up to an fp16 scale
+                          tensor's dtype; q = clamp(rint(x / s), +-127) against that s
     KV_FORMAT 3 int4:     s = max((max_d x - min_d x) / 15, 2^-24); z = min_d x + 8 s;
                           q = clamp(rint((x - z) / s), -8, 7) + 8; byte i: channel i low
                           nibble, channel i + d/2 high (i < d/2); scale row (s, z) in the
@@ -86,10 +87,11 @@ def _store_token_row(x, Cache, Scale, dst, scale_dst, offs_h, h_ok, head_dim, st
     elif KV_FORMAT == 2:
         amax = tl.max(tl.abs(x), axis=1)
         s = tl.maximum(tl.math.div_rn(amax, tl.full([BLOCK_H], 127.0, tl.float32)), TINY)
+        if Scale.dtype.element_ty == tl.float16:
+            s = _round_up_to_f16(s)     # the scale as stored; the codes against it
         q = _rint(tl.math.div_rn(x, tl.broadcast_to(s[:, None], [BLOCK_H, BLOCK_D])))
         q = tl.minimum(tl.maximum(q, -127.0), 127.0)
         tl.store(Cache + rows + offs_d[None, :], q.to(tl.int8), mask=d_ok)
-        # An fp16 scale tensor stores the float32 scale rounded (quantize_kv's, copied in).
         tl.store(Scale + scale_dst + offs_h * stride_sh, s.to(Scale.dtype.element_ty), mask=h_ok)
     else:
         # Padding lanes (channels past head_dim) stay out of the min and max; padding heads
@@ -114,6 +116,16 @@ def _store_token_row(x, Cache, Scale, dst, scale_dst, offs_h, h_ok, head_dim, st
         s_ptrs = Scale + scale_dst + offs_h * stride_sh
         tl.store(s_ptrs, s.to(Scale.dtype.element_ty), mask=h_ok)
         tl.store(s_ptrs + 1, offset.to(Scale.dtype.element_ty), mask=h_ok)
+
+
+@triton.jit
+def _round_up_to_f16(s):
+    """Positive float32 ``s`` rounded up to fp16 (``quantize_kv``'s ``_round_up_to``: the next
+    fp16 at or above it, inf past the range), back in float32. Round to nearest, then one fp16
+    step up (its bits + 1: positive values order as their bits) where that fell below."""
+    r = s.to(tl.float16)
+    up = (r.to(tl.int16, bitcast=True) + 1).to(tl.float16, bitcast=True)
+    return tl.where(r.to(tl.float32) < s, up.to(tl.float32), r.to(tl.float32))
 
 
 @triton.jit

@@ -44,10 +44,10 @@ def append_paged_kv(
         advances it).
     block_table : int32 ``[batch, max_pages]``, pages in any order.
     k_scale, v_scale : a quantized cache's scales, as ``quantize_kv`` returns them. fp8: float32
-        ``[nheads_k]`` or 0-dim, fixed when the cache was made, READ here. int8: float32 or fp16
-        ``[num_pages, page_size, nheads_k]``; int4: float32 ``[num_pages, page_size,
+        ``[nheads_k]`` or 0-dim, fixed when the cache was made, READ here. int8: fp16 or float32
+        ``[num_pages, page_size, nheads_k]``; int4: fp16 or float32 ``[num_pages, page_size,
         nheads_k, 2]`` (scale, offset), last dim contiguous: WRITTEN here for the new tokens'
-        slots.
+        slots. k_scale and v_scale share a dtype.
     kv_format : None (recognised from the cache dtype: fp8 and int8) or ``"fp8_e4m3"``,
         ``"int8"``, ``"int4"`` (needed for a uint8 cache).
     check_block_table : validation mode: the table has existing pages for every new position
@@ -61,10 +61,10 @@ def append_paged_kv(
         then takes the same object (``paged_attention(..., key_outliers=)``).
 
     The stored bytes and scales are ``quantize_kv``'s for the same tokens (fp8 with the cache's
-    ``scale``); an fp16 int8 scale is ``quantize_kv``'s float32 scale rounded to fp16 (what copying
-    it into an fp16 tensor stores), the values quantized with the float32 one. Positions are
-    computed on the device (no host sync; CUDA-graph capturable); that the table has pages for
-    them is the caller's contract. Every argument is checked before anything is written.
+    ``scale``; int8 and int4 in the scale tensors' dtype: ``quantize_kv(..., scale_dtype=)``).
+    Positions are computed on the device (no host sync; CUDA-graph capturable); that the table
+    has pages for them is the caller's contract. Every argument is checked before anything is
+    written.
     """
     if key_outliers is not None:
         if key_transform is not None:

@@ -3,12 +3,20 @@
 | ``kv_format`` | data | scales |
 | --- | --- | --- |
 | ``"fp8_e4m3"`` | ``float8_e4m3fn [..., nheads_k, d]`` | float32 ``[nheads_k]`` per KV head, or 0-dim per tensor: fixed when the cache is created |
-| ``"int8"`` | ``int8 [..., nheads_k, d]``, symmetric | float32 ``[..., nheads_k]``: one per (token, KV head) |
+| ``"int8"`` | ``int8 [..., nheads_k, d]``, symmetric | fp16 (or float32) ``[..., nheads_k]``: one per (token, KV head) |
 | ``"int4"`` | ``uint8 [..., nheads_k, d // 2]``, asymmetric | fp16 (or float32) ``[..., nheads_k, 2]``: (scale, offset) per (token, KV head) |
 
 - fp8: ``x_q = fp8(x / scale)`` (saturating at +-448); ``x = x_q * scale``. Without a given
   scale, ``amax(|x|) / 448`` per KV head over every other dim (the scale a cache is created with).
-- int8: ``scale = amax(|x|) / 127`` over ``d`` per (token, head); ``x_q = round(x / scale)``.
+- int8: ``scale = max(amax(|x|) / 127, 2^-24)`` over ``d`` per (token, head) in float32, rounded
+  UP to the scale's dtype (``scale_dtype``: fp16, the default since 2026-11-29, issue 26, 2 bytes
+  a key where float32 took 4), ``x_q = round(x / scale)`` against that stored scale. Rounding up
+  keeps ``|x / scale| <= 127`` (no clamp), so the error stays within half a level of the stored
+  scale, which is at most ``2^-10`` coarser than float32's (``2^-25`` coarser in absolute terms
+  below fp16's normal range, keys with ``amax < ~0.008``). Keys with ``amax`` over ~8.3e6 read
+  inf / NaN under fp16 scales (never a finite wrong value). float32 scales (the format before)
+  are still read by every kernel. fp16 scales made the Gluon int8 decode 1.2-1.4% faster (H200,
+  head-major pages, 64 x 8192, docs/notes.md).
 - int4: asymmetric per (token, KV head), 16 levels over ``[min, max]`` of its ``d`` values, in
   float32: ``scale = max((max - min) / 15, 2^-24)`` rounded to the pair's dtype, ``offset =
   min + 8 * scale`` (that rounded scale) rounded to it, ``q = round((x - offset) / scale)``
@@ -35,10 +43,11 @@
   (paged) ``x [pages, page, nheads_k, d]`` returns int4's and int8's scales stored head-major
   (memory ``[pages, nheads_k, page, 2]`` / ``[pages, nheads_k, page]``, returned as its
   ``transpose(1, 2)`` view: same shape and values, ``is_contiguous()`` False) whatever ``x``'s
-  own layout: each KV head's scales of a page are then one run (128 / 64 bytes at page 16)
-  where token-major storage puts them ``nheads_k * 8`` / ``nheads_k * 4`` bytes apart. Measured
-  with token-major int4 pages (H100, graphs, 2026-11-27, docs/notes.md): GQA 32/8 64 x 8192 230
-  -> 216 us, 1 x 131072 68.7 -> 65.6, MHA 12/12 1 x 131072 99.9 -> 92.9; int8's one float per
+  own layout: each KV head's scales of a page are then one run (64 / 32 bytes at page 16 in
+  fp16) where token-major storage puts them ``nheads_k * 4`` / ``nheads_k * 2`` bytes apart.
+  Measured with token-major int4 pages and float32 pairs (H100, graphs, 2026-11-27,
+  docs/notes.md): GQA 32/8 64 x 8192 230 -> 216 us, 1 x 131072 68.7 -> 65.6, MHA 12/12
+  1 x 131072 99.9 -> 92.9; int8's one float per
   key measured no different either way in the Triton kernel (404 / 405 us). The Gluon decode
   (kernels/gluon_decode.py) brings head-major int8 runs by TMA with each K tile (``SCALE_RING``:
   2-3% faster than a load a key on the H200, 2026-11-29) and reads other strides a key at a
@@ -69,7 +78,15 @@ def _check_format(kv_format) -> None:
         raise ValueError(f"kv_format must be one of {KV_FORMATS}, got {kv_format!r}")
 
 
-INT4_SCALE_DTYPES = (torch.float16, torch.float32)
+SCALE_DTYPES = (torch.float16, torch.float32)   # int8's scales and int4's pairs
+
+
+def _round_up_to(s: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Positive float32 ``s`` rounded up to ``dtype`` (the next representable value at or above
+    it: inf past fp16's range), back in float32."""
+    r = s.to(dtype)
+    r = torch.where(r.float() < s, torch.nextafter(r, torch.full_like(r, float("inf"))), r)
+    return r.float()
 
 
 def quantize_kv(x: torch.Tensor, kv_format: str, *, scale: torch.Tensor | None = None,
@@ -78,13 +95,14 @@ def quantize_kv(x: torch.Tensor, kv_format: str, *, scale: torch.Tensor | None =
 
     Returns ``(x_q, x_scale)`` as in the module table. ``scale``: only for ``"fp8_e4m3"`` (float32
     ``[nheads_k]`` or 0-dim), to quantize new tokens with the cache's fixed scale; int8/int4 scales
-    are per token and always computed here. ``scale_dtype``: int4's (scale, offset) pairs,
-    ``torch.float16`` (None: the default) or ``torch.float32``.
+    are per token and always computed here. ``scale_dtype``: int8's scales' and int4's (scale,
+    offset) pairs' dtype, ``torch.float16`` (None: the default) or ``torch.float32``.
     """
     _check_format(kv_format)
-    if scale_dtype is not None and (kv_format != "int4" or scale_dtype not in INT4_SCALE_DTYPES):
-        raise ValueError(f"scale_dtype is int4's (scale, offset) dtype, one of "
-                         f"{INT4_SCALE_DTYPES}; got {scale_dtype} for {kv_format}")
+    if scale_dtype is not None and (kv_format == "fp8_e4m3"
+                                    or scale_dtype not in SCALE_DTYPES):
+        raise ValueError(f"scale_dtype is int8's scales' and int4's (scale, offset) pairs' "
+                         f"dtype, one of {SCALE_DTYPES}; got {scale_dtype} for {kv_format}")
     V.check_tensor("x", x, dtypes=V.ATTN_DTYPES)
     if x.dim() < 2:
         raise ValueError(f"x must be [..., nheads_k, d], got shape {tuple(x.shape)}")
@@ -104,16 +122,19 @@ def quantize_kv(x: torch.Tensor, kv_format: str, *, scale: torch.Tensor | None =
         return x_q, scale
     if scale is not None:
         raise ValueError(f"{kv_format} scales are per token and computed here: pass scale=None")
+    stored_dtype = scale_dtype or torch.float16
     if kv_format == "int8":
         s = torch.clamp(xf.abs().amax(dim=-1) / _const(127.0, x), min=_TINY)
+        s = _round_up_to(s, stored_dtype)              # the scale as stored
         x_q = torch.clamp(torch.round(xf / s[..., None]), -127, 127).to(torch.int8)
+        s = s.to(stored_dtype)
         if x.dim() == 4:   # a paged cache's scales stored head-major ("Storage")
             s = s.transpose(1, 2).contiguous().transpose(1, 2)
         return x_q, s
     if d % INT4_HEAD_DIM_MULTIPLE != 0:
         raise ValueError(f"int4 needs a head dim that is a multiple of {INT4_HEAD_DIM_MULTIPLE}, "
                          f"got {d}")
-    pair_dtype = scale_dtype or torch.float16
+    pair_dtype = stored_dtype
     lo = xf.amin(dim=-1)
     s = torch.clamp((xf.amax(dim=-1) - lo) / _const(15.0, x), min=_TINY)
     s = s.to(pair_dtype).float()                       # the pair as stored
