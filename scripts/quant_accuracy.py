@@ -5,7 +5,8 @@ kernels match ``dequantize_kv`` to fp32 rounding, tests/test_decode_quant.py), s
 
     PYTHONPATH=src python scripts/quant_accuracy.py [--rotate]
 
-``--rotate`` also measures each format after a fixed orthonormal Hadamard rotation of K and q
+int8 and int4 with their scales in fp16 (quantize_kv's default) and in float32. ``--rotate``
+also measures each format after a fixed orthonormal Hadamard rotation of K and q
 (``q.k = (qH).(kH)``; V unrotated), the rotation issue 20 proposes for outlier channels.
 """
 import torch
@@ -48,13 +49,15 @@ def main(argv):
             h = hadamard(k.shape[-1])
             kr = (k.float() @ h).half() if rotate else k
             qr = (q.float() @ h).half() if rotate else q
-            for fmt in ("fp8_e4m3", "int8", "int4"):
-                kq, ks = kvonce.quantize_kv(kr, fmt)
-                vq, vs = kvonce.quantize_kv(v, fmt)
+            for fmt, sd in (("fp8_e4m3", None), ("int8", torch.float16), ("int8", torch.float32),
+                            ("int4", torch.float16), ("int4", torch.float32)):
+                kq, ks = kvonce.quantize_kv(kr, fmt, scale_dtype=sd)
+                vq, vs = kvonce.quantize_kv(v, fmt, scale_dtype=sd)
                 out, lse = paged_attention_ref(qr, kvonce.dequantize_kv(kq, ks, fmt),
                                                kvonce.dequantize_kv(vq, vs, fmt), seqlens, table)
                 rel = ((out - ref).norm() / ref.norm()).item()
-                print(f"| {'per-channel outliers' if outliers else 'random'} | {fmt} | "
+                label = fmt if sd is None else f"{fmt}, {str(sd)[6:]} scales"
+                print(f"| {'per-channel outliers' if outliers else 'random'} | {label} | "
                       f"{'Hadamard' if rotate else 'none'} | {rel:.2e} | "
                       f"{(lse - ref_lse).abs().max().item():.2e} |")
 

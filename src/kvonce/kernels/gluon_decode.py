@@ -112,7 +112,8 @@ time (GQA 32/8 64 x 8192: fp8 256.9 us against 262.4, int8 266.7 against 274.7, 
 against 194.9), with the loader copying nothing (math only) 35-45% faster (142.7, 174.8, 142.6):
 the loader and the memory set the pace. A second loader warp (``LOADERS`` 2, each half a tile's
 boxes) took int4's memory-only time 5% down and its kernel time 0-3%; five or six int4 stages
-nothing (``GLUON_LOADERS`` stays 1).
+nothing. With int4's consumers cheaper (fp16 pairs, V biased: twenty-second session) two loaders
+took its kernel time 4-6% down: int4 runs two (``GLUON_LOADERS``), fp8 / int8 one.
 
 Modules: gluon_decode_common (layouts, converters, the loader warp, the consumers' shared
 steps), gluon_decode_rows (the row-major consumers described above), gluon_decode_swapped (keys
@@ -537,8 +538,12 @@ INT4_SWAPPED_STAGES = 0
 # stores out and LSE itself (no combine, no scratch): GQA 32/8 64 x 8192 262.2 us against 269.1
 # through the partials, MHA 12/12 386.4 against 389.8.
 # Loader warps by cache format (QUANT_FORMATS code; ``LOADERS``): each issues its share of a
-# tile's TMA boxes (int4 at page 16: 32 a 128-key tile, K, V and their scale pairs, 18 KB).
-GLUON_LOADERS = {1: 1, 2: 1, 3: 1}
+# tile's TMA boxes (int4 at page 16: 32 a 128-key tile, K, V and their scale pairs, 17 KB).
+# int4 takes two: once its consumers were cheap enough (fp16 pairs, V biased), two loaders took
+# the routed rows 4-6% down (H200, 2026-11-29 twenty-second session, graphs, head-major pages,
+# 64 x 8192: GQA 32/8 171.5 us against 178.3, MHA 12/12 241.4 against 256.2); the short
+# launches the plan keeps on Triton ran 2-4% slower with them (1 x 131072: 62.6 against 60.4).
+GLUON_LOADERS = {1: 1, 2: 1, 3: 2}
 # The roofline probe (a measurement: gluon_decode_common's PROBE_MEMORY 1 / PROBE_MATH 2, the
 # shipped fp8 / int8 row-major and int4 swapped consumers; scripts/quant_decode_probe.py sets
 # it before building its plans): 0, the kernel.

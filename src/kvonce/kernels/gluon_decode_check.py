@@ -185,6 +185,13 @@ GLUON_CHECK_SPECS = [
     _check_spec("int4f16-swap-vbias-hnd-page16-gqa4-4stages-2cta", 4, 16, stages=4,
                 ctas_per_sm=2, kv_format=3, swap_ab=True, head_major=True, f16_pairs=True,
                 v_biased=True),
+    # the shipped int4 route (2026-11-29): V biased, fp16 pairs, two loader warps
+    _check_spec("int4f16-swap-vbias-2loaders-hnd-page16-gqa4-4stages-2cta", 4, 16, stages=4,
+                ctas_per_sm=2, kv_format=3, swap_ab=True, head_major=True, f16_pairs=True,
+                v_biased=True, loaders=2),
+    _check_spec("int4f16-swap-vbias-2loaders-page16-mha-causal-4stages-2cta", 1, 16, stages=4,
+                causal=True, ctas_per_sm=2, kv_format=3, swap_ab=True, f16_pairs=True,
+                v_biased=True, loaders=2),
     _check_spec("int4f16-swap-vbias-bf16q-page64-mha-causal-4stages-2cta-direct", 1, 64,
                 stages=4, causal=True, ctas_per_sm=2, kv_format=3, q_dtype="bf16",
                 direct_lse=True, swap_ab=True, f16_pairs=True, v_biased=True),
