@@ -338,7 +338,8 @@ def _spy_scale_rings(monkeypatch) -> list:
 # token-major scales": a key at a time, other strides). int4's always by TMA, row-major
 # consumers ("int4": not routed) or swapped ("int4 swapped", routed; V as 1024 + n where the
 # route says "v-biased": INT4_V_BIASED, shipped; two loader warps, GLUON_LOADERS, unless it says
-# "1 loader"); "int8 v-biased": by TMA with V as 1152 + x
+# "1 loader" or "4 loaders", the latter a knob not yet run on a GPU, for int8 too); "int8
+# v-biased": by TMA with V as 1152 + x
 # (INT8_V_BIASED: correct, not faster, off).
 # "... swapped": the swapped-operand consumers (GLUON_SWAP_FORMATS: int4's shipped, fp8's and
 # int8's correct and not faster) where the packed rows fit 8; "fp32 pairs": int4's float32
@@ -347,10 +348,12 @@ def _spy_scale_rings(monkeypatch) -> list:
 ROUTES = ["fp8_e4m3", "int8 ring", "int8", "int8 token-major scales", "int4", "int8 v-biased",
           "fp8_e4m3 swapped", "int8 swapped", "int8 swapped v-biased", "int4 swapped",
           "int4 swapped t256", "int4 fp32 pairs", "int4 swapped fp32 pairs", "int8 fp16 scales",
-          "int4 swapped v-biased", "int8 fp16 scale ring", "int4 swapped v-biased 1 loader"]
+          "int4 swapped v-biased", "int8 fp16 scale ring", "int4 swapped v-biased 1 loader",
+          "int4 swapped v-biased 4 loaders", "int8 fp16 scale ring 4 loaders"]
 RING_ROUTES = ("int8 ring", "int4", "int8 v-biased", "int8 swapped", "int8 swapped v-biased",
                "int4 swapped", "int4 swapped t256", "int4 fp32 pairs", "int4 swapped fp32 pairs",
-               "int4 swapped v-biased", "int8 fp16 scale ring", "int4 swapped v-biased 1 loader")
+               "int4 swapped v-biased", "int8 fp16 scale ring", "int4 swapped v-biased 1 loader",
+               "int4 swapped v-biased 4 loaders", "int8 fp16 scale ring 4 loaders")
 
 
 @hopper_only
@@ -466,8 +469,8 @@ def _take_route(route, monkeypatch) -> str:
     monkeypatch.setattr(gluon_decode, "INT4_SWAPPED_TILE_KEYS", 256 if "t256" in route else 128)
     # loader warps: the module's (int4 2, fp8 / int8 1) unless the route names one
     loaders = dict(gluon_decode.GLUON_LOADERS)
-    if "1 loader" in route:
-        loaders = {code: 1 for code in loaders}
+    if "1 loader" in route or "4 loaders" in route:
+        loaders = {code: int(route.split(" loader")[0][-1]) for code in loaders}
     monkeypatch.setattr(gluon_decode, "GLUON_LOADERS", loaders)
     return fmt
 

@@ -152,7 +152,7 @@ def _gluon_decode_kernel(
 ):
     # HEAD_MAJOR: pages stored [num_pages, nheads_k, page_size, row] (the descriptors' rows a
     # (page, KV head)'s keys), else token-major [num_pages, page_size, nheads_k, row].
-    # LOADERS: loader warps (1 or 2), each copying its share of every tile's TMA boxes.
+    # LOADERS: loader warps (1, 2 or 4), each copying its share of every tile's TMA boxes.
     # PROBE: the roofline probe (gluon_decode_common's PROBE_MEMORY / PROBE_MATH; 0 the kernel).
     # SWAP_AB: the consumers with swapped operands (gluon_decode_swapped: fp8, int8 / int4 with
     # their scales by ring, GROUP * q_len <= 8), else the row-major ones (gluon_decode_rows).
@@ -206,8 +206,31 @@ def _gluon_decode_kernel(
                  cache_seqlens, block_table, num_splits, stride_btb, KS, VS, ks_smem, vs_smem,
                  PAGE_SIZE, SCALE_RING, PROBE, 1, 2, HEAD_MAJOR)),
         ], [LOADER_WARPS, LOADER_WARPS], [LOADER_REGS, LOADER_REGS])
+    elif LOADERS == 4:   # the loader warpgroup's four warps (the launch is 8 warps either way)
+        gl.warp_specialize([
+            (_consume_any,
+             (Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                 cache_seqlens, block_table, sm_scale, q_len, num_splits, stride_qb, stride_qt,
+                 stride_qh, stride_ksh, stride_vsh, stride_ob, stride_ot, stride_oh, stride_os,
+                 stride_lb, stride_lt, stride_lh, stride_ls, stride_btb, stride_ksp, stride_kst,
+                 stride_vsp, stride_vst, ks_smem, vs_smem, GROUP, IS_CAUSAL, THREAD_ARRIVE,
+                 RING_MERGE, KV_FORMAT, PAGE_SIZE, STORE_LSE, SCALE_RING,
+                 V_BIASED and KV_FORMAT != FP8, PROBE, SWAP_AB)),
+            (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                 cache_seqlens, block_table, num_splits, stride_btb, KS, VS, ks_smem, vs_smem,
+                 PAGE_SIZE, SCALE_RING, PROBE, 0, 4, HEAD_MAJOR)),
+            (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                 cache_seqlens, block_table, num_splits, stride_btb, KS, VS, ks_smem, vs_smem,
+                 PAGE_SIZE, SCALE_RING, PROBE, 1, 4, HEAD_MAJOR)),
+            (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                 cache_seqlens, block_table, num_splits, stride_btb, KS, VS, ks_smem, vs_smem,
+                 PAGE_SIZE, SCALE_RING, PROBE, 2, 4, HEAD_MAJOR)),
+            (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                 cache_seqlens, block_table, num_splits, stride_btb, KS, VS, ks_smem, vs_smem,
+                 PAGE_SIZE, SCALE_RING, PROBE, 3, 4, HEAD_MAJOR)),
+        ], [LOADER_WARPS] * 4, [LOADER_REGS] * 4)
     else:
-        gl.static_assert(LOADERS == 1, "one or two loader warps")
+        gl.static_assert(LOADERS == 1, "one, two or four loader warps")
         gl.warp_specialize([
             (_consume_any,
              (Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
