@@ -566,6 +566,9 @@ INT4_SWAPPED_STAGES = 0
 # the routed rows 4-6% down (H200, 2026-11-29 twenty-second session, graphs, head-major pages,
 # 64 x 8192: GQA 32/8 171.5 us against 178.3, MHA 12/12 241.4 against 256.2); the short
 # launches the plan keeps on Triton ran 2-4% slower with them (1 x 131072: 62.6 against 60.4).
+# Four (the loader warpgroup's room: the launch is padded to 8 warps anyway) compile for sm_90a
+# (2026-11-29, twenty-second session: no spill, the consumers' loop unchanged) but have not run
+# on a GPU yet.
 GLUON_LOADERS = {1: 1, 2: 1, 3: 2}
 # The roofline probe (a measurement: gluon_decode_common's PROBE_MEMORY 1 / PROBE_MATH 2, the
 # shipped fp8 / int8 row-major and int4 swapped consumers; scripts/quant_decode_probe.py sets
