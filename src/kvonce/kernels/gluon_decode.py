@@ -188,7 +188,9 @@ def _gluon_decode_kernel(
         mbarrier.init(v_ready.index(i), count=LOADERS)
         mbarrier.init(k_empty.index(i), count=_release_count(THREAD_ARRIVE))
         mbarrier.init(v_empty.index(i), count=_release_count(THREAD_ARRIVE))
-    # (the partitions' argument lists written out: a tuple variable would drop constexprs)
+    # (the partitions' argument lists written out: a tuple variable would drop constexprs, and
+    # one holding the function does not compile; tried again 2026-11-29. The four-loader branch
+    # is a knob under measurement: it goes if four loaders do not pay)
     if LOADERS == 2:
         gl.warp_specialize([
             (_consume_any,

@@ -12,8 +12,8 @@
   UP to the scale's dtype (``scale_dtype``: fp16, the default since 2026-11-29, issue 26, 2 bytes
   a key where float32 took 4), ``x_q = round(x / scale)`` against that stored scale. Rounding up
   keeps ``|x / scale| <= 127`` (no clamp), so the error stays within half a level of the stored
-  scale, which is at most ``2^-10`` coarser than float32's (``2^-25`` coarser in absolute terms
-  below fp16's normal range, keys with ``amax < ~0.008``). Keys with ``amax`` over ~8.3e6 read
+  scale, which is at most ``2^-10`` coarser than float32's (below fp16's normal range, keys with
+  ``amax < ~0.008``, up to one subnormal step, ``2^-24``, coarser). Keys with ``amax`` over ~8.3e6 read
   inf / NaN under fp16 scales (never a finite wrong value). float32 scales (the format before)
   are still read by every kernel. fp16 scales made the Gluon int8 decode 1.2-1.4% faster (H200,
   head-major pages, 64 x 8192, docs/notes.md).
@@ -47,8 +47,8 @@
   fp16) where token-major storage puts them ``nheads_k * 4`` / ``nheads_k * 2`` bytes apart.
   Measured with token-major int4 pages and float32 pairs (H100, graphs, 2026-11-27,
   docs/notes.md): GQA 32/8 64 x 8192 230 -> 216 us, 1 x 131072 68.7 -> 65.6, MHA 12/12
-  1 x 131072 99.9 -> 92.9; int8's one float per
-  key measured no different either way in the Triton kernel (404 / 405 us). The Gluon decode
+  1 x 131072 99.9 -> 92.9; int8's one float per key measured no different either way in the
+  Triton kernel (404 / 405 us). The Gluon decode
   (kernels/gluon_decode.py) brings head-major int8 runs by TMA with each K tile (``SCALE_RING``:
   2-3% faster than a load a key on the H200, 2026-11-29) and reads other strides a key at a
   time; its int4 form (swapped operands, where ``paged.splits.gluon_int4_pays``) takes only
