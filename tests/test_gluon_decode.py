@@ -9,6 +9,8 @@ counts) is checked on meta tensors (Gluon has no interpreter)."""
 from __future__ import annotations
 
 import dataclasses
+import gc
+import weakref
 
 import pytest
 import torch
@@ -337,8 +339,8 @@ def _spy_scale_rings(monkeypatch) -> list:
 # ring", INT8_SCALES_BY_TMA) or read a key at a time ("int8"), or stored token-major ("int8
 # token-major scales": a key at a time, other strides). int4's always by TMA, row-major
 # consumers ("int4": not routed) or swapped ("int4 swapped", routed; V as 1024 + n where the
-# route says "v-biased": INT4_V_BIASED, shipped; two loader warps, GLUON_LOADERS, unless it says
-# "1 loader" or "4 loaders", the latter a knob not yet run on a GPU, for int8 too); "int8
+# route says "v-biased": INT4_V_BIASED, shipped; the module's loader warps, GLUON_LOADERS: int4
+# and int8 four, unless the route says "1 loader" or "2 loaders", for int8 too); "int8
 # v-biased": by TMA with V as 1152 + x
 # (INT8_V_BIASED: correct, not faster, off).
 # "... swapped": the swapped-operand consumers (GLUON_SWAP_FORMATS: int4's shipped, fp8's and
@@ -349,11 +351,11 @@ ROUTES = ["fp8_e4m3", "int8 ring", "int8", "int8 token-major scales", "int4", "i
           "fp8_e4m3 swapped", "int8 swapped", "int8 swapped v-biased", "int4 swapped",
           "int4 swapped t256", "int4 fp32 pairs", "int4 swapped fp32 pairs", "int8 fp16 scales",
           "int4 swapped v-biased", "int8 fp16 scale ring", "int4 swapped v-biased 1 loader",
-          "int4 swapped v-biased 4 loaders", "int8 fp16 scale ring 4 loaders"]
+          "int4 swapped v-biased 2 loaders", "int8 fp16 scale ring 1 loader"]
 RING_ROUTES = ("int8 ring", "int4", "int8 v-biased", "int8 swapped", "int8 swapped v-biased",
                "int4 swapped", "int4 swapped t256", "int4 fp32 pairs", "int4 swapped fp32 pairs",
                "int4 swapped v-biased", "int8 fp16 scale ring", "int4 swapped v-biased 1 loader",
-               "int4 swapped v-biased 4 loaders", "int8 fp16 scale ring 4 loaders")
+               "int4 swapped v-biased 2 loaders", "int8 fp16 scale ring 1 loader")
 
 
 @hopper_only
@@ -467,9 +469,9 @@ def _take_route(route, monkeypatch) -> str:
     monkeypatch.setattr(gluon_decode, "GLUON_SWAP_FORMATS",
                         (1, 2, 3) if "swapped" in route else ())
     monkeypatch.setattr(gluon_decode, "INT4_SWAPPED_TILE_KEYS", 256 if "t256" in route else 128)
-    # loader warps: the module's (int4 2, fp8 / int8 1) unless the route names one
+    # loader warps: the module's (int4 / int8 4, fp8 1) unless the route names a count
     loaders = dict(gluon_decode.GLUON_LOADERS)
-    if "1 loader" in route or "4 loaders" in route:
+    if "1 loader" in route or "2 loaders" in route:
         loaders = {code: int(route.split(" loader")[0][-1]) for code in loaders}
     monkeypatch.setattr(gluon_decode, "GLUON_LOADERS", loaders)
     return fmt
@@ -498,6 +500,35 @@ def test_int4_default_plan_takes_the_gluon_decode_where_it_pays(q_dtype):
     one = kvonce.PagedDecodePlan(q[:1], kq, vq, seqlens[:1], table[:1], k_scale=ks,
                                  v_scale=vs, kv_format="int4")
     assert not one.uses_gluon and not one.config.gluon
+
+
+@hopper_only
+@pytest.mark.parametrize("route", ["fp8_e4m3", "int8 fp16 scale ring", "int8 ring",
+                                   "int4 swapped v-biased"])
+def test_gluon_decode_follows_the_caches_it_is_given(route, monkeypatch):
+    """A launch keeps the TMA descriptors of the caches and scales it ran on
+    (``DescriptorCache``, over non-owning aliases): a call on other caches (other tensors, other
+    addresses) reads those, a call on the first caches rewritten in place their new bytes, and
+    the kept descriptors keep no cache alive."""
+    fmt = _take_route(route, monkeypatch)
+    plan, (q, kq, vq, ks, vs, seqlens, table, kd, vd) = _gluon_plan(route, 32, 8, [8192, 4000])
+    first = plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs)
+    _, kq2, vq2, ks2, vs2, _, _, kd2, vd2 = _case(fmt, 2, 1, 32, 8, 16, [8192, 4000], 8192,
+                                                  seed=1, scale_dtype=_scale_dtype(route))
+    out = plan.run(q, kq2, vq2, seqlens, table, k_scale=ks2, v_scale=vs2)
+    ref = paged_attention_ref(q.float(), kd2, vd2, seqlens, table)[0]
+    rel = ((out.float() - ref).norm() / ref.norm()).item()
+    assert rel < 2e-3, f"relative error {rel:.2e}"
+    assert not torch.equal(out, first)
+    for first_t, second_t in ((kq, kq2), (vq, vq2), (ks, ks2), (vs, vs2)):
+        first_t.copy_(second_t)
+    assert torch.equal(plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs), out)
+    # the kept descriptors hold no cache: the second caches are freed with their last reference
+    kept = [weakref.ref(t) for t in (kq2, vq2, ks2, vs2)]
+    del kq2, vq2, ks2, vs2, kd2, vd2, first_t, second_t
+    gc.collect()
+    assert all(r() is None for r in kept)
+    assert sum(len(la._descs) for la in plan._launches.values()) >= 4
 
 
 @hopper_only

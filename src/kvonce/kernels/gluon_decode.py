@@ -44,7 +44,7 @@ split_len, min((s + 1) * split_len, seqlen))``). Rows are GQA-packed as there: r
 16-row tile is token ``r // GROUP``, q head ``kv_head * GROUP + r % GROUP`` (``GROUP * q_len <=
 16``, the rest zero padding, never stored). Two partitions:
 
-- ``_load`` (1 warp, 24 registers; ``LOADERS`` 2: two, each its share of the boxes):
+- ``_load`` (1 warp, 24 registers; ``LOADERS`` 2 or 4: that many, each its share of the boxes):
   ``gluon_prefill._load``'s scheme. Key tile ``j`` (128 keys)
   into ring slot ``j % STAGES`` (K 16 KB + V 16 KB) as ``128 / BOX`` TMA boxes of ``[BOX, 128]``
   bytes (``BOX`` = the largest of 128/64/32/16 dividing the page: 8 boxes at page 16) from the
@@ -113,7 +113,8 @@ against 194.9), with the loader copying nothing (math only) 35-45% faster (142.7
 the loader and the memory set the pace. A second loader warp (``LOADERS`` 2, each half a tile's
 boxes) took int4's memory-only time 5% down and its kernel time 0-3%; five or six int4 stages
 nothing. With int4's consumers cheaper (fp16 pairs, V biased: twenty-second session) two loaders
-took its kernel time 4-6% down: int4 runs two (``GLUON_LOADERS``), fp8 / int8 one.
+took its kernel time 4-6% down, four another 1-2% (twenty-third session): int4 and int8 run four
+(``GLUON_LOADERS``), fp8 one.
 
 Modules: gluon_decode_common (layouts, converters, the loader warp, the consumers' shared
 steps), gluon_decode_rows (the row-major consumers described above), gluon_decode_swapped (keys
@@ -122,7 +123,8 @@ as the dots' M: ``SWAP_AB``, compiled, not yet on), this one (the kernel and the
 Host side: ``GluonDecodeLaunch`` validates and builds the TMA descriptors once (a call is then
 the decode launch, plus the combine's: CUDA-graph capturable); ``launch_gluon_decode_fp8`` does
 both per call. ``PagedGluonDecodeLaunch`` is the plan's (``PagedDecodeLaunch``'s call): shapes
-fixed once, the descriptors built from each call's caches (a plan serves every layer).
+fixed once, the descriptors of each call's caches built on their first call and kept
+(``tma_descriptors.DescriptorCache``; a plan serves every layer).
 """
 from __future__ import annotations
 
@@ -135,6 +137,7 @@ from .gluon_decode_common import (BLOCK_N, FP8, HEAD_DIM, INT4, INT8, LOADER_REG
                                   ROWS, TWO_CTA_MAXNREG, WARPS, _load, _release_count, _scale_rows)
 from .gluon_decode_rows import _consume
 from .gluon_decode_swapped import NR, _consume_swapped
+from .tma_descriptors import DescriptorCache
 
 
 @gluon.jit
@@ -189,8 +192,8 @@ def _gluon_decode_kernel(
         mbarrier.init(k_empty.index(i), count=_release_count(THREAD_ARRIVE))
         mbarrier.init(v_empty.index(i), count=_release_count(THREAD_ARRIVE))
     # (the partitions' argument lists written out: a tuple variable would drop constexprs, and
-    # one holding the function does not compile; tried again 2026-11-29. The four-loader branch
-    # is a knob under measurement: it goes if four loaders do not pay)
+    # one holding the function does not compile; tried again 2026-11-29. Which format runs
+    # how many loaders: GLUON_LOADERS)
     if LOADERS == 2:
         gl.warp_specialize([
             (_consume_any,
@@ -568,10 +571,11 @@ INT4_SWAPPED_STAGES = 0
 # the routed rows 4-6% down (H200, 2026-11-29 twenty-second session, graphs, head-major pages,
 # 64 x 8192: GQA 32/8 171.5 us against 178.3, MHA 12/12 241.4 against 256.2); the short
 # launches the plan keeps on Triton ran 2-4% slower with them (1 x 131072: 62.6 against 60.4).
-# Four (the loader warpgroup's room: the launch is padded to 8 warps anyway) compile for sm_90a
-# (2026-11-29, twenty-second session: no spill, the consumers' loop unchanged) but have not run
-# on a GPU yet.
-GLUON_LOADERS = {1: 1, 2: 1, 3: 2}
+# Four (the loader warpgroup's room: the launch is padded to 8 warps anyway; twenty-third
+# session, same run, graphs, head-major pages): int4 64 x 8192 GQA 169.6 -> 168.4 us, MHA 240.3 ->
+# 235.2; int8 64 x 8192 GQA 264.7 -> 261.8, MHA 382.3 -> 382.5, 1 x 131072 GQA 83.3 -> 83.7, MHA
+# 114.9 -> 113.3; fp8 within 0.8% either way at both shapes (kept at one). int4 and int8 take four.
+GLUON_LOADERS = {1: 1, 2: 4, 3: 4}
 # The roofline probe (a measurement: gluon_decode_common's PROBE_MEMORY 1 / PROBE_MATH 2, the
 # shipped fp8 / int8 row-major and int4 swapped consumers; scripts/quant_decode_probe.py sets
 # it before building its plans): 0, the kernel.
@@ -658,11 +662,11 @@ class PagedGluonDecodeLaunch:
     through ``o_part [batch, q_len, nheads, S, 128]`` / ``lse_part [batch, q_len, nheads, S]``
     (float32, contiguous) and the combine; one split stores ``out`` (contiguous, q's dtype)
     and ``lse`` (contiguous float32 ``[batch, nheads, q_len]``, or None without ``store_lse``)
-    itself (``writes_partials``). ``arrivals`` and the outlier arguments are unused. The two
-    TMA descriptors are built from each call's caches (the plan runs every layer's; a few us of
-    host time), both kernels launched through ``_launch.launch`` (Triton's C launcher, no
-    per-call argument binding): no allocation, no host
-    sync, CUDA-graph capturable."""
+    itself (``writes_partials``). ``arrivals`` and the outlier arguments are unused. The TMA
+    descriptors of each call's caches and scales are built once and kept (``DescriptorCache``:
+    the plan runs every layer's), both kernels launched through ``_launch.launch`` (Triton's C
+    launcher, no per-call argument binding): no allocation, no host sync, CUDA-graph
+    capturable."""
 
     def __init__(self, q, k_cache, v_cache, block_table, *, softmax_scale: float, causal: bool,
                  num_splits: int, store_lse: bool, kv_format: int = 1):
@@ -680,6 +684,7 @@ class PagedGluonDecodeLaunch:
         self.head_major = pages_head_major(k_cache)
         self.layout = gl.NVMMASharedLayout.get_default_for([self.box, self.row], gl.uint8)
         self.scale = float(softmax_scale)
+        self._descs = DescriptorCache()   # the caches' and scales' TMA descriptors, call to call
         # One split stores the final out [batch, q_len, nheads, d] and lse [batch, nheads, q_len]
         # (a combine launch and the partials' round trip saved: 6.0 us of GQA 32/8 64 x 8192's
         # 260.6, H200), more go through the float32 partials (contiguous scratch).
@@ -801,10 +806,12 @@ class PagedGluonDecodeLaunch:
             dst_o, dst_l = o_part, lse_part
         ks_arg, vs_arg = k_scale, v_scale
         if ring:
-            ks_arg, vs_arg = self._scales_desc(k_scale), self._scales_desc(v_scale)
+            ks_arg = self._descs.get(self._scales_desc, k_scale)
+            vs_arg = self._descs.get(self._scales_desc, v_scale)
         launch(_gluon_decode_kernel,
                (self.key, head_strides, key_strides, k_scale.dtype, aligned, ring), self.grid,
-               (q, self._desc(k_cache), self._desc(v_cache), ks_arg, vs_arg, dst_o, dst_l,
+               (q, self._descs.get(self._desc, k_cache),
+                self._descs.get(self._desc, v_cache), ks_arg, vs_arg, dst_o, dst_l,
                 cache_seqlens, block_table, self.scale, *self.ints, *head_strides,
                 *self.tail_ints, *key_strides),
                self.ring_constexprs if ring else self.constexprs, WARPS.value, 1,

@@ -185,14 +185,15 @@ GLUON_CHECK_SPECS = [
     _check_spec("int4f16-swap-vbias-hnd-page16-gqa4-4stages-2cta", 4, 16, stages=4,
                 ctas_per_sm=2, kv_format=3, swap_ab=True, head_major=True, f16_pairs=True,
                 v_biased=True),
-    # the shipped int4 route (2026-11-29): V biased, fp16 pairs, two loader warps
+    # int4 V biased, fp16 pairs, two loader warps (shipped 2026-11-29, four since the
+    # twenty-third session)
     _check_spec("int4f16-swap-vbias-2loaders-hnd-page16-gqa4-4stages-2cta", 4, 16, stages=4,
                 ctas_per_sm=2, kv_format=3, swap_ab=True, head_major=True, f16_pairs=True,
                 v_biased=True, loaders=2),
-    _check_spec("int4f16-swap-vbias-2loaders-page16-mha-causal-4stages-2cta", 1, 16, stages=4,
+    # the shipped int4 and int8 routes: four loader warps (GLUON_LOADERS)
+    _check_spec("int4f16-swap-vbias-4loaders-page16-mha-causal-4stages-2cta", 1, 16, stages=4,
                 causal=True, ctas_per_sm=2, kv_format=3, swap_ab=True, f16_pairs=True,
-                v_biased=True, loaders=2),
-    # four loader warps (the loader warpgroup's room; a knob, not yet run on a GPU)
+                v_biased=True, loaders=4),
     _check_spec("int4f16-swap-vbias-4loaders-hnd-page16-gqa4-4stages-2cta", 4, 16, stages=4,
                 ctas_per_sm=2, kv_format=3, swap_ab=True, head_major=True, f16_pairs=True,
                 v_biased=True, loaders=4),
