@@ -116,6 +116,14 @@
 #               tests (fp16 and fp32 pairs) beside the Triton int4 tests (decode, append,
 #               prefill, prefix), then the probe at both pair dtypes (kernel / memory only, the
 #               Triton row), per LAYOUTS
+#   host        python -m kvonce bench host at GQA 32/8 1 x 131072 and 64 x 8192 (2026-11-30,
+#               twenty-third session: the Gluon decode's TMA descriptors kept between calls,
+#               tma_descriptors.DescriptorCache; the quantized rows' host us against their GPU us)
+#   runlength   what a fused int4 page layout could stream: the memory-only probe (four loaders)
+#               of int4 at 64 x 8192 (1 KB runs a page and head, plus 64-byte scale runs) beside
+#               fp8 at 64 x 4096 (2 KB runs, about int4's bytes) and 64 x 8192, head-major pages;
+#               TB/s per run length says whether K, V and their pairs of a page and head in one
+#               2176-byte run would lift int4's memory only (148 us GQA) enough for 3.3x
 set -u
 export PYTHONPATH=src:.peers/fi PYTHONUNBUFFERED=1 FLASHINFER_WORKSPACE_BASE=/tmp/fi_ws \
   FLASHINFER_CUDA_ARCH_LIST=9.0
@@ -537,6 +545,18 @@ if has prefix; then
     > "$OUT/prefix_bench.log" 2>&1; tail -14 "$OUT/prefix_bench.log"
   timeout 200 python3 -m kvonce bench prefix --sweep --cases 0,3,6 > "$OUT/prefix_sweep.log" 2>&1
   grep -v "^{" "$OUT/prefix_sweep.log" | tail -50
+fi
+if has host; then
+  step host
+  timeout 280 python3 -m kvonce bench host --shapes 1x131072:32/8,64x8192:32/8 \
+    > "$OUT/bench_host.log" 2>&1; grep -E "^\||decode|int8|int4|fp8" "$OUT/bench_host.log" | head -40
+fi
+if has runlength; then
+  step runlength
+  (cd scripts && PYTHONPATH=../src:. timeout 150 python3 quant_decode_probe.py --layout hnd \
+    --probes 0,1 --formats int4 --loaders 4 --shapes 64x8192 2>&1 | grep "^|")
+  (cd scripts && PYTHONPATH=../src:. timeout 150 python3 quant_decode_probe.py --layout hnd \
+    --probes 0,1 --formats fp8_e4m3 --shapes 64x4096,64x8192 2>&1 | grep "^|")
 fi
 if ls "$OUT"/bench_*.md >/dev/null 2>&1; then
   step targets
