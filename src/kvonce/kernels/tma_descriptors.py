@@ -38,7 +38,10 @@ def non_owning_alias(t: torch.Tensor) -> torch.Tensor:
     if t.dtype not in _TYPESTR:
         raise TypeError(f"non_owning_alias: no array-interface type for {t.dtype}")
     alias = torch.as_tensor(_DeviceMemory(t), device=t.device)
-    assert alias.data_ptr() == t.data_ptr() and alias.stride() == t.stride()
+    if alias.data_ptr() != t.data_ptr() or alias.stride() != t.stride():
+        raise RuntimeError(f"non_owning_alias: torch made an alias at {alias.data_ptr():#x} "
+                           f"strides {alias.stride()} of a tensor at {t.data_ptr():#x} strides "
+                           f"{t.stride()}")
     return alias
 
 
