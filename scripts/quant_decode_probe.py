@@ -36,7 +36,8 @@ def main():
     p.add_argument("--layout", default="nhd", choices=("nhd", "hnd"),
                    help="page storage of every cache (kvonce.bench.quant.stored)")
     p.add_argument("--loaders", default="1",
-                   help="loader warps (gluon_decode.GLUON_LOADERS, every format), comma-separated")
+                   help="loader warps, 1 or 4 (gluon_decode.GLUON_LOADERS, every format), "
+                        "comma-separated")
     p.add_argument("--int4-stages", default="0",
                    help="int4's ring stages (gluon_decode.INT4_VARIANT; 0 the module's), "
                         "comma-separated")

@@ -340,7 +340,7 @@ def _spy_scale_rings(monkeypatch) -> list:
 # token-major scales": a key at a time, other strides). int4's always by TMA, row-major
 # consumers ("int4": not routed) or swapped ("int4 swapped", routed; V as 1024 + n where the
 # route says "v-biased": INT4_V_BIASED, shipped; the module's loader warps, GLUON_LOADERS: int4
-# and int8 four, unless the route says "1 loader" or "2 loaders", for int8 too); "int8
+# and int8 four, unless the route says "1 loader", for int8 too); "int8
 # v-biased": by TMA with V as 1152 + x
 # (INT8_V_BIASED: correct, not faster, off).
 # "... swapped": the swapped-operand consumers (GLUON_SWAP_FORMATS: int4's shipped, fp8's and
@@ -351,11 +351,11 @@ ROUTES = ["fp8_e4m3", "int8 ring", "int8", "int8 token-major scales", "int4", "i
           "fp8_e4m3 swapped", "int8 swapped", "int8 swapped v-biased", "int4 swapped",
           "int4 swapped t256", "int4 fp32 pairs", "int4 swapped fp32 pairs", "int8 fp16 scales",
           "int4 swapped v-biased", "int8 fp16 scale ring", "int4 swapped v-biased 1 loader",
-          "int4 swapped v-biased 2 loaders", "int8 fp16 scale ring 1 loader"]
+          "int8 fp16 scale ring 1 loader"]
 RING_ROUTES = ("int8 ring", "int4", "int8 v-biased", "int8 swapped", "int8 swapped v-biased",
                "int4 swapped", "int4 swapped t256", "int4 fp32 pairs", "int4 swapped fp32 pairs",
                "int4 swapped v-biased", "int8 fp16 scale ring", "int4 swapped v-biased 1 loader",
-               "int4 swapped v-biased 2 loaders", "int8 fp16 scale ring 1 loader")
+               "int8 fp16 scale ring 1 loader")
 
 
 @hopper_only
@@ -471,8 +471,8 @@ def _take_route(route, monkeypatch) -> str:
     monkeypatch.setattr(gluon_decode, "INT4_SWAPPED_TILE_KEYS", 256 if "t256" in route else 128)
     # loader warps: the module's (int4 / int8 4, fp8 1) unless the route names a count
     loaders = dict(gluon_decode.GLUON_LOADERS)
-    if "1 loader" in route or "2 loaders" in route:
-        loaders = {code: int(route.split(" loader")[0][-1]) for code in loaders}
+    if "1 loader" in route:
+        loaders = {code: 1 for code in loaders}
     monkeypatch.setattr(gluon_decode, "GLUON_LOADERS", loaders)
     return fmt
 

@@ -44,7 +44,7 @@ split_len, min((s + 1) * split_len, seqlen))``). Rows are GQA-packed as there: r
 16-row tile is token ``r // GROUP``, q head ``kv_head * GROUP + r % GROUP`` (``GROUP * q_len <=
 16``, the rest zero padding, never stored). Two partitions:
 
-- ``_load`` (1 warp, 24 registers; ``LOADERS`` 2 or 4: that many, each its share of the boxes):
+- ``_load`` (1 warp, 24 registers; ``LOADERS`` 4: four, each its share of the boxes):
   ``gluon_prefill._load``'s scheme. Key tile ``j`` (128 keys)
   into ring slot ``j % STAGES`` (K 16 KB + V 16 KB) as ``128 / BOX`` TMA boxes of ``[BOX, 128]``
   bytes (``BOX`` = the largest of 128/64/32/16 dividing the page: 8 boxes at page 16) from the
@@ -114,7 +114,7 @@ the loader and the memory set the pace. A second loader warp (``LOADERS`` 2, eac
 boxes) took int4's memory-only time 5% down and its kernel time 0-3%; five or six int4 stages
 nothing. With int4's consumers cheaper (fp16 pairs, V biased: twenty-second session) two loaders
 took its kernel time 4-6% down, four another 1-2% (twenty-third session): int4 and int8 run four
-(``GLUON_LOADERS``), fp8 one.
+(``GLUON_LOADERS``), fp8 one; the two-loader form went then (four supersede it).
 
 Modules: gluon_decode_common (layouts, converters, the loader warp, the consumers' shared
 steps), gluon_decode_rows (the row-major consumers described above), gluon_decode_swapped (keys
@@ -155,7 +155,7 @@ def _gluon_decode_kernel(
 ):
     # HEAD_MAJOR: pages stored [num_pages, nheads_k, page_size, row] (the descriptors' rows a
     # (page, KV head)'s keys), else token-major [num_pages, page_size, nheads_k, row].
-    # LOADERS: loader warps (1, 2 or 4), each copying its share of every tile's TMA boxes.
+    # LOADERS: loader warps (1 or 4), each copying its share of every tile's TMA boxes.
     # PROBE: the roofline probe (gluon_decode_common's PROBE_MEMORY / PROBE_MATH; 0 the kernel).
     # SWAP_AB: the consumers with swapped operands (gluon_decode_swapped: fp8, int8 / int4 with
     # their scales by ring, GROUP * q_len <= 8), else the row-major ones (gluon_decode_rows).
@@ -193,25 +193,8 @@ def _gluon_decode_kernel(
         mbarrier.init(v_empty.index(i), count=_release_count(THREAD_ARRIVE))
     # (the partitions' argument lists written out: a tuple variable would drop constexprs, and
     # one holding the function does not compile; tried again 2026-11-29. Which format runs
-    # how many loaders: GLUON_LOADERS)
-    if LOADERS == 2:
-        gl.warp_specialize([
-            (_consume_any,
-             (Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                 cache_seqlens, block_table, sm_scale, q_len, num_splits, stride_qb, stride_qt,
-                 stride_qh, stride_ksh, stride_vsh, stride_ob, stride_ot, stride_oh, stride_os,
-                 stride_lb, stride_lt, stride_lh, stride_ls, stride_btb, stride_ksp, stride_kst,
-                 stride_vsp, stride_vst, ks_smem, vs_smem, GROUP, IS_CAUSAL, THREAD_ARRIVE,
-                 RING_MERGE, KV_FORMAT, PAGE_SIZE, STORE_LSE, SCALE_RING,
-                 V_BIASED and KV_FORMAT != FP8, PROBE, SWAP_AB)),
-            (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                 cache_seqlens, block_table, num_splits, stride_btb, KS, VS, ks_smem, vs_smem,
-                 PAGE_SIZE, SCALE_RING, PROBE, 0, 2, HEAD_MAJOR)),
-            (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                 cache_seqlens, block_table, num_splits, stride_btb, KS, VS, ks_smem, vs_smem,
-                 PAGE_SIZE, SCALE_RING, PROBE, 1, 2, HEAD_MAJOR)),
-        ], [LOADER_WARPS, LOADER_WARPS], [LOADER_REGS, LOADER_REGS])
-    elif LOADERS == 4:   # the loader warpgroup's four warps (the launch is 8 warps either way)
+    # how many loaders: GLUON_LOADERS; the two-loader form went when four shipped)
+    if LOADERS == 4:   # the loader warpgroup's four warps (the launch is 8 warps either way)
         gl.warp_specialize([
             (_consume_any,
              (Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
@@ -235,7 +218,7 @@ def _gluon_decode_kernel(
                  PAGE_SIZE, SCALE_RING, PROBE, 3, 4, HEAD_MAJOR)),
         ], [LOADER_WARPS] * 4, [LOADER_REGS] * 4)
     else:
-        gl.static_assert(LOADERS == 1, "one, two or four loader warps")
+        gl.static_assert(LOADERS == 1, "one or four loader warps")
         gl.warp_specialize([
             (_consume_any,
              (Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,

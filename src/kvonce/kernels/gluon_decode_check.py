@@ -185,11 +185,6 @@ GLUON_CHECK_SPECS = [
     _check_spec("int4f16-swap-vbias-hnd-page16-gqa4-4stages-2cta", 4, 16, stages=4,
                 ctas_per_sm=2, kv_format=3, swap_ab=True, head_major=True, f16_pairs=True,
                 v_biased=True),
-    # int4 V biased, fp16 pairs, two loader warps (shipped 2026-11-29, four since the
-    # twenty-third session)
-    _check_spec("int4f16-swap-vbias-2loaders-hnd-page16-gqa4-4stages-2cta", 4, 16, stages=4,
-                ctas_per_sm=2, kv_format=3, swap_ab=True, head_major=True, f16_pairs=True,
-                v_biased=True, loaders=2),
     # the shipped int4 and int8 routes: four loader warps (GLUON_LOADERS)
     _check_spec("int4f16-swap-vbias-4loaders-page16-mha-causal-4stages-2cta", 1, 16, stages=4,
                 causal=True, ctas_per_sm=2, kv_format=3, swap_ab=True, f16_pairs=True,
@@ -216,19 +211,17 @@ GLUON_CHECK_SPECS = [
                 ctas_per_sm=2, head_major=True),
     _check_spec("int8-ring-hnd-page64-mha-causal-2stages-2cta", 1, 64, stages=2, causal=True,
                 ring_merge=True, ctas_per_sm=2, kv_format=2, scale_ring=True, head_major=True),
-    # Two loader warps, each half of a tile's boxes.
-    _check_spec("int4-swap-2loaders-page16-gqa4-4stages-2cta", 4, 16, stages=4, ctas_per_sm=2,
-                kv_format=3, swap_ab=True, loaders=2),
-    _check_spec("probe-memory-int4-swap-2loaders-page16-gqa4-4stages-2cta", 4, 16, stages=4,
-                ctas_per_sm=2, kv_format=3, swap_ab=True, probe=1, loaders=2),
-    _check_spec("fp8-2loaders-page16-gqa4-2stages-2cta", 4, 16, stages=2, ring_merge=True,
-                ctas_per_sm=2, loaders=2),
-    _check_spec("int8-ring-2loaders-page16-gqa4-2stages-2cta", 4, 16, stages=2,
-                ring_merge=True, ctas_per_sm=2, kv_format=2, scale_ring=True, loaders=2),
-    _check_spec("int4-swap-2loaders-page16-gqa4-6stages-2cta", 4, 16, stages=6, ctas_per_sm=2,
-                kv_format=3, swap_ab=True, loaders=2),
-    _check_spec("int4-swap-2loaders-page256-gqa4-4stages-2cta", 4, 256, stages=4,
-                ctas_per_sm=2, kv_format=3, swap_ab=True, loaders=2),
+    # Four loader warps, each a quarter of a tile's boxes, on other launch shapes.
+    _check_spec("int4-swap-4loaders-page16-gqa4-4stages-2cta", 4, 16, stages=4, ctas_per_sm=2,
+                kv_format=3, swap_ab=True, loaders=4),
+    _check_spec("fp8-4loaders-page16-gqa4-2stages-2cta", 4, 16, stages=2, ring_merge=True,
+                ctas_per_sm=2, loaders=4),
+    _check_spec("int8-ring-4loaders-page16-gqa4-2stages-2cta", 4, 16, stages=2,
+                ring_merge=True, ctas_per_sm=2, kv_format=2, scale_ring=True, loaders=4),
+    _check_spec("int4-swap-4loaders-page16-gqa4-6stages-2cta", 4, 16, stages=6, ctas_per_sm=2,
+                kv_format=3, swap_ab=True, loaders=4),
+    _check_spec("int4-swap-4loaders-page256-gqa4-4stages-2cta", 4, 256, stages=4,
+                ctas_per_sm=2, kv_format=3, swap_ab=True, loaders=4),
     # The roofline probe (ROOFLINE_PROBE: memory only, math only) on the shipped routes.
     _check_spec("probe-memory-int4-swap-page16-gqa4-4stages-2cta", 4, 16, stages=4,
                 ctas_per_sm=2, kv_format=3, swap_ab=True, probe=1),
