@@ -124,6 +124,9 @@
 #               fp8 at 64 x 4096 (2 KB runs, about int4's bytes) and 64 x 8192, head-major pages;
 #               TB/s per run length says whether K, V and their pairs of a page and head in one
 #               2176-byte run would lift int4's memory only (148 us GQA) enough for 3.3x
+#   power       scripts/decode_power_series.py (fp16, fp8, int8, int4 graph replays back to back for
+#               3 s after 2 s idle; 2026-11-30: the H200 sits at its 700 W cap, SM clock
+#               1.4-1.85 GHz, int4 155.7 -> 164-166 us) with nvidia-smi's clock and power beside
 set -u
 export PYTHONPATH=src:.peers/fi PYTHONUNBUFFERED=1 FLASHINFER_WORKSPACE_BASE=/tmp/fi_ws \
   FLASHINFER_CUDA_ARCH_LIST=9.0
@@ -549,7 +552,8 @@ fi
 if has host; then
   step host
   timeout 280 python3 -m kvonce bench host --shapes 1x131072:32/8,64x8192:32/8 \
-    > "$OUT/bench_host.log" 2>&1; grep -E "^\||decode|int8|int4|fp8" "$OUT/bench_host.log" | head -40
+    > "$OUT/bench_host.log" 2>&1
+  grep -E "^\||decode|int8|int4|fp8" "$OUT/bench_host.log" | head -40
 fi
 if has runlength; then
   step runlength
@@ -557,6 +561,17 @@ if has runlength; then
     --probes 0,1 --formats int4 --loaders 4 --shapes 64x8192 2>&1 | grep "^|")
   (cd scripts && PYTHONPATH=../src:. timeout 150 python3 quant_decode_probe.py --layout hnd \
     --probes 0,1 --formats fp8_e4m3 --shapes 64x4096,64x8192 2>&1 | grep "^|")
+fi
+if has power; then
+  step power
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_event_reasons.active \
+    --format=csv -lms 200 > "$OUT/power_smi.csv" 2>&1 &
+  smi=$!
+  (cd scripts && PYTHONPATH=../src:. timeout 200 python3 decode_power_series.py \
+    --shapes ${POWER_SHAPES:-64x8192,1x131072} 2>&1 | tee "$OUT/power.log")
+  kill $smi
+  awk -F, 'NR > 1 && $4 ~ /4$/ {n++; c += $2} END {if (n) printf "power capped: %d samples, '\
+'mean SM clock %.0f MHz\n", n, c / n}' "$OUT/power_smi.csv"
 fi
 if ls "$OUT"/bench_*.md >/dev/null 2>&1; then
   step targets

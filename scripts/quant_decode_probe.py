@@ -33,8 +33,9 @@ def main():
     p.add_argument("--shapes", default="64x8192,1x131072")
     p.add_argument("--formats", default="fp8_e4m3,int8,int4")
     p.add_argument("--dtype", default="fp16", choices=("fp16", "bf16"))
-    p.add_argument("--layout", default="nhd", choices=("nhd", "hnd"),
-                   help="page storage of every cache (kvonce.bench.quant.stored)")
+    p.add_argument("--layout", default="nhd",
+                   help="page storage of every cache (kvonce.bench.quant.stored: nhd, hnd), "
+                        "comma-separated")
     p.add_argument("--loaders", default="1",
                    help="loader warps, 1 or 4 (gluon_decode.GLUON_LOADERS, every format), "
                         "comma-separated")
@@ -73,13 +74,14 @@ def main():
     assert probes[0] == 0, "--probes: the kernel (0) first"
     names = {0: "kernel us", 1: "memory only", 2: "math only", 3: "no scales",
              4: "memory only, no scales"}
-    print("| heads | batch x len | format | loaders | route | "
+    print("| heads | batch x len | layout | format | loaders | route | "
           + " | ".join(names[pr] for pr in probes)
           + " | Triton row us | fp16 us | x fp16 | TB/s kernel / fp16 |")
-    print("|---" * (9 + len(probes)) + "|")
-    for (hq, hk), (batch, length) in itertools.product(heads, shapes):
+    print("|---" * (10 + len(probes)) + "|")
+    for (hq, hk), (batch, length), layout in itertools.product(heads, shapes,
+                                                               args.layout.split(",")):
         q, k, v, table, seqlens, _ = paged_case(hq, hk, batch, length, dtype=dtype)
-        k, v = stored(k, args.layout), stored(v, args.layout)
+        k, v = stored(k, layout), stored(v, layout)
         case = Case(batch, length, hq, hk, "")
         base = kvonce.PagedDecodePlan(q, k, v, seqlens, table)
         ref = base.run(q, k, v, seqlens, table).float()
@@ -96,9 +98,8 @@ def main():
                     fmt not in scale_lists and pairs != "fp16"):
                 continue
             sd = scale_dtypes[pairs] if fmt in scale_lists else None
-            kq, ks, vq, vs = (stored(t, args.layout) for t in (
-                *kvonce.quantize_kv(k, fmt, scale_dtype=sd),
-                *kvonce.quantize_kv(v, fmt, scale_dtype=sd)))
+            (kq, ks), (vq, vs) = (kvonce.quantize_kv(t, fmt, scale_dtype=sd) for t in (k, v))
+            kq, ks, vq, vs = (stored(t, layout) for t in (kq, ks, vq, vs))
             kw = dict(k_scale=ks, v_scale=vs)
             times, route = [], "?"
             for probe in probes:
@@ -140,7 +141,8 @@ def main():
             stages = f", {n_stages} stages" if n_stages else ""
             label = {"int4": f"int4 ({pairs} pairs)", "int8": f"int8 ({pairs} scales)"}.get(
                 fmt, fmt)
-            print(f"| {hq}/{hk} | {batch} x {length} | {label} | {n_loaders}{stages} | {route} | "
+            print(f"| {hq}/{hk} | {batch} x {length} | {layout} | {label} | "
+                  f"{n_loaders}{stages} | {route} | "
                   + " | ".join(f"{t:.1f}" for t in times)
                   + f" | {triton_us:.1f} | {fp16_us:.1f} | {fp16_us / times[0]:.2f} | "
                   f"{nbytes / times[0] / 1e6:.2f} / {fp16_tbs:.2f} |", flush=True)

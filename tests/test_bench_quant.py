@@ -19,3 +19,27 @@ def test_shapes_parse_and_reject():
     assert quant.parse_shapes("8x8192,1x65536") == [(8, 8192), (1, 65536)]
     with pytest.raises(SystemExit, match="--shapes"):
         quant.parse_shapes("8x100")
+
+
+def test_power_state_runs_the_call_before_timing_it():
+    """``--sustain``: the call runs back to back for that long, then the timer gets it; without
+    it the timer gets the call untouched (no call before)."""
+    import time
+
+    calls, timed_at = [], []
+
+    def fn():
+        calls.append(time.perf_counter())
+
+    def timer(f):
+        timed_at.append(len(calls))
+        return 1.5
+
+    start = time.perf_counter()
+    assert quant.in_power_state(timer, sustain_s=0.05)(fn) == 1.5
+    assert timed_at == [len(calls)] and len(calls) > 1
+    assert calls[-1] - start >= 0.04
+    calls.clear()
+    timed_at.clear()
+    assert quant.in_power_state(timer)(fn) == 1.5
+    assert calls == [] and timed_at == [0]

@@ -1,7 +1,7 @@
 """Benchmark: paged decode over quantized KV caches, and the quantizing append (CUDA only).
 
     python -m kvonce bench quant [--shapes 16x4096,64x8192] [--heads 32/8,12/2] [--no-peers]
-                                 [--rep MS]
+                                 [--rep MS] [--sustain S] [--settle S]
                                  [--dtype fp16|bf16] [--layout nhd|hnd] [--outliers N]
                                  [--md docs/benchmarks.md]
                                  [--json PATH] [--plot PATH]
@@ -34,6 +34,14 @@ Columns:
 - ``app_graph_us``, ``app_eager_us``, ``app_ns_tok``: ``append_paged_kv`` of one new token per
   sequence into that cache (quantizing it: data and scales in one launch), graph and eager, and
   the graph time per appended token (ns).
+
+Power. The lent H200 runs these decodes at its 700 W cap: under back-to-back calls its SM clock
+falls from 1980 MHz to 1.4-1.85 GHz within a fraction of a second (nvidia-smi's clock event
+reason "SW power cap", 2026-11-30, docs/notes.md). Memory-bound rows (fp16, fp8) keep their
+time; int4, whose consumers nearly match the memory's pace, took 155.7 us a call at the start of
+a run and 164-166 after 0.4-1.5 s (GQA 32/8 64 x 8192). So a row's time depends on what ran
+before it. ``--sustain S``: before each timing, the call back to back for S seconds (the
+sustained serving state); ``--settle S``: the GPU idle S seconds first (each timing from rest).
 """
 from __future__ import annotations
 
@@ -42,6 +50,7 @@ import dataclasses
 import datetime
 import json
 import sys
+import time
 
 import torch
 
@@ -156,14 +165,32 @@ def make_inputs(case: Case, seed: int = 0, dtype: torch.dtype = torch.float16,
     return q, k, v, seqlens, table
 
 
-def _timers(rep: int):
+def in_power_state(timer, sustain_s: float = 0.0, settle_s: float = 0.0):
+    """``timer`` (a function of the call) preceded by ``settle_s`` seconds of GPU idle, then
+    ``sustain_s`` seconds of the call back to back (the power state: the module's docstring)."""
+    def timed(fn):
+        if settle_s:
+            torch.cuda.synchronize()
+            time.sleep(settle_s)
+        end = time.perf_counter() + sustain_s
+        while time.perf_counter() < end:
+            fn()
+        return timer(fn)
+    return timed
+
+
+def _timers(rep: int, sustain_s: float = 0.0, settle_s: float = 0.0):
+    """The eager and graph timers (us), each ``in_power_state``."""
     import triton.testing
 
-    eager = lambda fn: 1e3 * triton.testing.do_bench(fn, warmup=25, rep=rep,
-                                                     return_mode="median")
-    graph = lambda fn: 1e3 * triton.testing.do_bench_cudagraph(fn, rep=rep,
-                                                               return_mode="median")
-    return eager, graph
+    def eager(fn):
+        return 1e3 * triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median")
+
+    def graph(fn):
+        return 1e3 * triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median")
+
+    return (in_power_state(eager, sustain_s, settle_s),
+            in_power_state(graph, sustain_s, settle_s))
 
 
 def _timed(row: dict, prefix: str, fn, eager, graph) -> None:
@@ -344,8 +371,9 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def run_case(case: Case, *, peers: bool, rep: int, dtype: torch.dtype = torch.float16,
-             layout: str = "nhd", outliers: int = 0) -> list[dict]:
-    eager, graph = _timers(rep)
+             layout: str = "nhd", outliers: int = 0, sustain_s: float = 0.0,
+             settle_s: float = 0.0) -> list[dict]:
+    eager, graph = _timers(rep, sustain_s, settle_s)
     q, k, v, seqlens, table = make_inputs(case, dtype=dtype, layout=layout)
     measured, base_out = kvonce_rows(case, q, k, v, seqlens, table, eager, graph, layout,
                                      outliers)
@@ -364,6 +392,10 @@ def main(argv: list[str]) -> None:
                    help="these HQ/HK head counts, comma-separated (default: 32/8 and 12/12)")
     p.add_argument("--no-peers", action="store_true", help="skip FlashInfer")
     p.add_argument("--rep", type=int, default=100, help="do_bench time per measurement (ms)")
+    p.add_argument("--sustain", type=float, default=0.0,
+                   help="seconds of back-to-back calls before each timing (power state)")
+    p.add_argument("--settle", type=float, default=0.0,
+                   help="seconds of GPU idle before each timing")
     p.add_argument("--dtype", default="fp16", choices=tuple(QUERY_DTYPES),
                    help="queries and the source cache")
     p.add_argument("--layout", default="nhd", choices=("nhd", "hnd"),
@@ -385,7 +417,8 @@ def main(argv: list[str]) -> None:
             case = Case(batch, seqlen, nheads, nheads_k, label)
             case_rows = run_case(case, peers=not args.no_peers, rep=args.rep,
                                  dtype=QUERY_DTYPES[args.dtype], layout=args.layout,
-                                 outliers=args.outliers)
+                                 outliers=args.outliers, sustain_s=args.sustain,
+                                 settle_s=args.settle)
             print(report.format_rows(case_rows), flush=True)
             rows += case_rows
     bad = correctness_failures(rows)
