@@ -122,7 +122,7 @@ def decode_cases(case: Case) -> list[Entry]:
         Entry("PagedDecodePlan.run splits=8 lse", shape,
               lambda: split.run(*args, return_lse=True), lambda r: vs_sdpa(r[0])),
         # The custom op torch.compile records, called directly: the op dispatch's share.
-        Entry("torch.ops.kvonce.paged_decode", shape, lambda: single._run_op(*args),
+        Entry("torch.ops.kvonce.paged_decode splits=1", shape, lambda: single._run_op(*args),
               lambda r: vs_sdpa(r[0])),
         Entry("paged_attention", shape, lambda: paged_attention(*args), vs_sdpa),
         Entry("flash_attn_with_kvcache", shape,
