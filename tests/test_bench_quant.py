@@ -21,25 +21,23 @@ def test_shapes_parse_and_reject():
         quant.parse_shapes("8x100")
 
 
-def test_power_state_runs_the_call_before_timing_it():
-    """``--sustain``: the call runs back to back for that long, then the timer gets it; without
-    it the timer gets the call untouched (no call before)."""
-    import time
+def test_power_state_runs_the_call_before_timing_it(monkeypatch):
+    """``--sustain``: the call runs back to back until that many seconds have passed, then the
+    timer gets it; without it the timer gets the call untouched (no call before). A fake clock
+    (0.01 s a reading) makes the count exact."""
+    import itertools
 
+    clock = itertools.count()
+    monkeypatch.setattr(quant.time, "perf_counter", lambda: next(clock) * 0.01)
     calls, timed_at = [], []
-
-    def fn():
-        calls.append(time.perf_counter())
 
     def timer(f):
         timed_at.append(len(calls))
         return 1.5
 
-    start = time.perf_counter()
-    assert quant.in_power_state(timer, sustain_s=0.05)(fn) == 1.5
-    assert timed_at == [len(calls)] and len(calls) > 1
-    assert calls[-1] - start >= 0.04
+    assert quant.in_power_state(timer, sustain_s=0.05)(lambda: calls.append(1)) == 1.5
+    assert timed_at == [4] and len(calls) == 4     # readings 0.01 .. 0.04 pass, 0.05 ends it
     calls.clear()
     timed_at.clear()
-    assert quant.in_power_state(timer)(fn) == 1.5
+    assert quant.in_power_state(timer)(lambda: calls.append(1)) == 1.5
     assert calls == [] and timed_at == [0]
