@@ -124,6 +124,9 @@
 #               fp8 at 64 x 4096 (2 KB runs, about int4's bytes) and 64 x 8192, head-major pages;
 #               TB/s per run length says whether K, V and their pairs of a page and head in one
 #               2176-byte run would lift int4's memory only (148 us GQA) enough for 3.3x
+#   headgroups  KV head groups (gluon_decode.GLUON_KV_HEAD_GROUPS: a CTA a group of KV heads, a
+#               TMA box a whole page of the group): their tests, then quant_decode_probe.py's
+#               kernel and memory-only times against one head a CTA (HG_GROUPS, HG_SHAPES)
 #   power       scripts/decode_power_series.py (fp16, fp8, int8, int4 graph replays back to back for
 #               3 s after 2 s idle; 2026-11-30: the H200 sits at its 700 W cap, SM clock
 #               1.4-1.85 GHz, int4 155.7 -> 164-166 us) with nvidia-smi's clock and power beside
@@ -572,6 +575,19 @@ if has power; then
   kill $smi
   awk -F, 'NR > 1 && $4 ~ /4$/ {n++; c += $2} END {if (n) printf "power capped: %d samples, '\
 'mean SM clock %.0f MHz\n", n, c / n}' "$OUT/power_smi.csv"
+fi
+if has headgroups; then
+  step headgroups
+  timeout ${HG_TEST_S:-300} python3 -m pytest -q -p no:cacheprovider tests/test_gluon_decode.py \
+    -k "${HG_TEST_K:-head_group}" > "$OUT/headgroups_tests.log" 2>&1
+  tail -3 "$OUT/headgroups_tests.log"
+  grep -E "^(FAILED|ERROR)" "$OUT/headgroups_tests.log" | head -20
+  for fl in "fp8_e4m3 1" "int8,int4 4"; do
+    set -- $fl
+    (cd scripts && PYTHONPATH=../src:. timeout 200 python3 quant_decode_probe.py --layout hnd \
+      --probes 0,1 --formats $1 --loaders $2 --kv-head-groups ${HG_GROUPS:-1,8} \
+      --heads 32/8,12/12 --shapes ${HG_SHAPES:-64x8192,1x131072} 2>&1 | grep "^|")
+  done
 fi
 if ls "$OUT"/bench_*.md >/dev/null 2>&1; then
   step targets

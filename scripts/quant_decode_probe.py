@@ -58,6 +58,9 @@ def main():
                    help="int4's (scale, offset) dtypes (quantize_kv's scale_dtype): fp16,fp32")
     p.add_argument("--int8-scales", default="fp16",
                    help="int8's scale dtypes (quantize_kv's scale_dtype): fp16,fp32")
+    p.add_argument("--kv-head-groups", default="1",
+                   help="the most KV heads a CTA (gluon_decode.GLUON_KV_HEAD_GROUPS, every "
+                        "format; head-major pages), comma-separated")
     p.add_argument("--force-gluon", action="store_true",
                    help="int4 on the Gluon decode where the plan would run Triton")
     args = p.parse_args()
@@ -71,6 +74,7 @@ def main():
     loaders = [int(x) for x in args.loaders.split(",")]
     probes = [int(x) for x in args.probes.split(",")]
     int4_stages = [int(x) for x in args.int4_stages.split(",")]
+    head_groups = [int(x) for x in args.kv_head_groups.split(",")]
     assert probes[0] == 0, "--probes: the kernel (0) first"
     names = {0: "kernel us", 1: "memory only", 2: "math only", 3: "no scales",
              4: "memory only, no scales"}
@@ -89,9 +93,9 @@ def main():
         fp16_tbs = bytes_read(case, None) / fp16_us / 1e6
         scale_dtypes = {"fp16": torch.float16, "fp32": torch.float32}
         scale_lists = {"int4": args.int4_pairs.split(","), "int8": args.int8_scales.split(",")}
-        for fmt, n_loaders, n_stages, pairs in itertools.product(
+        for fmt, n_loaders, n_stages, pairs, most in itertools.product(
                 args.formats.split(","), loaders, int4_stages,
-                sorted(set(scale_lists["int4"] + scale_lists["int8"]))):
+                sorted(set(scale_lists["int4"] + scale_lists["int8"])), head_groups):
             if n_stages and fmt != "int4":
                 continue
             if pairs not in scale_lists.get(fmt, [pairs]) or (
@@ -108,6 +112,8 @@ def main():
                 gluon_decode.GLUON_LOADERS.update({code: n_loaders for code in saved})
                 saved_stages = gluon_decode.INT4_VARIANT["stages"]
                 gluon_decode.INT4_VARIANT["stages"] = n_stages or saved_stages
+                saved_groups = gluon_decode.GLUON_KV_HEAD_GROUPS
+                gluon_decode.GLUON_KV_HEAD_GROUPS = {1: most, 2: most, 3: most}
                 try:
                     plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table,
                                                   kv_format="int4" if fmt == "int4" else None,
@@ -117,8 +123,10 @@ def main():
                         plan = kvonce.PagedDecodePlan(
                             q, kq, vq, seqlens, table, config=cfg,
                             kv_format="int4" if fmt == "int4" else None, **kw)
-                    route = (f"gluon, {plan.num_splits} splits" if plan.uses_gluon
-                             else f"triton, {plan.num_splits} splits")
+                    code = {"fp8_e4m3": 1, "int8": 2, "int4": 3}[fmt]
+                    group = gluon_decode.kv_head_group(q, kq, code, ks, vs)
+                    route = (f"gluon, {plan.num_splits} splits, {group} heads a CTA"
+                             if plan.uses_gluon else f"triton, {plan.num_splits} splits")
                     if probe and not plan.uses_gluon:
                         times.append(float("nan"))
                         continue
@@ -130,6 +138,7 @@ def main():
                     gluon_decode.ROOFLINE_PROBE = 0
                     gluon_decode.GLUON_LOADERS.update(saved)
                     gluon_decode.INT4_VARIANT["stages"] = saved_stages
+                    gluon_decode.GLUON_KV_HEAD_GROUPS = saved_groups
             triton_us = float("nan")
             if args.triton:   # the format's Triton row on the same caches
                 cfg = dataclasses.replace(plan.config, gluon=False)

@@ -148,6 +148,44 @@ def test_head_major_pages_take_the_gluon_decode(monkeypatch, fmt):
     assert gluon_decode.paged_fits(q, cache, cache, code)
 
 
+def test_kv_head_groups_where_they_fit(monkeypatch):
+    """``kv_head_group``: the most heads ``GLUON_KV_HEAD_GROUPS`` allows a format that divide
+    ``nheads_k``, keep the group's q rows within the swapped dots' N (8) and whole pages of the
+    group within a 128-key tile; head-major pages only; int8 where its scales come by ring. The
+    plan counts a group's CTA once in its split count."""
+    monkeypatch.setattr(gluon_decode, "GLUON_KV_HEAD_GROUPS", {1: 8, 2: 2, 3: 2})
+    meta = dict(device="meta")
+
+    def cache(heads_k, page=16, head_major=True, row=128):
+        t = torch.empty(64, page, heads_k, row, dtype=torch.uint8, **meta)
+        return t.transpose(1, 2).contiguous().transpose(1, 2) if head_major else t
+
+    def q(nheads, q_len=1):
+        return torch.empty(2, q_len, nheads, 128, dtype=torch.float16, **meta)
+
+    group = gluon_decode.kv_head_group
+    assert group(q(32), cache(8), 1) == 2                 # GQA 4: 2 x 4 rows
+    assert group(q(32), cache(8, head_major=False), 1) == 1
+    assert group(q(32, q_len=2), cache(8), 1) == 1        # 8 rows already
+    assert group(q(12), cache(12), 1) == 4                # MHA: 12 heads, 8 do not divide
+    assert group(q(16), cache(16), 1) == 8
+    assert group(q(8), cache(8, page=32), 1) == 4         # 4 pages of 32: a tile
+    assert group(q(8), cache(8, page=128), 1) == 1        # a page is a tile already
+    assert group(q(12), cache(12, row=64), 3) == 2        # int4: at most 2 here
+    hm_scales = torch.empty(64, 12, 16, dtype=torch.float16, **meta).transpose(1, 2)
+    tm_scales = torch.empty(64, 16, 12, dtype=torch.float16, **meta)
+    assert group(q(12), cache(12), 2, hm_scales, hm_scales) == 2
+    assert group(q(12), cache(12), 2, tm_scales, tm_scales) == 1
+    assert group(q(12), cache(12), 2) == 1                # int8: scales unknown
+    monkeypatch.setattr(gluon_decode, "GLUON_KV_HEAD_GROUPS", {})
+    assert group(q(12), cache(12), 1) == 1
+    # the plan's split count: one CTA a group of two (4 groups: 33 splits of 63 64-key tiles)
+    monkeypatch.setattr(gluon_decode, "GLUON_KV_HEAD_GROUPS", {1: 2})
+    plan = _meta_plan(monkeypatch, batch=1, max_keys=131072, head_major=True)
+    assert plan.uses_gluon and plan.num_splits == gluon_num_splits(4, 131072, 132, tile_keys=64)
+    assert plan.num_splits == 33
+
+
 def test_routing_follows_the_formats_and_query_dtypes(monkeypatch):
     """``GLUON_FORMATS`` / ``GLUON_QUERY_DTYPES`` say what the route takes."""
     int8 = dict(cache_dtype=torch.int8, kv_format="int8", config=INT8_ROW)
@@ -377,7 +415,9 @@ def test_gluon_decode_matches_reference_and_triton(case, causal, route, q_dtype,
 
 def _check_against_reference_and_triton(case, causal, fmt, q_dtype, token_major_scales=False,
                                         head_major=False, scale_dtype=None):
-    batch, q_len, nheads, nheads_k, page, lens, max_keys, splits = GPU_CASES[case]
+    """``case``: an index into ``GPU_CASES`` or such a tuple."""
+    spec = GPU_CASES[case] if isinstance(case, int) else case
+    batch, q_len, nheads, nheads_k, page, lens, max_keys, splits = spec
     q, kq, vq, ks, vs, seqlens, table, kd, vd = _case(fmt, batch, q_len, nheads, nheads_k, page,
                                                       lens, max_keys, q_dtype=QDTYPES[q_dtype],
                                                       scale_dtype=scale_dtype)
@@ -434,6 +474,67 @@ def test_gluon_decode_on_head_major_pages(case, causal, route, q_dtype, monkeypa
                                                scale_dtype=_scale_dtype(route))
     nheads_k = GPU_CASES[case][3]
     assert all(la.head_major == (nheads_k > 1) for la in plan._launches.values())
+
+
+# KV head groups (GLUON_KV_HEAD_GROUPS): GPU_CASES' head-major launches that group (GQA 32/8:
+# two heads a CTA; MHA 12/12: four), and more: q_len 2 at GQA 2 (two heads, 8 rows; causal:
+# a row sees no key), MHA on pages of 32 (four heads, a box 128 rows), GQA 4 on pages of 64
+# (two heads, a box a whole tile), one sequence of 131072 keys (the plan's splits).
+HEAD_GROUP_CASES = [
+    GPU_CASES[0], GPU_CASES[1], GPU_CASES[7],
+    (2, 2, 8, 4, 16, [5000, 1], 8192, 0),
+    (3, 1, 8, 8, 32, [3000, 9000, 31], 12288, 2),
+    (2, 1, 32, 8, 64, [8192, 4097], 8192, 0),
+    (1, 1, 12, 12, 16, [131072], 131072, 0),
+]
+HEAD_GROUP_HEADS = [2, 4, 2, 2, 4, 2, 4]     # kv_head_group's choice for each, from 8 at most
+
+
+@hopper_only
+@pytest.mark.parametrize("q_dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("route", ["fp8_e4m3", "int8 fp16 scale ring", "int8 ring",
+                                   "int4 swapped v-biased"])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("case", range(len(HEAD_GROUP_CASES)))
+def test_gluon_decode_kv_head_groups(case, causal, route, q_dtype, monkeypatch):
+    """A CTA taking a group of KV heads (``GLUON_KV_HEAD_GROUPS``, head-major pages: a TMA box a
+    whole page of the group, each score masked to its own head), every format, against the
+    reference and the Triton kernel, unowned slots poisoned."""
+    fmt = _take_route(route, monkeypatch)
+    monkeypatch.setattr(gluon_decode, "GLUON_KV_HEAD_GROUPS", {1: 8, 2: 8, 3: 8})
+    spec = HEAD_GROUP_CASES[case]
+    plan = _check_against_reference_and_triton(spec, causal, fmt, q_dtype, head_major=True,
+                                               scale_dtype=_scale_dtype(route))
+    nheads_k = spec[3]
+    want = HEAD_GROUP_HEADS[case]
+    for la in plan._launches.values():
+        assert la.heads == want and la.swap and la.grid[1] == nheads_k // want
+
+
+@hopper_only
+@pytest.mark.parametrize("route", ["fp8_e4m3", "int8 fp16 scale ring", "int4 swapped v-biased"])
+def test_gluon_decode_kv_head_groups_in_a_cuda_graph(route, monkeypatch):
+    """KV head groups captured in a CUDA graph: replays follow new lengths and queries."""
+    _take_route(route, monkeypatch)
+    monkeypatch.setattr(gluon_decode, "GLUON_KV_HEAD_GROUPS", {1: 2, 2: 2, 3: 2})
+    fmt = route.split()[0]
+    q, kq, vq, ks, vs, seqlens, table, kd, vd = _case(fmt, 2, 1, 32, 8, 16, [8192, 4000], 8192,
+                                                      scale_dtype=_scale_dtype(route))
+    kq, vq = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (kq, vq))
+    plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
+                                  config=ROWS[fmt], kv_format=KV_FORMATS.get(fmt))
+    eager = plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs)
+    assert all(la.heads == 2 for la in plan._launches.values())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs)
+    seqlens.copy_(torch.tensor([3000, 8192], dtype=torch.int32))
+    q.copy_(torch.randn_like(q))
+    graph.replay()
+    ref = paged_attention_ref(q.float(), kd, vd, seqlens, table)[0]
+    rel = ((captured.float() - ref).norm() / ref.norm()).item()
+    assert rel < 2e-3, f"relative error {rel:.2e}"
+    assert not torch.equal(captured, eager)
 
 
 def _gluon_plan(route, nheads, nheads_k, lens):

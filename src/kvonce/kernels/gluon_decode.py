@@ -151,10 +151,13 @@ def _gluon_decode_kernel(
     TILE_KEYS: gl.constexpr = 0, KV_FORMAT: gl.constexpr = 1, STORE_LSE: gl.constexpr = True,
     SCALE_RING: gl.constexpr = False, V_BIASED: gl.constexpr = False,
     SWAP_AB: gl.constexpr = False, PROBE: gl.constexpr = 0, LOADERS: gl.constexpr = 1,
-    HEAD_MAJOR: gl.constexpr = False,
+    HEAD_MAJOR: gl.constexpr = False, HEADS: gl.constexpr = 1,
 ):
     # HEAD_MAJOR: pages stored [num_pages, nheads_k, page_size, row] (the descriptors' rows a
     # (page, KV head)'s keys), else token-major [num_pages, page_size, nheads_k, row].
+    # HEADS: KV heads a CTA (program_id(1) their group, GROUP the group's q heads: HEADS x the
+    # GQA group), head-major pages and swapped operands only: a TMA box a whole page of the
+    # group's heads, so a tile is TILE / HEADS keys of each, its rows (page, head, slot).
     # LOADERS: loader warps (1 or 4), each copying its share of every tile's TMA boxes.
     # PROBE: the roofline probe (gluon_decode_common's PROBE_MEMORY / PROBE_MATH; 0 the kernel).
     # SWAP_AB: the consumers with swapped operands (gluon_decode_swapped: fp8, int8 / int4 with
@@ -203,19 +206,19 @@ def _gluon_decode_kernel(
                  stride_lb, stride_lt, stride_lh, stride_ls, stride_btb, stride_ksp, stride_kst,
                  stride_vsp, stride_vst, ks_smem, vs_smem, GROUP, IS_CAUSAL, THREAD_ARRIVE,
                  RING_MERGE, KV_FORMAT, PAGE_SIZE, STORE_LSE, SCALE_RING,
-                 V_BIASED and KV_FORMAT != FP8, PROBE, SWAP_AB)),
+                 V_BIASED and KV_FORMAT != FP8, PROBE, SWAP_AB, HEADS)),
             (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                  cache_seqlens, block_table, num_splits, stride_btb, KS, VS, ks_smem, vs_smem,
-                 PAGE_SIZE, SCALE_RING, PROBE, 0, 4, HEAD_MAJOR)),
+                 PAGE_SIZE, SCALE_RING, PROBE, 0, 4, HEAD_MAJOR, HEADS)),
             (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                  cache_seqlens, block_table, num_splits, stride_btb, KS, VS, ks_smem, vs_smem,
-                 PAGE_SIZE, SCALE_RING, PROBE, 1, 4, HEAD_MAJOR)),
+                 PAGE_SIZE, SCALE_RING, PROBE, 1, 4, HEAD_MAJOR, HEADS)),
             (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                  cache_seqlens, block_table, num_splits, stride_btb, KS, VS, ks_smem, vs_smem,
-                 PAGE_SIZE, SCALE_RING, PROBE, 2, 4, HEAD_MAJOR)),
+                 PAGE_SIZE, SCALE_RING, PROBE, 2, 4, HEAD_MAJOR, HEADS)),
             (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                  cache_seqlens, block_table, num_splits, stride_btb, KS, VS, ks_smem, vs_smem,
-                 PAGE_SIZE, SCALE_RING, PROBE, 3, 4, HEAD_MAJOR)),
+                 PAGE_SIZE, SCALE_RING, PROBE, 3, 4, HEAD_MAJOR, HEADS)),
         ], [LOADER_WARPS] * 4, [LOADER_REGS] * 4)
     else:
         gl.static_assert(LOADERS == 1, "one or four loader warps")
@@ -227,10 +230,10 @@ def _gluon_decode_kernel(
                  stride_lb, stride_lt, stride_lh, stride_ls, stride_btb, stride_ksp, stride_kst,
                  stride_vsp, stride_vst, ks_smem, vs_smem, GROUP, IS_CAUSAL, THREAD_ARRIVE,
                  RING_MERGE, KV_FORMAT, PAGE_SIZE, STORE_LSE, SCALE_RING,
-                 V_BIASED and KV_FORMAT != FP8, PROBE, SWAP_AB)),
+                 V_BIASED and KV_FORMAT != FP8, PROBE, SWAP_AB, HEADS)),
             (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                  cache_seqlens, block_table, num_splits, stride_btb, KS, VS, ks_smem, vs_smem,
-                 PAGE_SIZE, SCALE_RING, PROBE, 0, 1, HEAD_MAJOR)),
+                 PAGE_SIZE, SCALE_RING, PROBE, 0, 1, HEAD_MAJOR, HEADS)),
         ], [LOADER_WARPS], [LOADER_REGS])
 
 
@@ -243,9 +246,11 @@ def _consume_any(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty,
                  IS_CAUSAL: gl.constexpr, THREAD_ARRIVE: gl.constexpr,
                  RING_MERGE: gl.constexpr, KV_FORMAT: gl.constexpr, PAGE_SIZE: gl.constexpr,
                  STORE_LSE: gl.constexpr, SCALE_RING: gl.constexpr, V_BIASED: gl.constexpr,
-                 PROBE: gl.constexpr, SWAP_AB: gl.constexpr):
+                 PROBE: gl.constexpr, SWAP_AB: gl.constexpr, HEADS: gl.constexpr = 1):
     """The consumer partition: the swapped-operand consumers (SWAP_AB) or the row-major ones,
-    both on the same arguments."""
+    both on the same arguments (KV head groups, HEADS > 1: the swapped ones)."""
+    if HEADS > 1:
+        gl.static_assert(SWAP_AB, "KV head groups: swapped operands")
     if SWAP_AB:
         _consume_swapped(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty,
                          v_empty, cache_seqlens, block_table, sm_scale, q_len, num_splits,
@@ -253,7 +258,7 @@ def _consume_any(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty,
                          stride_ot, stride_oh, stride_os, stride_lb, stride_lt, stride_lh,
                          stride_ls, stride_btb, stride_ksp, stride_kst, stride_vsp, stride_vst,
                          ks_smem, vs_smem, GROUP, IS_CAUSAL, THREAD_ARRIVE, RING_MERGE,
-                         KV_FORMAT, PAGE_SIZE, STORE_LSE, SCALE_RING, V_BIASED, PROBE)
+                         KV_FORMAT, PAGE_SIZE, STORE_LSE, SCALE_RING, V_BIASED, PROBE, HEADS)
     else:
         _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                  cache_seqlens, block_table, sm_scale, q_len, num_splits, stride_qb, stride_qt,
@@ -559,6 +564,18 @@ INT4_SWAPPED_STAGES = 0
 # 235.2; int8 64 x 8192 GQA 264.7 -> 261.8, MHA 382.3 -> 382.5, 1 x 131072 GQA 83.3 -> 83.7, MHA
 # 114.9 -> 113.3; fp8 within 0.8% either way at both shapes (kept at one). int4 and int8 take four.
 GLUON_LOADERS = {1: 1, 2: 4, 3: 4}
+# KV heads a CTA by cache format (QUANT_FORMATS code; the most, ``kv_head_group``): on
+# head-major pages a CTA takes a group of KV heads whose pages' rows are adjacent, so each TMA
+# box is a whole page of the group (fp8 page 16: 4 KB against 2 KB; int4 2 KB against 1 KB) and
+# the launch has 1 / HEADS the CTAs a split; the swapped consumers mask each score to its own
+# head (the dots' N holds the group's q rows: HEADS x GROUP x q_len <= 8). Correct on the H200
+# (tests/test_gluon_decode.py, every format, heads 2 and 4, pages 16 to 64) but it does not pay
+# (2026-11-30, twenty-fifth session, graphs, head-major, kernel / memory only us): fp8 GQA 32/8
+# 64 x 8192 259.3 / 255.1 against 259.6 / 255.6 (4 KB boxes stream as 2 KB ones), 1 x 131072
+# 81.6 against 80.8 (33 splits of 4 groups: 132 CTAs); int8 even; int4 GQA 64 x 8192 164.6 /
+# 147.9 against 168.0 / 149.9 (-2%) but 48 x 8192 -7%, 24 x 8192 -7%, MHA 12/12 64 x 8192 -2%
+# (two heads) to -19% (four: 192 CTAs); off (empty).
+GLUON_KV_HEAD_GROUPS: dict = {}
 # The roofline probe (a measurement: gluon_decode_common's PROBE_MEMORY 1 / PROBE_MATH 2, the
 # shipped fp8 / int8 row-major and int4 swapped consumers; scripts/quant_decode_probe.py sets
 # it before building its plans): 0, the kernel.
@@ -632,6 +649,30 @@ def head_major_scales(scale) -> bool:
                                   in zip(scale.shape, scale.stride(), strides))
 
 
+def kv_head_group(q, k_cache, kv_format: int, k_scale=None, v_scale=None) -> int:
+    """KV heads a CTA of the Gluon decode takes (1, or a group ``GLUON_KV_HEAD_GROUPS`` allows):
+    head-major pages, the group's q rows within the swapped dots' N (``HEADS x GROUP x q_len
+    <= 8``), whole pages of the group a 128-key tile's boxes (``HEADS x page_size`` dividing
+    128), ``nheads_k`` a multiple; int8 where its scales come by ring (``head_major_scales``,
+    16-byte aligned: the call checks the alignment). q ``[batch, q_len, nheads, 128]``, k_cache
+    ``[num_pages, page_size, nheads_k, row]``, shapes and strides only."""
+    most = GLUON_KV_HEAD_GROUPS.get(kv_format, 1)
+    page_size, nheads_k = k_cache.shape[1], k_cache.shape[2]
+    rows = q.shape[1] * (q.shape[2] // max(1, nheads_k))
+    if most <= 1 or not pages_head_major(k_cache):
+        return 1
+    if kv_format == INT8.value and not (
+            INT8_SCALES_BY_TMA and k_scale is not None and v_scale is not None
+            and all(head_major_scales(sc) and (sc.dtype == torch.float32 or INT8_FP16_SCALE_RING)
+                    for sc in (k_scale, v_scale))):
+        return 1
+    for heads in (8, 4, 2):
+        if (heads <= most and nheads_k % heads == 0 and heads * rows <= NR.value
+                and BLOCK_N.value % (heads * page_size) == 0):
+            return heads
+    return 1
+
+
 def writes_partials(num_splits: int) -> bool:
     """Whether a launch of ``num_splits`` splits needs the float32 split scratch."""
     return num_splits > 1
@@ -652,7 +693,8 @@ class PagedGluonDecodeLaunch:
     capturable."""
 
     def __init__(self, q, k_cache, v_cache, block_table, *, softmax_scale: float, causal: bool,
-                 num_splits: int, store_lse: bool, kv_format: int = 1):
+                 num_splits: int, store_lse: bool, kv_format: int = 1, k_scale=None,
+                 v_scale=None):
         from .paged_combine import combine_launch_shape
 
         batch, q_len, nheads, head_dim = q.shape
@@ -661,8 +703,12 @@ class PagedGluonDecodeLaunch:
         self.per_key_scales = kv_format in (INT8.value, INT4.value)
         self.int4 = kv_format == INT4.value
         self.device_index = q.device.index
-        self.grid = (num_splits, nheads_k, batch)
+        # KV heads a CTA (kv_head_group; k_scale / v_scale: examples of the calls' scales)
+        self.heads = kv_head_group(q, k_cache, kv_format, k_scale, v_scale)
+        self.grid = (num_splits, nheads_k // self.heads, batch)
         self.box = min(box_rows(page_size), BLOCK_N.value)
+        if self.heads > 1:   # a box: a whole page of the group's heads
+            self.box = self.heads * page_size
         self.row = k_cache.shape[3]                     # bytes a key (int4: 64)
         self.head_major = pages_head_major(k_cache)
         self.layout = gl.NVMMASharedLayout.get_default_for([self.box, self.row], gl.uint8)
@@ -685,7 +731,8 @@ class PagedGluonDecodeLaunch:
         # swapped operands (GLUON_SWAP_FORMATS): packed rows <= 8; fp8, or int8 / int4 with
         # their scales by ring (so int8's choice waits for the call's scales: ``ring_constexprs``)
         rows = nheads // nheads_k * q_len
-        self.swap = kv_format in GLUON_SWAP_FORMATS and rows <= NR.value
+        self.swap = ((kv_format in GLUON_SWAP_FORMATS or self.heads > 1)
+                     and self.heads * rows <= NR.value)
         # int4: 16 KB a stage (64-byte rows), four of them; its four nibble planes merge
         # through Triton's reduce scratch. Swapped, INT4_SWAPPED_TILE_KEYS-key tiles in
         # INT4_SWAPPED_STAGES stages (0: as many as keep those bytes).
@@ -694,7 +741,7 @@ class PagedGluonDecodeLaunch:
         if self.int4 and self.swap and INT4_SWAPPED_TILE_KEYS != BLOCK_N.value:
             tile = INT4_SWAPPED_TILE_KEYS
             stages = INT4_SWAPPED_STAGES or max(2, stages * BLOCK_N.value // tile)
-        self.constexprs = dict(GROUP=nheads // nheads_k, IS_CAUSAL=bool(causal),
+        self.constexprs = dict(GROUP=nheads // nheads_k * self.heads, IS_CAUSAL=bool(causal),
                                PAGE_SIZE=page_size, STAGES=stages,
                                THREAD_ARRIVE=True, RING_MERGE=variant["ring_merge"],
                                TILE_KEYS=tile, KV_FORMAT=kv_format,
@@ -703,7 +750,7 @@ class PagedGluonDecodeLaunch:
                                or (kv_format == INT4.value and INT4_V_BIASED and self.swap),
                                PROBE=ROOFLINE_PROBE,
                                LOADERS=GLUON_LOADERS.get(kv_format, 1),
-                               HEAD_MAJOR=self.head_major)
+                               HEAD_MAJOR=self.head_major, HEADS=self.heads)
         self.ring_constexprs = dict(self.constexprs, SCALE_RING=True, SWAP_AB=self.swap)
         self.constexprs["SWAP_AB"] = self.swap and kv_format == FP8.value
         self.key = ("gluon-decode", q.dtype, self.ints, self.tail_ints,
@@ -733,7 +780,8 @@ class PagedGluonDecodeLaunch:
         """Per-key scales (``head_major_scales``: int8's, int4's pairs) as ``[pages * nheads_k,
         page_size * pair]`` 32-bit rows, a box's a TMA box; int4's fp16 pairs as one 32-bit unit
         a key, int8's fp16 scales two keys a unit (the kernel reads them so,
-        ``gluon_decode_common.ring_units``)."""
+        ``gluon_decode_common.ring_units``). A CTA of ``heads`` KV heads: ``[pages * nheads_k /
+        heads, heads * page_size * pair]``, a row a page of the group (adjacent in storage)."""
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
         pages, page_size, nheads_k = scale.shape[:3]
@@ -741,9 +789,10 @@ class PagedGluonDecodeLaunch:
         flat = scale.transpose(1, 2).reshape(-1)
         if flat.dtype == torch.float16:
             flat = flat.view(torch.float32)
-        units = flat.numel() // (pages * nheads_k)      # a (page, KV head)'s
-        return TensorDescriptor(flat, [pages * nheads_k, units], [units, 1],
-                                [1, self.box * units // page_size], scale_pair_layout())
+        units = flat.numel() // (pages * nheads_k) * self.heads   # a (page, KV head group)'s
+        return TensorDescriptor(flat, [pages * nheads_k // self.heads, units], [units, 1],
+                                [1, self.box * units // (page_size * self.heads)],
+                                scale_pair_layout())
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, out, lse, o_part,
                  lse_part, arrivals, k_scale, v_scale, outlier_values=None,
@@ -767,6 +816,12 @@ class PagedGluonDecodeLaunch:
             head_major_scales(sc) and sc.data_ptr() % 16 == 0
             and (sc.dtype == torch.float32 or INT8_FP16_SCALE_RING)
             for sc in (k_scale, v_scale)))
+        if self.heads > 1 and self.per_key_scales and not ring:
+            raise ValueError(
+                "the Gluon decode's plan takes KV heads in groups of "
+                f"{self.heads}, which reads the per-key scales by TMA: scales stored head-major "
+                "(memory [pages, nheads_k, page_size]) from a 16-byte aligned address; got "
+                f"strides {tuple(k_scale.stride())}, {tuple(v_scale.stride())}")
         if self.int4:
             for name, sc in (("k_scale", k_scale), ("v_scale", v_scale)):
                 if not head_major_scales(sc) or sc.data_ptr() % 16:

@@ -51,14 +51,14 @@ def _check_spec(variant, group, page_size, stages=4, causal=False, thread_arrive
                 ring_merge=False, ctas_per_sm=1, kv_dtype="u8", tile_keys=0, kv_format=1,
                 q_dtype="fp16", direct_lse=None, scale_ring=False, v_biased=False,
                 swap_ab=False, probe=0, loaders=1, head_major=False, f16_pairs=False,
-                f16_scales=False):
+                f16_scales=False, heads=1):
     options = dict(num_warps=4)
     if ctas_per_sm == 2:
         options["maxnreg"] = TWO_CTA_MAXNREG
     tile = tile_keys or (128 if kv_dtype == "u8" else 64)
     constexprs = dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, STAGES=stages,
                       THREAD_ARRIVE=thread_arrive, RING_MERGE=ring_merge, LOADERS=loaders,
-                      PROBE=probe, HEAD_MAJOR=head_major)
+                      PROBE=probe, HEAD_MAJOR=head_major, HEADS=heads)
     if tile_keys:
         constexprs["TILE_KEYS"] = tile_keys
     if kv_format != 1 or direct_lse is not None:
@@ -79,6 +79,11 @@ def _check_spec(variant, group, page_size, stages=4, causal=False, thread_arrive
         constexprs.update(TILE_KEYS=tile_keys, KV_FORMAT=kv_format, HEAD_MAJOR=True)
     if loaders != 1:   # loader warps, each its share of a tile's boxes
         constexprs.update(TILE_KEYS=tile_keys, KV_FORMAT=kv_format)
+    box = min(box_rows(page_size), tile)
+    if heads > 1:      # KV head groups: GROUP the group's q heads, a box a page of the group
+        constexprs.update(TILE_KEYS=tile_keys, KV_FORMAT=kv_format, HEADS=heads,
+                          GROUP=group * heads)
+        box = heads * page_size
     scale_pair = 0
     if scale_ring or kv_format == 3:   # the scales by ring (int4's always)
         constexprs["SCALE_RING"] = True
@@ -88,8 +93,8 @@ def _check_spec(variant, group, page_size, stages=4, causal=False, thread_arrive
         if f16_scales:   # int8's fp16 scales: two keys a 32-bit unit
             scale_pair = 0.5
     return (variant, _gluon_decode_kernel,
-            _check_signature(min(box_rows(page_size), tile), kv_dtype, q_dtype, out_dtype,
-                             64 if kv_format == 3 else 128, scale_pair),
+            _check_signature(box, kv_dtype, q_dtype, out_dtype, 64 if kv_format == 3 else 128,
+                             scale_pair),
             constexprs, options,
             dict(HGMMA=0))
 
@@ -259,6 +264,30 @@ GLUON_CHECK_SPECS = [
     _check_spec("bf16-page16-mha-3stages-2cta", 1, 16, stages=3, ctas_per_sm=2,
                 kv_dtype="bf16"),
     _check_spec("fp16-page256-gqa4-causal-4stages", 4, 256, causal=True, kv_dtype="fp16"),
+    # KV head groups (HEADS: a CTA takes a group of KV heads, a TMA box a whole page of them;
+    # GLUON_KV_HEAD_GROUPS), head-major pages, swapped consumers, each format.
+    _check_spec("heads2-fp8-swap-hnd-page16-gqa4-2stages-2cta", 4, 16, stages=2, ctas_per_sm=2,
+                swap_ab=True, head_major=True, heads=2),
+    _check_spec("heads4-fp8-swap-bf16q-hnd-page16-mha-causal-2stages-2cta", 1, 16, stages=2,
+                ctas_per_sm=2, swap_ab=True, head_major=True, heads=4, causal=True,
+                q_dtype="bf16"),
+    _check_spec("heads2-int8f16-swap-ring-4loaders-hnd-page16-gqa4-2stages-2cta", 4, 16,
+                stages=2, ctas_per_sm=2, kv_format=2, scale_ring=True, swap_ab=True,
+                head_major=True, f16_scales=True, loaders=4, heads=2),
+    _check_spec("heads4-int8f16-swap-ring-4loaders-hnd-page16-mha-2stages-2cta", 1, 16,
+                stages=2, ctas_per_sm=2, kv_format=2, scale_ring=True, swap_ab=True,
+                head_major=True, f16_scales=True, loaders=4, heads=4),
+    _check_spec("heads2-int4f16-swap-vbias-4loaders-hnd-page16-gqa4-4stages-2cta", 4, 16,
+                stages=4, ctas_per_sm=2, kv_format=3, swap_ab=True, head_major=True,
+                f16_pairs=True, v_biased=True, loaders=4, heads=2),
+    _check_spec("heads4-int4f16-swap-vbias-4loaders-hnd-page16-mha-causal-4stages-2cta", 1, 16,
+                stages=4, causal=True, ctas_per_sm=2, kv_format=3, swap_ab=True,
+                head_major=True, f16_pairs=True, v_biased=True, loaders=4, heads=4),
+    _check_spec("heads2-int4f16-swap-vbias-4loaders-hnd-page32-gqa4-4stages-2cta", 4, 32,
+                stages=4, ctas_per_sm=2, kv_format=3, swap_ab=True, head_major=True,
+                f16_pairs=True, v_biased=True, loaders=4, heads=2),
+    _check_spec("probe-memory-heads2-fp8-swap-hnd-page16-gqa4-2stages-2cta", 4, 16, stages=2,
+                ctas_per_sm=2, swap_ab=True, head_major=True, heads=2, probe=1),
 ]
 
 SM_SMEM = 233472           # H100: shared memory an SM (228 KB)

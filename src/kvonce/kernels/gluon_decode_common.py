@@ -127,7 +127,8 @@ def _part_boxes(boxes, part, parts):
 def _load_tile(desc, smem, ready, empty, phase, pages, box, start, col, last_box,
                PAGE_SIZE: gl.constexpr, SCALES: gl.constexpr = False, ks_desc=None,
                ks_smem=None, vs_desc=None, vs_smem=None, kv_head=0, PART: gl.constexpr = 0,
-               PARTS: gl.constexpr = 1, HEAD_MAJOR: gl.constexpr = False):
+               PARTS: gl.constexpr = 1, HEAD_MAJOR: gl.constexpr = False,
+               HEADS: gl.constexpr = 1):
     """The tile at key ``start`` of K (or V) into the ring slot ``smem`` once ``empty`` passes
     ``phase``, box by box, on ``ready`` (expect + the boxes' bytes). SCALES (a K tile of a
     ``SCALE_RING`` launch): the tile's K and V scales too, on the same barrier (int4's (scale,
@@ -137,11 +138,17 @@ def _load_tile(desc, smem, ready, empty, phase, pages, box, start, col, last_box
     ``PARTS`` loader warps: the boxes ``i % PARTS == PART`` (``ready`` counts ``PARTS``
     arrivals, each warp's expect of its own bytes). HEAD_MAJOR: pages stored ``[num_pages,
     nheads_k, page_size, row]`` (the descriptor's rows: ``(page * nheads_k + kv_head) *
-    page_size + slot``, ``col`` 0), else token-major (``page * page_size + slot``)."""
-    BOX: gl.constexpr = desc.block_type.shape[0]
+    page_size + slot``, ``col`` 0), else token-major (``page * page_size + slot``). HEADS: the
+    CTA's KV heads (``kv_head`` its group ``kv_head * HEADS ..``), head-major pages only: a box
+    is a whole page of the group's heads (their rows adjacent there), a scale box the group's
+    row of the scales viewed ``[pages * nheads_k / HEADS, HEADS * page_size * PAIR]``."""
+    BOX: gl.constexpr = desc.block_type.shape[0]          # tile rows: HEADS x a head's keys
+    BOX_KEYS: gl.constexpr = BOX // HEADS
     TILE: gl.constexpr = smem.shape[0]
     MINE: gl.constexpr = _part_boxes(TILE // BOX, PART, PARTS)
-    nheads_k = gl.num_programs(1)
+    gl.static_assert(HEADS == 1 or (HEAD_MAJOR and BOX_KEYS == PAGE_SIZE),
+                     "KV head groups: head-major pages, a box a whole page of the group")
+    groups = gl.num_programs(1)                           # nheads_k / HEADS
     mbarrier.wait(empty, phase)
     if SCALES:
         SBOX: gl.constexpr = ks_desc.block_type.shape[1]    # 32-bit units a box's keys take
@@ -151,18 +158,18 @@ def _load_tile(desc, smem, ready, empty, phase, pages, box, start, col, last_box
     else:
         mbarrier.expect(ready, MINE * desc.block_type.nbytes)
     for i in gl.static_range(PART, TILE // BOX, PARTS):
-        key = gl.minimum(start + i * BOX, last_box)
+        key = gl.minimum(start + i * BOX_KEYS, last_box)
         if BOX == TILE:
             page = gl.reduce(pages, 0, _add)
         else:
             page = gl.reduce(gl.where(box == i, pages, 0), 0, _add)
         if HEAD_MAJOR:
-            row = (page * nheads_k + kv_head) * PAGE_SIZE + key % PAGE_SIZE
+            row = ((page * groups + kv_head) * HEADS) * PAGE_SIZE + key % PAGE_SIZE
         else:
             row = page * PAGE_SIZE + key % PAGE_SIZE
         tma.async_copy_global_to_shared(desc, [row, col], ready, smem.slice(i * BOX, BOX))
         if SCALES:
-            scale_at = [page * nheads_k + kv_head, (key % PAGE_SIZE) * SBOX // BOX]
+            scale_at = [page * groups + kv_head, (key % PAGE_SIZE) * SBOX // BOX]
             tma.async_copy_global_to_shared(ks_desc, scale_at, ready, ks_smem.slice(i * RS, 1))
             tma.async_copy_global_to_shared(vs_desc, scale_at, ready, vs_smem.slice(i * RS, 1))
 
@@ -211,33 +218,37 @@ def _drain(k_ready, v_ready, k_empty, v_empty, n_tiles, THREAD_ARRIVE: gl.conste
 def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, cache_seqlens,
           block_table, num_splits, stride_btb, ks_desc, vs_desc, ks_smem, vs_smem,
           PAGE_SIZE: gl.constexpr, SCALE_RING: gl.constexpr, PROBE: gl.constexpr = 0,
-          PART: gl.constexpr = 0, PARTS: gl.constexpr = 1, HEAD_MAJOR: gl.constexpr = False):
+          PART: gl.constexpr = 0, PARTS: gl.constexpr = 1, HEAD_MAJOR: gl.constexpr = False,
+          HEADS: gl.constexpr = 1):
     """A loader warp: the split's key tiles into the K and V rings (SCALE_RING: each tile's
     per-key scales with its K tile, ``_load_tile``'s SCALES); with ``PARTS`` loader warps, this
-    one's share of every tile's boxes (``PART``)."""
+    one's share of every tile's boxes (``PART``). HEADS: the CTA's group of KV heads, a tile
+    ``TILE / HEADS`` keys of each (``_load_tile``)."""
     STAGES: gl.constexpr = k_smem.shape[0]
     TILE: gl.constexpr = k_smem.shape[1]
+    TKEYS: gl.constexpr = TILE // HEADS                   # a tile's keys (of each head)
     BOX: gl.constexpr = k_desc.block_type.shape[0]
+    BOX_KEYS: gl.constexpr = BOX // HEADS
     BOXES: gl.constexpr = TILE // BOX
     split = gl.program_id(0)
-    kv_head = gl.program_id(1)
+    kv_head = gl.program_id(1)                            # with HEADS > 1: the group
     seq = gl.program_id(2)
-    seqlen, lo, hi = _split_range(cache_seqlens, seq, split, num_splits, TILE)
-    n_tiles = gl.maximum(hi - lo + TILE - 1, 0) // TILE
+    seqlen, lo, hi = _split_range(cache_seqlens, seq, split, num_splits, TKEYS)
+    n_tiles = gl.maximum(hi - lo + TKEYS - 1, 0) // TKEYS
     if HEAD_MAJOR:   # a page's keys of one head are the descriptor's rows
         col = 0
     else:            # a key's row of this head (int4: 64 bytes) within the token's
         col = kv_head * k_desc.block_type.shape[1]
     bt_row = block_table + seq.to(gl.int64) * stride_btb
     box = gl.arange(0, BOXES, gl.BlockedLayout([1], [32], [1], [0]))
-    last_box = gl.maximum(seqlen - 1, 0) // BOX * BOX
-    pages = _box_pages(bt_row, lo, box, last_box, BOX, PAGE_SIZE)
+    last_box = gl.maximum(seqlen - 1, 0) // BOX_KEYS * BOX_KEYS
+    pages = _box_pages(bt_row, lo, box, last_box, BOX_KEYS, PAGE_SIZE)
     for j in range(n_tiles):
         s = j % STAGES
         phase = ((j // STAGES) & 1) ^ 1      # a fresh empty barrier passes the first round
-        start = lo + j * TILE
+        start = lo + j * TKEYS
         cur = pages
-        pages = _box_pages(bt_row, start + TILE, box, last_box, BOX, PAGE_SIZE)
+        pages = _box_pages(bt_row, start + TKEYS, box, last_box, BOX_KEYS, PAGE_SIZE)
         copy = True
         if PROBE == PROBE_MATH:
             copy = j < STAGES
@@ -246,14 +257,14 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, ca
                 _load_tile(k_desc, k_smem.index(s), k_ready.index(s), k_empty.index(s), phase,
                            cur, box, start, col, last_box, PAGE_SIZE, True, ks_desc,
                            ks_smem.index(s), vs_desc, vs_smem.index(s), kv_head, PART, PARTS,
-                           HEAD_MAJOR)
+                           HEAD_MAJOR, HEADS)
             else:
                 _load_tile(k_desc, k_smem.index(s), k_ready.index(s), k_empty.index(s), phase,
                            cur, box, start, col, last_box, PAGE_SIZE, kv_head=kv_head,
-                           PART=PART, PARTS=PARTS, HEAD_MAJOR=HEAD_MAJOR)
+                           PART=PART, PARTS=PARTS, HEAD_MAJOR=HEAD_MAJOR, HEADS=HEADS)
             _load_tile(v_desc, v_smem.index(s), v_ready.index(s), v_empty.index(s), phase, cur,
                        box, start, col, last_box, PAGE_SIZE, kv_head=kv_head, PART=PART,
-                       PARTS=PARTS, HEAD_MAJOR=HEAD_MAJOR)
+                       PARTS=PARTS, HEAD_MAJOR=HEAD_MAJOR, HEADS=HEADS)
         else:
             _pass_slot(k_ready.index(s), k_empty.index(s), phase)
             _pass_slot(v_ready.index(s), v_empty.index(s), phase)

@@ -73,19 +73,52 @@ def _out_ptrs_t(Out, seq, split, kv_head, q_len, stride_ob, stride_ot, stride_oh
 
 
 @gluon.jit
+def _tile_keys_t(start, LAYOUT: gl.constexpr, WKEYS: gl.constexpr, HEADS: gl.constexpr,
+                 PAGE_SIZE: gl.constexpr):
+    """The keys of a tile's rows ``[WARPS, WKEYS]`` in ``LAYOUT`` (warp w's rows ``WKEYS w ..``)
+    for the tile at key ``start``: row r is key ``start + r``, or, a CTA taking ``HEADS`` KV
+    heads (rows page by page, head by head: whole pages of each), ``start + (r // (HEADS *
+    PAGE_SIZE)) PAGE_SIZE + r % PAGE_SIZE``."""
+    w = gl.arange(0, WARPS, gl.SliceLayout(1, LAYOUT))
+    n = gl.arange(0, WKEYS, gl.SliceLayout(0, LAYOUT))
+    r = gl.expand_dims(w * WKEYS, 1) + gl.expand_dims(n, 0)
+    if HEADS == 1:
+        return start + r
+    else:
+        return start + r // (HEADS * PAGE_SIZE) * PAGE_SIZE + r % PAGE_SIZE
+
+
+@gluon.jit
+def _own_head_t(GROUP: gl.constexpr, HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr,
+                WKEYS: gl.constexpr):
+    """Which scores ``[WARPS, WKEYS, NR]`` pair a key with a q row of its own KV head, a CTA
+    taking ``HEADS`` KV heads (``GROUP`` q heads in all: row r's KV head ``(r % GROUP) //
+    (GROUP / HEADS)``, a tile row's ``(row // PAGE_SIZE) % HEADS``); the rest are masked to
+    -inf. Padding rows (past ``GROUP * q_len``) fall in some head: finite scores, never stored."""
+    w = gl.arange(0, WARPS, gl.SliceLayout(1, KEY_COL))
+    n = gl.arange(0, WKEYS, gl.SliceLayout(0, KEY_COL))
+    row_head = (gl.expand_dims(w * WKEYS, 1) + gl.expand_dims(n, 0)) // PAGE_SIZE % HEADS
+    c = gl.arange(0, NR, gl.SliceLayout(0, ROW_T))
+    col_head = (c % GROUP) // (GROUP // HEADS)
+    return gl.expand_dims(row_head, 2) == gl.expand_dims(gl.expand_dims(col_head, 0), 1)
+
+
+@gluon.jit
 def _softmax_step_t(sc, m_i, l_i, start, hi, last_key, qk_scale, MASKED: gl.constexpr,
-                    ROW_SCALE: gl.constexpr):
-    """``_softmax_step`` on swapped scores ``sc [WARPS, WKEYS, NR]`` (keys along axis 1)."""
+                    ROW_SCALE: gl.constexpr, own=0, HEADS: gl.constexpr = 1,
+                    PAGE_SIZE: gl.constexpr = 16):
+    """``_softmax_step`` on swapped scores ``sc [WARPS, WKEYS, NR]`` (keys along axis 1).
+    HEADS > 1: ``own`` (``_own_head_t``) masks the scores of other heads' keys."""
     WKEYS: gl.constexpr = sc.shape[1]
     if ROW_SCALE:
         scale = gl.expand_dims(qk_scale, 1)
     else:
         scale = qk_scale
     if MASKED:
-        w = gl.arange(0, WARPS, gl.SliceLayout(1, KEY_COL))
-        n = gl.arange(0, WKEYS, gl.SliceLayout(0, KEY_COL))
-        keys = gl.expand_dims(start + gl.expand_dims(w * WKEYS, 1) + gl.expand_dims(n, 0), 2)
+        keys = gl.expand_dims(_tile_keys_t(start, KEY_COL, WKEYS, HEADS, PAGE_SIZE), 2)
         visible = (keys < hi) & (keys <= gl.expand_dims(gl.expand_dims(last_key, 0), 1))
+        if HEADS > 1:
+            visible = visible & own
         sc = gl.where(visible, sc * scale, float("-inf"))
         m_new = gl.maximum(m_i, gl.reduce(sc, 1, _max))
         m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
@@ -93,6 +126,12 @@ def _softmax_step_t(sc, m_i, l_i, start, hi, last_key, qk_scale, MASKED: gl.cons
     else:
         m_new = gl.maximum(m_i, gl.reduce(sc, 1, _max) * qk_scale)   # qk_scale > 0
         m_sub = m_new
+        if HEADS > 1:
+            # a warp's 32 rows may hold only some of the group's heads (four heads of 16-key
+            # pages, two of 64): its other rows' m stays -inf, read as 0 (no -inf - -inf)
+            sc = gl.where(own, sc, float("-inf"))
+            m_new = gl.maximum(m_i, gl.reduce(sc, 1, _max) * qk_scale)
+            m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
         p = gl.exp2(sc * scale - gl.expand_dims(m_sub, 1))
     alpha = gl.exp2(m_i - m_sub)
     l_i = l_i * alpha + gl.reduce(p, 1, _add)
@@ -103,11 +142,13 @@ def _softmax_step_t(sc, m_i, l_i, start, hi, last_key, qk_scale, MASKED: gl.cons
 def _tile_t(qt, s_init, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, ks_smem, vs_smem,
             k_ready, v_ready, k_empty, v_empty, j, start, hi, last_key, qk_scale,
             MASKED: gl.constexpr, THREAD_ARRIVE: gl.constexpr, KV_FORMAT: gl.constexpr,
-            ROW_SCALE: gl.constexpr, V_BIASED: gl.constexpr):
+            ROW_SCALE: gl.constexpr, V_BIASED: gl.constexpr, own=0, HEADS: gl.constexpr = 1,
+            PAGE_SIZE: gl.constexpr = 16):
     """``_tile`` with swapped operands (fp8, int8 with its scales by ring): ``qt [WARPS, 128,
     NR]`` (q^T), scores ``[WARPS, WKEYS, NR]``, accumulators ``acc_e, acc_o [WARPS, 64, NR]``
     (the even and the odd channels), the row state ``[WARPS, NR]``, int8's unit ``acc_scale``
-    ``[WARPS]``. The same arithmetic as ``_tile``'s, transposed."""
+    ``[WARPS]``. The same arithmetic as ``_tile``'s, transposed. HEADS, ``own``: a CTA's KV head
+    group (``_own_head_t``)."""
     STAGES: gl.constexpr = k_smem.shape[0]
     TILE: gl.constexpr = k_smem.shape[1]
     WKEYS: gl.constexpr = TILE // WARPS
@@ -122,16 +163,13 @@ def _tile_t(qt, s_init, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, ks_sm
     _release(k_empty.index(s), THREAD_ARRIVE)
     if KV_FORMAT == INT8:
         if MASKED:   # scales past the end: whatever the slots hold (NaN)
-            w = gl.arange(0, WARPS, gl.SliceLayout(1, KEY_COL))
-            n = gl.arange(0, WKEYS, gl.SliceLayout(0, KEY_COL))
-            vs = gl.where(start + gl.expand_dims(w * WKEYS, 1) + gl.expand_dims(n, 0) < hi,
-                          vs, 0.0)
+            vs = gl.where(_tile_keys_t(start, KEY_COL, WKEYS, HEADS, PAGE_SIZE) < hi, vs, 0.0)
         sc = mma_v2(_int8_to_biased_f16(kb), qt, s_init) * gl.expand_dims(ks, 2)
     else:
         kf = kb.to(gl.float8e4nv, bitcast=True).to(gl.float16)
         sc = mma_v2(kf, qt, gl.zeros([WARPS, WKEYS, NR], gl.float32, MMA))
     p, m_new, l_i, alpha = _softmax_step_t(sc, m_i, l_i, start, hi, last_key, qk_scale, MASKED,
-                                           ROW_SCALE)
+                                           ROW_SCALE, own, HEADS, PAGE_SIZE)
     a3 = gl.expand_dims(alpha, 1)                                # [WARPS, 1, NR]
     if KV_FORMAT == INT8:
         v_max = gl.max(vs, 1)                                   # [WARPS]: 0 past the end
@@ -148,10 +186,8 @@ def _tile_t(qt, s_init, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, ks_sm
     _release(v_empty.index(s), THREAD_ARRIVE)
     BIASED: gl.constexpr = V_BIASED and KV_FORMAT == INT8
     if MASKED and not BIASED:   # V rows past the end may hold NaN bytes (0 * NaN)
-        wv = gl.arange(0, WARPS, gl.SliceLayout(1, gl.SliceLayout(1, VA_OP)))
-        kv = gl.arange(0, WKEYS, gl.SliceLayout(0, gl.SliceLayout(1, VA_OP)))
-        vkeys = start + gl.expand_dims(gl.expand_dims(wv * WKEYS, 1), 1) \
-            + gl.expand_dims(gl.expand_dims(kv, 0), 1)
+        vkeys = gl.expand_dims(
+            _tile_keys_t(start, gl.SliceLayout(1, VA_OP), WKEYS, HEADS, PAGE_SIZE), 1)
         units = gl.where(vkeys < hi, units, 0)
     if KV_FORMAT == INT8:
         if BIASED:   # each row's 1152 sum p (p as the dots take it) off the dots' start
@@ -173,11 +209,14 @@ def _consume_t(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v
                stride_qb, stride_qt, stride_qh, stride_ksh, stride_vsh, stride_ob, stride_ot,
                stride_oh, stride_os, stride_lb, stride_lt, stride_lh, stride_ls,
                GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr, THREAD_ARRIVE: gl.constexpr,
-               KV_FORMAT: gl.constexpr, STORE_LSE: gl.constexpr, V_BIASED: gl.constexpr):
+               KV_FORMAT: gl.constexpr, STORE_LSE: gl.constexpr, V_BIASED: gl.constexpr,
+               PROBE: gl.constexpr = 0, HEADS: gl.constexpr = 1, PAGE_SIZE: gl.constexpr = 16):
     """``_consume`` with swapped operands (``_tile_t``): q^T loaded once into the operand
     layout, the tiles, the four warps' states merged through Triton's reduce scratch, the
-    output's even and odd channels stored from ``[64, NR]``."""
+    output's even and odd channels stored from ``[64, NR]``. HEADS > 1: ``kv_head`` is the
+    CTA's group of KV heads and ``GROUP`` its q heads (fp8's per-head scales a q row's)."""
     TILE: gl.constexpr = k_smem.shape[1]
+    TKEYS: gl.constexpr = TILE // HEADS
     WKEYS: gl.constexpr = TILE // WARPS
     gl.static_assert(GROUP <= NR, "swapped operands: at most 8 q heads a KV head")
     qt = _load_q_t(Q, seq, kv_head, q_len, stride_qb, stride_qt, stride_qh, GROUP, HEAD_DIM, 0)
@@ -187,15 +226,25 @@ def _consume_t(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v
         up, down = _f16_row_factors(gl.max(gl.abs(qf), 1))       # [WARPS, NR]
         qt = (qf * gl.expand_dims(up, 1)).to(gl.float16)
 
-    diag, n_full, n_tiles = _tile_counts(seqlen, lo, hi, q_len, IS_CAUSAL, TILE)
+    diag, n_full, n_tiles = _tile_counts(seqlen, lo, hi, q_len, IS_CAUSAL, TKEYS)
     rs = gl.arange(0, NR, gl.SliceLayout(0, ROW_T))
     last_key = rs // GROUP + diag
+    row_kv_head = kv_head * HEADS + (rs % GROUP) // (GROUP // HEADS)   # [NR]
+    COL_SCALE: gl.constexpr = ROW_SCALE or (HEADS > 1 and KV_FORMAT != INT8)
     if KV_FORMAT == INT8:
         qk_scale = sm_scale * LOG2E
+    elif HEADS > 1:   # fp8's K scale, the row's head's
+        k_scales = gl.load(KS + row_kv_head * stride_ksh)
+        qk_scale = gl.zeros([WARPS, NR], gl.float32, ROW_T) \
+            + gl.expand_dims(k_scales * (sm_scale * LOG2E), 0)
     else:
         qk_scale = sm_scale * LOG2E * gl.load(KS + kv_head * stride_ksh)
     if ROW_SCALE:
         qk_scale = qk_scale * gl.convert_layout(down, ROW_T)
+    if HEADS > 1:
+        own = _own_head_t(GROUP, HEADS, PAGE_SIZE, WKEYS)
+    else:
+        own = 0
 
     m_i = gl.full([WARPS, NR], float("-inf"), gl.float32, ROW_T)
     l_i = gl.zeros([WARPS, NR], gl.float32, ROW_T)
@@ -206,16 +255,20 @@ def _consume_t(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v
     if KV_FORMAT == INT8:   # K converts to 1152 + x: the dot starts from -1152 sum(q) a row
         q_sum = gl.convert_layout(gl.sum(qt.to(gl.float32), 1), ROW_T)
         s_init = s_init + gl.expand_dims(q_sum * (-INT8_BIAS), 1)
+    if probe_drains(PROBE):
+        _drain(k_ready, v_ready, k_empty, v_empty, n_tiles, THREAD_ARRIVE)
+        n_full = 0
+        n_tiles = 0
     for j in range(0, n_full):
         acc_e, acc_o, m_i, l_i, acc_scale = _tile_t(
             qt, s_init, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, ks_smem, vs_smem,
-            k_ready, v_ready, k_empty, v_empty, j, lo + j * TILE, hi, last_key, qk_scale, False,
-            THREAD_ARRIVE, KV_FORMAT, ROW_SCALE, V_BIASED)
+            k_ready, v_ready, k_empty, v_empty, j, lo + j * TKEYS, hi, last_key, qk_scale,
+            False, THREAD_ARRIVE, KV_FORMAT, COL_SCALE, V_BIASED, own, HEADS, PAGE_SIZE)
     for j in range(n_full, n_tiles):
         acc_e, acc_o, m_i, l_i, acc_scale = _tile_t(
             qt, s_init, acc_e, acc_o, m_i, l_i, acc_scale, k_smem, v_smem, ks_smem, vs_smem,
-            k_ready, v_ready, k_empty, v_empty, j, lo + j * TILE, hi, last_key, qk_scale, True,
-            THREAD_ARRIVE, KV_FORMAT, ROW_SCALE, V_BIASED)
+            k_ready, v_ready, k_empty, v_empty, j, lo + j * TKEYS, hi, last_key, qk_scale,
+            True, THREAD_ARRIVE, KV_FORMAT, COL_SCALE, V_BIASED, own, HEADS, PAGE_SIZE)
 
     m, w, l, seen, lse = _warp_weights(m_i, l_i)                   # w [WARPS, NR]
     w3 = gl.expand_dims(w, 1)                                      # [WARPS, 1, NR]
@@ -225,6 +278,9 @@ def _consume_t(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v
     o_o = gl.reduce(acc_o * w3, 0, _add)
     if KV_FORMAT == INT8:
         inv = gl.where(seen, 1.0 / gl.where(seen, l, 1.0), 0.0)
+    elif HEADS > 1:   # fp8's V scale, the row's head's
+        inv = gl.where(seen, gl.load(VS + row_kv_head * stride_vsh) / gl.where(seen, l, 1.0),
+                       0.0)
     else:
         inv = gl.where(seen, gl.load(VS + kv_head * stride_vsh) / gl.where(seen, l, 1.0), 0.0)
     o_ptrs, o_ok = _out_ptrs_t(Out, seq, split, kv_head, q_len, stride_ob, stride_ot,
@@ -266,13 +322,14 @@ def _tile_int4_t(q_lo, q_hi, s_init, q_sum, acc_el, acc_ol, acc_eh, acc_oh, b_i,
                  acc_scale, k_smem, v_smem, ks_smem, vs_smem, k_ready, v_ready, k_empty,
                  v_empty, j, start, hi, last_key, qk_scale, MASKED: gl.constexpr,
                  THREAD_ARRIVE: gl.constexpr, ROW_SCALE: gl.constexpr,
-                 V_BIASED: gl.constexpr = False):
+                 V_BIASED: gl.constexpr = False, own=0, HEADS: gl.constexpr = 1,
+                 PAGE_SIZE: gl.constexpr = 16):
     """``_tile_int4`` with swapped operands: ``q_lo, q_hi [WARPS, 64, NR]`` (q^T's two
     halves), scores ``[WARPS, WKEYS, NR]``, the four nibble planes' accumulators ``[WARPS, 32,
     NR]``, ``b_i`` and the row state ``[WARPS, NR]``, the unit ``acc_scale [WARPS]``.
     V_BIASED: V's nibbles as ``INT4_V_BIAS``'s biased fp16 (one lop3 a register), each plane's
     dot starting from minus its bias times the rows' probability sums; the high planes' sums
-    come out 16 times their value."""
+    come out 16 times their value. HEADS, ``own``: a CTA's KV head group (``_own_head_t``)."""
     STAGES: gl.constexpr = k_smem.shape[0]
     TILE: gl.constexpr = k_smem.shape[1]
     ROW: gl.constexpr = k_smem.shape[2]
@@ -293,16 +350,14 @@ def _tile_int4_t(q_lo, q_hi, s_init, q_sum, acc_el, acc_ol, acc_eh, acc_oh, b_i,
     kb = k_smem.index(s).reshape([WARPS, WKEYS, ROW]).load(KA_OP)
     _release(k_empty.index(s), THREAD_ARRIVE)
     if MASKED:   # pairs past the end: whatever the slots hold (NaN): out of v_max and b
-        w = gl.arange(0, WARPS, gl.SliceLayout(1, KEY_COL))
-        n = gl.arange(0, WKEYS, gl.SliceLayout(0, KEY_COL))
-        inside = start + gl.expand_dims(w * WKEYS, 1) + gl.expand_dims(n, 0) < hi
+        inside = _tile_keys_t(start, KEY_COL, WKEYS, HEADS, PAGE_SIZE) < hi
         vs = gl.where(inside, vs, 0.0)
         vo = gl.where(inside, vo, 0.0)
     sc = mma_v2(_int4_k_to_f16(kb, True), q_hi, gl.zeros([WARPS, WKEYS, NR], gl.float32, MMA))
     sc = mma_v2(_int4_k_to_f16(kb, False), q_lo, sc * 0.0625 + gl.expand_dims(s_init, 1))
     sc = sc * gl.expand_dims(ks, 2) + gl.expand_dims(ko, 2) * gl.expand_dims(q_sum, 1)
     p, m_new, l_i, alpha = _softmax_step_t(sc, m_i, l_i, start, hi, last_key, qk_scale, MASKED,
-                                           ROW_SCALE)
+                                           ROW_SCALE, own, HEADS, PAGE_SIZE)
     v_max = gl.max(vs, 1)                                       # [WARPS]: 0 past the end
     v_max = gl.where(v_max > 0.0, v_max, 1.0)
     v_inv = gl.expand_dims(1.0 / v_max, 1)
@@ -343,10 +398,12 @@ def _consume_int4_t(Q, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_em
                     stride_lb, stride_lt, stride_lh, stride_ls, GROUP: gl.constexpr,
                     IS_CAUSAL: gl.constexpr, THREAD_ARRIVE: gl.constexpr,
                     STORE_LSE: gl.constexpr, PROBE: gl.constexpr = 0,
-                    V_BIASED: gl.constexpr = False):
+                    V_BIASED: gl.constexpr = False, HEADS: gl.constexpr = 1,
+                    PAGE_SIZE: gl.constexpr = 16):
     """``_consume_int4_tiles`` with swapped operands (``_tile_int4_t``, V_BIASED its), q^T
-    loaded here."""
+    loaded here. HEADS > 1: ``kv_head`` the CTA's group of KV heads (``_consume_t``'s)."""
     TILE: gl.constexpr = k_smem.shape[1]
+    TKEYS: gl.constexpr = TILE // HEADS
     PLANE: gl.constexpr = HEAD_DIM // 4
     HALF: gl.constexpr = HEAD_DIM // 2
     gl.static_assert(GROUP <= NR, "swapped operands: at most 8 q heads a KV head")
@@ -361,9 +418,13 @@ def _consume_int4_t(Q, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_em
         q_lo = (lo_f * gl.expand_dims(up, 1)).to(gl.float16)
         q_hi = (hi_f * gl.expand_dims(up, 1)).to(gl.float16)
 
-    diag, n_full, n_tiles = _tile_counts(seqlen, lo, hi, q_len, IS_CAUSAL, TILE)
+    diag, n_full, n_tiles = _tile_counts(seqlen, lo, hi, q_len, IS_CAUSAL, TKEYS)
     rs = gl.arange(0, NR, gl.SliceLayout(0, ROW_T))
     last_key = rs // GROUP + diag
+    if HEADS > 1:
+        own = _own_head_t(GROUP, HEADS, PAGE_SIZE, TILE // WARPS)
+    else:
+        own = 0
     qk_scale = sm_scale * LOG2E
     if ROW_SCALE:
         qk_scale = qk_scale * gl.convert_layout(down, ROW_T)
@@ -388,12 +449,14 @@ def _consume_int4_t(Q, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_em
         acc_el, acc_ol, acc_eh, acc_oh, b_i, m_i, l_i, acc_scale = _tile_int4_t(
             q_lo, q_hi, s_init, q_sum, acc_el, acc_ol, acc_eh, acc_oh, b_i, m_i, l_i,
             acc_scale, k_smem, v_smem, ks_smem, vs_smem, k_ready, v_ready, k_empty, v_empty, j,
-            lo + j * TILE, hi, last_key, qk_scale, False, THREAD_ARRIVE, ROW_SCALE, V_BIASED)
+            lo + j * TKEYS, hi, last_key, qk_scale, False, THREAD_ARRIVE, ROW_SCALE, V_BIASED,
+            own, HEADS, PAGE_SIZE)
     for j in range(n_full, n_tiles):
         acc_el, acc_ol, acc_eh, acc_oh, b_i, m_i, l_i, acc_scale = _tile_int4_t(
             q_lo, q_hi, s_init, q_sum, acc_el, acc_ol, acc_eh, acc_oh, b_i, m_i, l_i,
             acc_scale, k_smem, v_smem, ks_smem, vs_smem, k_ready, v_ready, k_empty, v_empty, j,
-            lo + j * TILE, hi, last_key, qk_scale, True, THREAD_ARRIVE, ROW_SCALE, V_BIASED)
+            lo + j * TKEYS, hi, last_key, qk_scale, True, THREAD_ARRIVE, ROW_SCALE, V_BIASED,
+            own, HEADS, PAGE_SIZE)
 
     m, w, l, seen, lse = _warp_weights(m_i, l_i)                   # w [WARPS, NR]
     w_unit = w * gl.expand_dims(gl.convert_layout(acc_scale, gl.SliceLayout(1, ROW_T)), 1)
@@ -434,26 +497,29 @@ def _consume_swapped(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_em
                      THREAD_ARRIVE: gl.constexpr, RING_MERGE: gl.constexpr,
                      KV_FORMAT: gl.constexpr, PAGE_SIZE: gl.constexpr, STORE_LSE: gl.constexpr,
                      SCALE_RING: gl.constexpr, V_BIASED: gl.constexpr,
-                     PROBE: gl.constexpr = 0):
+                     PROBE: gl.constexpr = 0, HEADS: gl.constexpr = 1):
     """The consumer partition with swapped operands: ``_consume``'s arguments, ``_consume_t``'s
-    work (fp8, and int8 with its scales by ring; the merge through Triton's reduce scratch)."""
+    work (fp8, and int8 with its scales by ring; the merge through Triton's reduce scratch).
+    HEADS > 1: the CTA takes KV heads ``HEADS * program_id(1) ..`` (``GROUP``: their q heads),
+    a tile ``TILE / HEADS`` keys of each."""
     gl.static_assert(KV_FORMAT == FP8 or SCALE_RING,
                      "swapped operands: fp8, or int8 / int4 with their scales by ring")
+    gl.static_assert(GROUP % HEADS == 0, "GROUP: the KV head group's q heads")
     TILE: gl.constexpr = k_smem.shape[1]
     split = gl.program_id(0)
     kv_head = gl.program_id(1)
     seq = gl.program_id(2)
-    seqlen, lo, hi = _split_range(cache_seqlens, seq, split, num_splits, TILE)
+    seqlen, lo, hi = _split_range(cache_seqlens, seq, split, num_splits, TILE // HEADS)
     if KV_FORMAT == INT4:
         _consume_int4_t(Q, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                         ks_smem, vs_smem, seq, split, kv_head, seqlen, lo, hi, sm_scale, q_len,
                         stride_qb, stride_qt, stride_qh, stride_ob, stride_ot, stride_oh,
                         stride_os, stride_lb, stride_lt, stride_lh, stride_ls, GROUP, IS_CAUSAL,
-                        THREAD_ARRIVE, STORE_LSE, PROBE, V_BIASED)
+                        THREAD_ARRIVE, STORE_LSE, PROBE, V_BIASED, HEADS, PAGE_SIZE)
     else:
-        gl.static_assert(PROBE == 0, "the roofline probe: int4's swapped consumers")
         _consume_t(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                    ks_smem, vs_smem, seq, split, kv_head, seqlen, lo, hi, sm_scale, q_len,
                    stride_qb, stride_qt, stride_qh, stride_ksh, stride_vsh, stride_ob,
                    stride_ot, stride_oh, stride_os, stride_lb, stride_lt, stride_lh, stride_ls,
-                   GROUP, IS_CAUSAL, THREAD_ARRIVE, KV_FORMAT, STORE_LSE, V_BIASED)
+                   GROUP, IS_CAUSAL, THREAD_ARRIVE, KV_FORMAT, STORE_LSE, V_BIASED, PROBE,
+                   HEADS, PAGE_SIZE)

@@ -139,6 +139,12 @@ def _gluon_fits(q, k_cache, v_cache, kv_format: int, outlier_values=None, k_scal
     return paged_fits(q, k_cache, v_cache, kv_format, outlier_values, k_scale, v_scale)
 
 
+def _gluon_head_group(q, k_cache, kv_format: int, k_scale=None, v_scale=None) -> int:
+    """KV heads a CTA of the Gluon decode takes (``kernels.gluon_decode.kv_head_group``)."""
+    from ..kernels.gluon_decode import kv_head_group
+    return kv_head_group(q, k_cache, kv_format, k_scale, v_scale)
+
+
 def _gluon_writes_partials(num_splits: int) -> bool:
     """Whether a Gluon decode launch of ``num_splits`` splits needs the split scratch."""
     from ..kernels.gluon_decode import writes_partials
@@ -159,7 +165,7 @@ def _decode_launch(q, k_cache, v_cache, block_table, *, softmax_scale: float, ca
         return PagedGluonDecodeLaunch(q, k_cache, v_cache, block_table,
                                       softmax_scale=softmax_scale, causal=causal,
                                       num_splits=num_splits, store_lse=store_lse,
-                                      kv_format=kv_format)
+                                      kv_format=kv_format, k_scale=k_scale, v_scale=v_scale)
     return PagedDecodeLaunch(q, k_cache, v_cache, block_table, softmax_scale=softmax_scale,
                              causal=causal, num_splits=num_splits, config=config,
                              store_lse=store_lse, kv_format=kv_format, k_scale=k_scale,
@@ -266,9 +272,11 @@ class PagedDecodePlan:
         # int4 head pairs (config.head_pairs): a program serves two KV heads
         grid_heads = k_cache.shape[2] // (2 if head_pairs_eligible(
             self.config, self._kv_code, q.dtype, head_dim, k_cache.shape[2]) else 1)
-        if num_splits == 0 and self.uses_gluon:
-            num_splits = gluon_num_splits(batch * k_cache.shape[2], max_keys, num_sms,
-                                          two_ctas_an_sm=self.kv_format in ("int8", "int4"))
+        if num_splits == 0 and self.uses_gluon:   # CTAs a split: one a KV head group's
+            heads = _gluon_head_group(q, k_cache, self._kv_code, k_scale, v_scale)
+            num_splits = gluon_num_splits(batch * k_cache.shape[2] // heads, max_keys, num_sms,
+                                          two_ctas_an_sm=self.kv_format in ("int8", "int4"),
+                                          tile_keys=128 // heads)
         elif num_splits == 0:
             num_splits = choose_num_splits(batch, grid_heads, max_keys, num_sms, self.config)
             self.config = _launch_shape_config(self.config, batch * grid_heads, num_splits,

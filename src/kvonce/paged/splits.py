@@ -91,7 +91,7 @@ def gluon_int4_pays(base: int, rows: int, num_sms: int) -> bool:
 
 
 def gluon_num_splits(base: int, max_keys: int, num_sms: int,
-                     two_ctas_an_sm: bool = False) -> int:
+                     two_ctas_an_sm: bool = False, tile_keys: int = 128) -> int:
     """Split count of the Gluon decode (``base = batch * nheads_k`` CTAs a split), from
     shapes only. Measured on the H200 (2026-11-29, CUDA graphs, decode + combine,
     scripts/gluon_decode_check.py; docs/notes.md): where one split fills most of a wave of two
@@ -104,7 +104,10 @@ def gluon_num_splits(base: int, max_keys: int, num_sms: int,
     CTAs a split 100.5 at 2 splits against 112.7 at one (96 CTAs leave 36 SMs idle); 48 a split
     106.2 at 3, 104.2 at 5, 113.7 at 2 (fp8). ``two_ctas_an_sm`` (int8 caches): short launches
     take the most splits within one wave of two CTAs an SM instead (int4 too). No split shorter than
-    ``FALLBACK_MIN_KEYS`` keys, none empty at 128-key tiles (``busy_splits``)."""
+    ``FALLBACK_MIN_KEYS`` keys, none empty at ``tile_keys``-key tiles (``busy_splits``; a CTA
+    taking a group of KV heads, ``gluon_decode.kv_head_group``, cuts its keys in ``128 /
+    heads``-key tiles). Short launches at one CTA an SM take at least ``num_sms // base`` splits
+    (a CTA every SM where the base divides it: 4 head groups x 33 splits)."""
     base = max(1, base)
     cap = max(1, min(MAX_SPLITS, max_keys // FALLBACK_MIN_KEYS))
     wave = GLUON_CTAS_PER_SM * num_sms
@@ -119,8 +122,8 @@ def gluon_num_splits(base: int, max_keys: int, num_sms: int,
     if two_ctas_an_sm:
         splits = min(cap, max(1, wave // base))
     else:
-        splits = min(cap, -(-int(GLUON_SM_FILL * num_sms) // base))
-    return busy_splits(max_keys, max(1, splits), 128)
+        splits = min(cap, max(-(-int(GLUON_SM_FILL * num_sms) // base), num_sms // base))
+    return busy_splits(max_keys, max(1, splits), tile_keys)
 
 
 def busy_splits(max_keys: int, num_splits: int, block_n: int) -> int:
