@@ -106,8 +106,8 @@ def gluon_num_splits(base: int, max_keys: int, num_sms: int,
     take the most splits within one wave of two CTAs an SM instead (int4 too). No split shorter than
     ``FALLBACK_MIN_KEYS`` keys, none empty at ``tile_keys``-key tiles (``busy_splits``; a CTA
     taking a group of KV heads, ``gluon_decode.kv_head_group``, cuts its keys in ``128 /
-    heads``-key tiles). Short launches at one CTA an SM take at least ``num_sms // base`` splits
-    (a CTA every SM where the base divides it: 4 head groups x 33 splits)."""
+    heads``-key tiles); short launches of such groups at one CTA an SM take at least ``num_sms //
+    base`` splits (a CTA every SM where the base divides it: 4 head groups x 33 splits)."""
     base = max(1, base)
     cap = max(1, min(MAX_SPLITS, max_keys // FALLBACK_MIN_KEYS))
     wave = GLUON_CTAS_PER_SM * num_sms
@@ -122,7 +122,10 @@ def gluon_num_splits(base: int, max_keys: int, num_sms: int,
     if two_ctas_an_sm:
         splits = min(cap, max(1, wave // base))
     else:
-        splits = min(cap, max(-(-int(GLUON_SM_FILL * num_sms) // base), num_sms // base))
+        splits = -(-int(GLUON_SM_FILL * num_sms) // base)
+        if tile_keys < 128:   # KV head groups (not measured at one head a CTA)
+            splits = max(splits, num_sms // base)
+        splits = min(cap, splits)
     return busy_splits(max_keys, max(1, splits), tile_keys)
 
 
