@@ -127,6 +127,9 @@
 #   headgroups  KV head groups (gluon_decode.GLUON_KV_HEAD_GROUPS: a CTA a group of KV heads, a
 #               TMA box a whole page of the group): their tests, then quant_decode_probe.py's
 #               kernel and memory-only times against one head a CTA (HG_GROUPS, HG_SHAPES)
+#   cpasync     fp8's loader warps by cp.async (gluon_decode.GLUON_CP_ASYNC_FORMATS): the tests,
+#               then quant_decode_probe.py's kernel / memory-only times against TMA, 1 and 4
+#               loader warps (CP_SHAPES)
 #   power       scripts/decode_power_series.py (fp16, fp8, int8, int4 graph replays back to back for
 #               3 s after 2 s idle; 2026-11-30: the H200 sits at its 700 W cap, SM clock
 #               1.4-1.85 GHz, int4 155.7 -> 164-166 us) with nvidia-smi's clock and power beside
@@ -588,6 +591,15 @@ if has headgroups; then
       --probes 0,1 --formats $1 --loaders $2 --kv-head-groups ${HG_GROUPS:-1,8} \
       --heads 32/8,12/12 --shapes ${HG_SHAPES:-64x8192,1x131072} 2>&1 | grep "^|")
   done
+fi
+if has cpasync; then
+  step cpasync
+  timeout ${CP_TEST_S:-200} python3 -m pytest -q -p no:cacheprovider tests/test_gluon_decode.py \
+    -k "cp_async" > "$OUT/cpasync_tests.log" 2>&1
+  tail -2 "$OUT/cpasync_tests.log"; grep -E "^(FAILED|ERROR)" "$OUT/cpasync_tests.log" | head
+  (cd scripts && PYTHONPATH=../src:. timeout 250 python3 quant_decode_probe.py --layout hnd \
+    --probes 0,1 --formats fp8_e4m3 --loaders 1,4 --cp-async 0,1 --heads 32/8,12/12 \
+    --shapes ${CP_SHAPES:-64x8192,1x131072} 2>&1 | grep "^|")
 fi
 if ls "$OUT"/bench_*.md >/dev/null 2>&1; then
   step targets

@@ -61,6 +61,9 @@ def main():
     p.add_argument("--kv-head-groups", default="1",
                    help="the most KV heads a CTA (gluon_decode.GLUON_KV_HEAD_GROUPS, every "
                         "format; head-major pages), comma-separated")
+    p.add_argument("--cp-async", default="0",
+                   help="fp8's loaders by cp.async (gluon_decode.GLUON_CP_ASYNC_FORMATS): 0, 1 "
+                        "or both, comma-separated")
     p.add_argument("--force-gluon", action="store_true",
                    help="int4 on the Gluon decode where the plan would run Triton")
     args = p.parse_args()
@@ -75,6 +78,7 @@ def main():
     probes = [int(x) for x in args.probes.split(",")]
     int4_stages = [int(x) for x in args.int4_stages.split(",")]
     head_groups = [int(x) for x in args.kv_head_groups.split(",")]
+    cp_modes = [int(x) for x in args.cp_async.split(",")]
     assert probes[0] == 0, "--probes: the kernel (0) first"
     names = {0: "kernel us", 1: "memory only", 2: "math only", 3: "no scales",
              4: "memory only, no scales"}
@@ -93,9 +97,11 @@ def main():
         fp16_tbs = bytes_read(case, None) / fp16_us / 1e6
         scale_dtypes = {"fp16": torch.float16, "fp32": torch.float32}
         scale_lists = {"int4": args.int4_pairs.split(","), "int8": args.int8_scales.split(",")}
-        for fmt, n_loaders, n_stages, pairs, most in itertools.product(
+        for fmt, n_loaders, n_stages, pairs, most, cp in itertools.product(
                 args.formats.split(","), loaders, int4_stages,
-                sorted(set(scale_lists["int4"] + scale_lists["int8"])), head_groups):
+                sorted(set(scale_lists["int4"] + scale_lists["int8"])), head_groups, cp_modes):
+            if cp and fmt != "fp8_e4m3":
+                continue
             if n_stages and fmt != "int4":
                 continue
             if pairs not in scale_lists.get(fmt, [pairs]) or (
@@ -114,6 +120,7 @@ def main():
                 gluon_decode.INT4_VARIANT["stages"] = n_stages or saved_stages
                 saved_groups = gluon_decode.GLUON_KV_HEAD_GROUPS
                 gluon_decode.GLUON_KV_HEAD_GROUPS = {1: most, 2: most, 3: most}
+                gluon_decode.GLUON_CP_ASYNC_FORMATS = (1,) if cp else ()
                 try:
                     plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table,
                                                   kv_format="int4" if fmt == "int4" else None,
@@ -126,6 +133,7 @@ def main():
                     code = {"fp8_e4m3": 1, "int8": 2, "int4": 3}[fmt]
                     group = gluon_decode.kv_head_group(q, kq, code, ks, vs)
                     route = (f"gluon, {plan.num_splits} splits, {group} heads a CTA"
+                             + (", cp.async" if cp else "")
                              if plan.uses_gluon else f"triton, {plan.num_splits} splits")
                     if probe and not plan.uses_gluon:
                         times.append(float("nan"))
@@ -139,6 +147,7 @@ def main():
                     gluon_decode.GLUON_LOADERS.update(saved)
                     gluon_decode.INT4_VARIANT["stages"] = saved_stages
                     gluon_decode.GLUON_KV_HEAD_GROUPS = saved_groups
+                    gluon_decode.GLUON_CP_ASYNC_FORMATS = ()
             triton_us = float("nan")
             if args.triton:   # the format's Triton row on the same caches
                 cfg = dataclasses.replace(plan.config, gluon=False)

@@ -537,6 +537,22 @@ def test_gluon_decode_kv_head_groups_in_a_cuda_graph(route, monkeypatch):
     assert not torch.equal(captured, eager)
 
 
+@hopper_only
+@pytest.mark.parametrize("loaders", [1, 4])
+@pytest.mark.parametrize("head_major", [True, False])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("case", range(len(GPU_CASES)))
+def test_gluon_decode_cp_async_loaders(case, causal, head_major, loaders, monkeypatch):
+    """fp8's loader warps copying by cp.async (``GLUON_CP_ASYNC_FORMATS``: 16 bytes a thread,
+    every loader thread's arrival on the ready barrier) instead of TMA boxes, one and four
+    loader warps, token- and head-major pages, against the reference and the Triton kernel."""
+    _take_route("fp8_e4m3 cp.async", monkeypatch)
+    monkeypatch.setattr(gluon_decode, "GLUON_LOADERS", {1: loaders, 2: 4, 3: 4})
+    plan = _check_against_reference_and_triton(case, causal, "fp8_e4m3", "fp16",
+                                               head_major=head_major)
+    assert all(la.constexprs["CP_ASYNC"] for la in plan._launches.values())
+
+
 def _gluon_plan(route, nheads, nheads_k, lens):
     """A plan on the Gluon route over a fresh ``_case`` (page 16, 8192 keys a sequence) with the
     route's scales."""
@@ -575,6 +591,8 @@ def _take_route(route, monkeypatch) -> str:
     if "1 loader" in route:
         loaders = {code: 1 for code in loaders}
     monkeypatch.setattr(gluon_decode, "GLUON_LOADERS", loaders)
+    monkeypatch.setattr(gluon_decode, "GLUON_CP_ASYNC_FORMATS",
+                        (1,) if "cp.async" in route else ())
     return fmt
 
 

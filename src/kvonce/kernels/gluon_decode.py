@@ -142,7 +142,8 @@ from .tma_descriptors import DescriptorCache
 
 @gluon.jit
 def _gluon_decode_kernel(
-    Q, k_desc, v_desc, KS, VS, Out, Lse, cache_seqlens, block_table, sm_scale, q_len,
+    Q, k_desc, v_desc, KS, VS, k_raw, v_raw, Out, Lse, cache_seqlens, block_table, sm_scale,
+    q_len,
     num_splits, stride_qb, stride_qt, stride_qh, stride_ksh, stride_vsh, stride_ob, stride_ot,
     stride_oh, stride_os, stride_lb, stride_lt, stride_lh, stride_ls, stride_btb,
     stride_ksp, stride_kst, stride_vsp, stride_vst,
@@ -151,7 +152,7 @@ def _gluon_decode_kernel(
     TILE_KEYS: gl.constexpr = 0, KV_FORMAT: gl.constexpr = 1, STORE_LSE: gl.constexpr = True,
     SCALE_RING: gl.constexpr = False, V_BIASED: gl.constexpr = False,
     SWAP_AB: gl.constexpr = False, PROBE: gl.constexpr = 0, LOADERS: gl.constexpr = 1,
-    HEAD_MAJOR: gl.constexpr = False, HEADS: gl.constexpr = 1,
+    HEAD_MAJOR: gl.constexpr = False, HEADS: gl.constexpr = 1, CP_ASYNC: gl.constexpr = False,
 ):
     # HEAD_MAJOR: pages stored [num_pages, nheads_k, page_size, row] (the descriptors' rows a
     # (page, KV head)'s keys), else token-major [num_pages, page_size, nheads_k, row].
@@ -159,6 +160,9 @@ def _gluon_decode_kernel(
     # GQA group), head-major pages and swapped operands only: a TMA box a whole page of the
     # group's heads, so a tile is TILE / HEADS keys of each, its rows (page, head, slot).
     # LOADERS: loader warps (1 or 4), each copying its share of every tile's TMA boxes.
+    # CP_ASYNC: the loaders copy by cp.async (16 bytes a thread) from k_raw / v_raw (the caches'
+    # bytes) instead of TMA (fp8, one head a CTA; the ready barriers count every loader
+    # thread's arrival).
     # PROBE: the roofline probe (gluon_decode_common's PROBE_MEMORY / PROBE_MATH; 0 the kernel).
     # SWAP_AB: the consumers with swapped operands (gluon_decode_swapped: fp8, int8 / int4 with
     # their scales by ring, GROUP * q_len <= 8), else the row-major ones (gluon_decode_rows).
@@ -190,8 +194,9 @@ def _gluon_decode_kernel(
         ks_smem = k_smem
         vs_smem = v_smem
     for i in gl.static_range(STAGES):
-        mbarrier.init(k_ready.index(i), count=LOADERS)    # each loader warp's expect
-        mbarrier.init(v_ready.index(i), count=LOADERS)
+        # each loader warp's expect (TMA), or each loader thread's arrival (cp.async)
+        mbarrier.init(k_ready.index(i), count=LOADERS * (32 if CP_ASYNC else 1))
+        mbarrier.init(v_ready.index(i), count=LOADERS * (32 if CP_ASYNC else 1))
         mbarrier.init(k_empty.index(i), count=_release_count(THREAD_ARRIVE))
         mbarrier.init(v_empty.index(i), count=_release_count(THREAD_ARRIVE))
     # (the partitions' argument lists written out: a tuple variable would drop constexprs, and
@@ -209,16 +214,16 @@ def _gluon_decode_kernel(
                  V_BIASED and KV_FORMAT != FP8, PROBE, SWAP_AB, HEADS)),
             (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                  cache_seqlens, block_table, num_splits, stride_btb, KS, VS, ks_smem, vs_smem,
-                 PAGE_SIZE, SCALE_RING, PROBE, 0, 4, HEAD_MAJOR, HEADS)),
+                 PAGE_SIZE, SCALE_RING, PROBE, 0, 4, HEAD_MAJOR, HEADS, CP_ASYNC, k_raw, v_raw)),
             (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                  cache_seqlens, block_table, num_splits, stride_btb, KS, VS, ks_smem, vs_smem,
-                 PAGE_SIZE, SCALE_RING, PROBE, 1, 4, HEAD_MAJOR, HEADS)),
+                 PAGE_SIZE, SCALE_RING, PROBE, 1, 4, HEAD_MAJOR, HEADS, CP_ASYNC, k_raw, v_raw)),
             (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                  cache_seqlens, block_table, num_splits, stride_btb, KS, VS, ks_smem, vs_smem,
-                 PAGE_SIZE, SCALE_RING, PROBE, 2, 4, HEAD_MAJOR, HEADS)),
+                 PAGE_SIZE, SCALE_RING, PROBE, 2, 4, HEAD_MAJOR, HEADS, CP_ASYNC, k_raw, v_raw)),
             (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                  cache_seqlens, block_table, num_splits, stride_btb, KS, VS, ks_smem, vs_smem,
-                 PAGE_SIZE, SCALE_RING, PROBE, 3, 4, HEAD_MAJOR, HEADS)),
+                 PAGE_SIZE, SCALE_RING, PROBE, 3, 4, HEAD_MAJOR, HEADS, CP_ASYNC, k_raw, v_raw)),
         ], [LOADER_WARPS] * 4, [LOADER_REGS] * 4)
     else:
         gl.static_assert(LOADERS == 1, "one or four loader warps")
@@ -233,7 +238,7 @@ def _gluon_decode_kernel(
                  V_BIASED and KV_FORMAT != FP8, PROBE, SWAP_AB, HEADS)),
             (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                  cache_seqlens, block_table, num_splits, stride_btb, KS, VS, ks_smem, vs_smem,
-                 PAGE_SIZE, SCALE_RING, PROBE, 0, 1, HEAD_MAJOR, HEADS)),
+                 PAGE_SIZE, SCALE_RING, PROBE, 0, 1, HEAD_MAJOR, HEADS, CP_ASYNC, k_raw, v_raw)),
         ], [LOADER_WARPS], [LOADER_REGS])
 
 
@@ -416,7 +421,8 @@ class GluonDecodeLaunch:
         tile = tile_keys or (64 if kv16 else BLOCK_N.value)
         box = min(box_rows(page_size), tile)
         self.args = (
-            q, _desc(k_cache, box), _desc(v_cache, box), k_scale, v_scale, out_partial,
+            q, _desc(k_cache, box), _desc(v_cache, box), k_scale, v_scale, k_cache, v_cache,
+            out_partial,
             lse_partial, cache_seqlens, block_table, float(softmax_scale), q_len, num_splits,
             q.stride(0), q.stride(1), q.stride(2), ksh, vsh, *out_partial.stride()[:4],
             *lse_partial.stride(), block_table.stride(0), 0, 0, 0, 0)
@@ -576,6 +582,9 @@ GLUON_LOADERS = {1: 1, 2: 4, 3: 4}
 # 147.9 against 168.0 / 149.9 (-2%) but 48 x 8192 -7%, 24 x 8192 -7%, MHA 12/12 64 x 8192 -2%
 # (two heads) to -19% (four: 192 CTAs); off (empty).
 GLUON_KV_HEAD_GROUPS: dict = {}
+# The cache formats (QUANT_FORMATS codes) whose loader warps copy by cp.async (16 bytes a thread,
+# ``LDGSTS.E.BYPASS.128``) instead of TMA boxes: fp8 only (no scale ring), one head a CTA.
+GLUON_CP_ASYNC_FORMATS: tuple = ()
 # The roofline probe (a measurement: gluon_decode_common's PROBE_MEMORY 1 / PROBE_MATH 2, the
 # shipped fp8 / int8 row-major and int4 swapped consumers; scripts/quant_decode_probe.py sets
 # it before building its plans): 0, the kernel.
@@ -750,7 +759,9 @@ class PagedGluonDecodeLaunch:
                                or (kv_format == INT4.value and INT4_V_BIASED and self.swap),
                                PROBE=ROOFLINE_PROBE,
                                LOADERS=GLUON_LOADERS.get(kv_format, 1),
-                               HEAD_MAJOR=self.head_major, HEADS=self.heads)
+                               HEAD_MAJOR=self.head_major, HEADS=self.heads,
+                               CP_ASYNC=kv_format in GLUON_CP_ASYNC_FORMATS
+                               and kv_format == FP8.value and self.heads == 1)
         self.ring_constexprs = dict(self.constexprs, SCALE_RING=True, SWAP_AB=self.swap)
         self.constexprs["SWAP_AB"] = self.swap and kv_format == FP8.value
         self.key = ("gluon-decode", q.dtype, self.ints, self.tail_ints,
@@ -849,7 +860,8 @@ class PagedGluonDecodeLaunch:
         launch(_gluon_decode_kernel,
                (self.key, head_strides, key_strides, k_scale.dtype, aligned, ring), self.grid,
                (q, self._descs.get(self._desc, k_cache),
-                self._descs.get(self._desc, v_cache), ks_arg, vs_arg, dst_o, dst_l,
+                self._descs.get(self._desc, v_cache), ks_arg, vs_arg, k_cache, v_cache, dst_o,
+                dst_l,
                 cache_seqlens, block_table, self.scale, *self.ints, *head_strides,
                 *self.tail_ints, *key_strides),
                self.ring_constexprs if ring else self.constexprs, WARPS.value, 1,

@@ -35,6 +35,7 @@ def _check_signature(box: int, kv_dtype: str = "u8", q_dtype: str = "fp16",
         scales = f"tensordesc<fp32[1, {int(scale_pair * box)}],{scale_pair_layout()!r}>"
     sig = dict(Q=f"*{q}", k_desc=f"tensordesc<{kv_dtype}[{box}, {row}],{kv!r}>",
                v_desc=f"tensordesc<{kv_dtype}[{box}, {row}],{kv!r}>", KS=scales, VS=scales,
+               k_raw=f"*{kv_dtype}", v_raw=f"*{kv_dtype}",
                Out=f"*{out_dtype}", Lse="*fp32", cache_seqlens="*i32", block_table="*i32",
                sm_scale="fp32")
     sig.update({name: "i32" for name in (
@@ -51,14 +52,14 @@ def _check_spec(variant, group, page_size, stages=4, causal=False, thread_arrive
                 ring_merge=False, ctas_per_sm=1, kv_dtype="u8", tile_keys=0, kv_format=1,
                 q_dtype="fp16", direct_lse=None, scale_ring=False, v_biased=False,
                 swap_ab=False, probe=0, loaders=1, head_major=False, f16_pairs=False,
-                f16_scales=False, heads=1):
+                f16_scales=False, heads=1, cp_async=False):
     options = dict(num_warps=4)
     if ctas_per_sm == 2:
         options["maxnreg"] = TWO_CTA_MAXNREG
     tile = tile_keys or (128 if kv_dtype == "u8" else 64)
     constexprs = dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, STAGES=stages,
                       THREAD_ARRIVE=thread_arrive, RING_MERGE=ring_merge, LOADERS=loaders,
-                      PROBE=probe, HEAD_MAJOR=head_major, HEADS=heads)
+                      PROBE=probe, HEAD_MAJOR=head_major, HEADS=heads, CP_ASYNC=cp_async)
     if tile_keys:
         constexprs["TILE_KEYS"] = tile_keys
     if kv_format != 1 or direct_lse is not None:
@@ -288,6 +289,13 @@ GLUON_CHECK_SPECS = [
                 f16_pairs=True, v_biased=True, loaders=4, heads=2),
     _check_spec("probe-memory-heads2-fp8-swap-hnd-page16-gqa4-2stages-2cta", 4, 16, stages=2,
                 ctas_per_sm=2, swap_ab=True, head_major=True, heads=2, probe=1),
+    # cp.async loader warps (CP_ASYNC: 16 bytes a thread, no TMA), fp8.
+    _check_spec("cpasync-fp8-hnd-page16-gqa4-2stages-2cta", 4, 16, stages=2, ring_merge=True,
+                ctas_per_sm=2, head_major=True, cp_async=True),
+    _check_spec("cpasync-4loaders-fp8-page16-mha-2stages-2cta", 1, 16, stages=2,
+                ring_merge=True, ctas_per_sm=2, loaders=4, cp_async=True),
+    _check_spec("probe-memory-cpasync-fp8-hnd-page16-gqa4-2stages-2cta", 4, 16, stages=2,
+                ring_merge=True, ctas_per_sm=2, head_major=True, cp_async=True, probe=1),
 ]
 
 SM_SMEM = 233472           # H100: shared memory an SM (228 KB)

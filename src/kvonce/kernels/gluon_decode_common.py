@@ -174,6 +174,41 @@ def _load_tile(desc, smem, ready, empty, phase, pages, box, start, col, last_box
             tma.async_copy_global_to_shared(vs_desc, scale_at, ready, vs_smem.slice(i * RS, 1))
 
 
+@gluon.jit
+def _load_tile_cp(raw, smem, ready, empty, phase, pages, box, start, kv_head, last_box,
+                  PAGE_SIZE: gl.constexpr, BOX: gl.constexpr, PART: gl.constexpr,
+                  PARTS: gl.constexpr, HEAD_MAJOR: gl.constexpr):
+    """``_load_tile`` by cp.async: this loader warp's boxes of the tile at key ``start`` from
+    the cache's bytes ``raw`` (16 bytes a thread an instruction), then each thread's arrival on
+    ``ready`` once its copies land (``cp.async.mbarrier.arrive.noinc``: ``ready`` counts 32
+    arrivals a loader warp)."""
+    TILE: gl.constexpr = smem.shape[0]
+    ROW: gl.constexpr = smem.shape[1]
+    CP: gl.constexpr = gl.BlockedLayout([1, 16], [32 * 16 // ROW, ROW // 16], [1, 1], [1, 0])
+    nheads_k = gl.num_programs(1)
+    r = gl.arange(0, BOX, gl.SliceLayout(1, CP))
+    c = gl.arange(0, ROW, gl.SliceLayout(0, CP))
+    if HEAD_MAJOR:   # a box's rows back to back
+        offs = gl.expand_dims(r * ROW, 1) + gl.expand_dims(c, 0)
+    else:            # a key's rows of every head apart
+        offs = gl.expand_dims(r * (nheads_k * ROW), 1) + gl.expand_dims(c, 0)
+    mbarrier.wait(empty, phase)
+    for i in gl.static_range(PART, TILE // BOX, PARTS):
+        key = gl.minimum(start + i * BOX, last_box)
+        if BOX == TILE:
+            page = gl.reduce(pages, 0, _add)
+        else:
+            page = gl.reduce(gl.where(box == i, pages, 0), 0, _add)
+        if HEAD_MAJOR:
+            first = ((page.to(gl.int64) * nheads_k + kv_head) * PAGE_SIZE + key % PAGE_SIZE) * ROW
+        else:
+            first = ((page.to(gl.int64) * PAGE_SIZE + key % PAGE_SIZE) * nheads_k + kv_head) * ROW
+        # 16-byte runs from 16-byte aligned addresses (the host checks the caches' alignment)
+        ptrs = gl.max_contiguous(gl.multiple_of(raw + first + offs, [1, 16]), [1, 16])
+        async_copy.async_copy_global_to_shared(smem.slice(i * BOX, BOX), ptrs)
+    async_copy.mbarrier_arrive(ready, increment_count=False)
+
+
 # The roofline probe (``PROBE``, a measurement, never the plan's: ``gluon_decode.ROOFLINE_PROBE``,
 # scripts/quant_decode_probe.py): 1, memory only: the consumers wait for each tile's slots and
 # free them, reading nothing (the launch runs at the loader's and the memory's pace); 2, math
@@ -219,7 +254,7 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, ca
           block_table, num_splits, stride_btb, ks_desc, vs_desc, ks_smem, vs_smem,
           PAGE_SIZE: gl.constexpr, SCALE_RING: gl.constexpr, PROBE: gl.constexpr = 0,
           PART: gl.constexpr = 0, PARTS: gl.constexpr = 1, HEAD_MAJOR: gl.constexpr = False,
-          HEADS: gl.constexpr = 1):
+          HEADS: gl.constexpr = 1, CP_ASYNC: gl.constexpr = False, k_raw=None, v_raw=None):
     """A loader warp: the split's key tiles into the K and V rings (SCALE_RING: each tile's
     per-key scales with its K tile, ``_load_tile``'s SCALES); with ``PARTS`` loader warps, this
     one's share of every tile's boxes (``PART``). HEADS: the CTA's group of KV heads, a tile
@@ -252,7 +287,13 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, ca
         copy = True
         if PROBE == PROBE_MATH:
             copy = j < STAGES
-        if copy:
+        if copy and CP_ASYNC:
+            gl.static_assert(not SCALE_RING and HEADS == 1, "cp.async loads: fp8, one head")
+            _load_tile_cp(k_raw, k_smem.index(s), k_ready.index(s), k_empty.index(s), phase, cur,
+                          box, start, kv_head, last_box, PAGE_SIZE, BOX, PART, PARTS, HEAD_MAJOR)
+            _load_tile_cp(v_raw, v_smem.index(s), v_ready.index(s), v_empty.index(s), phase, cur,
+                          box, start, kv_head, last_box, PAGE_SIZE, BOX, PART, PARTS, HEAD_MAJOR)
+        elif copy:
             if SCALE_RING and PROBE != PROBE_NO_SCALES and PROBE != PROBE_MEMORY_NO_SCALES:
                 _load_tile(k_desc, k_smem.index(s), k_ready.index(s), k_empty.index(s), phase,
                            cur, box, start, col, last_box, PAGE_SIZE, True, ks_desc,
