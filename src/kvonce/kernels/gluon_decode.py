@@ -116,6 +116,11 @@ nothing. With int4's consumers cheaper (fp16 pairs, V biased: twenty-second sess
 took its kernel time 4-6% down, four another 1-2% (twenty-third session): int4 and int8 run four
 (``GLUON_LOADERS``), fp8 one; the two-loader form went then (four supersede it).
 
+Measured and off (twenty-fifth session, H200; docs/notes.md): a CTA taking a group of KV heads
+(``HEADS``, ``GLUON_KV_HEAD_GROUPS``: a TMA box a whole page of the group, the swapped
+consumers masking each score to its own head) and cp.async loader warps for fp8 (``CP_ASYNC``,
+``GLUON_CP_ASYNC_FORMATS``): the memory rate stayed where TMA's 2 KB boxes put it.
+
 Modules: gluon_decode_common (layouts, converters, the loader warp, the consumers' shared
 steps), gluon_decode_rows (the row-major consumers described above), gluon_decode_swapped (keys
 as the dots' M: ``SWAP_AB``, compiled, not yet on), this one (the kernel and the host side).
