@@ -117,6 +117,16 @@ def _box_pages(bt_row, start, box, last_box, BOX: gl.constexpr, PAGE_SIZE: gl.co
     return gl.load(bt_row + key // PAGE_SIZE)
 
 
+@gluon.jit
+def _box_page(pages, box, i: gl.constexpr, ONE_BOX: gl.constexpr):
+    """Box ``i``'s page id of a tile's (``pages`` over the boxes ``box``; ONE_BOX: a tile is one
+    box)."""
+    if ONE_BOX:
+        return gl.reduce(pages, 0, _add)
+    else:
+        return gl.reduce(gl.where(box == i, pages, 0), 0, _add)
+
+
 @gluon.constexpr_function
 def _part_boxes(boxes, part, parts):
     """How many of a tile's ``boxes`` loader warp ``part`` of ``parts`` copies."""
@@ -159,10 +169,7 @@ def _load_tile(desc, smem, ready, empty, phase, pages, box, start, col, last_box
         mbarrier.expect(ready, MINE * desc.block_type.nbytes)
     for i in gl.static_range(PART, TILE // BOX, PARTS):
         key = gl.minimum(start + i * BOX_KEYS, last_box)
-        if BOX == TILE:
-            page = gl.reduce(pages, 0, _add)
-        else:
-            page = gl.reduce(gl.where(box == i, pages, 0), 0, _add)
+        page = _box_page(pages, box, i, BOX == TILE)
         if HEAD_MAJOR:
             row = ((page * groups + kv_head) * HEADS) * PAGE_SIZE + key % PAGE_SIZE
         else:
@@ -195,10 +202,7 @@ def _load_tile_cp(raw, smem, ready, empty, phase, pages, box, start, kv_head, la
     mbarrier.wait(empty, phase)
     for i in gl.static_range(PART, TILE // BOX, PARTS):
         key = gl.minimum(start + i * BOX, last_box)
-        if BOX == TILE:
-            page = gl.reduce(pages, 0, _add)
-        else:
-            page = gl.reduce(gl.where(box == i, pages, 0), 0, _add)
+        page = _box_page(pages, box, i, BOX == TILE)
         if HEAD_MAJOR:
             first = ((page.to(gl.int64) * nheads_k + kv_head) * PAGE_SIZE + key % PAGE_SIZE) * ROW
         else:
