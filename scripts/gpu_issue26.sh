@@ -130,6 +130,8 @@
 #   cpasync     fp8's loader warps by cp.async (gluon_decode.GLUON_CP_ASYNC_FORMATS): the tests,
 #               then quant_decode_probe.py's kernel / memory-only times against TMA, 1 and 4
 #               loader warps (CP_SHAPES)
+#   defersums   int4's rows' sums a thread's part a tile (gluon_decode.INT4_DEFER_SUMS): the tests,
+#               then quant_decode_probe.py's kernel / memory-only times without and with it
 #   power       scripts/decode_power_series.py (fp16, fp8, int8, int4 graph replays back to back for
 #               3 s after 2 s idle; 2026-11-30: the H200 sits at its 700 W cap, SM clock
 #               1.4-1.85 GHz, int4 155.7 -> 164-166 us) with nvidia-smi's clock and power beside
@@ -600,6 +602,17 @@ if has cpasync; then
   (cd scripts && PYTHONPATH=../src:. timeout 250 python3 quant_decode_probe.py --layout hnd \
     --probes 0,1 --formats fp8_e4m3 --loaders 1,4 --cp-async 0,1 --heads 32/8,12/12 \
     --shapes ${CP_SHAPES:-64x8192,1x131072} 2>&1 | grep "^|")
+fi
+if has defersums; then
+  step defersums
+  timeout ${DS_TEST_S:-200} python3 -m pytest -q -p no:cacheprovider tests/test_gluon_decode.py \
+    -k "deferred" > "$OUT/defersums_tests.log" 2>&1
+  tail -2 "$OUT/defersums_tests.log"; grep -E "^(FAILED|ERROR)" "$OUT/defersums_tests.log" | head
+  for flag in "" --int4-defer-sums; do
+    (cd scripts && PYTHONPATH=../src:. timeout 150 python3 quant_decode_probe.py --layout hnd \
+      --probes 0,1 --formats int4 --loaders 4 $flag --heads 32/8,12/12 \
+      --shapes ${DS_SHAPES:-64x8192,24x8192} 2>&1 | grep "^|" | sed "s/^/$flag /")
+  done
 fi
 if ls "$OUT"/bench_*.md >/dev/null 2>&1; then
   step targets

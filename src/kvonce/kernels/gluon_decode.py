@@ -158,6 +158,7 @@ def _gluon_decode_kernel(
     SCALE_RING: gl.constexpr = False, V_BIASED: gl.constexpr = False,
     SWAP_AB: gl.constexpr = False, PROBE: gl.constexpr = 0, LOADERS: gl.constexpr = 1,
     HEAD_MAJOR: gl.constexpr = False, HEADS: gl.constexpr = 1, CP_ASYNC: gl.constexpr = False,
+    DEFER_SUMS: gl.constexpr = False,
 ):
     # HEAD_MAJOR: pages stored [num_pages, nheads_k, page_size, row] (the descriptors' rows a
     # (page, KV head)'s keys), else token-major [num_pages, page_size, nheads_k, row].
@@ -168,6 +169,8 @@ def _gluon_decode_kernel(
     # CP_ASYNC: the loaders copy by cp.async (16 bytes a thread) from k_raw / v_raw (the caches'
     # bytes) instead of TMA (fp8, one head a CTA; the ready barriers count every loader
     # thread's arrival).
+    # DEFER_SUMS: int4's swapped consumers keep each thread's part of the rows' sums (l, the
+    # offsets' b) and add the lanes' parts once, after the tiles (no shuffle a tile for them).
     # PROBE: the roofline probe (gluon_decode_common's PROBE_MEMORY / PROBE_MATH; 0 the kernel).
     # SWAP_AB: the consumers with swapped operands (gluon_decode_swapped: fp8, int8 / int4 with
     # their scales by ring, GROUP * q_len <= 8), else the row-major ones (gluon_decode_rows).
@@ -216,7 +219,7 @@ def _gluon_decode_kernel(
                  stride_lb, stride_lt, stride_lh, stride_ls, stride_btb, stride_ksp, stride_kst,
                  stride_vsp, stride_vst, ks_smem, vs_smem, GROUP, IS_CAUSAL, THREAD_ARRIVE,
                  RING_MERGE, KV_FORMAT, PAGE_SIZE, STORE_LSE, SCALE_RING,
-                 V_BIASED and KV_FORMAT != FP8, PROBE, SWAP_AB, HEADS)),
+                 V_BIASED and KV_FORMAT != FP8, PROBE, SWAP_AB, HEADS, DEFER_SUMS)),
             (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                  cache_seqlens, block_table, num_splits, stride_btb, KS, VS, ks_smem, vs_smem,
                  PAGE_SIZE, SCALE_RING, PROBE, 0, 4, HEAD_MAJOR, HEADS, CP_ASYNC, k_raw, v_raw)),
@@ -240,7 +243,7 @@ def _gluon_decode_kernel(
                  stride_lb, stride_lt, stride_lh, stride_ls, stride_btb, stride_ksp, stride_kst,
                  stride_vsp, stride_vst, ks_smem, vs_smem, GROUP, IS_CAUSAL, THREAD_ARRIVE,
                  RING_MERGE, KV_FORMAT, PAGE_SIZE, STORE_LSE, SCALE_RING,
-                 V_BIASED and KV_FORMAT != FP8, PROBE, SWAP_AB, HEADS)),
+                 V_BIASED and KV_FORMAT != FP8, PROBE, SWAP_AB, HEADS, DEFER_SUMS)),
             (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                  cache_seqlens, block_table, num_splits, stride_btb, KS, VS, ks_smem, vs_smem,
                  PAGE_SIZE, SCALE_RING, PROBE, 0, 1, HEAD_MAJOR, HEADS, CP_ASYNC, k_raw, v_raw)),
@@ -256,7 +259,8 @@ def _consume_any(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty,
                  IS_CAUSAL: gl.constexpr, THREAD_ARRIVE: gl.constexpr,
                  RING_MERGE: gl.constexpr, KV_FORMAT: gl.constexpr, PAGE_SIZE: gl.constexpr,
                  STORE_LSE: gl.constexpr, SCALE_RING: gl.constexpr, V_BIASED: gl.constexpr,
-                 PROBE: gl.constexpr, SWAP_AB: gl.constexpr, HEADS: gl.constexpr = 1):
+                 PROBE: gl.constexpr, SWAP_AB: gl.constexpr, HEADS: gl.constexpr = 1,
+                 DEFER_SUMS: gl.constexpr = False):
     """The consumer partition: the swapped-operand consumers (SWAP_AB) or the row-major ones,
     both on the same arguments (KV head groups, HEADS > 1: the swapped ones)."""
     if HEADS > 1:
@@ -268,7 +272,8 @@ def _consume_any(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty,
                          stride_ot, stride_oh, stride_os, stride_lb, stride_lt, stride_lh,
                          stride_ls, stride_btb, stride_ksp, stride_kst, stride_vsp, stride_vst,
                          ks_smem, vs_smem, GROUP, IS_CAUSAL, THREAD_ARRIVE, RING_MERGE,
-                         KV_FORMAT, PAGE_SIZE, STORE_LSE, SCALE_RING, V_BIASED, PROBE, HEADS)
+                         KV_FORMAT, PAGE_SIZE, STORE_LSE, SCALE_RING, V_BIASED, PROBE, HEADS,
+                         DEFER_SUMS)
     else:
         _consume(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                  cache_seqlens, block_table, sm_scale, q_len, num_splits, stride_qb, stride_qt,
@@ -535,6 +540,13 @@ INT8_V_BIASED = False
 # twenty-second session, graphs, head-major pages, 64 x 8192: GQA 32/8 177.9 us against 181.5,
 # MHA 12/12 255.9 against 260.5.
 INT4_V_BIASED = True
+# int4's swapped consumers keep each thread's part of the rows' sums (l, and b: the offsets' sum
+# p o) across the tiles and add the lanes' parts once (``DEFER_SUMS``; the row max stays a
+# tile's shuffles: the exponentials need it). Compiled for sm_90a 2026-11-30 (twenty-fifth
+# session): 475 instructions a tile a warp against 499 (head-major, GQA 4, fp16 pairs, V
+# biased; 19 shuffles against 31), the masked tile 514 against 537, no spill. Not yet run on a
+# GPU: off.
+INT4_DEFER_SUMS = False
 # The cache formats whose consumers take swapped operands (``_consume_t``, ``_consume_int4_t``:
 # keys as M, q rows as N = 8) where the packed rows fit 8 (int8 / int4 with their scales by
 # ring). Compiled for sm_90a 2026-11-29: fp8 373 instructions a tile a warp against 453, int8 504
@@ -765,6 +777,7 @@ class PagedGluonDecodeLaunch:
                                PROBE=ROOFLINE_PROBE,
                                LOADERS=GLUON_LOADERS.get(kv_format, 1),
                                HEAD_MAJOR=self.head_major, HEADS=self.heads,
+                               DEFER_SUMS=self.int4 and self.swap and INT4_DEFER_SUMS,
                                CP_ASYNC=kv_format in GLUON_CP_ASYNC_FORMATS
                                and kv_format == FP8.value and self.heads == 1)
         self.ring_constexprs = dict(self.constexprs, SCALE_RING=True, SWAP_AB=self.swap)

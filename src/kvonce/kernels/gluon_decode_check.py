@@ -52,14 +52,15 @@ def _check_spec(variant, group, page_size, stages=4, causal=False, thread_arrive
                 ring_merge=False, ctas_per_sm=1, kv_dtype="u8", tile_keys=0, kv_format=1,
                 q_dtype="fp16", direct_lse=None, scale_ring=False, v_biased=False,
                 swap_ab=False, probe=0, loaders=1, head_major=False, f16_pairs=False,
-                f16_scales=False, heads=1, cp_async=False):
+                f16_scales=False, heads=1, cp_async=False, defer_sums=False):
     options = dict(num_warps=4)
     if ctas_per_sm == 2:
         options["maxnreg"] = TWO_CTA_MAXNREG
     tile = tile_keys or (128 if kv_dtype == "u8" else 64)
     constexprs = dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, STAGES=stages,
                       THREAD_ARRIVE=thread_arrive, RING_MERGE=ring_merge, LOADERS=loaders,
-                      PROBE=probe, HEAD_MAJOR=head_major, HEADS=heads, CP_ASYNC=cp_async)
+                      PROBE=probe, HEAD_MAJOR=head_major, HEADS=heads, CP_ASYNC=cp_async,
+                      DEFER_SUMS=defer_sums)
     if tile_keys:
         constexprs["TILE_KEYS"] = tile_keys
     if kv_format != 1 or direct_lse is not None:
@@ -296,6 +297,13 @@ GLUON_CHECK_SPECS = [
                 ring_merge=True, ctas_per_sm=2, loaders=4, cp_async=True),
     _check_spec("probe-memory-cpasync-fp8-hnd-page16-gqa4-2stages-2cta", 4, 16, stages=2,
                 ring_merge=True, ctas_per_sm=2, head_major=True, cp_async=True, probe=1),
+    # int4's rows' sums kept a thread's part a tile, the lanes' added once (DEFER_SUMS).
+    _check_spec("defer-int4f16-swap-vbias-4loaders-hnd-page16-gqa4-4stages-2cta", 4, 16,
+                stages=4, ctas_per_sm=2, kv_format=3, swap_ab=True, head_major=True,
+                f16_pairs=True, v_biased=True, loaders=4, defer_sums=True),
+    _check_spec("defer-int4f16-swap-vbias-4loaders-bf16q-page16-mha-causal-4stages-2cta", 1, 16,
+                stages=4, causal=True, ctas_per_sm=2, kv_format=3, swap_ab=True,
+                f16_pairs=True, v_biased=True, loaders=4, q_dtype="bf16", defer_sums=True),
 ]
 
 SM_SMEM = 233472           # H100: shared memory an SM (228 KB)

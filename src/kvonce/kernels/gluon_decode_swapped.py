@@ -104,11 +104,29 @@ def _own_head_t(GROUP: gl.constexpr, HEADS: gl.constexpr, PAGE_SIZE: gl.constexp
 
 
 @gluon.jit
+def _key_part_sum(x):
+    """``x [WARPS, WKEYS, NR]`` (the swapped dots' accumulator layout) summed over each
+    thread's own keys: ``[WARPS, 8, NR]``. A warp's key ``k`` is ``8 q + r`` with ``r`` its
+    lane's group (lane // 4: lanes) and ``q`` its registers' (the m16 tile and its half), so the
+    sum over ``q`` stays in registers; the 8 groups' parts are added once, after the tiles."""
+    WKEYS: gl.constexpr = x.shape[1]
+    return gl.sum(gl.reshape(x, [WARPS, WKEYS // 8, 8, x.shape[2]]), 1)
+
+
+@gluon.jit
+def _part_rescale(part, alpha):
+    """``part [WARPS, 8, NR]`` (``_key_part_sum``'s) times ``alpha [WARPS, NR]`` a row."""
+    L: gl.constexpr = part.type.layout
+    return part * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, L)), 1)
+
+
+@gluon.jit
 def _softmax_step_t(sc, m_i, l_i, start, hi, last_key, qk_scale, MASKED: gl.constexpr,
                     ROW_SCALE: gl.constexpr, own=0, HEADS: gl.constexpr = 1,
-                    PAGE_SIZE: gl.constexpr = 16):
+                    PAGE_SIZE: gl.constexpr = 16, DEFER_SUMS: gl.constexpr = False):
     """``_softmax_step`` on swapped scores ``sc [WARPS, WKEYS, NR]`` (keys along axis 1).
-    HEADS > 1: ``own`` (``_own_head_t``) masks the scores of other heads' keys."""
+    HEADS > 1: ``own`` (``_own_head_t``) masks the scores of other heads' keys. DEFER_SUMS:
+    ``l_i`` is each thread's part ``[WARPS, 8, NR]`` (``_key_part_sum``)."""
     WKEYS: gl.constexpr = sc.shape[1]
     if ROW_SCALE:
         scale = gl.expand_dims(qk_scale, 1)
@@ -134,7 +152,10 @@ def _softmax_step_t(sc, m_i, l_i, start, hi, last_key, qk_scale, MASKED: gl.cons
             m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
         p = gl.exp2(sc * scale - gl.expand_dims(m_sub, 1))
     alpha = gl.exp2(m_i - m_sub)
-    l_i = l_i * alpha + gl.reduce(p, 1, _add)
+    if DEFER_SUMS:
+        l_i = _part_rescale(l_i, alpha) + _key_part_sum(p)
+    else:
+        l_i = l_i * alpha + gl.reduce(p, 1, _add)
     return p, m_new, l_i, alpha
 
 
@@ -323,7 +344,7 @@ def _tile_int4_t(q_lo, q_hi, s_init, q_sum, acc_el, acc_ol, acc_eh, acc_oh, b_i,
                  v_empty, j, start, hi, last_key, qk_scale, MASKED: gl.constexpr,
                  THREAD_ARRIVE: gl.constexpr, ROW_SCALE: gl.constexpr,
                  V_BIASED: gl.constexpr = False, own=0, HEADS: gl.constexpr = 1,
-                 PAGE_SIZE: gl.constexpr = 16):
+                 PAGE_SIZE: gl.constexpr = 16, DEFER_SUMS: gl.constexpr = False):
     """``_tile_int4`` with swapped operands: ``q_lo, q_hi [WARPS, 64, NR]`` (q^T's two
     halves), scores ``[WARPS, WKEYS, NR]``, the four nibble planes' accumulators ``[WARPS, 32,
     NR]``, ``b_i`` and the row state ``[WARPS, NR]``, the unit ``acc_scale [WARPS]``.
@@ -357,13 +378,16 @@ def _tile_int4_t(q_lo, q_hi, s_init, q_sum, acc_el, acc_ol, acc_eh, acc_oh, b_i,
     sc = mma_v2(_int4_k_to_f16(kb, False), q_lo, sc * 0.0625 + gl.expand_dims(s_init, 1))
     sc = sc * gl.expand_dims(ks, 2) + gl.expand_dims(ko, 2) * gl.expand_dims(q_sum, 1)
     p, m_new, l_i, alpha = _softmax_step_t(sc, m_i, l_i, start, hi, last_key, qk_scale, MASKED,
-                                           ROW_SCALE, own, HEADS, PAGE_SIZE)
+                                           ROW_SCALE, own, HEADS, PAGE_SIZE, DEFER_SUMS)
     v_max = gl.max(vs, 1)                                       # [WARPS]: 0 past the end
     v_max = gl.where(v_max > 0.0, v_max, 1.0)
     v_inv = gl.expand_dims(1.0 / v_max, 1)
     alpha = alpha * gl.expand_dims(gl.convert_layout(acc_scale / v_max,
                                                      gl.SliceLayout(1, ROW_T)), 1)
-    b_i = b_i * alpha + gl.reduce(p * gl.expand_dims(vo * v_inv, 2), 1, _add)
+    if DEFER_SUMS:
+        b_i = _part_rescale(b_i, alpha) + _key_part_sum(p * gl.expand_dims(vo * v_inv, 2))
+    else:
+        b_i = b_i * alpha + gl.reduce(p * gl.expand_dims(vo * v_inv, 2), 1, _add)
     p = p * gl.expand_dims(vs * v_inv, 2)
     a3 = gl.expand_dims(alpha, 1)
     acc_scale = v_max
@@ -399,7 +423,7 @@ def _consume_int4_t(Q, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_em
                     IS_CAUSAL: gl.constexpr, THREAD_ARRIVE: gl.constexpr,
                     STORE_LSE: gl.constexpr, PROBE: gl.constexpr = 0,
                     V_BIASED: gl.constexpr = False, HEADS: gl.constexpr = 1,
-                    PAGE_SIZE: gl.constexpr = 16):
+                    PAGE_SIZE: gl.constexpr = 16, DEFER_SUMS: gl.constexpr = False):
     """``_consume_int4_tiles`` with swapped operands (``_tile_int4_t``, V_BIASED its), q^T
     loaded here. HEADS > 1: ``kv_head`` the CTA's group of KV heads (``_consume_t``'s)."""
     TILE: gl.constexpr = k_smem.shape[1]
@@ -434,8 +458,12 @@ def _consume_int4_t(Q, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_em
     s_init = sum_hi * -72.0 + sum_lo * -1032.0
     q_sum = sum_lo + sum_hi
     m_i = gl.full([WARPS, NR], float("-inf"), gl.float32, ROW_T)
-    l_i = gl.zeros([WARPS, NR], gl.float32, ROW_T)
-    b_i = gl.zeros([WARPS, NR], gl.float32, ROW_T)
+    if DEFER_SUMS:   # each thread's part of the rows' sums [WARPS, 8, NR] (_key_part_sum)
+        l_i = _key_part_sum(gl.zeros([WARPS, TILE // WARPS, NR], gl.float32, MMA))
+        b_i = _key_part_sum(gl.zeros([WARPS, TILE // WARPS, NR], gl.float32, MMA))
+    else:
+        l_i = gl.zeros([WARPS, NR], gl.float32, ROW_T)
+        b_i = gl.zeros([WARPS, NR], gl.float32, ROW_T)
     acc_scale = gl.full([WARPS], 1.0, gl.float32, gl.SliceLayout(1, KEY_COL))
     acc_el = gl.zeros([WARPS, PLANE, NR], gl.float32, MMA)
     acc_ol = gl.zeros([WARPS, PLANE, NR], gl.float32, MMA)
@@ -450,14 +478,17 @@ def _consume_int4_t(Q, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_em
             q_lo, q_hi, s_init, q_sum, acc_el, acc_ol, acc_eh, acc_oh, b_i, m_i, l_i,
             acc_scale, k_smem, v_smem, ks_smem, vs_smem, k_ready, v_ready, k_empty, v_empty, j,
             lo + j * TKEYS, hi, last_key, qk_scale, False, THREAD_ARRIVE, ROW_SCALE, V_BIASED,
-            own, HEADS, PAGE_SIZE)
+            own, HEADS, PAGE_SIZE, DEFER_SUMS)
     for j in range(n_full, n_tiles):
         acc_el, acc_ol, acc_eh, acc_oh, b_i, m_i, l_i, acc_scale = _tile_int4_t(
             q_lo, q_hi, s_init, q_sum, acc_el, acc_ol, acc_eh, acc_oh, b_i, m_i, l_i,
             acc_scale, k_smem, v_smem, ks_smem, vs_smem, k_ready, v_ready, k_empty, v_empty, j,
             lo + j * TKEYS, hi, last_key, qk_scale, True, THREAD_ARRIVE, ROW_SCALE, V_BIASED,
-            own, HEADS, PAGE_SIZE)
+            own, HEADS, PAGE_SIZE, DEFER_SUMS)
 
+    if DEFER_SUMS:   # the lanes' parts added once
+        l_i = gl.convert_layout(gl.sum(l_i, 1), ROW_T)
+        b_i = gl.convert_layout(gl.sum(b_i, 1), ROW_T)
     m, w, l, seen, lse = _warp_weights(m_i, l_i)                   # w [WARPS, NR]
     w_unit = w * gl.expand_dims(gl.convert_layout(acc_scale, gl.SliceLayout(1, ROW_T)), 1)
     w3 = gl.expand_dims(w_unit, 1)
@@ -497,7 +528,8 @@ def _consume_swapped(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_em
                      THREAD_ARRIVE: gl.constexpr, RING_MERGE: gl.constexpr,
                      KV_FORMAT: gl.constexpr, PAGE_SIZE: gl.constexpr, STORE_LSE: gl.constexpr,
                      SCALE_RING: gl.constexpr, V_BIASED: gl.constexpr,
-                     PROBE: gl.constexpr = 0, HEADS: gl.constexpr = 1):
+                     PROBE: gl.constexpr = 0, HEADS: gl.constexpr = 1,
+                     DEFER_SUMS: gl.constexpr = False):
     """The consumer partition with swapped operands: ``_consume``'s arguments, ``_consume_t``'s
     work (fp8, and int8 with its scales by ring; the merge through Triton's reduce scratch).
     HEADS > 1: the CTA takes KV heads ``HEADS * program_id(1) ..`` (``GROUP``: their q heads),
@@ -515,7 +547,7 @@ def _consume_swapped(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_em
                         ks_smem, vs_smem, seq, split, kv_head, seqlen, lo, hi, sm_scale, q_len,
                         stride_qb, stride_qt, stride_qh, stride_ob, stride_ot, stride_oh,
                         stride_os, stride_lb, stride_lt, stride_lh, stride_ls, GROUP, IS_CAUSAL,
-                        THREAD_ARRIVE, STORE_LSE, PROBE, V_BIASED, HEADS, PAGE_SIZE)
+                        THREAD_ARRIVE, STORE_LSE, PROBE, V_BIASED, HEADS, PAGE_SIZE, DEFER_SUMS)
     else:
         _consume_t(Q, KS, VS, Out, Lse, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                    ks_smem, vs_smem, seq, split, kv_head, seqlen, lo, hi, sm_scale, q_len,
