@@ -119,7 +119,8 @@ took its kernel time 4-6% down, four another 1-2% (twenty-third session): int4 a
 Measured and off (twenty-fifth session, H200; docs/notes.md): a CTA taking a group of KV heads
 (``HEADS``, ``GLUON_KV_HEAD_GROUPS``: a TMA box a whole page of the group, the swapped
 consumers masking each score to its own head) and cp.async loader warps for fp8 (``CP_ASYNC``,
-``GLUON_CP_ASYNC_FORMATS``): the memory rate stayed where TMA's 2 KB boxes put it.
+``GLUON_CP_ASYNC_FORMATS``): fp8's and int8's memory rate stayed where TMA's 2 KB boxes put it
+(int4's rose 1-2% at one shape, and its launches with fewer CTAs lost more).
 
 Modules: gluon_decode_common (layouts, converters, the loader warp, the consumers' shared
 steps), gluon_decode_rows (the row-major consumers described above), gluon_decode_swapped (keys
