@@ -597,8 +597,8 @@ GLUON_LOADERS = {1: 1, 2: 4, 3: 4}
 # (2026-11-30, twenty-fifth session, graphs, head-major, kernel / memory only us): fp8 GQA 32/8
 # 64 x 8192 259.3 / 255.1 against 259.6 / 255.6 (4 KB boxes stream as 2 KB ones), 1 x 131072
 # 81.6 against 80.8 (33 splits of 4 groups: 132 CTAs); int8 even; int4 GQA 64 x 8192 164.6 /
-# 147.9 against 168.0 / 149.9 (-2%) but 48 x 8192 -7%, 24 x 8192 -7%, MHA 12/12 64 x 8192 -2%
-# (two heads) to -19% (four: 192 CTAs); off (empty).
+# 147.9 against 168.0 / 149.9 (2% faster) but 7% slower at 48 and 24 x 8192, MHA 12/12 2-30%
+# slower (two heads: 64 x 8192 2%, 24 x 8192 30%; four: 64 x 8192 19%, 192 CTAs); off (empty).
 GLUON_KV_HEAD_GROUPS: dict = {}
 # The cache formats (QUANT_FORMATS codes) whose loader warps copy by cp.async (16 bytes a thread,
 # ``LDGSTS.E.BYPASS.128``) instead of TMA boxes: fp8 only (no scale ring), one head a CTA.
