@@ -64,15 +64,17 @@ def main():
     p.add_argument("--cp-async", default="0",
                    help="fp8's loaders by cp.async (gluon_decode.GLUON_CP_ASYNC_FORMATS): 0, 1 "
                         "or both, comma-separated")
-    p.add_argument("--int4-defer-sums", action="store_true",
-                   help="int4's rows' sums a thread's part a tile (gluon_decode.INT4_DEFER_SUMS)")
+    p.add_argument("--int4-defer-sums", type=int, choices=(0, 1), default=None,
+                   help="int4's rows' sums a thread's part a tile (gluon_decode.INT4_DEFER_SUMS:"
+                        " 1, shipped) or a tile's shuffles (0); default: the module's")
     p.add_argument("--force-gluon", action="store_true",
                    help="int4 on the Gluon decode where the plan would run Triton")
     args = p.parse_args()
     if args.int4_tile:
         gluon_decode.INT4_SWAPPED_TILE_KEYS = args.int4_tile
     gluon_decode.INT4_V_BIASED = not args.int4_v_unbiased
-    gluon_decode.INT4_DEFER_SUMS = args.int4_defer_sums
+    if args.int4_defer_sums is not None:
+        gluon_decode.INT4_DEFER_SUMS = bool(args.int4_defer_sums)
     gluon_decode.INT8_FP16_SCALE_RING = not args.int8_fp16_key_loads
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     heads = [tuple(int(x) for x in h.split("/")) for h in args.heads.split(",")]

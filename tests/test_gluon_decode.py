@@ -384,17 +384,18 @@ def _spy_scale_rings(monkeypatch) -> list:
 # "... swapped": the swapped-operand consumers (GLUON_SWAP_FORMATS: int4's shipped, fp8's and
 # int8's correct and not faster) where the packed rows fit 8; "fp32 pairs": int4's float32
 # (scale, offset) pairs (quantize_kv's default is fp16); "t256": int4's in 256-key tiles
-# (INT4_SWAPPED_TILE_KEYS: correct, even with 128-key tiles, off); "deferred sums": int4's rows'
-# sums kept a thread's part a tile (INT4_DEFER_SUMS: compiled, not yet run on a GPU, off).
+# (INT4_SWAPPED_TILE_KEYS: correct, even with 128-key tiles, off); int4's swapped consumers keep
+# the rows' sums a thread's part a tile (INT4_DEFER_SUMS, shipped) unless the route says
+# "shuffled sums" (the lanes' sums added every tile, as before).
 ROUTES = ["fp8_e4m3", "int8 ring", "int8", "int8 token-major scales", "int4", "int8 v-biased",
           "fp8_e4m3 swapped", "int8 swapped", "int8 swapped v-biased", "int4 swapped",
           "int4 swapped t256", "int4 fp32 pairs", "int4 swapped fp32 pairs", "int8 fp16 scales",
           "int4 swapped v-biased", "int8 fp16 scale ring", "int4 swapped v-biased 1 loader",
-          "int8 fp16 scale ring 1 loader", "int4 swapped v-biased deferred sums"]
+          "int8 fp16 scale ring 1 loader", "int4 swapped v-biased shuffled sums"]
 RING_ROUTES = ("int8 ring", "int4", "int8 v-biased", "int8 swapped", "int8 swapped v-biased",
                "int4 swapped", "int4 swapped t256", "int4 fp32 pairs", "int4 swapped fp32 pairs",
                "int4 swapped v-biased", "int8 fp16 scale ring", "int4 swapped v-biased 1 loader",
-               "int8 fp16 scale ring 1 loader", "int4 swapped v-biased deferred sums")
+               "int8 fp16 scale ring 1 loader", "int4 swapped v-biased shuffled sums")
 
 
 @hopper_only
@@ -594,7 +595,7 @@ def _take_route(route, monkeypatch) -> str:
     monkeypatch.setattr(gluon_decode, "GLUON_LOADERS", loaders)
     monkeypatch.setattr(gluon_decode, "GLUON_CP_ASYNC_FORMATS",
                         (1,) if "cp.async" in route else ())
-    monkeypatch.setattr(gluon_decode, "INT4_DEFER_SUMS", "deferred sums" in route)
+    monkeypatch.setattr(gluon_decode, "INT4_DEFER_SUMS", "shuffled sums" not in route)
     return fmt
 
 
@@ -657,7 +658,7 @@ def test_gluon_decode_follows_the_caches_it_is_given(route, monkeypatch):
                                    "int4", "int8 v-biased", "fp8_e4m3 swapped",
                                    "int8 swapped v-biased", "int4 swapped",
                                    "int4 swapped v-biased", "int4 swapped t256",
-                                   "int4 swapped v-biased deferred sums"])
+                                   "int4 swapped v-biased shuffled sums"])
 def test_gluon_decode_in_a_cuda_graph_and_compiled(route, monkeypatch):
     _take_route(route, monkeypatch)
     plan, (q, kq, vq, ks, vs, seqlens, table, kd, vd) = _gluon_plan(route, 32, 8, [8192, 4000])
