@@ -595,7 +595,8 @@ GLUON_LOADERS = {1: 1, 2: 4, 3: 4}
 # box is a whole page of the group (fp8 page 16: 4 KB against 2 KB; int4 2 KB against 1 KB) and
 # the launch has 1 / HEADS the CTAs a split; the swapped consumers mask each score to its own
 # head (the dots' N holds the group's q rows: HEADS x GROUP x q_len <= 8). Correct on the H200
-# (tests/test_gluon_decode.py, every format, heads 2 and 4, pages 16 to 64) but it does not pay
+# (tests/test_gluon_decode.py, every format, heads 2 and 4, pages 16 to 64, fp16 and bf16
+# queries; bf16 rerun 2026-11-30, twenty-sixth session: 56 passed) but it does not pay
 # (2026-11-30, twenty-fifth session, graphs, head-major, kernel / memory only us): fp8 GQA 32/8
 # 64 x 8192 259.3 / 255.1 against 259.6 / 255.6 (4 KB boxes stream as 2 KB ones), 1 x 131072
 # 81.6 against 80.8 (33 splits of 4 groups: 132 CTAs); int8 even; int4 GQA 64 x 8192 164.6 /
