@@ -3,6 +3,7 @@ gaps between them (CUDA, issue 26).
 
     PYTHONPATH=src python scripts/decode_fixed_cost.py [--formats plain,fp8_e4m3,int8,int4]
         [--heads 32/8] [--lengths 32768,65536,131072,262144] [--layout hnd] [--calls 20]
+        [--splits 0]
 
 Per format and length (batch 1, d128, page 16, random page order, fp16 queries): the plan's
 call captured ``--calls`` times back to back in one CUDA graph (as ``bench quant``'s
@@ -11,7 +12,8 @@ replay under ``torch.profiler`` for each kernel's GPU time: ``call`` the replay 
 ``decode`` / ``combine`` the kernels' mean durations, ``gaps`` the rest (launch to launch). Per
 format, the line through the two longest lengths: its ``rate`` (TB/s of the bytes a call reads,
 ``kvonce.bench.quant.bytes_read``) and its intercept at zero keys, for the call and for the
-decode kernel alone: the cost no length amortizes.
+decode kernel alone: the cost no length amortizes. ``--splits N``: every launch at N splits
+(``PagedDecodePlan(num_splits=N)``; 0, the default: the plan's own).
 """
 import argparse
 import statistics
@@ -71,6 +73,7 @@ def main():
     p.add_argument("--lengths", default="32768,65536,131072,262144")
     p.add_argument("--layout", default="hnd")
     p.add_argument("--calls", type=int, default=20)
+    p.add_argument("--splits", type=int, default=0, help="forced split count (0: the plan's)")
     args = p.parse_args()
     hq, hk = (int(x) for x in args.heads.split("/"))
     lengths = [int(x) for x in args.lengths.split(",")]
@@ -88,7 +91,7 @@ def main():
                 (k, ks), (v, vs) = (kvonce.quantize_kv(t, fmt) for t in (k, v))
                 k, v, ks, vs = (stored(t, args.layout) for t in (k, v, ks, vs))
                 kw = dict(k_scale=ks, v_scale=vs)
-            plan = kvonce.PagedDecodePlan(q, k, v, seqlens, table,
+            plan = kvonce.PagedDecodePlan(q, k, v, seqlens, table, num_splits=args.splits,
                                           kv_format="int4" if fmt == "int4" else None, **kw)
             graph, call = timed_graph(lambda: plan.run(q, k, v, seqlens, table, **kw),
                                       args.calls)

@@ -132,6 +132,10 @@
 #               loader warps (CP_SHAPES)
 #   defersums   int4's rows' sums a thread's part a tile (gluon_decode.INT4_DEFER_SUMS): the tests,
 #               then quant_decode_probe.py's kernel / memory-only times without and with it
+#   fixedcost   scripts/decode_fixed_cost.py: a short launch's decode kernel, combine and gaps at
+#               1 x 32768-262144 (GQA 32/8, the plan's splits), then fp8 / int8 at FC_SPLITS
+#               forced split counts (2026-11-30: fp8 streams at 4.27 TB/s against fp16's 4.41,
+#               its fixed cost 7.4 us against 8.8; int8 10.4 at 32 splits)
 #   power       scripts/decode_power_series.py (fp16, fp8, int8, int4 graph replays back to back for
 #               3 s after 2 s idle; 2026-11-30: the H200 sits at its 700 W cap, SM clock
 #               1.4-1.85 GHz, int4 155.7 -> 164-166 us) with nvidia-smi's clock and power beside
@@ -612,6 +616,15 @@ if has defersums; then
     (cd scripts && PYTHONPATH=../src:. timeout 150 python3 quant_decode_probe.py --layout hnd \
       --probes 0,1 --formats int4 --loaders 4 $flag --heads 32/8,12/12 \
       --shapes ${DS_SHAPES:-64x8192,24x8192} 2>&1 | grep "^|" | sed "s/^/$flag /")
+  done
+fi
+if has fixedcost; then
+  step fixedcost
+  timeout 200 python3 scripts/decode_fixed_cost.py 2>&1 | grep "^|"
+  for splits in ${FC_SPLITS:-16 32}; do
+    echo "- fp8 / int8 at $splits splits"
+    timeout 120 python3 scripts/decode_fixed_cost.py --formats fp8_e4m3,int8 --splits $splits \
+      --lengths 131072,262144 2>&1 | grep "^|"
   done
 fi
 if ls "$OUT"/bench_*.md >/dev/null 2>&1; then
