@@ -136,6 +136,10 @@
 #               1 x 32768-262144 (GQA 32/8, the plan's splits), then fp8 / int8 at FC_SPLITS
 #               forced split counts (2026-11-30: fp8 streams at 4.27 TB/s against fp16's 4.41,
 #               its fixed cost 7.4 us against 8.8; int8 10.4 at 32 splits)
+#   dramrate    ncu's DRAM bytes, DRAM throughput and L2 sectors / hit rate of the decode kernel
+#               for the 16-bit Triton row against the Gluon fp8 / int8 at GQA 32/8 1 x 131072
+#               and 64 x 8192 (head-major): does fp8 stream at 4.27 TB/s where fp16 streams at 4.41
+#               because it reads more bytes than it uses, or because its requests drain slower?
 #   power       scripts/decode_power_series.py (fp16, fp8, int8, int4 graph replays back to back for
 #               3 s after 2 s idle; 2026-11-30: the H200 sits at its 700 W cap, SM clock
 #               1.4-1.85 GHz, int4 155.7 -> 164-166 us) with nvidia-smi's clock and power beside
@@ -625,6 +629,19 @@ if has fixedcost; then
     echo "- fp8 / int8 at $splits splits"
     timeout 120 python3 scripts/decode_fixed_cost.py --formats fp8_e4m3,int8 --splits $splits \
       --lengths 131072,262144 2>&1 | grep "^|"
+  done
+fi
+if has dramrate; then
+  step dramrate
+  M=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum
+  M=$M,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sectors_op_read.sum
+  M=$M,lts__t_sector_hit_rate.pct,sm__cycles_active.avg
+  for c in "plain 32 8 1 131072" "fp8_e4m3 32 8 1 131072" "int8 32 8 1 131072" \
+      "plain 32 8 64 8192" "fp8_e4m3 32 8 64 8192" "int8 32 8 64 8192"; do
+    echo "-- $c hnd"
+    (cd scripts && PYTHONPATH=../src:. timeout 150 ncu --clock-control none --kernel-name \
+      regex:"gluon_decode|paged_decode" --launch-skip 1 --launch-count 1 --metrics $M \
+      python3 decode_ncu_case.py $c hnd 2>&1 | grep -E "^\s+(gpu|sm|dram|lts)__|_kernel|ERROR")
   done
 fi
 if ls "$OUT"/bench_*.md >/dev/null 2>&1; then
