@@ -140,6 +140,11 @@
 #               for the 16-bit Triton row against the Gluon fp8 / int8 at GQA 32/8 1 x 131072
 #               and 64 x 8192 (head-major): does fp8 stream at 4.27 TB/s where fp16 streams at 4.41
 #               because it reads more bytes than it uses, or because its requests drain slower?
+#   gluon16rate the control for dramrate's question: the 16-bit Gluon decode (same warp-specialized
+#               TMA ring, fp16 pages, 64-key tiles; scripts/gluon_decode16_check.py) against the
+#               Triton 16-bit plan and dense SDPA at GQA 32/8 1 x 131072 and 1 x 262144 (the
+#               rate: the difference over the added bytes). Gluon-16 under Triton-16's 4.41 TB/s
+#               says the kernel's structure, not the format, holds fp8 / int8 at 4.27
 #   power       scripts/decode_power_series.py (fp16, fp8, int8, int4 graph replays back to back for
 #               3 s after 2 s idle; 2026-11-30: the H200 sits at its 700 W cap, SM clock
 #               1.4-1.85 GHz, int4 155.7 -> 164-166 us) with nvidia-smi's clock and power beside
@@ -643,6 +648,12 @@ if has dramrate; then
       regex:"gluon_decode|paged_decode" --launch-skip 1 --launch-count 1 --metrics $M \
       python3 decode_ncu_case.py $c hnd 2>&1 | grep -E "^\s+(gpu|sm|dram|lts)__|_kernel|ERROR")
   done
+fi
+if has gluon16rate; then
+  step gluon16rate
+  timeout 300 python3 scripts/gluon_decode16_check.py --skip-correctness \
+    --shapes "32/8:1x131072:16/32/49,32/8:1x262144:16/32/49" --variants 2cta-2st,1cta-4st \
+    2>&1 | tail -3
 fi
 if ls "$OUT"/bench_*.md >/dev/null 2>&1; then
   step targets
