@@ -237,6 +237,27 @@ def test_swapped_operands_where_the_rows_fit(monkeypatch):
     assert not launch(kv_format=2).ring_constexprs["V_BIASED"]
 
 
+def test_gluon_decode_launch_takes_its_stages(monkeypatch):
+    """``GluonDecodeLaunch`` (the check scripts' launch) compiles the ring depth it is given:
+    from 2026-11-29 (22224eb) to 2026-11-30 it compiled the plan's two stages whatever
+    ``stages`` said, so the scripts' 3- and 4-stage variants ran at two."""
+    monkeypatch.setattr(gluon_decode, "_validate", lambda *args: (0, 0))   # meta tensors
+    meta = dict(device="meta")
+    q = torch.empty(2, 1, 32, 128, dtype=torch.float16, **meta)
+    table = torch.empty(2, 32, dtype=torch.int32, **meta)
+    seqlens = torch.empty(2, dtype=torch.int32, **meta)
+    o_part = torch.empty(2, 1, 32, 2, 128, **meta)
+    l_part = torch.empty(2, 1, 32, 2, **meta)
+    for dtype in (torch.float8_e4m3fn, torch.float16):
+        k = torch.empty(64, 16, 8, 128, dtype=dtype, **meta)
+        scale = torch.empty(8, **meta)
+        for stages in (2, 3, 4):
+            la = gluon_decode.GluonDecodeLaunch(q, k, k, scale, scale, seqlens, table, o_part,
+                                                l_part, softmax_scale=0.1, num_splits=2,
+                                                causal=False, stages=stages)
+            assert la.constexprs["STAGES"] == stages
+
+
 def test_int4_launches_where_routed(monkeypatch):
     """int4 (``KV_FORMAT`` 3) with a row with ``gluon`` on: token-major 64-byte rows with their
     (scale, offset) pairs stored head-major take the Gluon decode, short launches at a wave of

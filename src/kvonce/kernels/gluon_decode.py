@@ -438,7 +438,7 @@ class GluonDecodeLaunch:
             q.stride(0), q.stride(1), q.stride(2), ksh, vsh, *out_partial.stride()[:4],
             *lse_partial.stride(), block_table.stride(0), 0, 0, 0, 0)
         self.constexprs = dict(GROUP=nheads // nheads_k, IS_CAUSAL=bool(causal),
-                               PAGE_SIZE=page_size, STAGES=GLUON_PLAN_VARIANT["stages"],
+                               PAGE_SIZE=page_size, STAGES=int(stages),
                                THREAD_ARRIVE=bool(thread_arrive), RING_MERGE=bool(ring_merge),
                                TILE_KEYS=int(tile_keys), num_warps=WARPS.value)
         if ctas_per_sm == 2:
