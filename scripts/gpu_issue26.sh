@@ -145,6 +145,11 @@
 #               Triton 16-bit plan and dense SDPA at GQA 32/8 1 x 131072 and 1 x 262144 (the
 #               rate: the difference over the added bytes). Gluon-16 under Triton-16's 4.41 TB/s
 #               says the kernel's structure, not the format, holds fp8 / int8 at 4.27
+#   gluon16     scripts/gluon_decode16_check.py whole (correctness, then its default decode rows,
+#               GQA 12/2 64 x 1024 among them, against the Triton plan and dense SDPA): the
+#               twentieth session's "stays unwired" ran every variant at two stages
+#               (GluonDecodeLaunch ignored ``stages`` until 2026-11-30), so 1cta-4st and 2cta-3st
+#               were never measured
 #   power       scripts/decode_power_series.py (fp16, fp8, int8, int4 graph replays back to back for
 #               3 s after 2 s idle; 2026-11-30: the H200 sits at its 700 W cap, SM clock
 #               1.4-1.85 GHz, int4 155.7 -> 164-166 us) with nvidia-smi's clock and power beside
@@ -648,6 +653,11 @@ if has dramrate; then
       regex:"gluon_decode|paged_decode" --launch-skip 1 --launch-count 1 --metrics $M \
       python3 decode_ncu_case.py $c hnd 2>&1 | grep -E "^\s+(gpu|sm|dram|lts)__|_kernel|ERROR")
   done
+fi
+if has gluon16; then
+  step gluon16
+  timeout ${G16_S:-420} python3 scripts/gluon_decode16_check.py > "$OUT/gluon16.log" 2>&1
+  grep -E "FAIL|Error|\| best" "$OUT/gluon16.log" | head -20; tail -12 "$OUT/gluon16.log"
 fi
 if has gluon16rate; then
   step gluon16rate
