@@ -3,7 +3,7 @@ gaps between them (CUDA, issue 26).
 
     PYTHONPATH=src python scripts/decode_fixed_cost.py [--formats plain,fp8_e4m3,int8,int4]
         [--heads 32/8] [--lengths 32768,65536,131072,262144] [--layout hnd] [--calls 20]
-        [--splits 0]
+        [--splits 0] [--set gluon=0]
 
 Per format and length (batch 1, d128, page 16, random page order, fp16 queries): the plan's
 call captured ``--calls`` times back to back in one CUDA graph (as ``bench quant``'s
@@ -13,9 +13,12 @@ replay under ``torch.profiler`` for each kernel's GPU time: ``call`` the replay 
 format, the line through the two longest lengths: its ``rate`` (TB/s of the bytes a call reads,
 ``kvonce.bench.quant.bytes_read``) and its intercept at zero keys, for the call and for the
 decode kernel alone: the cost no length amortizes. ``--splits N``: every launch at N splits
-(``PagedDecodePlan(num_splits=N)``; 0, the default: the plan's own).
+(``PagedDecodePlan(num_splits=N)``; 0, the default: the plan's own). ``--set field=value[,..]``:
+the plan's config with those fields changed (``decode_ncu_case.parse_set``; ``gluon=0``: the
+Triton rows of fp8 / int8).
 """
 import argparse
+import dataclasses
 import statistics
 import sys
 from pathlib import Path
@@ -27,7 +30,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import kvonce  # noqa: E402
-from decode_ncu_case import paged_case  # noqa: E402
+from decode_ncu_case import paged_case, parse_set  # noqa: E402
 from kvonce.bench.quant import Case, bytes_read, stored  # noqa: E402
 
 
@@ -74,6 +77,7 @@ def main():
     p.add_argument("--layout", default="hnd")
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--splits", type=int, default=0, help="forced split count (0: the plan's)")
+    p.add_argument("--set", default="", help="config fields changed, field=value[,...]")
     args = p.parse_args()
     hq, hk = (int(x) for x in args.heads.split("/"))
     lengths = [int(x) for x in args.lengths.split(",")]
@@ -91,8 +95,13 @@ def main():
                 (k, ks), (v, vs) = (kvonce.quantize_kv(t, fmt) for t in (k, v))
                 k, v, ks, vs = (stored(t, args.layout) for t in (k, v, ks, vs))
                 kw = dict(k_scale=ks, v_scale=vs)
+            kv_format = "int4" if fmt == "int4" else None
             plan = kvonce.PagedDecodePlan(q, k, v, seqlens, table, num_splits=args.splits,
-                                          kv_format="int4" if fmt == "int4" else None, **kw)
+                                          kv_format=kv_format, **kw)
+            if args.set:
+                config = dataclasses.replace(plan.config, **parse_set(args.set, plan.config))
+                plan = kvonce.PagedDecodePlan(q, k, v, seqlens, table, num_splits=args.splits,
+                                              kv_format=kv_format, config=config, **kw)
             graph, call = timed_graph(lambda: plan.run(q, k, v, seqlens, table, **kw),
                                       args.calls)
             per_kernel = kernel_us(graph, args.calls)

@@ -135,7 +135,8 @@
 #   fixedcost   scripts/decode_fixed_cost.py: a short launch's decode kernel, combine and gaps at
 #               1 x 32768-262144 (GQA 32/8, the plan's splits), then fp8 / int8 at FC_SPLITS
 #               forced split counts (2026-11-30: fp8 streams at 4.27 TB/s against fp16's 4.41,
-#               its fixed cost 7.4 us against 8.8; int8 10.4 at 32 splits)
+#               its fixed cost 7.4 us against 8.8; int8 10.4 at 32 splits), and both on
+#               their Triton rows (gluon=0)
 #   dramrate    ncu's DRAM bytes, DRAM throughput and L2 sectors / hit rate of the decode kernel
 #               for the 16-bit Triton row against the Gluon fp8 / int8 at GQA 32/8 1 x 131072
 #               and 64 x 8192 (head-major): does fp8 stream at 4.27 TB/s where fp16 streams at 4.41
@@ -640,6 +641,9 @@ if has fixedcost; then
     timeout 120 python3 scripts/decode_fixed_cost.py --formats fp8_e4m3,int8 --splits $splits \
       --lengths 131072,262144 2>&1 | grep "^|"
   done
+  echo "- fp8 / int8 on their Triton rows (config gluon=0)"
+  timeout 150 python3 scripts/decode_fixed_cost.py --formats fp8_e4m3,int8 --set gluon=0 \
+    --lengths 131072,262144 2>&1 | grep "^|"
 fi
 if has dramrate; then
   step dramrate
