@@ -151,6 +151,10 @@
 #               twentieth session's "stays unwired" ran every variant at two stages
 #               (GluonDecodeLaunch ignored ``stages`` until 2026-11-30), so 1cta-4st and 2cta-3st
 #               were never measured
+#   int8splits  int8's Gluon split count at short launches (1 x 131072 to 8 x 16384, GQA 32/8 and
+#               MHA 12/12, forced 2-33 splits and the plan's): 2026-11-30 (twenty-seventh
+#               session) int8 at GQA 1 x 131072 ran 69.7 us at 16 splits (fp8's one CTA an SM)
+#               against 72.7 at 32 and 75.5 at the plan's 32 (two CTAs an SM)
 #   power       scripts/decode_power_series.py (fp16, fp8, int8, int4 graph replays back to back for
 #               3 s after 2 s idle; 2026-11-30: the H200 sits at its 700 W cap, SM clock
 #               1.4-1.85 GHz, int4 155.7 -> 164-166 us) with nvidia-smi's clock and power beside
@@ -644,6 +648,15 @@ if has fixedcost; then
   echo "- fp8 / int8 on their Triton rows (config gluon=0)"
   timeout 150 python3 scripts/decode_fixed_cost.py --formats fp8_e4m3,int8 --set gluon=0 \
     --lengths 131072,262144 2>&1 | grep "^|"
+fi
+if has int8splits; then
+  step int8splits
+  (cd scripts && PYTHONPATH=../src:. timeout ${I8S_S:-170} python3 quant_decode_sweep.py \
+    --layout hnd --formats ${I8S_FORMATS:-int8} --heads ${I8S_HEADS:-32/8,12/12} \
+    --shapes ${I8S_SHAPES:-1x131072,2x65536,4x32768,8x16384} --all \
+    --splits ${I8S_SPLITS:-0,2,3,4,5,6,8,11,16,22,33} \
+    --grid 128,4,2,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,1 2>&1 | grep -v Warn \
+    | tee -a "$OUT/int8splits.log" | grep -E "^\||(int8|fp8_e4m3):")
 fi
 if has dramrate; then
   step dramrate

@@ -20,7 +20,7 @@ import kvonce
 import kvonce.paged.decode as decode
 from kvonce.kernels import configs, gluon_decode
 from kvonce.kernels.configs import _PAGED_DECODE_QUANT_TABLE
-from kvonce.paged.splits import GLUON_MIN_KEYS, gluon_num_splits
+from kvonce.paged.splits import GLUON_MIN_KEYS, busy_splits, gluon_num_splits
 from kvonce.reference import paged_attention_ref
 
 HOPPER = HAS_CUDA and torch.cuda.get_device_capability() == (9, 0)
@@ -43,32 +43,47 @@ QDTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 def test_gluon_split_counts():
     """``gluon_num_splits`` at the shapes measured on the H200 (132 SMs; splits.py's docstring):
-    about one CTA an SM below a wave of two, one pass from there unless its last wave is
-    ragged."""
+    short launches at one CTA an SM where that fills the SMs, else the fewest splits that fill
+    a wave of two; one pass from a wave of two unless its last wave is ragged."""
     assert gluon_num_splits(8, 131072, 132) == 16      # 128 CTAs
     assert gluon_num_splits(12, 131072, 132) == 11     # 132 CTAs
-    assert gluon_num_splits(96, 16384, 132) == 2       # 192 CTAs: one split leaves 36 SMs idle
+    assert gluon_num_splits(24, 65536, 132) == 5       # 120 CTAs (6: 144, some SMs two)
     assert gluon_num_splits(128, 8192, 132) == 1
-    assert gluon_num_splits(48, 32768, 132) == 3
+    assert gluon_num_splits(4, 131072, 132, tile_keys=64) == 33   # 132 CTAs (head groups)
+    assert gluon_num_splits(48, 32768, 132) == 5       # 240 CTAs: 0.91 of a wave of two
+    assert gluon_num_splits(96, 16384, 132) == 5       # 480 CTAs: 1.82 waves
+    assert gluon_num_splits(144, 16384, 132) == 5      # 720 CTAs: 2.73 waves
+    assert gluon_num_splits(192, 8192, 132) == 4       # 768 CTAs: 2.91 waves
     assert gluon_num_splits(264, 8192, 132) == 1       # one full wave
     assert gluon_num_splits(288, 8192, 132) == 3       # 1.09 waves in one pass: 864 CTAs
     assert gluon_num_splits(352, 8192, 132) == 2
     assert gluon_num_splits(512, 8192, 132) == 1
     assert gluon_num_splits(768, 8192, 132) == 1
     assert gluon_num_splits(8, 1024, 132) == 2         # no split under 512 keys
+    assert gluon_num_splits(48, 2048, 132) == 4        # the cap (4): the fullest under it
     assert gluon_num_splits(0, 8192, 132) >= 1
-    # int8: the most splits within one wave of two CTAs an SM (264 CTAs)
+    # int4: the most splits within one wave of two CTAs an SM (264 CTAs)
     assert gluon_num_splits(8, 131072, 132, two_ctas_an_sm=True) == 32  # 33: one empty
     assert gluon_num_splits(12, 131072, 132, two_ctas_an_sm=True) == 22
     assert gluon_num_splits(200, 8192, 132, two_ctas_an_sm=True) == 1
     assert gluon_num_splits(512, 8192, 132, two_ctas_an_sm=True) == 1
     for base in range(1, 600, 7):
         for keys in (512, 8192, 131072):
+            cap = max(1, keys // 512)
             for two in (False, True):
                 s = gluon_num_splits(base, keys, 132, two_ctas_an_sm=two)
-                assert 1 <= s <= max(1, keys // 512)
-                if two and base < 0.9 * 264:     # short launches: within one wave
+                assert 1 <= s <= cap
+                if base >= 0.9 * 264:
+                    continue
+                if two:                          # short launches: within one wave
                     assert s == 1 or base * s <= 264
+                elif base * s <= 132:            # one CTA an SM: the most that fit (or capped,
+                    # or the next count would leave a split empty)
+                    assert base * (s + 1) > 132 or s == cap or busy_splits(keys, s + 1, 128) == s
+                else:        # else a wave of two 0.9 full (if any count without empty splits)
+                    counts = {busy_splits(keys, t, 128) for t in range(1, cap + 1)}
+                    fill = {t: base * t / 264 / -(-base * t // 264) for t in counts}
+                    assert fill[s] >= 0.9 or max(fill.values()) == fill[s] < 0.9
 
 
 def _meta_plan(monkeypatch, *, batch=4, q_len=1, nheads=32, nheads_k=8, head_dim=128, page=16,

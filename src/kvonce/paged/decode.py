@@ -275,7 +275,7 @@ class PagedDecodePlan:
         if num_splits == 0 and self.uses_gluon:   # CTAs a split: one a KV head group's
             heads = _gluon_head_group(q, k_cache, self._kv_code, k_scale, v_scale)
             num_splits = gluon_num_splits(batch * k_cache.shape[2] // heads, max_keys, num_sms,
-                                          two_ctas_an_sm=self.kv_format in ("int8", "int4"),
+                                          two_ctas_an_sm=self.kv_format == "int4",
                                           tile_keys=128 // heads)
         elif num_splits == 0:
             num_splits = choose_num_splits(batch, grid_heads, max_keys, num_sms, self.config)

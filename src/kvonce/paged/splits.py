@@ -53,18 +53,19 @@ def choose_num_splits(batch: int, nheads_k: int, max_keys: int, num_sms: int,
     return busy_splits(max_keys, int(max(1, min(splits, cap, MAX_SPLITS))), config.block_n)
 
 
-# The Gluon fp8 decode (kernels/gluon_decode.py, two CTAs an SM, 128-key tiles): a launch from
+# The Gluon decode (kernels/gluon_decode.py, two CTAs an SM, 128-key tiles): a launch from
 # this many CTAs an SM runs one pass (or the few splits that fill its waves best); below it
-# about one CTA an SM.
+# about one CTA an SM where that fills the SMs, else whole waves of two.
 GLUON_CTAS_PER_SM = 2
 GLUON_ONE_PASS_FROM = 0.9      # of a full wave of GLUON_CTAS_PER_SM CTAs an SM
-GLUON_SM_FILL = 0.95           # short fp8 launches aim at this many CTAs an SM
-# int8's loop (780 instructions a tile a warp against fp8's 453) hides its memory only at two
-# CTAs an SM: 8 KV heads x 131072 keys 84.8 us at 32 splits (256 CTAs) against 99.5 at 16, 109.2
-# at 44 (1.33 waves), 90.9 at 64; 12 heads 116.8 at 22 (264) against 142.2 at 11, 142.2 at 32,
-# 124.3 at 44 (H200, graphs, 2026-11-29; the Triton row 94.6 / 130.0): the most splits that
-# stay within one wave of two (``gluon_num_splits(..., two_ctas_an_sm=True)``).
 GLUON_WAVE_FILL = 0.8          # the last wave's fill a split count must reach (1 to 3 splits)
+GLUON_SM_FILL = 0.9            # short launches: one CTA an SM where the SMs are this full
+GLUON_SHORT_WAVE_FILL = 0.9    # else the fewest splits whose last wave of two is this full
+# int4 (``two_ctas_an_sm``): the most splits within one wave of two CTAs an SM, int8's rule until
+# 2026-11-30 (int8's loop then hid its memory only at two CTAs an SM: 84.8 us at 32 splits
+# against 99.5 at 16, GQA 32/8 1 x 131072, 2026-11-29; fp8 took about one CTA an SM, rounded
+# up). The plan runs int4 on the Gluon decode only from 0.7 of a wave (``gluon_int4_pays``), one
+# pass there; its split launches were not measured under the short rule below.
 # Launches with fewer keys a sequence (block-table capacity) keep the Triton kernel: the Gluon
 # decode was measured from 2048 keys up only (H200, graphs, at this rule's splits: 32/8 64 x 2048
 # 1.10x the Triton plan, 12/12 16 x 2048 1.07x, 32/8 4 x 4096 1.22x).
@@ -93,40 +94,54 @@ def gluon_int4_pays(base: int, rows: int, num_sms: int) -> bool:
 def gluon_num_splits(base: int, max_keys: int, num_sms: int,
                      two_ctas_an_sm: bool = False, tile_keys: int = 128) -> int:
     """Split count of the Gluon decode (``base = batch * nheads_k`` CTAs a split), from
-    shapes only. Measured on the H200 (2026-11-29, CUDA graphs, decode + combine,
-    scripts/gluon_decode_check.py; docs/notes.md): where one split fills most of a wave of two
-    CTAs an SM, one pass (512 and 768 CTAs: 1.9 and 2.9 waves, 4% and 2% ahead of two splits;
-    264: 5% ahead), unless its last wave is ragged: then the fewest splits (up to 3) whose last
-    wave is at least ``GLUON_WAVE_FILL`` full (288 CTAs: one pass 193 us, 2 splits 166, 3
-    splits 163; 352: 205 / 189 / 190). Shorter launches aim at about one CTA an SM
-    (``GLUON_SM_FILL``): 8 KV heads x 131072 keys ran 69.7 us at 16 splits (128 CTAs), 72.7 at
-    24, 73.1 at 33, 74.9 at 49; 12 heads 100.8 at 11 (132 CTAs), 102.8 at 22, 108.5 at 33; 96
-    CTAs a split 100.5 at 2 splits against 112.7 at one (96 CTAs leave 36 SMs idle); 48 a split
-    106.2 at 3, 104.2 at 5, 113.7 at 2 (fp8). ``two_ctas_an_sm`` (int8 caches): short launches
-    take the most splits within one wave of two CTAs an SM instead (int4 too). No split shorter than
-    ``FALLBACK_MIN_KEYS`` keys, none empty at ``tile_keys``-key tiles (``busy_splits``; a CTA
-    taking a group of KV heads, ``gluon_decode.kv_head_group``, cuts its keys in ``128 /
-    heads``-key tiles); short launches of such groups at one CTA an SM take at least ``num_sms //
-    base`` splits (a CTA every SM where the base divides it: 4 head groups x 33 splits)."""
+    shapes only. Long launches (from ``GLUON_ONE_PASS_FROM`` of a wave of two CTAs an SM): one
+    pass, unless its last wave is ragged: then the fewest splits (up to 3) whose last wave is at
+    least ``GLUON_WAVE_FILL`` full (H200, 2026-11-29, graphs, fp8: 512 and 768 CTAs one pass 4%
+    and 2% ahead of two splits, 264 5%; 288 CTAs one pass 193 us, 2 splits 166, 3 splits 163;
+    352: 205 / 189 / 190).
+
+    Short launches, fp8 and int8: the most splits that keep one CTA an SM (at most ``num_sms``
+    CTAs) where they fill ``GLUON_SM_FILL`` of the SMs; else the fewest whose last wave of two
+    CTAs an SM is ``GLUON_SHORT_WAVE_FILL`` full (the fullest within the cap if none is). A
+    launch of 133 to 264 CTAs leaves some SMs two CTAs and the rest one: those SMs' CTAs set
+    its time. Measured on the H200 (2026-11-30, twenty-seventh session, graphs, head-major
+    pages, forced splits, us fp8 / int8; docs/notes.md): GQA 32/8 1 x 131072 16 splits (128
+    CTAs) 79.5 / 80.7 against 33 (264) 81.4 / 84.1; 3 x 65536 5 (120) 111.0 / 112.4 against 6
+    (144) 116.7 / 130.8; 6 x 32768 5 (240) 111.9 / 116.3 against 3 (144) 115.8 / 130.9; 12 x
+    16384 5 (480) 113.2 / 117.2 against 2 (192) 114.7 / 120.3; 16 x 8192 1 pass 77.2 / 78.7
+    against 2 81.2 / 83.5; MHA 12/12 12 x 16384 5 (720) 155.2 / 161.7 against 1 (144) 162.5 /
+    190.7. The rule's one loss: GQA 24 x 8192 (192 CTAs) fp8 at 4 splits 114.3 against one
+    pass 112.9 (int8 117.6 against 119.8). ``two_ctas_an_sm`` (int4): the most splits within
+    one wave of two CTAs an SM instead.
+
+    No split shorter than ``FALLBACK_MIN_KEYS`` keys, none empty at ``tile_keys``-key tiles
+    (``busy_splits``; a CTA taking a group of KV heads, ``gluon_decode.kv_head_group``, cuts its
+    keys in ``128 / heads``-key tiles: 4 head groups take 33 splits, a CTA every SM)."""
     base = max(1, base)
     cap = max(1, min(MAX_SPLITS, max_keys // FALLBACK_MIN_KEYS))
     wave = GLUON_CTAS_PER_SM * num_sms
+
+    def wave_fill(splits: int) -> float:
+        waves = base * splits / wave
+        return waves / math.ceil(waves)
+
     if base >= GLUON_ONE_PASS_FROM * wave:
         fills = []
         for splits in range(1, min(3, cap) + 1):
-            waves = base * splits / wave
-            fills.append(waves / math.ceil(waves))
+            fills.append(wave_fill(splits))
             if fills[-1] >= GLUON_WAVE_FILL:
                 return splits
         return 1 + fills.index(max(fills))
     if two_ctas_an_sm:
-        splits = min(cap, max(1, wave // base))
-    else:
-        splits = -(-int(GLUON_SM_FILL * num_sms) // base)
-        if tile_keys < 128:   # KV head groups (not measured at one head a CTA)
-            splits = max(splits, num_sms // base)
-        splits = min(cap, splits)
-    return busy_splits(max_keys, max(1, splits), tile_keys)
+        return busy_splits(max_keys, min(cap, max(1, wave // base)), tile_keys)
+    # the counts that leave no split empty (9 splits of 8192 keys in 128-key tiles run as 8)
+    counts = sorted({busy_splits(max_keys, s, tile_keys) for s in range(1, cap + 1)})
+    one_cta = [c for c in counts if base * c <= num_sms]
+    if one_cta and base * one_cta[-1] >= GLUON_SM_FILL * num_sms:
+        return one_cta[-1]
+    fills = [wave_fill(c) for c in counts]
+    full = [c for c, fill in zip(counts, fills) if fill >= GLUON_SHORT_WAVE_FILL]
+    return full[0] if full else counts[fills.index(max(fills))]
 
 
 def busy_splits(max_keys: int, num_splits: int, block_n: int) -> int:
