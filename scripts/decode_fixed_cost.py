@@ -3,7 +3,7 @@ gaps between them (CUDA, issue 26).
 
     PYTHONPATH=src python scripts/decode_fixed_cost.py [--formats plain,fp8_e4m3,int8,int4]
         [--heads 32/8] [--lengths 32768,65536,131072,262144] [--layout hnd] [--calls 20]
-        [--splits 0] [--set gluon=0]
+        [--splits 0] [--set gluon=0] [--combine-pdl 0|1]
 
 Per format and length (batch 1, d128, page 16, random page order, fp16 queries): the plan's
 call captured ``--calls`` times back to back in one CUDA graph (as ``bench quant``'s
@@ -78,7 +78,12 @@ def main():
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--splits", type=int, default=0, help="forced split count (0: the plan's)")
     p.add_argument("--set", default="", help="config fields changed, field=value[,...]")
+    p.add_argument("--combine-pdl", type=int, choices=(0, 1), default=None,
+                   help="paged_combine.COMBINE_PDL (default: the module's)")
     args = p.parse_args()
+    if args.combine_pdl is not None:
+        from kvonce.kernels import paged_combine
+        paged_combine.COMBINE_PDL = bool(args.combine_pdl)
     hq, hk = (int(x) for x in args.heads.split("/"))
     lengths = [int(x) for x in args.lengths.split(",")]
     print("| format | length | splits | call us | decode us | combine us | gaps us | "

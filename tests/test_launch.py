@@ -147,3 +147,29 @@ def test_alignment_key_names_each_misaligned_pointer():
     assert L.alignment_key(a, b) is True
     first, second = L.alignment_key(off_a, b), L.alignment_key(a, off_b)
     assert first == (False, True) and second == (True, False) and first != second
+
+
+def test_combine_pdl_reaches_the_launch_options(monkeypatch):
+    """``paged_combine.COMBINE_PDL`` sets the combine's ``PDL_WAIT`` (never under the
+    interpreter, which has no ``griddepcontrol``), and ``launch(..., launch_pdl=True)`` compiles
+    with Triton's ``launch_pdl`` option, which the cached launch then reuses."""
+    from kvonce.kernels import paged_combine
+
+    monkeypatch.setattr(paged_combine, "COMBINE_PDL", False)
+    assert paged_combine.combine_launch_shape(8, 1, 2, 16, 128)[1]["PDL_WAIT"] is False
+    monkeypatch.setattr(paged_combine, "COMBINE_PDL", True)
+    monkeypatch.setattr(paged_combine, "interpreter_active", lambda: True)
+    assert paged_combine.combine_launch_shape(8, 1, 2, 16, 128)[1]["PDL_WAIT"] is False
+    monkeypatch.setattr(paged_combine, "interpreter_active", lambda: False)
+    assert paged_combine.combine_launch_shape(8, 1, 2, 16, 128)[1]["PDL_WAIT"] is True
+
+    seen = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: seen.append(kw)
+
+    monkeypatch.setattr(L, "cached_launch_enabled", False)
+    L.launch(Kernel(), "k", (1, 1, 1), (), {"A": 1}, 4, 3, 0, launch_pdl=True)
+    L.launch(Kernel(), "k", (1, 1, 1), (), {"A": 1}, 4, 3, 0)
+    assert seen[0]["launch_pdl"] is True and "launch_pdl" not in seen[1]

@@ -114,9 +114,13 @@ def constexpr_tail(kernel, num_args: int, constexprs: dict) -> tuple:
 
 
 def launch(kernel, key, grid: tuple[int, int, int], args: tuple, constexprs: dict,
-           num_warps: int, num_stages: int, device_index: int, maxnreg: int = 0):
+           num_warps: int, num_stages: int, device_index: int, maxnreg: int = 0,
+           launch_pdl: bool = False):
     """``kernel[grid](*args, **constexprs, num_warps=..., num_stages=...)``, cheaply; ``maxnreg``
     (when nonzero) caps the registers per thread (ptxas ``-maxrregcount``), and belongs in ``key``.
+    ``launch_pdl``: a programmatic dependent launch (Hopper; the kernel may start before the one
+    before it on the stream ends, so it must ``gdc_wait`` before reading that one's output);
+    it belongs in ``key`` too.
 
     ``args`` are the runtime arguments in signature order; ``constexprs`` the compile-time ones,
     which must come after them in the signature (true of every kvonce kernel). ``key`` must
@@ -126,6 +130,8 @@ def launch(kernel, key, grid: tuple[int, int, int], args: tuple, constexprs: dic
     compiled = _compiled.get((kernel, key, device_index))
     if compiled is None or not cached_launch_enabled or _knob_hooks_active():
         options = {"maxnreg": maxnreg} if maxnreg else {}
+        if launch_pdl:
+            options["launch_pdl"] = True
         compiled = kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages,
                                 **options)
         if cached_launch_enabled and not interpreter_active() and not _knob_hooks_active():

@@ -495,7 +495,7 @@ def combine_partials(out_partial, lse_partial, out, lse=None) -> None:
         out_partial, lse_partial, out, out if lse is None else lse, num_splits, head_dim,
         *out_partial.stride()[:4], *lse_partial.stride(), q_len * nheads * head_dim,
         nheads * head_dim, head_dim, nheads * q_len, 1, q_len, **constexprs, num_warps=warps,
-        num_stages=stages)
+        num_stages=stages, **({"launch_pdl": True} if constexprs["PDL_WAIT"] else {}))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -893,4 +893,5 @@ class PagedGluonDecodeLaunch:
         key, grid, constexprs, warps = self.combine
         launch(_combine_splits_kernel, key, grid,
                (o_part, lse_part, out, out if lse is None or not self.store_lse else lse,
-                *self.combine_ints), constexprs, *warps, self.device_index)
+                *self.combine_ints), constexprs, *warps, self.device_index,
+               launch_pdl=constexprs["PDL_WAIT"])

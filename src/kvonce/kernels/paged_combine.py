@@ -8,7 +8,20 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from triton.language.extra.cuda import gdc_wait
+
 from ._launch import alignment_key, launch, next_pow2
+from .configs import interpreter_active
+
+# The split-K combine as a programmatic dependent launch (Hopper): its CTAs may start while the
+# decode launch before it drains and wait (``gdc_wait``) for its partials (PDL_WAIT; the
+# launches pass ``launch_pdl``). The decode kernels do not trigger it early, so it launches as
+# their CTAs exit. H200, 2026-11-30 (twenty-seventh session), scripts/decode_fixed_cost.py
+# --combine-pdl 0|1, GQA 32/8 batch 1, us a call at 131072 / 262144 keys: fp16 129.8 / 252.0
+# against 130.2 / 252.5 with it, fp8 69.2 / 131.4 against 70.0 / 131.8, int8 71.8 / 135.3
+# against 70.0 / 133.9: within the noise, off. Correct where run with it on (95 decode cases
+# and 12 Gluon CUDA-graph cases, none failed).
+COMBINE_PDL = False
 
 
 @triton.jit
@@ -131,13 +144,15 @@ def _combine_splits_kernel(
     stride_ob, stride_ot, stride_oh,
     stride_lb, stride_lt, stride_lh,
     BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, STORE_LSE: tl.constexpr,
-    D_SPLITS: tl.constexpr = 1,
+    D_SPLITS: tl.constexpr = 1, PDL_WAIT: tl.constexpr = False,
 ):
     """One program per (head, head-dim chunk, token, sequence): the S partials of its
     ``BLOCK_D`` channels (chunk ``pid0 % D_SPLITS``), BLOCK_S splits at a time (one chunk unless
     S > BLOCK_S), as whole tiles: a serial load-merge chain over the splits would cost a memory
     latency per split, and channel chunks put more programs on a combine of few heads (each
     recomputes its head's weights from the S LSEs; the first chunk stores the LSE)."""
+    if PDL_WAIT:   # launched before the decode ends: its partials are whole only after this
+        gdc_wait()
     head = tl.program_id(0) // D_SPLITS
     d_chunk = tl.program_id(0) % D_SPLITS
     tok = tl.program_id(1)
@@ -169,11 +184,12 @@ def combine_launch_shape(nheads: int, q_len: int, batch: int, num_splits: int, b
     """``(grid, constexprs, (num_warps, num_stages))`` of ``_combine_splits_kernel`` (``STORE_LSE``
     left to the caller): channel chunks of 32 and up to 128 splits a tile, so one program's
     merge is one or two rounds of independent loads (the combine after a long split-K: 198
-    splits of 2 heads were 12 programs walking 7 rounds each)."""
+    splits of 2 heads were 12 programs walking 7 rounds each). ``PDL_WAIT`` (``COMBINE_PDL``,
+    never under the interpreter): launch it with ``launch_pdl=constexprs["PDL_WAIT"]``."""
     chunk = min(32, block_d)
     d_splits = block_d // chunk
     constexprs = dict(BLOCK_S=min(128, next_pow2(num_splits)), BLOCK_D=chunk,
-                      D_SPLITS=d_splits)
+                      D_SPLITS=d_splits, PDL_WAIT=COMBINE_PDL and not interpreter_active())
     return (nheads * d_splits, q_len, batch), constexprs, (4, 3)
 
 

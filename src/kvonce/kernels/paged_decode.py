@@ -757,4 +757,4 @@ class PagedDecodeLaunch:
         if self._combine is not None:
             key, grid, ints, constexprs, warps = self._combine
             launch(_combine_splits_kernel, key, grid, (o_part, lse_part, out, lse, *ints),
-                   constexprs, *warps, self.device_index)
+                   constexprs, *warps, self.device_index, launch_pdl=constexprs["PDL_WAIT"])

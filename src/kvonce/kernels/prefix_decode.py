@@ -300,4 +300,4 @@ class CascadeLaunch:
                constexprs, *warps, self.device_index)
         key, grid, ints, constexprs, warps = self._combine
         launch(_combine_splits_kernel, (key, aligned), grid, (o_part, lse_part, out, lse, *ints),
-               constexprs, *warps, self.device_index)
+               constexprs, *warps, self.device_index, launch_pdl=constexprs["PDL_WAIT"])
