@@ -134,14 +134,19 @@ def gluon_num_splits(base: int, max_keys: int, num_sms: int,
         return 1 + fills.index(max(fills))
     if two_ctas_an_sm:
         return busy_splits(max_keys, min(cap, max(1, wave // base)), tile_keys)
-    # the counts that leave no split empty (9 splits of 8192 keys in 128-key tiles run as 8)
-    counts = sorted({busy_splits(max_keys, s, tile_keys) for s in range(1, cap + 1)})
-    one_cta = [c for c in counts if base * c <= num_sms]
-    if one_cta and base * one_cta[-1] >= GLUON_SM_FILL * num_sms:
-        return one_cta[-1]
-    fills = [wave_fill(c) for c in counts]
-    full = [c for c, fill in zip(counts, fills) if fill >= GLUON_SHORT_WAVE_FILL]
-    return full[0] if full else counts[fills.index(max(fills))]
+    one_cta = busy_splits(max_keys, min(cap, num_sms // base), tile_keys)
+    if one_cta and base * one_cta >= GLUON_SM_FILL * num_sms:
+        return one_cta
+    best = 1
+    for splits in range(1, cap + 1):
+        # only counts that leave no split empty (9 splits of 8192 keys in 128-key tiles run as 8)
+        if busy_splits(max_keys, splits, tile_keys) != splits:
+            continue
+        if wave_fill(splits) >= GLUON_SHORT_WAVE_FILL:
+            return splits
+        if wave_fill(splits) > wave_fill(best):
+            best = splits
+    return best
 
 
 def busy_splits(max_keys: int, num_splits: int, block_n: int) -> int:
