@@ -155,6 +155,11 @@
 #               MHA 12/12, forced 2-33 splits and the plan's): 2026-11-30 (twenty-seventh
 #               session) int8 at GQA 1 x 131072 ran 69.7 us at 16 splits (fp8's one CTA an SM)
 #               against 72.7 at 32 and 75.5 at the plan's 32 (two CTAs an SM)
+#   pdl         the split combine as a programmatic dependent launch, the decode launches
+#               triggering it at their start (paged_combine.COMBINE_PDL; compiled for sm_90a
+#               2026-11-30, first GPU run): the decode and prefix tests with it on
+#               (scripts/pdl_run.py), then scripts/decode_fixed_cost.py --combine-pdl 0|1 at
+#               GQA 32/8 and MHA 12/12 (fp16, fp8, int8; 131072 and 262144 keys)
 #   power       scripts/decode_power_series.py (fp16, fp8, int8, int4 graph replays back to back for
 #               3 s after 2 s idle; 2026-11-30: the H200 sits at its 700 W cap, SM clock
 #               1.4-1.85 GHz, int4 155.7 -> 164-166 us) with nvidia-smi's clock and power beside
@@ -657,6 +662,21 @@ if has int8splits; then
     --splits ${I8S_SPLITS:-0,2,3,4,5,6,8,11,16,22,33} \
     --grid 128,4,2,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,-1,1 2>&1 | grep -v Warn \
     | tee -a "$OUT/int8splits.log" | grep -E "^\||(int8|fp8_e4m3):")
+fi
+if has pdl; then
+  step pdl
+  timeout ${PDL_TEST_S:-240} python3 scripts/pdl_run.py 1 -m pytest -q -p no:cacheprovider \
+    tests/test_decode.py tests/test_decode_quant.py tests/test_prefix_decode.py \
+    tests/test_gluon_decode.py -k "${PDL_TEST_K:-split or graph or prefix or plan}" \
+    > "$OUT/pdl_tests.log" 2>&1
+  tail -2 "$OUT/pdl_tests.log"; grep -E "^(FAILED|ERROR)" "$OUT/pdl_tests.log" | head
+  for heads in 32/8 12/12; do
+    for f in 0 1; do
+      echo "- $heads combine-pdl $f"
+      timeout 80 python3 scripts/decode_fixed_cost.py --heads $heads \
+        --formats plain,fp8_e4m3,int8 --lengths 131072,262144 --combine-pdl $f 2>&1 | grep "^|"
+    done
+  done
 fi
 if has dramrate; then
   step dramrate

@@ -150,18 +150,27 @@ def test_alignment_key_names_each_misaligned_pointer():
 
 
 def test_combine_pdl_reaches_the_launch_options(monkeypatch):
-    """``paged_combine.COMBINE_PDL`` sets the combine's ``PDL_WAIT`` (never under the
-    interpreter, which has no ``griddepcontrol``), and ``launch(..., launch_pdl=True)`` compiles
-    with Triton's ``launch_pdl`` option, which the cached launch then reuses."""
+    """``paged_combine.COMBINE_PDL`` turns on ``combine_pdl`` (Hopper only, never under the
+    interpreter, which has no ``griddepcontrol``); ``combine_launch_shape(pdl=True)`` sets the
+    combine's ``PDL_WAIT``; ``launch(..., launch_pdl=True)`` compiles with Triton's
+    ``launch_pdl`` option, which the cached launch then reuses."""
     from kvonce.kernels import paged_combine
 
-    monkeypatch.setattr(paged_combine, "COMBINE_PDL", False)
-    assert paged_combine.combine_launch_shape(8, 1, 2, 16, 128)[1]["PDL_WAIT"] is False
-    monkeypatch.setattr(paged_combine, "COMBINE_PDL", True)
-    monkeypatch.setattr(paged_combine, "interpreter_active", lambda: True)
-    assert paged_combine.combine_launch_shape(8, 1, 2, 16, 128)[1]["PDL_WAIT"] is False
+    cuda = torch.device("cuda", 0)
     monkeypatch.setattr(paged_combine, "interpreter_active", lambda: False)
-    assert paged_combine.combine_launch_shape(8, 1, 2, 16, 128)[1]["PDL_WAIT"] is True
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
+    monkeypatch.setattr(paged_combine, "COMBINE_PDL", False)
+    assert not paged_combine.combine_pdl(cuda)
+    monkeypatch.setattr(paged_combine, "COMBINE_PDL", True)
+    assert paged_combine.combine_pdl(cuda)
+    assert not paged_combine.combine_pdl(torch.device("cpu"))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (8, 0))
+    assert not paged_combine.combine_pdl(cuda)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
+    monkeypatch.setattr(paged_combine, "interpreter_active", lambda: True)
+    assert not paged_combine.combine_pdl(cuda)
+    assert paged_combine.combine_launch_shape(8, 1, 2, 16, 128)[1]["PDL_WAIT"] is False
+    assert paged_combine.combine_launch_shape(8, 1, 2, 16, 128, pdl=True)[1]["PDL_WAIT"] is True
 
     seen = []
 

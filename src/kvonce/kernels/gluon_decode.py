@@ -147,6 +147,14 @@ from .tma_descriptors import DescriptorCache
 
 
 @gluon.jit
+def _launch_dependents():
+    """``griddepcontrol.launch_dependents``: a programmatic dependent launch after this one may
+    start (its CTAs then wait, ``gdc_wait``, for this grid's memory)."""
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [],
+                              dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def _gluon_decode_kernel(
     Q, k_desc, v_desc, KS, VS, k_raw, v_raw, Out, Lse, cache_seqlens, block_table, sm_scale,
     q_len,
@@ -159,8 +167,10 @@ def _gluon_decode_kernel(
     SCALE_RING: gl.constexpr = False, V_BIASED: gl.constexpr = False,
     SWAP_AB: gl.constexpr = False, PROBE: gl.constexpr = 0, LOADERS: gl.constexpr = 1,
     HEAD_MAJOR: gl.constexpr = False, HEADS: gl.constexpr = 1, CP_ASYNC: gl.constexpr = False,
-    DEFER_SUMS: gl.constexpr = False,
+    DEFER_SUMS: gl.constexpr = False, PDL_TRIGGER: gl.constexpr = False,
 ):
+    # PDL_TRIGGER: each CTA lets the split combine after this launch start at once (a
+    # programmatic dependent launch, paged_combine.COMBINE_PDL: it waits for these partials).
     # HEAD_MAJOR: pages stored [num_pages, nheads_k, page_size, row] (the descriptors' rows a
     # (page, KV head)'s keys), else token-major [num_pages, page_size, nheads_k, row].
     # HEADS: KV heads a CTA (program_id(1) their group, GROUP the group's q heads: HEADS x the
@@ -211,6 +221,8 @@ def _gluon_decode_kernel(
     # (the partitions' argument lists written out: a tuple variable would drop constexprs, and
     # one holding the function does not compile; tried again 2026-11-29. Which format runs
     # how many loaders: GLUON_LOADERS; the two-loader form went when four shipped)
+    if PDL_TRIGGER:
+        _launch_dependents()
     if LOADERS == 4:   # the loader warpgroup's four warps (the launch is 8 warps either way)
         gl.warp_specialize([
             (_consume_any,
@@ -485,11 +497,11 @@ def combine_partials(out_partial, lse_partial, out, lse=None) -> None:
     """``paged_combine._combine_splits_kernel`` over the partials: ``out [batch, q_len, nheads,
     128]`` (its dtype) and, if given, ``lse`` float32 ``[batch, nheads, q_len]``, both
     contiguous (as ``PagedDecodeLaunch`` calls it)."""
-    from .paged_combine import _combine_splits_kernel, combine_launch_shape
+    from .paged_combine import _combine_splits_kernel, combine_launch_shape, combine_pdl
 
     batch, q_len, nheads, num_splits, head_dim = out_partial.shape
     grid, constexprs, (warps, stages) = combine_launch_shape(nheads, q_len, batch, num_splits,
-                                                             head_dim)
+                                                             head_dim, combine_pdl(out.device))
     constexprs["STORE_LSE"] = lse is not None
     _combine_splits_kernel[grid](
         out_partial, lse_partial, out, out if lse is None else lse, num_splits, head_dim,
@@ -725,7 +737,7 @@ class PagedGluonDecodeLaunch:
     def __init__(self, q, k_cache, v_cache, block_table, *, softmax_scale: float, causal: bool,
                  num_splits: int, store_lse: bool, kv_format: int = 1, k_scale=None,
                  v_scale=None):
-        from .paged_combine import combine_launch_shape
+        from .paged_combine import combine_launch_shape, combine_pdl
 
         batch, q_len, nheads, head_dim = q.shape
         page_size, nheads_k = k_cache.shape[1], k_cache.shape[2]
@@ -783,7 +795,8 @@ class PagedGluonDecodeLaunch:
                                HEAD_MAJOR=self.head_major, HEADS=self.heads,
                                DEFER_SUMS=self.int4 and self.swap and INT4_DEFER_SUMS,
                                CP_ASYNC=kv_format in GLUON_CP_ASYNC_FORMATS
-                               and kv_format == FP8.value and self.heads == 1)
+                               and kv_format == FP8.value and self.heads == 1,
+                               PDL_TRIGGER=not self.direct and combine_pdl(q.device))
         self.ring_constexprs = dict(self.constexprs, SCALE_RING=True, SWAP_AB=self.swap)
         self.constexprs["SWAP_AB"] = self.swap and kv_format == FP8.value
         self.key = ("gluon-decode", q.dtype, self.ints, self.tail_ints,
@@ -793,8 +806,9 @@ class PagedGluonDecodeLaunch:
             self.combine_ints = (num_splits, head_dim, *out_strides, *lse_strides,
                                  q_len * nheads * head_dim, nheads * head_dim, head_dim,
                                  nheads * q_len, 1, q_len)
-            grid, constexprs, warps = combine_launch_shape(nheads, q_len, batch, num_splits,
-                                                           head_dim)
+            grid, constexprs, warps = combine_launch_shape(
+                nheads, q_len, batch, num_splits, head_dim,
+                pdl=self.constexprs["PDL_TRIGGER"])
             constexprs["STORE_LSE"] = store_lse
             self.combine = (("combine", q.dtype, self.combine_ints,
                              tuple(constexprs.values())), grid, constexprs, warps)

@@ -52,7 +52,7 @@ def _check_spec(variant, group, page_size, stages=4, causal=False, thread_arrive
                 ring_merge=False, ctas_per_sm=1, kv_dtype="u8", tile_keys=0, kv_format=1,
                 q_dtype="fp16", direct_lse=None, scale_ring=False, v_biased=False,
                 swap_ab=False, probe=0, loaders=1, head_major=False, f16_pairs=False,
-                f16_scales=False, heads=1, cp_async=False, defer_sums=False):
+                f16_scales=False, heads=1, cp_async=False, defer_sums=False, pdl_trigger=False):
     options = dict(num_warps=4)
     if ctas_per_sm == 2:
         options["maxnreg"] = TWO_CTA_MAXNREG
@@ -60,7 +60,7 @@ def _check_spec(variant, group, page_size, stages=4, causal=False, thread_arrive
     constexprs = dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, STAGES=stages,
                       THREAD_ARRIVE=thread_arrive, RING_MERGE=ring_merge, LOADERS=loaders,
                       PROBE=probe, HEAD_MAJOR=head_major, HEADS=heads, CP_ASYNC=cp_async,
-                      DEFER_SUMS=defer_sums)
+                      DEFER_SUMS=defer_sums, PDL_TRIGGER=pdl_trigger)
     if tile_keys:
         constexprs["TILE_KEYS"] = tile_keys
     if kv_format != 1 or direct_lse is not None:
@@ -205,6 +205,12 @@ GLUON_CHECK_SPECS = [
     _check_spec("int8f16-ring-4loaders-hnd-page16-gqa4-2stages-2cta", 4, 16, stages=2,
                 ring_merge=True, ctas_per_sm=2, kv_format=2, scale_ring=True, head_major=True,
                 f16_scales=True, loaders=4),
+    # the plan's fp8 / int8 split launches with the combine's early trigger (COMBINE_PDL)
+    _check_spec("pdl-int8f16-ring-4loaders-hnd-page16-gqa4-2stages-2cta", 4, 16, stages=2,
+                ring_merge=True, ctas_per_sm=2, kv_format=2, scale_ring=True, head_major=True,
+                f16_scales=True, loaders=4, pdl_trigger=True),
+    _check_spec("pdl-fp8-hnd-page16-gqa4-2stages-2cta", 4, 16, stages=2, ring_merge=True,
+                ctas_per_sm=2, head_major=True, pdl_trigger=True),
     _check_spec("int4f16-swap-vbias-bf16q-page64-mha-causal-4stages-2cta-direct", 1, 64,
                 stages=4, causal=True, ctas_per_sm=2, kv_format=3, q_dtype="bf16",
                 direct_lse=True, swap_ab=True, f16_pairs=True, v_biased=True),

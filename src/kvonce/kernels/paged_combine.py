@@ -5,9 +5,9 @@
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
-
 from triton.language.extra.cuda import gdc_wait
 
 from ._launch import alignment_key, launch, next_pow2
@@ -15,13 +15,23 @@ from .configs import interpreter_active
 
 # The split-K combine as a programmatic dependent launch (Hopper): its CTAs may start while the
 # decode launch before it drains and wait (``gdc_wait``) for its partials (PDL_WAIT; the
-# launches pass ``launch_pdl``). The decode kernels do not trigger it early, so it launches as
-# their CTAs exit. H200, 2026-11-30 (twenty-seventh session), scripts/decode_fixed_cost.py
-# --combine-pdl 0|1, GQA 32/8 batch 1, us a call at 131072 / 262144 keys: fp16 129.8 / 252.0
-# against 130.2 / 252.5 with it, fp8 69.2 / 131.4 against 70.0 / 131.8, int8 71.8 / 135.3
-# against 70.0 / 133.9: within the noise, off. Correct where run with it on (95 decode cases
-# and 12 Gluon CUDA-graph cases, none failed).
+# launches pass ``launch_pdl``). Without a trigger it launched as the decode's CTAs exited:
+# H200, 2026-11-30 (twenty-seventh session), scripts/decode_fixed_cost.py --combine-pdl 0|1,
+# GQA 32/8 batch 1, us a call at 131072 / 262144 keys: fp16 129.8 / 252.0 against 130.2 /
+# 252.5 with it, fp8 69.2 / 131.4 against 70.0 / 131.8, int8 71.8 / 135.3 against 70.0 / 133.9:
+# within the noise. Correct with it on (95 decode cases and 12 Gluon CUDA-graph cases, none
+# failed). Since then the decode launches before a combine trigger it at their start
+# (``PDL_TRIGGER``: griddepcontrol.launch_dependents, SASS PREEXIT; compiled for sm_90a, not
+# yet run on a GPU): off until measured (``STEPS=pdl bash scripts/gpu_issue26.sh``).
 COMBINE_PDL = False
+
+
+def combine_pdl(device: torch.device) -> bool:
+    """Whether split combines on ``device`` launch as programmatic dependents (``COMBINE_PDL``;
+    Hopper and later, never under the interpreter: ``griddepcontrol`` is sm_90's), and the
+    decode launches before them trigger them early (their ``PDL_TRIGGER``)."""
+    return (COMBINE_PDL and not interpreter_active() and device.type == "cuda"
+            and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
 @triton.jit
@@ -180,16 +190,18 @@ def _combine_splits_kernel(
             tl.store(Lse + seq * stride_lb + tok * stride_lt + head * stride_lh, lse)
 
 
-def combine_launch_shape(nheads: int, q_len: int, batch: int, num_splits: int, block_d: int):
+def combine_launch_shape(nheads: int, q_len: int, batch: int, num_splits: int, block_d: int,
+                         pdl: bool = False):
     """``(grid, constexprs, (num_warps, num_stages))`` of ``_combine_splits_kernel`` (``STORE_LSE``
     left to the caller): channel chunks of 32 and up to 128 splits a tile, so one program's
     merge is one or two rounds of independent loads (the combine after a long split-K: 198
-    splits of 2 heads were 12 programs walking 7 rounds each). ``PDL_WAIT`` (``COMBINE_PDL``,
-    never under the interpreter): launch it with ``launch_pdl=constexprs["PDL_WAIT"]``."""
+    splits of 2 heads were 12 programs walking 7 rounds each). ``pdl`` (``combine_pdl``): a
+    programmatic dependent launch (``PDL_WAIT``; launch it with
+    ``launch_pdl=constexprs["PDL_WAIT"]``)."""
     chunk = min(32, block_d)
     d_splits = block_d // chunk
     constexprs = dict(BLOCK_S=min(128, next_pow2(num_splits)), BLOCK_D=chunk,
-                      D_SPLITS=d_splits, PDL_WAIT=COMBINE_PDL and not interpreter_active())
+                      D_SPLITS=d_splits, PDL_WAIT=pdl)
     return (nheads * d_splits, q_len, batch), constexprs, (4, 3)
 
 

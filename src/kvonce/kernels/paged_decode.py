@@ -33,11 +33,13 @@ import dataclasses
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
 # The state-in/state-out online-softmax step is shared with the varlen kernels.
 from ._launch import alignment_key, dot_input_precision, launch, next_pow2
 from .dual_group_fwd import _online_update, _softmax_step
-from .paged_combine import _combine_splits, _combine_splits_kernel, combine_launch_shape
+from .paged_combine import (_combine_splits, _combine_splits_kernel, combine_launch_shape,
+                            combine_pdl)
 from .paged_decode_int4 import _attend_paged_int4, _int4_tile
 from .paged_decode_pairs import _attend_paged_pairs
 from .paged_outliers import _outlier_queries, _outlier_scores, _without_outlier_channels
@@ -470,9 +472,12 @@ def _paged_decode_kernel(
     PREFETCH_PAGES: tl.constexpr = False,  # page ids looked up a tile ahead (not SWAP_AB)
     MERGE_SPLITS_AT_ONCE: tl.constexpr = 1,  # MERGE_HERE: splits loaded before folding
     HEAD_PAIRS: tl.constexpr = False,  # int4: a program a pair of KV heads (GROUP = 2 x theirs)
+    PDL_TRIGGER: tl.constexpr = False,  # the combine after this launch may start (COMBINE_PDL)
 ):
     # Grid: (num_splits * num_m_blocks, nheads_k, batch) (HEAD_PAIRS: nheads_k / 2 pairs). Splits
     # vary fastest so that the programs of one sequence's KV head run side by side.
+    if PDL_TRIGGER:   # the split combine waits for these partials itself (gdc_wait)
+        gdc_launch_dependents()
     split = tl.program_id(0) // num_m_blocks
     m_block = tl.program_id(0) % num_m_blocks
     kv_head = tl.program_id(1)
@@ -681,6 +686,7 @@ class PagedDecodeLaunch:
             # Not with dense-and-sparse keys: int4+8 ran 5-35% slower with it (H100).
             PREFETCH_PAGES=config.prefetch_pages and outlier_values is None,
             MERGE_SPLITS_AT_ONCE=config.merge_splits_at_once, HEAD_PAIRS=self._head_pairs,
+            PDL_TRIGGER=num_splits > 1 and not merge_here and combine_pdl(q.device),
             # int32 offsets where everything fits (fewer IMADs per key row) unless the config
             # says int64 (PagedDecodeConfig.int64_kv_offsets: which rows and launches do, why).
             INT64_KV=config.int64_kv_offsets or max(
@@ -708,8 +714,9 @@ class PagedDecodeLaunch:
             # Final out [batch, q_len, nheads, d] and lse [batch, nheads, q_len], contiguous.
             ints = (num_splits, head_dim, *dst_o, *dst_l, q_len * nheads * head_dim,
                     nheads * head_dim, head_dim, nheads * q_len, 1, q_len)
-            grid, constexprs, warps = combine_launch_shape(nheads, q_len, batch, num_splits,
-                                                           block_d)
+            grid, constexprs, warps = combine_launch_shape(
+                nheads, q_len, batch, num_splits, block_d,
+                pdl=self._constexprs["PDL_TRIGGER"])
             constexprs["STORE_LSE"] = store_lse
             self._combine = ((q.dtype, ints, tuple(constexprs.values())), grid, ints,
                              constexprs, warps)

@@ -42,7 +42,7 @@ import triton.language as tl
 
 from ._launch import alignment_key, dot_input_precision, launch, next_pow2
 from .dual_group_fwd import _online_update
-from .paged_combine import _combine_splits_kernel, combine_launch_shape
+from .paged_combine import _combine_splits_kernel, combine_launch_shape, combine_pdl
 from .paged_decode import _load_paged_kv_tile, _paged_decode_kernel, _span, decode_row_blocks
 
 # Columns of one work item in the plan's int32 ``work [num_work, WORK_FIELDS]`` table.
@@ -262,7 +262,8 @@ class CascadeLaunch:
                           SWAP_AB=c.swap_ab, F16_MATH=False,
                           INT64_KV=c.int64_kv_offsets or past_int32, V_PAIRS=False,
                           N_OUT=0, SCALE_PAIRS=False, PREFETCH_PAGES=c.prefetch_pages,
-                          MERGE_SPLITS_AT_ONCE=1, HEAD_PAIRS=False)
+                          MERGE_SPLITS_AT_ONCE=1, HEAD_PAIRS=False,
+                          PDL_TRIGGER=combine_pdl(q.device))
         warps = (c.num_warps, c.num_stages)
         self._suffix = (("suffix", q.dtype, k_cache.dtype, ints, tuple(constexprs.values()),
                          warps), (suffix_splits * num_m_blocks, nheads_k, batch), scale, ints,
@@ -271,7 +272,8 @@ class CascadeLaunch:
         # 3. combine: one program per (head, channel chunk, token, sequence) over the S slots.
         ints = (slots, head_dim, *dst_o, *dst_l, q_len * nheads * head_dim, nheads * head_dim,
                 head_dim, nheads * q_len, 1, q_len)
-        grid, constexprs, warps = combine_launch_shape(nheads, q_len, batch, slots, block_d)
+        grid, constexprs, warps = combine_launch_shape(nheads, q_len, batch, slots, block_d,
+                                                       pdl=combine_pdl(q.device))
         constexprs["STORE_LSE"] = store_lse
         self._combine = (("combine", q.dtype, ints, tuple(constexprs.values())),
                          grid, ints, constexprs, warps)
