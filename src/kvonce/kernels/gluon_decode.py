@@ -5,14 +5,14 @@ merged by ``paged_combine``; one split stores out itself), for fp16 and bf16 que
 
 WIRED on sm_90 (``PagedDecodeConfig.gluon``, the fp8, int8 and int4 rows; ``paged_fits`` says which
 launches, ``PagedGluonDecodeLaunch`` is the plan's launch): two CTAs an SM at two ring stages
-(``GLUON_PLAN_VARIANT``). On the lent H200 (2026-11-29, CUDA graphs, decode + combine) the fp8
-form ran 1.07-1.12x the Triton kernel at the ``bench quant`` shapes with its own split counts
-(``paged.splits.gluon_num_splits``: one CTA an SM for short launches where that fills the SMs,
-else whole waves of two; one pass from a full wave of two), where the Triton loop, at 604
-instructions a tile a warp, no longer follows the H200's memory; int8 (``KV_FORMAT`` 2: per-key
-scales; the same split rule since 2026-11-30) 1.08-1.21x (scripts/quant_decode_sweep.py, seventeenth session); bf16 queries (rows
-scaled into fp16 once a CTA, the same loop) alike. On the H100 (2026-11-27, one CTA an SM, four
-stages, the Triton row's splits) the fp8 form was 2-11% slower.
+(``GLUON_PLAN_VARIANT``). On the lent H200 (2026-11-29, CUDA graphs, decode + combine) the fp8 form
+ran 1.07-1.12x the Triton kernel at the ``bench quant`` shapes with its own split counts
+(``paged.splits.gluon_num_splits``: one CTA an SM for short launches where that fills the SMs, else
+whole waves of two; one pass from a full wave of two), where the Triton loop, at 604 instructions a
+tile a warp, no longer follows the H200's memory; int8 (``KV_FORMAT`` 2: per-key scales; the same
+split rule since 2026-11-30) 1.08-1.21x (scripts/quant_decode_sweep.py, seventeenth session); bf16
+queries (rows scaled into fp16 once a CTA, the same loop) alike. On the H100 (2026-11-27, one CTA an
+SM, four stages, the Triton row's splits) the fp8 form was 2-11% slower.
 
 int8's per-key scales come by TMA with each K tile where stored head-major (``SCALE_RING``: the
 loader copies a box's scales, one row of their head-major storage, into a ring beside K's;
