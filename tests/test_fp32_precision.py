@@ -236,9 +236,9 @@ def test_launches_pass_the_precision(monkeypatch):
     seen = []
     real = _launch.launch
 
-    def recording(kernel, key, grid, args, constexprs, *rest):
+    def recording(kernel, key, grid, args, constexprs, *rest, **options):
         seen.append((kernel.fn.__name__, constexprs.get("DOT_PRECISION")))
-        return real(kernel, key, grid, args, constexprs, *rest)
+        return real(kernel, key, grid, args, constexprs, *rest, **options)
 
     for module in ("dual_group_fwd", "paged_decode", "paged_prefill", "prefix_decode"):
         monkeypatch.setattr(f"kvonce.kernels.{module}.launch", recording)
