@@ -160,6 +160,10 @@
 #               2026-11-30, first GPU run): the decode and prefix tests with it on
 #               (scripts/pdl_run.py), then scripts/decode_fixed_cost.py --combine-pdl 0|1 at
 #               GQA 32/8 and MHA 12/12 (fp16, fp8, int8; 131072 and 262144 keys)
+#   smspread    the next question after dramrate (2026-11-30: the same bytes at 81% of DRAM peak
+#               against fp16's 87.5%): is it a tail (SM active cycles min / avg / max against
+#               the elapsed) or a lower rate on every SM (L2-to-SM bytes a second, the TMA
+#               unit's); fp16 Triton, fp8 and int8 Gluon at GQA 32/8 1 x 131072 and 64 x 8192
 #   power       scripts/decode_power_series.py (fp16, fp8, int8, int4 graph replays back to back for
 #               3 s after 2 s idle; 2026-11-30: the H200 sits at its 700 W cap, SM clock
 #               1.4-1.85 GHz, int4 155.7 -> 164-166 us) with nvidia-smi's clock and power beside
@@ -676,6 +680,19 @@ if has pdl; then
       timeout 80 python3 scripts/decode_fixed_cost.py --heads $heads \
         --formats plain,fp8_e4m3,int8 --lengths 131072,262144 --combine-pdl $f 2>&1 | grep "^|"
     done
+  done
+fi
+if has smspread; then
+  step smspread
+  M=gpu__time_duration.sum,sm__cycles_active.min,sm__cycles_active.avg,sm__cycles_active.max
+  M=$M,sm__cycles_elapsed.avg,dram__throughput.avg.pct_of_peak_sustained_elapsed
+  M=$M,l1tex__m_xbar2l1tex_read_bytes.sum.per_second,lts__t_sectors_srcunit_tex_op_read.sum
+  for c in "plain 32 8 1 131072" "fp8_e4m3 32 8 1 131072" "int8 32 8 1 131072" \
+      "plain 32 8 64 8192" "fp8_e4m3 32 8 64 8192" "int8 32 8 64 8192"; do
+    echo "-- $c hnd"
+    (cd scripts && PYTHONPATH=../src:. timeout 150 ncu --clock-control none --kernel-name \
+      regex:"gluon_decode|paged_decode" --launch-skip 1 --launch-count 1 --metrics $M \
+      python3 decode_ncu_case.py $c hnd 2>&1 | grep -E "^\s+(gpu|sm|dram|l1tex|lts)__|_kernel|ERROR")
   done
 fi
 if has dramrate; then
