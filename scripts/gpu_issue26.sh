@@ -682,31 +682,30 @@ if has pdl; then
     done
   done
 fi
+# ncu's metrics $1 of the second decode launch, fp16 Triton / fp8 / int8 Gluon, GQA 32/8 at
+# 1 x 131072 and 64 x 8192, head-major pages (steps smspread, dramrate)
+ncu_decode_cases() {
+  for c in "plain 32 8 1 131072" "fp8_e4m3 32 8 1 131072" "int8 32 8 1 131072" \
+      "plain 32 8 64 8192" "fp8_e4m3 32 8 64 8192" "int8 32 8 64 8192"; do
+    echo "-- $c hnd"
+    (cd scripts && PYTHONPATH=../src:. timeout 150 ncu --clock-control none --kernel-name \
+      regex:"gluon_decode|paged_decode" --launch-skip 1 --launch-count 1 --metrics "$1" \
+      python3 decode_ncu_case.py $c hnd 2>&1 | grep -E "^\s+[a-z0-9]+__|_kernel|ERROR")
+  done
+}
 if has smspread; then
   step smspread
   M=gpu__time_duration.sum,sm__cycles_active.min,sm__cycles_active.avg,sm__cycles_active.max
   M=$M,sm__cycles_elapsed.avg,dram__throughput.avg.pct_of_peak_sustained_elapsed
   M=$M,l1tex__m_xbar2l1tex_read_bytes.sum.per_second,lts__t_sectors_srcunit_tex_op_read.sum
-  for c in "plain 32 8 1 131072" "fp8_e4m3 32 8 1 131072" "int8 32 8 1 131072" \
-      "plain 32 8 64 8192" "fp8_e4m3 32 8 64 8192" "int8 32 8 64 8192"; do
-    echo "-- $c hnd"
-    (cd scripts && PYTHONPATH=../src:. timeout 150 ncu --clock-control none --kernel-name \
-      regex:"gluon_decode|paged_decode" --launch-skip 1 --launch-count 1 --metrics $M \
-      python3 decode_ncu_case.py $c hnd 2>&1 | grep -E "^\s+(gpu|sm|dram|l1tex|lts)__|_kernel|ERROR")
-  done
+  ncu_decode_cases "$M"
 fi
 if has dramrate; then
   step dramrate
   M=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum
   M=$M,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sectors_op_read.sum
   M=$M,lts__t_sector_hit_rate.pct,sm__cycles_active.avg
-  for c in "plain 32 8 1 131072" "fp8_e4m3 32 8 1 131072" "int8 32 8 1 131072" \
-      "plain 32 8 64 8192" "fp8_e4m3 32 8 64 8192" "int8 32 8 64 8192"; do
-    echo "-- $c hnd"
-    (cd scripts && PYTHONPATH=../src:. timeout 150 ncu --clock-control none --kernel-name \
-      regex:"gluon_decode|paged_decode" --launch-skip 1 --launch-count 1 --metrics $M \
-      python3 decode_ncu_case.py $c hnd 2>&1 | grep -E "^\s+(gpu|sm|dram|lts)__|_kernel|ERROR")
-  done
+  ncu_decode_cases "$M"
 fi
 if has gluon16; then
   step gluon16
