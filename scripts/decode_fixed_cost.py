@@ -79,11 +79,11 @@ def main():
     p.add_argument("--splits", type=int, default=0, help="forced split count (0: the plan's)")
     p.add_argument("--set", default="", help="config fields changed, field=value[,...]")
     p.add_argument("--combine-pdl", type=int, choices=(0, 1), default=None,
-                   help="paged_combine.COMBINE_PDL (default: the module's)")
+                   help="every family of paged_combine.COMBINE_PDL (default: the module's)")
     args = p.parse_args()
     if args.combine_pdl is not None:
         from kvonce.kernels import paged_combine
-        paged_combine.COMBINE_PDL = bool(args.combine_pdl)
+        paged_combine.set_combine_pdl(args.combine_pdl)
     hq, hk = (int(x) for x in args.heads.split("/"))
     lengths = [int(x) for x in args.lengths.split(",")]
     print("| format | length | splits | call us | decode us | combine us | gaps us | "

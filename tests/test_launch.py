@@ -150,25 +150,32 @@ def test_alignment_key_names_each_misaligned_pointer():
 
 
 def test_combine_pdl_reaches_the_launch_options(monkeypatch):
-    """``paged_combine.COMBINE_PDL`` turns on ``combine_pdl`` (Hopper only, never under the
-    interpreter, which has no ``griddepcontrol``); ``combine_launch_shape(pdl=True)`` sets the
-    combine's ``PDL_WAIT``; ``launch(..., launch_pdl=True)`` compiles with Triton's
-    ``launch_pdl`` option, which the cached launch then reuses."""
+    """``paged_combine.COMBINE_PDL`` turns on ``combine_pdl`` per decode family (Hopper only,
+    never under the interpreter, which has no ``griddepcontrol``); ``set_combine_pdl`` sets
+    every family; ``combine_launch_shape(pdl=True)`` sets the combine's ``PDL_WAIT``;
+    ``launch(..., launch_pdl=True)`` compiles with Triton's ``launch_pdl`` option, which the
+    cached launch then reuses."""
     from kvonce.kernels import paged_combine
 
     cuda = torch.device("cuda", 0)
     monkeypatch.setattr(paged_combine, "interpreter_active", lambda: False)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
-    monkeypatch.setattr(paged_combine, "COMBINE_PDL", False)
-    assert not paged_combine.combine_pdl(cuda)
-    monkeypatch.setattr(paged_combine, "COMBINE_PDL", True)
-    assert paged_combine.combine_pdl(cuda)
-    assert not paged_combine.combine_pdl(torch.device("cpu"))
+    monkeypatch.setattr(paged_combine, "COMBINE_PDL",
+                        {"triton": False, "gluon": True, "prefix": False})
+    assert paged_combine.combine_pdl(cuda, "gluon")
+    assert not paged_combine.combine_pdl(cuda, "triton")
+    assert not paged_combine.combine_pdl(cuda, "prefix")
+    paged_combine.set_combine_pdl(True)
+    assert all(paged_combine.combine_pdl(cuda, f) for f in ("triton", "gluon", "prefix"))
+    assert not paged_combine.combine_pdl(torch.device("cpu"), "gluon")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (8, 0))
-    assert not paged_combine.combine_pdl(cuda)
+    assert not paged_combine.combine_pdl(cuda, "gluon")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
     monkeypatch.setattr(paged_combine, "interpreter_active", lambda: True)
-    assert not paged_combine.combine_pdl(cuda)
+    assert not paged_combine.combine_pdl(cuda, "gluon")
+    paged_combine.set_combine_pdl(False)
+    monkeypatch.setattr(paged_combine, "interpreter_active", lambda: False)
+    assert not paged_combine.combine_pdl(cuda, "gluon")
     assert paged_combine.combine_launch_shape(8, 1, 2, 16, 128)[1]["PDL_WAIT"] is False
     assert paged_combine.combine_launch_shape(8, 1, 2, 16, 128, pdl=True)[1]["PDL_WAIT"] is True
 
@@ -182,3 +189,85 @@ def test_combine_pdl_reaches_the_launch_options(monkeypatch):
     L.launch(Kernel(), "k", (1, 1, 1), (), {"A": 1}, 4, 3, 0, launch_pdl=True)
     L.launch(Kernel(), "k", (1, 1, 1), (), {"A": 1}, 4, 3, 0)
     assert seen[0]["launch_pdl"] is True and "launch_pdl" not in seen[1]
+
+
+def test_tma_descriptor_launch_matches_tritons_wrapper(monkeypatch):
+    """The direct path for launches with TMA descriptors (``tensordesc_launcher`` +
+    ``expand_descriptors``) hands the C launcher exactly what Triton 3.6's
+    ``wrap_handle_tensordesc`` does, encodes a kept descriptor once, re-encodes a different
+    object (even one equal to it, even at a reused id) and does not keep a descriptor alive."""
+    import gc
+    import types
+    import weakref
+
+    driver = pytest.importorskip("triton.backends.nvidia.driver")
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    encodings = []
+
+    def fake_encode(desc, meta):   # stands in for cuTensorMapEncodeTiled (needs a GPU)
+        encodings.append(desc)
+        return [("map", desc.base.data_ptr(), meta["swizzle"]), *desc.shape, *desc.strides]
+
+    monkeypatch.setattr(driver, "make_tensordesc_arg", fake_encode)
+    monkeypatch.setattr(L, "_encoded", {})
+    seen = []
+    signature = {"a": "*fp16", "kd": "tensordesc<fp8[16, 128]>", "n": "i32",
+                 "vd": "tensordesc<fp8[16, 128]>", "m": "i32", "C": "constexpr"}
+    metas = [{"swizzle": 3}, {"swizzle": 2}]
+    inner = driver.wrap_handle_tensordesc(lambda *a: seen.append(a), signature, metas)
+    run = types.SimpleNamespace(launch=inner, launch_cooperative_grid=False, launch_pdl=True,
+                                global_scratch_size=0, profile_scratch_size=0)
+    launcher, coop, pdl, positions = L.tensordesc_launcher(types.SimpleNamespace(run=run))
+    assert (coop, pdl) == (False, True)
+    assert positions == ((1, metas[0]), (3, metas[1]))
+
+    def desc(t):
+        return TensorDescriptor(t, list(t.shape), [t.stride(0), 1], [16, 128])
+
+    k, v = torch.zeros(64, 128, dtype=torch.uint8), torch.zeros(32, 128, dtype=torch.uint8)
+    kd, vd = desc(k), desc(v)
+    base = (1, 2, 3, 4, 5, False, True, None, None, "meta", None, None, None)
+    args = ("a", kd, 7, vd, 9)
+    inner(*base, *args, None)                                   # Triton's own wrapper
+    launcher(*base, *L.expand_descriptors(args, positions), None)   # the direct path
+    assert seen[0] == seen[1]
+    assert len(encodings) == 4
+    L.expand_descriptors(args, positions)
+    assert len(encodings) == 4                                   # kept: encoded once
+    L.expand_descriptors(("a", desc(k), 7, vd, 9), positions)
+    assert len(encodings) == 5                                   # another object: encoded
+    ref = weakref.ref(kd)
+    del kd, args
+    encodings.clear()
+    gc.collect()
+    assert ref() is None                                         # not kept alive
+    kd2 = desc(v)                                                # may reuse the freed id
+    out = L.expand_descriptors(("a", kd2, 7, vd, 9), positions)
+    assert out[1] == ("map", v.data_ptr(), 3) and encodings == [kd2]
+
+
+def test_tma_descriptor_launch_declines_other_launchers():
+    """No descriptor arguments, scratch to allocate, or a launcher Triton did not wrap: None
+    (``launch`` then calls ``ck.run``)."""
+    import types
+
+    driver = pytest.importorskip("triton.backends.nvidia.driver")
+
+    def plain_launcher(*a):
+        return a
+
+    def run(launch, scratch=0):
+        return types.SimpleNamespace(run=types.SimpleNamespace(
+            launch=launch, launch_cooperative_grid=False, launch_pdl=False,
+            global_scratch_size=scratch, profile_scratch_size=0))
+
+    assert L.tensordesc_launcher(run(plain_launcher)) is None
+    no_desc = driver.wrap_handle_tensordesc(plain_launcher, {"a": "*fp16"}, None)
+    assert L.tensordesc_launcher(run(no_desc)) is None
+    sig = {"d": "tensordesc<fp8[16, 128]>"}
+    wrapped = driver.wrap_handle_tensordesc(plain_launcher, sig, [{"swizzle": 3}])
+    assert L.tensordesc_launcher(run(wrapped)) is not None
+    assert L.tensordesc_launcher(run(wrapped, scratch=128)) is None
+    decomposed = driver.wrap_handle_tensordesc(plain_launcher, sig, None)
+    assert L.tensordesc_launcher(run(decomposed)) is None

@@ -21,6 +21,8 @@ each tensor's dtype, and whether every pointer is 16-byte aligned (``aligned``).
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 import triton
 
@@ -140,6 +142,75 @@ def launch(kernel, key, grid: tuple[int, int, int], args: tuple, constexprs: dic
         return compiled
     ck, tail = compiled
     stream = torch._C._cuda_getCurrentRawStream(device_index)
-    ck.run(grid[0], grid[1], grid[2], stream, ck.function, ck.packed_metadata, None, None, None,
-           *args, *tail)
+    raw = _tensordesc_launchers.get(ck, _UNSEEN)
+    if raw is _UNSEEN:
+        raw = _tensordesc_launchers[ck] = tensordesc_launcher(ck)
+    if raw is None or not direct_tensordesc_launch:
+        ck.run(grid[0], grid[1], grid[2], stream, ck.function, ck.packed_metadata, None, None,
+               None, *args, *tail)
+    else:
+        launcher, coop, pdl, positions = raw
+        launcher(grid[0], grid[1], grid[2], stream, ck.function, coop, pdl, None, None,
+                 ck.packed_metadata, None, None, None, *expand_descriptors(args, positions),
+                 *tail)
     return ck
+
+
+# TMA descriptor arguments (Gluon launches). Triton 3.6's launcher wraps the C launcher in a
+# Python loop (``wrap_handle_tensordesc``) that walks every argument and encodes each host-side
+# ``TensorDescriptor`` into a ``CUtensorMap`` on every launch: on the H200's host a Gluon decode
+# call spent ~72 us (fp8; int8 82-102) against 43 for the Triton decode's two launches, more
+# than its kernel at 1 x 131072 (twenty-eighth session, scripts/quant_host_profile.py). The
+# plans keep their descriptors (``tma_descriptors.DescriptorCache``), so each one's encoding is
+# kept too, under the descriptor object (weakly: a descriptor built for one call is not kept
+# alive, and its encoding is not reused by another object), and the C launcher called directly.
+# A descriptor must not change after its first launch (kvonce's never do).
+# Module state so that a test or a host profile can take Triton's wrapper instead.
+direct_tensordesc_launch = True
+_UNSEEN = object()
+_tensordesc_launchers: dict = {}
+_encoded: dict = {}
+_ENCODED_CAPACITY = 1024
+
+
+def tensordesc_launcher(ck):
+    """``(C launcher, cooperative, pdl, ((position, metadata), ...))`` of a compiled kernel whose
+    launcher encodes TMA descriptors (Triton 3.6's ``wrap_handle_tensordesc``; positions among
+    the runtime arguments), or None: no descriptor arguments, scratch memory to allocate, or a
+    launcher of another shape (then ``ck.run`` takes it)."""
+    run = ck.run
+    inner = getattr(run, "launch", None)
+    code = getattr(inner, "__code__", None)
+    if (code is None or getattr(inner, "__name__", "") != "inner" or not inner.__closure__
+            or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1)):
+        return None
+    cells = dict(zip(code.co_freevars, (c.cell_contents for c in inner.__closure__)))
+    if not {"launcher", "tensordesc_indices", "tensordesc_meta"} <= cells.keys():
+        return None
+    metas = cells["tensordesc_meta"]
+    if not metas or any(m is None for m in metas):   # decomposed in the frontend: Triton's path
+        return None
+    positions = tuple(zip(sorted(cells["tensordesc_indices"]), metas))
+    return cells["launcher"], run.launch_cooperative_grid, run.launch_pdl, positions
+
+
+def expand_descriptors(args: tuple, positions: tuple) -> list:
+    """``args`` with each TMA descriptor at ``positions`` replaced by its kernel parameters
+    (``CUtensorMap``, shape, strides: Triton's ``make_tensordesc_arg``), each encoding kept
+    under the descriptor object (``_encoded``: a weak reference, the metadata, the parameters)."""
+    from triton.backends.nvidia.driver import make_tensordesc_arg
+
+    out, start = [], 0
+    for pos, meta in positions:
+        desc = args[pos]
+        entry = _encoded.get(id(desc))
+        if entry is None or entry[0]() is not desc or entry[1] is not meta:
+            if len(_encoded) >= _ENCODED_CAPACITY:
+                _encoded.clear()
+            entry = _encoded[id(desc)] = (weakref.ref(desc), meta,
+                                          make_tensordesc_arg(desc, meta))
+        out += args[start:pos]
+        out += entry[2]
+        start = pos + 1
+    out += args[start:]
+    return out

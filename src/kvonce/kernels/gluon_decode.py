@@ -500,8 +500,8 @@ def combine_partials(out_partial, lse_partial, out, lse=None) -> None:
     from .paged_combine import _combine_splits_kernel, combine_launch_shape, combine_pdl
 
     batch, q_len, nheads, num_splits, head_dim = out_partial.shape
-    grid, constexprs, (warps, stages) = combine_launch_shape(nheads, q_len, batch, num_splits,
-                                                             head_dim, combine_pdl(out.device))
+    grid, constexprs, (warps, stages) = combine_launch_shape(
+        nheads, q_len, batch, num_splits, head_dim, combine_pdl(out.device, "gluon"))
     constexprs["STORE_LSE"] = lse is not None
     _combine_splits_kernel[grid](
         out_partial, lse_partial, out, out if lse is None else lse, num_splits, head_dim,
@@ -796,7 +796,7 @@ class PagedGluonDecodeLaunch:
                                DEFER_SUMS=self.int4 and self.swap and INT4_DEFER_SUMS,
                                CP_ASYNC=kv_format in GLUON_CP_ASYNC_FORMATS
                                and kv_format == FP8.value and self.heads == 1,
-                               PDL_TRIGGER=not self.direct and combine_pdl(q.device))
+                               PDL_TRIGGER=not self.direct and combine_pdl(q.device, "gluon"))
         self.ring_constexprs = dict(self.constexprs, SCALE_RING=True, SWAP_AB=self.swap)
         self.constexprs["SWAP_AB"] = self.swap and kv_format == FP8.value
         self.key = ("gluon-decode", q.dtype, self.ints, self.tail_ints,

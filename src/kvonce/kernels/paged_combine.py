@@ -15,23 +15,35 @@ from .configs import interpreter_active
 
 # The split-K combine as a programmatic dependent launch (Hopper): its CTAs may start while the
 # decode launch before it drains and wait (``gdc_wait``) for its partials (PDL_WAIT; the
-# launches pass ``launch_pdl``). Without a trigger it launched as the decode's CTAs exited:
-# H200, 2026-11-30 (twenty-seventh session), scripts/decode_fixed_cost.py --combine-pdl 0|1,
-# GQA 32/8 batch 1, us a call at 131072 / 262144 keys: fp16 129.8 / 252.0 against 130.2 /
-# 252.5 with it, fp8 69.2 / 131.4 against 70.0 / 131.8, int8 71.8 / 135.3 against 70.0 / 133.9:
-# within the noise. Correct with it on (95 decode cases and 12 Gluon CUDA-graph cases, none
-# failed). Since then the decode launches before a combine trigger it at their start
-# (``PDL_TRIGGER``: griddepcontrol.launch_dependents, SASS PREEXIT; compiled for sm_90a, not
-# yet run on a GPU): off until measured (``STEPS=pdl bash scripts/gpu_issue26.sh``).
-COMBINE_PDL = False
+# launches pass ``launch_pdl``), and the decode launch triggers it at its start (``PDL_TRIGGER``:
+# griddepcontrol.launch_dependents, SASS PREEXIT). By the decode family before the combine:
+# ``triton`` (paged_decode), ``gluon`` (gluon_decode), ``prefix`` (prefix_decode's suffix).
+# H200, 2026-11-30 (twenty-eighth session), scripts/decode_fixed_cost.py --combine-pdl 0|1, two
+# runs each, graphs, batch 1, us a call at 65536 / 131072 / 262144 keys, off -> on:
+# - Gluon, MHA 12/12: fp8 53.5, 55.0 / 99.6, 101.0 / 194.1, 193.1 -> 52.7, 52.8 / 99.1, 98.7 /
+#   192.1, 191.0; int8 56.0, 55.1 / 102.5, 101.4 / 196.8, 196.0 -> 54.6, 53.9 / 102.1, 100.3 /
+#   195.9, 194.1: every pair faster, 1-2%. GQA 32/8: fp8 69.7, 70.2 -> 69.6, 70.5 at 131072,
+#   int8 70.3, 71.0 -> 70.4, 71.1: even. On.
+# - Triton, GQA 32/8 fp16: 131.4, 132.2 -> 132.4, 133.9 at 131072 (every pair 0.5-2 us slower),
+#   MHA even. Off.
+# - prefix: not measured. Off.
+# Correct with every family on (92 decode, prefix and Gluon cases, none failed).
+COMBINE_PDL = {"triton": False, "gluon": True, "prefix": False}
 
 
-def combine_pdl(device: torch.device) -> bool:
-    """Whether split combines on ``device`` launch as programmatic dependents (``COMBINE_PDL``;
-    Hopper and later, never under the interpreter: ``griddepcontrol`` is sm_90's), and the
-    decode launches before them trigger them early (their ``PDL_TRIGGER``)."""
-    return (COMBINE_PDL and not interpreter_active() and device.type == "cuda"
+def combine_pdl(device: torch.device, family: str) -> bool:
+    """Whether split combines after a ``family`` decode launch (a ``COMBINE_PDL`` key) on
+    ``device`` launch as programmatic dependents, the decode launch triggering them early (its
+    ``PDL_TRIGGER``): Hopper and later, never under the interpreter (``griddepcontrol`` is
+    sm_90's)."""
+    return (COMBINE_PDL[family] and not interpreter_active() and device.type == "cuda"
             and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
+def set_combine_pdl(on: bool) -> None:
+    """Every family's ``COMBINE_PDL`` to ``on`` (the device scripts' A/B switch)."""
+    for family in COMBINE_PDL:
+        COMBINE_PDL[family] = bool(on)
 
 
 @triton.jit

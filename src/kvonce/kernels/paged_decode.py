@@ -686,7 +686,8 @@ class PagedDecodeLaunch:
             # Not with dense-and-sparse keys: int4+8 ran 5-35% slower with it (H100).
             PREFETCH_PAGES=config.prefetch_pages and outlier_values is None,
             MERGE_SPLITS_AT_ONCE=config.merge_splits_at_once, HEAD_PAIRS=self._head_pairs,
-            PDL_TRIGGER=num_splits > 1 and not merge_here and combine_pdl(q.device),
+            PDL_TRIGGER=(num_splits > 1 and not merge_here
+                         and combine_pdl(q.device, "triton")),
             # int32 offsets where everything fits (fewer IMADs per key row) unless the config
             # says int64 (PagedDecodeConfig.int64_kv_offsets: which rows and launches do, why).
             INT64_KV=config.int64_kv_offsets or max(

@@ -263,7 +263,7 @@ class CascadeLaunch:
                           INT64_KV=c.int64_kv_offsets or past_int32, V_PAIRS=False,
                           N_OUT=0, SCALE_PAIRS=False, PREFETCH_PAGES=c.prefetch_pages,
                           MERGE_SPLITS_AT_ONCE=1, HEAD_PAIRS=False,
-                          PDL_TRIGGER=combine_pdl(q.device))
+                          PDL_TRIGGER=combine_pdl(q.device, "prefix"))
         warps = (c.num_warps, c.num_stages)
         self._suffix = (("suffix", q.dtype, k_cache.dtype, ints, tuple(constexprs.values()),
                          warps), (suffix_splits * num_m_blocks, nheads_k, batch), scale, ints,
@@ -273,7 +273,7 @@ class CascadeLaunch:
         ints = (slots, head_dim, *dst_o, *dst_l, q_len * nheads * head_dim, nheads * head_dim,
                 head_dim, nheads * q_len, 1, q_len)
         grid, constexprs, warps = combine_launch_shape(nheads, q_len, batch, slots, block_d,
-                                                       pdl=combine_pdl(q.device))
+                                                       pdl=combine_pdl(q.device, "prefix"))
         constexprs["STORE_LSE"] = store_lse
         self._combine = (("combine", q.dtype, ints, tuple(constexprs.values())),
                          grid, ints, constexprs, warps)
