@@ -3,7 +3,7 @@ gaps between them (CUDA, issue 26).
 
     PYTHONPATH=src python scripts/decode_fixed_cost.py [--formats plain,fp8_e4m3,int8,int4]
         [--heads 32/8] [--lengths 32768,65536,131072,262144] [--layout hnd] [--calls 20]
-        [--splits 0] [--set gluon=0] [--combine-pdl 0|1]
+        [--splits 0] [--set gluon=0] [--combine-pdl 0|1] [--one-cta-stages N]
 
 Per format and length (batch 1, d128, page 16, random page order, fp16 queries): the plan's
 call captured ``--calls`` times back to back in one CUDA graph (as ``bench quant``'s
@@ -80,7 +80,13 @@ def main():
     p.add_argument("--set", default="", help="config fields changed, field=value[,...]")
     p.add_argument("--combine-pdl", type=int, choices=(0, 1), default=None,
                    help="every family of paged_combine.COMBINE_PDL (default: the module's)")
+    p.add_argument("--one-cta-stages", type=int, default=0,
+                   help="gluon_decode.GLUON_ONE_CTA_VARIANT at that many stages (0: the module's)")
     args = p.parse_args()
+    if args.one_cta_stages:
+        from kvonce.kernels import gluon_decode
+        gluon_decode.GLUON_ONE_CTA_VARIANT = dict(stages=args.one_cta_stages, ctas_per_sm=1,
+                                                  ring_merge=False)
     if args.combine_pdl is not None:
         from kvonce.kernels import paged_combine
         paged_combine.set_combine_pdl(args.combine_pdl)

@@ -160,6 +160,14 @@
 #               2026-11-30, first GPU run): the decode and prefix tests with it on
 #               (scripts/pdl_run.py), then scripts/decode_fixed_cost.py --combine-pdl 0|1 at
 #               GQA 32/8 and MHA 12/12 (fp16, fp8, int8; 131072 and 262144 keys)
+#   onecta      the short launches' one-CTA-an-SM variant (gluon_decode.GLUON_ONE_CTA_VARIANT:
+#               3 or 4 ring stages, the merge through its own scratch, no register cap; compiled
+#               for sm_90a 2026-11-30, first GPU run): the Gluon and quant decode tests with it
+#               on, then scripts/decode_fixed_cost.py --one-cta-stages 0|3|4 twice in turn at
+#               GQA 32/8 and MHA 12/12 (fp8, int8; 65536 to 262144 keys). The twenty-eighth
+#               session's smspread: a busy SM moved 18.0 B a cycle at one CTA an SM against
+#               the Triton fp16 decode's 19.2; two stages keep one 32 KB tile in flight while
+#               the consumers read the other
 #   smspread    the next question after dramrate (2026-11-30: the same bytes at 81% of DRAM peak
 #               against fp16's 87.5%): is it a tail (SM active cycles min / avg / max against
 #               the elapsed) or a lower rate on every SM (L2-to-SM bytes a second, the TMA
@@ -681,6 +689,23 @@ if has pdl; then
         --formats plain,fp8_e4m3,int8 --lengths 131072,262144 --combine-pdl $f 2>&1 | grep "^|"
     done
   done
+fi
+if has onecta; then
+  step onecta
+  V="{'stages': 4, 'ctas_per_sm': 1, 'ring_merge': False}"
+  timeout ${ONECTA_TEST_S:-200} python3 scripts/knob_run.py \
+    "kvonce.kernels.gluon_decode:GLUON_ONE_CTA_VARIANT=$V" -m pytest -q -p no:cacheprovider \
+    tests/test_gluon_decode.py tests/test_decode_quant.py \
+    -k "${ONECTA_TEST_K:-split or graph or plan}" > "$OUT/onecta_tests.log" 2>&1
+  tail -2 "$OUT/onecta_tests.log"; grep -E "^(FAILED|ERROR)" "$OUT/onecta_tests.log" | head
+  for heads in 32/8 12/12; do
+    for st in 0 3 4 0 3 4; do
+      echo "- $heads one-cta-stages $st" >> "$OUT/onecta.log"
+      timeout 80 python3 scripts/decode_fixed_cost.py --heads $heads --formats fp8_e4m3,int8 \
+        --lengths 65536,131072,262144 --one-cta-stages $st 2>&1 | grep "^|" >> "$OUT/onecta.log"
+    done
+  done
+  grep -E "^- |^\| (fp8_e4m3|int8) \| [0-9]" "$OUT/onecta.log" | cut -d"|" -f1-5
 fi
 # ncu's metrics $1 of the second decode launch, fp16 Triton / fp8 / int8 Gluon, GQA 32/8 at
 # 1 x 131072 and 64 x 8192, head-major pages (steps smspread, dramrate)

@@ -736,3 +736,40 @@ def test_opcheck_gluon_split_op(route, monkeypatch):
     torch.library.opcheck(torch.ops.kvonce.paged_decode_split,
                           (q, kq, vq, seqlens, table, *plan._scratch(), *fields),
                           test_utils=utils)
+
+
+def test_one_cta_variant_takes_only_launches_of_one_cta_an_sm(monkeypatch):
+    """``GLUON_ONE_CTA_VARIANT`` (off by default) replaces the plan variant's ring depth, merge
+    and register cap for fp8 / int8 launches of at most one CTA an SM; longer launches and
+    int4 keep theirs."""
+    monkeypatch.setattr(gluon_decode, "device_info", lambda device: ((9, 0), 132))
+    meta = dict(device="meta")
+
+    def launch(batch, num_splits, fmt=1, variant=None):
+        monkeypatch.setattr(gluon_decode, "GLUON_ONE_CTA_VARIANT", variant)
+        q = torch.empty(batch, 1, 32, 128, dtype=torch.float16, **meta)
+        row = 64 if fmt == 3 else 128
+        cache = torch.empty(batch * 512, 16, 8, row, dtype=torch.uint8, **meta)
+        cache = cache.transpose(1, 2).contiguous().transpose(1, 2)
+        scale = torch.empty(8, dtype=torch.float32, **meta)
+        if fmt != 1:
+            scale = torch.empty(batch * 512, 8, 16, *((2,) if fmt == 3 else ()),
+                                dtype=torch.float32, **meta).transpose(1, 2)
+        table = torch.empty(batch, 512, dtype=torch.int32, **meta)
+        return gluon_decode.PagedGluonDecodeLaunch(
+            q, cache, cache, table, softmax_scale=0.1, causal=False, num_splits=num_splits,
+            store_lse=False, kv_format=fmt, k_scale=scale, v_scale=scale)
+
+    one_cta = dict(stages=4, ctas_per_sm=1, ring_merge=False)
+    plan_variant = gluon_decode.GLUON_PLAN_VARIANT
+    for fmt in (1, 2):
+        default = launch(1, 16, fmt)                       # 128 CTAs, the variant unset
+        assert default.constexprs["STAGES"] == plan_variant["stages"]
+        assert default.maxnreg == gluon_decode.TWO_CTA_MAXNREG
+        short = launch(1, 16, fmt, one_cta)                # 128 CTAs of 132 SMs
+        assert short.constexprs["STAGES"] == 4 and not short.constexprs["RING_MERGE"]
+        assert short.maxnreg == 0 and short.key != default.key
+        assert launch(1, 33, fmt, one_cta).constexprs["STAGES"] == plan_variant["stages"]
+        assert launch(64, 1, fmt, one_cta).constexprs["STAGES"] == plan_variant["stages"]
+    int4 = launch(1, 16, 3, one_cta)
+    assert int4.maxnreg == gluon_decode.TWO_CTA_MAXNREG

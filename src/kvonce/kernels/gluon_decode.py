@@ -139,6 +139,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
+from .configs import device_info
 from .gluon_decode_common import (BLOCK_N, FP8, HEAD_DIM, INT4, INT8, LOADER_REGS, LOADER_WARPS,
                                   ROWS, TWO_CTA_MAXNREG, WARPS, _load, _release_count, _scale_rows)
 from .gluon_decode_rows import _consume
@@ -518,6 +519,19 @@ def combine_partials(out_partial, lse_partial, out, lse=None) -> None:
 # the idle K ring. H200, 2026-11-29, graphs, at the plan's split counts: 1.07-1.12x the Triton
 # kernel, 2-3% ahead of three stages at 64 x 8192 and even to 1% behind at 1 x 131072.
 GLUON_PLAN_VARIANT = dict(stages=2, ctas_per_sm=2, ring_merge=True)
+# A launch of at most one CTA an SM (the split rule's short launches, ``paged.splits.
+# gluon_num_splits``) could keep more bytes in flight a CTA: an SM's whole ring is its one CTA's,
+# and at two stages only one 32 KB tile is in flight while the consumers read the other. The
+# twenty-eighth session's ncu (docs/benchmarks.md, ``STEPS=smspread``): at GQA 32/8 1 x 131072
+# (128 CTAs) a busy SM moved 18.0 bytes a cycle against the Triton fp16 decode's 19.2 (~3
+# programs an SM). fp8 / int8 at such launches take ``GLUON_ONE_CTA_VARIANT`` when set, e.g.
+# ``dict(stages=4, ctas_per_sm=1, ring_merge=False)``: four stages, the merge through its own
+# scratch (fp8 147588 B, int8 155780 B), no register cap (sm_90a: consumers 256 registers, int8
+# unspilled, against 32 B spilled under the two-CTA cap); None: the plan variant.
+# Not measured yet (``STEPS=onecta bash scripts/gpu_issue26.sh``). The last measurement of three
+# stages at one CTA an SM (-1.3 to -2.0% through the plan, below) predates the split rule that
+# now gives these launches one CTA an SM.
+GLUON_ONE_CTA_VARIANT: dict | None = None
 # int4: the same bytes in flight in 16 KB stages. Row-major consumers: correct on the H200
 # (tests/test_gluon_decode.py, 2026-11-29 eighteenth session) but 9-13% slower than the Triton
 # int4 row (GQA 32/8 64 x 8192 218.6 us against 199.2, 1 x 131072 70.6 against 61.9; MHA 12/12
@@ -779,6 +793,9 @@ class PagedGluonDecodeLaunch:
         # through Triton's reduce scratch. Swapped, INT4_SWAPPED_TILE_KEYS-key tiles in
         # INT4_SWAPPED_STAGES stages (0: as many as keep those bytes).
         variant = INT4_VARIANT if self.int4 else GLUON_PLAN_VARIANT
+        if (not self.int4 and GLUON_ONE_CTA_VARIANT
+                and num_splits * self.grid[1] * batch <= device_info(q.device)[1]):
+            variant = GLUON_ONE_CTA_VARIANT
         tile, stages = 0, variant["stages"]
         if self.int4 and self.swap and INT4_SWAPPED_TILE_KEYS != BLOCK_N.value:
             tile = INT4_SWAPPED_TILE_KEYS
@@ -799,8 +816,10 @@ class PagedGluonDecodeLaunch:
                                PDL_TRIGGER=not self.direct and combine_pdl(q.device, "gluon"))
         self.ring_constexprs = dict(self.constexprs, SCALE_RING=True, SWAP_AB=self.swap)
         self.constexprs["SWAP_AB"] = self.swap and kv_format == FP8.value
+        # the two-CTA variants' register cap (TWO_CTA_MAXNREG); a one-CTA variant none
+        self.maxnreg = TWO_CTA_MAXNREG if variant["ctas_per_sm"] == 2 else 0
         self.key = ("gluon-decode", q.dtype, self.ints, self.tail_ints,
-                    tuple(self.constexprs.values()))
+                    tuple(self.constexprs.values()), self.maxnreg)
         self.combine = None
         if not self.direct:
             self.combine_ints = (num_splits, head_dim, *out_strides, *lse_strides,
@@ -901,7 +920,7 @@ class PagedGluonDecodeLaunch:
                 cache_seqlens, block_table, self.scale, *self.ints, *head_strides,
                 *self.tail_ints, *key_strides),
                self.ring_constexprs if ring else self.constexprs, WARPS.value, 1,
-               self.device_index, TWO_CTA_MAXNREG)
+               self.device_index, self.maxnreg)
         if self.direct:
             return
         key, grid, constexprs, warps = self.combine
