@@ -158,13 +158,15 @@ def launch(kernel, key, grid: tuple[int, int, int], args: tuple, constexprs: dic
 
 # TMA descriptor arguments (Gluon launches). Triton 3.6's launcher wraps the C launcher in a
 # Python loop (``wrap_handle_tensordesc``) that walks every argument and encodes each host-side
-# ``TensorDescriptor`` into a ``CUtensorMap`` on every launch: on the H200's host a Gluon decode
-# call spent ~72 us (fp8; int8 82-102) against 43 for the Triton decode's two launches, more
-# than its kernel at 1 x 131072 (twenty-eighth session, scripts/quant_host_profile.py). The
-# plans keep their descriptors (``tma_descriptors.DescriptorCache``), so each one's encoding is
-# kept too, under the descriptor object (weakly: a descriptor built for one call is not kept
-# alive, and its encoding is not reused by another object), and the C launcher called directly.
-# A descriptor must not change after its first launch (kvonce's never do).
+# ``TensorDescriptor`` into a ``CUtensorMap`` on every launch. The plans keep their descriptors
+# (``tma_descriptors.DescriptorCache``), so each one's encoding is kept too, under the
+# descriptor object (weakly: a descriptor built for one call is not kept alive, and its encoding
+# is not reused by another object), and the C launcher called directly. A descriptor must not
+# change after its first launch (kvonce's never do). H200 host, 2026-11-30 (twenty-eighth
+# session, scripts/quant_host_profile.py --ab 4, GQA 32/8 1 x 131072, host us a call, Triton's
+# wrapper -> this): fp8 96.0, 97.1, 89.9, 87.9 -> 83.0, 77.8, 74.8, 75.4; int8 111.5, 110.0,
+# 113.6, 111.5 -> 93.6, 93.3, 93.8, 94.4 (the fp16 Triton decode, no descriptors, even); the
+# eager int8 row of ``bench quant`` 106.5 -> 82.8 us, its host path no longer over its kernel.
 # Module state so that a test or a host profile can take Triton's wrapper instead.
 direct_tensordesc_launch = True
 _UNSEEN = object()
