@@ -200,13 +200,14 @@ def expand_descriptors(args: tuple, positions: tuple) -> list:
     """``args`` with each TMA descriptor at ``positions`` replaced by its kernel parameters
     (``CUtensorMap``, shape, strides: Triton's ``make_tensordesc_arg``), each encoding kept
     under the descriptor object (``_encoded``: a weak reference, the metadata, the parameters)."""
-    from triton.backends.nvidia.driver import make_tensordesc_arg
-
     out, start = [], 0
     for pos, meta in positions:
         desc = args[pos]
         entry = _encoded.get(id(desc))
         if entry is None or entry[0]() is not desc or entry[1] is not meta:
+            # imported here, on a miss only: not an import statement every launch
+            from triton.backends.nvidia.driver import make_tensordesc_arg
+
             if len(_encoded) >= _ENCODED_CAPACITY:
                 _encoded.clear()
             entry = _encoded[id(desc)] = (weakref.ref(desc), meta,
