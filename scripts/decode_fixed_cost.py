@@ -3,7 +3,7 @@ gaps between them (CUDA, issue 26).
 
     PYTHONPATH=src python scripts/decode_fixed_cost.py [--formats plain,fp8_e4m3,int8,int4]
         [--heads 32/8] [--lengths 32768,65536,131072,262144] [--layout hnd] [--calls 20]
-        [--splits 0] [--set gluon=0] [--combine-pdl 0|1] [--one-cta-stages N]
+        [--splits 0] [--set gluon=0] [--combine-pdl 0|1] [--one-cta-stages N] [--batches 1]
 
 Per format and length (batch 1, d128, page 16, random page order, fp16 queries): the plan's
 call captured ``--calls`` times back to back in one CUDA graph (as ``bench quant``'s
@@ -15,7 +15,8 @@ format, the line through the two longest lengths: its ``rate`` (TB/s of the byte
 decode kernel alone: the cost no length amortizes. ``--splits N``: every launch at N splits
 (``PagedDecodePlan(num_splits=N)``; 0, the default: the plan's own). ``--set field=value[,..]``:
 the plan's config with those fields changed (``decode_ncu_case.parse_set``; ``gluon=0``: the
-Triton rows of fp8 / int8).
+Triton rows of fp8 / int8). ``--batches B1,B2,..``: every length at each batch size (the line
+then runs through the last two points in bytes; at 64 x 8192 it shows a second wave's tail).
 """
 import argparse
 import dataclasses
@@ -74,6 +75,7 @@ def main():
     p.add_argument("--formats", default="plain,fp8_e4m3,int8,int4")
     p.add_argument("--heads", default="32/8")
     p.add_argument("--lengths", default="32768,65536,131072,262144")
+    p.add_argument("--batches", default="1", help="batch sizes, comma-separated")
     p.add_argument("--layout", default="hnd")
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--splits", type=int, default=0, help="forced split count (0: the plan's)")
@@ -92,14 +94,15 @@ def main():
         paged_combine.set_combine_pdl(args.combine_pdl)
     hq, hk = (int(x) for x in args.heads.split("/"))
     lengths = [int(x) for x in args.lengths.split(",")]
-    print("| format | length | splits | call us | decode us | combine us | gaps us | "
+    shapes = [(b, n) for b in (int(x) for x in args.batches.split(",")) for n in lengths]
+    print("| format | batch | length | splits | call us | decode us | combine us | gaps us | "
           "TB/s (call) |")
-    print("|---" * 8 + "|")
+    print("|---" * 9 + "|")
     fits = []
     for fmt in args.formats.split(","):
         points = []
-        for length in lengths:
-            q, k, v, table, seqlens, _ = paged_case(hq, hk, 1, length)
+        for batch, length in shapes:
+            q, k, v, table, seqlens, _ = paged_case(hq, hk, batch, length)
             k, v = stored(k, args.layout), stored(v, args.layout)
             kw = {}
             if fmt != "plain":
@@ -118,13 +121,16 @@ def main():
             per_kernel = kernel_us(graph, args.calls)
             combine = sum(t for name, t in per_kernel.items() if "combine" in name)
             decode = sum(t for name, t in per_kernel.items() if "combine" not in name)
-            nbytes = bytes_read(Case(1, length, hq, hk, ""), None if fmt == "plain" else fmt)
+            nbytes = bytes_read(Case(batch, length, hq, hk, ""),
+                                None if fmt == "plain" else fmt)
             points.append((nbytes, call, decode))
-            print(f"| {fmt} | {length} | {plan.num_splits} | {call:.1f} | {decode:.1f} | "
+            print(f"| {fmt} | {batch} | {length} | {plan.num_splits} | {call:.1f} | {decode:.1f} | "
                   f"{combine:.1f} | {call - decode - combine:.1f} | {nbytes / call / 1e6:.2f} |",
                   flush=True)
             del graph, plan, k, v, kw
             torch.cuda.empty_cache()
+        if len(points) < 2:
+            continue
         (b0, c0, d0), (b1, c1, d1) = points[-2:]
         rate_call = (b1 - b0) / (c1 - c0) / 1e6
         rate_dec = (b1 - b0) / (d1 - d0) / 1e6
