@@ -168,12 +168,6 @@
 #               session's smspread: a busy SM moved 18.0 B a cycle at one CTA an SM against
 #               the Triton fp16 decode's 19.2; two stages keep one 32 KB tile in flight while
 #               the consumers read the other
-#   fp8tile     fp8 in 64-key tiles (gluon_decode.GLUON_FP8_TILE, compiled for sm_90a
-#               2026-11-30, first GPU run): the Gluon fp8 tests with (64, 4) set, then
-#               decode_fixed_cost's fp8 lines (GQA 32/8 and MHA 12/12 at batch 1, 65536 /
-#               131072 keys; GQA 64 x 8192) at the plan's tile, (64, 2), (64, 4) and the one-CTA
-#               variant at 2 stages, twice in turn. The twenty-ninth session's onecta: deeper
-#               rings at one CTA an SM lost 5-15%, more the deeper
 #   smspread    the next question after dramrate (2026-11-30: the same bytes at 81% of DRAM peak
 #               against fp16's 87.5%): is it a tail (SM active cycles min / avg / max against
 #               the elapsed) or a lower rate on every SM (L2-to-SM bytes a second, the TMA
@@ -712,30 +706,6 @@ if has onecta; then
     done
   done
   grep -E "^- |^\| (fp8_e4m3|int8) \| [0-9]" "$OUT/onecta.log" | cut -d"|" -f1-5
-fi
-if has fp8tile; then
-  step fp8tile
-  timeout ${FP8TILE_TEST_S:-150} python3 scripts/knob_run.py \
-    "kvonce.kernels.gluon_decode:GLUON_FP8_TILE=(64, 4)" -m pytest -q -p no:cacheprovider \
-    tests/test_gluon_decode.py tests/test_decode_quant.py \
-    -k "fp8 and (${FP8TILE_TEST_K:-split or graph or plan})" > "$OUT/fp8tile_tests.log" 2>&1
-  tail -2 "$OUT/fp8tile_tests.log"; grep -E "^(FAILED|ERROR)" "$OUT/fp8tile_tests.log" | head
-  for heads in 32/8 12/12; do
-    for rep in 1 2; do
-      for knob in "GLUON_FP8_TILE=None" "GLUON_FP8_TILE=(64, 2)" "GLUON_FP8_TILE=(64, 4)" \
-          "GLUON_ONE_CTA_VARIANT={'stages': 2, 'ctas_per_sm': 1, 'ring_merge': False}"; do
-        for shape in "--batches 1 --lengths 65536,131072" "--batches 64 --lengths 8192"; do
-          [[ $heads == 12/12 && $shape == *64* ]] && continue
-          echo "- $heads $knob" >> "$OUT/fp8tile.log"
-          PYTHONPATH=src:scripts:.peers/fi timeout 80 python3 scripts/knob_run.py \
-            "kvonce.kernels.gluon_decode:$knob" -m decode_fixed_cost --heads $heads \
-            --formats fp8_e4m3 $shape 2>&1 | grep -E "^\| fp8_e4m3 \| [0-9]+ \|" \
-            | cut -d"|" -f1-6 >> "$OUT/fp8tile.log"
-        done
-      done
-    done
-  done
-  cat "$OUT/fp8tile.log"
 fi
 # ncu's metrics $1 of the second decode launch, fp16 Triton / fp8 / int8 Gluon, GQA 32/8 at
 # 1 x 131072 and 64 x 8192, head-major pages (steps smspread, dramrate)

@@ -774,29 +774,3 @@ def test_one_cta_variant_takes_only_launches_of_one_cta_an_sm(monkeypatch):
     int4 = launch(1, 16, 3, one_cta)
     assert int4.maxnreg == gluon_decode.TWO_CTA_MAXNREG
 
-
-def test_fp8_tile_knob_sets_fp8_launches_only(monkeypatch):
-    """``GLUON_FP8_TILE`` (off by default) gives fp8 launches ``(keys, stages)``; int8 keeps the
-    128-key tiles its ring of scales needs."""
-    monkeypatch.setattr(gluon_decode, "device_info", lambda device: ((9, 0), 132))
-    meta = dict(device="meta")
-    q = torch.empty(64, 1, 32, 128, dtype=torch.float16, **meta)
-    cache = torch.empty(64 * 512, 8, 16, 128, dtype=torch.uint8, **meta).transpose(1, 2)
-    table = torch.empty(64, 512, dtype=torch.int32, **meta)
-    per_head = torch.empty(8, dtype=torch.float32, **meta)
-    per_key = torch.empty(64 * 512, 8, 16, dtype=torch.float32, **meta).transpose(1, 2)
-
-    def launch(fmt, tile):
-        monkeypatch.setattr(gluon_decode, "GLUON_FP8_TILE", tile)
-        scale = per_head if fmt == 1 else per_key
-        return gluon_decode.PagedGluonDecodeLaunch(
-            q, cache, cache, table, softmax_scale=0.1, causal=False, num_splits=1,
-            store_lse=False, kv_format=fmt, k_scale=scale, v_scale=scale)
-
-    default = launch(1, None)
-    assert default.constexprs["TILE_KEYS"] == 0
-    assert default.constexprs["STAGES"] == gluon_decode.GLUON_PLAN_VARIANT["stages"]
-    short = launch(1, (64, 4))
-    assert (short.constexprs["TILE_KEYS"], short.constexprs["STAGES"]) == (64, 4)
-    assert short.key != default.key
-    assert launch(2, (64, 4)).constexprs["TILE_KEYS"] == 0

@@ -528,7 +528,10 @@ GLUON_PLAN_VARIANT = dict(stages=2, ctas_per_sm=2, ring_merge=True)
 # (twenty-ninth session, decode_fixed_cost, graphs): correct, and slower at every point, more
 # so the deeper the ring: GQA 32/8 fp8 65536 / 131072 keys 37.9 / 69.4 us at the plan's
 # variant, 41.6 / 74.5 at 3 stages, 41.9 / 75.5 at 4; int8 40.1 / 70.1, 45.5 / 77.7, 46.4 /
-# 80.2; MHA 12/12 alike (fp8 52.3 / 98.7, 58.2 / 104.9, 60.1 / 107.2). Off.
+# 80.2; MHA 12/12 alike (fp8 52.3 / 98.7, 58.2 / 104.9, 60.1 / 107.2). At the plan's two
+# stages each of its other two changes costs alone: the merge through scratch ~2 us a call
+# (fp8 GQA 38.0 / 69.6 -> 40.1 / 71.7), the register cap's removal 1.5-3.4 us (-> 39.6 / 73.0).
+# Off.
 GLUON_ONE_CTA_VARIANT: dict | None = None
 # int4: the same bytes in flight in 16 KB stages. Row-major consumers: correct on the H200
 # (tests/test_gluon_decode.py, 2026-11-29 eighteenth session) but 9-13% slower than the Triton
@@ -593,12 +596,6 @@ GLUON_SWAP_FORMATS = (3,)
 # instructions a tile. On the H200 (nineteenth session): correct (its 33 route cases), and at
 # two stages even with 128-key tiles (GQA 32/8 64 x 8192 194.5 us against 194.8, one call): off.
 INT4_SWAPPED_TILE_KEYS = 128
-# fp8 in shorter tiles: ``(keys, stages)`` (e.g. ``(64, 4)``: the plan's ring bytes in twice
-# the slots, ``(64, 2)``: half the bytes in flight); None: BLOCK_N keys, the variant's stages.
-# The one-CTA variant above lost more the more bytes it kept in flight, so fewer or finer
-# slots are the other direction to measure (sm_90a: 281 instructions a 64-key tile a warp
-# against 453 a 128-key one, no spill). int8's ring of scales takes 128-key tiles only.
-GLUON_FP8_TILE: tuple[int, int] | None = None
 INT4_SWAPPED_STAGES = 0
 # Split launches merged by their last split (an arrival count a (sequence, KV head), the
 # partials read back through L2, no combine launch; commit 4f3a76e) measured 0-3% slower than the
@@ -804,8 +801,6 @@ class PagedGluonDecodeLaunch:
         if self.int4 and self.swap and INT4_SWAPPED_TILE_KEYS != BLOCK_N.value:
             tile = INT4_SWAPPED_TILE_KEYS
             stages = INT4_SWAPPED_STAGES or max(2, stages * BLOCK_N.value // tile)
-        elif kv_format == FP8.value and GLUON_FP8_TILE:
-            tile, stages = GLUON_FP8_TILE
         self.constexprs = dict(GROUP=nheads // nheads_k * self.heads, IS_CAUSAL=bool(causal),
                                PAGE_SIZE=page_size, STAGES=stages,
                                THREAD_ARRIVE=True, RING_MERGE=variant["ring_merge"],

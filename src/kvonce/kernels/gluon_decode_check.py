@@ -220,15 +220,6 @@ GLUON_CHECK_SPECS = [
                 head_major=True, pdl_trigger=True),
     _check_spec("onecta-pdl-fp8-hnd-page16-mha-3stages", 1, 16, stages=3, ctas_per_sm=1,
                 head_major=True, pdl_trigger=True),
-    # 64-key tiles for fp8 / int8 (GLUON_TILE_KEYS): half a slot's bytes, the same ring at
-    # twice the stages
-    _check_spec("t64-pdl-fp8-hnd-page16-gqa4-2stages-2cta", 4, 16, stages=2, ring_merge=True,
-                ctas_per_sm=2, head_major=True, pdl_trigger=True, tile_keys=64),
-    _check_spec("t64-pdl-fp8-hnd-page16-gqa4-4stages-2cta", 4, 16, stages=4, ring_merge=True,
-                ctas_per_sm=2, head_major=True, pdl_trigger=True, tile_keys=64),
-    _check_spec("t64-pdl-int8f16-ring-4loaders-hnd-page16-gqa4-4stages-2cta", 4, 16, stages=4,
-                ring_merge=True, ctas_per_sm=2, kv_format=2, scale_ring=True, head_major=True,
-                f16_scales=True, loaders=4, pdl_trigger=True, tile_keys=64),
     _check_spec("int4f16-swap-vbias-bf16q-page64-mha-causal-4stages-2cta-direct", 1, 64,
                 stages=4, causal=True, ctas_per_sm=2, kv_format=3, q_dtype="bf16",
                 direct_lse=True, swap_ab=True, f16_pairs=True, v_biased=True),
