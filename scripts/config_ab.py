@@ -10,9 +10,8 @@ Each ``--set`` is one B column (``field=value[,field=value]``; ints, floats, 0/1
 Each ``--knob`` is one too: module attributes (``MODULE:ATTR=LITERAL``, several joined by
 `` & ``) set around every run of that column's plan (its launches bind at the first run, some
 read their module's switches at each call) and restored after, the plan's config unchanged.
-Columns in one process: the twenty-ninth session measured two separate processes running
-byte-identical SASS 2 us apart (3% at GQA 32/8 1 x 131072), so a cross-process A/B under ~3%
-says nothing; alternated rounds in one process are what this script is for.
+All columns run in one process, their rounds alternated: the same inputs and allocations for
+A and B, and no drift between processes (``knob_run.py`` runs one setting a process).
 ``--splits``: a row per split count, all columns at that count (0: the plan's own).
 d128, page 16, random page order, q_len 1, seed 0 (``decode_ncu_case.paged_case``; ``--layout
 hnd``: head-major pages, as ``bench quant`` stores them); outputs of
