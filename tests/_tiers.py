@@ -9,7 +9,7 @@ parameters is one behaviour and always runs.
 
 ``KVONCE_TEST_TIER=fast`` selects it (``make gpu-test``); unset, every collected case runs
 (``make gpu-test-full``, and the CPU suite in CI). The cost of a case comes from
-``tests/gpu_durations.json`` (seconds per test id on the lent H100, merged by
+``tests/gpu_durations.json`` (seconds per test id on the lent H100 / H200, merged by
 ``scripts/gpu_test_parts.py --update-durations``), 1 s where it has none, so the tier follows the
 measured suite instead of a hand-kept list that goes stale.
 
