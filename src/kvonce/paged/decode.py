@@ -28,7 +28,7 @@ from .checks import (QUANT_FORMATS, check_block_table_values, check_device_ok, c
                      validate_quantized_cache)
 from .prefix import plan_cascade
 from .splits import (FALLBACK_MIN_KEYS, GLUON_MIN_KEYS, busy_splits, choose_num_splits,
-                     gluon_int4_pays, gluon_num_splits)
+                     gluon_batch_cut, gluon_int4_pays, gluon_num_splits)
 
 __all__ = ["paged_attention", "PagedDecodePlan", "choose_num_splits"]
 
@@ -154,11 +154,24 @@ def _gluon_writes_partials(num_splits: int) -> bool:
 def _decode_launch(q, k_cache, v_cache, block_table, *, softmax_scale: float, causal: bool,
                    num_splits: int, config: PagedDecodeConfig, store_lse: bool,
                    kv_format: int = 0, k_scale=None, v_scale=None, outlier_values=None,
-                   gluon_ok: bool = False):
+                   gluon_ok: bool = False, batch_cut: int = 0):
     """The launch of one decode shape: the Gluon decode where the config asks for it, the caller
     allows it (``gluon_ok``: the plan's choice; a custom op's where it has the scratch the Gluon
     launch needs) and the tensors fit (``_gluon_fits``), else ``PagedDecodeLaunch``; both are
-    called alike."""
+    called alike. ``batch_cut`` > 0: sequences ``[0, batch_cut)`` in one pass, the rest at
+    ``num_splits`` splits, two launches (``batch_cut.BatchCutLaunch``)."""
+    if 0 < batch_cut < q.shape[0]:
+        from .batch_cut import BatchCutLaunch
+
+        def part(rows, splits):
+            return _decode_launch(q[rows], k_cache, v_cache, block_table[rows],
+                                  softmax_scale=softmax_scale, causal=causal, num_splits=splits,
+                                  config=config, store_lse=store_lse, kv_format=kv_format,
+                                  k_scale=k_scale, v_scale=v_scale,
+                                  outlier_values=outlier_values, gluon_ok=gluon_ok)
+
+        return BatchCutLaunch(part(slice(0, batch_cut), 1),
+                              part(slice(batch_cut, None), num_splits), batch_cut)
     if config.gluon and gluon_ok and _gluon_fits(q, k_cache, v_cache, kv_format, outlier_values,
                                                  k_scale, v_scale):
         from ..kernels.gluon_decode import PagedGluonDecodeLaunch
@@ -272,11 +285,17 @@ class PagedDecodePlan:
         # int4 head pairs (config.head_pairs): a program serves two KV heads
         grid_heads = k_cache.shape[2] // (2 if head_pairs_eligible(
             self.config, self._kv_code, q.dtype, head_dim, k_cache.shape[2]) else 1)
+        # batch_cut > 0: sequences [0, batch_cut) in one pass, the rest at num_splits splits
+        self.batch_cut = 0
         if num_splits == 0 and self.uses_gluon:   # CTAs a split: one a KV head group's
             heads = _gluon_head_group(q, k_cache, self._kv_code, k_scale, v_scale)
-            num_splits = gluon_num_splits(batch * k_cache.shape[2] // heads, max_keys, num_sms,
-                                          two_ctas_an_sm=self.kv_format == "int4",
-                                          tile_keys=128 // heads)
+            two_ctas = self.kv_format == "int4"
+            self.batch_cut, num_splits = gluon_batch_cut(
+                batch, k_cache.shape[2] // heads, max_keys, num_sms, two_ctas, 128 // heads)
+            if not self.batch_cut:
+                num_splits = gluon_num_splits(batch * k_cache.shape[2] // heads, max_keys,
+                                              num_sms, two_ctas_an_sm=two_ctas,
+                                              tile_keys=128 // heads)
         elif num_splits == 0:
             num_splits = choose_num_splits(batch, grid_heads, max_keys, num_sms, self.config)
             self.config = _launch_shape_config(self.config, batch * grid_heads, num_splits,
@@ -411,7 +430,7 @@ class PagedDecodePlan:
                                     num_splits=self.num_splits, config=self.config,
                                     store_lse=return_lse, kv_format=self._kv_code,
                                     k_scale=k_scale, v_scale=v_scale, outlier_values=values,
-                                    gluon_ok=self.uses_gluon)
+                                    gluon_ok=self.uses_gluon, batch_cut=self.batch_cut)
             self._launches[layout] = launch
         out = allocator.empty(self._q_shape, dtype=self._dtype, device=self._device)
         lse = None
@@ -446,10 +465,10 @@ class PagedDecodePlan:
     def _bind(self, q, k_cache, v_cache, cache_seqlens, block_table, layout):
         """Full check, then the launch for this stride layout (kept for later runs)."""
         self._check_like_plan(q, k_cache, v_cache, cache_seqlens, block_table)
-        launch = PagedDecodeLaunch(q, k_cache, v_cache, block_table,
-                                   softmax_scale=self.softmax_scale, causal=self.causal,
-                                   num_splits=self.num_splits, config=self.config,
-                                   store_lse=layout[-1])
+        launch = _decode_launch(q, k_cache, v_cache, block_table,
+                                softmax_scale=self.softmax_scale, causal=self.causal,
+                                num_splits=self.num_splits, config=self.config,
+                                store_lse=layout[-1], batch_cut=self.batch_cut)
         self._launches[layout] = launch
         return launch
 
@@ -463,7 +482,7 @@ class PagedDecodePlan:
                          c.kv_cache_modifier, c.kv_eviction, c.max_merged_splits, k_scale,
                          v_scale, self._kv_code, max_registers, c.swap_ab, c.f16_math,
                          c.int64_kv_offsets, c.v_pairs, outlier_values, outlier_channels,
-                         c.prefetch_pages, c.head_pairs, c.gluon)
+                         c.prefetch_pages, c.head_pairs, c.gluon, self.batch_cut)
         if self.num_splits == 1 and not self._gluon_partials:
             return torch.ops.kvonce.paged_decode(q, k_cache, v_cache, cache_seqlens, block_table,
                                                  *launch_fields)
@@ -587,7 +606,7 @@ def _paged_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, o_part, 
                        kv_cache_modifier, kv_eviction, max_merged_splits, k_scale, v_scale,
                        kv_format, max_registers, swap_ab, f16_math, int64_kv_offsets,
                        v_pairs, outlier_values=None, outlier_channels=None,
-                       prefetch_pages=False, head_pairs=False, gluon=False):
+                       prefetch_pages=False, head_pairs=False, gluon=False, batch_cut=0):
     config = PagedDecodeConfig(block_n, num_warps, num_stages, kv_cache_modifier=kv_cache_modifier,
                                kv_eviction=kv_eviction, max_merged_splits=max_merged_splits,
                                max_registers=max_registers, swap_ab=swap_ab, f16_math=f16_math,
@@ -599,7 +618,8 @@ def _paged_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, o_part, 
                    num_splits=num_splits, config=config, store_lse=True, kv_format=kv_format,
                    k_scale=k_scale, v_scale=v_scale, outlier_values=outlier_values,
                    gluon_ok=gluon and (o_part is not None
-                                       or not _gluon_writes_partials(num_splits)))(
+                                       or not _gluon_writes_partials(num_splits)),
+                   batch_cut=batch_cut)(
         q, k_cache, v_cache, cache_seqlens, block_table, out, lse, o_part, lse_part, arrivals,
         k_scale, v_scale, outlier_values, outlier_channels)
     return out, lse
@@ -615,7 +635,7 @@ def _paged_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      f16_math: bool = False, int64_kv_offsets: bool = False,
                      v_pairs: bool = False, outlier_values: torch.Tensor | None = None,
                      outlier_channels: torch.Tensor | None = None, prefetch_pages: bool = False,
-                     head_pairs: bool = False, gluon: bool = False
+                     head_pairs: bool = False, gluon: bool = False, batch_cut: int = 0
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """Single-pass paged decode (``PagedDecodePlan.run`` with ``num_splits == 1``): ``(out
     [batch, q_len, nheads, d], lse float32 [batch, nheads, q_len])``; the config's launch fields
@@ -627,7 +647,7 @@ def _paged_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                               kv_cache_modifier, kv_eviction, max_merged_splits, k_scale,
                               v_scale, kv_format, max_registers, swap_ab, f16_math,
                               int64_kv_offsets, v_pairs, outlier_values, outlier_channels,
-                              prefetch_pages, head_pairs, gluon)
+                              prefetch_pages, head_pairs, gluon, batch_cut)
 
 
 @_paged_decode_op.register_fake
@@ -650,18 +670,21 @@ def _paged_decode_split_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            v_pairs: bool = False, outlier_values: torch.Tensor | None = None,
                            outlier_channels: torch.Tensor | None = None,
                            prefetch_pages: bool = False, head_pairs: bool = False,
-                           gluon: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                           gluon: bool = False, batch_cut: int = 0
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
     """Split-K paged decode and its merge (in the same launch up to ``max_merged_splits``
     splits, else a combine launch); ``o_part`` float32 ``[batch, q_len,
     nheads, S, d]``, ``lse_part`` float32 ``[batch, q_len, nheads, S]`` and the int32 zeros
     ``arrivals [batch, nheads_k, M-blocks]`` are the plan's scratch (written, so declared
-    mutated; the arrival counts end at zero again)."""
+    mutated; the arrival counts end at zero again). ``batch_cut`` > 0: the first ``batch_cut``
+    sequences in one pass, the rest split (``batch_cut.BatchCutLaunch``; the partials in the
+    scratch's first ``batch - batch_cut`` rows)."""
     return _paged_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, o_part, lse_part,
                               arrivals, softmax_scale, causal, block_n, num_warps, num_stages,
                               kv_cache_modifier, kv_eviction, max_merged_splits, k_scale,
                               v_scale, kv_format, max_registers, swap_ab, f16_math,
                               int64_kv_offsets, v_pairs, outlier_values, outlier_channels,
-                              prefetch_pages, head_pairs, gluon)
+                              prefetch_pages, head_pairs, gluon, batch_cut)
 
 
 @_paged_decode_split_op.register_fake

@@ -1,0 +1,31 @@
+"""A decode launch cut in two along the batch (``splits.gluon_batch_cut``): the first ``whole``
+sequences in one pass, the rest split, each part its own launch over batch slices of the same
+tensors (views: no copy), the tail's split-K partials in the first ``batch - whole`` rows of the
+plan's scratch. Any launch pair of ``_decode_launch``'s kind (the Triton or the Gluon decode)."""
+from __future__ import annotations
+
+
+class BatchCutLaunch:
+    """``head`` (sequences ``[0, whole)``, one split: it stores ``out`` / ``lse`` itself) then
+    ``tail`` (sequences ``[whole, batch)``, its splits and combine), called as one launch:
+    ``(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, o_part, lse_part, arrivals,
+    k_scale, v_scale, outlier_values, outlier_channels)`` with the whole batch's tensors
+    (``o_part [batch, q_len, nheads, S, d]``, ``lse_part``, ``arrivals``: the plan's scratch,
+    rows ``[0, batch - whole)`` used). Per-key scales and the caches are indexed through the
+    block table, so they pass whole."""
+
+    def __init__(self, head, tail, whole: int):
+        self.head, self.tail, self.whole = head, tail, whole
+
+    def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, out, lse, o_part,
+                 lse_part, arrivals, k_scale=None, v_scale=None, outlier_values=None,
+                 outlier_channels=None):
+        w = self.whole
+        self.head(q[:w], k_cache, v_cache, cache_seqlens[:w], block_table[:w], out[:w],
+                  None if lse is None else lse[:w], None, None, None, k_scale, v_scale,
+                  outlier_values, outlier_channels)
+        rest = q.shape[0] - w
+        self.tail(q[w:], k_cache, v_cache, cache_seqlens[w:], block_table[w:], out[w:],
+                  None if lse is None else lse[w:], o_part[:rest], lse_part[:rest],
+                  None if arrivals is None else arrivals[:rest], k_scale, v_scale,
+                  outlier_values, outlier_channels)

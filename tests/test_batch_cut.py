@@ -1,0 +1,101 @@
+"""The decode's batch cut (``kvonce.paged.batch_cut``, ``splits.gluon_batch_cut``): the first
+sequences in one pass, the rest split, two launches over batch slices.
+
+The rule is checked on the CPU (shapes only). The launches are checked under the Triton
+interpreter (or on a GPU) through the Triton decode, which takes the same cut as the Gluon one:
+the plan's ``batch_cut`` set by hand, since the rule runs only where the Gluon decode does."""
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import poison_empty
+from test_decode import LSE_TOL, TOL, lse_err, make_paged, make_q, rel_err
+
+import kvonce
+from kvonce.kernels.configs import interpreter_active
+from kvonce.paged import splits
+from kvonce.paged.batch_cut import BatchCutLaunch
+from kvonce.reference import paged_attention_ref
+
+CUDA = torch.cuda.is_available()
+runs_kernels = pytest.mark.skipif(not CUDA and not interpreter_active(),
+                                  reason="needs a CUDA GPU or TRITON_INTERPRET=1")
+
+
+def test_gluon_batch_cut_rule(monkeypatch):
+    """Off by default; on, a cut only where one pass leaves its last wave ragged, at the whole
+    waves' last sequence, the tail at the short-launch split rule's count."""
+    assert splits.gluon_batch_cut(68, 8, 8192, 132) == (0, 0)        # GLUON_BATCH_CUT off
+    monkeypatch.setattr(splits, "GLUON_BATCH_CUT", True)
+    # GQA 32/8 x 8192 keys on 132 SMs (a wave: 264 CTAs, 33 sequences): 68 sequences are 2.06
+    # waves -> 66 whole, 2 left (16 CTAs) at 8 splits; 72 -> 66 whole, 6 left (48) at 5
+    assert splits.gluon_batch_cut(68, 8, 8192, 132) == (66, 8)
+    assert splits.gluon_batch_cut(72, 8, 8192, 132) == (66, 5)
+    assert splits.gluon_batch_cut(64, 8, 8192, 132) == (0, 0)        # 1.94 waves: fill 0.97
+    assert splits.gluon_batch_cut(66, 8, 8192, 132) == (0, 0)        # two whole waves
+    assert splits.gluon_batch_cut(20, 8, 8192, 132) == (0, 0)        # under one wave
+    for batch in range(34, 200):
+        for cps in (1, 2, 4, 8, 12):
+            whole, tail_splits = splits.gluon_batch_cut(batch, cps, 8192, 132)
+            if not whole:
+                continue
+            assert 0 < whole < batch and whole * cps <= batch * cps - (batch * cps) % 264
+            assert whole * cps % 264 < cps                            # whole waves, to a sequence
+            assert tail_splits == splits.gluon_num_splits((batch - whole) * cps, 8192, 132) > 1
+
+
+@runs_kernels
+@pytest.mark.parametrize("fmt", [None, "int8"])
+@pytest.mark.parametrize("return_lse", [True, False])
+def test_batch_cut_plan_matches_reference(fmt, return_lse):
+    """A plan run cut after its second sequence (one pass for sequences 0-1, three splits for
+    2-4) equals the reference: empty sequences on both sides, lengths off the tile grid, GQA,
+    two query rows, causal; every output element written (NaN-poisoned)."""
+    dtype = torch.float32 if fmt is None else torch.float16
+    lens = [37, 0, 90, 0, 51]
+    k_cache, v_cache, seqlens, table = make_paged(lens, page_size=16, nheads_k=2, head_dim=32,
+                                                  dtype=dtype)
+    q = make_q(len(lens), 2, 4, 32, dtype)
+    kw, kd, vd = {}, k_cache, v_cache
+    if fmt is not None:
+        (k_cache, ks), (v_cache, vs) = (kvonce.quantize_kv(t, fmt) for t in (k_cache, v_cache))
+        kd, vd = (kvonce.dequantize_kv(t, s, fmt, dtype=torch.float32)
+                  for t, s in ((k_cache, ks), (v_cache, vs)))
+        kw = dict(k_scale=ks, v_scale=vs)
+    plan = kvonce.PagedDecodePlan(q, k_cache, v_cache, seqlens, table, num_splits=3, **kw)
+    plan.batch_cut = 2       # before the first run: the launches bind then
+    with poison_empty:
+        got = plan.run(q, k_cache, v_cache, seqlens, table, return_lse=return_lse, **kw)
+    assert all(isinstance(launch, BatchCutLaunch) for launch in plan._launches.values())
+    ref_o, ref_lse = paged_attention_ref(q.float(), kd, vd, seqlens, table)
+    out = got[0] if return_lse else got
+    assert rel_err(out, ref_o) < TOL[dtype] * (1 if fmt is None else 2)
+    if return_lse:
+        assert lse_err(got[1], ref_lse) < LSE_TOL
+    # the same plan again, other values: the cut launches are reused
+    q2 = make_q(len(lens), 2, 4, 32, dtype, seed=5)
+    out2 = plan.run(q2, k_cache, v_cache, seqlens, table, **kw)
+    ref2, _ = paged_attention_ref(q2.float(), kd, vd, seqlens, table)
+    assert rel_err(out2, ref2) < TOL[dtype] * (1 if fmt is None else 2)
+
+
+@runs_kernels
+def test_batch_cut_reaches_the_custom_op():
+    """Under ``torch.compile`` the plan calls ``kvonce::paged_decode_split`` with its cut (a
+    launch field), which cuts the same way as eager."""
+    dtype = torch.float32
+    lens = [20, 33, 5, 48]
+    k_cache, v_cache, seqlens, table = make_paged(lens, page_size=16, nheads_k=2, head_dim=32,
+                                                  dtype=dtype)
+    q = make_q(len(lens), 1, 4, 32, dtype)
+    plan = kvonce.PagedDecodePlan(q, k_cache, v_cache, seqlens, table, num_splits=2)
+    plan.batch_cut = 3
+    eager = plan.run(q, k_cache, v_cache, seqlens, table, return_lse=True)
+    torch._dynamo.reset()
+    step = torch.compile(lambda *t: plan.run(*t, return_lse=True), fullgraph=True,
+                         backend="aot_eager")
+    compiled = step(q, k_cache, v_cache, seqlens, table)
+    for a, b in zip(compiled, eager):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    ref_o, _ = paged_attention_ref(q, k_cache, v_cache, seqlens, table)
+    assert rel_err(eager[0], ref_o) < TOL[dtype]
