@@ -99,3 +99,37 @@ def test_batch_cut_reaches_the_custom_op():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     ref_o, _ = paged_attention_ref(q, k_cache, v_cache, seqlens, table)
     assert rel_err(eager[0], ref_o) < TOL[dtype]
+
+
+HOPPER = CUDA and torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.mark.skipif(not HOPPER, reason="the Gluon decode needs an sm_90 GPU")
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8"])
+def test_gluon_plan_takes_the_cut_where_one_pass_is_ragged(fmt, monkeypatch):
+    """GQA 32/8 x 8192 keys at 35 sequences (280 CTAs: 1.06 waves of two an SM on 132 SMs) with
+    the rule on: 33 sequences in one pass, two at 4 splits, on the Gluon decode; equal to the dequantized
+    reference, with an empty and an off-grid sequence in each part, eager and in a graph."""
+    from test_gluon_decode import ROWS, _case
+
+    monkeypatch.setattr(splits, "GLUON_BATCH_CUT", True)
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    batch = (2 * num_sms) // 8 + 2
+    lens = [8192] * batch
+    lens[3], lens[5], lens[-1], lens[-2] = 0, 1000, 0, 7999
+    q, kq, vq, ks, vs, seqlens, table, kd, vd = _case(fmt, batch, 1, 32, 8, 16, lens, 8192)
+    plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
+                                  config=ROWS[fmt])
+    assert plan.uses_gluon and plan.batch_cut == batch - 2 and plan.num_splits > 1
+    with poison_empty:
+        out, lse = plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs, return_lse=True)
+    ref_o, ref_lse = paged_attention_ref(q.float(), kd, vd, seqlens, table)
+    assert rel_err(out, ref_o) < 2e-3
+    assert lse_err(lse, ref_lse) < LSE_TOL
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs)
+    q.copy_(torch.randn_like(q))
+    graph.replay()
+    ref2, _ = paged_attention_ref(q.float(), kd, vd, seqlens, table)
+    assert rel_err(captured, ref2) < 2e-3
