@@ -107,9 +107,10 @@ HOPPER = CUDA and torch.cuda.get_device_capability() == (9, 0)
 @pytest.mark.skipif(not HOPPER, reason="the Gluon decode needs an sm_90 GPU")
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8"])
 def test_gluon_plan_takes_the_cut_where_one_pass_is_ragged(fmt, monkeypatch):
-    """GQA 32/8 x 8192 keys at 35 sequences (280 CTAs: 1.06 waves of two an SM on 132 SMs) with
-    the rule on: 33 sequences in one pass, two at 8 splits, on the Gluon decode; equal to the dequantized
-    reference, with an empty and an off-grid sequence in each part, eager and in a graph."""
+    """GQA 32/8 x 8192 keys at 35 sequences (280 CTAs: 1.06 waves of two an SM on 132 SMs)
+    with the rule on: 33 sequences in one pass, two at 8 splits, on the Gluon decode; equal to
+    the dequantized reference, with an empty and an off-grid sequence in each part, eager and
+    in a graph."""
     from test_gluon_decode import ROWS, _case
 
     monkeypatch.setattr(splits, "GLUON_BATCH_CUT", True)
