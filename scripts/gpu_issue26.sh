@@ -168,6 +168,12 @@
 #               session's smspread: a busy SM moved 18.0 B a cycle at one CTA an SM against
 #               the Triton fp16 decode's 19.2; two stages keep one 32 KB tile in flight while
 #               the consumers read the other
+#   batchcut    the Gluon decode's batch cut (paged.splits.GLUON_BATCH_CUT, built 2026-11-30,
+#               never run on a GPU): tests/test_batch_cut.py (the rule, the Triton cut, the
+#               Gluon plan's cut eager and in a graph), then config_ab.py in one process, the
+#               plan against the plan with the cut, at batches past a whole wave (GQA 32/8 68,
+#               70, 72 x 8192; MHA 12/12 23, 45 x 8192) and 64 x 8192 (no cut: the control).
+#               Predicted: 68 -3%, 72 -5% (twenty-ninth session: 66 -> 68 cost +8-9%)
 #   smspread    the next question after dramrate (2026-11-30: the same bytes at 81% of DRAM peak
 #               against fp16's 87.5%): is it a tail (SM active cycles min / avg / max against
 #               the elapsed) or a lower rate on every SM (L2-to-SM bytes a second, the TMA
@@ -706,6 +712,16 @@ if has onecta; then
     done
   done
   grep -E "^- |^\| (fp8_e4m3|int8) \| [0-9]" "$OUT/onecta.log" | cut -d"|" -f1-5
+fi
+if has batchcut; then
+  step batchcut
+  timeout ${BATCHCUT_TEST_S:-150} python3 -m pytest -q -p no:cacheprovider -rfE \
+    tests/test_batch_cut.py 2>&1 | tail -4 | cut -c1-300
+  for fmt in fp8_e4m3 int8; do
+    timeout 200 python3 scripts/config_ab.py --layout hnd --rounds 3 \
+      --cases $fmt:32/8:68x8192,$fmt:32/8:70x8192,$fmt:32/8:72x8192,$fmt:12/12:23x8192,$fmt:12/12:45x8192,$fmt:32/8:64x8192 \
+      --knob "kvonce.paged.splits:GLUON_BATCH_CUT=True" 2>&1 | grep "^\['" | cut -c1-120
+  done
 fi
 # ncu's metrics $1 of the second decode launch, fp16 Triton / fp8 / int8 Gluon, GQA 32/8 at
 # 1 x 131072 and 64 x 8192, head-major pages (steps smspread, dramrate)
