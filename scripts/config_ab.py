@@ -9,7 +9,9 @@ split count, CUDA-graph time (``do_bench_cudagraph`` medians, rounds alternated)
 Each ``--set`` is one B column (``field=value[,field=value]``; ints, floats, 0/1 for booleans).
 Each ``--knob`` is one too: module attributes (``MODULE:ATTR=LITERAL``, several joined by
 `` & ``) set around every run of that column's plan (its launches bind at the first run, some
-read their module's switches at each call) and restored after, the plan's config unchanged.
+read their module's switches at each call) and restored after, the plan's config unchanged
+and its split count the row's (``--splits``; 0: the rule's under the knobs, so a knob of the
+split rule, such as ``kvonce.paged.splits:GLUON_BATCH_CUT=True``, takes effect).
 All columns run in one process, their rounds alternated: the same inputs and allocations for
 A and B, and no drift between processes (``knob_run.py`` runs one setting a process).
 ``--splits``: a row per split count, all columns at that count (0: the plan's own).
@@ -96,10 +98,9 @@ def main() -> None:
                 for s in args.set]
             for text in args.knob:
                 knobs = parse_knobs(text)
-                with knobs_set(knobs):
+                with knobs_set(knobs):   # the row's split count (0: the rule's, knobs set)
                     plan = kvonce.PagedDecodePlan(q, kk, vv, seqlens, table, **kw,
-                                                  kv_format=kv_format,
-                                                  num_splits=plan_a.num_splits)
+                                                  kv_format=kv_format, num_splits=splits)
                 columns.append((plan, knobs))
 
             def run(column):
