@@ -66,6 +66,12 @@ def knobs_set(knobs: list):
             setattr(mod, attr, value)
 
 
+def shape_of(plan) -> str:
+    """A plan's split count and batch cut, as the table shows them."""
+    cut = getattr(plan, "batch_cut", 0)
+    return f"{plan.num_splits} splits" + (f" after {cut} whole" if cut else "")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--cases", default=CASES, help="FORMAT:HQ/HK:BATCHxLEN, comma-separated")
@@ -117,7 +123,8 @@ def main() -> None:
             med = [sorted(t)[len(t) // 2] for t in times]
             rows.append([case, f"{'auto=' if splits == 0 else ''}{plan_a.num_splits}",
                          f"{med[0]:.1f}"]
-                        + [f"{m:.1f} ({m / med[0]:.3f})" for m in med[1:]] + diffs)
+                        + [f"{m:.1f} ({m / med[0]:.3f}; {shape_of(plan)})"
+                           for m, (plan, _) in zip(med[1:], columns[1:])] + diffs)
             print(rows[-1], flush=True)
             del columns, outs
         del q, kk, vv, table, seqlens, kw
