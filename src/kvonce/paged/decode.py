@@ -237,6 +237,11 @@ class PagedDecodePlan:
     fp16/bf16/fp32 caches) where ``cascade`` ("auto": a cost model; True / False) says so;
     ``uses_cascade`` tells which; ``run`` returns the same either way.
 
+    ``num_splits`` and ``batch_cut`` say how the keys are cut: ``batch_cut`` > 0 runs sequences
+    ``[0, batch_cut)`` in one pass and the rest at ``num_splits`` splits, two launches
+    (``kvonce.paged.batch_cut``; the Gluon decode's rule ``splits.gluon_batch_cut``, off by
+    default); 0 runs every sequence at ``num_splits``.
+
     fp32 queries: the dots follow PyTorch's float32 matmul precision as it is when the plan is
     built (IEEE fp32 under the default "highest", TF32 under "high"/"medium"); eager ``run`` keeps
     that choice (the custom ops read the setting per call).
