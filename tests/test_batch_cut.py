@@ -101,6 +101,24 @@ def test_batch_cut_reaches_the_custom_op():
     assert rel_err(eager[0], ref_o) < TOL[dtype]
 
 
+
+@runs_kernels
+def test_opcheck_with_a_batch_cut():
+    """``kvonce::paged_decode_split`` with ``batch_cut`` (its last launch field): schema,
+    declared mutations, fake shapes."""
+    lens = [20, 0, 5, 48]
+    k_cache, v_cache, seqlens, table = make_paged(lens, page_size=16, nheads_k=2, head_dim=32,
+                                                  dtype=torch.float32)
+    q = make_q(len(lens), 1, 4, 32, torch.float32)
+    plan = kvonce.PagedDecodePlan(q, k_cache, v_cache, seqlens, table, num_splits=2)
+    c = plan.config
+    fields = (plan.softmax_scale, True, c.block_n, c.num_warps, c.num_stages,
+              c.kv_cache_modifier, c.kv_eviction, c.max_merged_splits, None, None, 0,
+              c.max_registers, c.swap_ab, c.f16_math, c.int64_kv_offsets, c.v_pairs, None, None,
+              c.prefetch_pages, c.head_pairs, False, 2)
+    torch.library.opcheck(torch.ops.kvonce.paged_decode_split,
+                          (q, k_cache, v_cache, seqlens, table, *plan._scratch(), *fields))
+
 HOPPER = CUDA and torch.cuda.get_device_capability() == (9, 0)
 
 
