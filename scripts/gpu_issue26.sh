@@ -720,7 +720,7 @@ if has batchcut; then
   for fmt in fp8_e4m3 int8; do
     timeout 200 python3 scripts/config_ab.py --layout hnd --rounds 3 \
       --cases $fmt:32/8:68x8192,$fmt:32/8:70x8192,$fmt:32/8:72x8192,$fmt:12/12:23x8192,$fmt:12/12:45x8192,$fmt:32/8:64x8192 \
-      --knob "kvonce.paged.splits:GLUON_BATCH_CUT=True" 2>&1 | grep "^\['" | cut -c1-120
+      --knob "kvonce.paged.splits:GLUON_BATCH_CUT=True" 2>&1 | grep "^\['" | cut -c1-160
   done
 fi
 # ncu's metrics $1 of the second decode launch, fp16 Triton / fp8 / int8 Gluon, GQA 32/8 at
