@@ -23,9 +23,10 @@ runs_kernels = pytest.mark.skipif(not CUDA and not interpreter_active(),
 
 
 def test_gluon_batch_cut_rule(monkeypatch):
-    """Off by default; on, a cut only where one pass leaves its last wave ragged, at the whole
-    waves' last sequence, the tail at the short-launch split rule's count."""
-    assert splits.gluon_batch_cut(68, 8, 8192, 132) == (0, 0)        # GLUON_BATCH_CUT off
+    """A cut only where one pass leaves its last wave ragged, at the whole waves' last
+    sequence, the tail at the short-launch split rule's count; none with the switch off."""
+    monkeypatch.setattr(splits, "GLUON_BATCH_CUT", False)
+    assert splits.gluon_batch_cut(68, 8, 8192, 132) == (0, 0)
     monkeypatch.setattr(splits, "GLUON_BATCH_CUT", True)
     # GQA 32/8 x 8192 keys on 132 SMs (a wave: 264 CTAs, 33 sequences): 68 sequences are 2.06
     # waves -> 66 whole, 2 left (16 CTAs) at 8 splits; 72 -> 66 whole, 6 left (48) at 5
@@ -123,15 +124,21 @@ HOPPER = CUDA and torch.cuda.get_device_capability() == (9, 0)
 
 
 @pytest.mark.skipif(not HOPPER, reason="the Gluon decode needs an sm_90 GPU")
+@pytest.mark.parametrize("overlap", [True, False])
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8"])
-def test_gluon_plan_takes_the_cut_where_one_pass_is_ragged(fmt, monkeypatch):
+def test_gluon_plan_takes_the_cut_where_one_pass_is_ragged(fmt, overlap, monkeypatch):
     """GQA 32/8 x 8192 keys at 35 sequences (280 CTAs: 1.06 waves of two an SM on 132 SMs)
-    with the rule on: 33 sequences in one pass, two at 8 splits, on the Gluon decode; equal to
-    the dequantized reference, with an empty and an off-grid sequence in each part, eager and
-    in a graph."""
+    with the rule on: 33 sequences in one pass, two at 8 splits, on the Gluon decode, the tail
+    a programmatic dependent of the head (``overlap``) or after it; equal to the dequantized
+    reference, with an empty and an off-grid sequence in each part, eager and in a graph (whose
+    replay is read at once: a tail that ended before its head would leave the head's rows of
+    the eager run's queries)."""
     from test_gluon_decode import ROWS, _case
 
+    from kvonce.paged import batch_cut
+
     monkeypatch.setattr(splits, "GLUON_BATCH_CUT", True)
+    monkeypatch.setattr(batch_cut, "OVERLAP", overlap)
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     batch = (2 * num_sms) // 8 + 2
     lens = [8192] * batch
@@ -142,6 +149,9 @@ def test_gluon_plan_takes_the_cut_where_one_pass_is_ragged(fmt, monkeypatch):
     assert plan.uses_gluon and plan.batch_cut == batch - 2 and plan.num_splits > 1
     with poison_empty:
         out, lse = plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs, return_lse=True)
+    launch, = plan._launches.values()
+    assert launch.tail.constexprs["PDL_EXIT_WAIT"] == overlap
+    assert launch.head.constexprs["PDL_TRIGGER"] == overlap
     ref_o, ref_lse = paged_attention_ref(q.float(), kd, vd, seqlens, table)
     assert rel_err(out, ref_o) < 2e-3
     assert lse_err(lse, ref_lse) < LSE_TOL

@@ -156,6 +156,14 @@ def _launch_dependents():
 
 
 @gluon.jit
+def _wait_prior_grid():
+    """``griddepcontrol.wait``: until the grid this one was launched after (as a programmatic
+    dependent) has ended and its memory is visible; at once without such a launch."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [],
+                              dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def _gluon_decode_kernel(
     Q, k_desc, v_desc, KS, VS, k_raw, v_raw, Out, Lse, cache_seqlens, block_table, sm_scale,
     q_len,
@@ -169,9 +177,14 @@ def _gluon_decode_kernel(
     SWAP_AB: gl.constexpr = False, PROBE: gl.constexpr = 0, LOADERS: gl.constexpr = 1,
     HEAD_MAJOR: gl.constexpr = False, HEADS: gl.constexpr = 1, CP_ASYNC: gl.constexpr = False,
     DEFER_SUMS: gl.constexpr = False, PDL_TRIGGER: gl.constexpr = False,
+    PDL_EXIT_WAIT: gl.constexpr = False,
 ):
     # PDL_TRIGGER: each CTA lets the split combine after this launch start at once (a
     # programmatic dependent launch, paged_combine.COMBINE_PDL: it waits for these partials).
+    # PDL_EXIT_WAIT: launched as a programmatic dependent of a launch it does not read (a batch
+    # cut's tail after its head, kvonce.paged.batch_cut), so its CTAs fill the SMs the head's
+    # last wave leaves idle; each CTA waits for that launch to end before it exits, so that this
+    # launch's end (which its combine, or the next launch, waits for) implies the head's.
     # HEAD_MAJOR: pages stored [num_pages, nheads_k, page_size, row] (the descriptors' rows a
     # (page, KV head)'s keys), else token-major [num_pages, page_size, nheads_k, row].
     # HEADS: KV heads a CTA (program_id(1) their group, GROUP the group's q heads: HEADS x the
@@ -262,6 +275,8 @@ def _gluon_decode_kernel(
                  cache_seqlens, block_table, num_splits, stride_btb, KS, VS, ks_smem, vs_smem,
                  PAGE_SIZE, SCALE_RING, PROBE, 0, 1, HEAD_MAJOR, HEADS, CP_ASYNC, k_raw, v_raw)),
         ], [LOADER_WARPS], [LOADER_REGS])
+    if PDL_EXIT_WAIT:   # the consumer warps, after their stores
+        _wait_prior_grid()
 
 
 @gluon.jit
@@ -747,11 +762,14 @@ class PagedGluonDecodeLaunch:
     descriptors of each call's caches and scales are built once and kept (``DescriptorCache``:
     the plan runs every layer's), both kernels launched through ``_launch.launch`` (Triton's C
     launcher, no per-call argument binding): no allocation, no host sync, CUDA-graph
-    capturable."""
+    capturable. A batch cut's pair (``kvonce.paged.batch_cut``): ``trigger_next`` lets the
+    launch after this one start as soon as every CTA of this one has; ``follows`` launches this
+    one as that programmatic dependent (it reads nothing the one before writes), its CTAs
+    waiting for the one before to end before they exit."""
 
     def __init__(self, q, k_cache, v_cache, block_table, *, softmax_scale: float, causal: bool,
                  num_splits: int, store_lse: bool, kv_format: int = 1, k_scale=None,
-                 v_scale=None):
+                 v_scale=None, trigger_next: bool = False, follows: bool = False):
         from .paged_combine import combine_launch_shape, combine_pdl
 
         batch, q_len, nheads, head_dim = q.shape
@@ -814,7 +832,9 @@ class PagedGluonDecodeLaunch:
                                DEFER_SUMS=self.int4 and self.swap and INT4_DEFER_SUMS,
                                CP_ASYNC=kv_format in GLUON_CP_ASYNC_FORMATS
                                and kv_format == FP8.value and self.heads == 1,
-                               PDL_TRIGGER=not self.direct and combine_pdl(q.device, "gluon"))
+                               PDL_TRIGGER=trigger_next
+                               or (not self.direct and combine_pdl(q.device, "gluon")),
+                               PDL_EXIT_WAIT=follows)
         self.ring_constexprs = dict(self.constexprs, SCALE_RING=True, SWAP_AB=self.swap)
         self.constexprs["SWAP_AB"] = self.swap and kv_format == FP8.value
         # the two-CTA variants' register cap (TWO_CTA_MAXNREG); a one-CTA variant none
@@ -827,8 +847,7 @@ class PagedGluonDecodeLaunch:
                                  q_len * nheads * head_dim, nheads * head_dim, head_dim,
                                  nheads * q_len, 1, q_len)
             grid, constexprs, warps = combine_launch_shape(
-                nheads, q_len, batch, num_splits, head_dim,
-                pdl=self.constexprs["PDL_TRIGGER"])
+                nheads, q_len, batch, num_splits, head_dim, pdl=combine_pdl(q.device, "gluon"))
             constexprs["STORE_LSE"] = store_lse
             self.combine = (("combine", q.dtype, self.combine_ints,
                              tuple(constexprs.values())), grid, constexprs, warps)
@@ -921,7 +940,7 @@ class PagedGluonDecodeLaunch:
                 cache_seqlens, block_table, self.scale, *self.ints, *head_strides,
                 *self.tail_ints, *key_strides),
                self.ring_constexprs if ring else self.constexprs, WARPS.value, 1,
-               self.device_index, self.maxnreg)
+               self.device_index, self.maxnreg, launch_pdl=self.constexprs["PDL_EXIT_WAIT"])
         if self.direct:
             return
         key, grid, constexprs, warps = self.combine

@@ -52,7 +52,8 @@ def _check_spec(variant, group, page_size, stages=4, causal=False, thread_arrive
                 ring_merge=False, ctas_per_sm=1, kv_dtype="u8", tile_keys=0, kv_format=1,
                 q_dtype="fp16", direct_lse=None, scale_ring=False, v_biased=False,
                 swap_ab=False, probe=0, loaders=1, head_major=False, f16_pairs=False,
-                f16_scales=False, heads=1, cp_async=False, defer_sums=False, pdl_trigger=False):
+                f16_scales=False, heads=1, cp_async=False, defer_sums=False, pdl_trigger=False,
+                pdl_exit_wait=False):
     options = dict(num_warps=4)
     if ctas_per_sm == 2:
         options["maxnreg"] = TWO_CTA_MAXNREG
@@ -60,7 +61,8 @@ def _check_spec(variant, group, page_size, stages=4, causal=False, thread_arrive
     constexprs = dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, STAGES=stages,
                       THREAD_ARRIVE=thread_arrive, RING_MERGE=ring_merge, LOADERS=loaders,
                       PROBE=probe, HEAD_MAJOR=head_major, HEADS=heads, CP_ASYNC=cp_async,
-                      DEFER_SUMS=defer_sums, PDL_TRIGGER=pdl_trigger)
+                      DEFER_SUMS=defer_sums, PDL_TRIGGER=pdl_trigger,
+                      PDL_EXIT_WAIT=pdl_exit_wait)
     if tile_keys:
         constexprs["TILE_KEYS"] = tile_keys
     if kv_format != 1 or direct_lse is not None:
@@ -211,6 +213,18 @@ GLUON_CHECK_SPECS = [
                 f16_scales=True, loaders=4, pdl_trigger=True),
     _check_spec("pdl-fp8-hnd-page16-gqa4-2stages-2cta", 4, 16, stages=2, ring_merge=True,
                 ctas_per_sm=2, head_major=True, pdl_trigger=True),
+    # a batch cut's tail (kvonce.paged.batch_cut: a programmatic dependent of the head, each
+    # CTA waiting for the head's end before it exits) and its head (one split, the trigger)
+    _check_spec("cuttail-pdl-fp8-hnd-page16-gqa4-2stages-2cta", 4, 16, stages=2,
+                ring_merge=True, ctas_per_sm=2, head_major=True, pdl_trigger=True,
+                pdl_exit_wait=True),
+    _check_spec("cuttail-pdl-int8f16-ring-4loaders-hnd-page16-gqa4-2stages-2cta", 4, 16,
+                stages=2, ring_merge=True, ctas_per_sm=2, kv_format=2, scale_ring=True,
+                head_major=True, f16_scales=True, loaders=4, pdl_trigger=True,
+                pdl_exit_wait=True),
+    _check_spec("cuthead-pdl-fp8-hnd-page16-gqa4-2stages-2cta-direct", 4, 16, stages=2,
+                ring_merge=True, ctas_per_sm=2, head_major=True, direct_lse=True,
+                pdl_trigger=True),
     # the short launches' one-CTA-an-SM variant (gluon_decode.GLUON_ONE_CTA_VARIANT): four
     # stages, the merge through its own scratch
     _check_spec("onecta-pdl-int8f16-ring-4loaders-hnd-page16-gqa4-4stages", 4, 16, stages=4,

@@ -4,6 +4,20 @@ tensors (views: no copy), the tail's split-K partials in the first ``batch - who
 plan's scratch. Any launch pair of ``_decode_launch``'s kind (the Triton or the Gluon decode)."""
 from __future__ import annotations
 
+# The tail launched as a programmatic dependent of the head (Hopper, Gluon launches): its CTAs
+# take the SMs the head's last wave leaves idle instead of starting after the head's end.
+OVERLAP = True
+
+
+def overlaps(head, tail, device) -> bool:
+    """Whether a cut's ``tail`` launches as a programmatic dependent of its ``head``: ``OVERLAP``
+    on and both Gluon decode launches (which run on Hopper and later only, compiled:
+    ``griddepcontrol`` is sm_90's)."""
+    from ..kernels.gluon_decode import PagedGluonDecodeLaunch
+
+    return (OVERLAP and isinstance(head, PagedGluonDecodeLaunch)
+            and isinstance(tail, PagedGluonDecodeLaunch) and device.type == "cuda")
+
 
 class BatchCutLaunch:
     """``head`` (sequences ``[0, whole)``, one split: it stores ``out`` / ``lse`` itself) then

@@ -154,31 +154,40 @@ def _gluon_writes_partials(num_splits: int) -> bool:
 def _decode_launch(q, k_cache, v_cache, block_table, *, softmax_scale: float, causal: bool,
                    num_splits: int, config: PagedDecodeConfig, store_lse: bool,
                    kv_format: int = 0, k_scale=None, v_scale=None, outlier_values=None,
-                   gluon_ok: bool = False, batch_cut: int = 0):
+                   gluon_ok: bool = False, batch_cut: int = 0, pdl_pair: str = ""):
     """The launch of one decode shape: the Gluon decode where the config asks for it, the caller
     allows it (``gluon_ok``: the plan's choice; a custom op's where it has the scratch the Gluon
     launch needs) and the tensors fit (``_gluon_fits``), else ``PagedDecodeLaunch``; both are
     called alike. ``batch_cut`` > 0: sequences ``[0, batch_cut)`` in one pass, the rest at
-    ``num_splits`` splits, two launches (``batch_cut.BatchCutLaunch``)."""
+    ``num_splits`` splits, two launches (``batch_cut.BatchCutLaunch``), the second a
+    programmatic dependent of the first where both are Gluon launches on Hopper
+    (``batch_cut.overlaps``; ``pdl_pair`` "head" / "tail": the part this launch is)."""
     if 0 < batch_cut < q.shape[0]:
-        from .batch_cut import BatchCutLaunch
+        from .batch_cut import BatchCutLaunch, overlaps
 
-        def part(rows, splits):
+        def part(rows, splits, pair=""):
             return _decode_launch(q[rows], k_cache, v_cache, block_table[rows],
                                   softmax_scale=softmax_scale, causal=causal, num_splits=splits,
                                   config=config, store_lse=store_lse, kv_format=kv_format,
                                   k_scale=k_scale, v_scale=v_scale,
-                                  outlier_values=outlier_values, gluon_ok=gluon_ok)
+                                  outlier_values=outlier_values, gluon_ok=gluon_ok,
+                                  pdl_pair=pair)
 
-        return BatchCutLaunch(part(slice(0, batch_cut), 1),
-                              part(slice(batch_cut, None), num_splits), batch_cut)
+        head = part(slice(0, batch_cut), 1)
+        tail = part(slice(batch_cut, None), num_splits)
+        if overlaps(head, tail, q.device):
+            head = part(slice(0, batch_cut), 1, "head")
+            tail = part(slice(batch_cut, None), num_splits, "tail")
+        return BatchCutLaunch(head, tail, batch_cut)
     if config.gluon and gluon_ok and _gluon_fits(q, k_cache, v_cache, kv_format, outlier_values,
                                                  k_scale, v_scale):
         from ..kernels.gluon_decode import PagedGluonDecodeLaunch
         return PagedGluonDecodeLaunch(q, k_cache, v_cache, block_table,
                                       softmax_scale=softmax_scale, causal=causal,
                                       num_splits=num_splits, store_lse=store_lse,
-                                      kv_format=kv_format, k_scale=k_scale, v_scale=v_scale)
+                                      kv_format=kv_format, k_scale=k_scale, v_scale=v_scale,
+                                      trigger_next=pdl_pair == "head",
+                                      follows=pdl_pair == "tail")
     return PagedDecodeLaunch(q, k_cache, v_cache, block_table, softmax_scale=softmax_scale,
                              causal=causal, num_splits=num_splits, config=config,
                              store_lse=store_lse, kv_format=kv_format, k_scale=k_scale,

@@ -150,8 +150,16 @@ def gluon_num_splits(base: int, max_keys: int, num_sms: int,
 
 
 # A batch cut (``gluon_batch_cut``) where one pass of the Gluon decode leaves its last wave
-# ragged: off until measured (its first run is the next session's; kvonce.paged.batch_cut).
-GLUON_BATCH_CUT = False
+# ragged (kvonce.paged.batch_cut). H200, graphs, x 8192 keys, us without -> with the cut (two
+# launches one after the other; one process, rounds alternated, 2026-11-30): GQA 32/8 fp8 68
+# 279.5 -> 274.8, 70 296.8 -> 279.8, 72 303.5 -> 291.3; int8 296.5 -> 285.8, 305.9 -> 291.1,
+# 318.3 -> 302.5; MHA 12/12 23 fp8 148.2 -> 143.2, int8 156.6 -> 149.4; 45 271.0 -> 268.3,
+# 283.7 -> 280.9; 64 (no cut) even. On.
+GLUON_BATCH_CUT = True
+# Knobs under measurement (config_ab.py --knob): a cut also where the last wave is full, of
+# this fraction of the batch (0: none), and the tail's split count (0: the short-launch rule's)
+GLUON_CUT_FULL_TAIL = 0.0
+GLUON_CUT_TAIL_SPLITS = 0
 
 
 def gluon_batch_cut(batch: int, ctas_per_seq: int, max_keys: int, num_sms: int,
@@ -172,13 +180,18 @@ def gluon_batch_cut(batch: int, ctas_per_seq: int, max_keys: int, num_sms: int,
     wave = GLUON_CTAS_PER_SM * num_sms
     ctas_per_seq = max(1, ctas_per_seq)
     waves = batch * ctas_per_seq / wave
-    if not GLUON_BATCH_CUT or waves < 1 or waves / math.ceil(waves) >= GLUON_WAVE_FILL:
+    if not GLUON_BATCH_CUT or waves < 1:
         return 0, 0
-    whole = math.floor(waves) * wave // ctas_per_seq
+    if waves / math.ceil(waves) >= GLUON_WAVE_FILL:
+        if not GLUON_CUT_FULL_TAIL:
+            return 0, 0
+        whole = batch - max(1, round(batch * GLUON_CUT_FULL_TAIL))
+    else:
+        whole = math.floor(waves) * wave // ctas_per_seq
     if not 0 < whole < batch:
         return 0, 0
-    tail_splits = gluon_num_splits((batch - whole) * ctas_per_seq, max_keys, num_sms,
-                                   two_ctas_an_sm, tile_keys)
+    tail_splits = GLUON_CUT_TAIL_SPLITS or gluon_num_splits(
+        (batch - whole) * ctas_per_seq, max_keys, num_sms, two_ctas_an_sm, tile_keys)
     return (whole, tail_splits) if tail_splits > 1 else (0, 0)
 
 
