@@ -176,8 +176,6 @@
 #               Predicted: 68 -3%, 72 -5% (twenty-ninth session: 66 -> 68 cost +8-9%)
 #   cutpdl      the batch cut's tail as a programmatic dependent of its head (OVERLAP): tests,
 #               then the plan against OVERLAP off and against no cut (config_ab, one process)
-#   fulltail    a cut where the last wave is full (GLUON_CUT_FULL_TAIL, GLUON_CUT_TAIL_SPLITS)
-#               at 64 x 8192, GQA 32/8 and MHA 12/12, fp8 and int8
 #   smspread    the next question after dramrate (2026-11-30: the same bytes at 81% of DRAM peak
 #               against fp16's 87.5%): is it a tail (SM active cycles min / avg / max against
 #               the elapsed) or a lower rate on every SM (L2-to-SM bytes a second, the TMA
@@ -738,23 +736,6 @@ if has cutpdl; then
       --cases $fmt:32/8:68x8192,$fmt:32/8:70x8192,$fmt:32/8:72x8192,$fmt:12/12:23x8192,$fmt:12/12:45x8192,$fmt:32/8:66x8192 \
       --knob "kvonce.paged.batch_cut:OVERLAP=False" \
       --knob "kvonce.paged.splits:GLUON_BATCH_CUT=False" 2>&1 | grep "^\['" | cut -c1-200
-  done
-fi
-if has fulltail; then
-  step fulltail
-  # a cut where the last wave is full (splits.GLUON_CUT_FULL_TAIL: the batch's last fraction
-  # at GLUON_CUT_TAIL_SPLITS splits, a programmatic dependent of the rest): does a finer end
-  # of the launch pay at the 64 x 8192 rows of bench quant?
-  S=kvonce.paged.splits
-  for fmt in fp8_e4m3 int8; do
-    timeout 260 python3 scripts/config_ab.py --layout hnd --rounds 3 \
-      --cases $fmt:32/8:64x8192,$fmt:12/12:64x8192 \
-      --knob "$S:GLUON_CUT_FULL_TAIL=0.0625 & $S:GLUON_CUT_TAIL_SPLITS=4" \
-      --knob "$S:GLUON_CUT_FULL_TAIL=0.125" \
-      --knob "$S:GLUON_CUT_FULL_TAIL=0.125 & $S:GLUON_CUT_TAIL_SPLITS=4" \
-      --knob "$S:GLUON_CUT_FULL_TAIL=0.25 & $S:GLUON_CUT_TAIL_SPLITS=4" \
-      --knob "$S:GLUON_CUT_FULL_TAIL=0.25 & $S:GLUON_CUT_TAIL_SPLITS=8" \
-      2>&1 | grep "^\['" | cut -c1-400
   done
 fi
 # ncu's metrics $1 of the second decode launch, fp16 Triton / fp8 / int8 Gluon, GQA 32/8 at

@@ -154,20 +154,22 @@ def gluon_num_splits(base: int, max_keys: int, num_sms: int,
 # launches one after the other; one process, rounds alternated, 2026-11-30): GQA 32/8 fp8 68
 # 279.5 -> 274.8, 70 296.8 -> 279.8, 72 303.5 -> 291.3; int8 296.5 -> 285.8, 305.9 -> 291.1,
 # 318.3 -> 302.5; MHA 12/12 23 fp8 148.2 -> 143.2, int8 156.6 -> 149.4; 45 271.0 -> 268.3,
-# 283.7 -> 280.9; 64 (no cut) even. On.
+# 283.7 -> 280.9; 64 (no cut) even. With the tail a programmatic dependent of the head
+# (batch_cut.OVERLAP), in another process: fp8 GQA 68 270.7 (no cut) -> 266.4 (in turn) ->
+# 259.5 (overlapped), 70 290.2 -> 271.9 -> 269.8, 72 296.0 -> 282.9 -> 274.8 (66: 251.6, so 68
+# and 72 cost their work's share: 259.2 and 274.5); int8 and MHA alike. On.
 GLUON_BATCH_CUT = True
-# Knobs under measurement (config_ab.py --knob): a cut also where the last wave is full, of
-# this fraction of the batch (0: none), and the tail's split count (0: the short-launch rule's)
-GLUON_CUT_FULL_TAIL = 0.0
-GLUON_CUT_TAIL_SPLITS = 0
+# A cut where the last wave is full loses, even with the overlap: 64 x 8192 with its last 4 /
+# 8 / 16 sequences split (2-8 splits), fp8 and int8, GQA 32/8 and MHA 12/12: 1.0-14% slower
+# (fp8 GQA 251.3 us -> 256.4 at 4 sequences in 4 splits; 2026-11-30, knobs since removed).
 
 
 def gluon_batch_cut(batch: int, ctas_per_seq: int, max_keys: int, num_sms: int,
                     two_ctas_an_sm: bool = False, tile_keys: int = 128) -> tuple[int, int]:
     """``(whole, tail_splits)``: the Gluon decode's first ``whole`` sequences in one pass (whole
     waves of ``GLUON_CTAS_PER_SM`` CTAs an SM), the other ``batch - whole`` at ``tail_splits``
-    splits (``gluon_num_splits``' short-launch rule for them), two launches in turn
-    (``kvonce.paged.batch_cut``); ``(0, 0)``: no cut (``GLUON_BATCH_CUT`` off, or the one pass's
+    splits (``gluon_num_splits``' short-launch rule for them), two launches, the second
+    overlapping the first's end (``kvonce.paged.batch_cut``); ``(0, 0)``: no cut (``GLUON_BATCH_CUT`` off, or the one pass's
     last wave at least ``GLUON_WAVE_FILL`` full, or under one wave).
 
     Why: past a whole number of waves the rule above pays either a mostly empty last wave or a
@@ -180,18 +182,13 @@ def gluon_batch_cut(batch: int, ctas_per_seq: int, max_keys: int, num_sms: int,
     wave = GLUON_CTAS_PER_SM * num_sms
     ctas_per_seq = max(1, ctas_per_seq)
     waves = batch * ctas_per_seq / wave
-    if not GLUON_BATCH_CUT or waves < 1:
+    if not GLUON_BATCH_CUT or waves < 1 or waves / math.ceil(waves) >= GLUON_WAVE_FILL:
         return 0, 0
-    if waves / math.ceil(waves) >= GLUON_WAVE_FILL:
-        if not GLUON_CUT_FULL_TAIL:
-            return 0, 0
-        whole = batch - max(1, round(batch * GLUON_CUT_FULL_TAIL))
-    else:
-        whole = math.floor(waves) * wave // ctas_per_seq
+    whole = math.floor(waves) * wave // ctas_per_seq
     if not 0 < whole < batch:
         return 0, 0
-    tail_splits = GLUON_CUT_TAIL_SPLITS or gluon_num_splits(
-        (batch - whole) * ctas_per_seq, max_keys, num_sms, two_ctas_an_sm, tile_keys)
+    tail_splits = gluon_num_splits((batch - whole) * ctas_per_seq, max_keys, num_sms,
+                                   two_ctas_an_sm, tile_keys)
     return (whole, tail_splits) if tail_splits > 1 else (0, 0)
 
 
