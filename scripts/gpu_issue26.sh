@@ -176,6 +176,8 @@
 #               Predicted: 68 -3%, 72 -5% (twenty-ninth session: 66 -> 68 cost +8-9%)
 #   cutpdl      the batch cut's tail as a programmatic dependent of its head (OVERLAP): tests,
 #               then the plan against OVERLAP off and against no cut (config_ab, one process)
+#   tritoncut   the Triton decode's batch cut (TRITON_BATCH_CUT): tests, then config_ab at
+#               GQA 32/8 68 / 72 / 80 x 8192, MHA 12/12 45 / 50 x 8192, 66 (control), fp16/bf16
 #   smspread    the next question after dramrate (2026-11-30: the same bytes at 81% of DRAM peak
 #               against fp16's 87.5%): is it a tail (SM active cycles min / avg / max against
 #               the elapsed) or a lower rate on every SM (L2-to-SM bytes a second, the TMA
@@ -737,6 +739,27 @@ if has cutpdl; then
       --knob "kvonce.paged.batch_cut:OVERLAP=False" \
       --knob "kvonce.paged.splits:GLUON_BATCH_CUT=False" 2>&1 | grep "^\['" | cut -c1-200
   done
+fi
+if has tritoncut; then
+  step tritoncut
+  # the Triton decode's batch cut (splits.TRITON_BATCH_CUT, built 2026-11-30): tests, then the
+  # plan with the cut (overlapped, and in turn) against without, fp16 and bf16 q
+  timeout ${BATCHCUT_TEST_S:-200} python3 -m pytest -q -p no:cacheprovider -rfE \
+    tests/test_batch_cut.py 2>&1 | tail -4 | cut -c1-300
+  timeout 100 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_gluon_decode.py \
+    -k "int4_default_plan" 2>&1 | tail -2 | cut -c1-300
+  S=kvonce.paged.splits
+  for dt in fp16 bf16; do
+    timeout 240 python3 scripts/config_ab.py --layout hnd --rounds 3 --dtype $dt \
+      --cases plain:32/8:68x8192,plain:32/8:72x8192,plain:32/8:80x8192,plain:12/12:45x8192,plain:12/12:50x8192,plain:32/8:66x8192 \
+      --knob "$S:TRITON_BATCH_CUT=True" \
+      --knob "$S:TRITON_BATCH_CUT=True & kvonce.paged.batch_cut:OVERLAP=False" \
+      2>&1 | grep "^\['" | cut -c1-300
+  done
+  # int4's Gluon cut (GLUON_INT4_BATCH_CUT, off: not measured)
+  timeout 150 python3 scripts/config_ab.py --layout hnd --rounds 3 \
+    --cases int4:32/8:48x2048,int4:32/8:68x8192,int4:12/12:45x8192 \
+    --knob "$S:GLUON_INT4_BATCH_CUT=True" 2>&1 | grep "^\['" | cut -c1-300
 fi
 # ncu's metrics $1 of the second decode launch, fp16 Triton / fp8 / int8 Gluon, GQA 32/8 at
 # 1 x 131072 and 64 x 8192, head-major pages (steps smspread, dramrate)

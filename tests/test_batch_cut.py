@@ -1,10 +1,14 @@
-"""The decode's batch cut (``kvonce.paged.batch_cut``, ``splits.gluon_batch_cut``): the first
-sequences in one pass, the rest split, two launches over batch slices.
+"""The decode's batch cut (``kvonce.paged.batch_cut``, ``splits.gluon_batch_cut`` and
+``splits.triton_batch_cut``): the first sequences in one pass, the rest split, two launches over
+batch slices (on Hopper the second a programmatic dependent of the first).
 
-The rule is checked on the CPU (shapes only). The launches are checked under the Triton
-interpreter (or on a GPU) through the Triton decode, which takes the same cut as the Gluon one:
-the plan's ``batch_cut`` set by hand, since the rule runs only where the Gluon decode does."""
+The rules are checked on the CPU (shapes only). The launches are checked under the Triton
+interpreter (or on a GPU) through the Triton decode, the plan's ``batch_cut`` set by hand or by
+its rule on a row made for the CPU's one SM; the Gluon cut and the Triton cut at the measured
+row on an sm_90 GPU."""
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -35,6 +39,9 @@ def test_gluon_batch_cut_rule(monkeypatch):
     assert splits.gluon_batch_cut(64, 8, 8192, 132) == (0, 0)        # 1.94 waves: fill 0.97
     assert splits.gluon_batch_cut(66, 8, 8192, 132) == (0, 0)        # two whole waves
     assert splits.gluon_batch_cut(20, 8, 8192, 132) == (0, 0)        # under one wave
+    assert splits.gluon_batch_cut(68, 8, 8192, 132, True) == (0, 0)  # int4: not measured
+    monkeypatch.setattr(splits, "GLUON_INT4_BATCH_CUT", True)
+    assert splits.gluon_batch_cut(68, 8, 8192, 132, True)[0] == 66
     for batch in range(34, 200):
         for cps in (1, 2, 4, 8, 12):
             whole, tail_splits = splits.gluon_batch_cut(batch, cps, 8192, 132)
@@ -162,3 +169,97 @@ def test_gluon_plan_takes_the_cut_where_one_pass_is_ragged(fmt, overlap, monkeyp
     graph.replay()
     ref2, _ = paged_attention_ref(q.float(), kd, vd, seqlens, table)
     assert rel_err(captured, ref2) < 2e-3
+
+
+def test_triton_batch_cut_rule(monkeypatch):
+    """The Triton decode's cut: only where its row names the programs an SM holds and the one
+    pass's last wave of them is ragged; the tail at ``choose_num_splits``' count for it."""
+    from kvonce.kernels.configs import _PAGED_DECODE_TABLE
+
+    row = _PAGED_DECODE_TABLE[(9, 0)][128]          # resident_programs_per_sm 4
+    monkeypatch.setattr(splits, "TRITON_BATCH_CUT", False)
+    assert splits.triton_batch_cut(68, 8, 8192, 132, row) == (0, 0)
+    monkeypatch.setattr(splits, "TRITON_BATCH_CUT", True)
+    # GQA 32/8 x 8192 keys on 132 SMs: a wave 528 programs (66 sequences)
+    whole, tail = splits.triton_batch_cut(68, 8, 8192, 132, row)
+    assert whole == 66
+    assert tail == splits.busy_splits(8192, splits.choose_num_splits(2, 8, 8192, 132, row),
+                                      row.block_n) > 1
+    assert splits.triton_batch_cut(64, 8, 8192, 132, row) == (0, 0)      # 0.97 of a wave
+    assert splits.triton_batch_cut(66, 8, 8192, 132, row) == (0, 0)      # one whole wave
+    assert splits.triton_batch_cut(40, 8, 8192, 132, row) == (0, 0)      # under one
+    assert splits.triton_batch_cut(45, 12, 8192, 132, row)[0] == 44      # MHA 12/12
+    no_count = dataclasses.replace(row, resident_programs_per_sm=0)
+    assert splits.triton_batch_cut(68, 8, 8192, 132, no_count) == (0, 0)
+    for batch in range(67, 300):
+        whole, tail = splits.triton_batch_cut(batch, 8, 8192, 132, row)
+        if whole:
+            assert whole * 8 % 528 == 0 and 0 < whole < batch and tail > 1
+
+
+@pytest.mark.skipif(CUDA or not interpreter_active(),
+                    reason="a CPU plan (one SM) under the interpreter")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_triton_plan_takes_its_cut(dtype, monkeypatch):
+    """A plan on the Triton decode whose row names 4 programs an SM (on the CPU's one SM) at 5
+    sequences: 4 in one pass, the fifth at 4 splits; equal to the reference (empty and off-grid
+    sequences, GQA, NaN-poisoned outputs), and the same again with other queries."""
+    from kvonce.kernels.configs import _PAGED_DECODE_INTERPRETER
+
+    monkeypatch.setattr(splits, "TRITON_BATCH_CUT", True)
+    config = dataclasses.replace(_PAGED_DECODE_INTERPRETER, resident_programs_per_sm=4,
+                                 programs_per_sm=4.0, slow_programs_per_sm=(100.0, 100.0))
+    lens = [37, 0, 90, 51, 70]
+    k_cache, v_cache, seqlens, table = make_paged(lens, page_size=16, nheads_k=1, head_dim=32,
+                                                  dtype=dtype)
+    q = make_q(len(lens), 1, 4, 32, dtype)
+    plan = kvonce.PagedDecodePlan(q, k_cache, v_cache, seqlens, table, config=config)
+    assert plan.batch_cut == 4 and plan.num_splits == 4
+    ref_o, ref_lse = paged_attention_ref(q.float(), k_cache.float(), v_cache.float(), seqlens,
+                                         table)
+    with poison_empty:
+        out, lse = plan.run(q, k_cache, v_cache, seqlens, table, return_lse=True)
+    assert all(isinstance(launch, BatchCutLaunch) for launch in plan._launches.values())
+    assert rel_err(out, ref_o) < TOL[dtype]
+    assert lse_err(lse, ref_lse) < LSE_TOL
+    q2 = make_q(len(lens), 1, 4, 32, dtype, seed=7)
+    ref2, _ = paged_attention_ref(q2.float(), k_cache.float(), v_cache.float(), seqlens, table)
+    assert rel_err(plan.run(q2, k_cache, v_cache, seqlens, table), ref2) < TOL[dtype]
+
+
+@pytest.mark.skipif(not HOPPER, reason="the measured row is sm_90's")
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("q_dtype", [torch.float16, torch.bfloat16])
+def test_triton_plan_cut_on_the_gpu(q_dtype, overlap, monkeypatch):
+    """GQA 32/8 x 8192 keys at two sequences past a wave of the d128 row's 4 programs an SM: the
+    Triton decode's cut (its tail a programmatic dependent of its head, ``overlap``, or after
+    it), equal to the reference with empty and off-grid sequences in both parts, eager and in a
+    graph read at once after its replay."""
+    from kvonce.paged import batch_cut
+
+    monkeypatch.setattr(splits, "TRITON_BATCH_CUT", True)
+    monkeypatch.setattr(batch_cut, "OVERLAP", overlap)
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    batch = 4 * num_sms // 8 + 2
+    lens = [8192] * batch
+    lens[3], lens[5], lens[-1], lens[-2] = 0, 1000, 0, 7999
+    k_cache, v_cache, seqlens, table = make_paged(lens, page_size=16, nheads_k=8,
+                                                  head_dim=128, dtype=q_dtype, spare_pages=0)
+    q = make_q(batch, 1, 32, 128, q_dtype)
+    plan = kvonce.PagedDecodePlan(q, k_cache, v_cache, seqlens, table)
+    assert not plan.uses_gluon and plan.batch_cut == batch - 2 and plan.num_splits > 1
+    with poison_empty:
+        out, lse = plan.run(q, k_cache, v_cache, seqlens, table, return_lse=True)
+    launch, = plan._launches.values()
+    assert launch.tail._constexprs["PDL_EXIT_WAIT"] == overlap
+    ref_o, ref_lse = paged_attention_ref(q.float(), k_cache.float(), v_cache.float(), seqlens,
+                                         table)
+    assert rel_err(out, ref_o) < TOL[q_dtype]
+    assert lse_err(lse, ref_lse) < LSE_TOL
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = plan.run(q, k_cache, v_cache, seqlens, table)
+    q.copy_(torch.randn_like(q))
+    graph.replay()
+    ref2, _ = paged_attention_ref(q.float(), k_cache.float(), v_cache.float(), seqlens, table)
+    assert rel_err(captured, ref2) < TOL[q_dtype]

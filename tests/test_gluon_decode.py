@@ -20,6 +20,7 @@ import kvonce
 import kvonce.paged.decode as decode
 from kvonce.kernels import configs, gluon_decode
 from kvonce.kernels.configs import _PAGED_DECODE_QUANT_TABLE
+from kvonce.paged.batch_cut import BatchCutLaunch
 from kvonce.paged.splits import GLUON_MIN_KEYS, busy_splits, gluon_num_splits
 from kvonce.reference import paged_attention_ref
 
@@ -448,7 +449,13 @@ def test_gluon_decode_matches_reference_and_triton(case, causal, route, q_dtype,
     assert bool(rings) == (route in RING_ROUTES)
     batch, q_len, nheads, nheads_k = GPU_CASES[case][:4]
     swapped = "swapped" in route and nheads // nheads_k * q_len <= 8
-    assert all(la.swap == swapped for la in plan._launches.values())
+    assert all(la.swap == swapped for la in _launch_parts(plan))
+
+
+def _launch_parts(plan) -> list:
+    """The plan's launches, a batch cut's (``paged.batch_cut``) as its two parts."""
+    return [part for la in plan._launches.values()
+            for part in ((la.head, la.tail) if isinstance(la, BatchCutLaunch) else (la,))]
 
 
 def _check_against_reference_and_triton(case, causal, fmt, q_dtype, token_major_scales=False,
@@ -652,7 +659,7 @@ def test_int4_default_plan_takes_the_gluon_decode_where_it_pays(q_dtype):
     assert plan.uses_gluon and plan.config.gluon
     with poison_empty:
         out = plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs)
-    assert all(la.swap for la in plan._launches.values())
+    assert all(la.swap for la in _launch_parts(plan))
     rel = ((out.float() - ref).norm() / ref.norm()).item()
     assert rel < (2e-3 if q_dtype == "fp16" else 8e-3), f"relative error {rel:.2e}"
     one = kvonce.PagedDecodePlan(q[:1], kq, vq, seqlens[:1], table[:1], k_scale=ks,

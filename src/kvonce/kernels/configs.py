@@ -181,6 +181,9 @@ class PagedDecodeConfig:
     splits_round_up: the auto split count rounds ``programs_per_sm * num_sms / programs`` up
         (at least that many programs) instead of down (at most that many).
     mha_num_stages: when nonzero, the stage count where each KV head serves one q head (MHA).
+    resident_programs_per_sm: when nonzero, the programs of this config's one pass an SM holds
+        at once (registers, shared memory): a batch whose one pass leaves its last wave of
+        these ragged is cut (``paged.splits.triton_batch_cut``). 0: no cut.
     max_registers: when nonzero, the registers per thread ptxas may use (Triton's ``maxnreg``).
         The int4 kernel at (128, 4, 2) takes 255, two programs an SM; capped at 168 it fits
         three and spills 20-32 B (compiled for sm_90a on the CPU, scripts/decode_kernel_stats.py).
@@ -291,6 +294,7 @@ class PagedDecodeConfig:
     one_pass_prefetch: bool = False
     wide_block_n: int = 0
     gluon: bool = False
+    resident_programs_per_sm: int = 0
 
 
 # (capability major, minor) -> head dim -> config. The Hopper d=128 row comes from
@@ -318,9 +322,11 @@ _PAGED_DECODE_TABLE: dict[tuple[int, int], dict[int, PagedDecodeConfig]] = {
         32: PagedDecodeConfig(64, 4, 2, int64_kv_offsets=True),
         64: PagedDecodeConfig(64, 4, 2, int64_kv_offsets=True),
         96: PagedDecodeConfig(64, 4, 2, int64_kv_offsets=True),
+        # resident_programs_per_sm 4: GQA 32/8 x 8192 keys, one pass (H200, graphs, fp16,
+        # 2026-11-30): batch 66 (528 programs) 490.8 us, 68 526.6 (+7% for +3% work)
         128: PagedDecodeConfig(64, 4, 2, slow_band_splits=3,
                                one_pass_programs_per_sm=(5.0, 6.0), one_pass_prefetch=True,
-                               wide_block_n=128),
+                               wide_block_n=128, resident_programs_per_sm=4),
         256: PagedDecodeConfig(32, 4, 2, int64_kv_offsets=True),
     },
 }

@@ -36,7 +36,13 @@ def combine_pdl(device: torch.device, family: str) -> bool:
     ``device`` launch as programmatic dependents, the decode launch triggering them early (its
     ``PDL_TRIGGER``): Hopper and later, never under the interpreter (``griddepcontrol`` is
     sm_90's)."""
-    return (COMBINE_PDL[family] and not interpreter_active() and device.type == "cuda"
+    return COMBINE_PDL[family] and pdl_supported(device)
+
+
+def pdl_supported(device: torch.device) -> bool:
+    """Whether launches on ``device`` may be programmatic dependent launches: Hopper and later,
+    never under the interpreter (``griddepcontrol`` is sm_90's)."""
+    return (not interpreter_active() and device.type == "cuda"
             and torch.cuda.get_device_capability(device)[0] >= 9)
 
 

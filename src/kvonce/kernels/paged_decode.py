@@ -33,7 +33,7 @@ import dataclasses
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 # The state-in/state-out online-softmax step is shared with the varlen kernels.
 from ._launch import alignment_key, dot_input_precision, launch, next_pow2
@@ -472,7 +472,10 @@ def _paged_decode_kernel(
     PREFETCH_PAGES: tl.constexpr = False,  # page ids looked up a tile ahead (not SWAP_AB)
     MERGE_SPLITS_AT_ONCE: tl.constexpr = 1,  # MERGE_HERE: splits loaded before folding
     HEAD_PAIRS: tl.constexpr = False,  # int4: a program a pair of KV heads (GROUP = 2 x theirs)
-    PDL_TRIGGER: tl.constexpr = False,  # the combine after this launch may start (COMBINE_PDL)
+    PDL_TRIGGER: tl.constexpr = False,  # the launch after this one may start (COMBINE_PDL)
+    # a batch cut's tail, a programmatic dependent of its head (paged.batch_cut): each program
+    # waits for the head's end before it exits, so that this launch's end implies the head's
+    PDL_EXIT_WAIT: tl.constexpr = False,
 ):
     # Grid: (num_splits * num_m_blocks, nheads_k, batch) (HEAD_PAIRS: nheads_k / 2 pairs). Splits
     # vary fastest so that the programs of one sequence's KV head run side by side.
@@ -558,6 +561,8 @@ def _paged_decode_kernel(
                             stride_lb, stride_lt, stride_lh, stride_ls, STORE_LSE,
                             BLOCK_M, BLOCK_D, MERGE_SPLITS_AT_ONCE)
             tl.atomic_xchg(Arrivals + slot, 0)  # ready for the next launch (CUDA-graph replays)
+    if PDL_EXIT_WAIT:
+        gdc_wait()
 
 
 def _scale_strides(scale, kv_format: int) -> tuple[int, int, int]:
@@ -620,7 +625,8 @@ class PagedDecodeLaunch:
 
     def __init__(self, q, k_cache, v_cache, block_table, *, softmax_scale: float, causal: bool,
                  num_splits: int, config, store_lse: bool, kv_format: int = 0,
-                 k_scale=None, v_scale=None, outlier_values=None):
+                 k_scale=None, v_scale=None, outlier_values=None, trigger_next: bool = False,
+                 follows: bool = False):
         batch, q_len, nheads, head_dim = q.shape
         page_size, nheads_k = k_cache.shape[1], k_cache.shape[2]
         block_d = max(16, next_pow2(head_dim))
@@ -647,7 +653,8 @@ class PagedDecodeLaunch:
         self._one_head_kwargs = dict(
             softmax_scale=softmax_scale, causal=causal, num_splits=num_splits,
             config=dataclasses.replace(config, head_pairs=False), store_lse=store_lse,
-            kv_format=kv_format) if self._head_pairs else None
+            kv_format=kv_format, trigger_next=trigger_next,
+            follows=follows) if self._head_pairs else None
         launch_heads = nheads_k // 2 if self._head_pairs else nheads_k
         group = nheads // launch_heads
         block_m, num_m_blocks = decode_row_blocks(nheads, launch_heads, q_len, kv_format)
@@ -686,8 +693,9 @@ class PagedDecodeLaunch:
             # Not with dense-and-sparse keys: int4+8 ran 5-35% slower with it (H100).
             PREFETCH_PAGES=config.prefetch_pages and outlier_values is None,
             MERGE_SPLITS_AT_ONCE=config.merge_splits_at_once, HEAD_PAIRS=self._head_pairs,
-            PDL_TRIGGER=(num_splits > 1 and not merge_here
-                         and combine_pdl(q.device, "triton")),
+            PDL_TRIGGER=trigger_next or (num_splits > 1 and not merge_here
+                                         and combine_pdl(q.device, "triton")),
+            PDL_EXIT_WAIT=follows,
             # int32 offsets where everything fits (fewer IMADs per key row) unless the config
             # says int64 (PagedDecodeConfig.int64_kv_offsets: which rows and launches do, why).
             INT64_KV=config.int64_kv_offsets or max(
@@ -716,8 +724,7 @@ class PagedDecodeLaunch:
             ints = (num_splits, head_dim, *dst_o, *dst_l, q_len * nheads * head_dim,
                     nheads * head_dim, head_dim, nheads * q_len, 1, q_len)
             grid, constexprs, warps = combine_launch_shape(
-                nheads, q_len, batch, num_splits, block_d,
-                pdl=self._constexprs["PDL_TRIGGER"])
+                nheads, q_len, batch, num_splits, block_d, pdl=combine_pdl(q.device, "triton"))
             constexprs["STORE_LSE"] = store_lse
             self._combine = ((q.dtype, ints, tuple(constexprs.values())), grid, ints,
                              constexprs, warps)
@@ -761,7 +768,8 @@ class PagedDecodeLaunch:
                (q, k_cache, v_cache, k_scale, v_scale, dst_o, dst_l, cache_seqlens, block_table,
                 final_o, final_l, arrivals, outlier_values, outlier_channels, self._scale,
                 *self._ints),
-               constexprs, *self._warps, self.device_index, self._maxnreg)
+               constexprs, *self._warps, self.device_index, self._maxnreg,
+               launch_pdl=constexprs["PDL_EXIT_WAIT"])
         if self._combine is not None:
             key, grid, ints, constexprs, warps = self._combine
             launch(_combine_splits_kernel, key, grid, (o_part, lse_part, out, lse, *ints),

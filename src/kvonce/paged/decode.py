@@ -28,7 +28,8 @@ from .checks import (QUANT_FORMATS, check_block_table_values, check_device_ok, c
                      validate_quantized_cache)
 from .prefix import plan_cascade
 from .splits import (FALLBACK_MIN_KEYS, GLUON_MIN_KEYS, busy_splits, choose_num_splits,
-                     gluon_batch_cut, gluon_int4_pays, gluon_num_splits)
+                     gluon_batch_cut, gluon_int4_pays, gluon_num_splits,
+                     triton_batch_cut)
 
 __all__ = ["paged_attention", "PagedDecodePlan", "choose_num_splits"]
 
@@ -160,8 +161,8 @@ def _decode_launch(q, k_cache, v_cache, block_table, *, softmax_scale: float, ca
     launch needs) and the tensors fit (``_gluon_fits``), else ``PagedDecodeLaunch``; both are
     called alike. ``batch_cut`` > 0: sequences ``[0, batch_cut)`` in one pass, the rest at
     ``num_splits`` splits, two launches (``batch_cut.BatchCutLaunch``), the second a
-    programmatic dependent of the first where both are Gluon launches on Hopper
-    (``batch_cut.overlaps``; ``pdl_pair`` "head" / "tail": the part this launch is)."""
+    programmatic dependent of the first on Hopper (``batch_cut.overlaps``; ``pdl_pair`` "head" /
+    "tail": the part this launch is)."""
     if 0 < batch_cut < q.shape[0]:
         from .batch_cut import BatchCutLaunch, overlaps
 
@@ -191,7 +192,8 @@ def _decode_launch(q, k_cache, v_cache, block_table, *, softmax_scale: float, ca
     return PagedDecodeLaunch(q, k_cache, v_cache, block_table, softmax_scale=softmax_scale,
                              causal=causal, num_splits=num_splits, config=config,
                              store_lse=store_lse, kv_format=kv_format, k_scale=k_scale,
-                             v_scale=v_scale, outlier_values=outlier_values)
+                             v_scale=v_scale, outlier_values=outlier_values,
+                             trigger_next=pdl_pair == "head", follows=pdl_pair == "tail")
 
 
 def _launch_shape_config(config: PagedDecodeConfig, base: int, num_splits: int,
@@ -312,10 +314,19 @@ class PagedDecodePlan:
                                               tile_keys=128 // heads)
         elif num_splits == 0:
             num_splits = choose_num_splits(batch, grid_heads, max_keys, num_sms, self.config)
-            self.config = _launch_shape_config(self.config, batch * grid_heads, num_splits,
-                                               max_keys, num_sms, mha=nheads == k_cache.shape[2])
-            # a longer tile than the count was cut for can leave its last splits empty
-            num_splits = busy_splits(max_keys, num_splits, self.config.block_n)
+            shaped = _launch_shape_config(self.config, batch * grid_heads, num_splits,
+                                          max_keys, num_sms, mha=nheads == k_cache.shape[2])
+            # a one pass of the row's own launch whose last wave is ragged: cut (both parts at
+            # the row's config; its resident programs counted at one 16-row M-block)
+            rows16 = decode_row_blocks(nheads, grid_heads, q.shape[1], self._kv_code) == (16, 1)
+            cut = (triton_batch_cut(batch, grid_heads, max_keys, num_sms, self.config)
+                   if num_splits == 1 and shaped == self.config and rows16 else (0, 0))
+            if cut[0]:
+                self.batch_cut, num_splits = cut
+            else:
+                self.config = shaped
+                # a longer tile than the count was cut for can leave its last splits empty
+                num_splits = busy_splits(max_keys, num_splits, self.config.block_n)
         self.num_splits = num_splits
         # The Gluon decode's partials: split launches, and one split unless it stores out itself
         self._gluon_partials = self.uses_gluon and _gluon_writes_partials(num_splits)

@@ -7,7 +7,8 @@ import math
 from ..kernels.configs import PagedDecodeConfig
 
 __all__ = ["choose_num_splits", "busy_splits", "gluon_num_splits", "gluon_int4_pays",
-           "gluon_batch_cut", "GLUON_MIN_KEYS", "MAX_SPLITS", "FALLBACK_MIN_KEYS"]
+           "gluon_batch_cut", "triton_batch_cut", "GLUON_MIN_KEYS", "MAX_SPLITS",
+           "FALLBACK_MIN_KEYS"]
 
 MAX_SPLITS = 256
 # The shortest split any row falls back to (the plain rows' ``min_keys_per_split``) where a
@@ -51,6 +52,41 @@ def choose_num_splits(batch: int, nheads_k: int, max_keys: int, num_sms: int,
         return 1
     splits = -(-target // base) if config.splits_round_up else target // base
     return busy_splits(max_keys, int(max(1, min(splits, cap, MAX_SPLITS))), config.block_n)
+
+
+# A batch cut of the Triton decode's one pass (``triton_batch_cut``): not measured yet, off.
+TRITON_BATCH_CUT = False
+TRITON_WAVE_FILL = 0.8         # the one pass's last wave at least this full: no cut
+
+
+def triton_batch_cut(batch: int, nheads_k: int, max_keys: int, num_sms: int,
+                     config: PagedDecodeConfig) -> tuple[int, int]:
+    """``(whole, tail_splits)`` for the Triton decode where ``choose_num_splits`` runs one pass
+    of the row's own launch (the caller's check): its first ``whole`` sequences in that pass,
+    whole waves of ``config.resident_programs_per_sm`` programs an SM, the other ``batch -
+    whole`` at ``tail_splits`` splits (``choose_num_splits`` for them), a programmatic
+    dependent of the first (``kvonce.paged.batch_cut``); ``(0, 0)``: no cut (``TRITON_BATCH_CUT``
+    off, a row without ``resident_programs_per_sm``, the pass's last wave at least
+    ``TRITON_WAVE_FILL`` full, under one wave, or a tail of one split).
+
+    Why: a one pass just past a whole number of waves runs a last, mostly empty wave at the
+    cost of a full one (H200, graphs, fp16, GQA 32/8 x 8192 keys: batch 66, 528 programs, 490.8
+    us; 68 526.6, +7% for +3% work). The Gluon decode's cut gained 2-7% there (``gluon_batch_cut``).
+    Shapes only: CUDA-graph capturable."""
+    resident = config.resident_programs_per_sm
+    if not TRITON_BATCH_CUT or not resident:
+        return 0, 0
+    wave = resident * num_sms
+    nheads_k = max(1, nheads_k)
+    waves = batch * nheads_k / wave
+    if waves < 1 or waves / math.ceil(waves) >= TRITON_WAVE_FILL:
+        return 0, 0
+    whole = math.floor(waves) * wave // nheads_k
+    if not 0 < whole < batch:
+        return 0, 0
+    tail_splits = busy_splits(max_keys, choose_num_splits(batch - whole, nheads_k, max_keys,
+                                                          num_sms, config), config.block_n)
+    return (whole, tail_splits) if tail_splits > 1 else (0, 0)
 
 
 # The Gluon decode (kernels/gluon_decode.py, two CTAs an SM, 128-key tiles): a launch from
@@ -159,6 +195,8 @@ def gluon_num_splits(base: int, max_keys: int, num_sms: int,
 # 259.5 (overlapped), 70 290.2 -> 271.9 -> 269.8, 72 296.0 -> 282.9 -> 274.8 (66: 251.6, so 68
 # and 72 cost their work's share: 259.2 and 274.5); int8 and MHA alike. On.
 GLUON_BATCH_CUT = True
+# int4 (the rule's ``two_ctas_an_sm``): its split launches and so its cut not measured: off.
+GLUON_INT4_BATCH_CUT = False
 # A cut where the last wave is full loses, even with the overlap: 64 x 8192 with its last 4 /
 # 8 / 16 sequences split (2-8 splits), fp8 and int8, GQA 32/8 and MHA 12/12: 1.0-14% slower
 # (fp8 GQA 251.3 us -> 256.4 at 4 sequences in 4 splits; 2026-11-30, knobs since removed).
@@ -169,7 +207,8 @@ def gluon_batch_cut(batch: int, ctas_per_seq: int, max_keys: int, num_sms: int,
     """``(whole, tail_splits)``: the Gluon decode's first ``whole`` sequences in one pass (whole
     waves of ``GLUON_CTAS_PER_SM`` CTAs an SM), the other ``batch - whole`` at ``tail_splits``
     splits (``gluon_num_splits``' short-launch rule for them), two launches, the second
-    overlapping the first's end (``kvonce.paged.batch_cut``); ``(0, 0)``: no cut (``GLUON_BATCH_CUT`` off, or the one pass's
+    overlapping the first's end (``kvonce.paged.batch_cut``); ``(0, 0)``: no cut
+    (``GLUON_BATCH_CUT`` off, int4's launch with ``GLUON_INT4_BATCH_CUT`` off, the one pass's
     last wave at least ``GLUON_WAVE_FILL`` full, or under one wave).
 
     Why: past a whole number of waves the rule above pays either a mostly empty last wave or a
@@ -182,7 +221,8 @@ def gluon_batch_cut(batch: int, ctas_per_seq: int, max_keys: int, num_sms: int,
     wave = GLUON_CTAS_PER_SM * num_sms
     ctas_per_seq = max(1, ctas_per_seq)
     waves = batch * ctas_per_seq / wave
-    if not GLUON_BATCH_CUT or waves < 1 or waves / math.ceil(waves) >= GLUON_WAVE_FILL:
+    if (not GLUON_BATCH_CUT or (two_ctas_an_sm and not GLUON_INT4_BATCH_CUT) or waves < 1
+            or waves / math.ceil(waves) >= GLUON_WAVE_FILL):
         return 0, 0
     whole = math.floor(waves) * wave // ctas_per_seq
     if not 0 < whole < batch:
