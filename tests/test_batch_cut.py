@@ -39,9 +39,9 @@ def test_gluon_batch_cut_rule(monkeypatch):
     assert splits.gluon_batch_cut(64, 8, 8192, 132) == (0, 0)        # 1.94 waves: fill 0.97
     assert splits.gluon_batch_cut(66, 8, 8192, 132) == (0, 0)        # two whole waves
     assert splits.gluon_batch_cut(20, 8, 8192, 132) == (0, 0)        # under one wave
-    assert splits.gluon_batch_cut(68, 8, 8192, 132, True) == (0, 0)  # int4: not measured
-    monkeypatch.setattr(splits, "GLUON_INT4_BATCH_CUT", True)
-    assert splits.gluon_batch_cut(68, 8, 8192, 132, True)[0] == 66
+    assert splits.gluon_batch_cut(68, 8, 8192, 132, True)[0] == 66   # int4 (two CTAs an SM)
+    monkeypatch.setattr(splits, "GLUON_INT4_BATCH_CUT", False)
+    assert splits.gluon_batch_cut(68, 8, 8192, 132, True) == (0, 0)
     for batch in range(34, 200):
         for cps in (1, 2, 4, 8, 12):
             whole, tail_splits = splits.gluon_batch_cut(batch, cps, 8192, 132)
@@ -132,7 +132,7 @@ HOPPER = CUDA and torch.cuda.get_device_capability() == (9, 0)
 
 @pytest.mark.skipif(not HOPPER, reason="the Gluon decode needs an sm_90 GPU")
 @pytest.mark.parametrize("overlap", [True, False])
-@pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8"])
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8", "int4"])
 def test_gluon_plan_takes_the_cut_where_one_pass_is_ragged(fmt, overlap, monkeypatch):
     """GQA 32/8 x 8192 keys at 35 sequences (280 CTAs: 1.06 waves of two an SM on 132 SMs)
     with the rule on: 33 sequences in one pass, two at 8 splits, on the Gluon decode, the tail
@@ -140,7 +140,7 @@ def test_gluon_plan_takes_the_cut_where_one_pass_is_ragged(fmt, overlap, monkeyp
     reference, with an empty and an off-grid sequence in each part, eager and in a graph (whose
     replay is read at once: a tail that ended before its head would leave the head's rows of
     the eager run's queries)."""
-    from test_gluon_decode import ROWS, _case
+    from test_gluon_decode import KV_FORMATS, ROWS, _case
 
     from kvonce.paged import batch_cut
 
@@ -152,7 +152,7 @@ def test_gluon_plan_takes_the_cut_where_one_pass_is_ragged(fmt, overlap, monkeyp
     lens[3], lens[5], lens[-1], lens[-2] = 0, 1000, 0, 7999
     q, kq, vq, ks, vs, seqlens, table, kd, vd = _case(fmt, batch, 1, 32, 8, 16, lens, 8192)
     plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
-                                  config=ROWS[fmt])
+                                  config=ROWS[fmt], kv_format=KV_FORMATS.get(fmt))
     assert plan.uses_gluon and plan.batch_cut == batch - 2 and plan.num_splits > 1
     with poison_empty:
         out, lse = plan.run(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs, return_lse=True)

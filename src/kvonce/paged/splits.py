@@ -54,8 +54,12 @@ def choose_num_splits(batch: int, nheads_k: int, max_keys: int, num_sms: int,
     return busy_splits(max_keys, int(max(1, min(splits, cap, MAX_SPLITS))), config.block_n)
 
 
-# A batch cut of the Triton decode's one pass (``triton_batch_cut``): not measured yet, off.
-TRITON_BATCH_CUT = False
+# A batch cut of the Triton decode's one pass (``triton_batch_cut``). H200, graphs, x 8192 keys,
+# us, one process, rounds alternated (2026-11-30), fp16 q: no cut / cut overlapped / cut in
+# turn: GQA 32/8 68 535.6 / 519.9 / 530.5, 72 560.6 / 549.7 / 556.6; MHA 12/12 45 527.4 / 514.6
+# / 525.6, 50 576.1 / 581.3 / 582.5 (+0.9%: its tail of 6 sequences); 66 (no cut) even. bf16 q:
+# 538.6 / 519.7 / 529.1, 559.0 / 548.6 / 556.4, 529.4 / 513.7 / 523.7, 575.2 / 575.7 / 579.8. On.
+TRITON_BATCH_CUT = True
 TRITON_WAVE_FILL = 0.8         # the one pass's last wave at least this full: no cut
 
 
@@ -195,8 +199,9 @@ def gluon_num_splits(base: int, max_keys: int, num_sms: int,
 # 259.5 (overlapped), 70 290.2 -> 271.9 -> 269.8, 72 296.0 -> 282.9 -> 274.8 (66: 251.6, so 68
 # and 72 cost their work's share: 259.2 and 274.5); int8 and MHA alike. On.
 GLUON_BATCH_CUT = True
-# int4 (the rule's ``two_ctas_an_sm``): its split launches and so its cut not measured: off.
-GLUON_INT4_BATCH_CUT = False
+# int4 (the rule's ``two_ctas_an_sm``), us without -> with the cut (H200, graphs, 2026-11-30):
+# GQA 32/8 48 x 2048 51.4 -> 44.0, 68 x 8192 190.7 -> 176.6; MHA 12/12 45 x 8192 179.0 -> 171.2.
+GLUON_INT4_BATCH_CUT = True
 # A cut where the last wave is full loses, even with the overlap: 64 x 8192 with its last 4 /
 # 8 / 16 sequences split (2-8 splits), fp8 and int8, GQA 32/8 and MHA 12/12: 1.0-14% slower
 # (fp8 GQA 251.3 us -> 256.4 at 4 sequences in 4 splits; 2026-11-30, knobs since removed).
@@ -208,7 +213,7 @@ def gluon_batch_cut(batch: int, ctas_per_seq: int, max_keys: int, num_sms: int,
     waves of ``GLUON_CTAS_PER_SM`` CTAs an SM), the other ``batch - whole`` at ``tail_splits``
     splits (``gluon_num_splits``' short-launch rule for them), two launches, the second
     overlapping the first's end (``kvonce.paged.batch_cut``); ``(0, 0)``: no cut
-    (``GLUON_BATCH_CUT`` off, int4's launch with ``GLUON_INT4_BATCH_CUT`` off, the one pass's
+    (``GLUON_BATCH_CUT`` off, an int4 launch with ``GLUON_INT4_BATCH_CUT`` off, the one pass's
     last wave at least ``GLUON_WAVE_FILL`` full, or under one wave).
 
     Why: past a whole number of waves the rule above pays either a mostly empty last wave or a
