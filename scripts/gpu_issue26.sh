@@ -168,15 +168,11 @@
 #               session's smspread: a busy SM moved 18.0 B a cycle at one CTA an SM against
 #               the Triton fp16 decode's 19.2; two stages keep one 32 KB tile in flight while
 #               the consumers read the other
-#   batchcut    the Gluon decode's batch cut (paged.splits.GLUON_BATCH_CUT, built 2026-11-30,
-#               never run on a GPU): tests/test_batch_cut.py (the rule, the Triton cut, the
-#               Gluon plan's cut eager and in a graph), then config_ab.py in one process, the
-#               plan against the plan with the cut, at batches past a whole wave (GQA 32/8 68,
-#               70, 72 x 8192; MHA 12/12 23, 45 x 8192) and 64 x 8192 (no cut: the control).
-#               Predicted: 68 -3%, 72 -5% (twenty-ninth session: 66 -> 68 cost +8-9%)
-#   cutpdl      the batch cut's tail as a programmatic dependent of its head (OVERLAP): tests,
-#               then the plan against OVERLAP off and against no cut (config_ab, one process)
-#   tritoncut   the Triton decode's batch cut (TRITON_BATCH_CUT): tests, then config_ab at
+#   cutpdl      the Gluon decode's batch cut (on, 2026-11-30: paged.splits.GLUON_BATCH_CUT),
+#               its tail a programmatic dependent of its head (batch_cut.OVERLAP): the tests,
+#               then the plan against OVERLAP off and against no cut (config_ab, one process) at
+#               GQA 32/8 68 / 70 / 72 x 8192, MHA 12/12 23 / 45 x 8192, 66 x 8192 (no cut)
+#   tritoncut   the Triton decode's batch cut (TRITON_BATCH_CUT, on): tests, then config_ab at
 #               GQA 32/8 68 / 72 / 80 x 8192, MHA 12/12 45 / 50 x 8192, 66 (control), fp16/bf16
 #   smspread    the next question after dramrate (2026-11-30: the same bytes at 81% of DRAM peak
 #               against fp16's 87.5%): is it a tail (SM active cycles min / avg / max against
@@ -717,22 +713,15 @@ if has onecta; then
   done
   grep -E "^- |^\| (fp8_e4m3|int8) \| [0-9]" "$OUT/onecta.log" | cut -d"|" -f1-5
 fi
-if has batchcut; then
-  step batchcut
-  timeout ${BATCHCUT_TEST_S:-150} python3 -m pytest -q -p no:cacheprovider -rfE \
+batch_cut_tests() {   # tests/test_batch_cut.py (steps cutpdl, tritoncut)
+  timeout ${BATCHCUT_TEST_S:-200} python3 -m pytest -q -p no:cacheprovider -rfE \
     tests/test_batch_cut.py 2>&1 | tail -4 | cut -c1-300
-  for fmt in fp8_e4m3 int8; do
-    timeout 200 python3 scripts/config_ab.py --layout hnd --rounds 3 \
-      --cases $fmt:32/8:68x8192,$fmt:32/8:70x8192,$fmt:32/8:72x8192,$fmt:12/12:23x8192,$fmt:12/12:45x8192,$fmt:32/8:64x8192 \
-      --knob "kvonce.paged.splits:GLUON_BATCH_CUT=True" 2>&1 | grep "^\['" | cut -c1-160
-  done
-fi
+}
 if has cutpdl; then
   step cutpdl
   # the batch cut on (2026-11-30), its tail a programmatic dependent of its head
   # (batch_cut.OVERLAP): the plan against the two launches in turn and against no cut
-  timeout ${BATCHCUT_TEST_S:-150} python3 -m pytest -q -p no:cacheprovider -rfE \
-    tests/test_batch_cut.py 2>&1 | tail -4 | cut -c1-300
+  batch_cut_tests
   for fmt in fp8_e4m3 int8; do
     timeout 240 python3 scripts/config_ab.py --layout hnd --rounds 3 \
       --cases $fmt:32/8:68x8192,$fmt:32/8:70x8192,$fmt:32/8:72x8192,$fmt:12/12:23x8192,$fmt:12/12:45x8192,$fmt:32/8:66x8192 \
@@ -742,24 +731,23 @@ if has cutpdl; then
 fi
 if has tritoncut; then
   step tritoncut
-  # the Triton decode's batch cut (splits.TRITON_BATCH_CUT, built 2026-11-30): tests, then the
-  # plan with the cut (overlapped, and in turn) against without, fp16 and bf16 q
-  timeout ${BATCHCUT_TEST_S:-200} python3 -m pytest -q -p no:cacheprovider -rfE \
-    tests/test_batch_cut.py 2>&1 | tail -4 | cut -c1-300
+  # the Triton decode's batch cut (splits.TRITON_BATCH_CUT, on): tests, then the plan
+  # against the cut off (overlapped, and in turn), fp16 and bf16 q
+  batch_cut_tests
   timeout 100 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_gluon_decode.py \
     -k "int4_default_plan" 2>&1 | tail -2 | cut -c1-300
   S=kvonce.paged.splits
   for dt in fp16 bf16; do
     timeout 240 python3 scripts/config_ab.py --layout hnd --rounds 3 --dtype $dt \
       --cases plain:32/8:68x8192,plain:32/8:72x8192,plain:32/8:80x8192,plain:12/12:45x8192,plain:12/12:50x8192,plain:32/8:66x8192 \
-      --knob "$S:TRITON_BATCH_CUT=True" \
-      --knob "$S:TRITON_BATCH_CUT=True & kvonce.paged.batch_cut:OVERLAP=False" \
+      --knob "$S:TRITON_BATCH_CUT=False" \
+      --knob "kvonce.paged.batch_cut:OVERLAP=False" \
       2>&1 | grep "^\['" | cut -c1-300
   done
-  # int4's Gluon cut (GLUON_INT4_BATCH_CUT, off: not measured)
+  # int4's Gluon cut (GLUON_INT4_BATCH_CUT, on)
   timeout 150 python3 scripts/config_ab.py --layout hnd --rounds 3 \
     --cases int4:32/8:48x2048,int4:32/8:68x8192,int4:12/12:45x8192 \
-    --knob "$S:GLUON_INT4_BATCH_CUT=True" 2>&1 | grep "^\['" | cut -c1-300
+    --knob "$S:GLUON_INT4_BATCH_CUT=False" 2>&1 | grep "^\['" | cut -c1-300
 fi
 # ncu's metrics $1 of the second decode launch, fp16 Triton / fp8 / int8 Gluon, GQA 32/8 at
 # 1 x 131072 and 64 x 8192, head-major pages (steps smspread, dramrate)
