@@ -30,20 +30,33 @@ class BatchCutLaunch:
     k_scale, v_scale, outlier_values, outlier_channels)`` with the whole batch's tensors
     (``o_part [batch, q_len, nheads, S, d]``, ``lse_part``, ``arrivals``: the plan's scratch,
     rows ``[0, batch - whole)`` used). Per-key scales and the caches are indexed through the
-    block table, so they pass whole."""
+    block table, so they pass whole.
+
+    Host path: the head takes the whole tensors (its grid covers the first ``whole`` sequences
+    and its strides are theirs), the tail views of the per-call ones from ``whole`` on, and the
+    scratch's views are kept while the same scratch comes back (the plan's, every call): five
+    views a call instead of thirteen (~23 -> ~9 us of CPU time on the build machine)."""
 
     def __init__(self, head, tail, whole: int):
         self.head, self.tail, self.whole = head, tail, whole
+        self._scratch_of = None     # (o_part, lse_part, arrivals) the views below are of
+        self._scratch = None
+
+    def _tail_scratch(self, o_part, lse_part, arrivals, rest: int):
+        src = self._scratch_of
+        if src is None or src[0] is not o_part or src[1] is not lse_part or src[2] is not arrivals:
+            self._scratch_of = (o_part, lse_part, arrivals)
+            self._scratch = (o_part[:rest], lse_part[:rest],
+                             None if arrivals is None else arrivals[:rest])
+        return self._scratch
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, out, lse, o_part,
                  lse_part, arrivals, k_scale=None, v_scale=None, outlier_values=None,
                  outlier_channels=None):
         w = self.whole
-        self.head(q[:w], k_cache, v_cache, cache_seqlens[:w], block_table[:w], out[:w],
-                  None if lse is None else lse[:w], None, None, None, k_scale, v_scale,
-                  outlier_values, outlier_channels)
-        rest = q.shape[0] - w
+        self.head(q, k_cache, v_cache, cache_seqlens, block_table, out, lse, None, None, None,
+                  k_scale, v_scale, outlier_values, outlier_channels)
         self.tail(q[w:], k_cache, v_cache, cache_seqlens[w:], block_table[w:], out[w:],
-                  None if lse is None else lse[w:], o_part[:rest], lse_part[:rest],
-                  None if arrivals is None else arrivals[:rest], k_scale, v_scale,
-                  outlier_values, outlier_channels)
+                  None if lse is None else lse[w:],
+                  *self._tail_scratch(o_part, lse_part, arrivals, q.shape[0] - w),
+                  k_scale, v_scale, outlier_values, outlier_channels)
