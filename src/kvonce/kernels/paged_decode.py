@@ -756,7 +756,9 @@ class PagedDecodeLaunch:
                     not (k_scale.data_ptr() | v_scale.data_ptr()) & (self._scale_align - 1))
             if self._head_pairs and not fits[0]:  # no 16-bit V units: no nibble-plane loop
                 if self._one_head is None:
-                    self._one_head = PagedDecodeLaunch(q, k_cache, v_cache, block_table,
+                    # this launch's own sequences (a batch cut's head gets the whole batch)
+                    self._one_head = PagedDecodeLaunch(q[:self.batch], k_cache, v_cache,
+                                                       block_table[:self.batch],
                                                        k_scale=k_scale, v_scale=v_scale,
                                                        **self._one_head_kwargs)
                 self._one_head(q, k_cache, v_cache, cache_seqlens, block_table, out, lse,
