@@ -189,32 +189,35 @@ def test_triton_batch_cut_rule(monkeypatch):
     assert splits.triton_batch_cut(66, 8, 8192, 132, row) == (0, 0)      # one whole wave
     assert splits.triton_batch_cut(40, 8, 8192, 132, row) == (0, 0)      # under one
     assert splits.triton_batch_cut(45, 12, 8192, 132, row)[0] == 44      # MHA 12/12
+    assert splits.triton_batch_cut(72, 8, 8192, 132, row)[0] == 66       # a tail of 48
+    assert splits.triton_batch_cut(50, 12, 8192, 132, row) == (0, 0)     # of 72: past 0.1
     no_count = dataclasses.replace(row, resident_programs_per_sm=0)
     assert splits.triton_batch_cut(68, 8, 8192, 132, no_count) == (0, 0)
     for batch in range(67, 300):
         whole, tail = splits.triton_batch_cut(batch, 8, 8192, 132, row)
         if whole:
             assert whole * 8 % 528 == 0 and 0 < whole < batch and tail > 1
+            assert (batch - whole) * 8 <= 52.8
 
 
 @pytest.mark.skipif(CUDA or not interpreter_active(),
                     reason="a CPU plan (one SM) under the interpreter")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_triton_plan_takes_its_cut(dtype, monkeypatch):
-    """A plan on the Triton decode whose row names 4 programs an SM (on the CPU's one SM) at 5
-    sequences: 4 in one pass, the fifth at 4 splits; equal to the reference (empty and off-grid
-    sequences, GQA, NaN-poisoned outputs), and the same again with other queries."""
+    """A plan on the Triton decode whose row names 16 programs an SM (on the CPU's one SM) at
+    17 sequences: 16 in one pass, the last at 4 splits; equal to the reference (empty and
+    off-grid sequences, GQA, NaN-poisoned outputs), and the same again with other queries."""
     from kvonce.kernels.configs import _PAGED_DECODE_INTERPRETER
 
     monkeypatch.setattr(splits, "TRITON_BATCH_CUT", True)
-    config = dataclasses.replace(_PAGED_DECODE_INTERPRETER, resident_programs_per_sm=4,
+    config = dataclasses.replace(_PAGED_DECODE_INTERPRETER, resident_programs_per_sm=16,
                                  programs_per_sm=4.0, slow_programs_per_sm=(100.0, 100.0))
-    lens = [37, 0, 90, 51, 70]
+    lens = [37, 0, 90, 51, 70, 3, 16, 17, 0, 44, 9, 28, 60, 1, 33, 75, 66]
     k_cache, v_cache, seqlens, table = make_paged(lens, page_size=16, nheads_k=1, head_dim=32,
                                                   dtype=dtype)
     q = make_q(len(lens), 1, 4, 32, dtype)
     plan = kvonce.PagedDecodePlan(q, k_cache, v_cache, seqlens, table, config=config)
-    assert plan.batch_cut == 4 and plan.num_splits == 4
+    assert plan.batch_cut == 16 and plan.num_splits == 4
     ref_o, ref_lse = paged_attention_ref(q.float(), k_cache.float(), v_cache.float(), seqlens,
                                          table)
     with poison_empty:

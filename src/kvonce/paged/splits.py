@@ -61,6 +61,9 @@ def choose_num_splits(batch: int, nheads_k: int, max_keys: int, num_sms: int,
 # 538.6 / 519.7 / 529.1, 559.0 / 548.6 / 556.4, 529.4 / 513.7 / 523.7, 575.2 / 575.7 / 579.8. On.
 TRITON_BATCH_CUT = True
 TRITON_WAVE_FILL = 0.8         # the one pass's last wave at least this full: no cut
+# ... nor past a tail of this fraction of a wave: the measured wins had tails of 2-9% of a
+# wave (12-48 programs of 528), the loss 14% (MHA 12/12 50: 72 programs)
+TRITON_CUT_MAX_TAIL = 0.1
 
 
 def triton_batch_cut(batch: int, nheads_k: int, max_keys: int, num_sms: int,
@@ -71,7 +74,8 @@ def triton_batch_cut(batch: int, nheads_k: int, max_keys: int, num_sms: int,
     whole`` at ``tail_splits`` splits (``choose_num_splits`` for them), a programmatic
     dependent of the first (``kvonce.paged.batch_cut``); ``(0, 0)``: no cut (``TRITON_BATCH_CUT``
     off, a row without ``resident_programs_per_sm``, the pass's last wave at least
-    ``TRITON_WAVE_FILL`` full, under one wave, or a tail of one split).
+    ``TRITON_WAVE_FILL`` full, under one wave, a tail over ``TRITON_CUT_MAX_TAIL`` of a wave,
+    or a tail of one split).
 
     Why: a one pass just past a whole number of waves runs a last, mostly empty wave at the
     cost of a full one (H200, graphs, fp16, GQA 32/8 x 8192 keys: batch 66, 528 programs, 490.8
@@ -86,7 +90,7 @@ def triton_batch_cut(batch: int, nheads_k: int, max_keys: int, num_sms: int,
     if waves < 1 or waves / math.ceil(waves) >= TRITON_WAVE_FILL:
         return 0, 0
     whole = math.floor(waves) * wave // nheads_k
-    if not 0 < whole < batch:
+    if not 0 < whole < batch or (batch - whole) * nheads_k > TRITON_CUT_MAX_TAIL * wave:
         return 0, 0
     tail_splits = busy_splits(max_keys, choose_num_splits(batch - whole, nheads_k, max_keys,
                                                           num_sms, config), config.block_n)
