@@ -131,15 +131,16 @@ HOPPER = CUDA and torch.cuda.get_device_capability() == (9, 0)
 
 
 @pytest.mark.skipif(not HOPPER, reason="the Gluon decode needs an sm_90 GPU")
+@pytest.mark.parametrize("q_len", [1, 2])
 @pytest.mark.parametrize("overlap", [True, False])
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "int8", "int4"])
-def test_gluon_plan_takes_the_cut_where_one_pass_is_ragged(fmt, overlap, monkeypatch):
+def test_gluon_plan_takes_the_cut_where_one_pass_is_ragged(fmt, overlap, q_len, monkeypatch):
     """GQA 32/8 x 8192 keys at 35 sequences (280 CTAs: 1.06 waves of two an SM on 132 SMs)
     with the rule on: 33 sequences in one pass, two at 8 splits, on the Gluon decode, the tail
     a programmatic dependent of the head (``overlap``) or after it; equal to the dequantized
-    reference, with an empty and an off-grid sequence in each part, eager and in a graph (whose
-    replay is read at once: a tail that ended before its head would leave the head's rows of
-    the eager run's queries)."""
+    reference (causal: q_len 2 sees its own keys bottom-right), with an empty and an off-grid
+    sequence in each part, eager and in a graph (whose replay is read at once: a tail that
+    ended before its head would leave the head's rows of the eager run's queries)."""
     from test_gluon_decode import KV_FORMATS, ROWS, _case
 
     from kvonce.paged import batch_cut
@@ -150,7 +151,7 @@ def test_gluon_plan_takes_the_cut_where_one_pass_is_ragged(fmt, overlap, monkeyp
     batch = (2 * num_sms) // 8 + 2
     lens = [8192] * batch
     lens[3], lens[5], lens[-1], lens[-2] = 0, 1000, 0, 7999
-    q, kq, vq, ks, vs, seqlens, table, kd, vd = _case(fmt, batch, 1, 32, 8, 16, lens, 8192)
+    q, kq, vq, ks, vs, seqlens, table, kd, vd = _case(fmt, batch, q_len, 32, 8, 16, lens, 8192)
     plan = kvonce.PagedDecodePlan(q, kq, vq, seqlens, table, k_scale=ks, v_scale=vs,
                                   config=ROWS[fmt], kv_format=KV_FORMATS.get(fmt))
     assert plan.uses_gluon and plan.batch_cut == batch - 2 and plan.num_splits > 1
