@@ -172,6 +172,7 @@
 #               its tail a programmatic dependent of its head (batch_cut.OVERLAP): the tests,
 #               then the plan against OVERLAP off and against no cut (config_ab, one process) at
 #               GQA 32/8 68 / 70 / 72 x 8192, MHA 12/12 23 / 45 x 8192, 66 x 8192 (no cut)
+#   cutgate     the Triton cut's tail gate (TRITON_CUT_MAX_TAIL 0.1) against none, tails 0.12-0.76
 #   tritoncut   the Triton decode's batch cut (TRITON_BATCH_CUT, on): tests, then config_ab at
 #               GQA 32/8 68 / 72 / 80 x 8192, MHA 12/12 45 / 50 x 8192, 66 (control), fp16/bf16
 #   smspread    the next question after dramrate (2026-11-30: the same bytes at 81% of DRAM peak
@@ -748,6 +749,17 @@ if has tritoncut; then
   timeout 150 python3 scripts/config_ab.py --layout hnd --rounds 3 \
     --cases int4:32/8:48x2048,int4:32/8:68x8192,int4:12/12:45x8192 \
     --knob "$S:GLUON_INT4_BATCH_CUT=False" 2>&1 | grep "^\['" | cut -c1-300
+fi
+if has cutgate; then
+  step cutgate
+  # TRITON_CUT_MAX_TAIL (0.1 of a wave, set after MHA 50 x 8192 lost 0.9%) against no gate: tails
+  # of 0.12-0.76 of a wave (GQA 32/8: 528 programs a wave, 8 a sequence; MHA: 12 a sequence)
+  S=kvonce.paged.splits
+  for dt in ${DTYPES:-fp16}; do
+    timeout 280 python3 scripts/config_ab.py --layout hnd --rounds 3 --dtype $dt \
+      --cases ${GATE_CASES:-plain:32/8:74x8192,plain:32/8:78x8192,plain:32/8:84x8192,plain:32/8:92x8192,plain:32/8:104x8192,plain:32/8:116x8192,plain:12/12:52x8192,plain:12/12:56x8192,plain:12/12:64x8192,plain:12/12:80x8192} \
+      --knob "$S:TRITON_CUT_MAX_TAIL=1.0" 2>&1 | grep "^\['" | cut -c1-300
+  done
 fi
 # ncu's metrics $1 of the second decode launch, fp16 Triton / fp8 / int8 Gluon, GQA 32/8 at
 # 1 x 131072 and 64 x 8192, head-major pages (steps smspread, dramrate)
