@@ -239,7 +239,7 @@ class PagedDecodeConfig:
         trip (int4's 49 splits at GQA 1 x 131072: ~20 us of tail, estimated from the SASS).
         Measured there (int4, 64 splits merged in the launch, H100, graphs): 4 at once 99.6 us
         against 106.6 one at a time and 94.2 with the combine kernel (MHA 143.0 / 148.0 /
-        140.8). No row sets it: the rows merge at most 4 splits in the launch.
+        140.8). The Hopper d128 plain row takes 2 (its launches merge 2-4 splits).
     head_pairs: int4's nibble-plane loop (head dim 128, fp16 / bf16 q, an even KV head count,
         no dense-and-sparse keys) serves two adjacent KV heads a program, so that on token-major
         pages each key's bytes of the pair (2 x 64, one 128-byte line) come in one request: one
@@ -324,9 +324,14 @@ _PAGED_DECODE_TABLE: dict[tuple[int, int], dict[int, PagedDecodeConfig]] = {
         96: PagedDecodeConfig(64, 4, 2, int64_kv_offsets=True),
         # resident_programs_per_sm 4: GQA 32/8 x 8192 keys, one pass (H200, graphs, fp16,
         # 2026-11-30): batch 66 (528 programs) 490.8 us, 68 526.6 (+7% for +3% work)
+        # merge_splits_at_once 2: the last split's two partials loaded before either is folded
+        # (H200, graphs, 2026-11-30; outputs bitwise equal): GQA 32/8 16 x 4096 (3 splits)
+        # 75.5 -> 68.5 us, 12/2 64 x 1024 (2) 23.1 -> 22.7, 32 x 2048 (4) 23.6 -> 23.1, MHA
+        # 8 x 8192 (4) 98.3 -> 97.9; bf16 alike. 4 at once: 76.1, 22.9, 22.9, 97.6.
         128: PagedDecodeConfig(64, 4, 2, slow_band_splits=3,
                                one_pass_programs_per_sm=(5.0, 6.0), one_pass_prefetch=True,
-                               wide_block_n=128, resident_programs_per_sm=4),
+                               wide_block_n=128, resident_programs_per_sm=4,
+                               merge_splits_at_once=2),
         256: PagedDecodeConfig(32, 4, 2, int64_kv_offsets=True),
     },
 }
