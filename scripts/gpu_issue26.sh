@@ -172,6 +172,7 @@
 #               its tail a programmatic dependent of its head (batch_cut.OVERLAP): the tests,
 #               then the plan against OVERLAP off and against no cut (config_ab, one process) at
 #               GQA 32/8 68 / 70 / 72 x 8192, MHA 12/12 23 / 45 x 8192, 66 x 8192 (no cut)
+#   occupancy   ncu's occupancy limits of the plain decode's 64- and 128-key tiles
 #   cutgate     the Triton cut's tail gate (TRITON_CUT_MAX_TAIL 0.1) against none, tails 0.12-0.76
 #   tritoncut   the Triton decode's batch cut (TRITON_BATCH_CUT, on): tests, then config_ab at
 #               GQA 32/8 68 / 72 / 80 x 8192, MHA 12/12 45 / 50 x 8192, 66 (control), fp16/bf16
@@ -785,6 +786,24 @@ if has dramrate; then
   M=$M,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sectors_op_read.sum
   M=$M,lts__t_sector_hit_rate.pct,sm__cycles_active.avg
   ncu_decode_cases "$M"
+fi
+if has occupancy; then
+  step occupancy
+  # programs an SM the plain decode reaches (2026-11-30, compiled on the CPU: the 64-key tile
+  # 80 registers / 38912 B, 5 an SM by both limits, where the Triton cut's row measured 4; the
+  # 128-key tile 175-176 registers, 2 an SM, where WIDE_TILE_PROGRAMS_PER_SM says 3, and 168
+  # with two partials merged at once, 3): ncu's limits and the warps it keeps active
+  M=gpu__time_duration.sum,launch__registers_per_thread,launch__shared_mem_per_block_dynamic
+  M=$M,launch__shared_mem_per_block_static,launch__occupancy_limit_registers
+  M=$M,launch__occupancy_limit_shared_mem,launch__occupancy_limit_warps,launch__grid_size
+  M=$M,sm__warps_active.avg.pct_of_peak_sustained_active,sm__ctas_launched.sum
+  for c in "plain 32 8 66 8192" "plain 32 8 1 131072" \
+      "plain 32 8 16 4096" "plain 12 2 64 1024"; do
+    echo "-- $c"
+    (cd scripts && PYTHONPATH=../src:. timeout 120 ncu --clock-control none --kernel-name \
+      regex:"paged_decode" --launch-skip 1 --launch-count 1 --metrics "$M" \
+      python3 decode_ncu_case.py $c 2>&1 | grep -E "^\s+[a-z0-9]+__|_kernel|ERROR")
+  done
 fi
 if has gluon16; then
   step gluon16
