@@ -6,6 +6,7 @@ the dot means the conversion runs in the MMA operand layout; a 16-bit one means 
     .venv/bin/python scripts/decode_kernel_stats.py [--format int4] [--dtype fp16,bf16]
         [--heads 32/8] [--splits 3] [--config 128,4,2] [--maxnreg N] [--swap-ab] [--no-f16-math]
         [--v-pairs | --no-v-pairs] [--outliers N] [--head-pairs] [--int64-offsets 0|1]
+        [--shape BATCHxLEN]
         [--keep DIR]
 
 ``--config block_n,num_warps,num_stages`` overrides the format's Hopper row (otherwise the row as
@@ -42,9 +43,11 @@ _BACK_BRANCH = re.compile(r"\bBRA (?:`\(\.L_x_\d+\) )?0x([0-9a-f]+)")
 
 def compile_decode(fmt: str, dtype: torch.dtype, nheads: int, nheads_k: int, splits: int,
                    config, maxnreg: int = 0, outliers: int = 0,
-                   outlier_dtype: torch.dtype = torch.float16):
+                   outlier_dtype: torch.dtype = torch.float16, batch: int = 2,
+                   length: int = 4096):
     """The compiled ``_paged_decode_kernel`` of a launch with these shapes (CPU tensors stand in:
-    only shapes, strides and dtypes reach the specialization)."""
+    only shapes, strides and dtypes reach the specialization; ``batch`` 1 makes the integers
+    equal to 1 constants, as the launch does)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -52,7 +55,6 @@ def compile_decode(fmt: str, dtype: torch.dtype, nheads: int, nheads_k: int, spl
     import kvonce
     from kvonce.kernels import paged_decode as pd
 
-    batch, length = 2, 4096
     q = torch.zeros(batch, 1, nheads, 128, dtype=dtype)
     cache = torch.zeros(batch * length // 16, 16, nheads_k, 128, dtype=dtype)
     if fmt == "plain":  # the scale pointers are never read: any tensor stands in
@@ -138,6 +140,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="fp16,bf16")
     ap.add_argument("--heads", default="32/8")
     ap.add_argument("--splits", type=int, default=3)
+    ap.add_argument("--shape", default="2x4096", help="BATCHxLEN of the launch (the specialization"
+                    " of integers equal to 1 follows the batch)")
     ap.add_argument("--config", default="", help="block_n,num_warps,num_stages")
     ap.add_argument("--maxnreg", type=int, default=-1,
                     help="cap the registers (ptxas; 0: none; default: the row's max_registers)")
@@ -194,8 +198,9 @@ def main() -> None:
         if maxnreg < 0:  # the row's own cap (and the outlier launches')
             maxnreg = (config.outlier_max_registers if args.outliers
                        and config.outlier_max_registers else config.max_registers)
+        batch, length = (int(x) for x in args.shape.split("x"))
         compiled = compile_decode(args.format, dtype, nheads, nheads_k, args.splits, config,
-                                  maxnreg, args.outliers)
+                                  maxnreg, args.outliers, batch=batch, length=length)
         s = stats(compiled, keep,
                   f"decode.{args.format}.{name}.{config.block_n}x{config.num_warps}w"
                   f"{config.num_stages}s")
