@@ -172,6 +172,7 @@
 #               its tail a programmatic dependent of its head (batch_cut.OVERLAP): the tests,
 #               then the plan against OVERLAP off and against no cut (config_ab, one process) at
 #               GQA 32/8 68 / 70 / 72 x 8192, MHA 12/12 23 / 45 x 8192, 66 x 8192 (no cut)
+#   onepass3    3 stages at the one-pass 128-key launches (3 programs an SM instead of 2)
 #   occupancy   ncu's occupancy limits of the plain decode's 64- and 128-key tiles
 #   cutgate     the Triton cut's tail gate (TRITON_CUT_MAX_TAIL 0.1) against none, tails 0.12-0.76
 #   tritoncut   the Triton decode's batch cut (TRITON_BATCH_CUT, on): tests, then config_ab at
@@ -786,6 +787,16 @@ if has dramrate; then
   M=$M,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sectors_op_read.sum
   M=$M,lts__t_sector_hit_rate.pct,sm__cycles_active.avg
   ncu_decode_cases "$M"
+fi
+if has onepass3; then
+  step onepass3
+  # the one-pass 128-key launches hold 175 registers (2 programs an SM); 3 stages hold 158 and
+  # 74240 B (3 an SM) at 492 loop instructions a tile against 399 (compiled, 2026-11-30)
+  for dt in ${DTYPES:-fp16 bf16}; do
+    timeout 150 python3 scripts/config_ab.py --rounds 3 --dtype $dt --set num_stages=3 \
+      --cases ${ONEPASS_CASES:-plain:12/12:64x1024,plain:12/12:128x512,plain:32/8:128x512,plain:32/8:40x2048,plain:12/2:128x512} \
+      2>&1 | grep "^|"
+  done
 fi
 if has occupancy; then
   step occupancy
