@@ -57,9 +57,8 @@ def compile_decode(fmt: str, dtype: torch.dtype, nheads: int, nheads_k: int, spl
 
     q = torch.zeros(batch, 1, nheads, 128, dtype=dtype)
     cache = torch.zeros(batch * length // 16, 16, nheads_k, 128, dtype=dtype)
-    if fmt == "plain":  # the scale pointers are never read: any tensor stands in
-        scale = torch.empty(1, dtype=torch.float32)
-    else:
+    scale = None
+    if fmt != "plain":
         cache, scale = kvonce.quantize_kv(cache, fmt)
     table = torch.zeros(batch, length // 16, dtype=torch.int32)
     values = (torch.zeros(*cache.shape[:3], outliers, dtype=outlier_dtype) if outliers
@@ -71,8 +70,15 @@ def compile_decode(fmt: str, dtype: torch.dtype, nheads: int, nheads_k: int, spl
                                   v_scale=None if fmt == "plain" else scale,
                                   outlier_values=values)
     f32, i32 = torch.empty(1, dtype=torch.float32), torch.empty(1, dtype=torch.int32)
-    tensors = [q, cache, cache, scale, scale, f32, f32, i32, table, q, f32, i32,
-               values if outliers else q, i32]
+    # The pointers as PagedDecodeLaunch.__call__ passes them (their dtypes are part of the
+    # signature): the float32 partials with splits, else the output itself (q's dtype) for the
+    # partials, the LSE (store_lse off) and the arrival counts' place taken by cache_seqlens; a
+    # plain cache's scales are cache_seqlens too.
+    if fmt == "plain":
+        scale = i32
+    dst_o, dst_l, final_l, arrivals = (f32, f32, q, i32) if splits > 1 else (q, q, q, i32)
+    tensors = [q, cache, cache, scale, scale, dst_o, dst_l, i32, table, q, final_l, arrivals,
+               values if outliers else i32, i32]
     values = tensors + [launch._scale, *launch._ints]
     names = pd._paged_decode_kernel.arg_names
     signature, attrs, ones = {}, {}, {}

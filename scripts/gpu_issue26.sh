@@ -172,7 +172,6 @@
 #               its tail a programmatic dependent of its head (batch_cut.OVERLAP): the tests,
 #               then the plan against OVERLAP off and against no cut (config_ab, one process) at
 #               GQA 32/8 68 / 70 / 72 x 8192, MHA 12/12 23 / 45 x 8192, 66 x 8192 (no cut)
-#   onepass3    3 stages at the one-pass 128-key launches (3 programs an SM instead of 2)
 #   occupancy   ncu's occupancy limits of the plain decode's 64- and 128-key tiles
 #   cutgate     the Triton cut's tail gate (TRITON_CUT_MAX_TAIL 0.1) against none, tails 0.12-0.76
 #   tritoncut   the Triton decode's batch cut (TRITON_BATCH_CUT, on): tests, then config_ab at
@@ -788,22 +787,12 @@ if has dramrate; then
   M=$M,lts__t_sector_hit_rate.pct,sm__cycles_active.avg
   ncu_decode_cases "$M"
 fi
-if has onepass3; then
-  step onepass3
-  # the one-pass 128-key launches hold 175 registers (2 programs an SM); 3 stages hold 158 and
-  # 74240 B (3 an SM) at 492 loop instructions a tile against 399 (compiled, 2026-11-30)
-  for dt in ${DTYPES:-fp16 bf16}; do
-    timeout 150 python3 scripts/config_ab.py --rounds 3 --dtype $dt --set num_stages=3 \
-      --cases ${ONEPASS_CASES:-plain:12/12:64x1024,plain:12/12:128x512,plain:32/8:128x512,plain:32/8:40x2048,plain:12/2:128x512} \
-      2>&1 | grep "^|"
-  done
-fi
 if has occupancy; then
   step occupancy
-  # programs an SM the plain decode reaches (2026-11-30, compiled on the CPU: the 64-key tile
-  # 80 registers / 38912 B, 5 an SM by both limits, where the Triton cut's row measured 4; the
-  # 128-key tile 175-176 registers, 2 an SM, where WIDE_TILE_PROGRAMS_PER_SM says 3, and 168
-  # with two partials merged at once, 3): ncu's limits and the warps it keeps active
+  # programs an SM the plain decode reaches (2026-11-30, compiled on the CPU at these launches:
+  # the 64-key tile 80 registers / 38912 B, 5 an SM by both limits, where the Triton cut's row
+  # measured 4; the 128-key tile 168 registers / 73728 B, 3 an SM, 176 when it merges 3 splits
+  # one at a time): ncu's limits and the warps it keeps active
   M=gpu__time_duration.sum,launch__registers_per_thread,launch__shared_mem_per_block_dynamic
   M=$M,launch__shared_mem_per_block_static,launch__occupancy_limit_registers
   M=$M,launch__occupancy_limit_shared_mem,launch__occupancy_limit_warps,launch__grid_size
