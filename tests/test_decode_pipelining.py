@@ -1,8 +1,15 @@
-"""How deep Triton pipelines the paged decode loops, compiled for sm_90a on the CPU (no GPU):
-a key tile's K/V addresses come from a block-table load, and Triton's pipeliner gives that load
-a stage of its own, so at ``num_stages=3`` K and V keep one shared-memory slot unless the page
-ids are carried from the iteration before (``PagedDecodeConfig.prefetch_pages``). The shipped
-int4 rows rely on the carry (docs/notes.md, 2026-11-27, fifth session); this pins it."""
+"""How the paged decode loops compile for sm_90a on the CPU (no GPU).
+
+Pipelining: a key tile's K/V addresses come from a block-table load, and Triton's pipeliner gives
+that load a stage of its own, so at ``num_stages=3`` K and V keep one shared-memory slot unless
+the page ids are carried from the iteration before (``PagedDecodeConfig.prefetch_pages``). The
+shipped int4 rows rely on the carry (docs/notes.md, 2026-11-27, fifth session); this pins it.
+
+Residency: the split rules count programs an SM (``paged.decode.WIDE_TILE_PROGRAMS_PER_SM`` for
+the 128-key tile, the row's ``resident_programs_per_sm`` for the batch cut), and Triton's
+register count moves with code outside the hot loop: the in-launch merge one split at a time
+held 176 registers, two programs an SM, and its launches ran 9% slower (docs/notes.md,
+2026-11-30, thirty-first session). These pin the counts at the plan's launches."""
 import os
 import re
 import subprocess
@@ -14,10 +21,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _kv_slots(tmp_path, *args) -> dict[str, int]:
-    """Compile the decode kernel (``scripts/decode_kernel_stats.py ARGS --keep``) and read the
-    TTGIR's shared-memory allocations: element type -> the largest leading (slot) count of its
-    multi-dimensional buffers (the K/V tiles)."""
+def _compile(tmp_path, *args) -> tuple[subprocess.CompletedProcess, Path]:
+    """``scripts/decode_kernel_stats.py ARGS --keep DIR``: its run and DIR."""
     keep = tmp_path / "k"
     # A fresh process without the interpreter: the CPU suite runs under TRITON_INTERPRET=1,
     # and triton.compile must not see it (tests/test_kernel_check.py has the same caveat).
@@ -26,6 +31,14 @@ def _kv_slots(tmp_path, *args) -> dict[str, int]:
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "decode_kernel_stats.py"),
                            *args, "--keep", str(keep)], capture_output=True, text=True, env=env,
                           timeout=600)
+    return proc, keep
+
+
+def _kv_slots(tmp_path, *args) -> dict[str, int]:
+    """Compile the decode kernel (``_compile``) and read the TTGIR's shared-memory allocations:
+    element type -> the largest leading (slot) count of its multi-dimensional buffers (the K/V
+    tiles)."""
+    proc, keep = _compile(tmp_path, *args)
     ttgir = list(keep.glob("*.ttgir"))
     assert ttgir, f"no TTGIR:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
     slots: dict[str, int] = {}
@@ -51,3 +64,41 @@ def test_three_stages_without_carried_pages_keep_one_kv_slot(tmp_path, fmt):
     slots = _kv_slots(tmp_path, "--format", fmt, "--dtype", "fp16", "--config", "128,4,3",
                       "--no-prefetch-pages")
     assert slots.get("i8") == 1 and slots.get("i16") == 1, slots
+
+
+# Hopper's per-SM budget: 64K registers, 228 KB of shared memory with 1 KB reserved a block.
+SM_REGISTERS, SM_SHARED, BLOCK_RESERVED = 65536, 233472, 1024
+
+
+def _programs_an_sm(tmp_path, *args) -> int:
+    """Programs of the compiled decode kernel (``_compile``; 4 warps) an SM holds by its
+    registers (allocated 8 a thread at a time) and shared memory; no spill allowed."""
+    proc, _ = _compile(tmp_path, *args)
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| fp16")]
+    assert rows, f"no stats row:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    regs, spills, shared = int(cells[2]), cells[3], int(cells[6])
+    assert spills == "(0, 0)", rows[0]
+    by_regs = SM_REGISTERS // (-(-regs // 8) * 8 * 32 * 4)
+    return min(by_regs, SM_SHARED // (shared + BLOCK_RESERVED))
+
+
+@pytest.mark.parametrize("shape, splits", [("48x8192", 1), ("16x4096", 3), ("1x131072", 49)],
+                         ids=["one-pass", "merged-in-launch", "combine-kernel"])
+def test_wide_tile_launches_fit_the_rule_s_programs_an_sm(tmp_path, shape, splits):
+    """The plain d128 row's 128-key tile (``wide_block_n``) at its three launch forms (GQA 32/8,
+    fp16): as many programs an SM as ``WIDE_TILE_PROGRAMS_PER_SM`` counts (168 registers,
+    73728 B: 3). The merged form held 176 with one split at a time (2)."""
+    from kvonce.paged.decode import WIDE_TILE_PROGRAMS_PER_SM
+    assert _programs_an_sm(tmp_path, "--format", "plain", "--dtype", "fp16", "--heads", "32/8",
+                           "--shape", shape, "--splits", str(splits),
+                           "--config", "128,4,2") >= WIDE_TILE_PROGRAMS_PER_SM
+
+
+def test_row_tile_one_pass_fits_the_cut_s_programs_an_sm(tmp_path):
+    """The row's own 64-key one pass (GQA 32/8 66 x 8192, fp16): at least the row's
+    ``resident_programs_per_sm`` (the batch cut's wave) by registers and shared memory."""
+    from kvonce.kernels.configs import _PAGED_DECODE_TABLE
+    row = _PAGED_DECODE_TABLE[(9, 0)][128]  # the Hopper row (the CPU suite runs the interpreter)
+    assert _programs_an_sm(tmp_path, "--format", "plain", "--dtype", "fp16", "--heads", "32/8",
+                           "--shape", "66x8192", "--splits", "1") >= row.resident_programs_per_sm
