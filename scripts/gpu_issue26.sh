@@ -172,6 +172,7 @@
 #               its tail a programmatic dependent of its head (batch_cut.OVERLAP): the tests,
 #               then the plan against OVERLAP off and against no cut (config_ab, one process) at
 #               GQA 32/8 68 / 70 / 72 x 8192, MHA 12/12 23 / 45 x 8192, 66 x 8192 (no cut)
+#   gqa12long   split counts at GQA 12/2 1 x 131072, 64- and 128-key tiles
 #   occupancy   ncu's occupancy limits of the plain decode's 64- and 128-key tiles
 #   cutgate     the Triton cut's tail gate (TRITON_CUT_MAX_TAIL 0.1) against none, tails 0.12-0.76
 #   tritoncut   the Triton decode's batch cut (TRITON_BATCH_CUT, on): tests, then config_ab at
@@ -786,6 +787,14 @@ if has dramrate; then
   M=$M,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sectors_op_read.sum
   M=$M,lts__t_sector_hit_rate.pct,sm__cycles_active.avg
   ncu_decode_cases "$M"
+fi
+if has gqa12long; then
+  step gqa12long
+  # GQA 12/2 1 x 131072 (93.9% of dense SDPA, 2026-11-30): the plan's 171 splits of 128 keys
+  # (342 programs, 0.86 of a wave of 3 an SM) against whole waves (198: 396 programs; 132: 264 at
+  # 2 an SM) and more splits, forced counts at the row's 64-key tile (A) and 128 keys (B)
+  timeout 200 python3 scripts/config_ab.py --rounds 3 --cases plain:12/2:1x131072 \
+    --splits 0,132,150,171,198,256 --set block_n=128 2>&1 | grep "^|"
 fi
 if has occupancy; then
   step occupancy
