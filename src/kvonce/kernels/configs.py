@@ -327,7 +327,9 @@ _PAGED_DECODE_TABLE: dict[tuple[int, int], dict[int, PagedDecodeConfig]] = {
         # merge_splits_at_once 2: the last split's two partials loaded before either is folded
         # (H200, graphs, 2026-11-30; outputs bitwise equal): GQA 32/8 16 x 4096 (3 splits)
         # 75.5 -> 68.5 us, 12/2 64 x 1024 (2) 23.1 -> 22.7, 32 x 2048 (4) 23.6 -> 23.1, MHA
-        # 8 x 8192 (4) 98.3 -> 97.9; bf16 alike. 4 at once: 76.1, 22.9, 22.9, 97.6.
+        # 8 x 8192 (4) 98.3 -> 97.9; bf16 alike. 4 at once: 76.1, 22.9, 22.9, 97.6. Mostly a
+        # register count: the 128-key tile's merging kernel held 176 one at a time (2
+        # programs an SM), 168 two at a time (3; tests/test_decode_pipelining.py pins it).
         128: PagedDecodeConfig(64, 4, 2, slow_band_splits=3,
                                one_pass_programs_per_sm=(5.0, 6.0), one_pass_prefetch=True,
                                wide_block_n=128, resident_programs_per_sm=4,
