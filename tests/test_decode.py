@@ -695,6 +695,39 @@ def test_register_cap_reaches_the_launch(num_splits, monkeypatch):
 
 
 @pytest.mark.parametrize("num_splits", [1, 3])
+def test_op_path_launches_the_plan_s_kernel(num_splits, monkeypatch):
+    """The custom op (torch.compile's and the dispatch modes' path) rebuilds the plan's launch
+    from the config's fields one by one: the same constexprs, warps, stages and register cap as
+    the plan's own launch, and the same bytes out. A field the op dropped ran another kernel:
+    ``merge_splits_at_once`` until 2026-11-30 (one partial at a time: 176 registers against
+    168 on sm_90a, two programs an SM instead of three)."""
+    import dataclasses
+    a = _good()
+    args = (a["q"], a["k_cache"], a["v_cache"], a["cache_seqlens"], a["block_table"])
+    cfg = dataclasses.replace(decode.get_paged_decode_config(None, 64), max_merged_splits=4,
+                              merge_splits_at_once=2, max_registers=168)
+    plan = decode.PagedDecodePlan(*args, config=cfg, num_splits=num_splits)
+    out = plan.run(*args)
+    (eager,) = plan._launches.values()
+    assert eager._constexprs["MERGE_SPLITS_AT_ONCE"] == 2
+    built = []
+
+    class Recording(decode.PagedDecodeLaunch):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            built.append(self)
+
+    monkeypatch.setattr(decode, "PagedDecodeLaunch", Recording)
+    op_out = plan._run_op(*args)[0]
+    assert len(built) == 1
+    # the op returns the LSE too (STORE_LSE), a store after the kernel's loops
+    op_constexprs = dict(built[0]._constexprs, STORE_LSE=eager._constexprs["STORE_LSE"])
+    assert op_constexprs == eager._constexprs
+    assert (built[0]._warps, built[0]._maxnreg) == (eager._warps, eager._maxnreg)
+    assert torch.equal(out, op_out)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
 def test_plain_int32_and_int64_offsets_agree(num_splits):
     """A plain cache addresses K/V in int64 where its config sets ``int64_kv_offsets`` (the GPU
     rows but d128's, MHA's one pass there) and in int32 where it does not and every offset

@@ -507,7 +507,8 @@ class PagedDecodePlan:
                          c.kv_cache_modifier, c.kv_eviction, c.max_merged_splits, k_scale,
                          v_scale, self._kv_code, max_registers, c.swap_ab, c.f16_math,
                          c.int64_kv_offsets, c.v_pairs, outlier_values, outlier_channels,
-                         c.prefetch_pages, c.head_pairs, c.gluon, self.batch_cut)
+                         c.prefetch_pages, c.head_pairs, c.gluon, self.batch_cut,
+                         c.merge_splits_at_once)
         if self.num_splits == 1 and not self._gluon_partials:
             return torch.ops.kvonce.paged_decode(q, k_cache, v_cache, cache_seqlens, block_table,
                                                  *launch_fields)
@@ -631,12 +632,14 @@ def _paged_decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, o_part, 
                        kv_cache_modifier, kv_eviction, max_merged_splits, k_scale, v_scale,
                        kv_format, max_registers, swap_ab, f16_math, int64_kv_offsets,
                        v_pairs, outlier_values=None, outlier_channels=None,
-                       prefetch_pages=False, head_pairs=False, gluon=False, batch_cut=0):
+                       prefetch_pages=False, head_pairs=False, gluon=False, batch_cut=0,
+                       merge_splits_at_once=1):
     config = PagedDecodeConfig(block_n, num_warps, num_stages, kv_cache_modifier=kv_cache_modifier,
                                kv_eviction=kv_eviction, max_merged_splits=max_merged_splits,
                                max_registers=max_registers, swap_ab=swap_ab, f16_math=f16_math,
                                int64_kv_offsets=int64_kv_offsets, v_pairs=v_pairs,
-                               prefetch_pages=prefetch_pages, head_pairs=head_pairs, gluon=gluon)
+                               prefetch_pages=prefetch_pages, head_pairs=head_pairs, gluon=gluon,
+                               merge_splits_at_once=merge_splits_at_once)
     out, lse = _decode_outputs(q, allocator.empty)
     num_splits = 1 if o_part is None else o_part.shape[3]
     _decode_launch(q, k_cache, v_cache, block_table, softmax_scale=softmax_scale, causal=causal,
@@ -660,8 +663,8 @@ def _paged_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      f16_math: bool = False, int64_kv_offsets: bool = False,
                      v_pairs: bool = False, outlier_values: torch.Tensor | None = None,
                      outlier_channels: torch.Tensor | None = None, prefetch_pages: bool = False,
-                     head_pairs: bool = False, gluon: bool = False, batch_cut: int = 0
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+                     head_pairs: bool = False, gluon: bool = False, batch_cut: int = 0,
+                     merge_splits_at_once: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Single-pass paged decode (``PagedDecodePlan.run`` with ``num_splits == 1``): ``(out
     [batch, q_len, nheads, d], lse float32 [batch, nheads, q_len])``; the config's launch fields
     are passed one by one (a dataclass cannot be an op argument). A quantized cache comes with
@@ -672,7 +675,7 @@ def _paged_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                               kv_cache_modifier, kv_eviction, max_merged_splits, k_scale,
                               v_scale, kv_format, max_registers, swap_ab, f16_math,
                               int64_kv_offsets, v_pairs, outlier_values, outlier_channels,
-                              prefetch_pages, head_pairs, gluon, batch_cut)
+                              prefetch_pages, head_pairs, gluon, batch_cut, merge_splits_at_once)
 
 
 @_paged_decode_op.register_fake
@@ -695,8 +698,8 @@ def _paged_decode_split_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            v_pairs: bool = False, outlier_values: torch.Tensor | None = None,
                            outlier_channels: torch.Tensor | None = None,
                            prefetch_pages: bool = False, head_pairs: bool = False,
-                           gluon: bool = False, batch_cut: int = 0
-                           ) -> tuple[torch.Tensor, torch.Tensor]:
+                           gluon: bool = False, batch_cut: int = 0,
+                           merge_splits_at_once: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Split-K paged decode and its merge (in the same launch up to ``max_merged_splits``
     splits, else a combine launch); ``o_part`` float32 ``[batch, q_len,
     nheads, S, d]``, ``lse_part`` float32 ``[batch, q_len, nheads, S]`` and the int32 zeros
@@ -709,7 +712,7 @@ def _paged_decode_split_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                               kv_cache_modifier, kv_eviction, max_merged_splits, k_scale,
                               v_scale, kv_format, max_registers, swap_ab, f16_math,
                               int64_kv_offsets, v_pairs, outlier_values, outlier_channels,
-                              prefetch_pages, head_pairs, gluon, batch_cut)
+                              prefetch_pages, head_pairs, gluon, batch_cut, merge_splits_at_once)
 
 
 @_paged_decode_split_op.register_fake
