@@ -6,7 +6,7 @@ the dot means the conversion runs in the MMA operand layout; a 16-bit one means 
     .venv/bin/python scripts/decode_kernel_stats.py [--format int4] [--dtype fp16,bf16]
         [--heads 32/8] [--splits 3] [--config 128,4,2] [--maxnreg N] [--swap-ab] [--no-f16-math]
         [--v-pairs | --no-v-pairs] [--outliers N] [--head-pairs] [--int64-offsets 0|1]
-        [--shape BATCHxLEN]
+        [--shape BATCHxLEN] [--masked-stages N]
         [--keep DIR]
 
 ``--config block_n,num_warps,num_stages`` overrides the format's Hopper row (otherwise the row as
@@ -167,8 +167,12 @@ def main() -> None:
     ap.add_argument("--head-pairs", action="store_true", help="PagedDecodeConfig.head_pairs")
     ap.add_argument("--int64-offsets", type=int, default=-1,
                     help="PagedDecodeConfig.int64_kv_offsets 0 / 1 (default: the row's)")
+    ap.add_argument("--masked-stages", type=int, default=0,
+                    help="paged_decode.MASKED_LOOP_STAGES (0: the launch's stages)")
     ap.add_argument("--keep", default="", help="write the PTX, TTGIR and SASS here")
     args = ap.parse_args()
+    from kvonce.kernels import paged_decode
+    paged_decode.MASKED_LOOP_STAGES = args.masked_stages
     nheads, nheads_k = (int(x) for x in args.heads.split("/"))
     keep = Path(args.keep) if args.keep else None
     print("| dtype | config | regs | spill st/ld B | SASS | loop instr / BAR a tile a warp "

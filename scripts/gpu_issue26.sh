@@ -172,6 +172,7 @@
 #               its tail a programmatic dependent of its head (batch_cut.OVERLAP): the tests,
 #               then the plan against OVERLAP off and against no cut (config_ab, one process) at
 #               GQA 32/8 68 / 70 / 72 x 8192, MHA 12/12 23 / 45 x 8192, 66 x 8192 (no cut)
+#   masked      the masked loop unpipelined / 4 partials at once (registers at 12/2 merged launches)
 #   gqa12long   split counts at GQA 12/2 1 x 131072, 64- and 128-key tiles
 #   occupancy   ncu's occupancy limits of the plain decode's 64- and 128-key tiles
 #   cutgate     the Triton cut's tail gate (TRITON_CUT_MAX_TAIL 0.1) against none, tails 0.12-0.76
@@ -787,6 +788,23 @@ if has dramrate; then
   M=$M,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sectors_op_read.sum
   M=$M,lts__t_sector_hit_rate.pct,sm__cycles_active.avg
   ncu_decode_cases "$M"
+fi
+if has masked; then
+  step masked
+  # the masked band's loop unpipelined (paged_decode.MASKED_LOOP_STAGES=1, off) and 4 partials
+  # at once, against the plan (compiled 2026-11-30: GQA 12/2 launches merged in the launch hold
+  # 180 registers, 2 programs an SM at the 128-key tile; 168 unpipelined and 147 at 4 at once:
+  # 3 an SM; unpipelined costs ~20 instructions a tile in the unmasked loop): 12/2 batches whose
+  # merged launches run 320-384 programs, then rows already at 168 (the cost side); the tests
+  # with it on first
+  timeout 150 python3 scripts/knob_run.py "kvonce.kernels.paged_decode:MASKED_LOOP_STAGES=1" \
+    -m pytest -q -p no:cacheprovider -x tests/test_decode.py -k "split or merge or mask" 2>&1 | tail -2
+  for dt in ${DTYPES:-fp16 bf16}; do
+    timeout 240 python3 scripts/config_ab.py --rounds 3 --dtype $dt \
+      --cases ${MASKED_CASES:-plain:12/2:48x4096,plain:12/2:64x4096,plain:12/2:96x2048,plain:12/2:40x8192,plain:12/2:64x1024,plain:12/2:1x131072,plain:32/8:16x4096,plain:32/8:48x8192,plain:32/8:1x131072,plain:12/12:8x8192} \
+      --knob "kvonce.kernels.paged_decode:MASKED_LOOP_STAGES=1" --set merge_splits_at_once=4 \
+      2>&1 | grep "^|"
+  done
 fi
 if has gqa12long; then
   step gqa12long

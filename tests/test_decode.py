@@ -695,6 +695,28 @@ def test_register_cap_reaches_the_launch(num_splits, monkeypatch):
 
 
 @pytest.mark.parametrize("num_splits", [1, 3])
+def test_masked_loop_stages_reach_the_launch_with_the_same_bytes(num_splits, monkeypatch):
+    """``paged_decode.MASKED_LOOP_STAGES`` (the masked band's own pipeline depth, off by
+    default) reaches the launch, on the plan's path and the custom op's, and changes no byte of
+    the output: lengths off the tile grid, so every sequence's last split runs the masked
+    loop."""
+    from kvonce.kernels import paged_decode as pd
+    a = _good()
+    args = (a["q"], a["k_cache"], a["v_cache"], a["cache_seqlens"], a["block_table"])
+    outs = []
+    for stages in (0, 1):
+        monkeypatch.setattr(pd, "MASKED_LOOP_STAGES", stages)
+        plan = decode.PagedDecodePlan(*args, num_splits=num_splits)
+        with poison_empty:
+            outs.append(plan.run(*args))
+        assert [la._constexprs["MASKED_STAGES"] for la in plan._launches.values()] == [stages]
+        assert torch.equal(plan._run_op(*args)[0], outs[-1])
+    assert torch.equal(outs[0], outs[1])
+    torch.testing.assert_close(outs[1].float(), paged_attention_ref(*args)[0].float(),
+                               atol=2e-3, rtol=0)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
 def test_op_path_launches_the_plan_s_kernel(num_splits, monkeypatch):
     """The custom op (torch.compile's and the dispatch modes' path) rebuilds the plan's launch
     from the config's fields one by one: the same constexprs, warps, stages and register cap as

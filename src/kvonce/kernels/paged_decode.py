@@ -46,6 +46,15 @@ from .paged_outliers import _outlier_queries, _outlier_scores, _without_outlier_
 from .quant_convert import _fp8_bytes_to, _ints_to
 from .paged_tiles import _tile_pages, _tile_rows
 
+# The masked band's loop (the plain and byte-gathered tiles' ``_attend_paged``: keys past the
+# last whole tile, one or two tiles in decode) at this many stages; 0: the launch's num_stages.
+# A pipeline buys nothing at one trip, and on sm_90a the pipelined masked loop is where the
+# kernel's register peak sits, which sets every program's residency: GQA 12/2 launches merged
+# in the launch hold 180 registers (2 programs an SM at the 128-key tile), 168 with this at 1
+# (3 an SM); GQA 32/8 stays at 168, with ~20 more instructions a tile in the unmasked loop
+# (ptxas rematerializes thread-index math there). Compiled only (2026-11-30): off until measured.
+MASKED_LOOP_STAGES = 0
+
 
 @triton.jit
 def _load_paged_kv_tile(K, V, bt_row, start_n, kv_end, stride_kp, stride_kt, stride_vp, stride_vt,
@@ -232,7 +241,7 @@ def _attend_paged(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end,
                   Vd=0, kv_col=0,
                   USE_DESC: tl.constexpr = False, SWAP_AB: tl.constexpr = False,
                   ROW_SCALE: tl.constexpr = False, q_out=0.0, KO=0, stride_kop=0, stride_kot=0,
-                  out_scale=1.0, N_OUT: tl.constexpr = 0):
+                  out_scale=1.0, N_OUT: tl.constexpr = 0, LOOP_STAGES: tl.constexpr = 0):
     """Key tiles ``[lo, hi)`` (``lo`` a multiple of BLOCK_N) into one packed state: the one loop
     of both the single-pass and the split-K path, and of every cache format (only the tile load
     differs: quantized tiles come in q's dtype, with int8's per-key scales applied to the scores
@@ -244,7 +253,8 @@ def _attend_paged(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end,
     id is looked up one tile ahead. SWAP_AB: ``acc`` is transposed, ``[BLOCK_D, BLOCK_M]``
     (``_online_update_swapped``). ROW_SCALE: ``qk_scale`` is per row (``_f16_rows``).
     N_OUT > 0 (quantized caches): the outlier channels' scores (``paged_outliers``: ``q_out``
-    against side cache ``KO``, times ``out_scale``) join each tile's scores."""
+    against side cache ``KO``, times ``out_scale``) join each tile's scores. LOOP_STAGES > 0:
+    the loop's own pipeline depth (``MASKED_LOOP_STAGES``), else the launch's."""
     if USE_DESC:
         tl.static_assert(PAGE_SIZE % BLOCK_N == 0)
         next_page = tl.load(bt_row + lo // PAGE_SIZE, mask=lo < kv_end, other=0)
@@ -254,7 +264,8 @@ def _attend_paged(acc, m_i, l_i, q, lo, hi, qk_scale, tok, diag, kv_end,
         next_pages = _tile_pages(bt_row, lo, kv_end, PAGE_SIZE, BLOCK_N)
     else:
         next_pages = tl.zeros([BLOCK_N], dtype=tl.int32)  # unused
-    for start_n in range(lo, hi, BLOCK_N):
+    for start_n in tl.range(lo, hi, BLOCK_N,
+                            num_stages=LOOP_STAGES if LOOP_STAGES > 0 else None):
         if KV_FORMAT == 0 and USE_DESC and not MASKED:
             page = next_page
             nxt = start_n + BLOCK_N
@@ -318,7 +329,7 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
                     F16_MATH: tl.constexpr = False, V_PAIRS: tl.constexpr = False, q_out=0.0,
                     KO=0, stride_kop=0, stride_kot=0, stride_koh=0, N_OUT: tl.constexpr = 0,
                     SCALE_PAIRS: tl.constexpr = False, HEAD_PAIRS: tl.constexpr = False,
-                    pair_hi=0):
+                    pair_hi=0, MASKED_STAGES: tl.constexpr = 0):
     """One packed tile ``q [BLOCK_M, BLOCK_D]`` against sequence ``seq``'s keys ``[lo, hi)`` of
     one KV head: unmasked tiles ``[lo, full)``, then the masked band ``[full, hi)``; returns the
     unnormalized ``(acc, m, l)`` (base 2), fp8's per-head scales applied. Shared by the decode
@@ -427,7 +438,8 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
                 stride_vst, offs_d, head_dim, True, PAGE_SIZE, BLOCK_N, BLOCK_D, EVEN_D,
                 KV_CACHE, KV_EVICT, KV_FORMAT, DOT_PRECISION, INT64_KV, PREFETCH_PAGES,
                 SWAP_AB=SWAP_AB, ROW_SCALE=F16_MATH, q_out=q_out, KO=KO, stride_kop=stride_kop,
-                stride_kot=stride_kot, out_scale=out_scale, N_OUT=N_OUT)
+                stride_kot=stride_kot, out_scale=out_scale, N_OUT=N_OUT,
+                LOOP_STAGES=MASKED_STAGES)
         if SWAP_AB:
             acc = tl.trans(acc)
     if KV_FORMAT == 1:  # and its V scale every output row
@@ -476,6 +488,7 @@ def _paged_decode_kernel(
     # a batch cut's tail, a programmatic dependent of its head (paged.batch_cut): each program
     # waits for the head's end before it exits, so that this launch's end implies the head's
     PDL_EXIT_WAIT: tl.constexpr = False,
+    MASKED_STAGES: tl.constexpr = 0,  # the masked band's loop depth (MASKED_LOOP_STAGES)
 ):
     # Grid: (num_splits * num_m_blocks, nheads_k, batch) (HEAD_PAIRS: nheads_k / 2 pairs). Splits
     # vary fastest so that the programs of one sequence's KV head run side by side.
@@ -527,7 +540,7 @@ def _paged_decode_kernel(
         INT64_KV=INT64_KV, SWAP_AB=SWAP_AB, F16_MATH=F16_MATH, V_PAIRS=V_PAIRS, q_out=q_out,
         KO=KO, stride_kop=stride_kop, stride_kot=stride_kot, stride_koh=stride_koh, N_OUT=N_OUT,
         SCALE_PAIRS=SCALE_PAIRS, PREFETCH_PAGES=PREFETCH_PAGES, HEAD_PAIRS=HEAD_PAIRS,
-        pair_hi=pair_hi)
+        pair_hi=pair_hi, MASKED_STAGES=MASKED_STAGES)
     # out = acc / l (0 where no key was seen, e.g. an empty split), lse natural log (-inf there).
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
@@ -695,7 +708,7 @@ class PagedDecodeLaunch:
             MERGE_SPLITS_AT_ONCE=config.merge_splits_at_once, HEAD_PAIRS=self._head_pairs,
             PDL_TRIGGER=trigger_next or (num_splits > 1 and not merge_here
                                          and combine_pdl(q.device, "triton")),
-            PDL_EXIT_WAIT=follows,
+            PDL_EXIT_WAIT=follows, MASKED_STAGES=MASKED_LOOP_STAGES,
             # int32 offsets where everything fits (fewer IMADs per key row) unless the config
             # says int64 (PagedDecodeConfig.int64_kv_offsets: which rows and launches do, why).
             INT64_KV=config.int64_kv_offsets or max(
