@@ -40,6 +40,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from . import paged_decode
 from ._launch import alignment_key, dot_input_precision, launch, next_pow2
 from .dual_group_fwd import _online_update
 from .paged_combine import _combine_splits_kernel, combine_launch_shape, combine_pdl
@@ -263,7 +264,8 @@ class CascadeLaunch:
                           INT64_KV=c.int64_kv_offsets or past_int32, V_PAIRS=False,
                           N_OUT=0, SCALE_PAIRS=False, PREFETCH_PAGES=c.prefetch_pages,
                           MERGE_SPLITS_AT_ONCE=1, HEAD_PAIRS=False,
-                          PDL_TRIGGER=combine_pdl(q.device, "prefix"), PDL_EXIT_WAIT=False)
+                          PDL_TRIGGER=combine_pdl(q.device, "prefix"), PDL_EXIT_WAIT=False,
+                          MASKED_STAGES=paged_decode.MASKED_LOOP_STAGES)
         warps = (c.num_warps, c.num_stages)
         self._suffix = (("suffix", q.dtype, k_cache.dtype, ints, tuple(constexprs.values()),
                          warps), (suffix_splits * num_m_blocks, nheads_k, batch), scale, ints,
