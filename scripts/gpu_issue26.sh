@@ -173,6 +173,7 @@
 #               then the plan against OVERLAP off and against no cut (config_ab, one process) at
 #               GQA 32/8 68 / 70 / 72 x 8192, MHA 12/12 23 / 45 x 8192, 66 x 8192 (no cut)
 #   masked      the masked loop unpipelined / 4 partials at once (registers at 12/2 merged launches)
+#   groupmerge  the plan's partials at once by GROUP against the row's 2 (wide_merge_at_once)
 #   gqa12long   split counts at GQA 12/2 1 x 131072, 64- and 128-key tiles
 #   occupancy   ncu's occupancy limits of the plain decode's 64- and 128-key tiles
 #   cutgate     the Triton cut's tail gate (TRITON_CUT_MAX_TAIL 0.1) against none, tails 0.12-0.76
@@ -804,6 +805,19 @@ if has masked; then
       --cases ${MASKED_CASES:-plain:12/2:48x4096,plain:12/2:64x4096,plain:12/2:96x2048,plain:12/2:40x8192,plain:12/2:64x1024,plain:12/2:1x131072,plain:32/8:16x4096,plain:32/8:48x8192,plain:32/8:1x131072,plain:12/12:8x8192} \
       --knob "kvonce.kernels.paged_decode:MASKED_LOOP_STAGES=1" --set merge_splits_at_once=4 \
       2>&1 | grep "^|"
+  done
+fi
+if has groupmerge; then
+  step groupmerge
+  # the plan's partials at once by GROUP (PagedDecodeConfig.wide_merge_at_once: 4 at GROUP 3
+  # and 6, compiled 144 / 147 registers against 168 with spill / 180 at the row's 2): the
+  # plan (A) against the row's 2 (B), the decode tests first
+  timeout 120 python3 -m pytest -q -p no:cacheprovider -x tests/test_decode.py \
+    -k "split or merge or wide" 2>&1 | tail -2
+  for dt in ${DTYPES:-fp16}; do
+    timeout 200 python3 scripts/config_ab.py --rounds 3 --dtype $dt \
+      --cases ${GM_CASES:-plain:12/2:48x4096,plain:12/2:64x4096,plain:12/2:96x2048,plain:12/2:40x8192,plain:12/2:32x2048,plain:24/8:16x4096,plain:24/8:8x8192,plain:32/8:16x4096} \
+      --set merge_splits_at_once=2 2>&1 | grep "^|"
   done
 fi
 if has gqa12long; then

@@ -454,6 +454,34 @@ def test_plain_launch_shape_follows_the_launch():
     assert decode.busy_splits(131072, 187, 128) == 171    # what the plan then launches
 
 
+@pytest.mark.parametrize("heads, batch, keys, q_len, want", [
+    ((12, 2), 48, 4096, 1, (128, 4, 4)),    # GROUP 6 merged in the launch: 4 at once
+    ((12, 2), 96, 2048, 1, (128, 2, 4)),
+    ((12, 2), 64, 1024, 1, (128, 2, 2)),    # 256 programs: two an SM fit them in one wave
+    ((24, 8), 16, 4096, 1, (128, 3, 4)),    # GROUP 3
+    ((32, 8), 16, 4096, 1, (128, 3, 2)),    # GROUP 4 keeps the row's 2 (177 registers at 4)
+    ((12, 2), 48, 4096, 2, (128, 4, 2)),    # two tokens: not the compiled launch
+    ((12, 2), 1, 131072, 1, (128, 171, 2)),  # the combine kernel's launch
+])
+def test_wide_merge_partials_at_once_follow_the_group(monkeypatch, heads, batch, keys, q_len,
+                                                      want):
+    """The plan's ``merge_splits_at_once`` for the Hopper d128 row's 128-key launches that merge
+    in the launch: the row's ``wide_merge_at_once`` by q heads a KV head, one new token only
+    (tests/test_decode_pipelining.py has the register counts it keeps at three programs an
+    SM)."""
+    from kvonce.kernels.configs import _PAGED_DECODE_TABLE
+    row = _PAGED_DECODE_TABLE[(9, 0)][128]
+    monkeypatch.setattr(decode, "device_info", lambda device: ((9, 0), 132))
+    monkeypatch.setattr(decode, "_default_config", lambda *a: row)
+    meta = dict(device="meta")  # shapes only: nothing launches, on any machine
+    pages = keys // 16
+    q = torch.empty(batch, q_len, heads[0], 128, dtype=torch.float16, **meta)
+    k = torch.empty(batch * pages + 1, 16, heads[1], 128, dtype=torch.float16, **meta)
+    table = torch.empty(batch, pages, dtype=torch.int32, **meta)
+    plan = decode.PagedDecodePlan(q, k, k, torch.empty(batch, dtype=torch.int32, **meta), table)
+    assert (plan.config.block_n, plan.num_splits, plan.config.merge_splits_at_once) == want
+
+
 def test_wide_tiles_drop_empty_splits(monkeypatch):
     """A plan whose launch takes the row's longer tile launches only splits that hold keys at
     that tile (the auto count was cut for the row's own)."""

@@ -95,6 +95,25 @@ def test_wide_tile_launches_fit_the_rule_s_programs_an_sm(tmp_path, shape, split
                            "--config", "128,4,2") >= WIDE_TILE_PROGRAMS_PER_SM
 
 
+@pytest.mark.parametrize("group", range(1, 9))
+def test_wide_tile_merge_fits_the_rule_s_programs_an_sm_at_every_group(tmp_path, group):
+    """The 128-key tile merging 4 splits in the launch, at the partials-at-once the plan takes
+    for ``group`` q heads a KV head (``PagedDecodeConfig.wide_merge_at_once``; fp16, 2 KV heads
+    x 48 sequences x 4096 keys: 384 programs, one wave of three an SM). Compiled 2026-12-01 at
+    1 / 2 / 4 at once: GROUP 3 176 / 168 with 8 B of spill / 144 registers, GROUP 6 179 / 180 /
+    147, GROUP 2 and 4 168 / 168 / 177, the others at most 168 from 2 on (fp16 and bf16 alike).
+    At GROUP 6 the 12/2 launches of this size then ran 10-19% faster (H200, graphs)."""
+    from kvonce.kernels.configs import _PAGED_DECODE_TABLE
+    from kvonce.paged.decode import WIDE_TILE_PROGRAMS_PER_SM, _launch_shape_config
+    row = _PAGED_DECODE_TABLE[(9, 0)][128]
+    config = _launch_shape_config(row, 48 * 2, 4, 4096, 132, group=group)
+    assert config.block_n == 128
+    assert _programs_an_sm(tmp_path, "--format", "plain", "--dtype", "fp16",
+                           "--heads", f"{2 * group}/2", "--shape", "48x4096", "--splits", "4",
+                           "--config", "128,4,2", "--merge-at-once",
+                           str(config.merge_splits_at_once)) >= WIDE_TILE_PROGRAMS_PER_SM
+
+
 def test_row_tile_one_pass_fits_the_cut_s_programs_an_sm(tmp_path):
     """The row's own 64-key one pass (GQA 32/8 66 x 8192, fp16): at least the row's
     ``resident_programs_per_sm`` (the batch cut's wave) by registers and shared memory."""

@@ -240,6 +240,12 @@ class PagedDecodeConfig:
         Measured there (int4, 64 splits merged in the launch, H100, graphs): 4 at once 99.6 us
         against 106.6 one at a time and 94.2 with the combine kernel (MHA 143.0 / 148.0 /
         140.8). The Hopper d128 plain row takes 2 (its launches merge 2-4 splits).
+    wide_merge_at_once: ``(GROUP, n)`` pairs: ``merge_splits_at_once`` for the auto split
+        count's ``wide_block_n`` launches that merge in the launch, at GROUP q heads a KV head
+        (one 16-row M-block) and run more than two programs an SM. ptxas's register count
+        there moves with GROUP (the ``rows // GROUP`` index math) and with how many partials
+        load at once; a count above 168 fits two programs an SM where the wide-tile rule counts
+        three (``tests/test_decode_pipelining.py`` pins every group 1-8).
     head_pairs: int4's nibble-plane loop (head dim 128, fp16 / bf16 q, an even KV head count,
         no dense-and-sparse keys) serves two adjacent KV heads a program, so that on token-major
         pages each key's bytes of the pair (2 x 64, one 128-byte line) come in one request: one
@@ -295,6 +301,7 @@ class PagedDecodeConfig:
     wide_block_n: int = 0
     gluon: bool = False
     resident_programs_per_sm: int = 0
+    wide_merge_at_once: tuple[tuple[int, int], ...] = ()
 
 
 # (capability major, minor) -> head dim -> config. The Hopper d=128 row comes from
@@ -330,10 +337,14 @@ _PAGED_DECODE_TABLE: dict[tuple[int, int], dict[int, PagedDecodeConfig]] = {
         # 8 x 8192 (4) 98.3 -> 97.9; bf16 alike. 4 at once: 76.1, 22.9, 22.9, 97.6. Mostly a
         # register count: the 128-key tile's merging kernel held 176 one at a time (2
         # programs an SM), 168 two at a time (3; tests/test_decode_pipelining.py pins it).
+        # wide_merge_at_once 4 at GROUP 3 and 6 (2 there: 168 registers with 8 B of spill,
+        # 180; 4: 144, 147): GQA 12/2 48 x 4096 / 64 x 4096 / 96 x 2048 / 40 x 8192 60.5 /
+        # 77.4 / 60.7 / 106.2 -> 54.3 / 69.7 / 54.1 / 85.5 us, 24/8 16 x 4096 68.9 -> 68.4
+        # (H200, graphs, fp16, 2026-11-30; bf16 alike at 12/2; outputs bitwise equal)
         128: PagedDecodeConfig(64, 4, 2, slow_band_splits=3,
                                one_pass_programs_per_sm=(5.0, 6.0), one_pass_prefetch=True,
                                wide_block_n=128, resident_programs_per_sm=4,
-                               merge_splits_at_once=2),
+                               merge_splits_at_once=2, wide_merge_at_once=((3, 4), (6, 4))),
         256: PagedDecodeConfig(32, 4, 2, int64_kv_offsets=True),
     },
 }
