@@ -52,7 +52,9 @@ from .paged_tiles import _tile_pages, _tile_rows
 # kernel's register peak sits, which sets every program's residency: GQA 12/2 launches merged
 # in the launch hold 180 registers (2 programs an SM at the 128-key tile), 168 with this at 1
 # (3 an SM); GQA 32/8 stays at 168, with ~20 more instructions a tile in the unmasked loop
-# (ptxas rematerializes thread-index math there). Compiled only (2026-11-30): off until measured.
+# (ptxas rematerializes thread-index math there). Measured (H200, 2026-11-30): 12/2 merged
+# launches 10-19% faster, but 32/8 48 x 8192 (128-key one pass) 9% slower: off; the row
+# takes 4 partials at once at those groups instead (PagedDecodeConfig.wide_merge_at_once).
 MASKED_LOOP_STAGES = 0
 
 
