@@ -11,7 +11,9 @@ Each ``--knob`` is one too: module attributes (``MODULE:ATTR=LITERAL``, several 
 `` & ``) set around every run of that column's plan (its launches bind at the first run, some
 read their module's switches at each call) and restored after, the plan's config unchanged
 and its split count the row's (``--splits``; 0: the rule's under the knobs, so a knob of the
-split rule, such as ``kvonce.paged.splits:GLUON_BATCH_CUT=True``, takes effect).
+split rule, such as ``kvonce.paged.splits:GLUON_BATCH_CUT=True``, takes effect). A knob
+column may also change the config: ``KNOBS @ field=value[,field=value]`` (applied to the row's
+config at that split count).
 All columns run in one process, their rounds alternated: the same inputs and allocations for
 A and B, and no drift between processes (``knob_run.py`` runs one setting a process).
 ``--splits``: a row per split count, all columns at that count (0: the plan's own).
@@ -103,10 +105,16 @@ def main() -> None:
                                             plan_a.config, **parse_set(s, plan_a.config))), [])
                 for s in args.set]
             for text in args.knob:
+                text, _, changes = text.partition(" @ ")
                 knobs = parse_knobs(text)
                 with knobs_set(knobs):   # the row's split count (0: the rule's, knobs set)
                     plan = kvonce.PagedDecodePlan(q, kk, vv, seqlens, table, **kw,
                                                   kv_format=kv_format, num_splits=splits)
+                    if changes:
+                        plan = kvonce.PagedDecodePlan(
+                            q, kk, vv, seqlens, table, **kw, kv_format=kv_format,
+                            num_splits=plan.num_splits, config=dataclasses.replace(
+                                plan.config, **parse_set(changes, plan.config)))
                 columns.append((plan, knobs))
 
             def run(column):
