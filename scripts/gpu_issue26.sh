@@ -174,7 +174,6 @@
 #               GQA 32/8 68 / 70 / 72 x 8192, MHA 12/12 23 / 45 x 8192, 66 x 8192 (no cut)
 #   masked      the masked loop unpipelined / 4 partials at once (registers at 12/2 merged launches)
 #   groupmerge  the plan's partials at once by GROUP against the row's 2 (wide_merge_at_once)
-#   rowsplit    a KV head's q heads across programs (ROWS_PER_M_BLOCK) at GQA 12/2 rows
 #   gqa12long   split counts at GQA 12/2 1 x 131072, 64- and 128-key tiles
 #   occupancy   ncu's occupancy limits of the plain decode's 64- and 128-key tiles
 #   cutgate     the Triton cut's tail gate (TRITON_CUT_MAX_TAIL 0.1) against none, tails 0.12-0.76
@@ -820,20 +819,6 @@ if has groupmerge; then
       --cases ${GM_CASES:-plain:12/2:48x4096,plain:12/2:64x4096,plain:12/2:96x2048,plain:12/2:40x8192,plain:12/2:32x2048,plain:24/8:16x4096,plain:24/8:8x8192,plain:32/8:16x4096} \
       --set merge_splits_at_once=2 2>&1 | grep "^|"
   done
-fi
-if has rowsplit; then
-  step rowsplit
-  # one KV head's q heads cut across programs (paged_decode.ROWS_PER_M_BLOCK, off): GQA 12/2
-  # 64 x 1024 as 256 programs of 1024 keys, 3 q heads each, K/V read twice (the second from
-  # L2), no merge, against the plan's 2 merged splits (23.0 us; dense SDPA 19.8; 128 x 512 in
-  # one pass, 256 programs of 512 keys, 20.7): the tests with it on first
-  K=kvonce.kernels.paged_decode:ROWS_PER_M_BLOCK
-  timeout 150 python3 scripts/knob_run.py "$K=3" -m pytest -q -p no:cacheprovider \
-    tests/test_decode.py -k "(split or merge or mask or gqa) and not wide_merge" 2>&1 | tail -2
-  timeout 200 python3 scripts/config_ab.py --rounds 5 --splits 0,1,2 \
-    --cases ${RS_CASES:-plain:12/2:64x1024,plain:12/2:32x2048} \
-    --knob "$K=3 @ block_n=128" --knob "$K=3" --knob "$K=2 @ block_n=128" \
-    --set block_n=128 2>&1 | grep "^|"
 fi
 if has gqa12long; then
   step gqa12long

@@ -56,12 +56,6 @@ from .paged_tiles import _tile_pages, _tile_rows
 # launches 10-19% faster, but 32/8 48 x 8192 (128-key one pass) 9% slower: off; the row
 # takes 4 partials at once at those groups instead (PagedDecodeConfig.wide_merge_at_once).
 MASKED_LOOP_STAGES = 0
-# Rows an M-block takes (0: all of BLOCK_M). Below the packed row count it cuts one KV head's
-# q heads across several programs that each read the whole K/V (from L2 after the first, their
-# programs adjacent in the grid): more programs for a launch without splitting its keys, so
-# without a merge. Off: an experiment for GQA 12/2 64 x 1024 (docs/notes.md, 2026-11-30,
-# thirty-second session).
-ROWS_PER_M_BLOCK = 0
 
 
 @triton.jit
@@ -497,7 +491,6 @@ def _paged_decode_kernel(
     # waits for the head's end before it exits, so that this launch's end implies the head's
     PDL_EXIT_WAIT: tl.constexpr = False,
     MASKED_STAGES: tl.constexpr = 0,  # the masked band's loop depth (MASKED_LOOP_STAGES)
-    ROWS_M: tl.constexpr = 0,  # rows an M-block takes (ROWS_PER_M_BLOCK; 0: BLOCK_M)
 ):
     # Grid: (num_splits * num_m_blocks, nheads_k, batch) (HEAD_PAIRS: nheads_k / 2 pairs). Splits
     # vary fastest so that the programs of one sequence's KV head run side by side.
@@ -513,15 +506,10 @@ def _paged_decode_kernel(
     lo = split * split_len
     hi = tl.minimum(lo + split_len, seqlen)
 
-    if ROWS_M > 0:   # lanes past ROWS_M are padding, like rows past GROUP * q_len
-        lanes = tl.arange(0, BLOCK_M)
-        rows = m_block * ROWS_M + lanes
-        row_ok = (lanes < ROWS_M) & (rows < GROUP * q_len)
-    else:
-        rows = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
-        row_ok = rows < GROUP * q_len
+    rows = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
     tok = rows // GROUP
     head = kv_head * GROUP + rows % GROUP
+    row_ok = rows < GROUP * q_len
     pair_hi = (rows % GROUP) >= GROUP // 2  # HEAD_PAIRS: the rows of the pair's second KV head
     offs_d = tl.arange(0, BLOCK_D)
     q_ptrs = (Q + seq.to(tl.int64) * stride_qb + (tok * stride_qt + head * stride_qh)[:, None]
@@ -608,11 +596,6 @@ def _span(t) -> int:
     return sum(max(n - 1, 0) * st for n, st in zip(t.shape, t.stride())) + 1
 
 
-def _rows_m(rows: int, block_m: int) -> int:
-    """The kernel's ROWS_M: ``ROWS_PER_M_BLOCK`` where it cuts the packed rows, else 0."""
-    return ROWS_PER_M_BLOCK if 0 < ROWS_PER_M_BLOCK < min(rows, block_m) else 0
-
-
 def decode_row_blocks(nheads: int, nheads_k: int, q_len: int,
                       kv_format: int = 0) -> tuple[int, int]:
     """``(BLOCK_M, M-blocks)`` of one (sequence, KV head): its ``nheads // nheads_k * q_len``
@@ -625,8 +608,6 @@ def decode_row_blocks(nheads: int, nheads_k: int, q_len: int,
     and 44 KB for each 16-row block (sm_90a, fp16 q, 64 rows: 64 q heads a KV head)."""
     rows = nheads // nheads_k * q_len
     block_m = max(16, min(16 if kv_format == 3 else 64, next_pow2(rows)))
-    if 0 < ROWS_PER_M_BLOCK < min(rows, block_m):
-        return block_m, -(-rows // ROWS_PER_M_BLOCK)
     return block_m, -(-rows // block_m)
 
 
@@ -730,7 +711,6 @@ class PagedDecodeLaunch:
             PDL_TRIGGER=trigger_next or (num_splits > 1 and not merge_here
                                          and combine_pdl(q.device, "triton")),
             PDL_EXIT_WAIT=follows, MASKED_STAGES=MASKED_LOOP_STAGES,
-            ROWS_M=_rows_m(nheads // launch_heads * q_len, block_m),
             # int32 offsets where everything fits (fewer IMADs per key row) unless the config
             # says int64 (PagedDecodeConfig.int64_kv_offsets: which rows and launches do, why).
             INT64_KV=config.int64_kv_offsets or max(
