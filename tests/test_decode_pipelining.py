@@ -114,6 +114,19 @@ def test_wide_tile_merge_fits_the_rule_s_programs_an_sm_at_every_group(tmp_path,
                            str(config.merge_splits_at_once)) >= WIDE_TILE_PROGRAMS_PER_SM
 
 
+@pytest.mark.parametrize("group", [3, 5, 6, 7])
+@pytest.mark.parametrize("shape, splits", [("48x8192", 1), ("1x131072", 49)],
+                         ids=["one-pass", "combine-kernel"])
+def test_wide_tile_unmerged_forms_fit_at_uneven_groups(tmp_path, shape, splits, group):
+    """The 128-key tile's one pass and combine-kernel launch at the groups whose row-to-head
+    math is not a shift (GQA 2 x group / 2, fp16): three programs an SM, as at 32/8 (all 168
+    registers, compiled 2026-11-30; the merged form is the one that moved with GROUP)."""
+    from kvonce.paged.decode import WIDE_TILE_PROGRAMS_PER_SM
+    assert _programs_an_sm(tmp_path, "--format", "plain", "--dtype", "fp16",
+                           "--heads", f"{2 * group}/2", "--shape", shape, "--splits", str(splits),
+                           "--config", "128,4,2") >= WIDE_TILE_PROGRAMS_PER_SM
+
+
 def test_row_tile_one_pass_fits_the_cut_s_programs_an_sm(tmp_path):
     """The row's own 64-key one pass (GQA 32/8 66 x 8192, fp16): at least the row's
     ``resident_programs_per_sm`` (the batch cut's wave) by registers and shared memory."""
