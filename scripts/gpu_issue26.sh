@@ -215,7 +215,8 @@ if has quantbench; then
     for lay in ${LAYOUTS:-nhd}; do
       echo "- $dt $lay"
       timeout 420 python3 -m kvonce bench quant --shapes ${QUANT_SHAPES:-64x8192,1x131072} \
-        --dtype $dt --layout $lay --md "$OUT/bench_quant_${dt}_$lay.md" --plot '' 2>&1 \
+        --dtype $dt --layout $lay ${QUANT_ARGS:-} --md "$OUT/bench_quant_${dt}_$lay.md" \
+        --plot '' 2>&1 \
         | grep "^|" | tail -26
     done
   done

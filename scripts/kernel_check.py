@@ -77,12 +77,17 @@ def wgmma_loop_spills(sass: str) -> list[str]:
     -sass`` text: a loop is the address range of a backward branch ``[target, branch]``; a
     wgmma loop holds an HGMMA; the steady-state ones hold no other wgmma loop. A spill there
     runs every step; one in an outer loop (once per q head) or the prologue/epilogue runs once
-    per CTA or segment and is reported, not failed (``problems_of``)."""
+    per CTA or segment and is reported, not failed (``problems_of``). Branches past the last
+    EXIT are ptxas's out-of-line slow paths (an mbarrier wait's retry, jumping back to where
+    it was called): not loop edges, or a warp-specialized kernel's loader wait would look
+    like a loop over the other partitions' code."""
     code = [(int(m.group(1), 16), m.group(2).strip()) for m in _SASS_LINE.finditer(sass)]
+    exits = [addr for addr, op in code if re.match(r"(@!?U?P\w+\s+)?EXIT\b", op)]
+    body_end = max(exits) if exits else float("inf")
     loops = []
     for addr, op in code:
         m = _BRANCH_TARGET.search(op)
-        if m and int(m.group(1), 16) < addr:
+        if m and int(m.group(1), 16) < addr < body_end:
             lo, hi = int(m.group(1), 16), addr
             if any(lo <= a <= hi and op2.startswith("HGMMA") for a, op2 in code):
                 loops.append((lo, hi))

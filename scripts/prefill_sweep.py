@@ -7,7 +7,9 @@
 A spec is ``block_m,block_n,num_warps,num_stages`` plus ``r`` for ``last_tiles_first`` and ``i``
 for ``int64_kv_offsets``, ``p`` for ``prefetch_pages``, ``t`` for ``tma``, ``h`` for one q head
 per program (``pack_gqa=False``), ``g`` for the Gluon kernel (``gluon``; block_n and num_stages
-are then also its ``gluon_block_n``, ``gluon_stages``; ``P`` for ``gluon_persistent``). Per row,
+are then also its ``gluon_block_n``, ``gluon_stages``; ``P`` for ``gluon_persistent``; ``S`` for
+the loader's page ids as scalar loads, ``gluon_prefill.SCALAR_PAGES``, set while the plan is
+built). Per row,
 page size and config: ``PagedPrefillPlan.run`` time (``do_bench`` median, eager; with ``--graph``
 also CUDA-graph replay; with ``--rounds`` the median over rounds of every config in turn),
 TFLOP/s, the relative error against the first config's output and the kernel that ran.
@@ -23,6 +25,7 @@ import triton.testing
 from kvonce import PagedPrefillPlan
 from kvonce.bench import report
 from kvonce.bench.prefill import CASES, make_inputs
+from kvonce.kernels import gluon_prefill
 from kvonce.kernels.configs import PagedPrefillConfig
 
 
@@ -60,6 +63,7 @@ def main() -> None:
             base, plans = None, {}
             for spec in args.cfg:
                 try:
+                    gluon_prefill.SCALAR_PAGES = "S" in spec.split(",")
                     plan = PagedPrefillPlan(*a, max_seqlen_q=max(case.q_lens),
                                             config=_config(spec))
                     out = plan.run(*a).float()

@@ -60,6 +60,20 @@ def test_spills_fail_only_in_the_wgmma_loop():
     assert len(kernel_check.problems_of(report, shared=1000)) == 1   # no SASS: any spill fails
 
 
+def test_slow_paths_past_the_exit_are_not_loops():
+    # A loader's wait (0x0600) retries out of line past the EXIT (0x0900-0x0920) and jumps back
+    # into the loader's loop (0x0580-0x0700): the jump back spans the consumer's step loop
+    # (0x0200-0x0300), but it is no loop edge, so the stub's reload of a spilled value is not in
+    # a wgmma loop.
+    code = [(0x0200, "HGMMA.64x64x16.F32.BF16 R24"), (0x0300, "@P0 BRA 0x200"),
+            (0x0580, "LDG.E R2, desc[UR52][R4.64]"), (0x0600, "@!P1 BRA 0x900"),
+            (0x0610, "LDL R0, [R1]"), (0x0700, "@P2 BRA 0x580"), (0x0800, "EXIT"),
+            (0x0900, "LDL R3, [R1]"), (0x0910, "@!P1 BRA 0x900"), (0x0920, "BRA 0x600")]
+    assert kernel_check.wgmma_loop_spills(_sass(code)) == []
+    inside = code[:1] + [(0x0250, "LDL R9, [R1]")] + code[1:]
+    assert kernel_check.wgmma_loop_spills(_sass(inside)) == ["0x0250 LDL R9, [R1]"]
+
+
 def test_sass_counts():
     sass = ("HGMMA.64x64x16.F32.BF16 R1\nUTMAREDG.2D.ADD [UR8]\nUSETMAXREG.DEALLOC.CTAPOOL 0x18\n"
             "WARPGROUP.DEPBAR.LE gsb0, 0x0\nWARPGROUP.ARRIVE\n")

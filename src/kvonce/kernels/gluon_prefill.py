@@ -12,9 +12,10 @@ across them. Two partitions:
 - ``_load`` (1 warp): key tile ``j`` (``BLOCK_N`` keys) of an item into ring slot ``j % STAGES``
   as ``BLOCK_N // BOX`` TMA boxes of ``BOX = min(PAGE_SIZE, BLOCK_N)`` rows each, from the caches
   viewed as ``[num_pages * PAGE_SIZE, nheads_k * D]``: Hopper's TMA cannot gather rows, but a box
-  never crosses a page, so one block-table lookup per box places it (the page ids of a tile are
-  looked up a tile ahead). K on ``k_ready[s]``, V on ``v_ready[s]``; a K (V) slot is refilled once
-  ``k_empty[s]`` (``v_empty[s]``) says both consumer warpgroups are done with it.
+  never crosses a page, so one block-table lookup per box places it (a warp-uniform scalar
+  load, ``SCALAR_PAGES``; or a tile-ahead vector of the tile's page ids). K on ``k_ready[s]``,
+  V on ``v_ready[s]``; a K (V) slot is refilled once ``k_empty[s]`` (``v_empty[s]``) says both
+  consumer warpgroups are done with it.
 - ``_consume`` (two partitions of one warpgroup, 64 rows each): an item's Q (packed rows
   gathered by pointers into registers under the previous item's last P V, then stored to shared
   memory), then per tile S = Q Kᵀ (SS wgmma), the online
@@ -130,7 +131,8 @@ def _tile(item, cu_seqlens_q, cache_seqlens, batch, num_tiles, BLOCK_Q: gl.const
 def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
           cu_seqlens_q, cache_seqlens, block_table, stride_btb, batch, num_tiles, num_items,
           num_programs, PAGE_SIZE: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
-          HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr):
+          HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr,
+          SCALAR_PAGES: gl.constexpr):
     """The loader warp: every key tile of the CTA's work items, box by box, into the K and V
     rings (``it`` counts the CTA's tiles across items, as the consumers do)."""
     STAGES: gl.constexpr = k_smem.shape[0]
@@ -148,20 +150,29 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
         col = kv_head * HEAD_DIM
         bt_row = block_table + seq.to(gl.int64) * stride_btb
         last_box = gl.maximum(seqlen - 1, 0) // BOX * BOX   # boxes past the end re-read this one
-        pages = _box_pages(bt_row, 0, box, last_box, BLOCK_N, BOX, PAGE_SIZE)
-        for j in range(n_tiles):
-            s = (it + j) % STAGES
-            cur = pages
-            pages = _box_pages(bt_row, j + 1, box, last_box, BLOCK_N, BOX, PAGE_SIZE)
-            # k_empty[s] / v_empty[s] (count 2): both consumer warpgroups' Q Kᵀ (P V) on the
-            # slot has retired; parity ((it // STAGES) & 1) ^ 1: a fresh barrier passes the
-            # first round. K and V slots free apart: K of tile j + STAGES can come while V of
-            # tile j is still being read. k_ready[s], v_ready[s] (count 1): expect + the bytes.
-            phase = (((it + j) // STAGES) & 1) ^ 1
-            _load_tile(k_desc, k_smem.index(s), k_ready.index(s), k_empty.index(s), phase, cur,
-                       box, j, col, last_box, BLOCK_N, PAGE_SIZE)
-            _load_tile(v_desc, v_smem.index(s), v_ready.index(s), v_empty.index(s), phase, cur,
-                       box, j, col, last_box, BLOCK_N, PAGE_SIZE)
+        if SCALAR_PAGES:
+            for j in range(n_tiles):
+                s = (it + j) % STAGES
+                phase = (((it + j) // STAGES) & 1) ^ 1
+                _load_tile_by_ids(k_desc, k_smem.index(s), k_ready.index(s), k_empty.index(s),
+                                  phase, bt_row, j, col, last_box, BLOCK_N, PAGE_SIZE)
+                _load_tile_by_ids(v_desc, v_smem.index(s), v_ready.index(s), v_empty.index(s),
+                                  phase, bt_row, j, col, last_box, BLOCK_N, PAGE_SIZE)
+        else:
+            pages = _box_pages(bt_row, 0, box, last_box, BLOCK_N, BOX, PAGE_SIZE)
+            for j in range(n_tiles):
+                s = (it + j) % STAGES
+                cur = pages
+                pages = _box_pages(bt_row, j + 1, box, last_box, BLOCK_N, BOX, PAGE_SIZE)
+                # k_empty[s] / v_empty[s] (count 2): both consumer warpgroups' Q Kᵀ (P V) on the
+                # slot has retired; parity ((it // STAGES) & 1) ^ 1: a fresh barrier passes the
+                # first round. K and V slots free apart: K of tile j + STAGES can come while V of
+                # tile j is still being read. k_ready[s], v_ready[s] (count 1): expect + the bytes.
+                phase = (((it + j) // STAGES) & 1) ^ 1
+                _load_tile(k_desc, k_smem.index(s), k_ready.index(s), k_empty.index(s), phase, cur,
+                           box, j, col, last_box, BLOCK_N, PAGE_SIZE)
+                _load_tile(v_desc, v_smem.index(s), v_ready.index(s), v_empty.index(s), phase, cur,
+                           box, j, col, last_box, BLOCK_N, PAGE_SIZE)
         it += n_tiles
 
 
@@ -175,6 +186,21 @@ def _load_tile(desc, smem, ready, empty, phase, pages, box, j, col, last_box,
     mbarrier.expect(ready, (BLOCK_N // BOX) * desc.block_type.nbytes)
     for i in gl.static_range(BLOCK_N // BOX):
         row = _box_row(pages, box, i, j, last_box, BLOCK_N, BOX, PAGE_SIZE)
+        tma.async_copy_global_to_shared(desc, [row, col], ready, smem.slice(i * BOX, BOX))
+
+
+@gluon.jit
+def _load_tile_by_ids(desc, smem, ready, empty, phase, bt_row, j, col, last_box,
+                      BLOCK_N: gl.constexpr, PAGE_SIZE: gl.constexpr):
+    """``_load_tile`` with each box's page id a warp-uniform scalar load (an L1 hit but for
+    a page table line's first touch) instead of a lane's entry of a tile-ahead vector taken
+    out by shuffles."""
+    BOX: gl.constexpr = desc.block_type.shape[0]
+    mbarrier.wait(empty, phase)
+    mbarrier.expect(ready, (BLOCK_N // BOX) * desc.block_type.nbytes)
+    for i in gl.static_range(BLOCK_N // BOX):
+        key = gl.minimum(j * BLOCK_N + i * BOX, last_box)
+        row = gl.load(bt_row + key // PAGE_SIZE) * PAGE_SIZE + key % PAGE_SIZE
         tma.async_copy_global_to_shared(desc, [row, col], ready, smem.slice(i * BOX, BOX))
 
 
@@ -410,7 +436,7 @@ def _gluon_prefill_kernel(
     num_tiles, num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh, stride_lh,
     stride_btb, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr, PAGE_SIZE: gl.constexpr,
     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STORE_LSE: gl.constexpr,
-    LAST_FIRST: gl.constexpr, STAGES: gl.constexpr,
+    LAST_FIRST: gl.constexpr, STAGES: gl.constexpr, SCALAR_PAGES: gl.constexpr = False,
 ):
     """Grid ``(num_programs,)``: CTA ``p`` runs work items ``p, p + num_programs, ..`` of
     ``num_items = num_tiles * nheads_k`` (``_tile``; ``num_tiles = total_q // BLOCK_Q + batch``
@@ -451,7 +477,7 @@ def _gluon_prefill_kernel(
         (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                  cu_seqlens_q, cache_seqlens, block_table, stride_btb, batch, num_tiles,
                  num_items, num_programs, PAGE_SIZE, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
-                 LAST_FIRST)),
+                 LAST_FIRST, SCALAR_PAGES)),
     ], [CONSUMER_WARPS, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
 
 
@@ -460,6 +486,17 @@ def _gluon_prefill_kernel(
 # 89 -> 61 us of host time on the lent H100, 2026-11-26 (`bench host`'s prefill rows, each way).
 # False keeps the JIT launch (tests compare the two byte for byte).
 CACHED_LAUNCH = True
+
+# The loader's page ids as warp-uniform scalar loads a box (``_load_tile_by_ids``) instead of a
+# tile-ahead vector a lane an id, taken out by 3 shuffles a box for K and again for V. The
+# loader's warp shares an SM sub-partition with two consumer warps, and its instructions cost
+# them: at page 16 (8 boxes a tile) the loader's loop is 282 SASS instructions a tile against
+# 340, and prefill 8 x 2048 ran 445.3 against 435.4 TFLOP/s eager, 435.7 / 424.4 in graphs (H200,
+# 2026-11-30, four rounds alternated, bytes equal); page 256 (one box a tile) 463.6 / 460.3.
+# ncu (base clocks) on the vector form: the loader's sub-partition issues 429k instructions
+# against the others' 296k at page 16 (353k at page 256). Two or four loader warps lost (420 /
+# 400 against 434). False keeps the vector form.
+SCALAR_PAGES = True
 
 
 def _pow2(n: int) -> bool:
@@ -528,7 +565,8 @@ class GluonPrefillLaunch:
         self._batch = batch
         self._constexprs = dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size,
                                 BLOCK_N=block_n, HEAD_DIM=head_dim, STORE_LSE=store_lse,
-                                LAST_FIRST=last_tiles_first, STAGES=stages)
+                                LAST_FIRST=last_tiles_first, STAGES=stages,
+                                SCALAR_PAGES=SCALAR_PAGES)
         self._gl_dtype = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}[q.dtype]
 
     def _desc(self, cache):
