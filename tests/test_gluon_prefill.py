@@ -110,6 +110,30 @@ def test_gluon_prefill_persistent(causal, nheads, nheads_k, head_dim, page_size,
 
 
 @hopper_only
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("page_size,block_n", [(16, 128), (32, 64), (128, 128), (256, 128)])
+def test_gluon_prefill_scalar_page_ids(monkeypatch, persistent, page_size, block_n):
+    """``SCALAR_PAGES``: the loader's page ids as scalar loads (tiles of several boxes) give the
+    tile-ahead vector form's bytes; tiles of one box keep the vector form."""
+    q, k, v, cu, seqlens, table = make_case(LENS, nheads=32, nheads_k=8, head_dim=128,
+                                            page_size=page_size, dtype=torch.bfloat16)
+    _poison_unowned(k, v, seqlens, table)
+    config = dataclasses.replace(GLUON, gluon_block_n=block_n, gluon_persistent=persistent)
+    outs = []
+    for scalar in (False, True):
+        monkeypatch.setattr(gluon_prefill, "SCALAR_PAGES", scalar)
+        plan = kvonce.PagedPrefillPlan(q, k, v, cu, seqlens, table, max_seqlen_q=max_q(cu),
+                                       causal=True, config=config)
+        with poison_empty:
+            outs.append(plan.run(q, k, v, cu, seqlens, table, return_lse=True))
+        assert _launch_is_gluon(plan)
+        assert all(launch._gluon._constexprs["SCALAR_PAGES"] == (scalar and page_size < block_n)
+                   for launch in plan._launches.values())
+    (want, want_lse), (out, lse) = outs
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
+@hopper_only
 @pytest.mark.parametrize("nheads,nheads_k,head_dim", [(12, 2, 128), (28, 4, 128), (40, 8, 64)])
 def test_gluon_prefill_padded_groups(nheads, nheads_k, head_dim):
     """Groups that do not divide the 128 rows (6, 7, 5): BLOCK_Q * GROUP rows and padding."""

@@ -492,10 +492,13 @@ CACHED_LAUNCH = True
 # loader's warp shares an SM sub-partition with two consumer warps, and its instructions cost
 # them: at page 16 (8 boxes a tile) the loader's loop is 282 SASS instructions a tile against
 # 340, and prefill 8 x 2048 ran 445.3 against 435.4 TFLOP/s eager, 435.7 / 424.4 in graphs (H200,
-# 2026-11-30, four rounds alternated, bytes equal); page 256 (one box a tile) 463.6 / 460.3.
+# 2026-11-30, four rounds alternated, bytes equal); chunked 64 x 512 over 8k 556.7 against 509.1.
 # ncu (base clocks) on the vector form: the loader's sub-partition issues 429k instructions
 # against the others' 296k at page 16 (353k at page 256). Two or four loader warps lost (420 /
-# 400 against 434). False keeps the vector form.
+# 400 against 434). Taken only where a tile has several boxes: at one box a tile (pages of
+# BLOCK_N keys or more) the vector form shuffles nothing and loads its id a tile ahead, and the
+# scalar form measured even there (prefill +0.7%, +1.4%, chunked -2.1%, mixed +0.5% in graphs).
+# False keeps the vector form everywhere.
 SCALAR_PAGES = True
 
 
@@ -566,7 +569,7 @@ class GluonPrefillLaunch:
         self._constexprs = dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size,
                                 BLOCK_N=block_n, HEAD_DIM=head_dim, STORE_LSE=store_lse,
                                 LAST_FIRST=last_tiles_first, STAGES=stages,
-                                SCALAR_PAGES=SCALAR_PAGES)
+                                SCALAR_PAGES=SCALAR_PAGES and block_n > self.box)
         self._gl_dtype = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}[q.dtype]
 
     def _desc(self, cache):
