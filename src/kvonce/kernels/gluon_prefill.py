@@ -150,6 +150,10 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
         col = kv_head * HEAD_DIM
         bt_row = block_table + seq.to(gl.int64) * stride_btb
         last_box = gl.maximum(seqlen - 1, 0) // BOX * BOX   # boxes past the end re-read this one
+        # k_empty[s] / v_empty[s] (count 2): both consumer warpgroups' Q Kᵀ (P V) on the slot
+        # has retired; parity ((it // STAGES) & 1) ^ 1: a fresh barrier passes the first round.
+        # K and V slots free apart: K of tile j + STAGES can come while V of tile j is still
+        # being read. k_ready[s], v_ready[s] (count 1): expect + the bytes.
         if SCALAR_PAGES:
             for j in range(n_tiles):
                 s = (it + j) % STAGES
@@ -164,10 +168,6 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                 s = (it + j) % STAGES
                 cur = pages
                 pages = _box_pages(bt_row, j + 1, box, last_box, BLOCK_N, BOX, PAGE_SIZE)
-                # k_empty[s] / v_empty[s] (count 2): both consumer warpgroups' Q Kᵀ (P V) on the
-                # slot has retired; parity ((it // STAGES) & 1) ^ 1: a fresh barrier passes the
-                # first round. K and V slots free apart: K of tile j + STAGES can come while V of
-                # tile j is still being read. k_ready[s], v_ready[s] (count 1): expect + the bytes.
                 phase = (((it + j) // STAGES) & 1) ^ 1
                 _load_tile(k_desc, k_smem.index(s), k_ready.index(s), k_empty.index(s), phase, cur,
                            box, j, col, last_box, BLOCK_N, PAGE_SIZE)

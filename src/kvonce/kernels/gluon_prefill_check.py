@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from triton.experimental.gluon import language as gl
 
+from . import gluon_prefill
 from .gluon_prefill import _gluon_prefill_kernel
 
 
@@ -25,11 +26,13 @@ def _check_signature(dtype: str, head_dim: int, box: int) -> dict:
 
 
 def _check_spec(variant, dtype, head_dim, page_size, group=4, causal=True, block_n=128,
-                stages=3, scalar_pages=True):
+                stages=3, scalar_pages=None):
     # Per tile and consumer warpgroup: S = Q Kᵀ D/16 m64nBLOCK_Nk16, O += P V BLOCK_N/16
     # m64nDk16; each twice in the code (the loop's pair, the first tile's S and the last tile's
     # P V), and two warpgroups.
     hgmma = 4 * (head_dim // 16 + block_n // 16)
+    if scalar_pages is None:   # the launch's rule: scalar page ids where a tile has boxes
+        scalar_pages = gluon_prefill.SCALAR_PAGES and block_n > min(page_size, block_n)
     return (variant, _gluon_prefill_kernel,
             _check_signature(dtype, head_dim, min(page_size, block_n)),
             dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, BLOCK_N=block_n,
