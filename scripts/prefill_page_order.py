@@ -1,11 +1,14 @@
-"""Is a prefill row's page-16 gap the page lookups and boxes, or where the pages lie? The same
-plan on `bench prefill`'s inputs (block table a random permutation of the pool's pages) and on
-a copy with every sequence's pages back to back in sequence order (page p of sequence b at
-``first_page[b] + p``; the same keys, so the outputs must be equal), eager (``do_bench``) and
-CUDA-graph (``do_bench_cudagraph``) medians over alternated rounds, TFLOP/s:
+"""Is a prefill row's page-16 gap the page lookups and boxes, or where the pages lie? Variants
+``PAGE:ORDER[:BOX]`` of `bench prefill`'s inputs: ORDER ``random`` is the bench's block table (a
+random permutation of the pool's pages), ``sequential`` a copy with every sequence's pages back
+to back in order (page p of sequence b at ``first_page[b] + p``: the same keys, so the outputs
+equal the random order's); BOX caps the TMA boxes' rows (``gluon_prefill.BOX_ROWS``, a probe:
+page 256 with 16-row boxes issues page 16's copies and lookups over page 256's layout). All
+variants timed in alternated rounds, eager (``do_bench``) and CUDA-graph
+(``do_bench_cudagraph``) medians, TFLOP/s:
 
-    PYTHONPATH=src python scripts/prefill_page_order.py [--rows prefill] [--pages 16,256]
-        [--rounds 3]
+    PYTHONPATH=src python scripts/prefill_page_order.py [--rows prefill]
+        [--variants 16:random,16:sequential,256:random,256:sequential] [--rounds 3]
 """
 import argparse
 import itertools
@@ -17,6 +20,7 @@ from tabulate import tabulate
 
 import kvonce
 from kvonce.bench.prefill import CASES, make_inputs
+from kvonce.kernels import gluon_prefill
 
 
 def sequential(inp):
@@ -34,38 +38,43 @@ def sequential(inp):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="prefill")
-    ap.add_argument("--pages", default="16,256")
+    ap.add_argument("--variants", default="16:random,16:sequential,256:random,256:sequential")
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     rows = []
     for name in args.rows.split(","):
         case = CASES[name]
-        for page in (int(p) for p in args.pages.split(",")):
-            inp = make_inputs(case, page)
-            k_seq, v_seq, table_seq = sequential(inp)
-            layouts = {"random": (inp.k_cache, inp.v_cache, inp.block_table),
-                       "sequential": (k_seq, v_seq, table_seq)}
-            calls, outs = {}, {}
-            for order, (k, v, table) in layouts.items():
-                a = (inp.q, k, v, inp.cu_seqlens_q, inp.cache_seqlens, table)
-                plan = kvonce.PagedPrefillPlan(*a, max_seqlen_q=max(case.q_lens))
-                outs[order] = plan.run(*a)
-                calls[order] = (lambda plan=plan, a=a: plan.run(*a))
-            equal = torch.equal(outs["random"], outs["sequential"])
-            times = {order: ([], []) for order in calls}
-            for _ in range(args.rounds):
-                for order, fn in calls.items():
-                    times[order][0].append(triton.testing.do_bench(fn, warmup=25, rep=100,
-                                                                   return_mode="median"))
-                    times[order][1].append(triton.testing.do_bench_cudagraph(
-                        fn, rep=100, return_mode="median"))
-            for order in calls:
-                eager, graph = (statistics.median(t) for t in times[order])
-                rows.append([case.label, page, order, f"{case.flops() / eager / 1e9:.1f}",
-                             f"{case.flops() / graph / 1e9:.1f}", equal])
-            print(tabulate(rows[-2:]), flush=True)
-    print(tabulate(rows, headers=["row", "page", "pages", "TFLOP/s eager", "TFLOP/s graphs",
-                                  "outputs equal"]))
+        inputs, calls, outs = {}, {}, {}
+        for variant in args.variants.split(","):
+            page, order, *box = variant.split(":")
+            if page not in inputs:
+                inp = make_inputs(case, int(page))
+                inputs[page] = (inp, sequential(inp))
+            inp, seq = inputs[page]
+            k, v, table = ((inp.k_cache, inp.v_cache, inp.block_table) if order == "random"
+                           else seq)
+            a = (inp.q, k, v, inp.cu_seqlens_q, inp.cache_seqlens, table)
+            gluon_prefill.BOX_ROWS = int(box[0]) if box else None
+            plan = kvonce.PagedPrefillPlan(*a, max_seqlen_q=max(case.q_lens))
+            gluon_prefill.BOX_ROWS = None
+            outs[variant] = plan.run(*a)
+            calls[variant] = (lambda plan=plan, a=a: plan.run(*a))
+        times = {variant: ([], []) for variant in calls}
+        for _ in range(args.rounds):
+            for variant, fn in calls.items():
+                times[variant][0].append(triton.testing.do_bench(fn, warmup=25, rep=100,
+                                                                 return_mode="median"))
+                times[variant][1].append(triton.testing.do_bench_cudagraph(
+                    fn, rep=100, return_mode="median"))
+        for variant in calls:
+            first = next(v for v in calls if v.split(":")[0] == variant.split(":")[0])
+            eager, graph = (statistics.median(t) for t in times[variant])
+            rows.append([case.label, variant, f"{case.flops() / eager / 1e9:.1f}",
+                         f"{case.flops() / graph / 1e9:.1f}",
+                         torch.equal(outs[variant], outs[first])])
+        print(tabulate(rows[-len(calls):]), flush=True)
+    print(tabulate(rows, headers=["row", "page:order[:box]", "TFLOP/s eager", "TFLOP/s graphs",
+                                  "output = the page's first"]))
     print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}")
 
 

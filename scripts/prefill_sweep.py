@@ -9,7 +9,7 @@ for ``int64_kv_offsets``, ``p`` for ``prefetch_pages``, ``t`` for ``tma``, ``h``
 per program (``pack_gqa=False``), ``g`` for the Gluon kernel (``gluon``; block_n and num_stages
 are then also its ``gluon_block_n``, ``gluon_stages``; ``P`` for ``gluon_persistent``; ``S`` for
 the loader's page ids as scalar loads, ``gluon_prefill.SCALAR_PAGES``, set while the plan is
-built). Per row,
+built; ``bN`` for TMA boxes of at most N rows, ``gluon_prefill.BOX_ROWS``, a probe). Per row,
 page size and config: ``PagedPrefillPlan.run`` time (``do_bench`` median, eager; with ``--graph``
 also CUDA-graph replay; with ``--rounds`` the median over rounds of every config in turn),
 TFLOP/s, the relative error against the first config's output and the kernel that ran.
@@ -64,6 +64,8 @@ def main() -> None:
             for spec in args.cfg:
                 try:
                     gluon_prefill.SCALAR_PAGES = "S" in spec.split(",")
+                    gluon_prefill.BOX_ROWS = next((int(x[1:]) for x in spec.split(",")
+                                                   if x.startswith("b")), None)
                     plan = PagedPrefillPlan(*a, max_seqlen_q=max(case.q_lens),
                                             config=_config(spec))
                     out = plan.run(*a).float()

@@ -134,6 +134,28 @@ def test_gluon_prefill_scalar_page_ids(monkeypatch, persistent, page_size, block
 
 
 @hopper_only
+@pytest.mark.parametrize("box_rows", [16, 64])
+def test_gluon_prefill_box_rows_probe(monkeypatch, box_rows):
+    """``BOX_ROWS`` (a probe): boxes of fewer rows than a page (several boxes a page, each its
+    own lookup) give the page-sized boxes' bytes."""
+    q, k, v, cu, seqlens, table = make_case(LENS, nheads=32, nheads_k=8, head_dim=128,
+                                            page_size=256, dtype=torch.bfloat16)
+    _poison_unowned(k, v, seqlens, table)
+    config = dataclasses.replace(GLUON, gluon_block_n=128, gluon_persistent=True)
+    outs = []
+    for rows in (None, box_rows):
+        monkeypatch.setattr(gluon_prefill, "BOX_ROWS", rows)
+        plan = kvonce.PagedPrefillPlan(q, k, v, cu, seqlens, table, max_seqlen_q=max_q(cu),
+                                       causal=True, config=config)
+        with poison_empty:
+            outs.append(plan.run(q, k, v, cu, seqlens, table, return_lse=True))
+        assert _launch_is_gluon(plan)
+        assert all(launch._gluon.box == (rows or 128) for launch in plan._launches.values())
+    (want, want_lse), (out, lse) = outs
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
+@hopper_only
 @pytest.mark.parametrize("nheads,nheads_k,head_dim", [(12, 2, 128), (28, 4, 128), (40, 8, 64)])
 def test_gluon_prefill_padded_groups(nheads, nheads_k, head_dim):
     """Groups that do not divide the 128 rows (6, 7, 5): BLOCK_Q * GROUP rows and padding."""

@@ -501,6 +501,11 @@ CACHED_LAUNCH = True
 # False keeps the vector form everywhere.
 SCALAR_PAGES = True
 
+# A probe (scripts/prefill_page_order.py, prefill_sweep.py's ``bN``): TMA boxes of at most this
+# many rows; None (a page's rows or a tile's) is the kernel. Page 256 with 16-row boxes issues
+# page 16's copies and lookups over page 256's layout.
+BOX_ROWS = None
+
 
 def _pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
@@ -556,7 +561,7 @@ class GluonPrefillLaunch:
         page_size, nheads_k = k_cache.shape[1], k_cache.shape[2]
         batch = block_table.shape[0]
         group = nheads // nheads_k
-        self.box = min(page_size, block_n)
+        self.box = min(page_size, block_n, BOX_ROWS or block_n)
         self.head_dim = head_dim
         self.empty = total_q == 0 or batch == 0
         self._num_tiles = total_q // (BLOCK_M.value // group) + batch   # M tiles per KV head
