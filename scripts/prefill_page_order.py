@@ -1,11 +1,13 @@
 """Is a prefill row's page-16 gap the page lookups and boxes, or where the pages lie? Variants
-``PAGE:ORDER[:BOX]`` of `bench prefill`'s inputs: ORDER ``random`` is the bench's block table (a
-random permutation of the pool's pages), ``sequential`` a copy with every sequence's pages back
-to back in order (page p of sequence b at ``first_page[b] + p``: the same keys, so the outputs
-equal the random order's); BOX caps the TMA boxes' rows (``gluon_prefill.BOX_ROWS``, a probe:
-page 256 with 16-row boxes issues page 16's copies and lookups over page 256's layout). All
-variants timed in alternated rounds, eager (``do_bench``) and CUDA-graph
-(``do_bench_cudagraph``) medians, TFLOP/s:
+``PAGE:ORDER[:OPTION...]`` of `bench prefill`'s inputs: ORDER ``random`` is the bench's block
+table (a random permutation of the pool's pages), ``sequential`` a copy with every sequence's
+pages back to back in order (page p of sequence b at ``first_page[b] + p``: the same keys, so
+the outputs equal the random order's). Options (probes of ``gluon_prefill``): ``bN`` caps the
+TMA boxes at N rows (``BOX_ROWS``: page 256 with ``b16`` issues page 16's copies over page
+256's layout), ``one`` looks a tile's pages up once (``PROBE_TILE_LOOKUP``; right only with
+``sequential``). All variants timed in alternated rounds, eager (``do_bench``) and CUDA-graph
+(``do_bench_cudagraph``) medians, TFLOP/s, and whether each output equals its page size's
+first variant's:
 
     PYTHONPATH=src python scripts/prefill_page_order.py [--rows prefill]
         [--variants 16:random,16:sequential,256:random,256:sequential] [--rounds 3]
@@ -46,7 +48,7 @@ def main() -> None:
         case = CASES[name]
         inputs, calls, outs = {}, {}, {}
         for variant in args.variants.split(","):
-            page, order, *box = variant.split(":")
+            page, order, *options = variant.split(":")
             if page not in inputs:
                 inp = make_inputs(case, int(page))
                 inputs[page] = (inp, sequential(inp))
@@ -54,9 +56,10 @@ def main() -> None:
             k, v, table = ((inp.k_cache, inp.v_cache, inp.block_table) if order == "random"
                            else seq)
             a = (inp.q, k, v, inp.cu_seqlens_q, inp.cache_seqlens, table)
-            gluon_prefill.BOX_ROWS = int(box[0]) if box else None
+            gluon_prefill.BOX_ROWS = next((int(o[1:]) for o in options if o[0] == "b"), None)
+            gluon_prefill.PROBE_TILE_LOOKUP = "one" in options
             plan = kvonce.PagedPrefillPlan(*a, max_seqlen_q=max(case.q_lens))
-            gluon_prefill.BOX_ROWS = None
+            gluon_prefill.BOX_ROWS, gluon_prefill.PROBE_TILE_LOOKUP = None, False
             outs[variant] = plan.run(*a)
             calls[variant] = (lambda plan=plan, a=a: plan.run(*a))
         times = {variant: ([], []) for variant in calls}
@@ -73,7 +76,7 @@ def main() -> None:
                          f"{case.flops() / graph / 1e9:.1f}",
                          torch.equal(outs[variant], outs[first])])
         print(tabulate(rows[-len(calls):]), flush=True)
-    print(tabulate(rows, headers=["row", "page:order[:box]", "TFLOP/s eager", "TFLOP/s graphs",
+    print(tabulate(rows, headers=["row", "page:order[:options]", "TFLOP/s eager", "TFLOP/s graphs",
                                   "output = the page's first"]))
     print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}")
 

@@ -156,6 +156,31 @@ def test_gluon_prefill_box_rows_probe(monkeypatch, box_rows):
 
 
 @hopper_only
+@pytest.mark.parametrize("persistent", [False, True])
+def test_gluon_prefill_tile_lookup_probe(monkeypatch, persistent):
+    """``PROBE_TILE_LOOKUP`` (a probe): one block-table lookup a tile gives the per-box lookups'
+    bytes where each sequence's pages are consecutive, its one precondition."""
+    q, k, v, cu, seqlens, table = make_case(LENS, nheads=32, nheads_k=8, head_dim=128,
+                                            page_size=16, dtype=torch.bfloat16)
+    pages = -(-seqlens.long() // 16)
+    first = torch.cumsum(pages, 0) - pages
+    columns = torch.arange(table.shape[1], device=table.device)
+    table = torch.where(columns < pages[:, None], first[:, None] + columns, 0).to(torch.int32)
+    config = dataclasses.replace(GLUON, gluon_block_n=128, gluon_persistent=persistent)
+    outs = []
+    for probe in (False, True):
+        monkeypatch.setattr(gluon_prefill, "PROBE_TILE_LOOKUP", probe)
+        plan = kvonce.PagedPrefillPlan(q, k, v, cu, seqlens, table, max_seqlen_q=max_q(cu),
+                                       causal=True, config=config)
+        with poison_empty:
+            outs.append(plan.run(q, k, v, cu, seqlens, table, return_lse=True))
+        assert all(launch._gluon._constexprs["TILE_LOOKUP"] == probe
+                   for launch in plan._launches.values())
+    (want, want_lse), (out, lse) = outs
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
+@hopper_only
 @pytest.mark.parametrize("nheads,nheads_k,head_dim", [(12, 2, 128), (28, 4, 128), (40, 8, 64)])
 def test_gluon_prefill_padded_groups(nheads, nheads_k, head_dim):
     """Groups that do not divide the 128 rows (6, 7, 5): BLOCK_Q * GROUP rows and padding."""

@@ -132,7 +132,7 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
           cu_seqlens_q, cache_seqlens, block_table, stride_btb, batch, num_tiles, num_items,
           num_programs, PAGE_SIZE: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
           HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr,
-          SCALAR_PAGES: gl.constexpr):
+          SCALAR_PAGES: gl.constexpr, TILE_LOOKUP: gl.constexpr):
     """The loader warp: every key tile of the CTA's work items, box by box, into the K and V
     rings (``it`` counts the CTA's tiles across items, as the consumers do)."""
     STAGES: gl.constexpr = k_smem.shape[0]
@@ -159,9 +159,11 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                 s = (it + j) % STAGES
                 phase = (((it + j) // STAGES) & 1) ^ 1
                 _load_tile_by_ids(k_desc, k_smem.index(s), k_ready.index(s), k_empty.index(s),
-                                  phase, bt_row, j, col, last_box, BLOCK_N, PAGE_SIZE)
+                                  phase, bt_row, j, col, last_box, BLOCK_N, PAGE_SIZE,
+                                  TILE_LOOKUP)
                 _load_tile_by_ids(v_desc, v_smem.index(s), v_ready.index(s), v_empty.index(s),
-                                  phase, bt_row, j, col, last_box, BLOCK_N, PAGE_SIZE)
+                                  phase, bt_row, j, col, last_box, BLOCK_N, PAGE_SIZE,
+                                  TILE_LOOKUP)
         else:
             pages = _box_pages(bt_row, 0, box, last_box, BLOCK_N, BOX, PAGE_SIZE)
             for j in range(n_tiles):
@@ -191,16 +193,24 @@ def _load_tile(desc, smem, ready, empty, phase, pages, box, j, col, last_box,
 
 @gluon.jit
 def _load_tile_by_ids(desc, smem, ready, empty, phase, bt_row, j, col, last_box,
-                      BLOCK_N: gl.constexpr, PAGE_SIZE: gl.constexpr):
+                      BLOCK_N: gl.constexpr, PAGE_SIZE: gl.constexpr,
+                      TILE_LOOKUP: gl.constexpr = False):
     """``_load_tile`` with each box's page id a warp-uniform scalar load (an L1 hit but for
     a page table line's first touch) instead of a lane's entry of a tile-ahead vector taken
-    out by shuffles."""
+    out by shuffles. ``TILE_LOOKUP`` (a probe, ``PROBE_TILE_LOOKUP``): one lookup a tile, the
+    tile's pages taken as consecutive (right only for such block tables)."""
     BOX: gl.constexpr = desc.block_type.shape[0]
     mbarrier.wait(empty, phase)
     mbarrier.expect(ready, (BLOCK_N // BOX) * desc.block_type.nbytes)
+    if TILE_LOOKUP:
+        first_key = gl.minimum(j * BLOCK_N, last_box)
+        first_row = gl.load(bt_row + first_key // PAGE_SIZE) * PAGE_SIZE - first_key
     for i in gl.static_range(BLOCK_N // BOX):
         key = gl.minimum(j * BLOCK_N + i * BOX, last_box)
-        row = gl.load(bt_row + key // PAGE_SIZE) * PAGE_SIZE + key % PAGE_SIZE
+        if TILE_LOOKUP:
+            row = first_row + key
+        else:
+            row = gl.load(bt_row + key // PAGE_SIZE) * PAGE_SIZE + key % PAGE_SIZE
         tma.async_copy_global_to_shared(desc, [row, col], ready, smem.slice(i * BOX, BOX))
 
 
@@ -437,6 +447,7 @@ def _gluon_prefill_kernel(
     stride_btb, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr, PAGE_SIZE: gl.constexpr,
     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STORE_LSE: gl.constexpr,
     LAST_FIRST: gl.constexpr, STAGES: gl.constexpr, SCALAR_PAGES: gl.constexpr = False,
+    TILE_LOOKUP: gl.constexpr = False,
 ):
     """Grid ``(num_programs,)``: CTA ``p`` runs work items ``p, p + num_programs, ..`` of
     ``num_items = num_tiles * nheads_k`` (``_tile``; ``num_tiles = total_q // BLOCK_Q + batch``
@@ -477,7 +488,7 @@ def _gluon_prefill_kernel(
         (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                  cu_seqlens_q, cache_seqlens, block_table, stride_btb, batch, num_tiles,
                  num_items, num_programs, PAGE_SIZE, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
-                 LAST_FIRST, SCALAR_PAGES)),
+                 LAST_FIRST, SCALAR_PAGES, TILE_LOOKUP)),
     ], [CONSUMER_WARPS, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
 
 
@@ -500,6 +511,11 @@ CACHED_LAUNCH = True
 # scalar form measured even there (prefill +0.7%, +1.4%, chunked -2.1%, mixed +0.5% in graphs).
 # False keeps the vector form everywhere.
 SCALAR_PAGES = True
+
+# A probe (scripts/prefill_page_order.py's ``one``): with scalar page ids, one block-table
+# lookup a tile instead of one a box, the tile's pages taken as consecutive: right only for
+# block tables with consecutive pages (the script's "sequential" order); timing only.
+PROBE_TILE_LOOKUP = False
 
 # A probe (scripts/prefill_page_order.py, prefill_sweep.py's ``bN``): TMA boxes of at most this
 # many rows; None (a page's rows or a tile's) is the kernel. Page 256 with 16-row boxes issues
@@ -574,7 +590,8 @@ class GluonPrefillLaunch:
         self._constexprs = dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size,
                                 BLOCK_N=block_n, HEAD_DIM=head_dim, STORE_LSE=store_lse,
                                 LAST_FIRST=last_tiles_first, STAGES=stages,
-                                SCALAR_PAGES=SCALAR_PAGES and block_n > self.box)
+                                SCALAR_PAGES=SCALAR_PAGES and block_n > self.box,
+                                TILE_LOOKUP=PROBE_TILE_LOOKUP and block_n > self.box)
         self._gl_dtype = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}[q.dtype]
 
     def _desc(self, cache):

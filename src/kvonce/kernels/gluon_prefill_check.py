@@ -20,13 +20,13 @@ def _check_signature(dtype: str, head_dim: int, box: int) -> dict:
                                          "stride_qt", "stride_qh", "stride_ot", "stride_oh",
                                          "stride_lh", "stride_btb")})
     for name in ("GROUP", "IS_CAUSAL", "PAGE_SIZE", "BLOCK_N", "HEAD_DIM", "STORE_LSE",
-                 "LAST_FIRST", "STAGES", "SCALAR_PAGES"):
+                 "LAST_FIRST", "STAGES", "SCALAR_PAGES", "TILE_LOOKUP"):
         sig[name] = "constexpr"
     return sig
 
 
 def _check_spec(variant, dtype, head_dim, page_size, group=4, causal=True, block_n=128,
-                stages=3, scalar_pages=None):
+                stages=3, scalar_pages=None, tile_lookup=False):
     # Per tile and consumer warpgroup: S = Q Kᵀ D/16 m64nBLOCK_Nk16, O += P V BLOCK_N/16
     # m64nDk16; each twice in the code (the loop's pair, the first tile's S and the last tile's
     # P V), and two warpgroups.
@@ -37,7 +37,7 @@ def _check_spec(variant, dtype, head_dim, page_size, group=4, causal=True, block
             _check_signature(dtype, head_dim, min(page_size, block_n)),
             dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, BLOCK_N=block_n,
                  HEAD_DIM=head_dim, STORE_LSE=True, LAST_FIRST=True, STAGES=stages,
-                 SCALAR_PAGES=scalar_pages),
+                 SCALAR_PAGES=scalar_pages, TILE_LOOKUP=tile_lookup),
             dict(num_warps=4), dict(HGMMA=hgmma))
 
 
@@ -51,4 +51,6 @@ GLUON_CHECK_SPECS = [
     # the loader's page ids as a tile-ahead vector (``SCALAR_PAGES`` False)
     _check_spec("d128-bf16-page16-gqa4-causal-vectorpages", "bf16", 128, 16,
                 scalar_pages=False),
+    # the probe of one block-table lookup a tile (``PROBE_TILE_LOOKUP``)
+    _check_spec("d128-bf16-page16-gqa4-causal-tilelookup", "bf16", 128, 16, tile_lookup=True),
 ]
