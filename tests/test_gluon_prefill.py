@@ -109,28 +109,38 @@ def test_gluon_prefill_persistent(causal, nheads, nheads_k, head_dim, page_size,
     check_lse(lse, ref_lse)
 
 
+def _same_bytes_under(monkeypatch, knob, values, case, config, launch_shows):
+    """Run ``case`` (make_case's tuple) with ``gluon_prefill.<knob>`` set to each of ``values``
+    in turn; each plan's Gluon launches must pass ``launch_shows(launch, value)`` and every run
+    must give the first one's output and lse bytes."""
+    q, k, v, cu, seqlens, table = case
+    outs = []
+    for value in values:
+        monkeypatch.setattr(gluon_prefill, knob, value)
+        plan = kvonce.PagedPrefillPlan(q, k, v, cu, seqlens, table, max_seqlen_q=max_q(cu),
+                                       causal=True, config=config)
+        with poison_empty:
+            outs.append(plan.run(q, k, v, cu, seqlens, table, return_lse=True))
+        assert _launch_is_gluon(plan)
+        assert all(launch_shows(launch._gluon, value) for launch in plan._launches.values())
+    (want, want_lse), *rest = outs
+    for out, lse in rest:
+        assert torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
 @hopper_only
 @pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize("page_size,block_n", [(16, 128), (32, 64), (128, 128), (256, 128)])
 def test_gluon_prefill_scalar_page_ids(monkeypatch, persistent, page_size, block_n):
     """``SCALAR_PAGES``: the loader's page ids as scalar loads (tiles of several boxes) give the
     tile-ahead vector form's bytes; tiles of one box keep the vector form."""
-    q, k, v, cu, seqlens, table = make_case(LENS, nheads=32, nheads_k=8, head_dim=128,
-                                            page_size=page_size, dtype=torch.bfloat16)
+    case = q, k, v, cu, seqlens, table = make_case(LENS, nheads=32, nheads_k=8, head_dim=128,
+                                                   page_size=page_size, dtype=torch.bfloat16)
     _poison_unowned(k, v, seqlens, table)
     config = dataclasses.replace(GLUON, gluon_block_n=block_n, gluon_persistent=persistent)
-    outs = []
-    for scalar in (False, True):
-        monkeypatch.setattr(gluon_prefill, "SCALAR_PAGES", scalar)
-        plan = kvonce.PagedPrefillPlan(q, k, v, cu, seqlens, table, max_seqlen_q=max_q(cu),
-                                       causal=True, config=config)
-        with poison_empty:
-            outs.append(plan.run(q, k, v, cu, seqlens, table, return_lse=True))
-        assert _launch_is_gluon(plan)
-        assert all(launch._gluon._constexprs["SCALAR_PAGES"] == (scalar and page_size < block_n)
-                   for launch in plan._launches.values())
-    (want, want_lse), (out, lse) = outs
-    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    _same_bytes_under(monkeypatch, "SCALAR_PAGES", (False, True), case, config,
+                      lambda launch, scalar: launch._constexprs["SCALAR_PAGES"]
+                      == (scalar and page_size < block_n))
 
 
 @hopper_only
@@ -138,21 +148,12 @@ def test_gluon_prefill_scalar_page_ids(monkeypatch, persistent, page_size, block
 def test_gluon_prefill_box_rows_probe(monkeypatch, box_rows):
     """``BOX_ROWS`` (a probe): boxes of fewer rows than a page (several boxes a page, each its
     own lookup) give the page-sized boxes' bytes."""
-    q, k, v, cu, seqlens, table = make_case(LENS, nheads=32, nheads_k=8, head_dim=128,
-                                            page_size=256, dtype=torch.bfloat16)
+    case = q, k, v, cu, seqlens, table = make_case(LENS, nheads=32, nheads_k=8, head_dim=128,
+                                                   page_size=256, dtype=torch.bfloat16)
     _poison_unowned(k, v, seqlens, table)
     config = dataclasses.replace(GLUON, gluon_block_n=128, gluon_persistent=True)
-    outs = []
-    for rows in (None, box_rows):
-        monkeypatch.setattr(gluon_prefill, "BOX_ROWS", rows)
-        plan = kvonce.PagedPrefillPlan(q, k, v, cu, seqlens, table, max_seqlen_q=max_q(cu),
-                                       causal=True, config=config)
-        with poison_empty:
-            outs.append(plan.run(q, k, v, cu, seqlens, table, return_lse=True))
-        assert _launch_is_gluon(plan)
-        assert all(launch._gluon.box == (rows or 128) for launch in plan._launches.values())
-    (want, want_lse), (out, lse) = outs
-    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    _same_bytes_under(monkeypatch, "BOX_ROWS", (None, box_rows), case, config,
+                      lambda launch, rows: launch.box == (rows or 128))
 
 
 @hopper_only
@@ -167,17 +168,9 @@ def test_gluon_prefill_tile_lookup_probe(monkeypatch, persistent):
     columns = torch.arange(table.shape[1], device=table.device)
     table = torch.where(columns < pages[:, None], first[:, None] + columns, 0).to(torch.int32)
     config = dataclasses.replace(GLUON, gluon_block_n=128, gluon_persistent=persistent)
-    outs = []
-    for probe in (False, True):
-        monkeypatch.setattr(gluon_prefill, "PROBE_TILE_LOOKUP", probe)
-        plan = kvonce.PagedPrefillPlan(q, k, v, cu, seqlens, table, max_seqlen_q=max_q(cu),
-                                       causal=True, config=config)
-        with poison_empty:
-            outs.append(plan.run(q, k, v, cu, seqlens, table, return_lse=True))
-        assert all(launch._gluon._constexprs["TILE_LOOKUP"] == probe
-                   for launch in plan._launches.values())
-    (want, want_lse), (out, lse) = outs
-    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    _same_bytes_under(monkeypatch, "PROBE_TILE_LOOKUP", (False, True),
+                      (q, k, v, cu, seqlens, table), config,
+                      lambda launch, probe: launch._constexprs["TILE_LOOKUP"] == probe)
 
 
 @hopper_only
