@@ -619,7 +619,9 @@ class GluonPrefillLaunch:
         ints = tuple(a for a in args[9:])
         aligned = alignment_key(q, k_cache, v_cache, out, lse_arg, cu_seqlens_q, cache_seqlens,
                               block_table)
-        launch(_gluon_prefill_kernel, ("gluon-prefill", q.dtype, ints,
+        # The box is in the key: the descriptors' block shape is a specialization, and with
+        # BOX_ROWS it no longer follows from PAGE_SIZE and BLOCK_N.
+        launch(_gluon_prefill_kernel, ("gluon-prefill", q.dtype, self.box, ints,
                                        tuple(self._constexprs.values()), aligned),
                (*grid, 1, 1), args, self._constexprs, CONSUMER_WARPS.value, 1,
                q.device.index)
