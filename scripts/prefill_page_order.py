@@ -5,9 +5,15 @@ pages back to back in order (page p of sequence b at ``first_page[b] + p``: the 
 the outputs equal the random order's). Options (probes of ``gluon_prefill``): ``bN`` caps the
 TMA boxes at N rows (``BOX_ROWS``: page 256 with ``b16`` issues page 16's copies over page
 256's layout), ``one`` looks a tile's pages up once (``PROBE_TILE_LOOKUP``; right only with
-``sequential``). All variants timed in alternated rounds, eager (``do_bench``) and CUDA-graph
-(``do_bench_cudagraph``) medians, TFLOP/s, and whether each output equals its page size's
-first variant's:
+``sequential``), ``first`` once a sequence (its first page's id, the others taken as
+following it; right only with ``sequential``), ``rt`` takes the page size as a kernel
+argument (``PROBE_RUNTIME_PAGE``: one binary for a box size's every page size), ``sN`` lays
+the block table's rows N entries apart (Triton specializes an int argument divisible by 16:
+``stride_btb``), ``ofP`` takes page size P's inputs (of that order) regrouped into pages of
+PAGE rows over the same memory (``16:sequential:of256``: page 256's bytes, addresses and
+keys, looked up as page 16). All variants timed in alternated rounds, eager (``do_bench``)
+and CUDA-graph (``do_bench_cudagraph``) medians, TFLOP/s, and whether each output equals the
+first output of the same keys:
 
     PYTHONPATH=src python scripts/prefill_page_order.py [--rows prefill]
         [--variants 16:random,16:sequential,256:random,256:sequential] [--rounds 3]
@@ -37,6 +43,25 @@ def sequential(inp):
     return k, v, table
 
 
+def _data(variant):
+    """Whose keys a variant reads: its page size's, or ``ofP``'s."""
+    page, _, *options = variant.split(":")
+    return next((o[2:] for o in options if o.startswith("of")), page)
+
+
+def _caches(inp):
+    return inp.k_cache, inp.v_cache, inp.block_table
+
+
+def regroup(k, v, table, page_size):
+    """Caches and block table of one page size as ``page_size``-row pages over the same memory
+    (``page_size`` divides the pages): the same keys at the same addresses."""
+    ratio = k.shape[1] // page_size
+    sub = torch.arange(ratio, dtype=table.dtype, device=table.device)
+    table = (table[:, :, None] * ratio + sub).flatten(1)
+    return (k.view(-1, page_size, *k.shape[2:]), v.view(-1, page_size, *v.shape[2:]), table)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="prefill")
@@ -55,11 +80,26 @@ def main() -> None:
             inp, seq = inputs[page]
             k, v, table = ((inp.k_cache, inp.v_cache, inp.block_table) if order == "random"
                            else seq)
+            source = next((o[2:] for o in options if o.startswith("of")), None)
+            if source is not None:   # the same bytes at the same addresses as page `source`'s
+                if source not in inputs:
+                    src = make_inputs(case, int(source))
+                    inputs[source] = (src, sequential(src))
+                k, v, table = regroup(*(inputs[source][1] if order == "sequential"
+                                        else _caches(inputs[source][0])), int(page))
+            stride = next((int(o[1:]) for o in options if o[0] == "s"), None)
+            if stride is not None:   # the same table, its rows ``stride`` entries apart
+                wide = table.new_zeros(table.shape[0], stride)
+                wide[:, :table.shape[1]] = table
+                table = wide[:, :table.shape[1]]
             a = (inp.q, k, v, inp.cu_seqlens_q, inp.cache_seqlens, table)
             gluon_prefill.BOX_ROWS = next((int(o[1:]) for o in options if o[0] == "b"), None)
-            gluon_prefill.PROBE_TILE_LOOKUP = "one" in options
+            gluon_prefill.PROBE_TILE_LOOKUP = ("sequence" if "first" in options
+                                               else "one" in options)
+            gluon_prefill.PROBE_RUNTIME_PAGE = "rt" in options
             plan = kvonce.PagedPrefillPlan(*a, max_seqlen_q=max(case.q_lens))
             gluon_prefill.BOX_ROWS, gluon_prefill.PROBE_TILE_LOOKUP = None, False
+            gluon_prefill.PROBE_RUNTIME_PAGE = False
             outs[variant] = plan.run(*a)
             calls[variant] = (lambda plan=plan, a=a: plan.run(*a))
         times = {variant: ([], []) for variant in calls}
@@ -70,14 +110,14 @@ def main() -> None:
                 times[variant][1].append(triton.testing.do_bench_cudagraph(
                     fn, rep=100, return_mode="median"))
         for variant in calls:
-            first = next(v for v in calls if v.split(":")[0] == variant.split(":")[0])
+            first = next(v for v in calls if _data(v) == _data(variant))
             eager, graph = (statistics.median(t) for t in times[variant])
             rows.append([case.label, variant, f"{case.flops() / eager / 1e9:.1f}",
                          f"{case.flops() / graph / 1e9:.1f}",
                          torch.equal(outs[variant], outs[first])])
         print(tabulate(rows[-len(calls):]), flush=True)
     print(tabulate(rows, headers=["row", "page:order[:options]", "TFLOP/s eager", "TFLOP/s graphs",
-                                  "output = the page's first"]))
+                                  "output = its keys' first"]))
     print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}")
 
 

@@ -159,8 +159,9 @@ def test_gluon_prefill_box_rows_probe(monkeypatch, box_rows):
 @hopper_only
 @pytest.mark.parametrize("persistent", [False, True])
 def test_gluon_prefill_tile_lookup_probe(monkeypatch, persistent):
-    """``PROBE_TILE_LOOKUP`` (a probe): one block-table lookup a tile gives the per-box lookups'
-    bytes where each sequence's pages are consecutive, its one precondition."""
+    """``PROBE_TILE_LOOKUP`` (a probe): one block-table lookup a tile (True) or a sequence
+    ("sequence") gives the per-box lookups' bytes where each sequence's pages are consecutive,
+    its one precondition."""
     q, k, v, cu, seqlens, table = make_case(LENS, nheads=32, nheads_k=8, head_dim=128,
                                             page_size=16, dtype=torch.bfloat16)
     pages = -(-seqlens.long() // 16)
@@ -168,9 +169,25 @@ def test_gluon_prefill_tile_lookup_probe(monkeypatch, persistent):
     columns = torch.arange(table.shape[1], device=table.device)
     table = torch.where(columns < pages[:, None], first[:, None] + columns, 0).to(torch.int32)
     config = dataclasses.replace(GLUON, gluon_block_n=128, gluon_persistent=persistent)
-    _same_bytes_under(monkeypatch, "PROBE_TILE_LOOKUP", (False, True),
+    _same_bytes_under(monkeypatch, "PROBE_TILE_LOOKUP", (False, True, "sequence"),
                       (q, k, v, cu, seqlens, table), config,
-                      lambda launch, probe: launch._constexprs["TILE_LOOKUP"] == probe)
+                      lambda launch, probe: launch._constexprs["TILE_LOOKUP"]
+                      == {False: 0, True: 1, "sequence": 2}[probe])
+
+
+@hopper_only
+@pytest.mark.parametrize("page_size", [16, 64, 256])
+def test_gluon_prefill_runtime_page_probe(monkeypatch, page_size):
+    """``PROBE_RUNTIME_PAGE`` (a probe): the page size as a kernel argument (``PAGE_SIZE`` 0)
+    gives the constant's bytes, pages in random order."""
+    case = q, k, v, cu, seqlens, table = make_case(LENS, nheads=32, nheads_k=8, head_dim=128,
+                                                   page_size=page_size, dtype=torch.bfloat16)
+    _poison_unowned(k, v, seqlens, table)
+    monkeypatch.setattr(gluon_prefill, "BOX_ROWS", 16)   # several boxes a page at page 256
+    config = dataclasses.replace(GLUON, gluon_block_n=128, gluon_persistent=True)
+    _same_bytes_under(monkeypatch, "PROBE_RUNTIME_PAGE", (False, True), case, config,
+                      lambda launch, probe: launch._constexprs["PAGE_SIZE"]
+                      == (0 if probe else page_size))
 
 
 @hopper_only

@@ -129,10 +129,10 @@ def _tile(item, cu_seqlens_q, cache_seqlens, batch, num_tiles, BLOCK_Q: gl.const
 
 @gluon.jit
 def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-          cu_seqlens_q, cache_seqlens, block_table, stride_btb, batch, num_tiles, num_items,
-          num_programs, PAGE_SIZE: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
-          HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr,
-          SCALAR_PAGES: gl.constexpr, TILE_LOOKUP: gl.constexpr):
+          cu_seqlens_q, cache_seqlens, block_table, stride_btb, page_shift, batch, num_tiles,
+          num_items, num_programs, PAGE_SIZE: gl.constexpr, BLOCK_Q: gl.constexpr,
+          BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr,
+          LAST_FIRST: gl.constexpr, SCALAR_PAGES: gl.constexpr, TILE_LOOKUP: gl.constexpr):
     """The loader warp: every key tile of the CTA's work items, box by box, into the K and V
     rings (``it`` counts the CTA's tiles across items, as the consumers do)."""
     STAGES: gl.constexpr = k_smem.shape[0]
@@ -159,11 +159,11 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                 s = (it + j) % STAGES
                 phase = (((it + j) // STAGES) & 1) ^ 1
                 _load_tile_by_ids(k_desc, k_smem.index(s), k_ready.index(s), k_empty.index(s),
-                                  phase, bt_row, j, col, last_box, BLOCK_N, PAGE_SIZE,
-                                  TILE_LOOKUP)
+                                  phase, bt_row, j, col, last_box, page_shift, BLOCK_N,
+                                  PAGE_SIZE, TILE_LOOKUP)
                 _load_tile_by_ids(v_desc, v_smem.index(s), v_ready.index(s), v_empty.index(s),
-                                  phase, bt_row, j, col, last_box, BLOCK_N, PAGE_SIZE,
-                                  TILE_LOOKUP)
+                                  phase, bt_row, j, col, last_box, page_shift, BLOCK_N,
+                                  PAGE_SIZE, TILE_LOOKUP)
         else:
             pages = _box_pages(bt_row, 0, box, last_box, BLOCK_N, BOX, PAGE_SIZE)
             for j in range(n_tiles):
@@ -192,23 +192,29 @@ def _load_tile(desc, smem, ready, empty, phase, pages, box, j, col, last_box,
 
 
 @gluon.jit
-def _load_tile_by_ids(desc, smem, ready, empty, phase, bt_row, j, col, last_box,
+def _load_tile_by_ids(desc, smem, ready, empty, phase, bt_row, j, col, last_box, page_shift,
                       BLOCK_N: gl.constexpr, PAGE_SIZE: gl.constexpr,
                       TILE_LOOKUP: gl.constexpr = False):
     """``_load_tile`` with each box's page id a warp-uniform scalar load (an L1 hit but for
     a page table line's first touch) instead of a lane's entry of a tile-ahead vector taken
-    out by shuffles. ``TILE_LOOKUP`` (a probe, ``PROBE_TILE_LOOKUP``): one lookup a tile, the
-    tile's pages taken as consecutive (right only for such block tables)."""
+    out by shuffles. ``TILE_LOOKUP`` (a probe, ``PROBE_TILE_LOOKUP``): 1, one lookup a tile,
+    the tile's pages taken as consecutive; 2, one lookup a sequence (its first page's), all its
+    pages taken as consecutive (right only for such block tables)."""
     BOX: gl.constexpr = desc.block_type.shape[0]
     mbarrier.wait(empty, phase)
     mbarrier.expect(ready, (BLOCK_N // BOX) * desc.block_type.nbytes)
-    if TILE_LOOKUP:
+    if TILE_LOOKUP == 2:
+        first_row = gl.load(bt_row) * PAGE_SIZE
+    elif TILE_LOOKUP == 1:
         first_key = gl.minimum(j * BLOCK_N, last_box)
         first_row = gl.load(bt_row + first_key // PAGE_SIZE) * PAGE_SIZE - first_key
     for i in gl.static_range(BLOCK_N // BOX):
         key = gl.minimum(j * BLOCK_N + i * BOX, last_box)
         if TILE_LOOKUP:
             row = first_row + key
+        elif PAGE_SIZE == 0:   # the probe PROBE_RUNTIME_PAGE: the page size 1 << page_shift
+            row = ((gl.load(bt_row + (key >> page_shift)) << page_shift)
+                   + (key & ((1 << page_shift) - 1)))
         else:
             row = gl.load(bt_row + key // PAGE_SIZE) * PAGE_SIZE + key % PAGE_SIZE
         tma.async_copy_global_to_shared(desc, [row, col], ready, smem.slice(i * BOX, BOX))
@@ -444,10 +450,10 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
 def _gluon_prefill_kernel(
     Q, k_desc, v_desc, Out, Lse, cu_seqlens_q, cache_seqlens, block_table, sm_scale, batch,
     num_tiles, num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh, stride_lh,
-    stride_btb, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr, PAGE_SIZE: gl.constexpr,
-    BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STORE_LSE: gl.constexpr,
-    LAST_FIRST: gl.constexpr, STAGES: gl.constexpr, SCALAR_PAGES: gl.constexpr = False,
-    TILE_LOOKUP: gl.constexpr = False,
+    stride_btb, page_shift, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr,
+    PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+    STORE_LSE: gl.constexpr, LAST_FIRST: gl.constexpr, STAGES: gl.constexpr,
+    SCALAR_PAGES: gl.constexpr = False, TILE_LOOKUP: gl.constexpr = False,
 ):
     """Grid ``(num_programs,)``: CTA ``p`` runs work items ``p, p + num_programs, ..`` of
     ``num_items = num_tiles * nheads_k`` (``_tile``; ``num_tiles = total_q // BLOCK_Q + batch``
@@ -457,7 +463,8 @@ def _gluon_prefill_kernel(
     as ``[num_pages * PAGE_SIZE, nheads_k * HEAD_DIM]``, block ``[min(PAGE_SIZE, BLOCK_N),
     HEAD_DIM]``; Lse float32 ``[nheads, total_q]``-strided (any pointer without STORE_LSE);
     cu_seqlens_q int32 ``[batch + 1]``, cache_seqlens int32 ``[batch]``, block_table int32
-    ``[batch, max_pages]``."""
+    ``[batch, max_pages]``; ``page_shift``: log2 of the page size, read only where PAGE_SIZE is
+    0 (the probe ``PROBE_RUNTIME_PAGE``)."""
     BLOCK_Q: gl.constexpr = BLOCK_M // GROUP
     dtype: gl.constexpr = k_desc.dtype
     Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_DIM], dtype)
@@ -486,9 +493,9 @@ def _gluon_prefill_kernel(
                     num_programs, stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, GROUP,
                     BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST, STORE_LSE, 1)),
         (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                 cu_seqlens_q, cache_seqlens, block_table, stride_btb, batch, num_tiles,
-                 num_items, num_programs, PAGE_SIZE, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
-                 LAST_FIRST, SCALAR_PAGES, TILE_LOOKUP)),
+                 cu_seqlens_q, cache_seqlens, block_table, stride_btb, page_shift, batch,
+                 num_tiles, num_items, num_programs, PAGE_SIZE, BLOCK_Q, BLOCK_N, HEAD_DIM,
+                 IS_CAUSAL, LAST_FIRST, SCALAR_PAGES, TILE_LOOKUP)),
     ], [CONSUMER_WARPS, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
 
 
@@ -512,10 +519,16 @@ CACHED_LAUNCH = True
 # False keeps the vector form everywhere.
 SCALAR_PAGES = True
 
-# A probe (scripts/prefill_page_order.py's ``one``): with scalar page ids, one block-table
-# lookup a tile instead of one a box, the tile's pages taken as consecutive: right only for
-# block tables with consecutive pages (the script's "sequential" order); timing only.
+# A probe (scripts/prefill_page_order.py's ``one``, ``first``): with scalar page ids, one
+# block-table lookup a tile instead of one a box (True), or one a sequence ("sequence"), the pages
+# taken as consecutive: right only for block tables with consecutive pages (the script's
+# "sequential" order); timing only.
 PROBE_TILE_LOOKUP = False
+
+# A probe (scripts/prefill_page_order.py's ``rt``): the page size a kernel argument (PAGE_SIZE 0,
+# ``page_shift``) instead of a constant, where page ids are scalar loads a box: one binary for
+# every page size of a box size (page 16 and page 256 with 16-row boxes run the same kernel).
+PROBE_RUNTIME_PAGE = False
 
 # A probe (scripts/prefill_page_order.py, prefill_sweep.py's ``bN``): TMA boxes of at most this
 # many rows; None (a page's rows or a tile's) is the kernel. Page 256 with 16-row boxes issues
@@ -591,7 +604,12 @@ class GluonPrefillLaunch:
                                 BLOCK_N=block_n, HEAD_DIM=head_dim, STORE_LSE=store_lse,
                                 LAST_FIRST=last_tiles_first, STAGES=stages,
                                 SCALAR_PAGES=SCALAR_PAGES and block_n > self.box,
-                                TILE_LOOKUP=PROBE_TILE_LOOKUP and block_n > self.box)
+                                TILE_LOOKUP=({False: 0, True: 1, "sequence": 2}[
+                                    PROBE_TILE_LOOKUP] if block_n > self.box else 0))
+        self._page_shift = page_size.bit_length() - 1
+        if (PROBE_RUNTIME_PAGE and self._constexprs["SCALAR_PAGES"]
+                and not self._constexprs["TILE_LOOKUP"]):
+            self._constexprs["PAGE_SIZE"] = 0
         self._gl_dtype = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}[q.dtype]
 
     def _desc(self, cache):
@@ -610,7 +628,7 @@ class GluonPrefillLaunch:
         args = (q, self._desc(k_cache), self._desc(v_cache), out, lse_arg, cu_seqlens_q,
                 cache_seqlens, block_table, self._scale, self._batch, self._num_tiles,
                 self._num_items, self._num_programs, q.stride(0), q.stride(1), out.stride(0),
-                out.stride(1), stride_lh, block_table.stride(0))
+                out.stride(1), stride_lh, block_table.stride(0), self._page_shift)
         grid = (self._num_programs, )
         if not CACHED_LAUNCH:
             _gluon_prefill_kernel[grid](*args, **self._constexprs,

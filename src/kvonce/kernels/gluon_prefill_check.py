@@ -18,7 +18,7 @@ def _check_signature(dtype: str, head_dim: int, box: int) -> dict:
                sm_scale="fp32")
     sig.update({name: "i32" for name in ("batch", "num_tiles", "num_items", "num_programs",
                                          "stride_qt", "stride_qh", "stride_ot", "stride_oh",
-                                         "stride_lh", "stride_btb")})
+                                         "stride_lh", "stride_btb", "page_shift")})
     for name in ("GROUP", "IS_CAUSAL", "PAGE_SIZE", "BLOCK_N", "HEAD_DIM", "STORE_LSE",
                  "LAST_FIRST", "STAGES", "SCALAR_PAGES", "TILE_LOOKUP"):
         sig[name] = "constexpr"
@@ -26,15 +26,15 @@ def _check_signature(dtype: str, head_dim: int, box: int) -> dict:
 
 
 def _check_spec(variant, dtype, head_dim, page_size, group=4, causal=True, block_n=128,
-                stages=3, scalar_pages=None, tile_lookup=False):
+                stages=3, scalar_pages=None, tile_lookup=False, box=None):
     # Per tile and consumer warpgroup: S = Q Kᵀ D/16 m64nBLOCK_Nk16, O += P V BLOCK_N/16
     # m64nDk16; each twice in the code (the loop's pair, the first tile's S and the last tile's
     # P V), and two warpgroups.
     hgmma = 4 * (head_dim // 16 + block_n // 16)
+    box = box or min(page_size, block_n)
     if scalar_pages is None:   # the launch's rule: scalar page ids where a tile has boxes
-        scalar_pages = gluon_prefill.SCALAR_PAGES and block_n > min(page_size, block_n)
-    return (variant, _gluon_prefill_kernel,
-            _check_signature(dtype, head_dim, min(page_size, block_n)),
+        scalar_pages = gluon_prefill.SCALAR_PAGES and block_n > box
+    return (variant, _gluon_prefill_kernel, _check_signature(dtype, head_dim, box),
             dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, BLOCK_N=block_n,
                  HEAD_DIM=head_dim, STORE_LSE=True, LAST_FIRST=True, STAGES=stages,
                  SCALAR_PAGES=scalar_pages, TILE_LOOKUP=tile_lookup),
@@ -53,4 +53,6 @@ GLUON_CHECK_SPECS = [
                 scalar_pages=False),
     # the probe of one block-table lookup a tile (``PROBE_TILE_LOOKUP``)
     _check_spec("d128-bf16-page16-gqa4-causal-tilelookup", "bf16", 128, 16, tile_lookup=True),
+    # the probe of the page size as an argument (``PROBE_RUNTIME_PAGE``: PAGE_SIZE 0), 16-row boxes
+    _check_spec("d128-bf16-runtimepage-box16-gqa4-causal", "bf16", 128, 0, box=16),
 ]
