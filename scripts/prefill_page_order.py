@@ -10,10 +10,10 @@ following it; right only with ``sequential``), ``rt`` takes the page size as a k
 argument (``PROBE_RUNTIME_PAGE``: one binary for a box size's every page size), ``sN`` lays
 the block table's rows N entries apart (Triton specializes an int argument divisible by 16:
 ``stride_btb``), ``ofP`` takes page size P's inputs (of that order) regrouped into pages of
-PAGE rows over the same memory (``16:sequential:of256``: page 256's bytes, addresses and
-keys, looked up as page 16). All variants timed in alternated rounds, eager (``do_bench``)
-and CUDA-graph (``do_bench_cudagraph``) medians, TFLOP/s, and whether each output equals the
-first output of the same keys:
+PAGE rows over the same memory (``16:sequential:of256``: page 256's bytes, addresses, keys,
+queries and lengths, looked up as page 16: only the block table differs). All variants
+timed in alternated rounds, eager (``do_bench``) and CUDA-graph (``do_bench_cudagraph``)
+medians, TFLOP/s, and whether each output equals the first output of the same keys:
 
     PYTHONPATH=src python scripts/prefill_page_order.py [--rows prefill]
         [--variants 16:random,16:sequential,256:random,256:sequential] [--rounds 3]
@@ -87,6 +87,7 @@ def main() -> None:
                     inputs[source] = (src, sequential(src))
                 k, v, table = regroup(*(inputs[source][1] if order == "sequential"
                                         else _caches(inputs[source][0])), int(page))
+                inp = inputs[source][0]   # its queries and lengths too: only the table differs
             stride = next((int(o[1:]) for o in options if o[0] == "s"), None)
             if stride is not None:   # the same table, its rows ``stride`` entries apart
                 wide = table.new_zeros(table.shape[0], stride)
