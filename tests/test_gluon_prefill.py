@@ -191,6 +191,27 @@ def test_gluon_prefill_runtime_page_probe(monkeypatch, page_size):
 
 
 @hopper_only
+def test_gluon_prefill_trace_probe(monkeypatch):
+    """``PROBE_TRACE`` (a probe, scripts/prefill_item_trace.py): the traced kernel gives the
+    untraced bytes, and every item a consumer warpgroup ran left its steps' clocks in order and
+    its key tiles."""
+    case = q, k, v, cu, seqlens, table = make_case(LENS, nheads=32, nheads_k=8, head_dim=128,
+                                                   page_size=16, dtype=torch.bfloat16)
+    _poison_unowned(k, v, seqlens, table)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    trace = torch.full((sms, gluon_prefill.TRACE_ROUNDS.value, 2,
+                        gluon_prefill.TRACE_EVENTS.value), -1, dtype=torch.int64,
+                       device=q.device)
+    config = dataclasses.replace(GLUON, gluon_block_n=128, gluon_persistent=True)
+    _same_bytes_under(monkeypatch, "PROBE_TRACE", (None, trace), case, config,
+                      lambda launch, buf: launch._constexprs["TRACE"] == (buf is not None))
+    stamps = trace[trace[..., 0] >= 0]            # [items run x 2 warpgroups, events]
+    assert stamps.shape[0] > 0
+    assert bool((stamps[:, 1:6] >= stamps[:, 0:5]).all())
+    assert bool((stamps[:, 6] >= 1).all())        # an item that runs has a key tile
+
+
+@hopper_only
 @pytest.mark.parametrize("nheads,nheads_k,head_dim", [(12, 2, 128), (28, 4, 128), (40, 8, 64)])
 def test_gluon_prefill_padded_groups(nheads, nheads_k, head_dim):
     """Groups that do not divide the 128 rows (6, 7, 5): BLOCK_Q * GROUP rows and padding."""

@@ -279,13 +279,26 @@ def _softmax_tile(sc, m_i, l_i, start, full, seqlen, last_key, qk_scale, BLOCK_N
     return p, alpha, m_new, l_i * alpha + gl.reduce(p, 1, _add)
 
 
+TRACE_ROUNDS = gl.constexpr(128)   # items a CTA's trace holds (``PROBE_TRACE``)
+TRACE_EVENTS = gl.constexpr(8)
+
+
+@gluon.jit
+def _stamp(tp, event: gl.constexpr, TRACE: gl.constexpr):
+    """With ``TRACE``: the SM's clock (``%clock64``) into ``tp[event]``."""
+    if TRACE:
+        t = gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64,
+                                      is_pure=False, pack=1)
+        gl.store(tp + event, t)
+
+
 @gluon.jit
 def _consume(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
              cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles, num_items, num_programs,
-             stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, GROUP: gl.constexpr,
+             stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, trace, GROUP: gl.constexpr,
              BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
              IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr, STORE_LSE: gl.constexpr,
-             PART: gl.constexpr):
+             TRACE: gl.constexpr, PART: gl.constexpr):
     """Consumer warpgroup ``PART``: packed rows ``[64 PART, 64 PART + 64)`` of each of the
     CTA's work items against its keys ``[0, hi)`` (``it`` counts the CTA's key tiles across
     items, as the loader does). The next item's tile and Q rows are looked up while this one's
@@ -296,16 +309,19 @@ def _consume(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
     kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, q = _next_item(
         Q, cu_seqlens_q, cache_seqlens, batch, num_tiles, item, True, stride_qt, stride_qh,
         GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST, PART)
+    rnd = 0   # the CTA's items so far (the trace's row)
     while item < num_items:
         nxt = item + num_programs
         if tok0 < q_len:   # else a surplus item (or an empty sequence's slot): no key tiles
             it_next = it + (hi + BLOCK_N - 1) // BLOCK_N
+            tp = trace + ((gl.program_id(0) * TRACE_ROUNDS + gl.minimum(rnd, TRACE_ROUNDS - 1))
+                          * 2 + PART) * TRACE_EVENTS
             kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, q = _consume_item(
                 Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it,
                 kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, sm_scale, stride_qt,
                 stride_qh, stride_ot, stride_oh, stride_lh, cu_seqlens_q, cache_seqlens, batch,
-                num_tiles, nxt, nxt < num_items, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
-                LAST_FIRST, STORE_LSE, PART)
+                num_tiles, nxt, nxt < num_items, tp, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM,
+                IS_CAUSAL, LAST_FIRST, STORE_LSE, TRACE, PART)
             it = it_next
         else:
             kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, q = _next_item(
@@ -313,6 +329,7 @@ def _consume(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
                 stride_qt, stride_qh, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST,
                 PART)
         item = nxt
+        rnd += 1
 
 
 @gluon.jit
@@ -351,10 +368,10 @@ def _next_item(Q, cu_seqlens_q, cache_seqlens, batch, num_tiles, item, valid, st
 def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                   it, kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, sm_scale,
                   stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, cu_seqlens_q,
-                  cache_seqlens, batch, num_tiles, nxt, nxt_valid, GROUP: gl.constexpr,
+                  cache_seqlens, batch, num_tiles, nxt, nxt_valid, tp, GROUP: gl.constexpr,
                   BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                   IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr, STORE_LSE: gl.constexpr,
-                  PART: gl.constexpr):
+                  TRACE: gl.constexpr, PART: gl.constexpr):
     """One work item of consumer warpgroup ``PART`` (its ``q_smem`` slice; ``q`` its Q rows in
     registers), its key tiles the ring's ``it``-th onwards; returns ``_next_item(nxt)``, looked
     up under the item's last P V. FA3's intra-warpgroup overlap: tile j's Q Kᵀ is issued before
@@ -372,10 +389,12 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
     dtype: gl.constexpr = q_smem.dtype
 
     # Q into shared memory once every warp of the warpgroup has read the last item's O out of it.
+    _stamp(tp, 0, TRACE)
     gl.thread_barrier()
     q_smem.store(q)
     fence_async_shared()
     gl.thread_barrier()   # the wgmma reads rows every warp of the warpgroup stored
+    _stamp(tp, 1, TRACE)
 
     qk_scale = sm_scale * LOG2E
     rows_s = PART * ROWS + gl.arange(0, ROWS, ROWS_S)
@@ -395,6 +414,7 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
         p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, 0, full, seqlen, last_key,
                                            qk_scale, BLOCK_N, S_LAYOUT)
         p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
+        _stamp(tp, 2, TRACE)
         for j in range(1, n_tiles):
             g = it + j
             s = g % STAGES
@@ -413,6 +433,7 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROWS_O), 1)
             p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
         last = n_tiles - 1
+        _stamp(tp, 3, TRACE)
         s = (it + last) % STAGES
         mbarrier.wait(v_ready.index(s), ((it + last) // STAGES) & 1)
         if last * BLOCK_N + BLOCK_N > seqlen:   # only the last tile reaches past the end
@@ -423,6 +444,7 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
                               LAST_FIRST, PART)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(v_empty.index(s))
+        _stamp(tp, 4, TRACE)
     else:
         nxt_item = _next_item(Q, cu_seqlens_q, cache_seqlens, batch, num_tiles, nxt, nxt_valid,
                               stride_qt, stride_qh, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
@@ -443,6 +465,9 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
         lse = gl.where(seen, (m_i + gl.log2(gl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
         gl.store(Lse + (kv_head * GROUP + rows_s % GROUP).to(gl.int64) * stride_lh + q_start
                  + tok_s, lse, mask=(tok_s < q_len) & (rows_s < BLOCK_Q * GROUP))
+    _stamp(tp, 5, TRACE)
+    if TRACE:
+        gl.store(tp + 6, n_tiles.to(gl.int64))
     return nxt_item
 
 
@@ -450,10 +475,11 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
 def _gluon_prefill_kernel(
     Q, k_desc, v_desc, Out, Lse, cu_seqlens_q, cache_seqlens, block_table, sm_scale, batch,
     num_tiles, num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh, stride_lh,
-    stride_btb, page_shift, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr,
+    stride_btb, page_shift, trace, GROUP: gl.constexpr, IS_CAUSAL: gl.constexpr,
     PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     STORE_LSE: gl.constexpr, LAST_FIRST: gl.constexpr, STAGES: gl.constexpr,
     SCALAR_PAGES: gl.constexpr = False, TILE_LOOKUP: gl.constexpr = False,
+    TRACE: gl.constexpr = False,
 ):
     """Grid ``(num_programs,)``: CTA ``p`` runs work items ``p, p + num_programs, ..`` of
     ``num_items = num_tiles * nheads_k`` (``_tile``; ``num_tiles = total_q // BLOCK_Q + batch``
@@ -464,7 +490,8 @@ def _gluon_prefill_kernel(
     HEAD_DIM]``; Lse float32 ``[nheads, total_q]``-strided (any pointer without STORE_LSE);
     cu_seqlens_q int32 ``[batch + 1]``, cache_seqlens int32 ``[batch]``, block_table int32
     ``[batch, max_pages]``; ``page_shift``: log2 of the page size, read only where PAGE_SIZE is
-    0 (the probe ``PROBE_RUNTIME_PAGE``)."""
+    0 (the probe ``PROBE_RUNTIME_PAGE``); ``trace``: int64, the probe ``PROBE_TRACE``'s
+    buffer (read only with TRACE)."""
     BLOCK_Q: gl.constexpr = BLOCK_M // GROUP
     dtype: gl.constexpr = k_desc.dtype
     Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_DIM], dtype)
@@ -486,12 +513,14 @@ def _gluon_prefill_kernel(
     gl.warp_specialize([
         (_consume, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                     cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles, num_items,
-                    num_programs, stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, GROUP,
-                    BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST, STORE_LSE, 0)),
+                    num_programs, stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, trace,
+                    GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST, STORE_LSE, TRACE,
+                    0)),
         (_consume, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                     cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles, num_items,
-                    num_programs, stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, GROUP,
-                    BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST, STORE_LSE, 1)),
+                    num_programs, stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, trace,
+                    GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST, STORE_LSE, TRACE,
+                    1)),
         (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                  cu_seqlens_q, cache_seqlens, block_table, stride_btb, page_shift, batch,
                  num_tiles, num_items, num_programs, PAGE_SIZE, BLOCK_Q, BLOCK_N, HEAD_DIM,
@@ -518,6 +547,12 @@ CACHED_LAUNCH = True
 # scalar form measured even there (prefill +0.7%, +1.4%, chunked -2.1%, mixed +0.5% in graphs).
 # False keeps the vector form everywhere.
 SCALAR_PAGES = True
+
+# A probe (scripts/prefill_item_trace.py): an int64 tensor ``[programs, TRACE_ROUNDS, 2,
+# TRACE_EVENTS]`` into which each consumer warpgroup writes its SM's clock at the steps of each
+# work item (``_consume_item``'s ``_stamp``s; slot 6: the item's key tiles). None: no trace
+# (the kernel's ``trace`` argument is then ``out``, never read).
+PROBE_TRACE = None
 
 # A probe (scripts/prefill_page_order.py's ``one``, ``first``): with scalar page ids, one
 # block-table lookup a tile instead of one a box (True), or one a sequence ("sequence"), the pages
@@ -605,7 +640,8 @@ class GluonPrefillLaunch:
                                 LAST_FIRST=last_tiles_first, STAGES=stages,
                                 SCALAR_PAGES=SCALAR_PAGES and block_n > self.box,
                                 TILE_LOOKUP=({False: 0, True: 1, "sequence": 2}[
-                                    PROBE_TILE_LOOKUP] if block_n > self.box else 0))
+                                    PROBE_TILE_LOOKUP] if block_n > self.box else 0),
+                                TRACE=PROBE_TRACE is not None)
         self._page_shift = page_size.bit_length() - 1
         if (PROBE_RUNTIME_PAGE and self._constexprs["SCALAR_PAGES"]
                 and not self._constexprs["TILE_LOOKUP"]):
@@ -628,13 +664,14 @@ class GluonPrefillLaunch:
         args = (q, self._desc(k_cache), self._desc(v_cache), out, lse_arg, cu_seqlens_q,
                 cache_seqlens, block_table, self._scale, self._batch, self._num_tiles,
                 self._num_items, self._num_programs, q.stride(0), q.stride(1), out.stride(0),
-                out.stride(1), stride_lh, block_table.stride(0), self._page_shift)
+                out.stride(1), stride_lh, block_table.stride(0), self._page_shift,
+                out if PROBE_TRACE is None else PROBE_TRACE)
         grid = (self._num_programs, )
         if not CACHED_LAUNCH:
             _gluon_prefill_kernel[grid](*args, **self._constexprs,
                                         num_warps=CONSUMER_WARPS.value)
             return
-        ints = tuple(a for a in args[9:])
+        ints = tuple(a for a in args[9:-1])
         aligned = alignment_key(q, k_cache, v_cache, out, lse_arg, cu_seqlens_q, cache_seqlens,
                               block_table)
         # The box is in the key: the descriptors' block shape is a specialization, and with

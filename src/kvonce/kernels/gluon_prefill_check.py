@@ -19,14 +19,15 @@ def _check_signature(dtype: str, head_dim: int, box: int) -> dict:
     sig.update({name: "i32" for name in ("batch", "num_tiles", "num_items", "num_programs",
                                          "stride_qt", "stride_qh", "stride_ot", "stride_oh",
                                          "stride_lh", "stride_btb", "page_shift")})
+    sig["trace"] = "*i64"
     for name in ("GROUP", "IS_CAUSAL", "PAGE_SIZE", "BLOCK_N", "HEAD_DIM", "STORE_LSE",
-                 "LAST_FIRST", "STAGES", "SCALAR_PAGES", "TILE_LOOKUP"):
+                 "LAST_FIRST", "STAGES", "SCALAR_PAGES", "TILE_LOOKUP", "TRACE"):
         sig[name] = "constexpr"
     return sig
 
 
 def _check_spec(variant, dtype, head_dim, page_size, group=4, causal=True, block_n=128,
-                stages=3, scalar_pages=None, tile_lookup=False, box=None):
+                stages=3, scalar_pages=None, tile_lookup=False, box=None, trace=False):
     # Per tile and consumer warpgroup: S = Q Kᵀ D/16 m64nBLOCK_Nk16, O += P V BLOCK_N/16
     # m64nDk16; each twice in the code (the loop's pair, the first tile's S and the last tile's
     # P V), and two warpgroups.
@@ -37,7 +38,7 @@ def _check_spec(variant, dtype, head_dim, page_size, group=4, causal=True, block
     return (variant, _gluon_prefill_kernel, _check_signature(dtype, head_dim, box),
             dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, BLOCK_N=block_n,
                  HEAD_DIM=head_dim, STORE_LSE=True, LAST_FIRST=True, STAGES=stages,
-                 SCALAR_PAGES=scalar_pages, TILE_LOOKUP=tile_lookup),
+                 SCALAR_PAGES=scalar_pages, TILE_LOOKUP=tile_lookup, TRACE=trace),
             dict(num_warps=4), dict(HGMMA=hgmma))
 
 
@@ -48,6 +49,8 @@ GLUON_CHECK_SPECS = [
     _check_spec("d128-bf16-page16-gqa4-causal-2stages", "bf16", 128, 16, stages=2),
     _check_spec("d64-bf16-page32-gqa8-causal", "bf16", 64, 32, group=8),
     _check_spec("d128-bf16-page16-gqa6-causal", "bf16", 128, 16, group=6),
+    # the item-step trace probe (``PROBE_TRACE``)
+    _check_spec("d128-bf16-page16-gqa4-causal-trace", "bf16", 128, 16, trace=True),
     # the loader's page ids as a tile-ahead vector (``SCALAR_PAGES`` False)
     _check_spec("d128-bf16-page16-gqa4-causal-vectorpages", "bf16", 128, 16,
                 scalar_pages=False),

@@ -1,0 +1,86 @@
+"""Where a Gluon prefill work item's time goes: each consumer warpgroup stamps its SM's clock at
+the steps of every item (``gluon_prefill.PROBE_TRACE``), and this prints the median cycles of
+each step, the loop's cycles a key tile, and what an item costs beyond its tiles at that rate.
+
+Steps: ``q``: the item's Q into shared memory (two warpgroup barriers); ``tile0``: the first
+tile's Q Kᵀ and softmax (no overlap); ``loop``: tiles 1 .. n-1 (Q Kᵀ of tile j under P V of
+tile j - 1), a tile; ``last``: the last P V, the next item's lookup and Q gather under it;
+``out``: the epilogue (O through shared memory to global, the LSE); ``gap``: to the next
+item's first stamp.
+
+    PYTHONPATH=src python scripts/prefill_item_trace.py [--rows prefill,chunked] [--pages 16,256]
+        [--noncausal]
+"""
+import argparse
+import statistics
+
+import torch
+from tabulate import tabulate
+
+import kvonce
+from kvonce.bench.prefill import CASES, make_inputs
+from kvonce.kernels import gluon_prefill
+
+STEPS = ("q", "tile0", "loop/tile", "last", "out", "gap", "item", "tiles", "item - tiles*loop")
+
+
+def trace_case(case, page: int, causal: bool):
+    inp = make_inputs(case, page)
+    a = (inp.q, inp.k_cache, inp.v_cache, inp.cu_seqlens_q, inp.cache_seqlens, inp.block_table)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    buf = torch.full((sms, gluon_prefill.TRACE_ROUNDS.value, 2, gluon_prefill.TRACE_EVENTS.value),
+                     -1, dtype=torch.int64, device="cuda")
+    gluon_prefill.PROBE_TRACE = buf
+    try:
+        plan = kvonce.PagedPrefillPlan(*a, max_seqlen_q=max(case.q_lens), causal=causal)
+        for _ in range(5):
+            plan.run(*a)
+        buf.fill_(-1)
+        plan.run(*a)
+        torch.cuda.synchronize()
+    finally:
+        gluon_prefill.PROBE_TRACE = None
+    t = buf.cpu()
+    steps = {k: [] for k in STEPS}
+    for cta in range(t.shape[0]):
+        for part in range(2):
+            rows = [r for r in range(t.shape[1]) if t[cta, r, part, 0] >= 0]
+            for r in rows:
+                e = t[cta, r, part].tolist()
+                n = e[6]
+                steps["q"].append(e[1] - e[0])
+                steps["tile0"].append(e[2] - e[1])
+                if n > 1:
+                    steps["loop/tile"].append((e[3] - e[2]) / (n - 1))
+                steps["last"].append(e[4] - e[3])
+                steps["out"].append(e[5] - e[4])
+                if r + 1 in rows:
+                    nxt = t[cta, r + 1, part, 0].item()
+                    steps["gap"].append(nxt - e[5])
+                    steps["item"].append(nxt - e[0])
+                    steps["tiles"].append(n)
+    loop = statistics.median(steps["loop/tile"])
+    steps["item - tiles*loop"] = [i - n * loop for i, n in zip(steps["item"], steps["tiles"])]
+    return [round(statistics.median(steps[k]), 1) if steps[k] else "-" for k in STEPS]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", default="prefill,chunked")
+    ap.add_argument("--pages", default="16,256")
+    ap.add_argument("--noncausal", action="store_true")
+    args = ap.parse_args()
+    out = []
+    for name in args.rows.split(","):
+        for page in (int(p) for p in args.pages.split(",")):
+            for causal in (True, False) if args.noncausal else (True,):
+                out.append([CASES[name].label, page, causal,
+                            *trace_case(CASES[name], page, causal)])
+                print(tabulate(out[-1:]), flush=True)
+    print(tabulate(out, headers=["row", "page", "causal", *STEPS]))
+    print("median cycles (%clock64) a consumer warpgroup and item; "
+          f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}")
+
+
+if __name__ == "__main__":
+    main()
