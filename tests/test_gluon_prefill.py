@@ -191,6 +191,47 @@ def test_gluon_prefill_runtime_page_probe(monkeypatch, page_size):
 
 
 @hopper_only
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("nheads,nheads_k,head_dim,page_size,block_n,stages", [
+    (32, 8, 128, 16, 128, 3),   # the Hopper row
+    (32, 8, 128, 256, 128, 2),  # pages of two tiles, a ring of two slots
+    (8, 8, 128, 16, 64, 3),     # MHA, 64-key tiles
+    (12, 2, 128, 32, 128, 3),   # GQA 6: padding rows
+    (16, 2, 64, 32, 64, 2),     # GQA 8, d64
+])
+def test_gluon_prefill_overlapped_switch(monkeypatch, persistent, causal, nheads, nheads_k,
+                                         head_dim, page_size, block_n, stages):
+    """``OVERLAP_SWITCH``: the next item's first Q Kᵀ under an item's last P V and epilogue, O
+    stored from registers, gives the plain consumer's bytes (the same arithmetic, another store
+    path), lengths with no rows, rows with no key and surplus items included; and the
+    reference's values."""
+    lens = LENS + [(3, 0), (40, 17)]   # a sequence with no keys; more rows than keys
+    case = q, k, v, cu, seqlens, table = make_case(lens, nheads=nheads, nheads_k=nheads_k,
+                                                   head_dim=head_dim, page_size=page_size,
+                                                   dtype=torch.bfloat16)
+    ref, ref_lse = paged_prefill_ref(q.float(), k.float(), v.float(), cu, seqlens, table,
+                                     causal=causal)
+    _poison_unowned(k, v, seqlens, table)
+    config = dataclasses.replace(GLUON, gluon_block_n=block_n, gluon_stages=stages,
+                                 gluon_persistent=persistent)
+    outs = []
+    for switch in (False, True):
+        monkeypatch.setattr(gluon_prefill, "OVERLAP_SWITCH", switch)
+        plan = kvonce.PagedPrefillPlan(q, k, v, cu, seqlens, table, max_seqlen_q=max_q(cu),
+                                       causal=causal, config=config)
+        with poison_empty:
+            outs.append(plan.run(q, k, v, cu, seqlens, table, return_lse=True))
+        assert _launch_is_gluon(plan)
+        assert all(launch._gluon._constexprs["SWITCH"] == switch
+                   for launch in plan._launches.values())
+    (want, want_lse), (out, lse) = outs
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    assert rel_err(out, ref) < TOL[torch.bfloat16]
+    check_lse(lse, ref_lse)
+
+
+@hopper_only
 def test_gluon_prefill_trace_probe(monkeypatch):
     """``PROBE_TRACE`` (a probe, scripts/prefill_item_trace.py): the traced kernel gives the
     untraced bytes, and every item a consumer warpgroup ran left its steps' clocks in order and

@@ -298,7 +298,30 @@ def _consume(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
              stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, trace, GROUP: gl.constexpr,
              BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
              IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr, STORE_LSE: gl.constexpr,
-             TRACE: gl.constexpr, PART: gl.constexpr):
+             TRACE: gl.constexpr, SWITCH: gl.constexpr, PART: gl.constexpr):
+    """Consumer warpgroup ``PART``: ``_consume_switch`` with ``SWITCH``, else
+    ``_consume_items``."""
+    if SWITCH:
+        _consume_switch(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty,
+                        v_empty, cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles,
+                        num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh,
+                        stride_lh, trace, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
+                        LAST_FIRST, STORE_LSE, TRACE, PART)
+    else:
+        _consume_items(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty,
+                       v_empty, cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles,
+                       num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh,
+                       stride_lh, trace, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
+                       LAST_FIRST, STORE_LSE, TRACE, PART)
+
+
+@gluon.jit
+def _consume_items(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                   cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles, num_items,
+                   num_programs, stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, trace,
+                   GROUP: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
+                   HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr,
+                   STORE_LSE: gl.constexpr, TRACE: gl.constexpr, PART: gl.constexpr):
     """Consumer warpgroup ``PART``: packed rows ``[64 PART, 64 PART + 64)`` of each of the
     CTA's work items against its keys ``[0, hi)`` (``it`` counts the CTA's key tiles across
     items, as the loader does). The next item's tile and Q rows are looked up while this one's
@@ -472,6 +495,212 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
 
 
 @gluon.jit
+def _first_scores(q_smem, k_smem, k_ready, k_empty, g, BLOCK_N: gl.constexpr):
+    """Q Kᵀ of the ring's ``g``-th key tile, retired, its slot freed: ``[ROWS, BLOCK_N]``."""
+    STAGES: gl.constexpr = k_smem.shape[0]
+    s = g % STAGES
+    mbarrier.wait(k_ready.index(s), (g // STAGES) & 1)
+    sc = warpgroup_mma(q_smem, k_smem.index(s).permute((1, 0)),
+                       gl.zeros([ROWS, BLOCK_N], gl.float32, mma_layout(BLOCK_N)),
+                       use_acc=False, is_async=True)
+    sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
+    mbarrier.arrive(k_empty.index(s))
+    return sc
+
+
+@gluon.jit
+def _store_out(Out, Lse, acc, m_i, l_i, kv_head, q_start, q_len, tok0, stride_ot, stride_oh,
+               stride_lh, GROUP: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
+               HEAD_DIM: gl.constexpr, STORE_LSE: gl.constexpr, PART: gl.constexpr):
+    """An item's O (``acc / l``) straight from the accumulator's registers to global memory
+    (each thread's pairs of columns: no shared-memory staging, so Q's tile is free for the next
+    item), rows past the sequence or the group masked; its LSE with ``STORE_LSE``."""
+    O_LAYOUT: gl.constexpr = mma_layout(HEAD_DIM)
+    ROWS_O: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
+    ROWS_S: gl.constexpr = gl.SliceLayout(1, mma_layout(BLOCK_N))
+    seen = l_i > 0.0
+    out = acc / gl.expand_dims(gl.convert_layout(gl.where(seen, l_i, 1.0), ROWS_O), 1)
+    rows = PART * ROWS + gl.arange(0, ROWS, ROWS_O)
+    tok = tok0 + rows // GROUP
+    row_ok = (tok < q_len) & (rows < BLOCK_Q * GROUP)
+    offs = (q_start + tok).to(gl.int64) * stride_ot + (kv_head * GROUP + rows % GROUP) * stride_oh
+    cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, O_LAYOUT))
+    gl.store(Out + gl.expand_dims(offs, 1) + gl.expand_dims(cols, 0),
+             out.to(Out.dtype.element_ty), mask=gl.expand_dims(row_ok, 1))
+    if STORE_LSE:
+        rows_s = PART * ROWS + gl.arange(0, ROWS, ROWS_S)
+        tok_s = tok0 + rows_s // GROUP
+        lse = gl.where(seen, (m_i + gl.log2(gl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
+        gl.store(Lse + (kv_head * GROUP + rows_s % GROUP).to(gl.int64) * stride_lh + q_start
+                 + tok_s, lse, mask=(tok_s < q_len) & (rows_s < BLOCK_Q * GROUP))
+
+
+@gluon.jit
+def _item_tiles(tok0, q_len, hi, valid, BLOCK_N: gl.constexpr):
+    """An item's key tiles (none for a surplus item, or where not ``valid``)."""
+    return gl.where(valid & (tok0 < q_len), (hi + BLOCK_N - 1) // BLOCK_N, 0)
+
+
+@gluon.jit
+def _consume_switch(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                    cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles, num_items,
+                    num_programs, stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, trace,
+                    GROUP: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
+                    HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr,
+                    STORE_LSE: gl.constexpr, TRACE: gl.constexpr, PART: gl.constexpr):
+    """``_consume_items`` with the item switch overlapped (``OVERLAP_SWITCH``): an item starts
+    from its first tile's scores (``sc``), computed at the end of the item before it
+    (``_item_switch``), so its Q Kᵀ runs under that item's last P V and epilogue."""
+    S_LAYOUT: gl.constexpr = mma_layout(BLOCK_N)
+    q_smem = q_smem.index(PART)
+    it = 0
+    item = gl.program_id(0)
+    kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, q = _next_item(
+        Q, cu_seqlens_q, cache_seqlens, batch, num_tiles, item, True, stride_qt, stride_qh,
+        GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST, PART)
+    q_smem.store(q)
+    fence_async_shared()
+    gl.thread_barrier()   # the wgmma reads rows every warp of the warpgroup stored
+    n_tiles = _item_tiles(tok0, q_len, hi, True, BLOCK_N)
+    if n_tiles > 0:
+        sc = _first_scores(q_smem, k_smem, k_ready, k_empty, it, BLOCK_N)
+    else:
+        sc = gl.zeros([ROWS, BLOCK_N], gl.float32, S_LAYOUT)
+    rnd = 0   # the CTA's items so far (the trace's row)
+    while item < num_items:
+        nxt = item + num_programs
+        tp = trace + ((gl.program_id(0) * TRACE_ROUNDS + gl.minimum(rnd, TRACE_ROUNDS - 1))
+                      * 2 + PART) * TRACE_EVENTS
+        if n_tiles > 0:
+            kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, n_next, sc = _item_switch(
+                Q, Out, Lse, sc, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it,
+                n_tiles, kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, sm_scale,
+                stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, cu_seqlens_q,
+                cache_seqlens, batch, num_tiles, nxt, nxt < num_items, tp, GROUP, BLOCK_Q,
+                BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST, STORE_LSE, TRACE, PART)
+        else:
+            if tok0 < q_len:   # rows that see no key: O 0, LSE -inf
+                _store_out(Out, Lse, gl.zeros([ROWS, HEAD_DIM], gl.float32,
+                                              mma_layout(HEAD_DIM)),
+                           gl.full([ROWS], float("-inf"), gl.float32,
+                                   gl.SliceLayout(1, S_LAYOUT)),
+                           gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, S_LAYOUT)), kv_head,
+                           q_start, q_len, tok0, stride_ot, stride_oh, stride_lh, GROUP,
+                           BLOCK_Q, BLOCK_N, HEAD_DIM, STORE_LSE, PART)
+            kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, q = _next_item(
+                Q, cu_seqlens_q, cache_seqlens, batch, num_tiles, nxt, nxt < num_items,
+                stride_qt, stride_qh, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST,
+                PART)
+            gl.thread_barrier()   # every warp is past the last wgmma that read Q's tile
+            q_smem.store(q)
+            fence_async_shared()
+            gl.thread_barrier()
+            n_next = _item_tiles(tok0, q_len, hi, nxt < num_items, BLOCK_N)
+            if n_next > 0:
+                sc = _first_scores(q_smem, k_smem, k_ready, k_empty, it, BLOCK_N)
+            else:
+                sc = gl.zeros([ROWS, BLOCK_N], gl.float32, S_LAYOUT)
+        it += n_tiles
+        n_tiles = n_next
+        item = nxt
+        rnd += 1
+
+
+@gluon.jit
+def _item_switch(Q, Out, Lse, sc, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                 it, n_tiles, kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, sm_scale,
+                 stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, cu_seqlens_q,
+                 cache_seqlens, batch, num_tiles, nxt, nxt_valid, tp, GROUP: gl.constexpr,
+                 BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                 IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr, STORE_LSE: gl.constexpr,
+                 TRACE: gl.constexpr, PART: gl.constexpr):
+    """One item of ``n_tiles`` >= 1 key tiles (the ring's ``it``-th on) from its first tile's
+    scores ``sc``, then the switch: the last P V issued, the next item's lookup and Q gather
+    under it, its Q into shared memory, its first Q Kᵀ issued before this item's P V is waited
+    and run under the epilogue (``_store_out``). Returns the next item's fields, its key tiles
+    and its first scores."""
+    S_LAYOUT: gl.constexpr = mma_layout(BLOCK_N)
+    O_LAYOUT: gl.constexpr = mma_layout(HEAD_DIM)
+    P_OPERAND: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
+    ROWS_S: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
+    ROWS_O: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
+    STAGES: gl.constexpr = k_smem.shape[0]
+    dtype: gl.constexpr = q_smem.dtype
+    _stamp(tp, 0, TRACE)
+    _stamp(tp, 1, TRACE)
+    qk_scale = sm_scale * LOG2E
+    rows_s = PART * ROWS + gl.arange(0, ROWS, ROWS_S)
+    last_key = tok0 + rows_s // GROUP + diag   # row r sees keys <= this
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, ROWS_S)
+    l_i = gl.zeros([ROWS], gl.float32, ROWS_S)
+    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, O_LAYOUT)
+    zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, S_LAYOUT)
+    p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, 0, full, seqlen, last_key, qk_scale,
+                                       BLOCK_N, S_LAYOUT)
+    p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
+    _stamp(tp, 2, TRACE)
+    for j in range(1, n_tiles):
+        g = it + j
+        s = g % STAGES
+        prev = (g - 1) % STAGES
+        mbarrier.wait(k_ready.index(s), (g // STAGES) & 1)
+        sc = warpgroup_mma(q_smem, k_smem.index(s).permute((1, 0)), zero_s, use_acc=False,
+                           is_async=True)
+        mbarrier.wait(v_ready.index(prev), ((g - 1) // STAGES) & 1)
+        acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+        sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc, ))
+        mbarrier.arrive(k_empty.index(s))
+        p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, j * BLOCK_N, full, seqlen, last_key,
+                                           qk_scale, BLOCK_N, S_LAYOUT)
+        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
+        mbarrier.arrive(v_empty.index(prev))
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROWS_O), 1)
+        p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
+    _stamp(tp, 3, TRACE)
+    last = n_tiles - 1
+    g = it + last
+    s = g % STAGES
+    mbarrier.wait(v_ready.index(s), (g // STAGES) & 1)
+    if last * BLOCK_N + BLOCK_N > seqlen:   # only the last tile reaches past the end
+        _zero_rows_from(v_smem.index(s), seqlen - last * BLOCK_N, BLOCK_N, HEAD_DIM)
+    pv = warpgroup_mma(p_op, v_smem.index(s), acc, is_async=True)
+    n_kv_head, n_q_start, n_q_len, n_tok0, n_seqlen, n_diag, n_hi, n_full, q = _next_item(
+        Q, cu_seqlens_q, cache_seqlens, batch, num_tiles, nxt, nxt_valid, stride_qt, stride_qh,
+        GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST, PART)
+    n_next = _item_tiles(n_tok0, n_q_len, n_hi, nxt_valid, BLOCK_N)
+    # Q's tile was last read by this item's last Q Kᵀ, which every warp has waited; the P V in
+    # flight reads P (registers) and V only.
+    gl.thread_barrier()
+    q_smem.store(q)
+    fence_async_shared()
+    gl.thread_barrier()   # the wgmma reads rows every warp of the warpgroup stored
+    _stamp(tp, 4, TRACE)
+    if n_next > 0:
+        g2 = it + n_tiles
+        s2 = g2 % STAGES
+        mbarrier.wait(k_ready.index(s2), (g2 // STAGES) & 1)
+        sc2 = warpgroup_mma(q_smem, k_smem.index(s2).permute((1, 0)), zero_s, use_acc=False,
+                            is_async=True)
+        acc_done, p_done = warpgroup_mma_wait(num_outstanding=1, deps=(pv, p_op))
+        mbarrier.arrive(v_empty.index(s))
+        _store_out(Out, Lse, acc_done, m_i, l_i, kv_head, q_start, q_len, tok0, stride_ot,
+                   stride_oh, stride_lh, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, STORE_LSE, PART)
+        sc_next = warpgroup_mma_wait(num_outstanding=0, deps=(sc2, ))
+        mbarrier.arrive(k_empty.index(s2))
+    else:
+        acc_done, p_done = warpgroup_mma_wait(num_outstanding=0, deps=(pv, p_op))
+        mbarrier.arrive(v_empty.index(s))
+        _store_out(Out, Lse, acc_done, m_i, l_i, kv_head, q_start, q_len, tok0, stride_ot,
+                   stride_oh, stride_lh, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, STORE_LSE, PART)
+        sc_next = zero_s
+    _stamp(tp, 5, TRACE)
+    if TRACE:
+        gl.store(tp + 6, n_tiles.to(gl.int64))
+    return (n_kv_head, n_q_start, n_q_len, n_tok0, n_seqlen, n_diag, n_hi, n_full, n_next,
+            sc_next)
+
+
+@gluon.jit
 def _gluon_prefill_kernel(
     Q, k_desc, v_desc, Out, Lse, cu_seqlens_q, cache_seqlens, block_table, sm_scale, batch,
     num_tiles, num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh, stride_lh,
@@ -479,7 +708,7 @@ def _gluon_prefill_kernel(
     PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     STORE_LSE: gl.constexpr, LAST_FIRST: gl.constexpr, STAGES: gl.constexpr,
     SCALAR_PAGES: gl.constexpr = False, TILE_LOOKUP: gl.constexpr = False,
-    TRACE: gl.constexpr = False,
+    TRACE: gl.constexpr = False, SWITCH: gl.constexpr = False,
 ):
     """Grid ``(num_programs,)``: CTA ``p`` runs work items ``p, p + num_programs, ..`` of
     ``num_items = num_tiles * nheads_k`` (``_tile``; ``num_tiles = total_q // BLOCK_Q + batch``
@@ -515,12 +744,12 @@ def _gluon_prefill_kernel(
                     cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles, num_items,
                     num_programs, stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, trace,
                     GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST, STORE_LSE, TRACE,
-                    0)),
+                    SWITCH, 0)),
         (_consume, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                     cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles, num_items,
                     num_programs, stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, trace,
                     GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST, STORE_LSE, TRACE,
-                    1)),
+                    SWITCH, 1)),
         (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                  cu_seqlens_q, cache_seqlens, block_table, stride_btb, page_shift, batch,
                  num_tiles, num_items, num_programs, PAGE_SIZE, BLOCK_Q, BLOCK_N, HEAD_DIM,
@@ -547,6 +776,14 @@ CACHED_LAUNCH = True
 # scalar form measured even there (prefill +0.7%, +1.4%, chunked -2.1%, mixed +0.5% in graphs).
 # False keeps the vector form everywhere.
 SCALAR_PAGES = True
+
+# Consumers overlap the switch between work items (``_consume_switch``): the next item's first
+# Q Kᵀ issued under this one's last P V and epilogue, O stored from registers. A persistent CTA's
+# item switch measured ~4500-5000 cycles beyond its tiles' (~1.7 key tiles; the item trace,
+# H200 2026-11-30: Q into shared memory ~330, the first tile alone ~2300 against ~1450 for a
+# tile's half in the loop, the last P V with the lookup ~3200, the epilogue ~1700). Built on the
+# CPU and compiled for sm_90a; not yet run on a GPU: off.
+OVERLAP_SWITCH = False
 
 # A probe (scripts/prefill_item_trace.py): an int64 tensor ``[programs, TRACE_ROUNDS, 2,
 # TRACE_EVENTS]`` into which each consumer warpgroup writes its SM's clock at the steps of each
@@ -641,7 +878,7 @@ class GluonPrefillLaunch:
                                 SCALAR_PAGES=SCALAR_PAGES and block_n > self.box,
                                 TILE_LOOKUP=({False: 0, True: 1, "sequence": 2}[
                                     PROBE_TILE_LOOKUP] if block_n > self.box else 0),
-                                TRACE=PROBE_TRACE is not None)
+                                TRACE=PROBE_TRACE is not None, SWITCH=OVERLAP_SWITCH)
         self._page_shift = page_size.bit_length() - 1
         if (PROBE_RUNTIME_PAGE and self._constexprs["SCALAR_PAGES"]
                 and not self._constexprs["TILE_LOOKUP"]):
