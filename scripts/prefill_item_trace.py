@@ -4,12 +4,18 @@ each step, the loop's cycles a key tile, and what an item costs beyond its tiles
 
 Steps: ``q``: the item's Q into shared memory (two warpgroup barriers); ``tile0``: the first
 tile's Q Kᵀ and softmax (no overlap); ``loop``: tiles 1 .. n-1 (Q Kᵀ of tile j under P V of
-tile j - 1), a tile; ``last``: the last P V, the next item's lookup and Q gather under it;
+tile j - 1), a tile, and of that the cycles waiting for K (``k_ready``) and V (``v_ready``) to
+land; ``last``: the last P V, the next item's lookup and Q gather under it;
 ``out``: the epilogue (O through shared memory to global, the LSE); ``gap``: to the next
 item's first stamp.
 
     PYTHONPATH=src python scripts/prefill_item_trace.py [--rows prefill,chunked] [--pages 16,256]
         [--noncausal]
+
+With ``OVERLAP_SWITCH`` (``knob_run.py``) the steps read: ``q`` 0 (Q was stored by the item
+before), ``tile0`` the first tile's softmax only, ``last`` the last P V issued, the next item's
+lookup and its Q stored, ``out`` the next item's first Q Kᵀ issued, this P V waited, the
+epilogue and that Q Kᵀ waited.
 """
 import argparse
 import statistics
@@ -21,7 +27,8 @@ import kvonce
 from kvonce.bench.prefill import CASES, make_inputs
 from kvonce.kernels import gluon_prefill
 
-STEPS = ("q", "tile0", "loop/tile", "last", "out", "gap", "item", "tiles", "item - tiles*loop")
+STEPS = ("q", "tile0", "loop/tile", "k wait/tile", "v wait/tile", "last", "out", "gap", "item",
+         "tiles", "item - tiles*loop")
 
 
 def trace_case(case, page: int, causal: bool):
@@ -52,6 +59,8 @@ def trace_case(case, page: int, causal: bool):
                 steps["tile0"].append(e[2] - e[1])
                 if n > 1:
                     steps["loop/tile"].append((e[3] - e[2]) / (n - 1))
+                    steps["k wait/tile"].append(e[7] / (n - 1))
+                    steps["v wait/tile"].append(e[8] / (n - 1))
                 steps["last"].append(e[4] - e[3])
                 steps["out"].append(e[5] - e[4])
                 if r + 1 in rows:

@@ -250,6 +250,9 @@ def test_gluon_prefill_trace_probe(monkeypatch):
     assert stamps.shape[0] > 0
     assert bool((stamps[:, 1:6] >= stamps[:, 0:5]).all())
     assert bool((stamps[:, 6] >= 1).all())        # an item that runs has a key tile
+    # cycles waited in the loop: none without a loop, and within its span
+    assert bool((stamps[:, 7:9] >= 0).all())
+    assert bool((stamps[:, 7:9].sum(1) <= stamps[:, 3] - stamps[:, 2]).all())
 
 
 @hopper_only

@@ -280,16 +280,33 @@ def _softmax_tile(sc, m_i, l_i, start, full, seqlen, last_key, qk_scale, BLOCK_N
 
 
 TRACE_ROUNDS = gl.constexpr(128)   # items a CTA's trace holds (``PROBE_TRACE``)
-TRACE_EVENTS = gl.constexpr(8)
+TRACE_EVENTS = gl.constexpr(10)
+
+
+@gluon.jit
+def _clock():
+    """The SM's clock, ``%clock64``."""
+    return gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64,
+                                     is_pure=False, pack=1)
 
 
 @gluon.jit
 def _stamp(tp, event: gl.constexpr, TRACE: gl.constexpr):
-    """With ``TRACE``: the SM's clock (``%clock64``) into ``tp[event]``."""
+    """With ``TRACE``: the SM's clock into ``tp[event]``."""
     if TRACE:
-        t = gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64,
-                                      is_pure=False, pack=1)
-        gl.store(tp + event, t)
+        gl.store(tp + event, _clock())
+
+
+@gluon.jit
+def _timed_wait(bar, phase, waited, TRACE: gl.constexpr):
+    """``mbarrier.wait(bar, phase)``; with ``TRACE`` the cycles it took added to ``waited``."""
+    if TRACE:
+        t0 = _clock()
+        mbarrier.wait(bar, phase)
+        waited += _clock() - t0
+    else:
+        mbarrier.wait(bar, phase)
+    return waited
 
 
 @gluon.jit
@@ -438,14 +455,16 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
                                            qk_scale, BLOCK_N, S_LAYOUT)
         p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
         _stamp(tp, 2, TRACE)
+        k_waited = gl.to_tensor(0).to(gl.int64)   # the loop's cycles in k_ready / v_ready waits
+        v_waited = k_waited                        # (TRACE only)
         for j in range(1, n_tiles):
             g = it + j
             s = g % STAGES
             prev = (g - 1) % STAGES
-            mbarrier.wait(k_ready.index(s), (g // STAGES) & 1)
+            k_waited = _timed_wait(k_ready.index(s), (g // STAGES) & 1, k_waited, TRACE)
             sc = warpgroup_mma(q_smem, k_smem.index(s).permute((1, 0)), zero_s,
                                use_acc=False, is_async=True)
-            mbarrier.wait(v_ready.index(prev), ((g - 1) // STAGES) & 1)
+            v_waited = _timed_wait(v_ready.index(prev), ((g - 1) // STAGES) & 1, v_waited, TRACE)
             acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
             sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc, ))
             mbarrier.arrive(k_empty.index(s))
@@ -457,6 +476,9 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
             p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
         last = n_tiles - 1
         _stamp(tp, 3, TRACE)
+        if TRACE:
+            gl.store(tp + 7, k_waited)
+            gl.store(tp + 8, v_waited)
         s = (it + last) % STAGES
         mbarrier.wait(v_ready.index(s), ((it + last) // STAGES) & 1)
         if last * BLOCK_N + BLOCK_N > seqlen:   # only the last tile reaches past the end
@@ -639,14 +661,16 @@ def _item_switch(Q, Out, Lse, sc, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
                                        BLOCK_N, S_LAYOUT)
     p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
     _stamp(tp, 2, TRACE)
+    k_waited = gl.to_tensor(0).to(gl.int64)   # the loop's cycles in k_ready / v_ready waits
+    v_waited = k_waited                        # (TRACE only)
     for j in range(1, n_tiles):
         g = it + j
         s = g % STAGES
         prev = (g - 1) % STAGES
-        mbarrier.wait(k_ready.index(s), (g // STAGES) & 1)
+        k_waited = _timed_wait(k_ready.index(s), (g // STAGES) & 1, k_waited, TRACE)
         sc = warpgroup_mma(q_smem, k_smem.index(s).permute((1, 0)), zero_s, use_acc=False,
                            is_async=True)
-        mbarrier.wait(v_ready.index(prev), ((g - 1) // STAGES) & 1)
+        v_waited = _timed_wait(v_ready.index(prev), ((g - 1) // STAGES) & 1, v_waited, TRACE)
         acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
         sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc, ))
         mbarrier.arrive(k_empty.index(s))
@@ -657,6 +681,9 @@ def _item_switch(Q, Out, Lse, sc, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROWS_O), 1)
         p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
     _stamp(tp, 3, TRACE)
+    if TRACE:
+        gl.store(tp + 7, k_waited)
+        gl.store(tp + 8, v_waited)
     last = n_tiles - 1
     g = it + last
     s = g % STAGES
@@ -787,7 +814,8 @@ OVERLAP_SWITCH = False
 
 # A probe (scripts/prefill_item_trace.py): an int64 tensor ``[programs, TRACE_ROUNDS, 2,
 # TRACE_EVENTS]`` into which each consumer warpgroup writes its SM's clock at the steps of each
-# work item (``_consume_item``'s ``_stamp``s; slot 6: the item's key tiles). None: no trace
+# work item (``_consume_item``'s ``_stamp``s; slot 6: the item's key tiles; 7, 8: the cycles
+# its loop spent waiting on ``k_ready`` and on ``v_ready``). None: no trace
 # (the kernel's ``trace`` argument is then ``out``, never read).
 PROBE_TRACE = None
 
