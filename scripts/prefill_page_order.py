@@ -12,7 +12,8 @@ the block table's rows N entries apart (Triton specializes an int argument divis
 ``stride_btb``), ``ofP`` takes page size P's inputs (of that order) regrouped into pages of
 PAGE rows over the same memory (``16:sequential:of256``: page 256's bytes, addresses, keys,
 queries and lengths, looked up as page 16: only the block table differs), ``sw`` overlaps
-the consumers' switch between work items (``OVERLAP_SWITCH``). All variants
+the consumers' switch between work items (``OVERLAP_SWITCH``), ``pq`` has the loader
+prefetch each item's Q into L2 (``PREFETCH_Q``). All variants
 timed in alternated rounds, eager (``do_bench``) and CUDA-graph (``do_bench_cudagraph``)
 medians, TFLOP/s, and whether each output equals the first output of the same keys:
 
@@ -99,11 +100,13 @@ def main() -> None:
             gluon_prefill.PROBE_TILE_LOOKUP = ("sequence" if "first" in options
                                                else "one" in options)
             gluon_prefill.PROBE_RUNTIME_PAGE = "rt" in options
-            switch = gluon_prefill.OVERLAP_SWITCH
+            switch, prefetch_q = gluon_prefill.OVERLAP_SWITCH, gluon_prefill.PREFETCH_Q
             gluon_prefill.OVERLAP_SWITCH = "sw" in options
+            gluon_prefill.PREFETCH_Q = "pq" in options
             plan = kvonce.PagedPrefillPlan(*a, max_seqlen_q=max(case.q_lens))
             gluon_prefill.BOX_ROWS, gluon_prefill.PROBE_TILE_LOOKUP = None, False
             gluon_prefill.PROBE_RUNTIME_PAGE, gluon_prefill.OVERLAP_SWITCH = False, switch
+            gluon_prefill.PREFETCH_Q = prefetch_q
             outs[variant] = plan.run(*a)
             calls[variant] = (lambda plan=plan, a=a: plan.run(*a))
         times = {variant: ([], []) for variant in calls}

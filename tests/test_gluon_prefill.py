@@ -204,8 +204,8 @@ def test_gluon_prefill_overlapped_switch(monkeypatch, persistent, causal, nheads
                                          head_dim, page_size, block_n, stages):
     """``OVERLAP_SWITCH``: the next item's first Q Kᵀ under an item's last P V and epilogue, O
     stored from registers, gives the plain consumer's bytes (the same arithmetic, another store
-    path), lengths with no rows, rows with no key and surplus items included; and the
-    reference's values."""
+    path), lengths with no rows, rows with no key and surplus items included, with and without
+    the loader's Q prefetch (``PREFETCH_Q``); and the reference's values."""
     lens = LENS + [(3, 0), (40, 17)]   # a sequence with no keys; more rows than keys
     case = q, k, v, cu, seqlens, table = make_case(lens, nheads=nheads, nheads_k=nheads_k,
                                                    head_dim=head_dim, page_size=page_size,
@@ -216,17 +216,20 @@ def test_gluon_prefill_overlapped_switch(monkeypatch, persistent, causal, nheads
     config = dataclasses.replace(GLUON, gluon_block_n=block_n, gluon_stages=stages,
                                  gluon_persistent=persistent)
     outs = []
-    for switch in (False, True):
+    for switch, prefetch in ((False, False), (True, False), (True, True)):
         monkeypatch.setattr(gluon_prefill, "OVERLAP_SWITCH", switch)
+        monkeypatch.setattr(gluon_prefill, "PREFETCH_Q", prefetch)
         plan = kvonce.PagedPrefillPlan(q, k, v, cu, seqlens, table, max_seqlen_q=max_q(cu),
                                        causal=causal, config=config)
         with poison_empty:
             outs.append(plan.run(q, k, v, cu, seqlens, table, return_lse=True))
         assert _launch_is_gluon(plan)
         assert all(launch._gluon._constexprs["SWITCH"] == switch
+                   and launch._gluon._constexprs["PREFETCH_Q"] == prefetch
                    for launch in plan._launches.values())
-    (want, want_lse), (out, lse) = outs
-    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    (want, want_lse), *rest = outs
+    for out, lse in rest:
+        assert torch.equal(out, want) and torch.equal(lse, want_lse)
     assert rel_err(out, ref) < TOL[torch.bfloat16]
     check_lse(lse, ref_lse)
 

@@ -128,13 +128,40 @@ def _tile(item, cu_seqlens_q, cache_seqlens, batch, num_tiles, BLOCK_Q: gl.const
 
 
 @gluon.jit
-def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-          cu_seqlens_q, cache_seqlens, block_table, stride_btb, page_shift, batch, num_tiles,
-          num_items, num_programs, PAGE_SIZE: gl.constexpr, BLOCK_Q: gl.constexpr,
-          BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr,
-          LAST_FIRST: gl.constexpr, SCALAR_PAGES: gl.constexpr, TILE_LOOKUP: gl.constexpr):
+def _prefetch_l2(ptrs):
+    """``prefetch.global.L2`` of each pointer's line (no result, no wait)."""
+    gl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [ptrs],
+                              dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _prefetch_q(Q, kv_head, q_start, q_len, tok0, stride_qt, stride_qh, GROUP: gl.constexpr,
+                HEAD_DIM: gl.constexpr):
+    """An item's packed Q rows (``_q_rows``'s, rows past the sequence clamped to its last
+    token) into L2, each row's 128-byte lines, from the loader warp."""
+    LANES: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    LINE: gl.constexpr = 128 // Q.dtype.element_ty.primitive_bitwidth * 8
+    lane = gl.arange(0, 32, LANES)
+    for r in gl.static_range(BLOCK_M // 32):
+        rows = r * 32 + lane
+        tok = gl.minimum(tok0 + rows // GROUP, q_len - 1)
+        base = Q + (q_start + tok).to(gl.int64) * stride_qt + (kv_head * GROUP
+                                                               + rows % GROUP) * stride_qh
+        for c in gl.static_range(HEAD_DIM // LINE):
+            _prefetch_l2(base + c * LINE)
+
+
+@gluon.jit
+def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, Q,
+          cu_seqlens_q, cache_seqlens, block_table, stride_qt, stride_qh, stride_btb,
+          page_shift, batch, num_tiles, num_items, num_programs, GROUP: gl.constexpr,
+          PAGE_SIZE: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
+          HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr,
+          SCALAR_PAGES: gl.constexpr, TILE_LOOKUP: gl.constexpr, PREFETCH_Q: gl.constexpr):
     """The loader warp: every key tile of the CTA's work items, box by box, into the K and V
-    rings (``it`` counts the CTA's tiles across items, as the consumers do)."""
+    rings (``it`` counts the CTA's tiles across items, as the consumers do); with
+    ``PREFETCH_Q`` each item's Q rows into L2 first (the consumers gather them a ring's depth
+    later)."""
     STAGES: gl.constexpr = k_smem.shape[0]
     BOX: gl.constexpr = k_desc.block_type.shape[0]
     # The page of each box of a tile, looked up one tile ahead (one vector load a tile: the
@@ -147,6 +174,10 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
             item, cu_seqlens_q, cache_seqlens, batch, num_tiles, BLOCK_Q, BLOCK_N, IS_CAUSAL,
             LAST_FIRST)
         n_tiles = gl.where(tok0 < q_len, (hi + BLOCK_N - 1) // BLOCK_N, 0)
+        if PREFETCH_Q:
+            if tok0 < q_len:
+                _prefetch_q(Q, kv_head, q_start, q_len, tok0, stride_qt, stride_qh, GROUP,
+                            HEAD_DIM)
         col = kv_head * HEAD_DIM
         bt_row = block_table + seq.to(gl.int64) * stride_btb
         last_box = gl.maximum(seqlen - 1, 0) // BOX * BOX   # boxes past the end re-read this one
@@ -736,6 +767,7 @@ def _gluon_prefill_kernel(
     STORE_LSE: gl.constexpr, LAST_FIRST: gl.constexpr, STAGES: gl.constexpr,
     SCALAR_PAGES: gl.constexpr = False, TILE_LOOKUP: gl.constexpr = False,
     TRACE: gl.constexpr = False, SWITCH: gl.constexpr = False,
+    PREFETCH_Q: gl.constexpr = False,
 ):
     """Grid ``(num_programs,)``: CTA ``p`` runs work items ``p, p + num_programs, ..`` of
     ``num_items = num_tiles * nheads_k`` (``_tile``; ``num_tiles = total_q // BLOCK_Q + batch``
@@ -777,10 +809,11 @@ def _gluon_prefill_kernel(
                     num_programs, stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, trace,
                     GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST, STORE_LSE, TRACE,
                     SWITCH, 1)),
-        (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                 cu_seqlens_q, cache_seqlens, block_table, stride_btb, page_shift, batch,
-                 num_tiles, num_items, num_programs, PAGE_SIZE, BLOCK_Q, BLOCK_N, HEAD_DIM,
-                 IS_CAUSAL, LAST_FIRST, SCALAR_PAGES, TILE_LOOKUP)),
+        (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, Q,
+                 cu_seqlens_q, cache_seqlens, block_table, stride_qt, stride_qh, stride_btb,
+                 page_shift, batch, num_tiles, num_items, num_programs, GROUP, PAGE_SIZE,
+                 BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST, SCALAR_PAGES, TILE_LOOKUP,
+                 PREFETCH_Q)),
     ], [CONSUMER_WARPS, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
 
 
@@ -811,6 +844,13 @@ SCALAR_PAGES = True
 # tile's half in the loop, the last P V with the lookup ~3200, the epilogue ~1700). Built on the
 # CPU and compiled for sm_90a; not yet run on a GPU: off.
 OVERLAP_SWITCH = False
+
+# The loader prefetches each item's Q rows into L2 as it starts the item's key tiles, a ring's
+# depth before the consumers gather them. With the plain consumer (the gather under the last
+# P V) it measured even (H200 2026-11-30: 442.6 / 438.5 against 442.7 / 432.6 TFLOP/s eager /
+# graphs, prefill 8 x 2048 page 16); kept for ``OVERLAP_SWITCH``, where the next item's Q Kᵀ
+# waits for that gather. Off.
+PREFETCH_Q = False
 
 # A probe (scripts/prefill_item_trace.py): an int64 tensor ``[programs, TRACE_ROUNDS, 2,
 # TRACE_EVENTS]`` into which each consumer warpgroup writes its SM's clock at the steps of each
@@ -906,7 +946,8 @@ class GluonPrefillLaunch:
                                 SCALAR_PAGES=SCALAR_PAGES and block_n > self.box,
                                 TILE_LOOKUP=({False: 0, True: 1, "sequence": 2}[
                                     PROBE_TILE_LOOKUP] if block_n > self.box else 0),
-                                TRACE=PROBE_TRACE is not None, SWITCH=OVERLAP_SWITCH)
+                                TRACE=PROBE_TRACE is not None, SWITCH=OVERLAP_SWITCH,
+                                PREFETCH_Q=PREFETCH_Q)
         self._page_shift = page_size.bit_length() - 1
         if (PROBE_RUNTIME_PAGE and self._constexprs["SCALAR_PAGES"]
                 and not self._constexprs["TILE_LOOKUP"]):

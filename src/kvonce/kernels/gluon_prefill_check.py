@@ -21,14 +21,15 @@ def _check_signature(dtype: str, head_dim: int, box: int) -> dict:
                                          "stride_lh", "stride_btb", "page_shift")})
     sig["trace"] = "*i64"
     for name in ("GROUP", "IS_CAUSAL", "PAGE_SIZE", "BLOCK_N", "HEAD_DIM", "STORE_LSE",
-                 "LAST_FIRST", "STAGES", "SCALAR_PAGES", "TILE_LOOKUP", "TRACE", "SWITCH"):
+                 "LAST_FIRST", "STAGES", "SCALAR_PAGES", "TILE_LOOKUP", "TRACE", "SWITCH",
+                 "PREFETCH_Q"):
         sig[name] = "constexpr"
     return sig
 
 
 def _check_spec(variant, dtype, head_dim, page_size, group=4, causal=True, block_n=128,
                 stages=3, scalar_pages=None, tile_lookup=False, box=None, trace=False,
-                switch=None):
+                switch=None, prefetch_q=False):
     # Per tile and consumer warpgroup: S = Q Kᵀ D/16 m64nBLOCK_Nk16, O += P V BLOCK_N/16
     # m64nDk16; each twice in the code (the loop's pair, the first tile's S and the last tile's
     # P V), and two warpgroups.
@@ -44,7 +45,7 @@ def _check_spec(variant, dtype, head_dim, page_size, group=4, causal=True, block
             dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, BLOCK_N=block_n,
                  HEAD_DIM=head_dim, STORE_LSE=True, LAST_FIRST=True, STAGES=stages,
                  SCALAR_PAGES=scalar_pages, TILE_LOOKUP=tile_lookup, TRACE=trace,
-                 SWITCH=switch),
+                 SWITCH=switch, PREFETCH_Q=prefetch_q),
             dict(num_warps=4), dict(HGMMA=hgmma))
 
 
@@ -61,6 +62,8 @@ GLUON_CHECK_SPECS = [
                 switch=True),
     _check_spec("d64-bf16-page32-gqa8-causal-switch", "bf16", 64, 32, group=8, switch=True),
     _check_spec("d128-bf16-page16-gqa6-causal-switch", "bf16", 128, 16, group=6, switch=True),
+    _check_spec("d128-bf16-page16-gqa4-causal-switch-prefetchq", "bf16", 128, 16, switch=True,
+                prefetch_q=True),
     # the item-step trace probe (``PROBE_TRACE``)
     _check_spec("d128-bf16-page16-gqa4-causal-trace", "bf16", 128, 16, trace=True),
     # the loader's page ids as a tile-ahead vector (``SCALAR_PAGES`` False)
