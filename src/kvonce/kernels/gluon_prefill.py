@@ -436,6 +436,75 @@ def _next_item(Q, cu_seqlens_q, cache_seqlens, batch, num_tiles, item, valid, st
 
 
 @gluon.jit
+def _item_state(sm_scale, tok0, diag, GROUP: gl.constexpr, BLOCK_N: gl.constexpr,
+                HEAD_DIM: gl.constexpr, PART: gl.constexpr):
+    """A consumer warpgroup's start of an item: ``(qk_scale`` (log2 e folded in), ``last_key``
+    (each row's last visible key), ``m_i``, ``l_i``, ``acc)``."""
+    ROWS_S: gl.constexpr = gl.SliceLayout(1, mma_layout(BLOCK_N))
+    rows_s = PART * ROWS + gl.arange(0, ROWS, ROWS_S)
+    last_key = tok0 + rows_s // GROUP + diag   # row r sees keys <= this
+    return (sm_scale * LOG2E, last_key, gl.full([ROWS], float("-inf"), gl.float32, ROWS_S),
+            gl.zeros([ROWS], gl.float32, ROWS_S),
+            gl.zeros([ROWS, HEAD_DIM], gl.float32, mma_layout(HEAD_DIM)))
+
+
+@gluon.jit
+def _issue_last_pv(v_smem, v_ready, g, p_op, acc, start, seqlen):
+    """An item's last P V (the ring's ``g``-th V tile, keys ``start ..``; rows past ``seqlen``
+    zeroed first), issued, not waited: the async accumulator."""
+    STAGES: gl.constexpr = v_smem.shape[0]
+    BLOCK_N: gl.constexpr = v_smem.shape[1]
+    HEAD_DIM: gl.constexpr = v_smem.shape[2]
+    s = g % STAGES
+    mbarrier.wait(v_ready.index(s), (g // STAGES) & 1)
+    if start + BLOCK_N > seqlen:   # only the last tile reaches past the end
+        _zero_rows_from(v_smem.index(s), seqlen - start, BLOCK_N, HEAD_DIM)
+    return warpgroup_mma(p_op, v_smem.index(s), acc, is_async=True)
+
+
+@gluon.jit
+def _steady_tiles(q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it, n_tiles, acc,
+                  p_op, m_i, l_i, full, seqlen, last_key, qk_scale, tp, BLOCK_N: gl.constexpr,
+                  TRACE: gl.constexpr):
+    """Key tiles ``1 .. n_tiles - 1`` of an item (the ring's ``it + j``-th), tile 0's P in
+    ``p_op``: FA3's intra-warpgroup overlap, tile j's Q Kᵀ issued before tile j - 1's P V, whose
+    wgmma runs under tile j's softmax (P of tile j - 1 stays in registers as its A operand until
+    it retires). Returns ``(acc, p_op, m_i, l_i)`` with the last tile's P in ``p_op``, its P V
+    not issued. With ``TRACE``: step 3's clock and the cycles waited on K and on V."""
+    S_LAYOUT: gl.constexpr = mma_layout(BLOCK_N)
+    O_LAYOUT: gl.constexpr = acc.type.layout
+    P_OPERAND: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
+    ROWS_O: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
+    STAGES: gl.constexpr = k_smem.shape[0]
+    dtype: gl.constexpr = q_smem.dtype
+    zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, S_LAYOUT)
+    k_waited = gl.to_tensor(0).to(gl.int64)   # the loop's cycles in k_ready / v_ready waits
+    v_waited = k_waited                        # (TRACE only)
+    for j in range(1, n_tiles):
+        g = it + j
+        s = g % STAGES
+        prev = (g - 1) % STAGES
+        k_waited = _timed_wait(k_ready.index(s), (g // STAGES) & 1, k_waited, TRACE)
+        sc = warpgroup_mma(q_smem, k_smem.index(s).permute((1, 0)), zero_s,
+                           use_acc=False, is_async=True)
+        v_waited = _timed_wait(v_ready.index(prev), ((g - 1) // STAGES) & 1, v_waited, TRACE)
+        acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+        sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc, ))
+        mbarrier.arrive(k_empty.index(s))
+        p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, j * BLOCK_N, full, seqlen,
+                                           last_key, qk_scale, BLOCK_N, S_LAYOUT)
+        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
+        mbarrier.arrive(v_empty.index(prev))
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROWS_O), 1)
+        p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
+    _stamp(tp, 3, TRACE)
+    if TRACE:
+        gl.store(tp + 7, k_waited)
+        gl.store(tp + 8, v_waited)
+    return acc, p_op, m_i, l_i
+
+
+@gluon.jit
 def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                   it, kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, sm_scale,
                   stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, cu_seqlens_q,
@@ -467,12 +536,8 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
     gl.thread_barrier()   # the wgmma reads rows every warp of the warpgroup stored
     _stamp(tp, 1, TRACE)
 
-    qk_scale = sm_scale * LOG2E
-    rows_s = PART * ROWS + gl.arange(0, ROWS, ROWS_S)
-    last_key = tok0 + rows_s // GROUP + diag   # row r sees keys <= this
-    m_i = gl.full([ROWS], float("-inf"), gl.float32, ROWS_S)
-    l_i = gl.zeros([ROWS], gl.float32, ROWS_S)
-    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, O_LAYOUT)
+    qk_scale, last_key, m_i, l_i, acc = _item_state(sm_scale, tok0, diag, GROUP, BLOCK_N,
+                                                    HEAD_DIM, PART)
     zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, S_LAYOUT)
     n_tiles = (hi + BLOCK_N - 1) // BLOCK_N
     if n_tiles > 0:
@@ -486,35 +551,12 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
                                            qk_scale, BLOCK_N, S_LAYOUT)
         p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
         _stamp(tp, 2, TRACE)
-        k_waited = gl.to_tensor(0).to(gl.int64)   # the loop's cycles in k_ready / v_ready waits
-        v_waited = k_waited                        # (TRACE only)
-        for j in range(1, n_tiles):
-            g = it + j
-            s = g % STAGES
-            prev = (g - 1) % STAGES
-            k_waited = _timed_wait(k_ready.index(s), (g // STAGES) & 1, k_waited, TRACE)
-            sc = warpgroup_mma(q_smem, k_smem.index(s).permute((1, 0)), zero_s,
-                               use_acc=False, is_async=True)
-            v_waited = _timed_wait(v_ready.index(prev), ((g - 1) // STAGES) & 1, v_waited, TRACE)
-            acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-            sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc, ))
-            mbarrier.arrive(k_empty.index(s))
-            p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, j * BLOCK_N, full, seqlen,
-                                               last_key, qk_scale, BLOCK_N, S_LAYOUT)
-            acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
-            mbarrier.arrive(v_empty.index(prev))
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROWS_O), 1)
-            p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
+        acc, p_op, m_i, l_i = _steady_tiles(
+            q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it, n_tiles, acc, p_op,
+            m_i, l_i, full, seqlen, last_key, qk_scale, tp, BLOCK_N, TRACE)
         last = n_tiles - 1
-        _stamp(tp, 3, TRACE)
-        if TRACE:
-            gl.store(tp + 7, k_waited)
-            gl.store(tp + 8, v_waited)
         s = (it + last) % STAGES
-        mbarrier.wait(v_ready.index(s), ((it + last) // STAGES) & 1)
-        if last * BLOCK_N + BLOCK_N > seqlen:   # only the last tile reaches past the end
-            _zero_rows_from(v_smem.index(s), seqlen - last * BLOCK_N, BLOCK_N, HEAD_DIM)
-        acc = warpgroup_mma(p_op, v_smem.index(s), acc, is_async=True)
+        acc = _issue_last_pv(v_smem, v_ready, it + last, p_op, acc, last * BLOCK_N, seqlen)
         nxt_item = _next_item(Q, cu_seqlens_q, cache_seqlens, batch, num_tiles, nxt, nxt_valid,
                               stride_qt, stride_qh, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
                               LAST_FIRST, PART)
@@ -537,10 +579,8 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
     gl.store(Out + gl.expand_dims(q_rows * stride_ot + head * stride_oh, 1)
              + gl.expand_dims(offs_d, 0), q_smem.load(IO), mask=gl.expand_dims(row_ok, 1))
     if STORE_LSE:
-        tok_s = tok0 + rows_s // GROUP
-        lse = gl.where(seen, (m_i + gl.log2(gl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
-        gl.store(Lse + (kv_head * GROUP + rows_s % GROUP).to(gl.int64) * stride_lh + q_start
-                 + tok_s, lse, mask=(tok_s < q_len) & (rows_s < BLOCK_Q * GROUP))
+        _store_lse(Lse, m_i, l_i, kv_head, q_start, q_len, tok0, stride_lh, GROUP, BLOCK_Q,
+                   PART)
     _stamp(tp, 5, TRACE)
     if TRACE:
         gl.store(tp + 6, n_tiles.to(gl.int64))
@@ -559,6 +599,19 @@ def _first_scores(q_smem, k_smem, k_ready, k_empty, g, BLOCK_N: gl.constexpr):
     sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
     mbarrier.arrive(k_empty.index(s))
     return sc
+
+
+@gluon.jit
+def _store_lse(Lse, m_i, l_i, kv_head, q_start, q_len, tok0, stride_lh, GROUP: gl.constexpr,
+               BLOCK_Q: gl.constexpr, PART: gl.constexpr):
+    """An item's natural-log LSE from its base-2 row statistics (-inf where a row saw no key),
+    rows past the sequence or the group masked."""
+    rows_s = PART * ROWS + gl.arange(0, ROWS, m_i.type.layout)
+    tok_s = tok0 + rows_s // GROUP
+    seen = l_i > 0.0
+    lse = gl.where(seen, (m_i + gl.log2(gl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
+    gl.store(Lse + (kv_head * GROUP + rows_s % GROUP).to(gl.int64) * stride_lh + q_start
+             + tok_s, lse, mask=(tok_s < q_len) & (rows_s < BLOCK_Q * GROUP))
 
 
 @gluon.jit
@@ -581,11 +634,8 @@ def _store_out(Out, Lse, acc, m_i, l_i, kv_head, q_start, q_len, tok0, stride_ot
     gl.store(Out + gl.expand_dims(offs, 1) + gl.expand_dims(cols, 0),
              out.to(Out.dtype.element_ty), mask=gl.expand_dims(row_ok, 1))
     if STORE_LSE:
-        rows_s = PART * ROWS + gl.arange(0, ROWS, ROWS_S)
-        tok_s = tok0 + rows_s // GROUP
-        lse = gl.where(seen, (m_i + gl.log2(gl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
-        gl.store(Lse + (kv_head * GROUP + rows_s % GROUP).to(gl.int64) * stride_lh + q_start
-                 + tok_s, lse, mask=(tok_s < q_len) & (rows_s < BLOCK_Q * GROUP))
+        _store_lse(Lse, m_i, l_i, kv_head, q_start, q_len, tok0, stride_lh, GROUP, BLOCK_Q,
+                   PART)
 
 
 @gluon.jit
@@ -681,47 +731,19 @@ def _item_switch(Q, Out, Lse, sc, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
     dtype: gl.constexpr = q_smem.dtype
     _stamp(tp, 0, TRACE)
     _stamp(tp, 1, TRACE)
-    qk_scale = sm_scale * LOG2E
-    rows_s = PART * ROWS + gl.arange(0, ROWS, ROWS_S)
-    last_key = tok0 + rows_s // GROUP + diag   # row r sees keys <= this
-    m_i = gl.full([ROWS], float("-inf"), gl.float32, ROWS_S)
-    l_i = gl.zeros([ROWS], gl.float32, ROWS_S)
-    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, O_LAYOUT)
+    qk_scale, last_key, m_i, l_i, acc = _item_state(sm_scale, tok0, diag, GROUP, BLOCK_N,
+                                                    HEAD_DIM, PART)
     zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, S_LAYOUT)
     p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, 0, full, seqlen, last_key, qk_scale,
                                        BLOCK_N, S_LAYOUT)
     p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
     _stamp(tp, 2, TRACE)
-    k_waited = gl.to_tensor(0).to(gl.int64)   # the loop's cycles in k_ready / v_ready waits
-    v_waited = k_waited                        # (TRACE only)
-    for j in range(1, n_tiles):
-        g = it + j
-        s = g % STAGES
-        prev = (g - 1) % STAGES
-        k_waited = _timed_wait(k_ready.index(s), (g // STAGES) & 1, k_waited, TRACE)
-        sc = warpgroup_mma(q_smem, k_smem.index(s).permute((1, 0)), zero_s, use_acc=False,
-                           is_async=True)
-        v_waited = _timed_wait(v_ready.index(prev), ((g - 1) // STAGES) & 1, v_waited, TRACE)
-        acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-        sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc, ))
-        mbarrier.arrive(k_empty.index(s))
-        p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, j * BLOCK_N, full, seqlen, last_key,
-                                           qk_scale, BLOCK_N, S_LAYOUT)
-        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
-        mbarrier.arrive(v_empty.index(prev))
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROWS_O), 1)
-        p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
-    _stamp(tp, 3, TRACE)
-    if TRACE:
-        gl.store(tp + 7, k_waited)
-        gl.store(tp + 8, v_waited)
+    acc, p_op, m_i, l_i = _steady_tiles(
+        q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it, n_tiles, acc, p_op, m_i,
+        l_i, full, seqlen, last_key, qk_scale, tp, BLOCK_N, TRACE)
     last = n_tiles - 1
-    g = it + last
-    s = g % STAGES
-    mbarrier.wait(v_ready.index(s), (g // STAGES) & 1)
-    if last * BLOCK_N + BLOCK_N > seqlen:   # only the last tile reaches past the end
-        _zero_rows_from(v_smem.index(s), seqlen - last * BLOCK_N, BLOCK_N, HEAD_DIM)
-    pv = warpgroup_mma(p_op, v_smem.index(s), acc, is_async=True)
+    s = (it + last) % STAGES
+    pv = _issue_last_pv(v_smem, v_ready, it + last, p_op, acc, last * BLOCK_N, seqlen)
     n_kv_head, n_q_start, n_q_len, n_tok0, n_seqlen, n_diag, n_hi, n_full, q = _next_item(
         Q, cu_seqlens_q, cache_seqlens, batch, num_tiles, nxt, nxt_valid, stride_qt, stride_qh,
         GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST, PART)
