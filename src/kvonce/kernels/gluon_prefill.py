@@ -988,6 +988,11 @@ class GluonPrefillLaunch:
                  lse) -> None:
         if self.empty:
             return
+        if PROBE_TRACE is not None and (PROBE_TRACE.dtype != torch.int64 or tuple(
+                PROBE_TRACE.shape[1:]) != (TRACE_ROUNDS.value, 2, TRACE_EVENTS.value)
+                or PROBE_TRACE.shape[0] < self._num_programs or not PROBE_TRACE.is_contiguous()):
+            raise ValueError(f"PROBE_TRACE must be a contiguous int64 [>= {self._num_programs}, "
+                             f"{TRACE_ROUNDS.value}, 2, {TRACE_EVENTS.value}] tensor")
         lse_arg, stride_lh = (out, 0) if lse is None else (lse, lse.stride(0))
         args = (q, self._desc(k_cache), self._desc(v_cache), out, lse_arg, cu_seqlens_q,
                 cache_seqlens, block_table, self._scale, self._batch, self._num_tiles,
