@@ -5,7 +5,8 @@ each step, the loop's cycles a key tile, and what an item costs beyond its tiles
 Steps: ``q``: the item's Q into shared memory (two warpgroup barriers); ``tile0``: the first
 tile's Q Kᵀ and softmax (no overlap); ``loop``: tiles 1 .. n-1 (Q Kᵀ of tile j under P V of
 tile j - 1), a tile, and of that the cycles waiting for K (``k_ready``) and V (``v_ready``) to
-land; ``last``: the last P V, the next item's lookup and Q gather under it;
+land; ``last``: the last P V, the next item's lookup and Q gather under it (of it: the last
+V's wait, the P V's issue, and from its start to the next Q gather's issue);
 ``out``: the epilogue (O through shared memory to global, the LSE); ``gap``: to the next
 item's first stamp.
 
@@ -27,8 +28,8 @@ import kvonce
 from kvonce.bench.prefill import CASES, make_inputs
 from kvonce.kernels import gluon_prefill
 
-STEPS = ("q", "tile0", "loop/tile", "k wait/tile", "v wait/tile", "last", "out", "gap", "item",
-         "tiles", "item - tiles*loop")
+STEPS = ("q", "tile0", "loop/tile", "k wait/tile", "v wait/tile", "last", "of it: V wait",
+         "PV issue", "to lookup", "out", "gap", "item", "tiles", "item - tiles*loop")
 
 
 def trace_case(case, page: int, causal: bool):
@@ -62,6 +63,10 @@ def trace_case(case, page: int, causal: bool):
                     steps["k wait/tile"].append(e[7] / (n - 1))
                     steps["v wait/tile"].append(e[8] / (n - 1))
                 steps["last"].append(e[4] - e[3])
+                if e[9] >= 0:   # the plain consumer's stamps in the switch
+                    steps["of it: V wait"].append(e[10] - e[3])
+                    steps["PV issue"].append(e[11] - e[10])
+                    steps["to lookup"].append(e[9] - e[3])
                 steps["out"].append(e[5] - e[4])
                 if r + 1 in rows:
                     nxt = t[cta, r + 1, part, 0].item()

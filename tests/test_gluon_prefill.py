@@ -235,6 +235,50 @@ def test_gluon_prefill_overlapped_switch(monkeypatch, persistent, causal, nheads
 
 
 @hopper_only
+@pytest.mark.parametrize("knob", ["EARLY_LOOKUP", "KV_TOGETHER", "WIDE_LOOKUP"])
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("nheads,nheads_k,head_dim,page_size,block_n", [
+    (32, 8, 128, 16, 128),   # the Hopper row: 8 boxes a tile
+    (8, 8, 128, 32, 64),     # MHA, 64-key tiles of 2 boxes
+    (12, 2, 128, 256, 128),  # GQA 6 (padding rows), one box a tile (KV_TOGETHER not taken)
+])
+def test_gluon_prefill_item_lookup_and_kv_boxes(monkeypatch, knob, persistent, nheads, nheads_k,
+                                               head_dim, page_size, block_n):
+    """``EARLY_LOOKUP`` (the next item looked up at an item's start), ``KV_TOGETHER`` (a
+    tile's K and V boxes issued together, a page id loaded once for both) and ``WIDE_LOOKUP``
+    (work items found 32 sequences at a time) give the shipped kernel's bytes, lengths with no
+    rows, rows with no key and surplus items included."""
+    lens = LENS + [(3, 0), (40, 17)]
+    case = make_case(lens, nheads=nheads, nheads_k=nheads_k, head_dim=head_dim,
+                     page_size=page_size, dtype=torch.bfloat16)
+    _poison_unowned(*case[1:3], *case[4:])
+    config = dataclasses.replace(GLUON, gluon_block_n=block_n, gluon_persistent=persistent)
+    several_boxes = block_n > min(page_size, block_n)
+    shown = {"EARLY_LOOKUP": lambda c: c["EARLY_LOOKUP"],
+             "KV_TOGETHER": lambda c: c["KV_TOGETHER"] or not several_boxes,
+             "WIDE_LOOKUP": lambda c: c["LAST_FIRST"] >= 2}[knob]
+    _same_bytes_under(monkeypatch, knob, (False, True), case, config,
+                      lambda launch, on: shown(launch._constexprs) == on)
+
+
+@hopper_only
+@pytest.mark.parametrize("num_seqs", [31, 33, 1100])
+def test_gluon_prefill_wide_lookup_many_sequences(monkeypatch, num_seqs):
+    """``WIDE_LOOKUP`` past one round of 32 lanes (2 rounds at 33 and 1100 sequences): the
+    binary search's bytes, sequences of 0 to 300 rows over caches up to 2 pages longer."""
+    gen = torch.Generator().manual_seed(num_seqs)
+    q_lens = torch.randint(0, 300, (num_seqs, ), generator=gen)
+    extra = torch.randint(0, 33, (num_seqs, ), generator=gen)
+    lens = [(int(a), int(a + b)) for a, b in zip(q_lens, extra)]
+    case = make_case(lens, nheads=8, nheads_k=2, head_dim=64, page_size=16,
+                     dtype=torch.bfloat16)
+    _poison_unowned(*case[1:3], *case[4:])
+    config = dataclasses.replace(GLUON, gluon_block_n=128, gluon_persistent=True)
+    _same_bytes_under(monkeypatch, "WIDE_LOOKUP", (False, True), case, config,
+                      lambda launch, on: (launch._constexprs["LAST_FIRST"] >= 2) == on)
+
+
+@hopper_only
 def test_gluon_prefill_trace_probe(monkeypatch):
     """``PROBE_TRACE`` (a probe, scripts/prefill_item_trace.py): the traced kernel gives the
     untraced bytes, and every item a consumer warpgroup ran left its steps' clocks in order and
@@ -256,6 +300,9 @@ def test_gluon_prefill_trace_probe(monkeypatch):
     # cycles waited in the loop: none without a loop, and within its span
     assert bool((stamps[:, 7:9] >= 0).all())
     assert bool((stamps[:, 7:9].sum(1) <= stamps[:, 3] - stamps[:, 2]).all())
+    # the switch's stamps in order: loop end <= V landed <= P V issued <= lookup <= P V retired
+    for a, b in ((3, 10), (10, 11), (11, 9), (9, 4)):
+        assert bool((stamps[:, b] >= stamps[:, a]).all())
 
 
 @hopper_only

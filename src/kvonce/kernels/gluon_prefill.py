@@ -96,6 +96,35 @@ def _find_sequence(cu_seqlens_q, tile, batch, BLOCK_Q: gl.constexpr):
 
 
 @gluon.jit
+def _find_sequence_wide(cu_seqlens_q, cache_seqlens, tile, batch, BLOCK_Q: gl.constexpr):
+    """``_find_sequence``'s ``b`` and its ``(q_start, q_len, seqlen)``, a warp's 32 lanes
+    testing 32 candidates at once (warps hold copies): one round of loads up to 32 sequences,
+    two up to 1024, where a binary search waits on ``log2(batch)`` loads and then one more."""
+    LANES: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    lane = gl.arange(0, 32, LANES)
+    lo = tile * 0   # the answer is in [lo, lo + n); cu_seqlens_q[lo] // BLOCK_Q + lo <= tile
+    n = lo + batch
+    while n > 32:
+        step = (n + 31) // 32
+        b = lo + lane * step
+        ok = b < lo + n
+        f = gl.load(cu_seqlens_q + b, mask=ok, other=0) // BLOCK_Q + b
+        below = gl.sum(((f <= tile) & ok).to(gl.int32), 0)   # >= 1 (lane 0 is lo)
+        first = lo + (below - 1) * step
+        n = gl.minimum(step, lo + n - first)
+        lo = first
+    b = lo + lane
+    ok = b < lo + n
+    start = gl.load(cu_seqlens_q + b, mask=ok, other=0)
+    end = gl.load(cu_seqlens_q + b + 1, mask=ok, other=0)
+    cached = gl.load(cache_seqlens + b, mask=ok, other=0)
+    pick = lane == gl.sum(((start // BLOCK_Q + b <= tile) & ok).to(gl.int32), 0) - 1
+    q_start = gl.sum(gl.where(pick, start, 0), 0)
+    return (lo + gl.sum(gl.where(pick, lane, 0), 0), q_start,
+            gl.sum(gl.where(pick, end, 0), 0) - q_start, gl.sum(gl.where(pick, cached, 0), 0))
+
+
+@gluon.jit
 def _tile(item, cu_seqlens_q, cache_seqlens, batch, num_tiles, BLOCK_Q: gl.constexpr,
           BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr):
     """Work item ``item`` (``kv_head * num_tiles + t``: the Triton kernel's grid order, M tiles
@@ -105,15 +134,19 @@ def _tile(item, cu_seqlens_q, cache_seqlens, batch, num_tiles, BLOCK_Q: gl.const
     call only builtins and their own functions, so that they also compile in a process running
     Triton's interpreter)."""
     kv_head = item // num_tiles
-    if LAST_FIRST:
+    if LAST_FIRST % 2 == 1:
         tile = num_tiles - 1 - item % num_tiles
     else:
         tile = item % num_tiles
-    seq = _find_sequence(cu_seqlens_q, tile, batch, BLOCK_Q)
-    q_start = gl.load(cu_seqlens_q + seq)
-    q_len = gl.load(cu_seqlens_q + seq + 1) - q_start
+    if LAST_FIRST >= 2:   # WIDE_LOOKUP
+        seq, q_start, q_len, seqlen = _find_sequence_wide(cu_seqlens_q, cache_seqlens, tile,
+                                                          batch, BLOCK_Q)
+    else:
+        seq = _find_sequence(cu_seqlens_q, tile, batch, BLOCK_Q)
+        q_start = gl.load(cu_seqlens_q + seq)
+        q_len = gl.load(cu_seqlens_q + seq + 1) - q_start
+        seqlen = gl.load(cache_seqlens + seq)
     tok0 = (tile - (q_start // BLOCK_Q + seq)) * BLOCK_Q
-    seqlen = gl.load(cache_seqlens + seq)
     if IS_CAUSAL:
         diag = seqlen - q_len                      # row t sees key j <= t + diag
         last_tok = gl.minimum(tok0 + BLOCK_Q, q_len) - 1
@@ -157,7 +190,8 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, Q,
           page_shift, batch, num_tiles, num_items, num_programs, GROUP: gl.constexpr,
           PAGE_SIZE: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
           HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr,
-          SCALAR_PAGES: gl.constexpr, TILE_LOOKUP: gl.constexpr, PREFETCH_Q: gl.constexpr):
+          SCALAR_PAGES: gl.constexpr, TILE_LOOKUP: gl.constexpr, PREFETCH_Q: gl.constexpr,
+          KV_TOGETHER: gl.constexpr):
     """The loader warp: every key tile of the CTA's work items, box by box, into the K and V
     rings (``it`` counts the CTA's tiles across items, as the consumers do); with
     ``PREFETCH_Q`` each item's Q rows into L2 first (the consumers gather them a ring's depth
@@ -185,7 +219,15 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, Q,
         # has retired; parity ((it // STAGES) & 1) ^ 1: a fresh barrier passes the first round.
         # K and V slots free apart: K of tile j + STAGES can come while V of tile j is still
         # being read. k_ready[s], v_ready[s] (count 1): expect + the bytes.
-        if SCALAR_PAGES:
+        if KV_TOGETHER:
+            for j in range(n_tiles):
+                s = (it + j) % STAGES
+                phase = (((it + j) // STAGES) & 1) ^ 1
+                _load_kv_tile_by_ids(k_desc, v_desc, k_smem.index(s), v_smem.index(s),
+                                     k_ready.index(s), v_ready.index(s), k_empty.index(s),
+                                     v_empty.index(s), phase, bt_row, j, col, last_box,
+                                     page_shift, BLOCK_N, PAGE_SIZE)
+        elif SCALAR_PAGES:
             for j in range(n_tiles):
                 s = (it + j) % STAGES
                 phase = (((it + j) // STAGES) & 1) ^ 1
@@ -252,6 +294,28 @@ def _load_tile_by_ids(desc, smem, ready, empty, phase, bt_row, j, col, last_box,
 
 
 @gluon.jit
+def _load_kv_tile_by_ids(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                         phase, bt_row, j, col, last_box, page_shift, BLOCK_N: gl.constexpr,
+                         PAGE_SIZE: gl.constexpr):
+    """``_load_tile_by_ids`` for K and V at once (``KV_TOGETHER``): once both slots are free,
+    each box's page id loaded once for its K and its V copy."""
+    BOX: gl.constexpr = k_desc.block_type.shape[0]
+    mbarrier.wait(k_empty, phase)
+    mbarrier.expect(k_ready, (BLOCK_N // BOX) * k_desc.block_type.nbytes)
+    mbarrier.wait(v_empty, phase)
+    mbarrier.expect(v_ready, (BLOCK_N // BOX) * v_desc.block_type.nbytes)
+    for i in gl.static_range(BLOCK_N // BOX):
+        key = gl.minimum(j * BLOCK_N + i * BOX, last_box)
+        if PAGE_SIZE == 0:   # the probe PROBE_RUNTIME_PAGE
+            row = ((gl.load(bt_row + (key >> page_shift)) << page_shift)
+                   + (key & ((1 << page_shift) - 1)))
+        else:
+            row = gl.load(bt_row + key // PAGE_SIZE) * PAGE_SIZE + key % PAGE_SIZE
+        tma.async_copy_global_to_shared(k_desc, [row, col], k_ready, k_smem.slice(i * BOX, BOX))
+        tma.async_copy_global_to_shared(v_desc, [row, col], v_ready, v_smem.slice(i * BOX, BOX))
+
+
+@gluon.jit
 def _box_row(pages, box, i: gl.constexpr, j, last_box, BLOCK_N: gl.constexpr,
              BOX: gl.constexpr, PAGE_SIZE: gl.constexpr):
     """Cache row of tile ``j``'s box ``i`` (its page taken from ``pages``, ``_box_pages``)."""
@@ -311,7 +375,7 @@ def _softmax_tile(sc, m_i, l_i, start, full, seqlen, last_key, qk_scale, BLOCK_N
 
 
 TRACE_ROUNDS = gl.constexpr(128)   # items a CTA's trace holds (``PROBE_TRACE``)
-TRACE_EVENTS = gl.constexpr(10)
+TRACE_EVENTS = gl.constexpr(12)
 
 
 @gluon.jit
@@ -346,7 +410,8 @@ def _consume(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
              stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, trace, GROUP: gl.constexpr,
              BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
              IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr, STORE_LSE: gl.constexpr,
-             TRACE: gl.constexpr, SWITCH: gl.constexpr, PART: gl.constexpr):
+             TRACE: gl.constexpr, SWITCH: gl.constexpr, PART: gl.constexpr,
+             EARLY: gl.constexpr):
     """Consumer warpgroup ``PART``: ``_consume_switch`` with ``SWITCH``, else
     ``_consume_items``."""
     if SWITCH:
@@ -360,7 +425,7 @@ def _consume(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_e
                        v_empty, cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles,
                        num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh,
                        stride_lh, trace, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
-                       LAST_FIRST, STORE_LSE, TRACE, PART)
+                       LAST_FIRST, STORE_LSE, TRACE, PART, EARLY)
 
 
 @gluon.jit
@@ -369,7 +434,8 @@ def _consume_items(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empt
                    num_programs, stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, trace,
                    GROUP: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
                    HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr,
-                   STORE_LSE: gl.constexpr, TRACE: gl.constexpr, PART: gl.constexpr):
+                   STORE_LSE: gl.constexpr, TRACE: gl.constexpr, PART: gl.constexpr,
+                   EARLY: gl.constexpr):
     """Consumer warpgroup ``PART``: packed rows ``[64 PART, 64 PART + 64)`` of each of the
     CTA's work items against its keys ``[0, hi)`` (``it`` counts the CTA's key tiles across
     items, as the loader does). The next item's tile and Q rows are looked up while this one's
@@ -392,7 +458,7 @@ def _consume_items(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empt
                 kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, sm_scale, stride_qt,
                 stride_qh, stride_ot, stride_oh, stride_lh, cu_seqlens_q, cache_seqlens, batch,
                 num_tiles, nxt, nxt < num_items, tp, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM,
-                IS_CAUSAL, LAST_FIRST, STORE_LSE, TRACE, PART)
+                IS_CAUSAL, LAST_FIRST, STORE_LSE, TRACE, PART, EARLY)
             it = it_next
         else:
             kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, q = _next_item(
@@ -427,12 +493,23 @@ def _next_item(Q, cu_seqlens_q, cache_seqlens, batch, num_tiles, item, valid, st
     kv_head, seq, q_start, q_len, tok0, seqlen, diag, hi, full = _tile(
         item, cu_seqlens_q, cache_seqlens, batch, num_tiles, BLOCK_Q, BLOCK_N, IS_CAUSAL,
         LAST_FIRST)
+    q = _gather_q(Q, kv_head, q_start, q_len, tok0, valid, stride_qt, stride_qh, GROUP, BLOCK_Q,
+                  HEAD_DIM, PART)
+    return kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, q
+
+
+@gluon.jit
+def _gather_q(Q, kv_head, q_start, q_len, tok0, valid, stride_qt, stride_qh,
+              GROUP: gl.constexpr, BLOCK_Q: gl.constexpr, HEAD_DIM: gl.constexpr,
+              PART: gl.constexpr):
+    """A consumer warpgroup's Q rows of an item in registers, the coalesced layout (rows past
+    q_len, or every row where not ``valid``: 0, no load)."""
     q_rows, head, row_ok = _q_rows(kv_head, q_start, q_len, tok0, GROUP, BLOCK_Q, HEAD_DIM,
                                    PART)
     offs_d = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, rows_layout(HEAD_DIM)))
-    q = gl.load(Q + gl.expand_dims(q_rows * stride_qt + head * stride_qh, 1)
-                + gl.expand_dims(offs_d, 0), mask=gl.expand_dims(row_ok & valid, 1), other=0.0)
-    return kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, q
+    return gl.load(Q + gl.expand_dims(q_rows * stride_qt + head * stride_qh, 1)
+                   + gl.expand_dims(offs_d, 0), mask=gl.expand_dims(row_ok & valid, 1),
+                   other=0.0)
 
 
 @gluon.jit
@@ -449,17 +526,22 @@ def _item_state(sm_scale, tok0, diag, GROUP: gl.constexpr, BLOCK_N: gl.constexpr
 
 
 @gluon.jit
-def _issue_last_pv(v_smem, v_ready, g, p_op, acc, start, seqlen):
+def _issue_last_pv(v_smem, v_ready, g, p_op, acc, start, seqlen, tp=None,
+                   TRACE: gl.constexpr = False):
     """An item's last P V (the ring's ``g``-th V tile, keys ``start ..``; rows past ``seqlen``
-    zeroed first), issued, not waited: the async accumulator."""
+    zeroed first), issued, not waited: the async accumulator. With ``TRACE``: the clock once V
+    has landed (slot 10) and once the wgmma is issued (slot 11)."""
     STAGES: gl.constexpr = v_smem.shape[0]
     BLOCK_N: gl.constexpr = v_smem.shape[1]
     HEAD_DIM: gl.constexpr = v_smem.shape[2]
     s = g % STAGES
     mbarrier.wait(v_ready.index(s), (g // STAGES) & 1)
+    _stamp(tp, 10, TRACE)
     if start + BLOCK_N > seqlen:   # only the last tile reaches past the end
         _zero_rows_from(v_smem.index(s), seqlen - start, BLOCK_N, HEAD_DIM)
-    return warpgroup_mma(p_op, v_smem.index(s), acc, is_async=True)
+    acc = warpgroup_mma(p_op, v_smem.index(s), acc, is_async=True)
+    _stamp(tp, 11, TRACE)
+    return acc
 
 
 @gluon.jit
@@ -511,7 +593,7 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
                   cache_seqlens, batch, num_tiles, nxt, nxt_valid, tp, GROUP: gl.constexpr,
                   BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                   IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr, STORE_LSE: gl.constexpr,
-                  TRACE: gl.constexpr, PART: gl.constexpr):
+                  TRACE: gl.constexpr, PART: gl.constexpr, EARLY: gl.constexpr = False):
     """One work item of consumer warpgroup ``PART`` (its ``q_smem`` slice; ``q`` its Q rows in
     registers), its key tiles the ring's ``it``-th onwards; returns ``_next_item(nxt)``, looked
     up under the item's last P V. FA3's intra-warpgroup overlap: tile j's Q Kᵀ is issued before
@@ -545,6 +627,10 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
         mbarrier.wait(k_ready.index(s), (it // STAGES) & 1)
         sc = warpgroup_mma(q_smem, k_smem.index(s).permute((1, 0)), zero_s, use_acc=False,
                            is_async=True)
+        if EARLY:   # the next item's tile now, its loads under this item's first Q Kᵀ
+            n_kv_head, n_seq, n_q_start, n_q_len, n_tok0, n_seqlen, n_diag, n_hi, n_full = \
+                _tile(nxt, cu_seqlens_q, cache_seqlens, batch, num_tiles, BLOCK_Q, BLOCK_N,
+                      IS_CAUSAL, LAST_FIRST)
         sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
         mbarrier.arrive(k_empty.index(s))
         p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, 0, full, seqlen, last_key,
@@ -556,10 +642,17 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
             m_i, l_i, full, seqlen, last_key, qk_scale, tp, BLOCK_N, TRACE)
         last = n_tiles - 1
         s = (it + last) % STAGES
-        acc = _issue_last_pv(v_smem, v_ready, it + last, p_op, acc, last * BLOCK_N, seqlen)
-        nxt_item = _next_item(Q, cu_seqlens_q, cache_seqlens, batch, num_tiles, nxt, nxt_valid,
-                              stride_qt, stride_qh, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
-                              LAST_FIRST, PART)
+        if EARLY:   # the next Q's gather issued before the last P V (whose issue can wait)
+            nxt_item = (n_kv_head, n_q_start, n_q_len, n_tok0, n_seqlen, n_diag, n_hi, n_full,
+                        _gather_q(Q, n_kv_head, n_q_start, n_q_len, n_tok0, nxt_valid,
+                                  stride_qt, stride_qh, GROUP, BLOCK_Q, HEAD_DIM, PART))
+        acc = _issue_last_pv(v_smem, v_ready, it + last, p_op, acc, last * BLOCK_N, seqlen, tp,
+                             TRACE)
+        if not EARLY:
+            nxt_item = _next_item(Q, cu_seqlens_q, cache_seqlens, batch, num_tiles, nxt,
+                                  nxt_valid, stride_qt, stride_qh, GROUP, BLOCK_Q, BLOCK_N,
+                                  HEAD_DIM, IS_CAUSAL, LAST_FIRST, PART)
+        _stamp(tp, 9, TRACE)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(v_empty.index(s))
         _stamp(tp, 4, TRACE)
@@ -789,7 +882,8 @@ def _gluon_prefill_kernel(
     STORE_LSE: gl.constexpr, LAST_FIRST: gl.constexpr, STAGES: gl.constexpr,
     SCALAR_PAGES: gl.constexpr = False, TILE_LOOKUP: gl.constexpr = False,
     TRACE: gl.constexpr = False, SWITCH: gl.constexpr = False,
-    PREFETCH_Q: gl.constexpr = False,
+    PREFETCH_Q: gl.constexpr = False, EARLY_LOOKUP: gl.constexpr = False,
+    KV_TOGETHER: gl.constexpr = False,
 ):
     """Grid ``(num_programs,)``: CTA ``p`` runs work items ``p, p + num_programs, ..`` of
     ``num_items = num_tiles * nheads_k`` (``_tile``; ``num_tiles = total_q // BLOCK_Q + batch``
@@ -825,17 +919,17 @@ def _gluon_prefill_kernel(
                     cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles, num_items,
                     num_programs, stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, trace,
                     GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST, STORE_LSE, TRACE,
-                    SWITCH, 0)),
+                    SWITCH, 0, EARLY_LOOKUP)),
         (_consume, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                     cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles, num_items,
                     num_programs, stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, trace,
                     GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST, STORE_LSE, TRACE,
-                    SWITCH, 1)),
+                    SWITCH, 1, EARLY_LOOKUP)),
         (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, Q,
                  cu_seqlens_q, cache_seqlens, block_table, stride_qt, stride_qh, stride_btb,
                  page_shift, batch, num_tiles, num_items, num_programs, GROUP, PAGE_SIZE,
                  BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST, SCALAR_PAGES, TILE_LOOKUP,
-                 PREFETCH_Q)),
+                 PREFETCH_Q, KV_TOGETHER)),
     ], [CONSUMER_WARPS, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
 
 
@@ -874,10 +968,29 @@ OVERLAP_SWITCH = False
 # waits for that gather. Off.
 PREFETCH_Q = False
 
+# Consumers look the next work item up (its sequence, lengths, key range: ~6 dependent scalar
+# loads) at the start of an item, under its first Q Kᵀ, instead of under its last P V; only
+# the next Q's gather stays there. The item trace (H200, 2026-11-30) put the last P V with the
+# lookup at ~3100 cycles against ~2900 for a whole loop tile. Being measured: off.
+EARLY_LOOKUP = False
+
+# The loader issues a key tile's K and V boxes together, each box's page id loaded once for
+# both (with SCALAR_PAGES, several boxes a tile), after both slots are free: half the loader's
+# lookups, its warp sharing a sub-partition with two consumer warps. Being measured: off.
+KV_TOGETHER = False
+
+# Work items looked up by a warp's 32 lanes at once (``_find_sequence_wide``) instead of a
+# binary search over cu_seqlens_q: the item trace (H200, 2026-11-30) put the consumers' lookup
+# under the last P V at ~2700 cycles of ~31000 an item (page 16, 8 x 2048), the P V retired
+# ~200 cycles after it. Being measured (LAST_FIRST + 2 in the kernel): off.
+WIDE_LOOKUP = False
+
 # A probe (scripts/prefill_item_trace.py): an int64 tensor ``[programs, TRACE_ROUNDS, 2,
 # TRACE_EVENTS]`` into which each consumer warpgroup writes its SM's clock at the steps of each
 # work item (``_consume_item``'s ``_stamp``s; slot 6: the item's key tiles; 7, 8: the cycles
-# its loop spent waiting on ``k_ready`` and on ``v_ready``). None: no trace
+# its loop spent waiting on ``k_ready`` and on ``v_ready``; 9: after the next item's lookup,
+# 10: once the last tile's V has landed, 11: its P V issued; 9-11 the plain consumer only).
+# None: no trace
 # (the kernel's ``trace`` argument is then ``out``, never read).
 PROBE_TRACE = None
 
@@ -964,12 +1077,15 @@ class GluonPrefillLaunch:
         self._batch = batch
         self._constexprs = dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size,
                                 BLOCK_N=block_n, HEAD_DIM=head_dim, STORE_LSE=store_lse,
-                                LAST_FIRST=last_tiles_first, STAGES=stages,
+                                LAST_FIRST=int(last_tiles_first) + 2 * WIDE_LOOKUP,
+                                STAGES=stages,
                                 SCALAR_PAGES=SCALAR_PAGES and block_n > self.box,
                                 TILE_LOOKUP=({False: 0, True: 1, "sequence": 2}[
                                     PROBE_TILE_LOOKUP] if block_n > self.box else 0),
                                 TRACE=PROBE_TRACE is not None, SWITCH=OVERLAP_SWITCH,
-                                PREFETCH_Q=PREFETCH_Q)
+                                PREFETCH_Q=PREFETCH_Q, EARLY_LOOKUP=EARLY_LOOKUP,
+                                KV_TOGETHER=KV_TOGETHER and SCALAR_PAGES
+                                and block_n > self.box and not PROBE_TILE_LOOKUP)
         self._page_shift = page_size.bit_length() - 1
         if (PROBE_RUNTIME_PAGE and self._constexprs["SCALAR_PAGES"]
                 and not self._constexprs["TILE_LOOKUP"]):
