@@ -16,8 +16,8 @@
 #               kernel (g) against the shipped Triton row, pages 16 and 256
 #   verify      what the 2026-11-26 later session left unrun on a GPU: the cascade's launch fix
 #               (dispatch modes, prefix decode) and the Gluon prefill's padded groups
-#   switch      the Gluon prefill's overlapped item switch (OVERLAP_SWITCH): its tests, the A/B
-#               (prefill_page_order.py), the item trace with and without it
+#   trace       the Gluon prefill's item trace (prefill_item_trace.py: the steps of a work item,
+#               the last P V's V wait and issue), then the trace probe's test
 #   pftests     the paged prefill tests (Gluon and Triton kernels, HF continuous batching)
 #   pfbench     python -m kvonce bench prefill (FlashInfer beside when .peers/fi travels)
 #   prefetch    3 stages with the page ids carried a tile ahead (prefetch_pages): without the
@@ -860,20 +860,10 @@ if has gluon16rate; then
     --shapes "32/8:1x131072:16/32/49,32/8:1x262144:16/32/49" --variants 2cta-2st,1cta-4st \
     2>&1 | tail -3
 fi
-if has switch; then
-  step switch
-  # the Gluon prefill's overlapped item switch (OVERLAP_SWITCH, PREFETCH_Q; built 2026-11-30,
-  # thirty-sixth session, never run): its tests, the A/B in one process, then where the
-  # switch's cycles go (the item trace, with the K / V waits a tile) with and without it
-  timeout 300 python3 -m pytest -q -x tests/test_gluon_prefill.py \
-    -k "overlapped_switch or trace_probe" > "$OUT/switch_tests.log" 2>&1
-  tail -3 "$OUT/switch_tests.log"
-  timeout 240 python3 scripts/prefill_page_order.py --rows prefill,chunked,mixed --rounds 3 \
-    --variants 16:random,16:random:sw,16:random:sw:pq,256:random,256:random:sw 2>&1 | tail -18
+if has trace; then
+  step trace
+  timeout 120 python3 -m pytest -q -x tests/test_gluon_prefill.py -k trace_probe 2>&1 | tail -2
   (cd scripts && PYTHONPATH=../src:. timeout 120 python3 prefill_item_trace.py \
-    --rows prefill,chunked --pages 16,256 2>&1 | tail -7)
-  (cd scripts && PYTHONPATH=../src:. timeout 120 python3 knob_run.py \
-    "kvonce.kernels.gluon_prefill:OVERLAP_SWITCH=True" -m prefill_item_trace \
     --rows prefill,chunked --pages 16,256 2>&1 | tail -7)
 fi
 if ls "$OUT"/bench_*.md >/dev/null 2>&1; then

@@ -12,11 +12,6 @@ item's first stamp.
 
     PYTHONPATH=src python scripts/prefill_item_trace.py [--rows prefill,chunked] [--pages 16,256]
         [--noncausal]
-
-With ``OVERLAP_SWITCH`` (``knob_run.py``) the steps read: ``q`` 0 (Q was stored by the item
-before), ``tile0`` the first tile's softmax only, ``last`` the last P V issued, the next item's
-lookup and its Q stored, ``out`` the next item's first Q Kᵀ issued, this P V waited, the
-epilogue and that Q Kᵀ waited.
 """
 import argparse
 import statistics

@@ -11,12 +11,7 @@ argument (``PROBE_RUNTIME_PAGE``: one binary for a box size's every page size), 
 the block table's rows N entries apart (Triton specializes an int argument divisible by 16:
 ``stride_btb``), ``ofP`` takes page size P's inputs (of that order) regrouped into pages of
 PAGE rows over the same memory (``16:sequential:of256``: page 256's bytes, addresses, keys,
-queries and lengths, looked up as page 16: only the block table differs), ``sw`` overlaps
-the consumers' switch between work items (``OVERLAP_SWITCH``), ``pq`` has the loader
-prefetch each item's Q into L2 (``PREFETCH_Q``), ``el`` looks the next item up at an
-item's start (``EARLY_LOOKUP``), ``kv`` issues a tile's K and V boxes together
-(``KV_TOGETHER``), ``wl`` looks work items up 32 candidates at once (``WIDE_LOOKUP``). All
-variants
+queries and lengths, looked up as page 16: only the block table differs). All variants
 timed in alternated rounds, eager (``do_bench``) and CUDA-graph (``do_bench_cudagraph``)
 medians, TFLOP/s, and whether each output equals the first output of the same keys:
 
@@ -93,7 +88,8 @@ def main() -> None:
                 k, v, table = regroup(*(inputs[source][1] if order == "sequential"
                                         else _caches(inputs[source][0])), int(page))
                 inp = inputs[source][0]   # its queries and lengths too: only the table differs
-            stride = next((int(o[1:]) for o in options if o[0] == "s" and o[1:].isdigit()), None)
+            stride = next((int(o[1:]) for o in options
+                           if o[0] == "s" and o[1:].isdigit()), None)
             if stride is not None:   # the same table, its rows ``stride`` entries apart
                 wide = table.new_zeros(table.shape[0], stride)
                 wide[:, :table.shape[1]] = table
@@ -104,20 +100,9 @@ def main() -> None:
             gluon_prefill.PROBE_TILE_LOOKUP = ("sequence" if "first" in options
                                                else "one" in options)
             gluon_prefill.PROBE_RUNTIME_PAGE = "rt" in options
-            switch, prefetch_q = gluon_prefill.OVERLAP_SWITCH, gluon_prefill.PREFETCH_Q
-            gluon_prefill.OVERLAP_SWITCH = "sw" in options
-            gluon_prefill.PREFETCH_Q = "pq" in options
-            early, together = gluon_prefill.EARLY_LOOKUP, gluon_prefill.KV_TOGETHER
-            gluon_prefill.EARLY_LOOKUP = "el" in options
-            gluon_prefill.KV_TOGETHER = "kv" in options
-            wide = gluon_prefill.WIDE_LOOKUP
-            gluon_prefill.WIDE_LOOKUP = "wl" in options
             plan = kvonce.PagedPrefillPlan(*a, max_seqlen_q=max(case.q_lens))
             gluon_prefill.BOX_ROWS, gluon_prefill.PROBE_TILE_LOOKUP = None, False
-            gluon_prefill.PROBE_RUNTIME_PAGE, gluon_prefill.OVERLAP_SWITCH = False, switch
-            gluon_prefill.PREFETCH_Q = prefetch_q
-            gluon_prefill.EARLY_LOOKUP, gluon_prefill.KV_TOGETHER = early, together
-            gluon_prefill.WIDE_LOOKUP = wide
+            gluon_prefill.PROBE_RUNTIME_PAGE = False
             outs[variant] = plan.run(*a)
             calls[variant] = (lambda plan=plan, a=a: plan.run(*a))
         times = {variant: ([], []) for variant in calls}

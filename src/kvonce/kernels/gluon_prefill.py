@@ -96,35 +96,6 @@ def _find_sequence(cu_seqlens_q, tile, batch, BLOCK_Q: gl.constexpr):
 
 
 @gluon.jit
-def _find_sequence_wide(cu_seqlens_q, cache_seqlens, tile, batch, BLOCK_Q: gl.constexpr):
-    """``_find_sequence``'s ``b`` and its ``(q_start, q_len, seqlen)``, a warp's 32 lanes
-    testing 32 candidates at once (warps hold copies): one round of loads up to 32 sequences,
-    two up to 1024, where a binary search waits on ``log2(batch)`` loads and then one more."""
-    LANES: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
-    lane = gl.arange(0, 32, LANES)
-    lo = tile * 0   # the answer is in [lo, lo + n); cu_seqlens_q[lo] // BLOCK_Q + lo <= tile
-    n = lo + batch
-    while n > 32:
-        step = (n + 31) // 32
-        b = lo + lane * step
-        ok = b < lo + n
-        f = gl.load(cu_seqlens_q + b, mask=ok, other=0) // BLOCK_Q + b
-        below = gl.sum(((f <= tile) & ok).to(gl.int32), 0)   # >= 1 (lane 0 is lo)
-        first = lo + (below - 1) * step
-        n = gl.minimum(step, lo + n - first)
-        lo = first
-    b = lo + lane
-    ok = b < lo + n
-    start = gl.load(cu_seqlens_q + b, mask=ok, other=0)
-    end = gl.load(cu_seqlens_q + b + 1, mask=ok, other=0)
-    cached = gl.load(cache_seqlens + b, mask=ok, other=0)
-    pick = lane == gl.sum(((start // BLOCK_Q + b <= tile) & ok).to(gl.int32), 0) - 1
-    q_start = gl.sum(gl.where(pick, start, 0), 0)
-    return (lo + gl.sum(gl.where(pick, lane, 0), 0), q_start,
-            gl.sum(gl.where(pick, end, 0), 0) - q_start, gl.sum(gl.where(pick, cached, 0), 0))
-
-
-@gluon.jit
 def _tile(item, cu_seqlens_q, cache_seqlens, batch, num_tiles, BLOCK_Q: gl.constexpr,
           BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr):
     """Work item ``item`` (``kv_head * num_tiles + t``: the Triton kernel's grid order, M tiles
@@ -134,19 +105,15 @@ def _tile(item, cu_seqlens_q, cache_seqlens, batch, num_tiles, BLOCK_Q: gl.const
     call only builtins and their own functions, so that they also compile in a process running
     Triton's interpreter)."""
     kv_head = item // num_tiles
-    if LAST_FIRST % 2 == 1:
+    if LAST_FIRST:
         tile = num_tiles - 1 - item % num_tiles
     else:
         tile = item % num_tiles
-    if LAST_FIRST >= 2:   # WIDE_LOOKUP
-        seq, q_start, q_len, seqlen = _find_sequence_wide(cu_seqlens_q, cache_seqlens, tile,
-                                                          batch, BLOCK_Q)
-    else:
-        seq = _find_sequence(cu_seqlens_q, tile, batch, BLOCK_Q)
-        q_start = gl.load(cu_seqlens_q + seq)
-        q_len = gl.load(cu_seqlens_q + seq + 1) - q_start
-        seqlen = gl.load(cache_seqlens + seq)
+    seq = _find_sequence(cu_seqlens_q, tile, batch, BLOCK_Q)
+    q_start = gl.load(cu_seqlens_q + seq)
+    q_len = gl.load(cu_seqlens_q + seq + 1) - q_start
     tok0 = (tile - (q_start // BLOCK_Q + seq)) * BLOCK_Q
+    seqlen = gl.load(cache_seqlens + seq)
     if IS_CAUSAL:
         diag = seqlen - q_len                      # row t sees key j <= t + diag
         last_tok = gl.minimum(tok0 + BLOCK_Q, q_len) - 1
@@ -161,41 +128,13 @@ def _tile(item, cu_seqlens_q, cache_seqlens, batch, num_tiles, BLOCK_Q: gl.const
 
 
 @gluon.jit
-def _prefetch_l2(ptrs):
-    """``prefetch.global.L2`` of each pointer's line (no result, no wait)."""
-    gl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [ptrs],
-                              dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _prefetch_q(Q, kv_head, q_start, q_len, tok0, stride_qt, stride_qh, GROUP: gl.constexpr,
-                HEAD_DIM: gl.constexpr):
-    """An item's packed Q rows (``_q_rows``'s, rows past the sequence clamped to its last
-    token) into L2, each row's 128-byte lines, from the loader warp."""
-    LANES: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-    LINE: gl.constexpr = 128 // Q.dtype.element_ty.primitive_bitwidth * 8
-    lane = gl.arange(0, 32, LANES)
-    for r in gl.static_range(BLOCK_M // 32):
-        rows = r * 32 + lane
-        tok = gl.minimum(tok0 + rows // GROUP, q_len - 1)
-        base = Q + (q_start + tok).to(gl.int64) * stride_qt + (kv_head * GROUP
-                                                               + rows % GROUP) * stride_qh
-        for c in gl.static_range(HEAD_DIM // LINE):
-            _prefetch_l2(base + c * LINE)
-
-
-@gluon.jit
-def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, Q,
-          cu_seqlens_q, cache_seqlens, block_table, stride_qt, stride_qh, stride_btb,
-          page_shift, batch, num_tiles, num_items, num_programs, GROUP: gl.constexpr,
-          PAGE_SIZE: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
-          HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr,
-          SCALAR_PAGES: gl.constexpr, TILE_LOOKUP: gl.constexpr, PREFETCH_Q: gl.constexpr,
-          KV_TOGETHER: gl.constexpr):
+def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+          cu_seqlens_q, cache_seqlens, block_table, stride_btb, page_shift, batch, num_tiles,
+          num_items, num_programs, PAGE_SIZE: gl.constexpr, BLOCK_Q: gl.constexpr,
+          BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr,
+          LAST_FIRST: gl.constexpr, SCALAR_PAGES: gl.constexpr, TILE_LOOKUP: gl.constexpr):
     """The loader warp: every key tile of the CTA's work items, box by box, into the K and V
-    rings (``it`` counts the CTA's tiles across items, as the consumers do); with
-    ``PREFETCH_Q`` each item's Q rows into L2 first (the consumers gather them a ring's depth
-    later)."""
+    rings (``it`` counts the CTA's tiles across items, as the consumers do)."""
     STAGES: gl.constexpr = k_smem.shape[0]
     BOX: gl.constexpr = k_desc.block_type.shape[0]
     # The page of each box of a tile, looked up one tile ahead (one vector load a tile: the
@@ -208,10 +147,6 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, Q,
             item, cu_seqlens_q, cache_seqlens, batch, num_tiles, BLOCK_Q, BLOCK_N, IS_CAUSAL,
             LAST_FIRST)
         n_tiles = gl.where(tok0 < q_len, (hi + BLOCK_N - 1) // BLOCK_N, 0)
-        if PREFETCH_Q:
-            if tok0 < q_len:
-                _prefetch_q(Q, kv_head, q_start, q_len, tok0, stride_qt, stride_qh, GROUP,
-                            HEAD_DIM)
         col = kv_head * HEAD_DIM
         bt_row = block_table + seq.to(gl.int64) * stride_btb
         last_box = gl.maximum(seqlen - 1, 0) // BOX * BOX   # boxes past the end re-read this one
@@ -219,15 +154,7 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, Q,
         # has retired; parity ((it // STAGES) & 1) ^ 1: a fresh barrier passes the first round.
         # K and V slots free apart: K of tile j + STAGES can come while V of tile j is still
         # being read. k_ready[s], v_ready[s] (count 1): expect + the bytes.
-        if KV_TOGETHER:
-            for j in range(n_tiles):
-                s = (it + j) % STAGES
-                phase = (((it + j) // STAGES) & 1) ^ 1
-                _load_kv_tile_by_ids(k_desc, v_desc, k_smem.index(s), v_smem.index(s),
-                                     k_ready.index(s), v_ready.index(s), k_empty.index(s),
-                                     v_empty.index(s), phase, bt_row, j, col, last_box,
-                                     page_shift, BLOCK_N, PAGE_SIZE)
-        elif SCALAR_PAGES:
+        if SCALAR_PAGES:
             for j in range(n_tiles):
                 s = (it + j) % STAGES
                 phase = (((it + j) // STAGES) & 1) ^ 1
@@ -291,28 +218,6 @@ def _load_tile_by_ids(desc, smem, ready, empty, phase, bt_row, j, col, last_box,
         else:
             row = gl.load(bt_row + key // PAGE_SIZE) * PAGE_SIZE + key % PAGE_SIZE
         tma.async_copy_global_to_shared(desc, [row, col], ready, smem.slice(i * BOX, BOX))
-
-
-@gluon.jit
-def _load_kv_tile_by_ids(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                         phase, bt_row, j, col, last_box, page_shift, BLOCK_N: gl.constexpr,
-                         PAGE_SIZE: gl.constexpr):
-    """``_load_tile_by_ids`` for K and V at once (``KV_TOGETHER``): once both slots are free,
-    each box's page id loaded once for its K and its V copy."""
-    BOX: gl.constexpr = k_desc.block_type.shape[0]
-    mbarrier.wait(k_empty, phase)
-    mbarrier.expect(k_ready, (BLOCK_N // BOX) * k_desc.block_type.nbytes)
-    mbarrier.wait(v_empty, phase)
-    mbarrier.expect(v_ready, (BLOCK_N // BOX) * v_desc.block_type.nbytes)
-    for i in gl.static_range(BLOCK_N // BOX):
-        key = gl.minimum(j * BLOCK_N + i * BOX, last_box)
-        if PAGE_SIZE == 0:   # the probe PROBE_RUNTIME_PAGE
-            row = ((gl.load(bt_row + (key >> page_shift)) << page_shift)
-                   + (key & ((1 << page_shift) - 1)))
-        else:
-            row = gl.load(bt_row + key // PAGE_SIZE) * PAGE_SIZE + key % PAGE_SIZE
-        tma.async_copy_global_to_shared(k_desc, [row, col], k_ready, k_smem.slice(i * BOX, BOX))
-        tma.async_copy_global_to_shared(v_desc, [row, col], v_ready, v_smem.slice(i * BOX, BOX))
 
 
 @gluon.jit
@@ -405,37 +310,12 @@ def _timed_wait(bar, phase, waited, TRACE: gl.constexpr):
 
 
 @gluon.jit
-def _consume(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-             cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles, num_items, num_programs,
-             stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, trace, GROUP: gl.constexpr,
-             BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-             IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr, STORE_LSE: gl.constexpr,
-             TRACE: gl.constexpr, SWITCH: gl.constexpr, PART: gl.constexpr,
-             EARLY: gl.constexpr):
-    """Consumer warpgroup ``PART``: ``_consume_switch`` with ``SWITCH``, else
-    ``_consume_items``."""
-    if SWITCH:
-        _consume_switch(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty,
-                        v_empty, cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles,
-                        num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh,
-                        stride_lh, trace, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
-                        LAST_FIRST, STORE_LSE, TRACE, PART)
-    else:
-        _consume_items(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty,
-                       v_empty, cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles,
-                       num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh,
-                       stride_lh, trace, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
-                       LAST_FIRST, STORE_LSE, TRACE, PART, EARLY)
-
-
-@gluon.jit
 def _consume_items(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                    cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles, num_items,
                    num_programs, stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, trace,
                    GROUP: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
                    HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr,
-                   STORE_LSE: gl.constexpr, TRACE: gl.constexpr, PART: gl.constexpr,
-                   EARLY: gl.constexpr):
+                   STORE_LSE: gl.constexpr, TRACE: gl.constexpr, PART: gl.constexpr):
     """Consumer warpgroup ``PART``: packed rows ``[64 PART, 64 PART + 64)`` of each of the
     CTA's work items against its keys ``[0, hi)`` (``it`` counts the CTA's key tiles across
     items, as the loader does). The next item's tile and Q rows are looked up while this one's
@@ -458,7 +338,7 @@ def _consume_items(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empt
                 kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, sm_scale, stride_qt,
                 stride_qh, stride_ot, stride_oh, stride_lh, cu_seqlens_q, cache_seqlens, batch,
                 num_tiles, nxt, nxt < num_items, tp, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM,
-                IS_CAUSAL, LAST_FIRST, STORE_LSE, TRACE, PART, EARLY)
+                IS_CAUSAL, LAST_FIRST, STORE_LSE, TRACE, PART)
             it = it_next
         else:
             kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, q = _next_item(
@@ -593,7 +473,7 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
                   cache_seqlens, batch, num_tiles, nxt, nxt_valid, tp, GROUP: gl.constexpr,
                   BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                   IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr, STORE_LSE: gl.constexpr,
-                  TRACE: gl.constexpr, PART: gl.constexpr, EARLY: gl.constexpr = False):
+                  TRACE: gl.constexpr, PART: gl.constexpr):
     """One work item of consumer warpgroup ``PART`` (its ``q_smem`` slice; ``q`` its Q rows in
     registers), its key tiles the ring's ``it``-th onwards; returns ``_next_item(nxt)``, looked
     up under the item's last P V. FA3's intra-warpgroup overlap: tile j's Q Kᵀ is issued before
@@ -627,10 +507,6 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
         mbarrier.wait(k_ready.index(s), (it // STAGES) & 1)
         sc = warpgroup_mma(q_smem, k_smem.index(s).permute((1, 0)), zero_s, use_acc=False,
                            is_async=True)
-        if EARLY:   # the next item's tile now, its loads under this item's first Q Kᵀ
-            n_kv_head, n_seq, n_q_start, n_q_len, n_tok0, n_seqlen, n_diag, n_hi, n_full = \
-                _tile(nxt, cu_seqlens_q, cache_seqlens, batch, num_tiles, BLOCK_Q, BLOCK_N,
-                      IS_CAUSAL, LAST_FIRST)
         sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
         mbarrier.arrive(k_empty.index(s))
         p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, 0, full, seqlen, last_key,
@@ -642,16 +518,11 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
             m_i, l_i, full, seqlen, last_key, qk_scale, tp, BLOCK_N, TRACE)
         last = n_tiles - 1
         s = (it + last) % STAGES
-        if EARLY:   # the next Q's gather issued before the last P V (whose issue can wait)
-            nxt_item = (n_kv_head, n_q_start, n_q_len, n_tok0, n_seqlen, n_diag, n_hi, n_full,
-                        _gather_q(Q, n_kv_head, n_q_start, n_q_len, n_tok0, nxt_valid,
-                                  stride_qt, stride_qh, GROUP, BLOCK_Q, HEAD_DIM, PART))
         acc = _issue_last_pv(v_smem, v_ready, it + last, p_op, acc, last * BLOCK_N, seqlen, tp,
                              TRACE)
-        if not EARLY:
-            nxt_item = _next_item(Q, cu_seqlens_q, cache_seqlens, batch, num_tiles, nxt,
-                                  nxt_valid, stride_qt, stride_qh, GROUP, BLOCK_Q, BLOCK_N,
-                                  HEAD_DIM, IS_CAUSAL, LAST_FIRST, PART)
+        nxt_item = _next_item(Q, cu_seqlens_q, cache_seqlens, batch, num_tiles, nxt, nxt_valid,
+                              stride_qt, stride_qh, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
+                              LAST_FIRST, PART)
         _stamp(tp, 9, TRACE)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(v_empty.index(s))
@@ -681,20 +552,6 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
 
 
 @gluon.jit
-def _first_scores(q_smem, k_smem, k_ready, k_empty, g, BLOCK_N: gl.constexpr):
-    """Q Kᵀ of the ring's ``g``-th key tile, retired, its slot freed: ``[ROWS, BLOCK_N]``."""
-    STAGES: gl.constexpr = k_smem.shape[0]
-    s = g % STAGES
-    mbarrier.wait(k_ready.index(s), (g // STAGES) & 1)
-    sc = warpgroup_mma(q_smem, k_smem.index(s).permute((1, 0)),
-                       gl.zeros([ROWS, BLOCK_N], gl.float32, mma_layout(BLOCK_N)),
-                       use_acc=False, is_async=True)
-    sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
-    mbarrier.arrive(k_empty.index(s))
-    return sc
-
-
-@gluon.jit
 def _store_lse(Lse, m_i, l_i, kv_head, q_start, q_len, tok0, stride_lh, GROUP: gl.constexpr,
                BLOCK_Q: gl.constexpr, PART: gl.constexpr):
     """An item's natural-log LSE from its base-2 row statistics (-inf where a row saw no key),
@@ -708,172 +565,6 @@ def _store_lse(Lse, m_i, l_i, kv_head, q_start, q_len, tok0, stride_lh, GROUP: g
 
 
 @gluon.jit
-def _store_out(Out, Lse, acc, m_i, l_i, kv_head, q_start, q_len, tok0, stride_ot, stride_oh,
-               stride_lh, GROUP: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
-               HEAD_DIM: gl.constexpr, STORE_LSE: gl.constexpr, PART: gl.constexpr):
-    """An item's O (``acc / l``) straight from the accumulator's registers to global memory
-    (each thread's pairs of columns: no shared-memory staging, so Q's tile is free for the next
-    item), rows past the sequence or the group masked; its LSE with ``STORE_LSE``."""
-    O_LAYOUT: gl.constexpr = mma_layout(HEAD_DIM)
-    ROWS_O: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
-    ROWS_S: gl.constexpr = gl.SliceLayout(1, mma_layout(BLOCK_N))
-    seen = l_i > 0.0
-    out = acc / gl.expand_dims(gl.convert_layout(gl.where(seen, l_i, 1.0), ROWS_O), 1)
-    rows = PART * ROWS + gl.arange(0, ROWS, ROWS_O)
-    tok = tok0 + rows // GROUP
-    row_ok = (tok < q_len) & (rows < BLOCK_Q * GROUP)
-    offs = (q_start + tok).to(gl.int64) * stride_ot + (kv_head * GROUP + rows % GROUP) * stride_oh
-    cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, O_LAYOUT))
-    gl.store(Out + gl.expand_dims(offs, 1) + gl.expand_dims(cols, 0),
-             out.to(Out.dtype.element_ty), mask=gl.expand_dims(row_ok, 1))
-    if STORE_LSE:
-        _store_lse(Lse, m_i, l_i, kv_head, q_start, q_len, tok0, stride_lh, GROUP, BLOCK_Q,
-                   PART)
-
-
-@gluon.jit
-def _item_tiles(tok0, q_len, hi, valid, BLOCK_N: gl.constexpr):
-    """An item's key tiles (none for a surplus item, or where not ``valid``)."""
-    return gl.where(valid & (tok0 < q_len), (hi + BLOCK_N - 1) // BLOCK_N, 0)
-
-
-@gluon.jit
-def _consume_switch(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                    cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles, num_items,
-                    num_programs, stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, trace,
-                    GROUP: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
-                    HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr,
-                    STORE_LSE: gl.constexpr, TRACE: gl.constexpr, PART: gl.constexpr):
-    """``_consume_items`` with the item switch overlapped (``OVERLAP_SWITCH``): an item starts
-    from its first tile's scores (``sc``), computed at the end of the item before it
-    (``_item_switch``), so its Q Kᵀ runs under that item's last P V and epilogue."""
-    S_LAYOUT: gl.constexpr = mma_layout(BLOCK_N)
-    q_smem = q_smem.index(PART)
-    it = 0
-    item = gl.program_id(0)
-    kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, q = _next_item(
-        Q, cu_seqlens_q, cache_seqlens, batch, num_tiles, item, True, stride_qt, stride_qh,
-        GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST, PART)
-    q_smem.store(q)
-    fence_async_shared()
-    gl.thread_barrier()   # the wgmma reads rows every warp of the warpgroup stored
-    n_tiles = _item_tiles(tok0, q_len, hi, True, BLOCK_N)
-    if n_tiles > 0:
-        sc = _first_scores(q_smem, k_smem, k_ready, k_empty, it, BLOCK_N)
-    else:
-        sc = gl.zeros([ROWS, BLOCK_N], gl.float32, S_LAYOUT)
-    rnd = 0   # the CTA's items so far (the trace's row)
-    while item < num_items:
-        nxt = item + num_programs
-        tp = trace + ((gl.program_id(0) * TRACE_ROUNDS + gl.minimum(rnd, TRACE_ROUNDS - 1))
-                      * 2 + PART) * TRACE_EVENTS
-        if n_tiles > 0:
-            kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, n_next, sc = _item_switch(
-                Q, Out, Lse, sc, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it,
-                n_tiles, kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, sm_scale,
-                stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, cu_seqlens_q,
-                cache_seqlens, batch, num_tiles, nxt, nxt < num_items, tp, GROUP, BLOCK_Q,
-                BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST, STORE_LSE, TRACE, PART)
-        else:
-            if tok0 < q_len:   # rows that see no key: O 0, LSE -inf
-                _store_out(Out, Lse, gl.zeros([ROWS, HEAD_DIM], gl.float32,
-                                              mma_layout(HEAD_DIM)),
-                           gl.full([ROWS], float("-inf"), gl.float32,
-                                   gl.SliceLayout(1, S_LAYOUT)),
-                           gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, S_LAYOUT)), kv_head,
-                           q_start, q_len, tok0, stride_ot, stride_oh, stride_lh, GROUP,
-                           BLOCK_Q, BLOCK_N, HEAD_DIM, STORE_LSE, PART)
-            kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, q = _next_item(
-                Q, cu_seqlens_q, cache_seqlens, batch, num_tiles, nxt, nxt < num_items,
-                stride_qt, stride_qh, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST,
-                PART)
-            gl.thread_barrier()   # every warp is past the last wgmma that read Q's tile
-            q_smem.store(q)
-            fence_async_shared()
-            gl.thread_barrier()
-            n_next = _item_tiles(tok0, q_len, hi, nxt < num_items, BLOCK_N)
-            if n_next > 0:
-                sc = _first_scores(q_smem, k_smem, k_ready, k_empty, it, BLOCK_N)
-            else:
-                sc = gl.zeros([ROWS, BLOCK_N], gl.float32, S_LAYOUT)
-        it += n_tiles
-        n_tiles = n_next
-        item = nxt
-        rnd += 1
-
-
-@gluon.jit
-def _item_switch(Q, Out, Lse, sc, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                 it, n_tiles, kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, sm_scale,
-                 stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, cu_seqlens_q,
-                 cache_seqlens, batch, num_tiles, nxt, nxt_valid, tp, GROUP: gl.constexpr,
-                 BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                 IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr, STORE_LSE: gl.constexpr,
-                 TRACE: gl.constexpr, PART: gl.constexpr):
-    """One item of ``n_tiles`` >= 1 key tiles (the ring's ``it``-th on) from its first tile's
-    scores ``sc``, then the switch: the last P V issued, the next item's lookup and Q gather
-    under it, its Q into shared memory, its first Q Kᵀ issued before this item's P V is waited
-    and run under the epilogue (``_store_out``). Returns the next item's fields, its key tiles
-    and its first scores."""
-    S_LAYOUT: gl.constexpr = mma_layout(BLOCK_N)
-    O_LAYOUT: gl.constexpr = mma_layout(HEAD_DIM)
-    P_OPERAND: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
-    ROWS_S: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
-    ROWS_O: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
-    STAGES: gl.constexpr = k_smem.shape[0]
-    dtype: gl.constexpr = q_smem.dtype
-    _stamp(tp, 0, TRACE)
-    _stamp(tp, 1, TRACE)
-    qk_scale, last_key, m_i, l_i, acc = _item_state(sm_scale, tok0, diag, GROUP, BLOCK_N,
-                                                    HEAD_DIM, PART)
-    zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, S_LAYOUT)
-    p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, 0, full, seqlen, last_key, qk_scale,
-                                       BLOCK_N, S_LAYOUT)
-    p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
-    _stamp(tp, 2, TRACE)
-    acc, p_op, m_i, l_i = _steady_tiles(
-        q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it, n_tiles, acc, p_op, m_i,
-        l_i, full, seqlen, last_key, qk_scale, tp, BLOCK_N, TRACE)
-    last = n_tiles - 1
-    s = (it + last) % STAGES
-    pv = _issue_last_pv(v_smem, v_ready, it + last, p_op, acc, last * BLOCK_N, seqlen)
-    n_kv_head, n_q_start, n_q_len, n_tok0, n_seqlen, n_diag, n_hi, n_full, q = _next_item(
-        Q, cu_seqlens_q, cache_seqlens, batch, num_tiles, nxt, nxt_valid, stride_qt, stride_qh,
-        GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST, PART)
-    n_next = _item_tiles(n_tok0, n_q_len, n_hi, nxt_valid, BLOCK_N)
-    # Q's tile was last read by this item's last Q Kᵀ, which every warp has waited; the P V in
-    # flight reads P (registers) and V only.
-    gl.thread_barrier()
-    q_smem.store(q)
-    fence_async_shared()
-    gl.thread_barrier()   # the wgmma reads rows every warp of the warpgroup stored
-    _stamp(tp, 4, TRACE)
-    if n_next > 0:
-        g2 = it + n_tiles
-        s2 = g2 % STAGES
-        mbarrier.wait(k_ready.index(s2), (g2 // STAGES) & 1)
-        sc2 = warpgroup_mma(q_smem, k_smem.index(s2).permute((1, 0)), zero_s, use_acc=False,
-                            is_async=True)
-        acc_done, p_done = warpgroup_mma_wait(num_outstanding=1, deps=(pv, p_op))
-        mbarrier.arrive(v_empty.index(s))
-        _store_out(Out, Lse, acc_done, m_i, l_i, kv_head, q_start, q_len, tok0, stride_ot,
-                   stride_oh, stride_lh, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, STORE_LSE, PART)
-        sc_next = warpgroup_mma_wait(num_outstanding=0, deps=(sc2, ))
-        mbarrier.arrive(k_empty.index(s2))
-    else:
-        acc_done, p_done = warpgroup_mma_wait(num_outstanding=0, deps=(pv, p_op))
-        mbarrier.arrive(v_empty.index(s))
-        _store_out(Out, Lse, acc_done, m_i, l_i, kv_head, q_start, q_len, tok0, stride_ot,
-                   stride_oh, stride_lh, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, STORE_LSE, PART)
-        sc_next = zero_s
-    _stamp(tp, 5, TRACE)
-    if TRACE:
-        gl.store(tp + 6, n_tiles.to(gl.int64))
-    return (n_kv_head, n_q_start, n_q_len, n_tok0, n_seqlen, n_diag, n_hi, n_full, n_next,
-            sc_next)
-
-
-@gluon.jit
 def _gluon_prefill_kernel(
     Q, k_desc, v_desc, Out, Lse, cu_seqlens_q, cache_seqlens, block_table, sm_scale, batch,
     num_tiles, num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh, stride_lh,
@@ -881,9 +572,7 @@ def _gluon_prefill_kernel(
     PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     STORE_LSE: gl.constexpr, LAST_FIRST: gl.constexpr, STAGES: gl.constexpr,
     SCALAR_PAGES: gl.constexpr = False, TILE_LOOKUP: gl.constexpr = False,
-    TRACE: gl.constexpr = False, SWITCH: gl.constexpr = False,
-    PREFETCH_Q: gl.constexpr = False, EARLY_LOOKUP: gl.constexpr = False,
-    KV_TOGETHER: gl.constexpr = False,
+    TRACE: gl.constexpr = False,
 ):
     """Grid ``(num_programs,)``: CTA ``p`` runs work items ``p, p + num_programs, ..`` of
     ``num_items = num_tiles * nheads_k`` (``_tile``; ``num_tiles = total_q // BLOCK_Q + batch``
@@ -915,21 +604,20 @@ def _gluon_prefill_kernel(
     # (The argument lists are spelled out: a tuple built in the kernel would carry the
     # constexprs as runtime values.)
     gl.warp_specialize([
-        (_consume, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                    cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles, num_items,
-                    num_programs, stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, trace,
-                    GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST, STORE_LSE, TRACE,
-                    SWITCH, 0, EARLY_LOOKUP)),
-        (_consume, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                    cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles, num_items,
-                    num_programs, stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, trace,
-                    GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST, STORE_LSE, TRACE,
-                    SWITCH, 1, EARLY_LOOKUP)),
-        (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, Q,
-                 cu_seqlens_q, cache_seqlens, block_table, stride_qt, stride_qh, stride_btb,
-                 page_shift, batch, num_tiles, num_items, num_programs, GROUP, PAGE_SIZE,
-                 BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST, SCALAR_PAGES, TILE_LOOKUP,
-                 PREFETCH_Q, KV_TOGETHER)),
+        (_consume_items, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty,
+                          v_empty, cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles,
+                          num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh,
+                          stride_lh, trace, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
+                          LAST_FIRST, STORE_LSE, TRACE, 0)),
+        (_consume_items, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty,
+                          v_empty, cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles,
+                          num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh,
+                          stride_lh, trace, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
+                          LAST_FIRST, STORE_LSE, TRACE, 1)),
+        (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                 cu_seqlens_q, cache_seqlens, block_table, stride_btb, page_shift, batch,
+                 num_tiles, num_items, num_programs, PAGE_SIZE, BLOCK_Q, BLOCK_N, HEAD_DIM,
+                 IS_CAUSAL, LAST_FIRST, SCALAR_PAGES, TILE_LOOKUP)),
     ], [CONSUMER_WARPS, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
 
 
@@ -952,38 +640,6 @@ CACHED_LAUNCH = True
 # scalar form measured even there (prefill +0.7%, +1.4%, chunked -2.1%, mixed +0.5% in graphs).
 # False keeps the vector form everywhere.
 SCALAR_PAGES = True
-
-# Consumers overlap the switch between work items (``_consume_switch``): the next item's first
-# Q Kᵀ issued under this one's last P V and epilogue, O stored from registers. A persistent CTA's
-# item switch measured ~4500-5000 cycles beyond its tiles' (~1.7 key tiles; the item trace,
-# H200 2026-11-30: Q into shared memory ~330, the first tile alone ~2300 against ~1450 for a
-# tile's half in the loop, the last P V with the lookup ~3200, the epilogue ~1700). Built on the
-# CPU and compiled for sm_90a; not yet run on a GPU: off.
-OVERLAP_SWITCH = False
-
-# The loader prefetches each item's Q rows into L2 as it starts the item's key tiles, a ring's
-# depth before the consumers gather them. With the plain consumer (the gather under the last
-# P V) it measured even (H200 2026-11-30: 442.6 / 438.5 against 442.7 / 432.6 TFLOP/s eager /
-# graphs, prefill 8 x 2048 page 16); kept for ``OVERLAP_SWITCH``, where the next item's Q Kᵀ
-# waits for that gather. Off.
-PREFETCH_Q = False
-
-# Consumers look the next work item up (its sequence, lengths, key range: ~6 dependent scalar
-# loads) at the start of an item, under its first Q Kᵀ, instead of under its last P V; only
-# the next Q's gather stays there. The item trace (H200, 2026-11-30) put the last P V with the
-# lookup at ~3100 cycles against ~2900 for a whole loop tile. Being measured: off.
-EARLY_LOOKUP = False
-
-# The loader issues a key tile's K and V boxes together, each box's page id loaded once for
-# both (with SCALAR_PAGES, several boxes a tile), after both slots are free: half the loader's
-# lookups, its warp sharing a sub-partition with two consumer warps. Being measured: off.
-KV_TOGETHER = False
-
-# Work items looked up by a warp's 32 lanes at once (``_find_sequence_wide``) instead of a
-# binary search over cu_seqlens_q: the item trace (H200, 2026-11-30) put the consumers' lookup
-# under the last P V at ~2700 cycles of ~31000 an item (page 16, 8 x 2048), the P V retired
-# ~200 cycles after it. Being measured (LAST_FIRST + 2 in the kernel): off.
-WIDE_LOOKUP = False
 
 # A probe (scripts/prefill_item_trace.py): an int64 tensor ``[programs, TRACE_ROUNDS, 2,
 # TRACE_EVENTS]`` into which each consumer warpgroup writes its SM's clock at the steps of each
@@ -1077,15 +733,11 @@ class GluonPrefillLaunch:
         self._batch = batch
         self._constexprs = dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size,
                                 BLOCK_N=block_n, HEAD_DIM=head_dim, STORE_LSE=store_lse,
-                                LAST_FIRST=int(last_tiles_first) + 2 * WIDE_LOOKUP,
-                                STAGES=stages,
+                                LAST_FIRST=last_tiles_first, STAGES=stages,
                                 SCALAR_PAGES=SCALAR_PAGES and block_n > self.box,
                                 TILE_LOOKUP=({False: 0, True: 1, "sequence": 2}[
                                     PROBE_TILE_LOOKUP] if block_n > self.box else 0),
-                                TRACE=PROBE_TRACE is not None, SWITCH=OVERLAP_SWITCH,
-                                PREFETCH_Q=PREFETCH_Q, EARLY_LOOKUP=EARLY_LOOKUP,
-                                KV_TOGETHER=KV_TOGETHER and SCALAR_PAGES
-                                and block_n > self.box and not PROBE_TILE_LOOKUP)
+                                TRACE=PROBE_TRACE is not None)
         self._page_shift = page_size.bit_length() - 1
         if (PROBE_RUNTIME_PAGE and self._constexprs["SCALAR_PAGES"]
                 and not self._constexprs["TILE_LOOKUP"]):

@@ -21,32 +21,24 @@ def _check_signature(dtype: str, head_dim: int, box: int) -> dict:
                                          "stride_lh", "stride_btb", "page_shift")})
     sig["trace"] = "*i64"
     for name in ("GROUP", "IS_CAUSAL", "PAGE_SIZE", "BLOCK_N", "HEAD_DIM", "STORE_LSE",
-                 "LAST_FIRST", "STAGES", "SCALAR_PAGES", "TILE_LOOKUP", "TRACE", "SWITCH",
-                 "PREFETCH_Q"):
+                 "LAST_FIRST", "STAGES", "SCALAR_PAGES", "TILE_LOOKUP", "TRACE"):
         sig[name] = "constexpr"
     return sig
 
 
 def _check_spec(variant, dtype, head_dim, page_size, group=4, causal=True, block_n=128,
-                stages=3, scalar_pages=None, tile_lookup=False, box=None, trace=False,
-                switch=None, prefetch_q=False, early=False, together=False, wide=False):
+                stages=3, scalar_pages=None, tile_lookup=False, box=None, trace=False):
     # Per tile and consumer warpgroup: S = Q Kᵀ D/16 m64nBLOCK_Nk16, O += P V BLOCK_N/16
     # m64nDk16; each twice in the code (the loop's pair, the first tile's S and the last tile's
     # P V), and two warpgroups.
     hgmma = 4 * (head_dim // 16 + block_n // 16)
-    if switch is None:
-        switch = gluon_prefill.OVERLAP_SWITCH
-    if switch:   # S also in the first item's prologue, after a surplus item and at the switch
-        hgmma = 8 * (head_dim // 16) + 4 * (block_n // 16)
     box = box or min(page_size, block_n)
     if scalar_pages is None:   # the launch's rule: scalar page ids where a tile has boxes
         scalar_pages = gluon_prefill.SCALAR_PAGES and block_n > box
     return (variant, _gluon_prefill_kernel, _check_signature(dtype, head_dim, box),
             dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, BLOCK_N=block_n,
-                 HEAD_DIM=head_dim, STORE_LSE=True, LAST_FIRST=1 + 2 * wide, STAGES=stages,
-                 SCALAR_PAGES=scalar_pages, TILE_LOOKUP=tile_lookup, TRACE=trace,
-                 SWITCH=switch, PREFETCH_Q=prefetch_q, EARLY_LOOKUP=early,
-                 KV_TOGETHER=together),
+                 HEAD_DIM=head_dim, STORE_LSE=True, LAST_FIRST=True, STAGES=stages,
+                 SCALAR_PAGES=scalar_pages, TILE_LOOKUP=tile_lookup, TRACE=trace),
             dict(num_warps=4), dict(HGMMA=hgmma))
 
 
@@ -57,23 +49,6 @@ GLUON_CHECK_SPECS = [
     _check_spec("d128-bf16-page16-gqa4-causal-2stages", "bf16", 128, 16, stages=2),
     _check_spec("d64-bf16-page32-gqa8-causal", "bf16", 64, 32, group=8),
     _check_spec("d128-bf16-page16-gqa6-causal", "bf16", 128, 16, group=6),
-    # the item switch overlapped (``OVERLAP_SWITCH``)
-    _check_spec("d128-bf16-page16-gqa4-causal-switch", "bf16", 128, 16, switch=True),
-    _check_spec("d128-fp16-page16-mha-noncausal-switch", "fp16", 128, 16, group=1, causal=False,
-                switch=True),
-    _check_spec("d64-bf16-page32-gqa8-causal-switch", "bf16", 64, 32, group=8, switch=True),
-    _check_spec("d128-bf16-page16-gqa6-causal-switch", "bf16", 128, 16, group=6, switch=True),
-    _check_spec("d128-bf16-page16-gqa4-causal-switch-prefetchq", "bf16", 128, 16, switch=True,
-                prefetch_q=True),
-    # the next item looked up at an item's start (``EARLY_LOOKUP``), K and V boxes issued
-    # together (``KV_TOGETHER``)
-    _check_spec("d128-bf16-page16-gqa4-causal-early", "bf16", 128, 16, early=True),
-    _check_spec("d128-bf16-page16-gqa4-causal-together", "bf16", 128, 16, together=True),
-    _check_spec("d128-bf16-page16-gqa4-causal-wide", "bf16", 128, 16, wide=True),
-    _check_spec("d128-bf16-page16-gqa4-causal-wide-early", "bf16", 128, 16, wide=True,
-                early=True),
-    _check_spec("d128-fp16-runtimepage-box16-mha-noncausal-together", "fp16", 128, 0, group=1,
-                causal=False, box=16, together=True),
     # the item-step trace probe (``PROBE_TRACE``)
     _check_spec("d128-bf16-page16-gqa4-causal-trace", "bf16", 128, 16, trace=True),
     # the loader's page ids as a tile-ahead vector (``SCALAR_PAGES`` False)
