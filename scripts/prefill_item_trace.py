@@ -58,7 +58,7 @@ def trace_case(case, page: int, causal: bool):
                     steps["k wait/tile"].append(e[7] / (n - 1))
                     steps["v wait/tile"].append(e[8] / (n - 1))
                 steps["last"].append(e[4] - e[3])
-                if e[9] >= 0:   # the plain consumer's stamps in the switch
+                if e[9] >= 0:   # the last P V's stamps (an item with key tiles)
                     steps["of it: V wait"].append(e[10] - e[3])
                     steps["PV issue"].append(e[11] - e[10])
                     steps["to lookup"].append(e[9] - e[3])

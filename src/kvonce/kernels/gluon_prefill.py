@@ -373,23 +373,12 @@ def _next_item(Q, cu_seqlens_q, cache_seqlens, batch, num_tiles, item, valid, st
     kv_head, seq, q_start, q_len, tok0, seqlen, diag, hi, full = _tile(
         item, cu_seqlens_q, cache_seqlens, batch, num_tiles, BLOCK_Q, BLOCK_N, IS_CAUSAL,
         LAST_FIRST)
-    q = _gather_q(Q, kv_head, q_start, q_len, tok0, valid, stride_qt, stride_qh, GROUP, BLOCK_Q,
-                  HEAD_DIM, PART)
-    return kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, q
-
-
-@gluon.jit
-def _gather_q(Q, kv_head, q_start, q_len, tok0, valid, stride_qt, stride_qh,
-              GROUP: gl.constexpr, BLOCK_Q: gl.constexpr, HEAD_DIM: gl.constexpr,
-              PART: gl.constexpr):
-    """A consumer warpgroup's Q rows of an item in registers, the coalesced layout (rows past
-    q_len, or every row where not ``valid``: 0, no load)."""
     q_rows, head, row_ok = _q_rows(kv_head, q_start, q_len, tok0, GROUP, BLOCK_Q, HEAD_DIM,
                                    PART)
     offs_d = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, rows_layout(HEAD_DIM)))
-    return gl.load(Q + gl.expand_dims(q_rows * stride_qt + head * stride_qh, 1)
-                   + gl.expand_dims(offs_d, 0), mask=gl.expand_dims(row_ok & valid, 1),
-                   other=0.0)
+    q = gl.load(Q + gl.expand_dims(q_rows * stride_qt + head * stride_qh, 1)
+                + gl.expand_dims(offs_d, 0), mask=gl.expand_dims(row_ok & valid, 1), other=0.0)
+    return kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, q
 
 
 @gluon.jit
@@ -645,8 +634,8 @@ SCALAR_PAGES = True
 # TRACE_EVENTS]`` into which each consumer warpgroup writes its SM's clock at the steps of each
 # work item (``_consume_item``'s ``_stamp``s; slot 6: the item's key tiles; 7, 8: the cycles
 # its loop spent waiting on ``k_ready`` and on ``v_ready``; 9: after the next item's lookup,
-# 10: once the last tile's V has landed, 11: its P V issued; 9-11 the plain consumer only).
-# None: no trace
+# 10: once the last tile's V has landed, 11: its P V issued; 9-11 only for items with key
+# tiles). None: no trace
 # (the kernel's ``trace`` argument is then ``out``, never read).
 PROBE_TRACE = None
 
