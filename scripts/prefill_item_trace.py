@@ -8,7 +8,14 @@ tile j - 1), a tile, and of that the cycles waiting for K (``k_ready``) and V (`
 land; ``last``: the last P V, the next item's lookup and Q gather under it (of it: the last
 V's wait, the P V's issue, and from its start to the next Q gather's issue);
 ``out``: the epilogue (O through shared memory to global, the LSE); ``gap``: to the next
-item's first stamp.
+item's first stamp. Between a CTA's two consumer warpgroups: ``WG1 lag`` (warpgroup 1's item
+start less warpgroup 0's, the same item), and of the time both are past their first item, the
+share in which both are switching items at once (``both switch``, a warpgroup's switch: the end
+of its loop to the end of its next item's first tile; ``one switch``: exactly one is).
+The loop's tile by step (as a warp reaches each in program order, so an instruction's
+latency shows where its result is first used): ``issue`` (K wait, Q Kᵀ issue, V wait, P V
+issue), ``QK wait`` (for tile j's scores), ``softmax``, ``PV wait`` (for tile j - 1's P V),
+``rescale`` (O by alpha, P to 16 bits).
 
     PYTHONPATH=src python scripts/prefill_item_trace.py [--rows prefill,chunked] [--pages 16,256]
         [--noncausal]
@@ -24,7 +31,9 @@ from kvonce.bench.prefill import CASES, make_inputs
 from kvonce.kernels import gluon_prefill
 
 STEPS = ("q", "tile0", "loop/tile", "k wait/tile", "v wait/tile", "last", "of it: V wait",
-         "PV issue", "to lookup", "out", "gap", "item", "tiles", "item - tiles*loop")
+         "PV issue", "to lookup", "out", "gap", "item", "tiles", "item - tiles*loop",
+         "WG1 lag", "both switch", "one switch", "issue/tile", "QK wait/tile",
+         "softmax/tile", "PV wait/tile", "rescale/tile")
 
 
 def trace_case(case, page: int, causal: bool):
@@ -43,7 +52,11 @@ def trace_case(case, page: int, causal: bool):
         torch.cuda.synchronize()
     finally:
         gluon_prefill.PROBE_TRACE = None
-    t = buf.cpu()
+    return summarize(buf.cpu())
+
+
+def summarize(t):
+    """The STEPS' medians of a trace buffer ``[programs, TRACE_ROUNDS, 2, TRACE_EVENTS]``."""
     steps = {k: [] for k in STEPS}
     for cta in range(t.shape[0]):
         for part in range(2):
@@ -57,6 +70,8 @@ def trace_case(case, page: int, causal: bool):
                     steps["loop/tile"].append((e[3] - e[2]) / (n - 1))
                     steps["k wait/tile"].append(e[7] / (n - 1))
                     steps["v wait/tile"].append(e[8] / (n - 1))
+                    for slot, name in enumerate(STEPS[-5:], 12):
+                        steps[name].append(e[slot] / (n - 1))
                 steps["last"].append(e[4] - e[3])
                 if e[9] >= 0:   # the last P V's stamps (an item with key tiles)
                     steps["of it: V wait"].append(e[10] - e[3])
@@ -68,9 +83,33 @@ def trace_case(case, page: int, causal: bool):
                     steps["gap"].append(nxt - e[5])
                     steps["item"].append(nxt - e[0])
                     steps["tiles"].append(n)
+    lags, both, one, span = [], 0, 0, 0
+    for cta in range(t.shape[0]):
+        rows = [r for r in range(t.shape[1]) if t[cta, r, 0, 0] >= 0 and t[cta, r, 1, 0] >= 0]
+        windows = []   # each warpgroup's switch windows: loop end -> next item's tile 0 end
+        for part in range(2):
+            windows.append([(t[cta, r, part, 3].item(), t[cta, r + 1, part, 2].item())
+                            for r in rows if r + 1 in rows])
+        lags += [t[cta, r, 1, 0].item() - t[cta, r, 0, 0].item() for r in rows]
+        if len(rows) < 2:
+            continue
+        lo = max(t[cta, rows[0], p, 2].item() for p in range(2))
+        hi = min(t[cta, rows[-1], p, 3].item() for p in range(2))
+        marks = sorted({lo, hi} | {x for w in windows for a, b in w for x in (a, b)
+                                   if lo <= x <= hi})
+        for a, b in zip(marks, marks[1:]):
+            mid = (a + b) / 2
+            inside = sum(any(x <= mid < y for x, y in w) for w in windows)
+            both += (b - a) * (inside == 2)
+            one += (b - a) * (inside == 1)
+        span += hi - lo
+    steps["WG1 lag"] = lags
+    steps["both switch"] = [both / span] if span else []
+    steps["one switch"] = [one / span] if span else []
     loop = statistics.median(steps["loop/tile"])
     steps["item - tiles*loop"] = [i - n * loop for i, n in zip(steps["item"], steps["tiles"])]
-    return [round(statistics.median(steps[k]), 1) if steps[k] else "-" for k in STEPS]
+    return [round(statistics.median(steps[k]), 3 if k.endswith("switch") else 1)
+            if steps[k] else "-" for k in STEPS]
 
 
 def main() -> None:
