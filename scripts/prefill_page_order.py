@@ -9,9 +9,7 @@ TMA boxes at N rows (``BOX_ROWS``: page 256 with ``b16`` issues page 16's copies
 following it; right only with ``sequential``), ``rt`` takes the page size as a kernel
 argument (``PROBE_RUNTIME_PAGE``: one binary for a box size's every page size), ``sN`` lays
 the block table's rows N entries apart (Triton specializes an int argument divisible by 16:
-``stride_btb``), ``pp`` the consumer warpgroups' ping-pong (``PINGPONG``), ``gN`` warpgroup 1
-starting N cycles late (``STAGGER``), ``xN`` N of every 4 exponentials by the FMA pipe
-(``EXP_POLY``; outputs differ in the last bits), ``ofP`` takes page size P's inputs (of that order) regrouped into pages of
+``stride_btb``), ``pk`` P packed into 16 bits by cvt pairs (``PACK_P``), ``ofP`` takes page size P's inputs (of that order) regrouped into pages of
 PAGE rows over the same memory (``16:sequential:of256``: page 256's bytes, addresses, keys,
 queries and lengths, looked up as page 16: only the block table differs). All variants
 timed in alternated rounds, eager (``do_bench``) and CUDA-graph (``do_bench_cudagraph``)
@@ -102,15 +100,10 @@ def main() -> None:
             gluon_prefill.PROBE_TILE_LOOKUP = ("sequence" if "first" in options
                                                else "one" in options)
             gluon_prefill.PROBE_RUNTIME_PAGE = "rt" in options
-            gluon_prefill.PINGPONG = "pp" in options
-            gluon_prefill.STAGGER = next((int(o[1:]) for o in options
-                                          if o[0] == "g" and o[1:].isdigit()), 0)
-            gluon_prefill.EXP_POLY = next((int(o[1:]) for o in options
-                                           if o[0] == "x" and o[1:].isdigit()), 0)
+            gluon_prefill.PACK_P = "pk" in options
             plan = kvonce.PagedPrefillPlan(*a, max_seqlen_q=max(case.q_lens))
             gluon_prefill.BOX_ROWS, gluon_prefill.PROBE_TILE_LOOKUP = None, False
-            gluon_prefill.PROBE_RUNTIME_PAGE = gluon_prefill.PINGPONG = False
-            gluon_prefill.STAGGER = gluon_prefill.EXP_POLY = 0
+            gluon_prefill.PROBE_RUNTIME_PAGE = gluon_prefill.PACK_P = False
             outs[variant] = plan.run(*a)
             calls[variant] = (lambda plan=plan, a=a: plan.run(*a))
         times = {variant: ([], []) for variant in calls}

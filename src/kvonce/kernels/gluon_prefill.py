@@ -256,53 +256,9 @@ def _zero_rows_from(smem, first, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
     gl.thread_barrier()
 
 
-def _exp2_asm(poly: int) -> str:
-    """PTX for four exponentials (``$4..$7`` -> ``$0..$3``, f32), the last ``poly`` of them by
-    a polynomial on the FMA pipe instead of MUFU.EX2 (FA4's split between the pipes; inputs
-    finite and <= 0): 2^x = 2^j 2^f with j = round(x) (x + 1.5 2^23 rounds in the FMA pipe),
-    f in [-1/2, 1/2], 2^f by a cubic (relative error 7.5e-5, under bf16's and fp16's rounding
-    of P), and j added to the exponent bits; x clamped to -126 keeps the exponent field >= 0
-    (keys that far below the row's max weigh 2^-126 instead of less)."""
-    lines = [".reg .f32 a, t, j, f, p;", ".reg .b32 tb, pb;"]
-    for i in range(4):
-        if i < 4 - poly:
-            lines.append(f"ex2.approx.f32 ${i}, ${i + 4};")
-            continue
-        lines += [f"max.f32 a, ${i + 4}, 0fC2FC0000;", "add.rn.f32 t, a, 0f4B400000;",
-                  "sub.rn.f32 j, t, 0f4B400000;", "sub.rn.f32 f, a, j;",
-                  "fma.rn.f32 p, f, 0f3D61FBB0, 0f3E786F0E;", "fma.rn.f32 p, p, f, 0f3F31798D;",
-                  "fma.rn.f32 p, p, f, 0f3F7FFB49;", "mov.b32 tb, t;", "mov.b32 pb, p;",
-                  "shl.b32 tb, tb, 23;", "add.s32 pb, pb, tb;", f"mov.b32 ${i}, pb;"]
-    return "{\n" + "\n".join(lines) + "\n}"
-
-
-EXP2_POLY1 = gl.constexpr(_exp2_asm(1))
-EXP2_POLY2 = gl.constexpr(_exp2_asm(2))
-EXP2_POLY3 = gl.constexpr(_exp2_asm(3))
-EXP2_POLY4 = gl.constexpr(_exp2_asm(4))
-
-
-@gluon.jit
-def _exp2(x, POLY: gl.constexpr):
-    """``exp2(x)``, ``POLY`` of every 4 elements of a thread by ``_exp2_asm``'s polynomial
-    (x finite; 0: all by MUFU.EX2)."""
-    if POLY == 0:
-        return gl.exp2(x)
-    elif POLY == 1:
-        asm: gl.constexpr = EXP2_POLY1
-    elif POLY == 2:
-        asm: gl.constexpr = EXP2_POLY2
-    elif POLY == 3:
-        asm: gl.constexpr = EXP2_POLY3
-    else:
-        asm: gl.constexpr = EXP2_POLY4
-    return gl.inline_asm_elementwise(asm, "=f,=f,=f,=f,f,f,f,f", [x], dtype=gl.float32,
-                                     is_pure=True, pack=4)
-
-
 @gluon.jit
 def _softmax_tile(sc, m_i, l_i, start, full, seqlen, last_key, qk_scale, BLOCK_N: gl.constexpr,
-                  S_LAYOUT: gl.constexpr, EXP_POLY: gl.constexpr = 0):
+                  S_LAYOUT: gl.constexpr):
     """Raw scores ``sc [rows, BLOCK_N]`` of keys ``start ..`` into the online softmax (base
     2): ``(p, alpha, m_new, l_new)``. Tiles past ``full`` (the diagonal band, the sequence's end)
     are masked: row r sees key k iff ``k <= last_key[r]`` and ``k < seqlen``."""
@@ -318,9 +274,21 @@ def _softmax_tile(sc, m_i, l_i, start, full, seqlen, last_key, qk_scale, BLOCK_N
     else:
         m_new = gl.maximum(m_i, gl.reduce(sc, 1, _max) * qk_scale)
         m_sub = m_new
-        p = _exp2(sc * qk_scale - gl.expand_dims(m_sub, 1), EXP_POLY)
+        p = gl.exp2(sc * qk_scale - gl.expand_dims(m_sub, 1))
     alpha = gl.exp2(m_i - m_sub)
     return p, alpha, m_new, l_i * alpha + gl.reduce(p, 1, _add)
+
+
+@gluon.jit
+def _to_16bit(p, dtype: gl.constexpr):
+    """``p.to(dtype)`` as packed ``cvt.rn.{bf16,f16}x2.f32`` pairs (element 0 low)."""
+    if dtype == gl.bfloat16:
+        y = gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [p],
+                                      dtype=gl.bfloat16, is_pure=True, pack=2)
+    else:
+        y = gl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [p],
+                                      dtype=gl.float16, is_pure=True, pack=2)
+    return y
 
 
 TRACE_ROUNDS = gl.constexpr(128)   # items a CTA's trace holds (``PROBE_TRACE``)
@@ -363,57 +331,19 @@ def _timed_wait(bar, phase, waited, TRACE: gl.constexpr):
     return waited
 
 
-# Named barriers of the ping-pong (``PINGPONG``): consumer warpgroup ``PART`` issues a tile's
-# wgmmas once barrier ``PINGPONG_BAR + PART`` completes (its own 128 threads and the other's
-# 128), then arrives on the other's. Triton's partitions take barriers 0-2 (compiled for sm_90a).
-PINGPONG_BAR = gl.constexpr(14)
-
-
-@gluon.jit
-def _bar(asm: gl.constexpr):
-    """A PTX barrier instruction (``bar.sync`` / ``bar.arrive``) by every thread that runs it."""
-    gl.inline_asm_elementwise(asm + " mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False,
-                              pack=1)
-
-
-@gluon.jit
-def _my_turn(PART: gl.constexpr):
-    """Wait until the other consumer warpgroup has issued its tile's wgmmas (FA3's scheduler
-    barrier; the first turn is warpgroup 0's own arrive in ``_consume_items``)."""
-    if PART == 0:
-        _bar("bar.sync 14, 256;")
-    else:
-        _bar("bar.sync 15, 256;")
-
-
-@gluon.jit
-def _your_turn(PART: gl.constexpr):
-    """Hand the tensor core's queue to the other consumer warpgroup."""
-    if PART == 0:
-        _bar("bar.arrive 15, 256;")
-    else:
-        _bar("bar.arrive 14, 256;")
-
-
 @gluon.jit
 def _consume_items(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                    cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles, num_items,
                    num_programs, stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, trace,
                    GROUP: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
                    HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr,
-                   STORE_LSE: gl.constexpr, TRACE: gl.constexpr, PINGPONG: gl.constexpr,
-                   STAGGER: gl.constexpr, EXP_POLY: gl.constexpr, PART: gl.constexpr):
+                   STORE_LSE: gl.constexpr, TRACE: gl.constexpr, PACK_P: gl.constexpr,
+                   PART: gl.constexpr):
     """Consumer warpgroup ``PART``: packed rows ``[64 PART, 64 PART + 64)`` of each of the
     CTA's work items against its keys ``[0, hi)`` (``it`` counts the CTA's key tiles across
     items, as the loader does). The next item's tile and Q rows are looked up while this one's
     last P V runs (``_next_item``), so a persistent CTA starts an item on data already loaded."""
     q_smem = q_smem.index(PART)
-    if PINGPONG and PART == 0:
-        _your_turn(1)   # warpgroup 0 takes the first turn: an arrive on its own barrier
-    if STAGGER > 0 and PART == 1:   # start STAGGER cycles after warpgroup 0
-        t0 = _clock()
-        while _clock() - t0 < STAGGER:
-            pass
     it = 0
     item = gl.program_id(0)
     kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, q = _next_item(
@@ -431,7 +361,7 @@ def _consume_items(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empt
                 kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, sm_scale, stride_qt,
                 stride_qh, stride_ot, stride_oh, stride_lh, cu_seqlens_q, cache_seqlens, batch,
                 num_tiles, nxt, nxt < num_items, tp, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM,
-                IS_CAUSAL, LAST_FIRST, STORE_LSE, TRACE, PINGPONG, EXP_POLY, PART)
+                IS_CAUSAL, LAST_FIRST, STORE_LSE, TRACE, PACK_P, PART)
             it = it_next
         else:
             kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, q = _next_item(
@@ -509,8 +439,7 @@ def _issue_last_pv(v_smem, v_ready, g, p_op, acc, start, seqlen, tp=None,
 @gluon.jit
 def _steady_tiles(q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it, n_tiles, acc,
                   p_op, m_i, l_i, full, seqlen, last_key, qk_scale, tp, BLOCK_N: gl.constexpr,
-                  TRACE: gl.constexpr, PINGPONG: gl.constexpr, EXP_POLY: gl.constexpr,
-                  PART: gl.constexpr):
+                  TRACE: gl.constexpr, PACK_P: gl.constexpr):
     """Key tiles ``1 .. n_tiles - 1`` of an item (the ring's ``it + j``-th), tile 0's P in
     ``p_op``: FA3's intra-warpgroup overlap, tile j's Q Kᵀ issued before tile j - 1's P V, whose
     wgmma runs under tile j's softmax (P of tile j - 1 stays in registers as its A operand until
@@ -540,26 +469,25 @@ def _steady_tiles(q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it
         s = g % STAGES
         prev = (g - 1) % STAGES
         k_waited = _timed_wait(k_ready.index(s), (g // STAGES) & 1, k_waited, TRACE)
-        if PINGPONG:
-            _my_turn(PART)
         sc = warpgroup_mma(q_smem, k_smem.index(s).permute((1, 0)), zero_s,
                            use_acc=False, is_async=True)
         v_waited = _timed_wait(v_ready.index(prev), ((g - 1) // STAGES) & 1, v_waited, TRACE)
         acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-        if PINGPONG:
-            _your_turn(PART)
         t, issue_c = _lap(t, issue_c, TRACE)
         sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc, ))
         t, qk_c = _lap(t, qk_c, TRACE)
         mbarrier.arrive(k_empty.index(s))
         p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, j * BLOCK_N, full, seqlen,
-                                           last_key, qk_scale, BLOCK_N, S_LAYOUT, EXP_POLY)
+                                           last_key, qk_scale, BLOCK_N, S_LAYOUT)
         t, softmax_c = _lap(t, softmax_c, TRACE)
-        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         t, pv_c = _lap(t, pv_c, TRACE)
         mbarrier.arrive(v_empty.index(prev))
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROWS_O), 1)
-        p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
+        if PACK_P:
+            p_op = gl.convert_layout(_to_16bit(p, dtype), P_OPERAND)
+        else:
+            p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
         t, tail_c = _lap(t, tail_c, TRACE)
     _stamp(tp, 3, TRACE)
     if TRACE:
@@ -580,8 +508,7 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
                   cache_seqlens, batch, num_tiles, nxt, nxt_valid, tp, GROUP: gl.constexpr,
                   BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                   IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr, STORE_LSE: gl.constexpr,
-                  TRACE: gl.constexpr, PINGPONG: gl.constexpr, EXP_POLY: gl.constexpr,
-                  PART: gl.constexpr):
+                  TRACE: gl.constexpr, PACK_P: gl.constexpr, PART: gl.constexpr):
     """One work item of consumer warpgroup ``PART`` (its ``q_smem`` slice; ``q`` its Q rows in
     registers), its key tiles the ring's ``it``-th onwards; returns ``_next_item(nxt)``, looked
     up under the item's last P V. FA3's intra-warpgroup overlap: tile j's Q Kᵀ is issued before
@@ -618,13 +545,15 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
         sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
         mbarrier.arrive(k_empty.index(s))
         p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, 0, full, seqlen, last_key,
-                                           qk_scale, BLOCK_N, S_LAYOUT, EXP_POLY)
-        p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
+                                           qk_scale, BLOCK_N, S_LAYOUT)
+        if PACK_P:
+            p_op = gl.convert_layout(_to_16bit(p, dtype), P_OPERAND)
+        else:
+            p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
         _stamp(tp, 2, TRACE)
         acc, p_op, m_i, l_i = _steady_tiles(
             q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it, n_tiles, acc, p_op,
-            m_i, l_i, full, seqlen, last_key, qk_scale, tp, BLOCK_N, TRACE, PINGPONG, EXP_POLY,
-            PART)
+            m_i, l_i, full, seqlen, last_key, qk_scale, tp, BLOCK_N, TRACE, PACK_P)
         last = n_tiles - 1
         s = (it + last) % STAGES
         acc = _issue_last_pv(v_smem, v_ready, it + last, p_op, acc, last * BLOCK_N, seqlen, tp,
@@ -681,8 +610,7 @@ def _gluon_prefill_kernel(
     PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     STORE_LSE: gl.constexpr, LAST_FIRST: gl.constexpr, STAGES: gl.constexpr,
     SCALAR_PAGES: gl.constexpr = False, TILE_LOOKUP: gl.constexpr = False,
-    TRACE: gl.constexpr = False, PINGPONG: gl.constexpr = False, STAGGER: gl.constexpr = 0,
-    EXP_POLY: gl.constexpr = 0,
+    TRACE: gl.constexpr = False, PACK_P: gl.constexpr = False,
 ):
     """Grid ``(num_programs,)``: CTA ``p`` runs work items ``p, p + num_programs, ..`` of
     ``num_items = num_tiles * nheads_k`` (``_tile``; ``num_tiles = total_q // BLOCK_Q + batch``
@@ -718,12 +646,12 @@ def _gluon_prefill_kernel(
                           v_empty, cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles,
                           num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh,
                           stride_lh, trace, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
-                          LAST_FIRST, STORE_LSE, TRACE, PINGPONG, STAGGER, EXP_POLY, 0)),
+                          LAST_FIRST, STORE_LSE, TRACE, PACK_P, 0)),
         (_consume_items, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty,
                           v_empty, cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles,
                           num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh,
                           stride_lh, trace, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
-                          LAST_FIRST, STORE_LSE, TRACE, PINGPONG, STAGGER, EXP_POLY, 1)),
+                          LAST_FIRST, STORE_LSE, TRACE, PACK_P, 1)),
         (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                  cu_seqlens_q, cache_seqlens, block_table, stride_btb, page_shift, batch,
                  num_tiles, num_items, num_programs, PAGE_SIZE, BLOCK_Q, BLOCK_N, HEAD_DIM,
@@ -751,19 +679,11 @@ CACHED_LAUNCH = True
 # False keeps the vector form everywhere.
 SCALAR_PAGES = True
 
-# FA3's ping-pong: the two consumer warpgroups take turns issuing a key tile's wgmmas (named
-# barriers ``_my_turn`` / ``_your_turn``), so one's softmax runs under the other's Q Kᵀ and P V
-# rather than both meeting the tensor core at once. Being measured (off).
-PINGPONG = False
-
-# A probe: consumer warpgroup 1 starts this many cycles after warpgroup 0 (a spin on %clock64),
-# so that the two need not switch items at once (being measured; 0: off).
-STAGGER = 0
-
-# Of every 4 exponentials of a thread's unmasked scores, this many by a polynomial on the FMA
-# pipe (``_exp2_asm``) rather than MUFU.EX2, whose 16 a clock an SM the softmax shares between
-# both warpgroups (being measured; 0: off).
-EXP_POLY = 0
+# P into 16 bits for its wgmma by packed ``cvt.rn.{bf16,f16}x2.f32`` (``_to_16bit``) instead of
+# two scalar conversions and a pack, which ptxas follows with a PRMT a register (the halves
+# swapped) in consumer warpgroup 1's loop: 32 of its ~500 instructions a tile (compiled for
+# sm_90a). Being measured.
+PACK_P = False
 
 # A probe (scripts/prefill_item_trace.py): an int64 tensor ``[programs, TRACE_ROUNDS, 2,
 # TRACE_EVENTS]`` into which each consumer warpgroup writes its SM's clock at the steps of each
@@ -863,8 +783,7 @@ class GluonPrefillLaunch:
                                 SCALAR_PAGES=SCALAR_PAGES and block_n > self.box,
                                 TILE_LOOKUP=({False: 0, True: 1, "sequence": 2}[
                                     PROBE_TILE_LOOKUP] if block_n > self.box else 0),
-                                TRACE=PROBE_TRACE is not None, PINGPONG=PINGPONG,
-                                STAGGER=STAGGER, EXP_POLY=EXP_POLY)
+                                TRACE=PROBE_TRACE is not None, PACK_P=PACK_P)
         self._page_shift = page_size.bit_length() - 1
         if (PROBE_RUNTIME_PAGE and self._constexprs["SCALAR_PAGES"]
                 and not self._constexprs["TILE_LOOKUP"]):

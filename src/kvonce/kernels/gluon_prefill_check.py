@@ -21,15 +21,14 @@ def _check_signature(dtype: str, head_dim: int, box: int) -> dict:
                                          "stride_lh", "stride_btb", "page_shift")})
     sig["trace"] = "*i64"
     for name in ("GROUP", "IS_CAUSAL", "PAGE_SIZE", "BLOCK_N", "HEAD_DIM", "STORE_LSE",
-                 "LAST_FIRST", "STAGES", "SCALAR_PAGES", "TILE_LOOKUP", "TRACE", "PINGPONG",
-                 "STAGGER", "EXP_POLY"):
+                 "LAST_FIRST", "STAGES", "SCALAR_PAGES", "TILE_LOOKUP", "TRACE", "PACK_P"):
         sig[name] = "constexpr"
     return sig
 
 
 def _check_spec(variant, dtype, head_dim, page_size, group=4, causal=True, block_n=128,
                 stages=3, scalar_pages=None, tile_lookup=False, box=None, trace=False,
-                pingpong=False, stagger=0, exp_poly=0):
+                pack_p=False):
     # Per tile and consumer warpgroup: S = Q Kᵀ D/16 m64nBLOCK_Nk16, O += P V BLOCK_N/16
     # m64nDk16; each twice in the code (the loop's pair, the first tile's S and the last tile's
     # P V), and two warpgroups.
@@ -41,7 +40,7 @@ def _check_spec(variant, dtype, head_dim, page_size, group=4, causal=True, block
             dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, BLOCK_N=block_n,
                  HEAD_DIM=head_dim, STORE_LSE=True, LAST_FIRST=True, STAGES=stages,
                  SCALAR_PAGES=scalar_pages, TILE_LOOKUP=tile_lookup, TRACE=trace,
-                 PINGPONG=pingpong, STAGGER=stagger, EXP_POLY=exp_poly),
+                 PACK_P=pack_p),
             dict(num_warps=4), dict(HGMMA=hgmma))
 
 
@@ -61,10 +60,8 @@ GLUON_CHECK_SPECS = [
     _check_spec("d128-bf16-page16-gqa4-causal-tilelookup", "bf16", 128, 16, tile_lookup=True),
     # the probe of the page size as an argument (``PROBE_RUNTIME_PAGE``: PAGE_SIZE 0), 16-row boxes
     _check_spec("d128-bf16-runtimepage-box16-gqa4-causal", "bf16", 128, 0, box=16),
-    # FA3's ping-pong between the consumer warpgroups (``PINGPONG``)
-    _check_spec("d128-bf16-page16-gqa4-causal-pingpong", "bf16", 128, 16, pingpong=True),
-    _check_spec("d128-bf16-page256-gqa4-causal-pingpong", "bf16", 128, 256, pingpong=True),
-    _check_spec("d128-bf16-page16-gqa4-causal-stagger", "bf16", 128, 16, stagger=3000),
-    _check_spec("d128-bf16-page16-gqa4-causal-poly1", "bf16", 128, 16, exp_poly=1),
-    _check_spec("d128-bf16-page16-gqa4-causal-poly2", "bf16", 128, 16, exp_poly=2),
+    # P packed into 16 bits by cvt pairs (``PACK_P``)
+    _check_spec("d128-bf16-page16-gqa4-causal-packp", "bf16", 128, 16, pack_p=True),
+    _check_spec("d128-fp16-page16-mha-noncausal-packp", "fp16", 128, 16, group=1, causal=False,
+                pack_p=True),
 ]
