@@ -9,7 +9,7 @@ TMA boxes at N rows (``BOX_ROWS``: page 256 with ``b16`` issues page 16's copies
 following it; right only with ``sequential``), ``rt`` takes the page size as a kernel
 argument (``PROBE_RUNTIME_PAGE``: one binary for a box size's every page size), ``sN`` lays
 the block table's rows N entries apart (Triton specializes an int argument divisible by 16:
-``stride_btb``), ``pk`` P packed into 16 bits by cvt pairs (``PACK_P``), ``ofP`` takes page size P's inputs (of that order) regrouped into pages of
+``stride_btb``), ``pr`` the softmax's row reductions by column pairs first (``PAIRS``), ``ofP`` takes page size P's inputs (of that order) regrouped into pages of
 PAGE rows over the same memory (``16:sequential:of256``: page 256's bytes, addresses, keys,
 queries and lengths, looked up as page 16: only the block table differs). All variants
 timed in alternated rounds, eager (``do_bench``) and CUDA-graph (``do_bench_cudagraph``)
@@ -100,10 +100,10 @@ def main() -> None:
             gluon_prefill.PROBE_TILE_LOOKUP = ("sequence" if "first" in options
                                                else "one" in options)
             gluon_prefill.PROBE_RUNTIME_PAGE = "rt" in options
-            gluon_prefill.PACK_P = "pk" in options
+            gluon_prefill.PAIRS = "pr" in options
             plan = kvonce.PagedPrefillPlan(*a, max_seqlen_q=max(case.q_lens))
             gluon_prefill.BOX_ROWS, gluon_prefill.PROBE_TILE_LOOKUP = None, False
-            gluon_prefill.PROBE_RUNTIME_PAGE = gluon_prefill.PACK_P = False
+            gluon_prefill.PROBE_RUNTIME_PAGE = gluon_prefill.PAIRS = False
             outs[variant] = plan.run(*a)
             calls[variant] = (lambda plan=plan, a=a: plan.run(*a))
         times = {variant: ([], []) for variant in calls}

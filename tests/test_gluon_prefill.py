@@ -144,24 +144,6 @@ def test_gluon_prefill_scalar_page_ids(monkeypatch, persistent, page_size, block
 
 
 @hopper_only
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("persistent", [False, True])
-@pytest.mark.parametrize("nheads,nheads_k,head_dim,page_size,block_n", [
-    (32, 8, 128, 16, 128), (32, 8, 128, 256, 128), (12, 2, 128, 32, 64), (16, 2, 64, 32, 128)])
-def test_gluon_prefill_packed_p(monkeypatch, dtype, persistent, nheads, nheads_k, head_dim,
-                                page_size, block_n):
-    """``PACK_P``: P rounded to 16 bits by packed cvt pairs gives the scalar conversions' bytes
-    (both round to nearest even)."""
-    case = q, k, v, cu, seqlens, table = make_case(LENS, nheads=nheads, nheads_k=nheads_k,
-                                                   head_dim=head_dim, page_size=page_size,
-                                                   dtype=dtype)
-    _poison_unowned(k, v, seqlens, table)
-    config = dataclasses.replace(GLUON, gluon_block_n=block_n, gluon_persistent=persistent)
-    _same_bytes_under(monkeypatch, "PACK_P", (False, True), case, config,
-                      lambda launch, on: launch._constexprs["PACK_P"] == on)
-
-
-@hopper_only
 @pytest.mark.parametrize("box_rows", [16, 64])
 def test_gluon_prefill_box_rows_probe(monkeypatch, box_rows):
     """``BOX_ROWS`` (a probe): boxes of fewer rows than a page (several boxes a page, each its
