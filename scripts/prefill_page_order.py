@@ -9,9 +9,7 @@ TMA boxes at N rows (``BOX_ROWS``: page 256 with ``b16`` issues page 16's copies
 following it; right only with ``sequential``), ``rt`` takes the page size as a kernel
 argument (``PROBE_RUNTIME_PAGE``: one binary for a box size's every page size), ``sN`` lays
 the block table's rows N entries apart (Triton specializes an int argument divisible by 16:
-``stride_btb``), ``pr`` the softmax's row reductions by column pairs first (``PAIRS``), ``pp``
-the consumer warpgroups' ping-pong (``PINGPONG``), ``pk`` P packed by cvt pairs (``PACK_P``),
-``ofP`` takes page size P's inputs (of that order) regrouped into pages of
+``stride_btb``), ``ofP`` takes page size P's inputs (of that order) regrouped into pages of
 PAGE rows over the same memory (``16:sequential:of256``: page 256's bytes, addresses, keys,
 queries and lengths, looked up as page 16: only the block table differs). All variants
 timed in alternated rounds, eager (``do_bench``) and CUDA-graph (``do_bench_cudagraph``)
@@ -102,23 +100,20 @@ def main() -> None:
             gluon_prefill.PROBE_TILE_LOOKUP = ("sequence" if "first" in options
                                                else "one" in options)
             gluon_prefill.PROBE_RUNTIME_PAGE = "rt" in options
-            gluon_prefill.PAIRS = "pr" in options
-            gluon_prefill.PINGPONG = "pp" in options
-            gluon_prefill.PACK_P = "pk" in options
             plan = kvonce.PagedPrefillPlan(*a, max_seqlen_q=max(case.q_lens))
             # The plan makes its launch (which reads the knobs) at its first run: run it before
             # the knobs go back (before 2026-11-30's thirty-eighth session they went back first,
             # and every knob variant ran the default kernel).
             outs[variant] = plan.run(*a)
             launch = next(iter(plan._launches.values()))._gluon
-            knobs = launch._constexprs
-            if (knobs["KNOBS"] != (gluon_prefill.PAIRS | gluon_prefill.PINGPONG << 1
-                                   | gluon_prefill.PACK_P << 2)
-                    or launch.box != min(int(page), 128, gluon_prefill.BOX_ROWS or 128)):
-                raise SystemExit(f"{variant}: the launch does not carry the variant's knobs")
+            c = launch._constexprs
+            runtime_page = (gluon_prefill.PROBE_RUNTIME_PAGE and c["SCALAR_PAGES"]
+                            and not c["TILE_LOOKUP"])
+            if (launch.box != min(int(page), 128, gluon_prefill.BOX_ROWS or 128)
+                    or (c["PAGE_SIZE"] == 0) != runtime_page):
+                raise SystemExit(f"{variant}: the launch does not carry the variant's probes")
             gluon_prefill.BOX_ROWS, gluon_prefill.PROBE_TILE_LOOKUP = None, False
-            gluon_prefill.PROBE_RUNTIME_PAGE = gluon_prefill.PAIRS = False
-            gluon_prefill.PINGPONG = gluon_prefill.PACK_P = False
+            gluon_prefill.PROBE_RUNTIME_PAGE = False
             calls[variant] = (lambda plan=plan, a=a: plan.run(*a))
         times = {variant: ([], []) for variant in calls}
         for _ in range(args.rounds):

@@ -257,27 +257,8 @@ def _zero_rows_from(smem, first, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
 
 
 @gluon.jit
-def _row_reduce(x, IS_MAX: gl.constexpr, PAIRS: gl.constexpr):
-    """The row max (``IS_MAX``) or row sum of ``x [rows, N]``; with ``PAIRS`` adjacent columns
-    (a thread's neighbouring registers in the wgmma accumulator) combined first, so that the
-    in-thread chain the reduction compiles to is half as long (N/8 steps, not N/4)."""
-    if PAIRS:
-        a, b = gl.split(gl.reshape(x, [x.shape[0], x.shape[1] // 2, 2]))
-        if IS_MAX:
-            y = gl.reduce(gl.maximum(a, b), 1, _max)
-        else:
-            y = gl.reduce(a + b, 1, _add)
-        y = gl.convert_layout(y, gl.SliceLayout(1, x.type.layout))
-    elif IS_MAX:
-        y = gl.reduce(x, 1, _max)
-    else:
-        y = gl.reduce(x, 1, _add)
-    return y
-
-
-@gluon.jit
 def _softmax_tile(sc, m_i, l_i, start, full, seqlen, last_key, qk_scale, BLOCK_N: gl.constexpr,
-                  S_LAYOUT: gl.constexpr, PAIRS: gl.constexpr = False):
+                  S_LAYOUT: gl.constexpr):
     """Raw scores ``sc [rows, BLOCK_N]`` of keys ``start ..`` into the online softmax (base
     2): ``(p, alpha, m_new, l_new)``. Tiles past ``full`` (the diagonal band, the sequence's end)
     are masked: row r sees key k iff ``k <= last_key[r]`` and ``k < seqlen``."""
@@ -286,16 +267,16 @@ def _softmax_tile(sc, m_i, l_i, start, full, seqlen, last_key, qk_scale, BLOCK_N
         visible = ((gl.expand_dims(keys, 0) <= gl.expand_dims(last_key, 1))
                    & gl.expand_dims(keys < seqlen, 0))
         sc = gl.where(visible, sc * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, _row_reduce(sc, True, PAIRS))
+        m_new = gl.maximum(m_i, gl.reduce(sc, 1, _max))
         # A row with no visible key so far keeps m = -inf: subtract 0 (no -inf - -inf).
         m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
         p = gl.exp2(sc - gl.expand_dims(m_sub, 1))
     else:
-        m_new = gl.maximum(m_i, _row_reduce(sc, True, PAIRS) * qk_scale)
+        m_new = gl.maximum(m_i, gl.reduce(sc, 1, _max) * qk_scale)
         m_sub = m_new
         p = gl.exp2(sc * qk_scale - gl.expand_dims(m_sub, 1))
     alpha = gl.exp2(m_i - m_sub)
-    return p, alpha, m_new, l_i * alpha + _row_reduce(p, False, PAIRS)
+    return p, alpha, m_new, l_i * alpha + gl.reduce(p, 1, _add)
 
 
 TRACE_ROUNDS = gl.constexpr(128)   # items a CTA's trace holds (``PROBE_TRACE``)
@@ -339,58 +320,17 @@ def _timed_wait(bar, phase, waited, TRACE: gl.constexpr):
 
 
 @gluon.jit
-def _bar(asm: gl.constexpr):
-    """A PTX barrier instruction (``bar.sync`` / ``bar.arrive``) by every thread that runs it."""
-    gl.inline_asm_elementwise(asm + " mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False,
-                              pack=1)
-
-
-@gluon.jit
-def _my_turn(PART: gl.constexpr):
-    """Wait until the other consumer warpgroup has issued its tile's wgmmas (named barrier 14 +
-    PART, 256 threads; Triton's partitions use 0-2)."""
-    if PART == 0:
-        _bar("bar.sync 14, 256;")
-    else:
-        _bar("bar.sync 15, 256;")
-
-
-@gluon.jit
-def _your_turn(PART: gl.constexpr):
-    """Hand the tensor core to the other consumer warpgroup."""
-    if PART == 0:
-        _bar("bar.arrive 15, 256;")
-    else:
-        _bar("bar.arrive 14, 256;")
-
-
-@gluon.jit
-def _to_16bit(p, dtype: gl.constexpr):
-    """``p.to(dtype)`` as packed ``cvt.rn.{bf16,f16}x2.f32`` pairs (element 0 low)."""
-    if dtype == gl.bfloat16:
-        y = gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [p],
-                                      dtype=gl.bfloat16, is_pure=True, pack=2)
-    else:
-        y = gl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [p],
-                                      dtype=gl.float16, is_pure=True, pack=2)
-    return y
-
-
-@gluon.jit
 def _consume_items(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                    cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles, num_items,
                    num_programs, stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, trace,
                    GROUP: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
                    HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr,
-                   STORE_LSE: gl.constexpr, TRACE: gl.constexpr, KNOBS: gl.constexpr,
-                   PART: gl.constexpr):
+                   STORE_LSE: gl.constexpr, TRACE: gl.constexpr, PART: gl.constexpr):
     """Consumer warpgroup ``PART``: packed rows ``[64 PART, 64 PART + 64)`` of each of the
     CTA's work items against its keys ``[0, hi)`` (``it`` counts the CTA's key tiles across
     items, as the loader does). The next item's tile and Q rows are looked up while this one's
     last P V runs (``_next_item``), so a persistent CTA starts an item on data already loaded."""
     q_smem = q_smem.index(PART)
-    if (KNOBS & 2) and PART == 0:
-        _your_turn(1)   # warpgroup 0 takes the first turn: an arrive on its own barrier
     it = 0
     item = gl.program_id(0)
     kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, q = _next_item(
@@ -408,7 +348,7 @@ def _consume_items(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empt
                 kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, sm_scale, stride_qt,
                 stride_qh, stride_ot, stride_oh, stride_lh, cu_seqlens_q, cache_seqlens, batch,
                 num_tiles, nxt, nxt < num_items, tp, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM,
-                IS_CAUSAL, LAST_FIRST, STORE_LSE, TRACE, KNOBS, PART)
+                IS_CAUSAL, LAST_FIRST, STORE_LSE, TRACE, PART)
             it = it_next
         else:
             kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, q = _next_item(
@@ -486,7 +426,7 @@ def _issue_last_pv(v_smem, v_ready, g, p_op, acc, start, seqlen, tp=None,
 @gluon.jit
 def _steady_tiles(q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it, n_tiles, acc,
                   p_op, m_i, l_i, full, seqlen, last_key, qk_scale, tp, BLOCK_N: gl.constexpr,
-                  TRACE: gl.constexpr, KNOBS: gl.constexpr, PART: gl.constexpr):
+                  TRACE: gl.constexpr):
     """Key tiles ``1 .. n_tiles - 1`` of an item (the ring's ``it + j``-th), tile 0's P in
     ``p_op``: FA3's intra-warpgroup overlap, tile j's Q Kᵀ issued before tile j - 1's P V, whose
     wgmma runs under tile j's softmax (P of tile j - 1 stays in registers as its A operand until
@@ -516,29 +456,22 @@ def _steady_tiles(q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it
         s = g % STAGES
         prev = (g - 1) % STAGES
         k_waited = _timed_wait(k_ready.index(s), (g // STAGES) & 1, k_waited, TRACE)
-        if KNOBS & 2:
-            _my_turn(PART)
         sc = warpgroup_mma(q_smem, k_smem.index(s).permute((1, 0)), zero_s,
                            use_acc=False, is_async=True)
         v_waited = _timed_wait(v_ready.index(prev), ((g - 1) // STAGES) & 1, v_waited, TRACE)
         acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-        if KNOBS & 2:
-            _your_turn(PART)
         t, issue_c = _lap(t, issue_c, TRACE)
         sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc, ))
         t, qk_c = _lap(t, qk_c, TRACE)
         mbarrier.arrive(k_empty.index(s))
         p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, j * BLOCK_N, full, seqlen,
-                                           last_key, qk_scale, BLOCK_N, S_LAYOUT, KNOBS & 1)
+                                           last_key, qk_scale, BLOCK_N, S_LAYOUT)
         t, softmax_c = _lap(t, softmax_c, TRACE)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
         t, pv_c = _lap(t, pv_c, TRACE)
         mbarrier.arrive(v_empty.index(prev))
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROWS_O), 1)
-        if KNOBS & 4:
-            p_op = gl.convert_layout(_to_16bit(p, dtype), P_OPERAND)
-        else:
-            p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
+        p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
         t, tail_c = _lap(t, tail_c, TRACE)
     _stamp(tp, 3, TRACE)
     if TRACE:
@@ -559,7 +492,7 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
                   cache_seqlens, batch, num_tiles, nxt, nxt_valid, tp, GROUP: gl.constexpr,
                   BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                   IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr, STORE_LSE: gl.constexpr,
-                  TRACE: gl.constexpr, KNOBS: gl.constexpr, PART: gl.constexpr):
+                  TRACE: gl.constexpr, PART: gl.constexpr):
     """One work item of consumer warpgroup ``PART`` (its ``q_smem`` slice; ``q`` its Q rows in
     registers), its key tiles the ring's ``it``-th onwards; returns ``_next_item(nxt)``, looked
     up under the item's last P V. FA3's intra-warpgroup overlap: tile j's Q Kᵀ is issued before
@@ -596,15 +529,12 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
         sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
         mbarrier.arrive(k_empty.index(s))
         p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, 0, full, seqlen, last_key,
-                                           qk_scale, BLOCK_N, S_LAYOUT, KNOBS & 1)
-        if KNOBS & 4:
-            p_op = gl.convert_layout(_to_16bit(p, dtype), P_OPERAND)
-        else:
-            p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
+                                           qk_scale, BLOCK_N, S_LAYOUT)
+        p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
         _stamp(tp, 2, TRACE)
         acc, p_op, m_i, l_i = _steady_tiles(
             q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it, n_tiles, acc, p_op,
-            m_i, l_i, full, seqlen, last_key, qk_scale, tp, BLOCK_N, TRACE, KNOBS, PART)
+            m_i, l_i, full, seqlen, last_key, qk_scale, tp, BLOCK_N, TRACE)
         last = n_tiles - 1
         s = (it + last) % STAGES
         acc = _issue_last_pv(v_smem, v_ready, it + last, p_op, acc, last * BLOCK_N, seqlen, tp,
@@ -661,7 +591,7 @@ def _gluon_prefill_kernel(
     PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     STORE_LSE: gl.constexpr, LAST_FIRST: gl.constexpr, STAGES: gl.constexpr,
     SCALAR_PAGES: gl.constexpr = False, TILE_LOOKUP: gl.constexpr = False,
-    TRACE: gl.constexpr = False, KNOBS: gl.constexpr = 0,
+    TRACE: gl.constexpr = False,
 ):
     """Grid ``(num_programs,)``: CTA ``p`` runs work items ``p, p + num_programs, ..`` of
     ``num_items = num_tiles * nheads_k`` (``_tile``; ``num_tiles = total_q // BLOCK_Q + batch``
@@ -697,12 +627,12 @@ def _gluon_prefill_kernel(
                           v_empty, cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles,
                           num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh,
                           stride_lh, trace, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
-                          LAST_FIRST, STORE_LSE, TRACE, KNOBS, 0)),
+                          LAST_FIRST, STORE_LSE, TRACE, 0)),
         (_consume_items, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty,
                           v_empty, cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles,
                           num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh,
                           stride_lh, trace, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
-                          LAST_FIRST, STORE_LSE, TRACE, KNOBS, 1)),
+                          LAST_FIRST, STORE_LSE, TRACE, 1)),
         (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                  cu_seqlens_q, cache_seqlens, block_table, stride_btb, page_shift, batch,
                  num_tiles, num_items, num_programs, PAGE_SIZE, BLOCK_Q, BLOCK_N, HEAD_DIM,
@@ -729,21 +659,6 @@ CACHED_LAUNCH = True
 # scalar form measured even there (prefill +0.7%, +1.4%, chunked -2.1%, mixed +0.5% in graphs).
 # False keeps the vector form everywhere.
 SCALAR_PAGES = True
-
-# The softmax's row max and row sum with a thread's adjacent score columns combined first
-# (``_row_reduce``): the in-thread reduction compiles to a dependent chain (FMNMX, FADD) of a
-# thread's 32 columns a row, which ncu's stall sampling found waiting on itself; pairs first
-# halve it. Being measured.
-PAIRS = False
-
-# FA3's ping-pong: the two consumer warpgroups take turns issuing a key tile's wgmmas (named
-# barriers, ``_my_turn`` / ``_your_turn``). Being measured (off).
-PINGPONG = False
-
-# P into 16 bits by packed ``cvt.rn.{bf16,f16}x2.f32`` (``_to_16bit``) instead of two scalar
-# conversions and a pack, which ptxas follows with a PRMT a register (halves swapped) in
-# consumer warpgroup 1's loop: 32 of its ~500 instructions a tile. Being measured (off).
-PACK_P = False
 
 # A probe (scripts/prefill_item_trace.py): an int64 tensor ``[programs, TRACE_ROUNDS, 2,
 # TRACE_EVENTS]`` into which each consumer warpgroup writes its SM's clock at the steps of each
@@ -843,8 +758,7 @@ class GluonPrefillLaunch:
                                 SCALAR_PAGES=SCALAR_PAGES and block_n > self.box,
                                 TILE_LOOKUP=({False: 0, True: 1, "sequence": 2}[
                                     PROBE_TILE_LOOKUP] if block_n > self.box else 0),
-                                TRACE=PROBE_TRACE is not None,
-                                KNOBS=PAIRS | PINGPONG << 1 | PACK_P << 2)
+                                TRACE=PROBE_TRACE is not None)
         self._page_shift = page_size.bit_length() - 1
         if (PROBE_RUNTIME_PAGE and self._constexprs["SCALAR_PAGES"]
                 and not self._constexprs["TILE_LOOKUP"]):

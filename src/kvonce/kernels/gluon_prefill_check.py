@@ -21,14 +21,13 @@ def _check_signature(dtype: str, head_dim: int, box: int) -> dict:
                                          "stride_lh", "stride_btb", "page_shift")})
     sig["trace"] = "*i64"
     for name in ("GROUP", "IS_CAUSAL", "PAGE_SIZE", "BLOCK_N", "HEAD_DIM", "STORE_LSE",
-                 "LAST_FIRST", "STAGES", "SCALAR_PAGES", "TILE_LOOKUP", "TRACE", "KNOBS"):
+                 "LAST_FIRST", "STAGES", "SCALAR_PAGES", "TILE_LOOKUP", "TRACE"):
         sig[name] = "constexpr"
     return sig
 
 
 def _check_spec(variant, dtype, head_dim, page_size, group=4, causal=True, block_n=128,
-                stages=3, scalar_pages=None, tile_lookup=False, box=None, trace=False,
-                knobs=0):
+                stages=3, scalar_pages=None, tile_lookup=False, box=None, trace=False):
     # Per tile and consumer warpgroup: S = Q Kᵀ D/16 m64nBLOCK_Nk16, O += P V BLOCK_N/16
     # m64nDk16; each twice in the code (the loop's pair, the first tile's S and the last tile's
     # P V), and two warpgroups.
@@ -39,8 +38,7 @@ def _check_spec(variant, dtype, head_dim, page_size, group=4, causal=True, block
     return (variant, _gluon_prefill_kernel, _check_signature(dtype, head_dim, box),
             dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, BLOCK_N=block_n,
                  HEAD_DIM=head_dim, STORE_LSE=True, LAST_FIRST=True, STAGES=stages,
-                 SCALAR_PAGES=scalar_pages, TILE_LOOKUP=tile_lookup, TRACE=trace,
-                 KNOBS=knobs),
+                 SCALAR_PAGES=scalar_pages, TILE_LOOKUP=tile_lookup, TRACE=trace),
             dict(num_warps=4), dict(HGMMA=hgmma))
 
 
@@ -60,8 +58,4 @@ GLUON_CHECK_SPECS = [
     _check_spec("d128-bf16-page16-gqa4-causal-tilelookup", "bf16", 128, 16, tile_lookup=True),
     # the probe of the page size as an argument (``PROBE_RUNTIME_PAGE``: PAGE_SIZE 0), 16-row boxes
     _check_spec("d128-bf16-runtimepage-box16-gqa4-causal", "bf16", 128, 0, box=16),
-    # the probes being measured (``KNOBS``: 1 PAIRS, 2 PINGPONG, 4 PACK_P)
-    _check_spec("d128-bf16-page16-gqa4-causal-knobs7", "bf16", 128, 16, knobs=7),
-    _check_spec("d128-fp16-page16-mha-noncausal-knobs7", "fp16", 128, 16, group=1, causal=False,
-                knobs=7),
 ]
