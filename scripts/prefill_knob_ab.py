@@ -11,11 +11,10 @@ variant's of its page size.
 """
 import argparse
 import importlib
-import statistics
 import sys
 
 import torch
-import triton.testing
+from prefill_page_order import ab_rows
 from tabulate import tabulate
 
 
@@ -56,19 +55,7 @@ def main() -> None:
             for k, v in saved.items():
                 setattr(mod, k, v)
             calls[variant] = (lambda plan=plan, a=a: plan.run(*a))
-        times = {variant: ([], []) for variant in calls}
-        for _ in range(args.rounds):
-            for variant, fn in calls.items():
-                times[variant][0].append(triton.testing.do_bench(fn, warmup=25, rep=100,
-                                                                 return_mode="median"))
-                times[variant][1].append(triton.testing.do_bench_cudagraph(
-                    fn, rep=100, return_mode="median"))
-        for variant in calls:
-            first = next(v for v in calls if v.split(":")[0] == variant.split(":")[0])
-            eager, graph = (statistics.median(t) for t in times[variant])
-            rows.append([case.label, variant, f"{case.flops() / eager / 1e9:.1f}",
-                         f"{case.flops() / graph / 1e9:.1f}",
-                         torch.equal(outs[variant], outs[first])])
+        rows += ab_rows(case, calls, outs, args.rounds, lambda v: v.split(":")[0])
     print(tabulate(rows, headers=["row", "variant", "TFLOP/s eager", "TFLOP/s graphs", "same"]))
     print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, module {args.module}")
 

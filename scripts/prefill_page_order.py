@@ -62,6 +62,27 @@ def regroup(k, v, table, page_size):
     return (k.view(-1, page_size, *k.shape[2:]), v.view(-1, page_size, *v.shape[2:]), table)
 
 
+def ab_rows(case, calls, outs, rounds, data) -> list:
+    """Table rows ``[row, variant, TFLOP/s eager, TFLOP/s graphs, output = its first]`` of
+    ``calls`` (variant -> a no-argument run) timed in ``rounds`` alternated rounds (``do_bench``,
+    L2 flushed, and ``do_bench_cudagraph`` medians), each output compared with the first
+    variant's of the same ``data(variant)``."""
+    times = {variant: ([], []) for variant in calls}
+    for _ in range(rounds):
+        for variant, fn in calls.items():
+            times[variant][0].append(triton.testing.do_bench(fn, warmup=25, rep=100,
+                                                             return_mode="median"))
+            times[variant][1].append(triton.testing.do_bench_cudagraph(
+                fn, rep=100, return_mode="median"))
+    rows = []
+    for variant in calls:
+        first = next(v for v in calls if data(v) == data(variant))
+        eager, graph = (statistics.median(t) for t in times[variant])
+        rows.append([case.label, variant, f"{case.flops() / eager / 1e9:.1f}",
+                     f"{case.flops() / graph / 1e9:.1f}", torch.equal(outs[variant], outs[first])])
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="prefill")
@@ -115,19 +136,7 @@ def main() -> None:
             gluon_prefill.BOX_ROWS, gluon_prefill.PROBE_TILE_LOOKUP = None, False
             gluon_prefill.PROBE_RUNTIME_PAGE = False
             calls[variant] = (lambda plan=plan, a=a: plan.run(*a))
-        times = {variant: ([], []) for variant in calls}
-        for _ in range(args.rounds):
-            for variant, fn in calls.items():
-                times[variant][0].append(triton.testing.do_bench(fn, warmup=25, rep=100,
-                                                                 return_mode="median"))
-                times[variant][1].append(triton.testing.do_bench_cudagraph(
-                    fn, rep=100, return_mode="median"))
-        for variant in calls:
-            first = next(v for v in calls if _data(v) == _data(variant))
-            eager, graph = (statistics.median(t) for t in times[variant])
-            rows.append([case.label, variant, f"{case.flops() / eager / 1e9:.1f}",
-                         f"{case.flops() / graph / 1e9:.1f}",
-                         torch.equal(outs[variant], outs[first])])
+        rows += ab_rows(case, calls, outs, args.rounds, _data)
         print(tabulate(rows[-len(calls):]), flush=True)
     print(tabulate(rows, headers=["row", "page:order[:options]", "TFLOP/s eager", "TFLOP/s graphs",
                                   "output = its keys' first"]))
