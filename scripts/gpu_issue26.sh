@@ -17,7 +17,12 @@
 #   verify      what the 2026-11-26 later session left unrun on a GPU: the cascade's launch fix
 #               (dispatch modes, prefix decode) and the Gluon prefill's padded groups
 #   trace       the Gluon prefill's item trace (prefill_item_trace.py: the steps of a work item,
-#               the last P V's V wait and issue), then the trace probe's test
+#               the last P V's V wait and issue, the loop's steps a tile, the two warpgroups'
+#               overlap), then the trace probe's test
+#   probes35    the thirty-fifth session's probes timed for real (prefill_page_order.py made
+#               their launches after putting the knobs back until 2026-11-30's thirty-eighth
+#               session): 16-row boxes and the page size as an argument at pages 16 / 256,
+#               one lookup a tile on sequential pages
 #   pftests     the paged prefill tests (Gluon and Triton kernels, HF continuous batching)
 #   pfbench     python -m kvonce bench prefill (FlashInfer beside when .peers/fi travels)
 #   prefetch    3 stages with the page ids carried a tile ahead (prefetch_pages): without the
@@ -860,6 +865,14 @@ if has gluon16rate; then
     --shapes "32/8:1x131072:16/32/49,32/8:1x262144:16/32/49" --variants 2cta-2st,1cta-4st \
     2>&1 | tail -3
 fi
+if has probes35; then
+  step probes35
+  v=16:random,16:random:rt,256:random,256:random:b16,256:random:b16:rt
+  v=$v,16:sequential,16:sequential:one
+  (cd scripts && PYTHONPATH=../src:. timeout 400 python3 prefill_page_order.py --rows prefill \
+    --variants "$v" --rounds 4 2>&1 | tail -10)
+fi
+
 if has trace; then
   step trace
   timeout 120 python3 -m pytest -q -x tests/test_gluon_prefill.py -k trace_probe 2>&1 | tail -2
