@@ -51,9 +51,15 @@ def main() -> None:
              inp.block_table)
         gluon_prefill.BOX_ROWS = next((int(o[1:]) for o in options if o[0] == "b"), None)
         plan = kvonce.PagedPrefillPlan(*a, max_seqlen_q=max(case.q_lens))
-        gluon_prefill.BOX_ROWS = None
         calls[variant] = lambda plan=plan, a=a: plan.run(*a)
+        # The first run makes the launch, which reads BOX_ROWS: before it goes back (until
+        # 2026-11-30's thirty-eighth session it went back first: every bN variant ran the
+        # plan's own boxes).
         calls[variant]()
+        if next(iter(plan._launches.values()))._gluon.box != min(int(page), 128,
+                                                                 gluon_prefill.BOX_ROWS or 128):
+            raise SystemExit(f"{variant}: the launch does not have the variant's boxes")
+        gluon_prefill.BOX_ROWS = None
     flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
     modes = {"back to back": [], "spaced": [], "spaced, L2 flushed": []}
     times = {v: {m: [] for m in modes} for v in calls}
