@@ -95,6 +95,8 @@ def summarize(t):
             continue
         lo = max(t[cta, rows[0], p, 2].item() for p in range(2))
         hi = min(t[cta, rows[-1], p, 3].item() for p in range(2))
+        if hi <= lo:   # an item without key tiles at either end (its stamps 2, 3 unwritten)
+            continue
         marks = sorted({lo, hi} | {x for w in windows for a, b in w for x in (a, b)
                                    if lo <= x <= hi})
         for a, b in zip(marks, marks[1:]):
