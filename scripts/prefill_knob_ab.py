@@ -1,6 +1,7 @@
 """A/B of Gluon prefill module knobs, alternated rounds in one process (`bench prefill`'s inputs,
 random page order): each variant ``PAGE[:KNOB[+KNOB...]]`` sets those module attributes of
-``gluon_prefill`` to True while its plan makes its launch (the plan's first run), then back.
+``gluon_prefill`` to True (``KNOB=VALUE``: to the Python literal VALUE) while its plan makes its
+launch (the plan's first run), then back.
 ``--module`` swaps in another copy of the module first (e.g. a past commit's, written beside
 it), so that knobs since removed can be measured again. TFLOP/s eager (``do_bench``) / CUDA
 graphs (``do_bench_cudagraph``), medians over rounds; ``same``: the output equals the first
@@ -10,6 +11,7 @@ variant's of its page size.
         [--rows prefill] [--variants 16,16:PINGPONG,256,256:PINGPONG] [--rounds 3]
 """
 import argparse
+import ast
 import importlib
 import sys
 
@@ -44,9 +46,11 @@ def main() -> None:
             inp = inputs[page]
             a = (inp.q, inp.k_cache, inp.v_cache, inp.cu_seqlens_q, inp.cache_seqlens,
                  inp.block_table)
-            saved = {k: getattr(mod, k) for k in knobs}
-            for k in knobs:
-                setattr(mod, k, True)
+            values = {k.partition("=")[0]: ast.literal_eval(k.partition("=")[2] or "True")
+                      for k in knobs}   # KNOB sets True, KNOB=VALUE sets VALUE
+            saved = {k: getattr(mod, k) for k in values}
+            for k, value in values.items():
+                setattr(mod, k, value)
             plan = kvonce.PagedPrefillPlan(*a, max_seqlen_q=max(case.q_lens))
             outs[variant] = plan.run(*a)   # makes the launch, with the knobs set
             launch = next(iter(plan._launches.values()))._gluon

@@ -191,6 +191,29 @@ def test_gluon_prefill_runtime_page_probe(monkeypatch, page_size):
 
 
 @hopper_only
+@pytest.mark.parametrize("probe", ["no_exp", "no_rescale"])
+def test_gluon_prefill_softmax_probe(monkeypatch, probe):
+    """``PROBE_SOFTMAX`` (a timing probe, wrong outputs by design): its launch carries the
+    probe, and its output differs from the kernel's (the probe is live), while the kernel's own
+    launch is unchanged by it having run."""
+    q, k, v, cu, seqlens, table = make_case([(1000, 1000), (300, 2100)], nheads=32, nheads_k=8,
+                                            head_dim=128, page_size=16, dtype=torch.bfloat16)
+    config = dataclasses.replace(GLUON, gluon_block_n=128, gluon_persistent=True)
+    outs = []
+    for value in (None, probe, None):
+        monkeypatch.setattr(gluon_prefill, "PROBE_SOFTMAX", value)
+        plan = kvonce.PagedPrefillPlan(q, k, v, cu, seqlens, table, max_seqlen_q=max_q(cu),
+                                       causal=True, config=config)
+        outs.append(plan.run(q, k, v, cu, seqlens, table))
+        assert all(launch._gluon._constexprs["SOFTMAX_PROBE"] == (0 if value is None else
+                                                                   {"no_exp": 1,
+                                                                    "no_rescale": 2}[value])
+                   for launch in plan._launches.values())
+    assert not torch.equal(outs[1], outs[0])
+    assert torch.equal(outs[2], outs[0])
+
+
+@hopper_only
 def test_gluon_prefill_trace_probe(monkeypatch):
     """``PROBE_TRACE`` (a probe, scripts/prefill_item_trace.py): the traced kernel gives the
     untraced bytes, and every item a consumer warpgroup ran left its steps' clocks in order and

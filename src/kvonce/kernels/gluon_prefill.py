@@ -325,7 +325,8 @@ def _consume_items(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empt
                    num_programs, stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, trace,
                    GROUP: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
                    HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr,
-                   STORE_LSE: gl.constexpr, TRACE: gl.constexpr, PART: gl.constexpr):
+                   STORE_LSE: gl.constexpr, TRACE: gl.constexpr, PART: gl.constexpr,
+                   SOFTMAX_PROBE: gl.constexpr = 0):
     """Consumer warpgroup ``PART``: packed rows ``[64 PART, 64 PART + 64)`` of each of the
     CTA's work items against its keys ``[0, hi)`` (``it`` counts the CTA's key tiles across
     items, as the loader does). The next item's tile and Q rows are looked up while this one's
@@ -348,7 +349,7 @@ def _consume_items(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empt
                 kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, sm_scale, stride_qt,
                 stride_qh, stride_ot, stride_oh, stride_lh, cu_seqlens_q, cache_seqlens, batch,
                 num_tiles, nxt, nxt < num_items, tp, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM,
-                IS_CAUSAL, LAST_FIRST, STORE_LSE, TRACE, PART)
+                IS_CAUSAL, LAST_FIRST, STORE_LSE, TRACE, PART, SOFTMAX_PROBE)
             it = it_next
         else:
             kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, q = _next_item(
@@ -426,7 +427,7 @@ def _issue_last_pv(v_smem, v_ready, g, p_op, acc, start, seqlen, tp=None,
 @gluon.jit
 def _steady_tiles(q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it, n_tiles, acc,
                   p_op, m_i, l_i, full, seqlen, last_key, qk_scale, tp, BLOCK_N: gl.constexpr,
-                  TRACE: gl.constexpr):
+                  TRACE: gl.constexpr, SOFTMAX_PROBE: gl.constexpr = 0):
     """Key tiles ``1 .. n_tiles - 1`` of an item (the ring's ``it + j``-th), tile 0's P in
     ``p_op``: FA3's intra-warpgroup overlap, tile j's Q Kᵀ issued before tile j - 1's P V, whose
     wgmma runs under tile j's softmax (P of tile j - 1 stays in registers as its A operand until
@@ -464,13 +465,21 @@ def _steady_tiles(q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it
         sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc, ))
         t, qk_c = _lap(t, qk_c, TRACE)
         mbarrier.arrive(k_empty.index(s))
-        p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, j * BLOCK_N, full, seqlen,
-                                           last_key, qk_scale, BLOCK_N, S_LAYOUT)
+        if SOFTMAX_PROBE == 1:   # timing only: no exponential (no MUFU), no mask
+            m_new = gl.maximum(m_i, gl.reduce(sc, 1, _max) * qk_scale)
+            p = sc * qk_scale - gl.expand_dims(m_new, 1)
+            alpha = m_i - m_new
+            l_i = l_i * alpha + gl.reduce(p, 1, _add)
+            m_i = m_new
+        else:
+            p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, j * BLOCK_N, full, seqlen,
+                                               last_key, qk_scale, BLOCK_N, S_LAYOUT)
         t, softmax_c = _lap(t, softmax_c, TRACE)
         acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
         t, pv_c = _lap(t, pv_c, TRACE)
         mbarrier.arrive(v_empty.index(prev))
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROWS_O), 1)
+        if SOFTMAX_PROBE != 2:   # 2 (timing only): O never rescaled
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROWS_O), 1)
         p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
         t, tail_c = _lap(t, tail_c, TRACE)
     _stamp(tp, 3, TRACE)
@@ -492,7 +501,7 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
                   cache_seqlens, batch, num_tiles, nxt, nxt_valid, tp, GROUP: gl.constexpr,
                   BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                   IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr, STORE_LSE: gl.constexpr,
-                  TRACE: gl.constexpr, PART: gl.constexpr):
+                  TRACE: gl.constexpr, PART: gl.constexpr, SOFTMAX_PROBE: gl.constexpr = 0):
     """One work item of consumer warpgroup ``PART`` (its ``q_smem`` slice; ``q`` its Q rows in
     registers), its key tiles the ring's ``it``-th onwards; returns ``_next_item(nxt)``, looked
     up under the item's last P V. FA3's intra-warpgroup overlap: tile j's Q Kᵀ is issued before
@@ -534,7 +543,7 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
         _stamp(tp, 2, TRACE)
         acc, p_op, m_i, l_i = _steady_tiles(
             q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it, n_tiles, acc, p_op,
-            m_i, l_i, full, seqlen, last_key, qk_scale, tp, BLOCK_N, TRACE)
+            m_i, l_i, full, seqlen, last_key, qk_scale, tp, BLOCK_N, TRACE, SOFTMAX_PROBE)
         last = n_tiles - 1
         s = (it + last) % STAGES
         acc = _issue_last_pv(v_smem, v_ready, it + last, p_op, acc, last * BLOCK_N, seqlen, tp,
@@ -591,7 +600,7 @@ def _gluon_prefill_kernel(
     PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     STORE_LSE: gl.constexpr, LAST_FIRST: gl.constexpr, STAGES: gl.constexpr,
     SCALAR_PAGES: gl.constexpr = False, TILE_LOOKUP: gl.constexpr = False,
-    TRACE: gl.constexpr = False,
+    TRACE: gl.constexpr = False, SOFTMAX_PROBE: gl.constexpr = 0,
 ):
     """Grid ``(num_programs,)``: CTA ``p`` runs work items ``p, p + num_programs, ..`` of
     ``num_items = num_tiles * nheads_k`` (``_tile``; ``num_tiles = total_q // BLOCK_Q + batch``
@@ -627,12 +636,12 @@ def _gluon_prefill_kernel(
                           v_empty, cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles,
                           num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh,
                           stride_lh, trace, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
-                          LAST_FIRST, STORE_LSE, TRACE, 0)),
+                          LAST_FIRST, STORE_LSE, TRACE, 0, SOFTMAX_PROBE)),
         (_consume_items, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty,
                           v_empty, cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles,
                           num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh,
                           stride_lh, trace, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
-                          LAST_FIRST, STORE_LSE, TRACE, 1)),
+                          LAST_FIRST, STORE_LSE, TRACE, 1, SOFTMAX_PROBE)),
         (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                  cu_seqlens_q, cache_seqlens, block_table, stride_btb, page_shift, batch,
                  num_tiles, num_items, num_programs, PAGE_SIZE, BLOCK_Q, BLOCK_N, HEAD_DIM,
@@ -659,6 +668,14 @@ CACHED_LAUNCH = True
 # scalar form measured even there (prefill +0.7%, +1.4%, chunked -2.1%, mixed +0.5% in graphs).
 # False keeps the vector form everywhere.
 SCALAR_PAGES = True
+
+# A probe (timing only, wrong outputs; scripts/prefill_knob_ab.py): the steady loop's softmax
+# without its exponentials ("no_exp": x for exp2(x), no MUFU, and no mask code: the loop 1039 ->
+# 421 SASS instructions a tile a warp) or with O never rescaled ("no_rescale"): what the
+# exponentials and the rescale cost at most. H200, 2026-11-30 (TFLOP/s eager / graphs, prefill
+# 8 x 2048): page 16 444.4 / 431.5 -> no_exp 487.7 / 474.8, no_rescale 456.5 / 444.5; page 256
+# 461.5 / 446.3 -> 478.7 / 461.9 and 469.8 / 452.8. None: the kernel.
+PROBE_SOFTMAX = None
 
 # A probe (scripts/prefill_item_trace.py): an int64 tensor ``[programs, TRACE_ROUNDS, 2,
 # TRACE_EVENTS]`` into which each consumer warpgroup writes its SM's clock at the steps of each
@@ -758,7 +775,9 @@ class GluonPrefillLaunch:
                                 SCALAR_PAGES=SCALAR_PAGES and block_n > self.box,
                                 TILE_LOOKUP=({False: 0, True: 1, "sequence": 2}[
                                     PROBE_TILE_LOOKUP] if block_n > self.box else 0),
-                                TRACE=PROBE_TRACE is not None)
+                                TRACE=PROBE_TRACE is not None,
+                                SOFTMAX_PROBE={None: 0, "no_exp": 1, "no_rescale": 2}[
+                                    PROBE_SOFTMAX])
         self._page_shift = page_size.bit_length() - 1
         if (PROBE_RUNTIME_PAGE and self._constexprs["SCALAR_PAGES"]
                 and not self._constexprs["TILE_LOOKUP"]):

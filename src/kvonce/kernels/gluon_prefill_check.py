@@ -21,13 +21,15 @@ def _check_signature(dtype: str, head_dim: int, box: int) -> dict:
                                          "stride_lh", "stride_btb", "page_shift")})
     sig["trace"] = "*i64"
     for name in ("GROUP", "IS_CAUSAL", "PAGE_SIZE", "BLOCK_N", "HEAD_DIM", "STORE_LSE",
-                 "LAST_FIRST", "STAGES", "SCALAR_PAGES", "TILE_LOOKUP", "TRACE"):
+                 "LAST_FIRST", "STAGES", "SCALAR_PAGES", "TILE_LOOKUP", "TRACE",
+                 "SOFTMAX_PROBE"):
         sig[name] = "constexpr"
     return sig
 
 
 def _check_spec(variant, dtype, head_dim, page_size, group=4, causal=True, block_n=128,
-                stages=3, scalar_pages=None, tile_lookup=False, box=None, trace=False):
+                stages=3, scalar_pages=None, tile_lookup=False, box=None, trace=False,
+                softmax_probe=0):
     # Per tile and consumer warpgroup: S = Q Kᵀ D/16 m64nBLOCK_Nk16, O += P V BLOCK_N/16
     # m64nDk16; each twice in the code (the loop's pair, the first tile's S and the last tile's
     # P V), and two warpgroups.
@@ -38,7 +40,8 @@ def _check_spec(variant, dtype, head_dim, page_size, group=4, causal=True, block
     return (variant, _gluon_prefill_kernel, _check_signature(dtype, head_dim, box),
             dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, BLOCK_N=block_n,
                  HEAD_DIM=head_dim, STORE_LSE=True, LAST_FIRST=True, STAGES=stages,
-                 SCALAR_PAGES=scalar_pages, TILE_LOOKUP=tile_lookup, TRACE=trace),
+                 SCALAR_PAGES=scalar_pages, TILE_LOOKUP=tile_lookup, TRACE=trace,
+                 SOFTMAX_PROBE=softmax_probe),
             dict(num_warps=4), dict(HGMMA=hgmma))
 
 
@@ -54,6 +57,9 @@ GLUON_CHECK_SPECS = [
     # the loader's page ids as a tile-ahead vector (``SCALAR_PAGES`` False)
     _check_spec("d128-bf16-page16-gqa4-causal-vectorpages", "bf16", 128, 16,
                 scalar_pages=False),
+    # the softmax probes (``PROBE_SOFTMAX``: no exponentials, no rescale)
+    _check_spec("d128-bf16-page16-gqa4-causal-noexp", "bf16", 128, 16, softmax_probe=1),
+    _check_spec("d128-bf16-page16-gqa4-causal-norescale", "bf16", 128, 16, softmax_probe=2),
     # the probe of one block-table lookup a tile (``PROBE_TILE_LOOKUP``)
     _check_spec("d128-bf16-page16-gqa4-causal-tilelookup", "bf16", 128, 16, tile_lookup=True),
     # the probe of the page size as an argument (``PROBE_RUNTIME_PAGE``: PAGE_SIZE 0), 16-row boxes
