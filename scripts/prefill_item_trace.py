@@ -15,7 +15,11 @@ of its loop to the end of its next item's first tile; ``one switch``: exactly on
 The loop's tile by step (as a warp reaches each in program order, so an instruction's
 latency shows where its result is first used): ``issue`` (K wait, Q Kᵀ issue, V wait, P V
 issue), ``QK wait`` (for tile j's scores), ``softmax``, ``PV wait`` (for tile j - 1's P V),
-``rescale`` (O by alpha, P to 16 bits).
+``rescale`` (O by alpha, P to 16 bits). The softmaxes of the loop's first tiles (1 ..
+``TRACE_TILES``, each warpgroup's start and end stamps): ``softmax overlap``, the share of a
+warpgroup's softmax time in which the other warpgroup is in the same tile's or another tile's
+softmax; ``softmax alone`` and ``softmax shared``, the median softmax of the tiles that
+overlapped the other's not at all and by more than half.
 
     PYTHONPATH=src python scripts/prefill_item_trace.py [--rows prefill,chunked] [--pages 16,256]
         [--noncausal]
@@ -33,7 +37,9 @@ from kvonce.kernels import gluon_prefill
 STEPS = ("q", "tile0", "loop/tile", "k wait/tile", "v wait/tile", "last", "of it: V wait",
          "PV issue", "to lookup", "out", "gap", "item", "tiles", "item - tiles*loop",
          "WG1 lag", "both switch", "one switch", "issue/tile", "QK wait/tile",
-         "softmax/tile", "PV wait/tile", "rescale/tile")
+         "softmax/tile", "PV wait/tile", "rescale/tile", "softmax overlap", "softmax alone",
+         "softmax shared")
+LOOP_STEPS = ("issue/tile", "QK wait/tile", "softmax/tile", "PV wait/tile", "rescale/tile")
 
 
 def trace_case(case, page: int, causal: bool):
@@ -70,7 +76,7 @@ def summarize(t):
                     steps["loop/tile"].append((e[3] - e[2]) / (n - 1))
                     steps["k wait/tile"].append(e[7] / (n - 1))
                     steps["v wait/tile"].append(e[8] / (n - 1))
-                    for slot, name in enumerate(STEPS[-5:], 12):
+                    for slot, name in enumerate(LOOP_STEPS, 12):
                         steps[name].append(e[slot] / (n - 1))
                 steps["last"].append(e[4] - e[3])
                 if e[9] >= 0:   # the last P V's stamps (an item with key tiles)
@@ -106,11 +112,36 @@ def summarize(t):
             one += (b - a) * (inside == 1)
         span += hi - lo
     steps["WG1 lag"] = lags
+    overlap, total, alone, shared = 0, 0, [], []
+    for cta in range(t.shape[0]):
+        for r in range(t.shape[1]):
+            spans = []   # each warpgroup's softmax intervals in this item
+            for part in range(2):
+                e = t[cta, r, part].tolist()
+                if e[0] < 0 or e[6] < 2:
+                    break
+                k = min(e[6] - 1, gluon_prefill.TRACE_TILES.value)
+                spans.append([(e[17 + 2 * i], e[18 + 2 * i]) for i in range(k)])
+            if len(spans) < 2:
+                continue
+            for part in range(2):
+                for a, b in spans[part]:
+                    o = sum(max(0, min(b, d) - max(a, c)) for c, d in spans[1 - part])
+                    overlap += o
+                    total += b - a
+                    if o == 0:
+                        alone.append(b - a)
+                    elif 2 * o > b - a:
+                        shared.append(b - a)
+    steps["softmax overlap"] = [overlap / total] if total else []
+    steps["softmax alone"] = alone
+    steps["softmax shared"] = shared
     steps["both switch"] = [both / span] if span else []
     steps["one switch"] = [one / span] if span else []
     loop = statistics.median(steps["loop/tile"])
     steps["item - tiles*loop"] = [i - n * loop for i, n in zip(steps["item"], steps["tiles"])]
-    return [round(statistics.median(steps[k]), 3 if k.endswith("switch") else 1)
+    return [round(statistics.median(steps[k]),
+                  3 if k.endswith("switch") or k.endswith("overlap") else 1)
             if steps[k] else "-" for k in STEPS]
 
 

@@ -242,6 +242,29 @@ def test_gluon_prefill_trace_probe(monkeypatch):
     # the switch's stamps in order: loop end <= V landed <= P V issued <= lookup <= P V retired
     for a, b in ((3, 10), (10, 11), (11, 9), (9, 4)):
         assert bool((stamps[:, b] >= stamps[:, a]).all())
+    # the softmax stamps of the loop's first tiles: start <= end <= next start, inside the loop,
+    # written for exactly the loop's tiles (up to TRACE_TILES)
+    tiles = gluon_prefill.TRACE_TILES.value
+    for row in stamps.tolist():
+        k = min(row[6] - 1, tiles)
+        marks = row[17:17 + 2 * k]
+        assert marks == sorted(marks)
+        assert not marks or (marks[0] >= row[2] and marks[-1] <= row[3])
+        assert all(x == -1 for x in row[17 + 2 * k:17 + 2 * tiles])
+
+
+@hopper_only
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("page_size", [16, 256])
+def test_gluon_prefill_softmax_turns(monkeypatch, persistent, page_size):
+    """``SOFTMAX_TURNS``: the two consumer warpgroups' softmaxes in turns (named barriers)
+    give the kernel's bytes, and every CTA finishes (the turns match across items)."""
+    case = q, k, v, cu, seqlens, table = make_case(LENS, nheads=32, nheads_k=8, head_dim=128,
+                                                   page_size=page_size, dtype=torch.bfloat16)
+    _poison_unowned(k, v, seqlens, table)
+    config = dataclasses.replace(GLUON, gluon_block_n=128, gluon_persistent=persistent)
+    _same_bytes_under(monkeypatch, "SOFTMAX_TURNS", (False, True), case, config,
+                      lambda launch, on: launch._constexprs["SOFTMAX_TURNS"] == on)
 
 
 @hopper_only
