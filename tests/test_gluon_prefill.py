@@ -254,20 +254,6 @@ def test_gluon_prefill_trace_probe(monkeypatch):
 
 
 @hopper_only
-@pytest.mark.parametrize("persistent", [False, True])
-@pytest.mark.parametrize("page_size", [16, 256])
-def test_gluon_prefill_softmax_turns(monkeypatch, persistent, page_size):
-    """``SOFTMAX_TURNS``: the two consumer warpgroups' softmaxes in turns (named barriers)
-    give the kernel's bytes, and every CTA finishes (the turns match across items)."""
-    case = q, k, v, cu, seqlens, table = make_case(LENS, nheads=32, nheads_k=8, head_dim=128,
-                                                   page_size=page_size, dtype=torch.bfloat16)
-    _poison_unowned(k, v, seqlens, table)
-    config = dataclasses.replace(GLUON, gluon_block_n=128, gluon_persistent=persistent)
-    _same_bytes_under(monkeypatch, "SOFTMAX_TURNS", (False, True), case, config,
-                      lambda launch, on: launch._constexprs["SOFTMAX_TURNS"] == on)
-
-
-@hopper_only
 @pytest.mark.parametrize("nheads,nheads_k,head_dim", [(12, 2, 128), (28, 4, 128), (40, 8, 64)])
 def test_gluon_prefill_padded_groups(nheads, nheads_k, head_dim):
     """Groups that do not divide the 128 rows (6, 7, 5): BLOCK_Q * GROUP rows and padding."""

@@ -308,35 +308,6 @@ def _lap(t, total, TRACE: gl.constexpr):
     return t, total
 
 
-# Named barriers of the softmax turns (``SOFTMAX_TURNS``): consumer warpgroup ``PART`` starts a
-# tile's softmax once barrier ``14 + PART`` completes (its own 128 threads and the other's 128
-# arrivals), and arrives on the other's after it. Triton's partitions take barriers 0-2.
-@gluon.jit
-def _bar(asm: gl.constexpr):
-    """A PTX barrier instruction (``bar.sync`` / ``bar.arrive``) by every thread that runs it."""
-    gl.inline_asm_elementwise(asm + " mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False,
-                              pack=1)
-
-
-@gluon.jit
-def _my_turn(PART: gl.constexpr):
-    """Wait until the other consumer warpgroup has finished its softmax (the first turn is
-    warpgroup 0's own arrive in ``_consume_items``)."""
-    if PART == 0:
-        _bar("bar.sync 14, 256;")
-    else:
-        _bar("bar.sync 15, 256;")
-
-
-@gluon.jit
-def _your_turn(PART: gl.constexpr):
-    """Hand the softmax (the SM sub-partitions' MUFU) to the other consumer warpgroup."""
-    if PART == 0:
-        _bar("bar.arrive 15, 256;")
-    else:
-        _bar("bar.arrive 14, 256;")
-
-
 @gluon.jit
 def _timed_wait(bar, phase, waited, TRACE: gl.constexpr):
     """``mbarrier.wait(bar, phase)``; with ``TRACE`` the cycles it took added to ``waited``."""
@@ -356,14 +327,12 @@ def _consume_items(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empt
                    GROUP: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
                    HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr,
                    STORE_LSE: gl.constexpr, TRACE: gl.constexpr, PART: gl.constexpr,
-                   SOFTMAX_PROBE: gl.constexpr = 0, SOFTMAX_TURNS: gl.constexpr = False):
+                   SOFTMAX_PROBE: gl.constexpr = 0):
     """Consumer warpgroup ``PART``: packed rows ``[64 PART, 64 PART + 64)`` of each of the
     CTA's work items against its keys ``[0, hi)`` (``it`` counts the CTA's key tiles across
     items, as the loader does). The next item's tile and Q rows are looked up while this one's
     last P V runs (``_next_item``), so a persistent CTA starts an item on data already loaded."""
     q_smem = q_smem.index(PART)
-    if SOFTMAX_TURNS and PART == 0:
-        _your_turn(1)   # warpgroup 0 takes the first turn: an arrive on its own barrier
     it = 0
     item = gl.program_id(0)
     kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, q = _next_item(
@@ -381,7 +350,7 @@ def _consume_items(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empt
                 kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, sm_scale, stride_qt,
                 stride_qh, stride_ot, stride_oh, stride_lh, cu_seqlens_q, cache_seqlens, batch,
                 num_tiles, nxt, nxt < num_items, tp, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM,
-                IS_CAUSAL, LAST_FIRST, STORE_LSE, TRACE, PART, SOFTMAX_PROBE, SOFTMAX_TURNS)
+                IS_CAUSAL, LAST_FIRST, STORE_LSE, TRACE, PART, SOFTMAX_PROBE)
             it = it_next
         else:
             kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, q = _next_item(
@@ -459,8 +428,7 @@ def _issue_last_pv(v_smem, v_ready, g, p_op, acc, start, seqlen, tp=None,
 @gluon.jit
 def _steady_tiles(q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it, n_tiles, acc,
                   p_op, m_i, l_i, full, seqlen, last_key, qk_scale, tp, BLOCK_N: gl.constexpr,
-                  TRACE: gl.constexpr, SOFTMAX_PROBE: gl.constexpr = 0,
-                  SOFTMAX_TURNS: gl.constexpr = False, PART: gl.constexpr = 0):
+                  TRACE: gl.constexpr, SOFTMAX_PROBE: gl.constexpr = 0):
     """Key tiles ``1 .. n_tiles - 1`` of an item (the ring's ``it + j``-th), tile 0's P in
     ``p_op``: FA3's intra-warpgroup overlap, tile j's Q Kᵀ issued before tile j - 1's P V, whose
     wgmma runs under tile j's softmax (P of tile j - 1 stays in registers as its A operand until
@@ -498,8 +466,6 @@ def _steady_tiles(q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it
         sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc, ))
         t, qk_c = _lap(t, qk_c, TRACE)
         mbarrier.arrive(k_empty.index(s))
-        if SOFTMAX_TURNS:
-            _my_turn(PART)
         if TRACE:   # tiles 1 .. TRACE_TILES: the softmax's start (slots 17 + 2 (j - 1))
             if j <= TRACE_TILES:
                 gl.store(tp + 15 + 2 * j, _clock())
@@ -516,8 +482,6 @@ def _steady_tiles(q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it
         if TRACE:   # and its end (slots 18 + 2 (j - 1)), as the warp reaches it
             if j <= TRACE_TILES:
                 gl.store(tp + 16 + 2 * j, t)
-        if SOFTMAX_TURNS:
-            _your_turn(PART)
         acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
         t, pv_c = _lap(t, pv_c, TRACE)
         mbarrier.arrive(v_empty.index(prev))
@@ -544,8 +508,7 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
                   cache_seqlens, batch, num_tiles, nxt, nxt_valid, tp, GROUP: gl.constexpr,
                   BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                   IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr, STORE_LSE: gl.constexpr,
-                  TRACE: gl.constexpr, PART: gl.constexpr, SOFTMAX_PROBE: gl.constexpr = 0,
-                  SOFTMAX_TURNS: gl.constexpr = False):
+                  TRACE: gl.constexpr, PART: gl.constexpr, SOFTMAX_PROBE: gl.constexpr = 0):
     """One work item of consumer warpgroup ``PART`` (its ``q_smem`` slice; ``q`` its Q rows in
     registers), its key tiles the ring's ``it``-th onwards; returns ``_next_item(nxt)``, looked
     up under the item's last P V. FA3's intra-warpgroup overlap: tile j's Q Kᵀ is issued before
@@ -587,8 +550,7 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
         _stamp(tp, 2, TRACE)
         acc, p_op, m_i, l_i = _steady_tiles(
             q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it, n_tiles, acc, p_op,
-            m_i, l_i, full, seqlen, last_key, qk_scale, tp, BLOCK_N, TRACE, SOFTMAX_PROBE,
-            SOFTMAX_TURNS, PART)
+            m_i, l_i, full, seqlen, last_key, qk_scale, tp, BLOCK_N, TRACE, SOFTMAX_PROBE)
         last = n_tiles - 1
         s = (it + last) % STAGES
         acc = _issue_last_pv(v_smem, v_ready, it + last, p_op, acc, last * BLOCK_N, seqlen, tp,
@@ -646,7 +608,6 @@ def _gluon_prefill_kernel(
     STORE_LSE: gl.constexpr, LAST_FIRST: gl.constexpr, STAGES: gl.constexpr,
     SCALAR_PAGES: gl.constexpr = False, TILE_LOOKUP: gl.constexpr = False,
     TRACE: gl.constexpr = False, SOFTMAX_PROBE: gl.constexpr = 0,
-    SOFTMAX_TURNS: gl.constexpr = False,
 ):
     """Grid ``(num_programs,)``: CTA ``p`` runs work items ``p, p + num_programs, ..`` of
     ``num_items = num_tiles * nheads_k`` (``_tile``; ``num_tiles = total_q // BLOCK_Q + batch``
@@ -682,14 +643,12 @@ def _gluon_prefill_kernel(
                           v_empty, cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles,
                           num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh,
                           stride_lh, trace, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
-                          LAST_FIRST, STORE_LSE, TRACE, 0, SOFTMAX_PROBE,
-                          SOFTMAX_TURNS)),
+                          LAST_FIRST, STORE_LSE, TRACE, 0, SOFTMAX_PROBE)),
         (_consume_items, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty,
                           v_empty, cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles,
                           num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh,
                           stride_lh, trace, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
-                          LAST_FIRST, STORE_LSE, TRACE, 1, SOFTMAX_PROBE,
-                          SOFTMAX_TURNS)),
+                          LAST_FIRST, STORE_LSE, TRACE, 1, SOFTMAX_PROBE)),
         (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                  cu_seqlens_q, cache_seqlens, block_table, stride_btb, page_shift, batch,
                  num_tiles, num_items, num_programs, PAGE_SIZE, BLOCK_Q, BLOCK_N, HEAD_DIM,
@@ -717,12 +676,6 @@ CACHED_LAUNCH = True
 # False keeps the vector form everywhere.
 SCALAR_PAGES = True
 
-# The two consumer warpgroups take turns at the steady loop's softmax (named barriers 14 / 15):
-# each warp's 64 exponentials a tile hold its SM sub-partition's MUFU >= 512 cycles, and the
-# other warpgroup's warp on that sub-partition shares it whenever their softmaxes overlap. With
-# ``PROBE_SOFTMAX`` "no_exp" the softmax took 1223 cycles a tile instead of 1844 (page 16).
-SOFTMAX_TURNS = False
-
 # A probe (timing only, wrong outputs; scripts/prefill_knob_ab.py): the steady loop's softmax
 # without its exponentials ("no_exp": x for exp2(x), no MUFU, and no mask code: the loop 1039 ->
 # 421 SASS instructions a tile a warp) or with O never rescaled ("no_rescale"): what the
@@ -738,7 +691,8 @@ PROBE_SOFTMAX = None
 # 10: once the last tile's V has landed, 11: its P V issued; 9-11 only for items with key
 # tiles; 12-16: the loop's cycles by step, summed over its tiles: the wgmmas' issue with the
 # K and V waits, the Q Kᵀ's wait, the softmax, the P V's wait, the rescale and P's conversion,
-# as each warp reaches them in program order). None: no trace
+# as each warp reaches them in program order; 17 + 2 (j - 1), 18 + 2 (j - 1): the clock at the
+# start and end of loop tile j's softmax, j = 1 .. TRACE_TILES). None: no trace
 # (the kernel's ``trace`` argument is then ``out``, never read).
 PROBE_TRACE = None
 
@@ -831,8 +785,7 @@ class GluonPrefillLaunch:
                                     PROBE_TILE_LOOKUP] if block_n > self.box else 0),
                                 TRACE=PROBE_TRACE is not None,
                                 SOFTMAX_PROBE={None: 0, "no_exp": 1, "no_rescale": 2}[
-                                    PROBE_SOFTMAX],
-                                SOFTMAX_TURNS=SOFTMAX_TURNS)
+                                    PROBE_SOFTMAX])
         self._page_shift = page_size.bit_length() - 1
         if (PROBE_RUNTIME_PAGE and self._constexprs["SCALAR_PAGES"]
                 and not self._constexprs["TILE_LOOKUP"]):
