@@ -144,22 +144,6 @@ def test_gluon_prefill_scalar_page_ids(monkeypatch, persistent, page_size, block
 
 
 @hopper_only
-@pytest.mark.parametrize("persistent", [False, True])
-@pytest.mark.parametrize("page_size,block_n", [(16, 128), (32, 64), (16, 64), (256, 128)])
-def test_gluon_prefill_whole_tile_lookups(monkeypatch, persistent, page_size, block_n):
-    """``WHOLE_TILE_LOOKUPS``: a tile wholly inside its sequence loads its page ids at constant
-    offsets (the last tile keeps the clamp) and gives the per-box clamped lookups' bytes; tiles
-    of one box keep the vector form."""
-    case = q, k, v, cu, seqlens, table = make_case(LENS, nheads=32, nheads_k=8, head_dim=128,
-                                                   page_size=page_size, dtype=torch.bfloat16)
-    _poison_unowned(k, v, seqlens, table)
-    config = dataclasses.replace(GLUON, gluon_block_n=block_n, gluon_persistent=persistent)
-    _same_bytes_under(monkeypatch, "WHOLE_TILE_LOOKUPS", (False, True), case, config,
-                      lambda launch, on: launch._constexprs["WHOLE_TILES"]
-                      == (on and page_size < block_n))
-
-
-@hopper_only
 @pytest.mark.parametrize("box_rows", [16, 64])
 def test_gluon_prefill_box_rows_probe(monkeypatch, box_rows):
     """``BOX_ROWS`` (a probe): boxes of fewer rows than a page (several boxes a page, each its

@@ -132,8 +132,7 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
           cu_seqlens_q, cache_seqlens, block_table, stride_btb, page_shift, batch, num_tiles,
           num_items, num_programs, PAGE_SIZE: gl.constexpr, BLOCK_Q: gl.constexpr,
           BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr,
-          LAST_FIRST: gl.constexpr, SCALAR_PAGES: gl.constexpr, TILE_LOOKUP: gl.constexpr,
-          WHOLE_TILES: gl.constexpr = False):
+          LAST_FIRST: gl.constexpr, SCALAR_PAGES: gl.constexpr, TILE_LOOKUP: gl.constexpr):
     """The loader warp: every key tile of the CTA's work items, box by box, into the K and V
     rings (``it`` counts the CTA's tiles across items, as the consumers do)."""
     STAGES: gl.constexpr = k_smem.shape[0]
@@ -161,10 +160,10 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                 phase = (((it + j) // STAGES) & 1) ^ 1
                 _load_tile_by_ids(k_desc, k_smem.index(s), k_ready.index(s), k_empty.index(s),
                                   phase, bt_row, j, col, last_box, page_shift, BLOCK_N,
-                                  PAGE_SIZE, TILE_LOOKUP, WHOLE_TILES)
+                                  PAGE_SIZE, TILE_LOOKUP)
                 _load_tile_by_ids(v_desc, v_smem.index(s), v_ready.index(s), v_empty.index(s),
                                   phase, bt_row, j, col, last_box, page_shift, BLOCK_N,
-                                  PAGE_SIZE, TILE_LOOKUP, WHOLE_TILES)
+                                  PAGE_SIZE, TILE_LOOKUP)
         else:
             pages = _box_pages(bt_row, 0, box, last_box, BLOCK_N, BOX, PAGE_SIZE)
             for j in range(n_tiles):
@@ -195,7 +194,7 @@ def _load_tile(desc, smem, ready, empty, phase, pages, box, j, col, last_box,
 @gluon.jit
 def _load_tile_by_ids(desc, smem, ready, empty, phase, bt_row, j, col, last_box, page_shift,
                       BLOCK_N: gl.constexpr, PAGE_SIZE: gl.constexpr,
-                      TILE_LOOKUP: gl.constexpr = False, WHOLE_TILES: gl.constexpr = False):
+                      TILE_LOOKUP: gl.constexpr = False):
     """``_load_tile`` with each box's page id a warp-uniform scalar load (an L1 hit but for
     a page table line's first touch) instead of a lane's entry of a tile-ahead vector taken
     out by shuffles. ``TILE_LOOKUP`` (a probe, ``PROBE_TILE_LOOKUP``): 1, one lookup a tile,
@@ -209,39 +208,15 @@ def _load_tile_by_ids(desc, smem, ready, empty, phase, bt_row, j, col, last_box,
     elif TILE_LOOKUP == 1:
         first_key = gl.minimum(j * BLOCK_N, last_box)
         first_row = gl.load(bt_row + first_key // PAGE_SIZE) * PAGE_SIZE - first_key
-    if WHOLE_TILES:
-        if j * BLOCK_N + BLOCK_N - BOX <= last_box:
-            # every box of the tile is the sequence's own: its ids are the table's entries from
-            # the tile's first, at constant offsets (no clamp, one address a tile)
-            ids = bt_row + j * (BLOCK_N // PAGE_SIZE)
-            for i in gl.static_range(BLOCK_N // BOX):
-                row = gl.load(ids + i * BOX // PAGE_SIZE) * PAGE_SIZE + i * BOX % PAGE_SIZE
-                tma.async_copy_global_to_shared(desc, [row, col], ready,
-                                                smem.slice(i * BOX, BOX))
-        else:
-            _load_boxes_clamped(desc, smem, ready, bt_row, j, col, last_box, BLOCK_N,
-                                PAGE_SIZE)
-    else:
-        for i in gl.static_range(BLOCK_N // BOX):
-            key = gl.minimum(j * BLOCK_N + i * BOX, last_box)
-            if TILE_LOOKUP:
-                row = first_row + key
-            elif PAGE_SIZE == 0:   # the probe PROBE_RUNTIME_PAGE: the page size 1 << page_shift
-                row = ((gl.load(bt_row + (key >> page_shift)) << page_shift)
-                       + (key & ((1 << page_shift) - 1)))
-            else:
-                row = gl.load(bt_row + key // PAGE_SIZE) * PAGE_SIZE + key % PAGE_SIZE
-            tma.async_copy_global_to_shared(desc, [row, col], ready, smem.slice(i * BOX, BOX))
-
-
-@gluon.jit
-def _load_boxes_clamped(desc, smem, ready, bt_row, j, col, last_box, BLOCK_N: gl.constexpr,
-                        PAGE_SIZE: gl.constexpr):
-    """Tile ``j``'s copies, each box's key clamped to ``last_box`` (a sequence's last tile)."""
-    BOX: gl.constexpr = desc.block_type.shape[0]
     for i in gl.static_range(BLOCK_N // BOX):
         key = gl.minimum(j * BLOCK_N + i * BOX, last_box)
-        row = gl.load(bt_row + key // PAGE_SIZE) * PAGE_SIZE + key % PAGE_SIZE
+        if TILE_LOOKUP:
+            row = first_row + key
+        elif PAGE_SIZE == 0:   # the probe PROBE_RUNTIME_PAGE: the page size 1 << page_shift
+            row = ((gl.load(bt_row + (key >> page_shift)) << page_shift)
+                   + (key & ((1 << page_shift) - 1)))
+        else:
+            row = gl.load(bt_row + key // PAGE_SIZE) * PAGE_SIZE + key % PAGE_SIZE
         tma.async_copy_global_to_shared(desc, [row, col], ready, smem.slice(i * BOX, BOX))
 
 
@@ -633,7 +608,6 @@ def _gluon_prefill_kernel(
     STORE_LSE: gl.constexpr, LAST_FIRST: gl.constexpr, STAGES: gl.constexpr,
     SCALAR_PAGES: gl.constexpr = False, TILE_LOOKUP: gl.constexpr = False,
     TRACE: gl.constexpr = False, SOFTMAX_PROBE: gl.constexpr = 0,
-    WHOLE_TILES: gl.constexpr = False,
 ):
     """Grid ``(num_programs,)``: CTA ``p`` runs work items ``p, p + num_programs, ..`` of
     ``num_items = num_tiles * nheads_k`` (``_tile``; ``num_tiles = total_q // BLOCK_Q + batch``
@@ -678,7 +652,7 @@ def _gluon_prefill_kernel(
         (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                  cu_seqlens_q, cache_seqlens, block_table, stride_btb, page_shift, batch,
                  num_tiles, num_items, num_programs, PAGE_SIZE, BLOCK_Q, BLOCK_N, HEAD_DIM,
-                 IS_CAUSAL, LAST_FIRST, SCALAR_PAGES, TILE_LOOKUP, WHOLE_TILES)),
+                 IS_CAUSAL, LAST_FIRST, SCALAR_PAGES, TILE_LOOKUP)),
     ], [CONSUMER_WARPS, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
 
 
@@ -701,12 +675,6 @@ CACHED_LAUNCH = True
 # scalar form measured even there (prefill +0.7%, +1.4%, chunked -2.1%, mixed +0.5% in graphs).
 # False keeps the vector form everywhere.
 SCALAR_PAGES = True
-
-# With scalar page ids, a tile whose boxes are all its sequence's own (every tile but a
-# sequence's last) loads its ids from one address at constant offsets, without the per-box
-# clamp to the last box (the loader's instructions share an SM sub-partition with one warp of
-# each consumer warpgroup).
-WHOLE_TILE_LOOKUPS = False
 
 # A probe (timing only, wrong outputs; scripts/prefill_knob_ab.py): the steady loop's softmax
 # without its exponentials ("no_exp": x for exp2(x), no MUFU, and no mask code: the loop 1039 ->
@@ -817,9 +785,7 @@ class GluonPrefillLaunch:
                                     PROBE_TILE_LOOKUP] if block_n > self.box else 0),
                                 TRACE=PROBE_TRACE is not None,
                                 SOFTMAX_PROBE={None: 0, "no_exp": 1, "no_rescale": 2}[
-                                    PROBE_SOFTMAX],
-                                WHOLE_TILES=bool(WHOLE_TILE_LOOKUPS and block_n > self.box
-                                                 and block_n % page_size == 0))
+                                    PROBE_SOFTMAX])
         self._page_shift = page_size.bit_length() - 1
         if (PROBE_RUNTIME_PAGE and self._constexprs["SCALAR_PAGES"]
                 and not self._constexprs["TILE_LOOKUP"]):

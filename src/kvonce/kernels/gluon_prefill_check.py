@@ -22,14 +22,14 @@ def _check_signature(dtype: str, head_dim: int, box: int) -> dict:
     sig["trace"] = "*i64"
     for name in ("GROUP", "IS_CAUSAL", "PAGE_SIZE", "BLOCK_N", "HEAD_DIM", "STORE_LSE",
                  "LAST_FIRST", "STAGES", "SCALAR_PAGES", "TILE_LOOKUP", "TRACE",
-                 "SOFTMAX_PROBE", "WHOLE_TILES"):
+                 "SOFTMAX_PROBE"):
         sig[name] = "constexpr"
     return sig
 
 
 def _check_spec(variant, dtype, head_dim, page_size, group=4, causal=True, block_n=128,
                 stages=3, scalar_pages=None, tile_lookup=False, box=None, trace=False,
-                softmax_probe=0, whole_tiles=False):
+                softmax_probe=0):
     # Per tile and consumer warpgroup: S = Q Kᵀ D/16 m64nBLOCK_Nk16, O += P V BLOCK_N/16
     # m64nDk16; each twice in the code (the loop's pair, the first tile's S and the last tile's
     # P V), and two warpgroups.
@@ -41,7 +41,7 @@ def _check_spec(variant, dtype, head_dim, page_size, group=4, causal=True, block
             dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, BLOCK_N=block_n,
                  HEAD_DIM=head_dim, STORE_LSE=True, LAST_FIRST=True, STAGES=stages,
                  SCALAR_PAGES=scalar_pages, TILE_LOOKUP=tile_lookup, TRACE=trace,
-                 SOFTMAX_PROBE=softmax_probe, WHOLE_TILES=whole_tiles),
+                 SOFTMAX_PROBE=softmax_probe),
             dict(num_warps=4), dict(HGMMA=hgmma))
 
 
@@ -57,8 +57,6 @@ GLUON_CHECK_SPECS = [
     # the loader's page ids as a tile-ahead vector (``SCALAR_PAGES`` False)
     _check_spec("d128-bf16-page16-gqa4-causal-vectorpages", "bf16", 128, 16,
                 scalar_pages=False),
-    # whole tiles' page ids at constant offsets (``WHOLE_TILE_LOOKUPS``)
-    _check_spec("d128-bf16-page16-gqa4-causal-wholetiles", "bf16", 128, 16, whole_tiles=True),
     # the softmax probes (``PROBE_SOFTMAX``: no exponentials, no rescale)
     _check_spec("d128-bf16-page16-gqa4-causal-noexp", "bf16", 128, 16, softmax_probe=1),
     _check_spec("d128-bf16-page16-gqa4-causal-norescale", "bf16", 128, 16, softmax_probe=2),
