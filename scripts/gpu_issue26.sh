@@ -23,6 +23,9 @@
 #               their launches after putting the knobs back until 2026-11-30's thirty-eighth
 #               session): 16-row boxes and the page size as an argument at pages 16 / 256,
 #               one lookup a tile on sequential pages
+#   softmax     the prefill softmax's probes (2026-11-30, thirty-ninth session): the item trace
+#               with the two warpgroups' softmax overlap (slots 17-32), and PROBE_SOFTMAX's
+#               no_exp / no_rescale against the kernel at pages 16 / 256 (timing only)
 #   pftests     the paged prefill tests (Gluon and Triton kernels, HF continuous batching)
 #   pfbench     python -m kvonce bench prefill (FlashInfer beside when .peers/fi travels)
 #   prefetch    3 stages with the page ids carried a tile ahead (prefetch_pages): without the
@@ -864,6 +867,15 @@ if has gluon16rate; then
   timeout 300 python3 scripts/gluon_decode16_check.py --skip-correctness \
     --shapes "32/8:1x131072:16/32/49,32/8:1x262144:16/32/49" --variants 2cta-2st,1cta-4st \
     2>&1 | tail -3
+fi
+if has softmax; then
+  step softmax
+  (cd scripts && PYTHONPATH=../src:. timeout 150 python3 prefill_item_trace.py \
+    --rows prefill --pages 16,256 2>&1 | tail -5)
+  v="16,16:PROBE_SOFTMAX='no_exp',16:PROBE_SOFTMAX='no_rescale'"
+  v="$v,256,256:PROBE_SOFTMAX='no_exp',256:PROBE_SOFTMAX='no_rescale'"
+  (cd scripts && PYTHONPATH=../src:. timeout 300 python3 prefill_knob_ab.py --rows prefill \
+    --variants "$v" --rounds 3 2>&1 | tail -9)
 fi
 if has probes35; then
   step probes35
