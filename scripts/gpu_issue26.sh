@@ -23,6 +23,10 @@
 #               their launches after putting the knobs back until 2026-11-30's thirty-eighth
 #               session): 16-row boxes and the page size as an argument at pages 16 / 256,
 #               one lookup a tile on sequential pages
+#   vpages      V by pages (gluon_prefill.V_PAGES, 2026-11-30, thirty-ninth session, compiled,
+#               never run): its tests (20 cases, bytes equal to V as K), then prefill_knob_ab.py
+#               at page 16 (loader 283 -> 242 instructions, 32 -> 24 copies a tile; the consumers'
+#               loops unchanged) against page 16 and page 256, prefill and chunked rows
 #   softmax     the prefill softmax's probes (2026-11-30, thirty-ninth session): the item trace
 #               with the two warpgroups' softmax overlap (slots 17-32), and PROBE_SOFTMAX's
 #               no_exp / no_rescale against the kernel at pages 16 / 256 (timing only)
@@ -867,6 +871,13 @@ if has gluon16rate; then
   timeout 300 python3 scripts/gluon_decode16_check.py --skip-correctness \
     --shapes "32/8:1x131072:16/32/49,32/8:1x262144:16/32/49" --variants 2cta-2st,1cta-4st \
     2>&1 | tail -3
+fi
+if has vpages; then
+  step vpages
+  timeout 300 python3 -m pytest -q -x tests/test_gluon_prefill.py -k "v_pages" 2>&1 | tail -2
+  (cd scripts && PYTHONPATH=../src:. timeout 250 python3 prefill_knob_ab.py \
+    --rows prefill,chunked --variants "16,16:V_PAGES,16:,16::V_PAGES,256" --rounds 3 \
+    2>&1 | tail -12)
 fi
 if has softmax; then
   step softmax

@@ -144,6 +144,23 @@ def test_gluon_prefill_scalar_page_ids(monkeypatch, persistent, page_size, block
 
 
 @hopper_only
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("page_size,block_n", [(16, 128), (32, 64), (16, 64), (64, 128),
+                                               (256, 128)])
+def test_gluon_prefill_v_pages(monkeypatch, dtype, persistent, page_size, block_n):
+    """``V_PAGES``: V by pages (one copy a page through a 3-D descriptor, the slot read by P V
+    through ``v_pages_layout``, the last tile zeroed through it) gives V as K's bytes, cache
+    slots no sequence owns NaN; tiles of one box keep V as K."""
+    case = q, k, v, cu, seqlens, table = make_case(LENS, nheads=32, nheads_k=8, head_dim=128,
+                                                   page_size=page_size, dtype=dtype)
+    _poison_unowned(k, v, seqlens, table)
+    config = dataclasses.replace(GLUON, gluon_block_n=block_n, gluon_persistent=persistent)
+    _same_bytes_under(monkeypatch, "V_PAGES", (False, True), case, config,
+                      lambda launch, on: launch.v_pages == (on and page_size < block_n))
+
+
+@hopper_only
 @pytest.mark.parametrize("box_rows", [16, 64])
 def test_gluon_prefill_box_rows_probe(monkeypatch, box_rows):
     """``BOX_ROWS`` (a probe): boxes of fewer rows than a page (several boxes a page, each its

@@ -148,6 +148,10 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
             LAST_FIRST)
         n_tiles = gl.where(tok0 < q_len, (hi + BLOCK_N - 1) // BLOCK_N, 0)
         col = kv_head * HEAD_DIM
+        if len(v_desc.block_type.shape) == 3:   # V by pages: the descriptor's 64-column chunks
+            vcol = kv_head * (HEAD_DIM // 64)
+        else:
+            vcol = col
         bt_row = block_table + seq.to(gl.int64) * stride_btb
         last_box = gl.maximum(seqlen - 1, 0) // BOX * BOX   # boxes past the end re-read this one
         # k_empty[s] / v_empty[s] (count 2): both consumer warpgroups' Q Kᵀ (P V) on the slot
@@ -162,7 +166,7 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                                   phase, bt_row, j, col, last_box, page_shift, BLOCK_N,
                                   PAGE_SIZE, TILE_LOOKUP)
                 _load_tile_by_ids(v_desc, v_smem.index(s), v_ready.index(s), v_empty.index(s),
-                                  phase, bt_row, j, col, last_box, page_shift, BLOCK_N,
+                                  phase, bt_row, j, vcol, last_box, page_shift, BLOCK_N,
                                   PAGE_SIZE, TILE_LOOKUP)
         else:
             pages = _box_pages(bt_row, 0, box, last_box, BLOCK_N, BOX, PAGE_SIZE)
@@ -174,7 +178,7 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                 _load_tile(k_desc, k_smem.index(s), k_ready.index(s), k_empty.index(s), phase, cur,
                            box, j, col, last_box, BLOCK_N, PAGE_SIZE)
                 _load_tile(v_desc, v_smem.index(s), v_ready.index(s), v_empty.index(s), phase, cur,
-                           box, j, col, last_box, BLOCK_N, PAGE_SIZE)
+                           box, j, vcol, last_box, BLOCK_N, PAGE_SIZE)
         it += n_tiles
 
 
@@ -183,12 +187,12 @@ def _load_tile(desc, smem, ready, empty, phase, pages, box, j, col, last_box,
                BLOCK_N: gl.constexpr, PAGE_SIZE: gl.constexpr):
     """Tile ``j`` of K (or V) into the ring slot ``smem`` once ``empty`` passes ``phase``, box by
     box, on ``ready`` (expect + the boxes' bytes)."""
-    BOX: gl.constexpr = desc.block_type.shape[0]
+    BOX: gl.constexpr = _box_rows(desc.block_type.shape)
     mbarrier.wait(empty, phase)
     mbarrier.expect(ready, (BLOCK_N // BOX) * desc.block_type.nbytes)
     for i in gl.static_range(BLOCK_N // BOX):
         row = _box_row(pages, box, i, j, last_box, BLOCK_N, BOX, PAGE_SIZE)
-        tma.async_copy_global_to_shared(desc, [row, col], ready, smem.slice(i * BOX, BOX))
+        _copy_box(desc, row, col, ready, smem, i)
 
 
 @gluon.jit
@@ -200,7 +204,7 @@ def _load_tile_by_ids(desc, smem, ready, empty, phase, bt_row, j, col, last_box,
     out by shuffles. ``TILE_LOOKUP`` (a probe, ``PROBE_TILE_LOOKUP``): 1, one lookup a tile,
     the tile's pages taken as consecutive; 2, one lookup a sequence (its first page's), all its
     pages taken as consecutive (right only for such block tables)."""
-    BOX: gl.constexpr = desc.block_type.shape[0]
+    BOX: gl.constexpr = _box_rows(desc.block_type.shape)
     mbarrier.wait(empty, phase)
     mbarrier.expect(ready, (BLOCK_N // BOX) * desc.block_type.nbytes)
     if TILE_LOOKUP == 2:
@@ -217,7 +221,50 @@ def _load_tile_by_ids(desc, smem, ready, empty, phase, bt_row, j, col, last_box,
                    + (key & ((1 << page_shift) - 1)))
         else:
             row = gl.load(bt_row + key // PAGE_SIZE) * PAGE_SIZE + key % PAGE_SIZE
+        _copy_box(desc, row, col, ready, smem, i)
+
+
+@gluon.constexpr_function
+def _box_rows(block_shape):
+    """Cache rows of a descriptor's box: ``[BOX, HEAD_DIM]``, or V by pages' ``[CH, BOX, 64]``."""
+    return block_shape[len(block_shape) - 2]
+
+
+@gluon.jit
+def _copy_box(desc, row, col, ready, smem, i: gl.constexpr):
+    """Box ``i`` of a tile (cache rows ``row ..``) into the ring slot ``smem`` on ``ready``. A
+    2-D descriptor (box ``[BOX, HEAD_DIM]`` at column ``col``) fills the slot's rows ``i * BOX
+    ..``, which Triton issues as one copy a 128-byte column chunk (two at d128). V by pages
+    (``V_PAGES``): a 3-D descriptor over the cache as ``[64-column chunks, rows, 64]``, box ``[CH,
+    BOX, 64]`` at chunk ``col``, fills the slot's page ``i`` (``[CH, BOX, 64]``) in one copy."""
+    if len(desc.block_type.shape) == 3:
+        CH: gl.constexpr = desc.block_type.shape[0]
+        tma.async_copy_global_to_shared(desc, [col, row, 0], ready, smem.slice(i * CH, CH))
+    else:
+        BOX: gl.constexpr = desc.block_type.shape[0]
         tma.async_copy_global_to_shared(desc, [row, col], ready, smem.slice(i * BOX, BOX))
+
+
+@gluon.constexpr_function
+def v_pages_layout(block_n, head_dim, box):
+    """The ``[block_n, head_dim]`` V operand whose pages (``box`` rows each) lie one after
+    another, each page ``[head_dim / 64, box, 64]`` (64-column chunks, 128-byte rows swizzled by
+    the row's index mod 8, as TMA writes a box): offset bits to (row, column). A wgmma's k16 step
+    stays inside a page, so Triton's descriptors for it (start a step, the chunks' stride, the
+    8-row groups' stride) are uniform; compiled for sm_90a: one group of 8 HGMMA as for V as K."""
+    bases = [[0, 1], [0, 2], [0, 4], [0, 8], [0, 16], [0, 32], [1, 8], [2, 16], [4, 32]]
+    bases += [[r, 0] for r in (8, 16, 32, 64, 128) if r < box]
+    bases += [[0, c] for c in (64, 128) if c < head_dim]
+    bases += [[p, 0] for p in (16, 32, 64, 128) if box <= p < block_n]
+    return gl.SharedLinearLayout(offset_bases=bases, alignment=1024)
+
+
+@gluon.jit
+def _v_pages_operand(v_smem, s, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """Slot ``s`` of V held by pages (a ring ``[STAGES, BOXES * CH, BOX, 64]``) as the
+    ``[BLOCK_N, HEAD_DIM]`` P V operand: the slot's bytes under ``v_pages_layout``."""
+    return v_smem.index(s)._reinterpret(v_smem.dtype, [BLOCK_N, HEAD_DIM],
+                                        v_pages_layout(BLOCK_N, HEAD_DIM, v_smem.shape[2]))
 
 
 @gluon.jit
@@ -413,14 +460,21 @@ def _issue_last_pv(v_smem, v_ready, g, p_op, acc, start, seqlen, tp=None,
     zeroed first), issued, not waited: the async accumulator. With ``TRACE``: the clock once V
     has landed (slot 10) and once the wgmma is issued (slot 11)."""
     STAGES: gl.constexpr = v_smem.shape[0]
-    BLOCK_N: gl.constexpr = v_smem.shape[1]
-    HEAD_DIM: gl.constexpr = v_smem.shape[2]
+    BLOCK_N: gl.constexpr = p_op.shape[1]
+    HEAD_DIM: gl.constexpr = acc.shape[1]
     s = g % STAGES
     mbarrier.wait(v_ready.index(s), (g // STAGES) & 1)
     _stamp(tp, 10, TRACE)
-    if start + BLOCK_N > seqlen:   # only the last tile reaches past the end
-        _zero_rows_from(v_smem.index(s), seqlen - start, BLOCK_N, HEAD_DIM)
-    acc = warpgroup_mma(p_op, v_smem.index(s), acc, is_async=True)
+    if len(v_smem.shape) == 4:   # V by pages (``V_PAGES``)
+        if start + BLOCK_N > seqlen:   # only the last tile reaches past the end
+            _zero_rows_from(_v_pages_operand(v_smem, s, BLOCK_N, HEAD_DIM), seqlen - start,
+                            BLOCK_N, HEAD_DIM)
+        acc = warpgroup_mma(p_op, _v_pages_operand(v_smem, s, BLOCK_N, HEAD_DIM), acc,
+                            is_async=True)
+    else:
+        if start + BLOCK_N > seqlen:   # only the last tile reaches past the end
+            _zero_rows_from(v_smem.index(s), seqlen - start, BLOCK_N, HEAD_DIM)
+        acc = warpgroup_mma(p_op, v_smem.index(s), acc, is_async=True)
     _stamp(tp, 11, TRACE)
     return acc
 
@@ -461,7 +515,11 @@ def _steady_tiles(q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it
         sc = warpgroup_mma(q_smem, k_smem.index(s).permute((1, 0)), zero_s,
                            use_acc=False, is_async=True)
         v_waited = _timed_wait(v_ready.index(prev), ((g - 1) // STAGES) & 1, v_waited, TRACE)
-        acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+        if len(v_smem.shape) == 4:   # V by pages (``V_PAGES``)
+            acc = warpgroup_mma(p_op, _v_pages_operand(v_smem, prev, BLOCK_N, acc.shape[1]),
+                                acc, is_async=True)
+        else:
+            acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
         t, issue_c = _lap(t, issue_c, TRACE)
         sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc, ))
         t, qk_c = _lap(t, qk_c, TRACE)
@@ -625,7 +683,12 @@ def _gluon_prefill_kernel(
     Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_DIM], dtype)
     q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], Q_SMEM)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    if len(v_desc.block_type.shape) == 3:   # V by pages: a slot [BOXES * CH, BOX, 64]
+        BOX_V: gl.constexpr = v_desc.block_type.shape[1]
+        v_smem = gl.allocate_shared_memory(
+            dtype, [STAGES, BLOCK_N // BOX_V * (HEAD_DIM // 64), BOX_V, 64], v_desc.layout)
+    else:
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -675,6 +738,16 @@ CACHED_LAUNCH = True
 # scalar form measured even there (prefill +0.7%, +1.4%, chunked -2.1%, mixed +0.5% in graphs).
 # False keeps the vector form everywhere.
 SCALAR_PAGES = True
+
+# V by pages where a tile has several boxes (d128, d256): one TMA copy a page through a 3-D
+# descriptor (box ``[HEAD_DIM / 64, BOX, 64]``) instead of Triton's one a 128-byte column chunk,
+# the slot read by P V through ``v_pages_layout`` (one wgmma group, as V as K). At page 16 the
+# loader's copies go 32 -> 24 a tile. Page 256 with 16-row boxes was as slow as page 16 (H200,
+# 2026-11-30: 449.8 / 436.4 against 451.0 / 442.0 TFLOP/s eager / graphs, page 256 462.8 /
+# 454.0). The first form (P V as one k16 group a page) added 33 consumer instructions a tile
+# and measured even to 2% slower; this one compiles to the consumers' loops of V as K but for
+# the descriptors' constants. Off until measured.
+V_PAGES = False
 
 # A probe (timing only, wrong outputs; scripts/prefill_knob_ab.py): the steady loop's softmax
 # without its exponentials ("no_exp": x for exp2(x), no MUFU, and no mask code: the loop 1039 ->
@@ -791,13 +864,25 @@ class GluonPrefillLaunch:
                 and not self._constexprs["TILE_LOOKUP"]):
             self._constexprs["PAGE_SIZE"] = 0
         self._gl_dtype = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}[q.dtype]
+        self.v_pages = bool(V_PAGES and self._constexprs["SCALAR_PAGES"] and head_dim > 64
+                            and head_dim % 64 == 0 and self.box >= 8)
 
-    def _desc(self, cache):
+    def _desc(self, cache, by_pages: bool = False):
+        """TMA descriptor over a cache ``[num_pages, page_size, nheads_k, head_dim]`` as
+        ``[num_pages * page_size, nheads_k * head_dim]``, box ``[box, head_dim]``; ``by_pages``
+        (V with ``V_PAGES``): as ``[nheads_k * head_dim / 64, num_pages * page_size, 64]``, box
+        ``[head_dim / 64, box, 64]``, a page's rows in one copy."""
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+        rows = cache.shape[0] * cache.shape[1]
+        if by_pages:
+            chunks = self.head_dim // 64
+            block = [chunks, self.box, 64]
+            layout = gl.NVMMASharedLayout.get_default_for(block, self._gl_dtype)
+            return TensorDescriptor(cache, [cache.shape[2] * chunks, rows, 64],
+                                    [64, cache.stride(1), 1], block, layout)
         layout = gl.NVMMASharedLayout.get_default_for([self.box, self.head_dim], self._gl_dtype)
-        return TensorDescriptor(cache, [cache.shape[0] * cache.shape[1],
-                                        cache.shape[2] * cache.shape[3]],
+        return TensorDescriptor(cache, [rows, cache.shape[2] * cache.shape[3]],
                                 [cache.stride(1), 1], [self.box, self.head_dim], layout)
 
     def __call__(self, q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, block_table, out,
@@ -810,8 +895,8 @@ class GluonPrefillLaunch:
             raise ValueError(f"PROBE_TRACE must be a contiguous int64 [>= {self._num_programs}, "
                              f"{TRACE_ROUNDS.value}, 2, {TRACE_EVENTS.value}] tensor")
         lse_arg, stride_lh = (out, 0) if lse is None else (lse, lse.stride(0))
-        args = (q, self._desc(k_cache), self._desc(v_cache), out, lse_arg, cu_seqlens_q,
-                cache_seqlens, block_table, self._scale, self._batch, self._num_tiles,
+        args = (q, self._desc(k_cache), self._desc(v_cache, self.v_pages), out, lse_arg,
+                cu_seqlens_q, cache_seqlens, block_table, self._scale, self._batch, self._num_tiles,
                 self._num_items, self._num_programs, q.stride(0), q.stride(1), out.stride(0),
                 out.stride(1), stride_lh, block_table.stride(0), self._page_shift,
                 out if PROBE_TRACE is None else PROBE_TRACE)
@@ -825,7 +910,7 @@ class GluonPrefillLaunch:
                               block_table)
         # The box is in the key: the descriptors' block shape is a specialization, and with
         # BOX_ROWS it no longer follows from PAGE_SIZE and BLOCK_N.
-        launch(_gluon_prefill_kernel, ("gluon-prefill", q.dtype, self.box, ints,
+        launch(_gluon_prefill_kernel, ("gluon-prefill", q.dtype, self.box, self.v_pages, ints,
                                        tuple(self._constexprs.values()), aligned),
                (*grid, 1, 1), args, self._constexprs, CONSUMER_WARPS.value, 1,
                q.device.index)

@@ -9,11 +9,16 @@ from . import gluon_prefill
 from .gluon_prefill import _gluon_prefill_kernel
 
 
-def _check_signature(dtype: str, head_dim: int, box: int) -> dict:
+def _check_signature(dtype: str, head_dim: int, box: int, v_pages: bool = False) -> dict:
     gl_dtype = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
     kv = gl.NVMMASharedLayout.get_default_for([box, head_dim], gl_dtype)
+    v_desc = f"tensordesc<{dtype}[{box}, {head_dim}],{kv!r}>"
+    if v_pages:   # V by pages: box [head_dim / 64, box, 64]
+        block = [head_dim // 64, box, 64]
+        v_layout = gl.NVMMASharedLayout.get_default_for(block, gl_dtype)
+        v_desc = f"tensordesc<{dtype}[{', '.join(map(str, block))}],{v_layout!r}>"
     sig = dict(Q=f"*{dtype}", k_desc=f"tensordesc<{dtype}[{box}, {head_dim}],{kv!r}>",
-               v_desc=f"tensordesc<{dtype}[{box}, {head_dim}],{kv!r}>", Out=f"*{dtype}",
+               v_desc=v_desc, Out=f"*{dtype}",
                Lse="*fp32", cu_seqlens_q="*i32", cache_seqlens="*i32", block_table="*i32",
                sm_scale="fp32")
     sig.update({name: "i32" for name in ("batch", "num_tiles", "num_items", "num_programs",
@@ -29,7 +34,7 @@ def _check_signature(dtype: str, head_dim: int, box: int) -> dict:
 
 def _check_spec(variant, dtype, head_dim, page_size, group=4, causal=True, block_n=128,
                 stages=3, scalar_pages=None, tile_lookup=False, box=None, trace=False,
-                softmax_probe=0):
+                softmax_probe=0, v_pages=False):
     # Per tile and consumer warpgroup: S = Q Kᵀ D/16 m64nBLOCK_Nk16, O += P V BLOCK_N/16
     # m64nDk16; each twice in the code (the loop's pair, the first tile's S and the last tile's
     # P V), and two warpgroups.
@@ -37,7 +42,7 @@ def _check_spec(variant, dtype, head_dim, page_size, group=4, causal=True, block
     box = box or min(page_size, block_n)
     if scalar_pages is None:   # the launch's rule: scalar page ids where a tile has boxes
         scalar_pages = gluon_prefill.SCALAR_PAGES and block_n > box
-    return (variant, _gluon_prefill_kernel, _check_signature(dtype, head_dim, box),
+    return (variant, _gluon_prefill_kernel, _check_signature(dtype, head_dim, box, v_pages),
             dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, BLOCK_N=block_n,
                  HEAD_DIM=head_dim, STORE_LSE=True, LAST_FIRST=True, STAGES=stages,
                  SCALAR_PAGES=scalar_pages, TILE_LOOKUP=tile_lookup, TRACE=trace,
@@ -57,6 +62,12 @@ GLUON_CHECK_SPECS = [
     # the loader's page ids as a tile-ahead vector (``SCALAR_PAGES`` False)
     _check_spec("d128-bf16-page16-gqa4-causal-vectorpages", "bf16", 128, 16,
                 scalar_pages=False),
+    # V by pages (``V_PAGES``): page 16 bf16, fp16 non-causal MHA, and d256
+    _check_spec("d128-bf16-page16-gqa4-causal-vpages", "bf16", 128, 16, v_pages=True),
+    _check_spec("d128-fp16-page16-mha-noncausal-vpages", "fp16", 128, 16, group=1,
+                causal=False, v_pages=True),
+    _check_spec("d128-bf16-page32-gqa4-causal-vpages-bn64", "bf16", 128, 32, block_n=64,
+                v_pages=True),
     # the softmax probes (``PROBE_SOFTMAX``: no exponentials, no rescale)
     _check_spec("d128-bf16-page16-gqa4-causal-noexp", "bf16", 128, 16, softmax_probe=1),
     _check_spec("d128-bf16-page16-gqa4-causal-norescale", "bf16", 128, 16, softmax_probe=2),
