@@ -160,6 +160,30 @@ def test_gluon_prefill_v_pages(monkeypatch, dtype, persistent, page_size, block_
                       lambda launch, on: launch.v_pages == (on and page_size < block_n))
 
 
+@pytest.mark.parametrize("block_n,head_dim,box", [(128, 128, 16), (128, 128, 32),
+                                                  (64, 128, 16), (128, 256, 16), (128, 128, 64)])
+def test_v_pages_layout_is_where_the_copies_put_v(block_n, head_dim, box):
+    """``v_pages_layout`` (CPU): every shared-memory offset of a V slot maps to the (key, column)
+    that the page's TMA copy puts there: page-major, each page ``[head_dim / 64, box, 64]``,
+    128-byte rows whose 16-byte chunks are swizzled by the row's index mod 8."""
+    bases = gluon_prefill.v_pages_layout(block_n, head_dim, box).offset_bases
+    assert len(bases) == (block_n * head_dim).bit_length() - 1
+    chunks = head_dim // 64
+    seen = set()
+    for offset in range(block_n * head_dim):
+        key = col = 0
+        for bit, (dk, dc) in enumerate(bases):
+            if offset >> bit & 1:
+                key ^= dk
+                col ^= dc
+        page, row = divmod(key, box)
+        chunk, c = divmod(col, 64)
+        swizzled = ((c >> 3) ^ (row % 8)) * 8 + (c & 7)
+        assert offset == ((page * chunks + chunk) * box + row) * 64 + swizzled
+        seen.add((key, col))
+    assert len(seen) == block_n * head_dim
+
+
 @hopper_only
 @pytest.mark.parametrize("box_rows", [16, 64])
 def test_gluon_prefill_box_rows_probe(monkeypatch, box_rows):
