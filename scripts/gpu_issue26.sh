@@ -24,7 +24,7 @@
 #               session): 16-row boxes and the page size as an argument at pages 16 / 256,
 #               one lookup a tile on sequential pages
 #   vpages      V by pages (gluon_prefill.V_PAGES, 2026-11-30, thirty-ninth session, compiled,
-#               never run): its tests (20 cases, bytes equal to V as K), then prefill_knob_ab.py
+#               never run): its tests (24 cases, bytes equal to V as K), then prefill_knob_ab.py
 #               at page 16 (loader 283 -> 242 instructions, 32 -> 24 copies a tile; the consumers'
 #               loops unchanged) against page 16 and page 256, prefill and chunked rows
 #   softmax     the prefill softmax's probes (2026-11-30, thirty-ninth session): the item trace

@@ -146,8 +146,8 @@ def test_gluon_prefill_scalar_page_ids(monkeypatch, persistent, page_size, block
 @hopper_only
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("persistent", [False, True])
-@pytest.mark.parametrize("page_size,block_n", [(16, 128), (32, 64), (16, 64), (64, 128),
-                                               (256, 128)])
+@pytest.mark.parametrize("page_size,block_n", [(16, 128), (8, 128), (32, 64), (16, 64),
+                                               (64, 128), (256, 128)])
 def test_gluon_prefill_v_pages(monkeypatch, dtype, persistent, page_size, block_n):
     """``V_PAGES``: V by pages (one copy a page through a 3-D descriptor, the slot read by P V
     through ``v_pages_layout``, the last tile zeroed through it) gives V as K's bytes, cache
@@ -160,7 +160,7 @@ def test_gluon_prefill_v_pages(monkeypatch, dtype, persistent, page_size, block_
                       lambda launch, on: launch.v_pages == (on and page_size < block_n))
 
 
-@pytest.mark.parametrize("block_n,head_dim,box", [(128, 128, 16), (128, 128, 32),
+@pytest.mark.parametrize("block_n,head_dim,box", [(128, 128, 16), (128, 128, 32), (128, 128, 8),
                                                   (64, 128, 16), (128, 256, 16), (128, 128, 64)])
 def test_v_pages_layout_is_where_the_copies_put_v(block_n, head_dim, box):
     """``v_pages_layout`` (CPU): every shared-memory offset of a V slot maps to the (key, column)

@@ -255,7 +255,7 @@ def v_pages_layout(block_n, head_dim, box):
     bases = [[0, 1], [0, 2], [0, 4], [0, 8], [0, 16], [0, 32], [1, 8], [2, 16], [4, 32]]
     bases += [[r, 0] for r in (8, 16, 32, 64, 128) if r < box]
     bases += [[0, c] for c in (64, 128) if c < head_dim]
-    bases += [[p, 0] for p in (16, 32, 64, 128) if box <= p < block_n]
+    bases += [[p, 0] for p in (8, 16, 32, 64, 128) if box <= p < block_n]
     return gl.SharedLinearLayout(offset_bases=bases, alignment=1024)
 
 
