@@ -328,7 +328,7 @@ def _softmax_tile(sc, m_i, l_i, start, full, seqlen, last_key, qk_scale, BLOCK_N
 
 TRACE_ROUNDS = gl.constexpr(128)   # items a CTA's trace holds (``PROBE_TRACE``)
 TRACE_TILES = gl.constexpr(8)      # the loop's tiles whose softmax start and end are stamped
-TRACE_EVENTS = gl.constexpr(17 + 2 * 8)
+TRACE_EVENTS = gl.constexpr(17 + 2 * TRACE_TILES.value)
 
 
 @gluon.jit
@@ -673,8 +673,9 @@ def _gluon_prefill_kernel(
     (the loader fills the next item's first slots while the consumers finish the last one). Q,
     Out ``[total_q, nheads, HEAD_DIM]`` (last dim contiguous); k/v descriptors over the caches
     as ``[num_pages * PAGE_SIZE, nheads_k * HEAD_DIM]``, block ``[min(PAGE_SIZE, BLOCK_N),
-    HEAD_DIM]``; Lse float32 ``[nheads, total_q]``-strided (any pointer without STORE_LSE);
-    cu_seqlens_q int32 ``[batch + 1]``, cache_seqlens int32 ``[batch]``, block_table int32
+    HEAD_DIM]`` (v by pages, ``V_PAGES``: ``[nheads_k * HEAD_DIM / 64, num_pages * PAGE_SIZE,
+    64]``, block ``[HEAD_DIM / 64, BOX, 64]``); Lse float32 ``[nheads, total_q]``-strided
+    (any pointer without STORE_LSE); cu_seqlens_q int32 ``[batch + 1]``, cache_seqlens int32 ``[batch]``, block_table int32
     ``[batch, max_pages]``; ``page_shift``: log2 of the page size, read only where PAGE_SIZE is
     0 (the probe ``PROBE_RUNTIME_PAGE``); ``trace``: int64, the probe ``PROBE_TRACE``'s
     buffer (read only with TRACE)."""
