@@ -674,11 +674,11 @@ def _gluon_prefill_kernel(
     Out ``[total_q, nheads, HEAD_DIM]`` (last dim contiguous); k/v descriptors over the caches
     as ``[num_pages * PAGE_SIZE, nheads_k * HEAD_DIM]``, block ``[min(PAGE_SIZE, BLOCK_N),
     HEAD_DIM]`` (v by pages, ``V_PAGES``: ``[nheads_k * HEAD_DIM / 64, num_pages * PAGE_SIZE,
-    64]``, block ``[HEAD_DIM / 64, BOX, 64]``); Lse float32 ``[nheads, total_q]``-strided
-    (any pointer without STORE_LSE); cu_seqlens_q int32 ``[batch + 1]``, cache_seqlens int32
-    ``[batch]``, block_table int32 ``[batch, max_pages]``; ``page_shift``: log2 of the page size, read only where PAGE_SIZE is
-    0 (the probe ``PROBE_RUNTIME_PAGE``); ``trace``: int64, the probe ``PROBE_TRACE``'s
-    buffer (read only with TRACE)."""
+    64]``, block ``[HEAD_DIM / 64, BOX, 64]``); Lse float32 ``[nheads, total_q]``-strided (any
+    pointer without STORE_LSE); cu_seqlens_q int32 ``[batch + 1]``, cache_seqlens int32
+    ``[batch]``, block_table int32 ``[batch, max_pages]``; ``page_shift``: log2 of the page
+    size, read only where PAGE_SIZE is 0 (the probe ``PROBE_RUNTIME_PAGE``); ``trace``: int64,
+    the probe ``PROBE_TRACE``'s buffer (read only with TRACE)."""
     BLOCK_Q: gl.constexpr = BLOCK_M // GROUP
     dtype: gl.constexpr = k_desc.dtype
     Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_DIM], dtype)
