@@ -747,8 +747,12 @@ SCALAR_PAGES = True
 # 2026-11-30: 449.8 / 436.4 against 451.0 / 442.0 TFLOP/s eager / graphs, page 256 462.8 /
 # 454.0). The first form (P V as one k16 group a page) added 33 consumer instructions a tile
 # and measured even to 2% slower; this one compiles to the consumers' loops of V as K but for
-# the descriptors' constants. Off until measured.
-V_PAGES = False
+# the descriptors' constants. Measured (H200, 2026-12-01, prefill 8 x 2048 page 16, two
+# interleaved pairs, TFLOP/s eager / graphs): 455.0 / 439.4 and 458.0 / 441.3 against V as K's
+# 448.2 / 440.9 and 452.4 / 433.2; chunked even (571.6 / 562.3, 560.7 / 565.1 against 567.1 /
+# 562.2, 568.5 / 560.4). A small gain, not one the noise hides; kept for the fewer copies.
+# False: V as K (two copies a page).
+V_PAGES = True
 
 # A probe (timing only, wrong outputs; scripts/prefill_knob_ab.py): the steady loop's softmax
 # without its exponentials ("no_exp": x for exp2(x), no MUFU, and no mask code: the loop 1039 ->

@@ -68,7 +68,6 @@ GLUON_CHECK_SPECS = [
                 causal=False, v_pages=True),
     _check_spec("d128-bf16-page32-gqa4-causal-vpages-bn64", "bf16", 128, 32, block_n=64,
                 v_pages=True),
-    _check_spec("d128-bf16-page8-gqa4-causal-vpages", "bf16", 128, 8, v_pages=True),
     # the softmax probes (``PROBE_SOFTMAX``: no exponentials, no rescale)
     _check_spec("d128-bf16-page16-gqa4-causal-noexp", "bf16", 128, 16, softmax_probe=1),
     _check_spec("d128-bf16-page16-gqa4-causal-norescale", "bf16", 128, 16, softmax_probe=2),
