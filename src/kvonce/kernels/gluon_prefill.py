@@ -132,7 +132,8 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
           cu_seqlens_q, cache_seqlens, block_table, stride_btb, page_shift, batch, num_tiles,
           num_items, num_programs, PAGE_SIZE: gl.constexpr, BLOCK_Q: gl.constexpr,
           BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr,
-          LAST_FIRST: gl.constexpr, SCALAR_PAGES: gl.constexpr, TILE_LOOKUP: gl.constexpr):
+          LAST_FIRST: gl.constexpr, SCALAR_PAGES: gl.constexpr, TILE_LOOKUP: gl.constexpr,
+          KV_PAIRED: gl.constexpr = False):
     """The loader warp: every key tile of the CTA's work items, box by box, into the K and V
     rings (``it`` counts the CTA's tiles across items, as the consumers do)."""
     STAGES: gl.constexpr = k_smem.shape[0]
@@ -158,7 +159,15 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
         # has retired; parity ((it // STAGES) & 1) ^ 1: a fresh barrier passes the first round.
         # K and V slots free apart: K of tile j + STAGES can come while V of tile j is still
         # being read. k_ready[s], v_ready[s] (count 1): expect + the bytes.
-        if SCALAR_PAGES:
+        if KV_PAIRED:
+            for j in range(n_tiles):
+                s = (it + j) % STAGES
+                phase = (((it + j) // STAGES) & 1) ^ 1
+                _load_kv_tile_by_ids(k_desc, v_desc, k_smem.index(s), v_smem.index(s),
+                                     k_ready.index(s), v_ready.index(s), k_empty.index(s),
+                                     v_empty.index(s), phase, bt_row, j, col, vcol, last_box,
+                                     BLOCK_N, PAGE_SIZE)
+        elif SCALAR_PAGES:
             for j in range(n_tiles):
                 s = (it + j) % STAGES
                 phase = (((it + j) // STAGES) & 1) ^ 1
@@ -222,6 +231,24 @@ def _load_tile_by_ids(desc, smem, ready, empty, phase, bt_row, j, col, last_box,
         else:
             row = gl.load(bt_row + key // PAGE_SIZE) * PAGE_SIZE + key % PAGE_SIZE
         _copy_box(desc, row, col, ready, smem, i)
+
+
+@gluon.jit
+def _load_kv_tile_by_ids(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                         phase, bt_row, j, col, vcol, last_box, BLOCK_N: gl.constexpr,
+                         PAGE_SIZE: gl.constexpr):
+    """Tile ``j`` of K and of V (``KV_PAIRED``) once both slots are free: each box's page id
+    looked up once for its K and its V copies, against ``_load_tile_by_ids``'s once each."""
+    BOX: gl.constexpr = _box_rows(k_desc.block_type.shape)
+    mbarrier.wait(k_empty, phase)
+    mbarrier.wait(v_empty, phase)
+    mbarrier.expect(k_ready, (BLOCK_N // BOX) * k_desc.block_type.nbytes)
+    mbarrier.expect(v_ready, (BLOCK_N // BOX) * v_desc.block_type.nbytes)
+    for i in gl.static_range(BLOCK_N // BOX):
+        key = gl.minimum(j * BLOCK_N + i * BOX, last_box)
+        row = gl.load(bt_row + key // PAGE_SIZE) * PAGE_SIZE + key % PAGE_SIZE
+        _copy_box(k_desc, row, col, k_ready, k_smem, i)
+        _copy_box(v_desc, row, vcol, v_ready, v_smem, i)
 
 
 @gluon.constexpr_function
@@ -665,7 +692,7 @@ def _gluon_prefill_kernel(
     PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     STORE_LSE: gl.constexpr, LAST_FIRST: gl.constexpr, STAGES: gl.constexpr,
     SCALAR_PAGES: gl.constexpr = False, TILE_LOOKUP: gl.constexpr = False,
-    TRACE: gl.constexpr = False, SOFTMAX_PROBE: gl.constexpr = 0,
+    TRACE: gl.constexpr = False, SOFTMAX_PROBE: gl.constexpr = 0, KV_PAIRED: gl.constexpr = False,
 ):
     """Grid ``(num_programs,)``: CTA ``p`` runs work items ``p, p + num_programs, ..`` of
     ``num_items = num_tiles * nheads_k`` (``_tile``; ``num_tiles = total_q // BLOCK_Q + batch``
@@ -716,7 +743,7 @@ def _gluon_prefill_kernel(
         (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                  cu_seqlens_q, cache_seqlens, block_table, stride_btb, page_shift, batch,
                  num_tiles, num_items, num_programs, PAGE_SIZE, BLOCK_Q, BLOCK_N, HEAD_DIM,
-                 IS_CAUSAL, LAST_FIRST, SCALAR_PAGES, TILE_LOOKUP)),
+                 IS_CAUSAL, LAST_FIRST, SCALAR_PAGES, TILE_LOOKUP, KV_PAIRED)),
     ], [CONSUMER_WARPS, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
 
 
@@ -753,6 +780,11 @@ SCALAR_PAGES = True
 # 562.2, 568.5 / 560.4). A small gain, not one the noise hides; kept for the fewer copies.
 # False: V as K (two copies a page).
 V_PAGES = True
+
+# With scalar page ids (tiles of several boxes): a tile's K and V copies issued together once
+# both slots are free, each box's page id looked up once for both (the loader's lookups halved;
+# K no longer runs ahead of V's slot). Being measured.
+KV_PAIRED = False
 
 # A probe (timing only, wrong outputs; scripts/prefill_knob_ab.py): the steady loop's softmax
 # without its exponentials ("no_exp": x for exp2(x), no MUFU, and no mask code: the loop 1039 ->
@@ -863,7 +895,10 @@ class GluonPrefillLaunch:
                                     PROBE_TILE_LOOKUP] if block_n > self.box else 0),
                                 TRACE=PROBE_TRACE is not None,
                                 SOFTMAX_PROBE={None: 0, "no_exp": 1, "no_rescale": 2}[
-                                    PROBE_SOFTMAX])
+                                    PROBE_SOFTMAX],
+                                KV_PAIRED=bool(KV_PAIRED and SCALAR_PAGES and block_n > self.box
+                                               and not PROBE_TILE_LOOKUP
+                                               and not PROBE_RUNTIME_PAGE))
         self._page_shift = page_size.bit_length() - 1
         if (PROBE_RUNTIME_PAGE and self._constexprs["SCALAR_PAGES"]
                 and not self._constexprs["TILE_LOOKUP"]):
