@@ -133,7 +133,8 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
           num_items, num_programs, PAGE_SIZE: gl.constexpr, BLOCK_Q: gl.constexpr,
           BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr,
           LAST_FIRST: gl.constexpr, SCALAR_PAGES: gl.constexpr, TILE_LOOKUP: gl.constexpr,
-          KV_PAIRED: gl.constexpr = False):
+          KV_PAIRED: gl.constexpr = False, LOADER_PAD: gl.constexpr = 0,
+          PAD_CHAINS: gl.constexpr = 1):
     """The loader warp: every key tile of the CTA's work items, box by box, into the K and V
     rings (``it`` counts the CTA's tiles across items, as the consumers do)."""
     STAGES: gl.constexpr = k_smem.shape[0]
@@ -143,6 +144,11 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
     BOXES: gl.constexpr = BLOCK_N // BOX
     box = gl.arange(0, BOXES, gl.BlockedLayout([1], [32], [1], [0]))
     it = 0
+    pad = gl.program_id(0) + 1
+    pad_b = pad + 1
+    pad_c = pad + 2
+    pad_d = pad + 3
+    lanes = gl.arange(0, 32, gl.BlockedLayout([1], [32], [1], [0])) + pad
     for item in range(gl.program_id(0), num_items, num_programs):
         kv_head, seq, q_start, q_len, tok0, seqlen, diag, hi, full = _tile(
             item, cu_seqlens_q, cache_seqlens, batch, num_tiles, BLOCK_Q, BLOCK_N, IS_CAUSAL,
@@ -167,6 +173,16 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                                      k_ready.index(s), v_ready.index(s), k_empty.index(s),
                                      v_empty.index(s), phase, bt_row, j, col, vcol, last_box,
                                      BLOCK_N, PAGE_SIZE)
+                if LOADER_PAD > 0:   # the probe PROBE_LOADER_PAD
+                    if PAD_CHAINS == 32:   # a lane a chain: vector instructions, not uniform
+                        lanes = _loader_pad(lanes ^ (j + 1), LOADER_PAD)
+                    elif PAD_CHAINS == 4:   # the same count as four independent chains
+                        pad = _loader_pad(pad ^ (j + 1), LOADER_PAD // 4)
+                        pad_b = _loader_pad(pad_b ^ (j + 1), LOADER_PAD // 4)
+                        pad_c = _loader_pad(pad_c ^ (j + 1), LOADER_PAD // 4)
+                        pad_d = _loader_pad(pad_d ^ (j + 1), LOADER_PAD // 4)
+                    else:
+                        pad = _loader_pad(pad ^ (j + 1), LOADER_PAD)
         elif SCALAR_PAGES:
             for j in range(n_tiles):
                 s = (it + j) % STAGES
@@ -189,6 +205,21 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                 _load_tile(v_desc, v_smem.index(s), v_ready.index(s), v_empty.index(s), phase, cur,
                            box, j, vcol, last_box, BLOCK_N, PAGE_SIZE)
         it += n_tiles
+    if LOADER_PAD > 0:   # xorshift keeps a nonzero value nonzero: never stores
+        if (pad == 0) | (pad_b == 0) | (pad_c == 0) | (pad_d == 0):
+            gl.store(cache_seqlens, pad)
+        gl.store(cache_seqlens + lanes * 0, lanes, mask=lanes == 0)
+
+
+@gluon.jit
+def _loader_pad(x, ROUNDS: gl.constexpr):
+    """``ROUNDS`` xorshift32 rounds of ``x`` (~6 dependent integer instructions each, none
+    foldable): the probe ``PROBE_LOADER_PAD``'s extra loader instructions."""
+    for _ in gl.static_range(ROUNDS):
+        x ^= x << 13
+        x ^= (x.to(gl.uint32) >> 17).to(gl.int32)
+        x ^= x << 5
+    return x
 
 
 @gluon.jit
@@ -693,6 +724,7 @@ def _gluon_prefill_kernel(
     STORE_LSE: gl.constexpr, LAST_FIRST: gl.constexpr, STAGES: gl.constexpr,
     SCALAR_PAGES: gl.constexpr = False, TILE_LOOKUP: gl.constexpr = False,
     TRACE: gl.constexpr = False, SOFTMAX_PROBE: gl.constexpr = 0, KV_PAIRED: gl.constexpr = False,
+    LOADER_PAD: gl.constexpr = 0, PAD_CHAINS: gl.constexpr = 1,
 ):
     """Grid ``(num_programs,)``: CTA ``p`` runs work items ``p, p + num_programs, ..`` of
     ``num_items = num_tiles * nheads_k`` (``_tile``; ``num_tiles = total_q // BLOCK_Q + batch``
@@ -743,7 +775,8 @@ def _gluon_prefill_kernel(
         (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                  cu_seqlens_q, cache_seqlens, block_table, stride_btb, page_shift, batch,
                  num_tiles, num_items, num_programs, PAGE_SIZE, BLOCK_Q, BLOCK_N, HEAD_DIM,
-                 IS_CAUSAL, LAST_FIRST, SCALAR_PAGES, TILE_LOOKUP, KV_PAIRED)),
+                 IS_CAUSAL, LAST_FIRST, SCALAR_PAGES, TILE_LOOKUP, KV_PAIRED, LOADER_PAD,
+                 PAD_CHAINS)),
     ], [CONSUMER_WARPS, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
 
 
@@ -785,6 +818,15 @@ V_PAGES = True
 # both slots are free, each box's page id looked up once for both (the loader's lookups halved;
 # K no longer runs ahead of V's slot). Being measured.
 KV_PAIRED = False
+
+# A probe (timing only; scripts/prefill_knob_ab.py): with KV_PAIRED, this many xorshift rounds
+# (~6 dependent integer instructions each) added to the loader's work a tile: whether the
+# loader's instruction count (on one SM sub-partition, beside one warp of each consumer
+# warpgroup) costs the consumers. 0: none.
+PROBE_LOADER_PAD = 0
+# 4: the same rounds as four independent chains (latency / 4); 32: a chain a lane (vector
+# instructions instead of the uniform datapath's)
+PROBE_PAD_CHAINS = 1
 
 # A probe (timing only, wrong outputs; scripts/prefill_knob_ab.py): the steady loop's softmax
 # without its exponentials ("no_exp": x for exp2(x), no MUFU, and no mask code: the loop 1039 ->
@@ -898,7 +940,9 @@ class GluonPrefillLaunch:
                                     PROBE_SOFTMAX],
                                 KV_PAIRED=bool(KV_PAIRED and SCALAR_PAGES and block_n > self.box
                                                and not PROBE_TILE_LOOKUP
-                                               and not PROBE_RUNTIME_PAGE))
+                                               and not PROBE_RUNTIME_PAGE),
+                                LOADER_PAD=PROBE_LOADER_PAD if KV_PAIRED else 0,
+                                PAD_CHAINS=PROBE_PAD_CHAINS)
         self._page_shift = page_size.bit_length() - 1
         if (PROBE_RUNTIME_PAGE and self._constexprs["SCALAR_PAGES"]
                 and not self._constexprs["TILE_LOOKUP"]):

@@ -27,14 +27,16 @@ def _check_signature(dtype: str, head_dim: int, box: int, v_pages: bool = False)
     sig["trace"] = "*i64"
     for name in ("GROUP", "IS_CAUSAL", "PAGE_SIZE", "BLOCK_N", "HEAD_DIM", "STORE_LSE",
                  "LAST_FIRST", "STAGES", "SCALAR_PAGES", "TILE_LOOKUP", "TRACE",
-                 "SOFTMAX_PROBE", "KV_PAIRED"):
+                 "SOFTMAX_PROBE", "KV_PAIRED", "LOADER_PAD",
+                 "PAD_CHAINS"):
         sig[name] = "constexpr"
     return sig
 
 
 def _check_spec(variant, dtype, head_dim, page_size, group=4, causal=True, block_n=128,
                 stages=3, scalar_pages=None, tile_lookup=False, box=None, trace=False,
-                softmax_probe=0, v_pages=False, kv_paired=False):
+                softmax_probe=0, v_pages=False, kv_paired=False, loader_pad=0,
+                pad_chains=1):
     # Per tile and consumer warpgroup: S = Q Kᵀ D/16 m64nBLOCK_Nk16, O += P V BLOCK_N/16
     # m64nDk16; each twice in the code (the loop's pair, the first tile's S and the last tile's
     # P V), and two warpgroups.
@@ -46,7 +48,8 @@ def _check_spec(variant, dtype, head_dim, page_size, group=4, causal=True, block
             dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, BLOCK_N=block_n,
                  HEAD_DIM=head_dim, STORE_LSE=True, LAST_FIRST=True, STAGES=stages,
                  SCALAR_PAGES=scalar_pages, TILE_LOOKUP=tile_lookup, TRACE=trace,
-                 SOFTMAX_PROBE=softmax_probe, KV_PAIRED=kv_paired),
+                 SOFTMAX_PROBE=softmax_probe, KV_PAIRED=kv_paired, LOADER_PAD=loader_pad,
+                 PAD_CHAINS=pad_chains),
             dict(num_warps=4), dict(HGMMA=hgmma))
 
 
@@ -73,6 +76,13 @@ GLUON_CHECK_SPECS = [
                 kv_paired=True),
     _check_spec("d128-fp16-page32-mha-noncausal-paired", "fp16", 128, 32, group=1,
                 causal=False, kv_paired=True),
+    # the loader padded with 40 xorshift rounds a tile (``PROBE_LOADER_PAD``)
+    _check_spec("d128-bf16-page16-gqa4-causal-vpages-paired-pad", "bf16", 128, 16,
+                v_pages=True, kv_paired=True, loader_pad=40),
+    _check_spec("d128-bf16-page16-gqa4-causal-vpages-paired-pad4", "bf16", 128, 16,
+                v_pages=True, kv_paired=True, loader_pad=40, pad_chains=4),
+    _check_spec("d128-bf16-page16-gqa4-causal-vpages-paired-padlanes", "bf16", 128, 16,
+                v_pages=True, kv_paired=True, loader_pad=40, pad_chains=32),
     # the softmax probes (``PROBE_SOFTMAX``: no exponentials, no rescale)
     _check_spec("d128-bf16-page16-gqa4-causal-noexp", "bf16", 128, 16, softmax_probe=1),
     _check_spec("d128-bf16-page16-gqa4-causal-norescale", "bf16", 128, 16, softmax_probe=2),
