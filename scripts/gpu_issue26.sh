@@ -27,6 +27,11 @@
 #               never run): its tests (24 cases, bytes equal to V as K), then prefill_knob_ab.py
 #               at page 16 (loader 283 -> 242 instructions, 32 -> 24 copies a tile; the consumers'
 #               loops unchanged) against page 16 and page 256, prefill and chunked rows
+#   loaders     the loader's instructions (2026-12-01, fortieth session: 240 more a tile cost
+#               page 16 8%, as four chains 5%): KV_PAIRED (one lookup a box for K and V; +0.4%
+#               then) and KV_LOADERS (K's loader and V's on two sub-partitions: 162 / 119
+#               instructions a tile against 242; compiled, never run), their tests, then an A/B
+#               with the pad probe as a chain a lane (vector pipe, not the uniform datapath)
 #   softmax     the prefill softmax's probes (2026-11-30, thirty-ninth session): the item trace
 #               with the two warpgroups' softmax overlap (slots 17-32), and PROBE_SOFTMAX's
 #               no_exp / no_rescale against the kernel at pages 16 / 256 (timing only)
@@ -878,6 +883,15 @@ if has vpages; then
   (cd scripts && PYTHONPATH=../src:. timeout 250 python3 prefill_knob_ab.py \
     --rows prefill,chunked --variants "16,16:V_PAGES,16:,16::V_PAGES,256" --rounds 3 \
     2>&1 | tail -12)
+fi
+if has loaders; then
+  step loaders
+  timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/test_gluon_prefill.py \
+    -k "kv_paired or kv_loaders" 2>&1 | tail -2
+  v="16,16:KV_PAIRED,16:KV_LOADERS,16:,16::KV_PAIRED,16::KV_LOADERS"
+  v="$v,16:KV_PAIRED+PROBE_LOADER_PAD=40,16:KV_PAIRED+PROBE_LOADER_PAD=40+PROBE_PAD_CHAINS=32"
+  (cd scripts && PYTHONPATH=../src:. timeout 300 python3 prefill_knob_ab.py \
+    --rows prefill,chunked --variants "$v" --rounds 3 2>&1 | tail -19)
 fi
 if has softmax; then
   step softmax

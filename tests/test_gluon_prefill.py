@@ -178,6 +178,23 @@ def test_gluon_prefill_kv_paired(monkeypatch, v_pages, persistent, page_size, bl
                       == (on and page_size < block_n))
 
 
+@hopper_only
+@pytest.mark.parametrize("v_pages", [False, True])
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("page_size,block_n", [(16, 128), (32, 64), (256, 128)])
+def test_gluon_prefill_kv_loaders(monkeypatch, v_pages, persistent, page_size, block_n):
+    """``KV_LOADERS``: K's copies and V's from two loader warps give one loader's bytes (cache
+    slots no sequence owns NaN); tiles of one box keep one loader."""
+    case = q, k, v, cu, seqlens, table = make_case(LENS, nheads=32, nheads_k=8, head_dim=128,
+                                                   page_size=page_size, dtype=torch.bfloat16)
+    _poison_unowned(k, v, seqlens, table)
+    monkeypatch.setattr(gluon_prefill, "V_PAGES", v_pages)
+    config = dataclasses.replace(GLUON, gluon_block_n=block_n, gluon_persistent=persistent)
+    _same_bytes_under(monkeypatch, "KV_LOADERS", (False, True), case, config,
+                      lambda launch, on: launch._constexprs["KV_LOADERS"]
+                      == (on and page_size < block_n))
+
+
 @pytest.mark.parametrize("block_n,head_dim,box", [(128, 128, 16), (128, 128, 32), (128, 128, 8),
                                                   (64, 128, 16), (128, 256, 16), (128, 128, 64)])
 def test_v_pages_layout_is_where_the_copies_put_v(block_n, head_dim, box):

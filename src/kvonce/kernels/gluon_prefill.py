@@ -134,9 +134,10 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
           BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr,
           LAST_FIRST: gl.constexpr, SCALAR_PAGES: gl.constexpr, TILE_LOOKUP: gl.constexpr,
           KV_PAIRED: gl.constexpr = False, LOADER_PAD: gl.constexpr = 0,
-          PAD_CHAINS: gl.constexpr = 1):
+          PAD_CHAINS: gl.constexpr = 1, ROLE: gl.constexpr = 0):
     """The loader warp: every key tile of the CTA's work items, box by box, into the K and V
-    rings (``it`` counts the CTA's tiles across items, as the consumers do)."""
+    rings (``it`` counts the CTA's tiles across items, as the consumers do). ``ROLE``
+    (``KV_LOADERS``, scalar page ids only): 1 loads K alone, 2 V alone; 0 both."""
     STAGES: gl.constexpr = k_smem.shape[0]
     BOX: gl.constexpr = k_desc.block_type.shape[0]
     # The page of each box of a tile, looked up one tile ahead (one vector load a tile: the
@@ -187,12 +188,14 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
             for j in range(n_tiles):
                 s = (it + j) % STAGES
                 phase = (((it + j) // STAGES) & 1) ^ 1
-                _load_tile_by_ids(k_desc, k_smem.index(s), k_ready.index(s), k_empty.index(s),
-                                  phase, bt_row, j, col, last_box, page_shift, BLOCK_N,
-                                  PAGE_SIZE, TILE_LOOKUP)
-                _load_tile_by_ids(v_desc, v_smem.index(s), v_ready.index(s), v_empty.index(s),
-                                  phase, bt_row, j, vcol, last_box, page_shift, BLOCK_N,
-                                  PAGE_SIZE, TILE_LOOKUP)
+                if ROLE != 2:
+                    _load_tile_by_ids(k_desc, k_smem.index(s), k_ready.index(s),
+                                      k_empty.index(s), phase, bt_row, j, col, last_box,
+                                      page_shift, BLOCK_N, PAGE_SIZE, TILE_LOOKUP)
+                if ROLE != 1:
+                    _load_tile_by_ids(v_desc, v_smem.index(s), v_ready.index(s),
+                                      v_empty.index(s), phase, bt_row, j, vcol, last_box,
+                                      page_shift, BLOCK_N, PAGE_SIZE, TILE_LOOKUP)
         else:
             pages = _box_pages(bt_row, 0, box, last_box, BLOCK_N, BOX, PAGE_SIZE)
             for j in range(n_tiles):
@@ -724,7 +727,7 @@ def _gluon_prefill_kernel(
     STORE_LSE: gl.constexpr, LAST_FIRST: gl.constexpr, STAGES: gl.constexpr,
     SCALAR_PAGES: gl.constexpr = False, TILE_LOOKUP: gl.constexpr = False,
     TRACE: gl.constexpr = False, SOFTMAX_PROBE: gl.constexpr = 0, KV_PAIRED: gl.constexpr = False,
-    LOADER_PAD: gl.constexpr = 0, PAD_CHAINS: gl.constexpr = 1,
+    LOADER_PAD: gl.constexpr = 0, PAD_CHAINS: gl.constexpr = 1, KV_LOADERS: gl.constexpr = False,
 ):
     """Grid ``(num_programs,)``: CTA ``p`` runs work items ``p, p + num_programs, ..`` of
     ``num_items = num_tiles * nheads_k`` (``_tile``; ``num_tiles = total_q // BLOCK_Q + batch``
@@ -761,23 +764,47 @@ def _gluon_prefill_kernel(
 
     # (The argument lists are spelled out: a tuple built in the kernel would carry the
     # constexprs as runtime values.)
-    gl.warp_specialize([
-        (_consume_items, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty,
-                          v_empty, cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles,
-                          num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh,
-                          stride_lh, trace, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
-                          LAST_FIRST, STORE_LSE, TRACE, 0, SOFTMAX_PROBE)),
-        (_consume_items, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty,
-                          v_empty, cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles,
-                          num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh,
-                          stride_lh, trace, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
-                          LAST_FIRST, STORE_LSE, TRACE, 1, SOFTMAX_PROBE)),
-        (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                 cu_seqlens_q, cache_seqlens, block_table, stride_btb, page_shift, batch,
-                 num_tiles, num_items, num_programs, PAGE_SIZE, BLOCK_Q, BLOCK_N, HEAD_DIM,
-                 IS_CAUSAL, LAST_FIRST, SCALAR_PAGES, TILE_LOOKUP, KV_PAIRED, LOADER_PAD,
-                 PAD_CHAINS)),
-    ], [CONSUMER_WARPS, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
+    if KV_LOADERS:   # K's loader and V's, two warps on two SM sub-partitions
+        gl.warp_specialize([
+            (_consume_items, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty,
+                              v_empty, cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles,
+                              num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh,
+                              stride_lh, trace, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
+                              LAST_FIRST, STORE_LSE, TRACE, 0, SOFTMAX_PROBE)),
+            (_consume_items, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty,
+                              v_empty, cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles,
+                              num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh,
+                              stride_lh, trace, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
+                              LAST_FIRST, STORE_LSE, TRACE, 1, SOFTMAX_PROBE)),
+            (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                     cu_seqlens_q, cache_seqlens, block_table, stride_btb, page_shift, batch,
+                     num_tiles, num_items, num_programs, PAGE_SIZE, BLOCK_Q, BLOCK_N, HEAD_DIM,
+                     IS_CAUSAL, LAST_FIRST, SCALAR_PAGES, TILE_LOOKUP, KV_PAIRED, LOADER_PAD,
+                     PAD_CHAINS, 1)),
+            (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                     cu_seqlens_q, cache_seqlens, block_table, stride_btb, page_shift, batch,
+                     num_tiles, num_items, num_programs, PAGE_SIZE, BLOCK_Q, BLOCK_N, HEAD_DIM,
+                     IS_CAUSAL, LAST_FIRST, SCALAR_PAGES, TILE_LOOKUP, KV_PAIRED, LOADER_PAD,
+                     PAD_CHAINS, 2)),
+        ], [CONSUMER_WARPS, LOADER_WARPS, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS, LOADER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consume_items, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty,
+                              v_empty, cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles,
+                              num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh,
+                              stride_lh, trace, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
+                              LAST_FIRST, STORE_LSE, TRACE, 0, SOFTMAX_PROBE)),
+            (_consume_items, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty,
+                              v_empty, cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles,
+                              num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh,
+                              stride_lh, trace, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
+                              LAST_FIRST, STORE_LSE, TRACE, 1, SOFTMAX_PROBE)),
+            (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                     cu_seqlens_q, cache_seqlens, block_table, stride_btb, page_shift, batch,
+                     num_tiles, num_items, num_programs, PAGE_SIZE, BLOCK_Q, BLOCK_N, HEAD_DIM,
+                     IS_CAUSAL, LAST_FIRST, SCALAR_PAGES, TILE_LOOKUP, KV_PAIRED, LOADER_PAD,
+                     PAD_CHAINS)),
+        ], [CONSUMER_WARPS, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
 
 
 # Launch through ``_launch.launch``'s cached path (the compiled kernel's C launcher, TMA
@@ -818,6 +845,13 @@ V_PAGES = True
 # both slots are free, each box's page id looked up once for both (the loader's lookups halved;
 # K no longer runs ahead of V's slot). Being measured.
 KV_PAIRED = False
+
+# With scalar page ids (tiles of several boxes): K's copies and V's from two loader warps (two
+# partitions of one warp, so on two SM sub-partitions), each looking up its own page ids. The
+# page-16 probe PROBE_LOADER_PAD measured the loader's instructions as costing the consumers
+# (H200, 2026-12-01): split, each warp issues ~2/3 and ~1/2 of one loader's. Being measured;
+# not with KV_PAIRED.
+KV_LOADERS = False
 
 # A probe (timing only; scripts/prefill_knob_ab.py): with KV_PAIRED, this many xorshift rounds
 # (~6 dependent integer instructions each) added to the loader's work a tile: whether the
@@ -942,7 +976,9 @@ class GluonPrefillLaunch:
                                                and not PROBE_TILE_LOOKUP
                                                and not PROBE_RUNTIME_PAGE),
                                 LOADER_PAD=PROBE_LOADER_PAD if KV_PAIRED else 0,
-                                PAD_CHAINS=PROBE_PAD_CHAINS)
+                                PAD_CHAINS=PROBE_PAD_CHAINS,
+                                KV_LOADERS=bool(KV_LOADERS and not KV_PAIRED and SCALAR_PAGES
+                                                and block_n > self.box))
         self._page_shift = page_size.bit_length() - 1
         if (PROBE_RUNTIME_PAGE and self._constexprs["SCALAR_PAGES"]
                 and not self._constexprs["TILE_LOOKUP"]):

@@ -28,7 +28,7 @@ def _check_signature(dtype: str, head_dim: int, box: int, v_pages: bool = False)
     for name in ("GROUP", "IS_CAUSAL", "PAGE_SIZE", "BLOCK_N", "HEAD_DIM", "STORE_LSE",
                  "LAST_FIRST", "STAGES", "SCALAR_PAGES", "TILE_LOOKUP", "TRACE",
                  "SOFTMAX_PROBE", "KV_PAIRED", "LOADER_PAD",
-                 "PAD_CHAINS"):
+                 "PAD_CHAINS", "KV_LOADERS"):
         sig[name] = "constexpr"
     return sig
 
@@ -36,7 +36,7 @@ def _check_signature(dtype: str, head_dim: int, box: int, v_pages: bool = False)
 def _check_spec(variant, dtype, head_dim, page_size, group=4, causal=True, block_n=128,
                 stages=3, scalar_pages=None, tile_lookup=False, box=None, trace=False,
                 softmax_probe=0, v_pages=False, kv_paired=False, loader_pad=0,
-                pad_chains=1):
+                pad_chains=1, kv_loaders=False):
     # Per tile and consumer warpgroup: S = Q Kᵀ D/16 m64nBLOCK_Nk16, O += P V BLOCK_N/16
     # m64nDk16; each twice in the code (the loop's pair, the first tile's S and the last tile's
     # P V), and two warpgroups.
@@ -49,7 +49,7 @@ def _check_spec(variant, dtype, head_dim, page_size, group=4, causal=True, block
                  HEAD_DIM=head_dim, STORE_LSE=True, LAST_FIRST=True, STAGES=stages,
                  SCALAR_PAGES=scalar_pages, TILE_LOOKUP=tile_lookup, TRACE=trace,
                  SOFTMAX_PROBE=softmax_probe, KV_PAIRED=kv_paired, LOADER_PAD=loader_pad,
-                 PAD_CHAINS=pad_chains),
+                 PAD_CHAINS=pad_chains, KV_LOADERS=kv_loaders),
             dict(num_warps=4), dict(HGMMA=hgmma))
 
 
@@ -76,6 +76,9 @@ GLUON_CHECK_SPECS = [
                 kv_paired=True),
     _check_spec("d128-fp16-page32-mha-noncausal-paired", "fp16", 128, 32, group=1,
                 causal=False, kv_paired=True),
+    # K's loader and V's apart (``KV_LOADERS``)
+    _check_spec("d128-bf16-page16-gqa4-causal-vpages-kvloaders", "bf16", 128, 16,
+                v_pages=True, kv_loaders=True),
     # the loader padded with 40 xorshift rounds a tile (``PROBE_LOADER_PAD``)
     _check_spec("d128-bf16-page16-gqa4-causal-vpages-paired-pad", "bf16", 128, 16,
                 v_pages=True, kv_paired=True, loader_pad=40),
