@@ -75,6 +75,43 @@ def test_gluon_prefill_against_reference(dtype, causal, nheads, nheads_k, head_d
 
 
 @hopper_only
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("spikes", [False, True])
+@pytest.mark.parametrize("nheads,nheads_k,head_dim,page_size,block_n", [
+    (32, 8, 128, 16, 128),    # the Hopper row
+    (12, 2, 128, 32, 128),    # GQA 6: padding rows
+    (16, 2, 64, 32, 64),      # GQA 8, d64, 64-key tiles
+])
+def test_gluon_prefill_lazy_rescale(monkeypatch, dtype, causal, spikes, nheads, nheads_k,
+                                    head_dim, page_size, block_n):
+    """``LAZY_RESCALE`` (FA4's conditional rescale: a warp keeps its rows' max until one grows
+    by more than 2^8) against the reference. ``spikes``: 1% of the keys 12x larger, so rows'
+    maxima jump by far more than the threshold in later tiles and warps take both paths."""
+    q, k, v, cu, seqlens, table = make_case(LENS, nheads=nheads, nheads_k=nheads_k,
+                                            head_dim=head_dim, page_size=page_size, dtype=dtype)
+    if spikes:
+        gen = torch.Generator(device=k.device).manual_seed(7)
+        big = torch.rand(k.shape[:3], generator=gen, device=k.device) < 0.01
+        k = torch.where(big[..., None], k * 12, k)
+    ref, ref_lse = paged_prefill_ref(q.float(), k.float(), v.float(), cu, seqlens, table,
+                                     causal=causal)
+    _poison_unowned(k, v, seqlens, table)
+    monkeypatch.setattr(gluon_prefill, "LAZY_RESCALE", True)
+    config = dataclasses.replace(GLUON, gluon_block_n=block_n, gluon_persistent=True)
+    plan = kvonce.PagedPrefillPlan(q, k, v, cu, seqlens, table, max_seqlen_q=max_q(cu),
+                                   causal=causal, config=config)
+    with poison_empty:
+        out, lse = plan.run(q, k, v, cu, seqlens, table, return_lse=True)
+    assert _launch_is_gluon(plan)
+    assert all(launch._gluon._constexprs["SOFTMAX_PROBE"] == 3
+               for launch in plan._launches.values())
+    err = rel_err(out, ref)
+    assert err < TOL[dtype], f"relative error {err:.2e}"
+    check_lse(lse, ref_lse)
+
+
+@hopper_only
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("nheads,nheads_k,head_dim,page_size,block_n,stages", [
     (32, 8, 128, 16, 128, 3),   # the Hopper row: ~750 work items, ~6 a CTA

@@ -387,6 +387,82 @@ def _softmax_tile(sc, m_i, l_i, start, full, seqlen, last_key, qk_scale, BLOCK_N
     return p, alpha, m_new, l_i * alpha + gl.reduce(p, 1, _add)
 
 
+RESCALE_THRESHOLD = gl.constexpr(8.0)   # ``LAZY_RESCALE``: log2 of how far p may exceed 1
+
+
+# A warp's vote over its rows (a thread holds two: rows r and r + 8 of the wgmma layout): 1 in
+# every lane where any lane's either row is nonzero.
+_WARP_ANY_ASM = gl.constexpr("""{
+    .reg .pred a, b;
+    setp.ne.u32 a, $2, 0;
+    setp.ne.u32 b, $3, 0;
+    or.pred a, a, b;
+    vote.sync.any.pred a, a, 0xffffffff;
+    selp.u32 $0, 1, 0, a;
+    selp.u32 $1, 1, 0, a;
+}""")
+
+# O's rows times alpha, 8 values a call, skipped by a branch (the flag is warp-uniform) where
+# the warp's flag is 0: the skipped path issues 2 instructions instead of 8 FMULs.
+_RESCALE_IF_ASM = gl.constexpr("""{
+    .reg .pred skip;
+    setp.eq.u32 skip, $24, 0;
+    mov.b32 $0, $8;
+    mov.b32 $1, $9;
+    mov.b32 $2, $10;
+    mov.b32 $3, $11;
+    mov.b32 $4, $12;
+    mov.b32 $5, $13;
+    mov.b32 $6, $14;
+    mov.b32 $7, $15;
+    @skip bra.uni DONE;
+    mul.f32 $0, $8, $16;
+    mul.f32 $1, $9, $17;
+    mul.f32 $2, $10, $18;
+    mul.f32 $3, $11, $19;
+    mul.f32 $4, $12, $20;
+    mul.f32 $5, $13, $21;
+    mul.f32 $6, $14, $22;
+    mul.f32 $7, $15, $23;
+DONE:
+}""")
+
+
+@gluon.jit
+def _warp_any(flags):
+    """``flags`` (int32, a row vector of the wgmma layout, two a thread) voted over each warp."""
+    return gl.inline_asm_elementwise(_WARP_ANY_ASM, "=r,=r,r,r", [flags], dtype=gl.int32,
+                                     is_pure=True, pack=2)
+
+
+@gluon.jit
+def _rescale_if(acc, alpha, flag, ROWS_O: gl.constexpr):
+    """``acc * alpha`` (a factor a row) where the warp's ``flag`` (warp-uniform) is set, else
+    ``acc`` as it is, by a branch: the FMULs are not issued."""
+    a = gl.expand_dims(gl.convert_layout(alpha, ROWS_O), 1)
+    f = gl.expand_dims(gl.convert_layout(flag, ROWS_O), 1)
+    return gl.inline_asm_elementwise(_RESCALE_IF_ASM,
+                                     "=f,=f,=f,=f,=f,=f,=f,=f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,"
+                                     "r,r,r,r,r,r,r,r", [acc, a, f], dtype=gl.float32,
+                                     is_pure=True, pack=8)
+
+
+@gluon.jit
+def _softmax_tile_lazy(sc, m_i, l_i, qk_scale):
+    """``_softmax_tile`` for a tile every row sees whole (``LAZY_RESCALE``), FA4's conditional
+    rescale: a warp's rows keep their running max, and so their scale, unless one of them grew
+    by more than ``RESCALE_THRESHOLD`` (p then stays <= 2^8: exact in fp32, and P's 16-bit
+    form keeps its relative precision). Returns ``(p, alpha, m_new, l_new, flag)``: ``flag`` 0
+    (in every lane of a warp) means the warp's ``m_new = m_i``, ``alpha = 1``, and O needs no
+    rescale (``_rescale_if``)."""
+    m_tile = gl.reduce(sc, 1, _max) * qk_scale
+    flag = _warp_any((m_tile - m_i > RESCALE_THRESHOLD).to(gl.int32))
+    m_new = gl.where(flag != 0, gl.maximum(m_i, m_tile), m_i)
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(sc * qk_scale - gl.expand_dims(m_new, 1))
+    return p, alpha, m_new, l_i * alpha + gl.reduce(p, 1, _add), flag
+
+
 TRACE_ROUNDS = gl.constexpr(128)   # items a CTA's trace holds (``PROBE_TRACE``)
 TRACE_TILES = gl.constexpr(8)      # the loop's tiles whose softmax start and end are stamped
 TRACE_EVENTS = gl.constexpr(17 + 2 * TRACE_TILES.value)
@@ -594,6 +670,13 @@ def _steady_tiles(q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it
             alpha = m_i - m_new
             l_i = l_i * alpha + gl.reduce(p, 1, _add)
             m_i = m_new
+        elif SOFTMAX_PROBE == 3:   # LAZY_RESCALE: tiles every row sees whole
+            if j * BLOCK_N + BLOCK_N <= full:
+                p, alpha, m_i, l_i, flag = _softmax_tile_lazy(sc, m_i, l_i, qk_scale)
+            else:
+                p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, j * BLOCK_N, full, seqlen,
+                                                   last_key, qk_scale, BLOCK_N, S_LAYOUT)
+                flag = gl.full_like(m_i, 1, dtype=gl.int32)
         else:
             p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, j * BLOCK_N, full, seqlen,
                                                last_key, qk_scale, BLOCK_N, S_LAYOUT)
@@ -604,7 +687,9 @@ def _steady_tiles(q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it
         acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
         t, pv_c = _lap(t, pv_c, TRACE)
         mbarrier.arrive(v_empty.index(prev))
-        if SOFTMAX_PROBE != 2:   # 2 (timing only): O never rescaled
+        if SOFTMAX_PROBE == 3:
+            acc = _rescale_if(acc, alpha, flag, ROWS_O)
+        elif SOFTMAX_PROBE != 2:   # 2 (timing only): O never rescaled
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROWS_O), 1)
         p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
         t, tail_c = _lap(t, tail_c, TRACE)
@@ -862,6 +947,14 @@ PROBE_LOADER_PAD = 0
 # instructions instead of the uniform datapath's)
 PROBE_PAD_CHAINS = 1
 
+# FA4's conditional rescale in the steady loop's unmasked tiles (``_softmax_tile_lazy``): O and
+# l are rescaled only when some row's max grew by more than RESCALE_THRESHOLD (2^8), a choice
+# each warp makes a tile (a vote; the skipped FMULs are branched over in inline PTX: a
+# warpgroup-wide choice needs a cross-warp max, whose Triton form spilled inside the loop). The
+# probe "no_rescale" (O never rescaled) was +3% at page 16 and +1.5% at page 256 (H200,
+# 2026-11-30). Compiled, not yet run; passed to the kernel as SOFTMAX_PROBE 3.
+LAZY_RESCALE = False
+
 # A probe (timing only, wrong outputs; scripts/prefill_knob_ab.py): the steady loop's softmax
 # without its exponentials ("no_exp": x for exp2(x), no MUFU, and no mask code: the loop 1039 ->
 # 421 SASS instructions a tile a warp) or with O never rescaled ("no_rescale"): what the
@@ -970,8 +1063,8 @@ class GluonPrefillLaunch:
                                 TILE_LOOKUP=({False: 0, True: 1, "sequence": 2}[
                                     PROBE_TILE_LOOKUP] if block_n > self.box else 0),
                                 TRACE=PROBE_TRACE is not None,
-                                SOFTMAX_PROBE={None: 0, "no_exp": 1, "no_rescale": 2}[
-                                    PROBE_SOFTMAX],
+                                SOFTMAX_PROBE={None: 3 if LAZY_RESCALE else 0, "no_exp": 1,
+                                               "no_rescale": 2}[PROBE_SOFTMAX],
                                 KV_PAIRED=bool(KV_PAIRED and SCALAR_PAGES and block_n > self.box
                                                and not PROBE_TILE_LOOKUP
                                                and not PROBE_RUNTIME_PAGE),

@@ -86,6 +86,11 @@ GLUON_CHECK_SPECS = [
                 v_pages=True, kv_paired=True, loader_pad=40, pad_chains=4),
     _check_spec("d128-bf16-page16-gqa4-causal-vpages-paired-padlanes", "bf16", 128, 16,
                 v_pages=True, kv_paired=True, loader_pad=40, pad_chains=32),
+    # FA4's conditional rescale (``LAZY_RESCALE``, SOFTMAX_PROBE 3)
+    _check_spec("d128-bf16-page16-gqa4-causal-vpages-lazy", "bf16", 128, 16, v_pages=True,
+                softmax_probe=3),
+    _check_spec("d64-fp16-page32-mha-noncausal-lazy", "fp16", 64, 32, group=1, causal=False,
+                softmax_probe=3),
     # the softmax probes (``PROBE_SOFTMAX``: no exponentials, no rescale)
     _check_spec("d128-bf16-page16-gqa4-causal-noexp", "bf16", 128, 16, softmax_probe=1),
     _check_spec("d128-bf16-page16-gqa4-causal-norescale", "bf16", 128, 16, softmax_probe=2),
