@@ -31,7 +31,8 @@
 #               session, compiled, never run: a warp skips O's 64 FMULs a tile while its rows'
 #               max grows by <= 2^8; the skipping tile's path 460 -> 413 instructions a warp):
 #               its tests against the reference (with and without 12x key spikes), then the A/B
-#               at pages 16 and 256 ("same" is False by design: other rounding)
+#               at pages 16 and 256 ("same" is False by design: other rounding); FOLD_MASK
+#               (one compare a masked score; the masked path 526 -> 495) beside, bytes equal
 #   loaders     the loader's instructions (2026-12-01, fortieth session: 240 more a tile cost
 #               page 16 8%, as four chains 5%): KV_PAIRED (one lookup a box for K and V; +0.4%
 #               then) and KV_LOADERS (K's loader and V's on two sub-partitions: 162 / 119
@@ -892,10 +893,10 @@ fi
 if has lazy; then
   step lazy
   timeout 240 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_gluon_prefill.py \
-    -k "lazy_rescale" 2>&1 | tail -6 | cut -c1-300
-  v="16,16:LAZY_RESCALE,16:,16::LAZY_RESCALE,256,256:LAZY_RESCALE"
+    -k "lazy_rescale or fold_mask" 2>&1 | tail -6 | cut -c1-300
+  v="16,16:LAZY_RESCALE,16:FOLD_MASK,16:,16::LAZY_RESCALE,16::FOLD_MASK,256,256:LAZY_RESCALE"
   (cd scripts && PYTHONPATH=../src:. timeout 300 python3 prefill_knob_ab.py \
-    --rows prefill,chunked --variants "$v" --rounds 3 2>&1 | tail -15)
+    --rows prefill,chunked --variants "$v" --rounds 3 2>&1 | tail -19)
 fi
 if has loaders; then
   step loaders

@@ -75,6 +75,27 @@ def test_gluon_prefill_against_reference(dtype, causal, nheads, nheads_k, head_d
 
 
 @hopper_only
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("nheads,nheads_k,head_dim,page_size,block_n", [
+    (32, 8, 128, 16, 128),    # the Hopper row
+    (12, 2, 128, 32, 128),    # GQA 6: padding rows
+    (16, 2, 64, 32, 64),      # GQA 8, d64, 64-key tiles
+])
+def test_gluon_prefill_fold_mask(monkeypatch, causal, nheads, nheads_k, head_dim, page_size,
+                                 block_n):
+    """``FOLD_MASK``: the sequence's end folded into each row's last key (one compare a score)
+    gives the two compares' bytes, cache slots no sequence owns NaN."""
+    case = q, k, v, cu, seqlens, table = make_case(LENS, nheads=nheads, nheads_k=nheads_k,
+                                                   head_dim=head_dim, page_size=page_size,
+                                                   dtype=torch.bfloat16)
+    _poison_unowned(k, v, seqlens, table)
+    config = dataclasses.replace(GLUON, gluon_block_n=block_n, gluon_persistent=True)
+    _same_bytes_under(monkeypatch, "FOLD_MASK", (False, True), case, config,
+                      lambda launch, on: launch._constexprs["SOFTMAX_FORM"] == 8 * on,
+                      causal=causal)
+
+
+@hopper_only
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("spikes", [False, True])
@@ -104,7 +125,7 @@ def test_gluon_prefill_lazy_rescale(monkeypatch, dtype, causal, spikes, nheads, 
     with poison_empty:
         out, lse = plan.run(q, k, v, cu, seqlens, table, return_lse=True)
     assert _launch_is_gluon(plan)
-    assert all(launch._gluon._constexprs["SOFTMAX_PROBE"] == 3
+    assert all(launch._gluon._constexprs["SOFTMAX_FORM"] == 4
                for launch in plan._launches.values())
     err = rel_err(out, ref)
     assert err < TOL[dtype], f"relative error {err:.2e}"
@@ -146,7 +167,7 @@ def test_gluon_prefill_persistent(causal, nheads, nheads_k, head_dim, page_size,
     check_lse(lse, ref_lse)
 
 
-def _same_bytes_under(monkeypatch, knob, values, case, config, launch_shows):
+def _same_bytes_under(monkeypatch, knob, values, case, config, launch_shows, causal=True):
     """Run ``case`` (make_case's tuple) with ``gluon_prefill.<knob>`` set to each of ``values``
     in turn; each plan's Gluon launches must pass ``launch_shows(launch, value)`` and every run
     must give the first one's output and lse bytes."""
@@ -155,7 +176,7 @@ def _same_bytes_under(monkeypatch, knob, values, case, config, launch_shows):
     for value in values:
         monkeypatch.setattr(gluon_prefill, knob, value)
         plan = kvonce.PagedPrefillPlan(q, k, v, cu, seqlens, table, max_seqlen_q=max_q(cu),
-                                       causal=True, config=config)
+                                       causal=causal, config=config)
         with poison_empty:
             outs.append(plan.run(q, k, v, cu, seqlens, table, return_lse=True))
         assert _launch_is_gluon(plan)
@@ -318,7 +339,7 @@ def test_gluon_prefill_softmax_probe(monkeypatch, probe):
         plan = kvonce.PagedPrefillPlan(q, k, v, cu, seqlens, table, max_seqlen_q=max_q(cu),
                                        causal=True, config=config)
         outs.append(plan.run(q, k, v, cu, seqlens, table))
-        assert all(launch._gluon._constexprs["SOFTMAX_PROBE"] == (0 if value is None else
+        assert all(launch._gluon._constexprs["SOFTMAX_FORM"] == (0 if value is None else
                                                                    {"no_exp": 1,
                                                                     "no_rescale": 2}[value])
                    for launch in plan._launches.values())

@@ -366,14 +366,18 @@ def _zero_rows_from(smem, first, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
 
 @gluon.jit
 def _softmax_tile(sc, m_i, l_i, start, full, seqlen, last_key, qk_scale, BLOCK_N: gl.constexpr,
-                  S_LAYOUT: gl.constexpr):
+                  S_LAYOUT: gl.constexpr, FOLD_MASK: gl.constexpr = False):
     """Raw scores ``sc [rows, BLOCK_N]`` of keys ``start ..`` into the online softmax (base
     2): ``(p, alpha, m_new, l_new)``. Tiles past ``full`` (the diagonal band, the sequence's end)
-    are masked: row r sees key k iff ``k <= last_key[r]`` and ``k < seqlen``."""
+    are masked: row r sees key k iff ``k <= last_key[r]`` and ``k < seqlen``. ``FOLD_MASK``:
+    ``last_key`` is already ``min(last key, seqlen - 1)``, one compare a score."""
     if start + BLOCK_N > full:
         keys = start + gl.arange(0, BLOCK_N, gl.SliceLayout(0, S_LAYOUT))
-        visible = ((gl.expand_dims(keys, 0) <= gl.expand_dims(last_key, 1))
-                   & gl.expand_dims(keys < seqlen, 0))
+        if FOLD_MASK:
+            visible = gl.expand_dims(keys, 0) <= gl.expand_dims(last_key, 1)
+        else:
+            visible = ((gl.expand_dims(keys, 0) <= gl.expand_dims(last_key, 1))
+                       & gl.expand_dims(keys < seqlen, 0))
         sc = gl.where(visible, sc * qk_scale, float("-inf"))
         m_new = gl.maximum(m_i, gl.reduce(sc, 1, _max))
         # A row with no visible key so far keeps m = -inf: subtract 0 (no -inf - -inf).
@@ -511,7 +515,7 @@ def _consume_items(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empt
                    GROUP: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
                    HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr,
                    STORE_LSE: gl.constexpr, TRACE: gl.constexpr, PART: gl.constexpr,
-                   SOFTMAX_PROBE: gl.constexpr = 0):
+                   SOFTMAX_FORM: gl.constexpr = 0):
     """Consumer warpgroup ``PART``: packed rows ``[64 PART, 64 PART + 64)`` of each of the
     CTA's work items against its keys ``[0, hi)`` (``it`` counts the CTA's key tiles across
     items, as the loader does). The next item's tile and Q rows are looked up while this one's
@@ -534,7 +538,7 @@ def _consume_items(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empt
                 kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, sm_scale, stride_qt,
                 stride_qh, stride_ot, stride_oh, stride_lh, cu_seqlens_q, cache_seqlens, batch,
                 num_tiles, nxt, nxt < num_items, tp, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM,
-                IS_CAUSAL, LAST_FIRST, STORE_LSE, TRACE, PART, SOFTMAX_PROBE)
+                IS_CAUSAL, LAST_FIRST, STORE_LSE, TRACE, PART, SOFTMAX_FORM)
             it = it_next
         else:
             kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, q = _next_item(
@@ -619,7 +623,7 @@ def _issue_last_pv(v_smem, v_ready, g, p_op, acc, start, seqlen, tp=None,
 @gluon.jit
 def _steady_tiles(q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it, n_tiles, acc,
                   p_op, m_i, l_i, full, seqlen, last_key, qk_scale, tp, BLOCK_N: gl.constexpr,
-                  TRACE: gl.constexpr, SOFTMAX_PROBE: gl.constexpr = 0):
+                  TRACE: gl.constexpr, SOFTMAX_FORM: gl.constexpr = 0):
     """Key tiles ``1 .. n_tiles - 1`` of an item (the ring's ``it + j``-th), tile 0's P in
     ``p_op``: FA3's intra-warpgroup overlap, tile j's Q Kᵀ issued before tile j - 1's P V, whose
     wgmma runs under tile j's softmax (P of tile j - 1 stays in registers as its A operand until
@@ -664,22 +668,24 @@ def _steady_tiles(q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it
         if TRACE:   # tiles 1 .. TRACE_TILES: the softmax's start (slots 17 + 2 (j - 1))
             if j <= TRACE_TILES:
                 gl.store(tp + 15 + 2 * j, _clock())
-        if SOFTMAX_PROBE == 1:   # timing only: no exponential (no MUFU), no mask
+        if SOFTMAX_FORM % 4 == 1:   # timing only: no exponential (no MUFU), no mask
             m_new = gl.maximum(m_i, gl.reduce(sc, 1, _max) * qk_scale)
             p = sc * qk_scale - gl.expand_dims(m_new, 1)
             alpha = m_i - m_new
             l_i = l_i * alpha + gl.reduce(p, 1, _add)
             m_i = m_new
-        elif SOFTMAX_PROBE == 3:   # LAZY_RESCALE: tiles every row sees whole
+        elif SOFTMAX_FORM // 4 % 2 == 1:   # LAZY_RESCALE: tiles every row sees whole
             if j * BLOCK_N + BLOCK_N <= full:
                 p, alpha, m_i, l_i, flag = _softmax_tile_lazy(sc, m_i, l_i, qk_scale)
             else:
                 p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, j * BLOCK_N, full, seqlen,
-                                                   last_key, qk_scale, BLOCK_N, S_LAYOUT)
+                                                   last_key, qk_scale, BLOCK_N, S_LAYOUT,
+                                                   SOFTMAX_FORM // 8 % 2 == 1)
                 flag = gl.full_like(m_i, 1, dtype=gl.int32)
         else:
             p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, j * BLOCK_N, full, seqlen,
-                                               last_key, qk_scale, BLOCK_N, S_LAYOUT)
+                                               last_key, qk_scale, BLOCK_N, S_LAYOUT,
+                                               SOFTMAX_FORM // 8 % 2 == 1)
         t, softmax_c = _lap(t, softmax_c, TRACE)
         if TRACE:   # and its end (slots 18 + 2 (j - 1)), as the warp reaches it
             if j <= TRACE_TILES:
@@ -687,9 +693,9 @@ def _steady_tiles(q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it
         acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
         t, pv_c = _lap(t, pv_c, TRACE)
         mbarrier.arrive(v_empty.index(prev))
-        if SOFTMAX_PROBE == 3:
+        if SOFTMAX_FORM // 4 % 2 == 1:
             acc = _rescale_if(acc, alpha, flag, ROWS_O)
-        elif SOFTMAX_PROBE != 2:   # 2 (timing only): O never rescaled
+        elif SOFTMAX_FORM % 4 != 2:   # 2 (timing only): O never rescaled
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROWS_O), 1)
         p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
         t, tail_c = _lap(t, tail_c, TRACE)
@@ -712,7 +718,7 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
                   cache_seqlens, batch, num_tiles, nxt, nxt_valid, tp, GROUP: gl.constexpr,
                   BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                   IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr, STORE_LSE: gl.constexpr,
-                  TRACE: gl.constexpr, PART: gl.constexpr, SOFTMAX_PROBE: gl.constexpr = 0):
+                  TRACE: gl.constexpr, PART: gl.constexpr, SOFTMAX_FORM: gl.constexpr = 0):
     """One work item of consumer warpgroup ``PART`` (its ``q_smem`` slice; ``q`` its Q rows in
     registers), its key tiles the ring's ``it``-th onwards; returns ``_next_item(nxt)``, looked
     up under the item's last P V. FA3's intra-warpgroup overlap: tile j's Q Kᵀ is issued before
@@ -739,6 +745,8 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
 
     qk_scale, last_key, m_i, l_i, acc = _item_state(sm_scale, tok0, diag, GROUP, BLOCK_N,
                                                     HEAD_DIM, PART)
+    if SOFTMAX_FORM // 8 % 2 == 1:   # FOLD_MASK: the sequence's end in each row's last key
+        last_key = gl.minimum(last_key, seqlen - 1)
     zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, S_LAYOUT)
     n_tiles = (hi + BLOCK_N - 1) // BLOCK_N
     if n_tiles > 0:
@@ -749,12 +757,13 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
         sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
         mbarrier.arrive(k_empty.index(s))
         p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, 0, full, seqlen, last_key,
-                                           qk_scale, BLOCK_N, S_LAYOUT)
+                                           qk_scale, BLOCK_N, S_LAYOUT,
+                                           SOFTMAX_FORM // 8 % 2 == 1)
         p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
         _stamp(tp, 2, TRACE)
         acc, p_op, m_i, l_i = _steady_tiles(
             q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it, n_tiles, acc, p_op,
-            m_i, l_i, full, seqlen, last_key, qk_scale, tp, BLOCK_N, TRACE, SOFTMAX_PROBE)
+            m_i, l_i, full, seqlen, last_key, qk_scale, tp, BLOCK_N, TRACE, SOFTMAX_FORM)
         last = n_tiles - 1
         s = (it + last) % STAGES
         acc = _issue_last_pv(v_smem, v_ready, it + last, p_op, acc, last * BLOCK_N, seqlen, tp,
@@ -811,7 +820,7 @@ def _gluon_prefill_kernel(
     PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     STORE_LSE: gl.constexpr, LAST_FIRST: gl.constexpr, STAGES: gl.constexpr,
     SCALAR_PAGES: gl.constexpr = False, TILE_LOOKUP: gl.constexpr = False,
-    TRACE: gl.constexpr = False, SOFTMAX_PROBE: gl.constexpr = 0, KV_PAIRED: gl.constexpr = False,
+    TRACE: gl.constexpr = False, SOFTMAX_FORM: gl.constexpr = 0, KV_PAIRED: gl.constexpr = False,
     LOADER_PAD: gl.constexpr = 0, PAD_CHAINS: gl.constexpr = 1, KV_LOADERS: gl.constexpr = False,
 ):
     """Grid ``(num_programs,)``: CTA ``p`` runs work items ``p, p + num_programs, ..`` of
@@ -855,12 +864,12 @@ def _gluon_prefill_kernel(
                               v_empty, cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles,
                               num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh,
                               stride_lh, trace, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
-                              LAST_FIRST, STORE_LSE, TRACE, 0, SOFTMAX_PROBE)),
+                              LAST_FIRST, STORE_LSE, TRACE, 0, SOFTMAX_FORM)),
             (_consume_items, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty,
                               v_empty, cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles,
                               num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh,
                               stride_lh, trace, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
-                              LAST_FIRST, STORE_LSE, TRACE, 1, SOFTMAX_PROBE)),
+                              LAST_FIRST, STORE_LSE, TRACE, 1, SOFTMAX_FORM)),
             (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                      cu_seqlens_q, cache_seqlens, block_table, stride_btb, page_shift, batch,
                      num_tiles, num_items, num_programs, PAGE_SIZE, BLOCK_Q, BLOCK_N, HEAD_DIM,
@@ -878,12 +887,12 @@ def _gluon_prefill_kernel(
                               v_empty, cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles,
                               num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh,
                               stride_lh, trace, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
-                              LAST_FIRST, STORE_LSE, TRACE, 0, SOFTMAX_PROBE)),
+                              LAST_FIRST, STORE_LSE, TRACE, 0, SOFTMAX_FORM)),
             (_consume_items, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty,
                               v_empty, cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles,
                               num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh,
                               stride_lh, trace, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
-                              LAST_FIRST, STORE_LSE, TRACE, 1, SOFTMAX_PROBE)),
+                              LAST_FIRST, STORE_LSE, TRACE, 1, SOFTMAX_FORM)),
             (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                      cu_seqlens_q, cache_seqlens, block_table, stride_btb, page_shift, batch,
                      num_tiles, num_items, num_programs, PAGE_SIZE, BLOCK_Q, BLOCK_N, HEAD_DIM,
@@ -952,8 +961,17 @@ PROBE_PAD_CHAINS = 1
 # each warp makes a tile (a vote; the skipped FMULs are branched over in inline PTX: a
 # warpgroup-wide choice needs a cross-warp max, whose Triton form spilled inside the loop). The
 # probe "no_rescale" (O never rescaled) was +3% at page 16 and +1.5% at page 256 (H200,
-# 2026-11-30). Compiled, not yet run; passed to the kernel as SOFTMAX_PROBE 3.
+# 2026-11-30). Compiled, not yet run. The kernel's SOFTMAX_FORM: 4.
 LAZY_RESCALE = False
+
+# The masked tiles' visibility as one compare a score: each row's last visible key taken as
+# min(last key, seqlen - 1) once an item, instead of two compares and two selects a score (the
+# diagonal's and the sequence end's). The same keys visible, so the same bytes. Compiled for
+# sm_90a: the masked tile's path 526 -> 495 instructions a warp, not the ~96 fewer the compares
+# promise: ptxas packs the compares' predicates into integers (~90 SEL / LOP3 / IADD3). With
+# LAZY_RESCALE it spilled inside the loop. Compiled, not yet run.
+# The kernel's SOFTMAX_FORM: 8 (its low two bits: PROBE_SOFTMAX, 1 no_exp, 2 no_rescale).
+FOLD_MASK = False
 
 # A probe (timing only, wrong outputs; scripts/prefill_knob_ab.py): the steady loop's softmax
 # without its exponentials ("no_exp": x for exp2(x), no MUFU, and no mask code: the loop 1039 ->
@@ -1063,8 +1081,8 @@ class GluonPrefillLaunch:
                                 TILE_LOOKUP=({False: 0, True: 1, "sequence": 2}[
                                     PROBE_TILE_LOOKUP] if block_n > self.box else 0),
                                 TRACE=PROBE_TRACE is not None,
-                                SOFTMAX_PROBE={None: 3 if LAZY_RESCALE else 0, "no_exp": 1,
-                                               "no_rescale": 2}[PROBE_SOFTMAX],
+                                SOFTMAX_FORM=({None: 0, "no_exp": 1, "no_rescale": 2}[
+                                    PROBE_SOFTMAX] + 4 * LAZY_RESCALE + 8 * FOLD_MASK),
                                 KV_PAIRED=bool(KV_PAIRED and SCALAR_PAGES and block_n > self.box
                                                and not PROBE_TILE_LOOKUP
                                                and not PROBE_RUNTIME_PAGE),

@@ -27,7 +27,7 @@ def _check_signature(dtype: str, head_dim: int, box: int, v_pages: bool = False)
     sig["trace"] = "*i64"
     for name in ("GROUP", "IS_CAUSAL", "PAGE_SIZE", "BLOCK_N", "HEAD_DIM", "STORE_LSE",
                  "LAST_FIRST", "STAGES", "SCALAR_PAGES", "TILE_LOOKUP", "TRACE",
-                 "SOFTMAX_PROBE", "KV_PAIRED", "LOADER_PAD",
+                 "SOFTMAX_FORM", "KV_PAIRED", "LOADER_PAD",
                  "PAD_CHAINS", "KV_LOADERS"):
         sig[name] = "constexpr"
     return sig
@@ -35,7 +35,7 @@ def _check_signature(dtype: str, head_dim: int, box: int, v_pages: bool = False)
 
 def _check_spec(variant, dtype, head_dim, page_size, group=4, causal=True, block_n=128,
                 stages=3, scalar_pages=None, tile_lookup=False, box=None, trace=False,
-                softmax_probe=0, v_pages=False, kv_paired=False, loader_pad=0,
+                softmax_form=0, v_pages=False, kv_paired=False, loader_pad=0,
                 pad_chains=1, kv_loaders=False):
     # Per tile and consumer warpgroup: S = Q Kᵀ D/16 m64nBLOCK_Nk16, O += P V BLOCK_N/16
     # m64nDk16; each twice in the code (the loop's pair, the first tile's S and the last tile's
@@ -48,7 +48,7 @@ def _check_spec(variant, dtype, head_dim, page_size, group=4, causal=True, block
             dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, BLOCK_N=block_n,
                  HEAD_DIM=head_dim, STORE_LSE=True, LAST_FIRST=True, STAGES=stages,
                  SCALAR_PAGES=scalar_pages, TILE_LOOKUP=tile_lookup, TRACE=trace,
-                 SOFTMAX_PROBE=softmax_probe, KV_PAIRED=kv_paired, LOADER_PAD=loader_pad,
+                 SOFTMAX_FORM=softmax_form, KV_PAIRED=kv_paired, LOADER_PAD=loader_pad,
                  PAD_CHAINS=pad_chains, KV_LOADERS=kv_loaders),
             dict(num_warps=4), dict(HGMMA=hgmma))
 
@@ -86,14 +86,17 @@ GLUON_CHECK_SPECS = [
                 v_pages=True, kv_paired=True, loader_pad=40, pad_chains=4),
     _check_spec("d128-bf16-page16-gqa4-causal-vpages-paired-padlanes", "bf16", 128, 16,
                 v_pages=True, kv_paired=True, loader_pad=40, pad_chains=32),
-    # FA4's conditional rescale (``LAZY_RESCALE``, SOFTMAX_PROBE 3)
+    # FA4's conditional rescale (``LAZY_RESCALE``, SOFTMAX_FORM 4), the folded mask
+    # (``FOLD_MASK``, 8). Both (12) spilled 120 bytes into the loop (compiled 2026-12-01)
     _check_spec("d128-bf16-page16-gqa4-causal-vpages-lazy", "bf16", 128, 16, v_pages=True,
-                softmax_probe=3),
+                softmax_form=4),
     _check_spec("d64-fp16-page32-mha-noncausal-lazy", "fp16", 64, 32, group=1, causal=False,
-                softmax_probe=3),
+                softmax_form=4),
+    _check_spec("d128-bf16-page16-gqa4-causal-vpages-fold", "bf16", 128, 16, v_pages=True,
+                softmax_form=8),
     # the softmax probes (``PROBE_SOFTMAX``: no exponentials, no rescale)
-    _check_spec("d128-bf16-page16-gqa4-causal-noexp", "bf16", 128, 16, softmax_probe=1),
-    _check_spec("d128-bf16-page16-gqa4-causal-norescale", "bf16", 128, 16, softmax_probe=2),
+    _check_spec("d128-bf16-page16-gqa4-causal-noexp", "bf16", 128, 16, softmax_form=1),
+    _check_spec("d128-bf16-page16-gqa4-causal-norescale", "bf16", 128, 16, softmax_form=2),
     # the probe of one block-table lookup a tile (``PROBE_TILE_LOOKUP``)
     _check_spec("d128-bf16-page16-gqa4-causal-tilelookup", "bf16", 128, 16, tile_lookup=True),
     # the probe of the page size as an argument (``PROBE_RUNTIME_PAGE``: PAGE_SIZE 0), 16-row boxes
