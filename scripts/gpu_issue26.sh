@@ -29,7 +29,7 @@
 #               loops unchanged) against page 16 and page 256, prefill and chunked rows
 #   lazy        FA4's conditional rescale (gluon_prefill.LAZY_RESCALE, 2026-12-01, fortieth
 #               session, compiled, never run: a warp skips O's 64 FMULs a tile while its rows'
-#               max grows by <= 2^8; the skipping tile's path 460 -> 413 instructions a warp):
+#               max grows by <= 2^8; the skipping tile's path 460 -> 409 instructions a warp):
 #               its tests against the reference (with and without 12x key spikes), then the A/B
 #               at pages 16 and 256 ("same" is False by design: other rounding); FOLD_MASK
 #               (one compare a masked score; the masked path 526 -> 495) beside, bytes equal

@@ -406,30 +406,20 @@ _WARP_ANY_ASM = gl.constexpr("""{
     selp.u32 $1, 1, 0, a;
 }""")
 
-# O's rows times alpha, 8 values a call, skipped by a branch (the flag is warp-uniform) where
-# the warp's flag is 0: the skipped path issues 2 instructions instead of 8 FMULs.
-_RESCALE_IF_ASM = gl.constexpr("""{
-    .reg .pred skip;
-    setp.eq.u32 skip, $24, 0;
-    mov.b32 $0, $8;
-    mov.b32 $1, $9;
-    mov.b32 $2, $10;
-    mov.b32 $3, $11;
-    mov.b32 $4, $12;
-    mov.b32 $5, $13;
-    mov.b32 $6, $14;
-    mov.b32 $7, $15;
-    @skip bra.uni DONE;
-    mul.f32 $0, $8, $16;
-    mul.f32 $1, $9, $17;
-    mul.f32 $2, $10, $18;
-    mul.f32 $3, $11, $19;
-    mul.f32 $4, $12, $20;
-    mul.f32 $5, $13, $21;
-    mul.f32 $6, $14, $22;
-    mul.f32 $7, $15, $23;
-DONE:
-}""")
+def _rescale_if_asm(n: int) -> str:
+    """Inline PTX: ``n`` values of O (``$n ..``) times their rows' alpha (``$2n ..``), skipped
+    by a branch where the warp's flag (``$3n``, warp-uniform) is 0: the skipped path issues a
+    compare and a branch instead of ``n`` FMULs (ptxas keeps O in place: no MOV is left)."""
+    movs = "".join(f"    mov.b32 ${i}, ${n + i};\n" for i in range(n))
+    muls = "".join(f"    mul.f32 ${i}, ${n + i}, ${2 * n + i};\n" for i in range(n))
+    return ("{\n    .reg .pred skip;\n" f"    setp.eq.u32 skip, ${3 * n}, 0;\n" + movs
+            + "    @skip bra.uni DONE;\n" + muls + "DONE:\n}")
+
+
+RESCALE_PACK = gl.constexpr(16)   # O's values a branch (64 a thread at d128, 32 at d64)
+_RESCALE_IF_ASM = gl.constexpr(_rescale_if_asm(RESCALE_PACK.value))
+_RESCALE_IF_CONSTRAINTS = gl.constexpr(",".join(
+    ["=f"] * RESCALE_PACK.value + ["f"] * (2 * RESCALE_PACK.value) + ["r"] * RESCALE_PACK.value))
 
 
 @gluon.jit
@@ -445,10 +435,8 @@ def _rescale_if(acc, alpha, flag, ROWS_O: gl.constexpr):
     ``acc`` as it is, by a branch: the FMULs are not issued."""
     a = gl.expand_dims(gl.convert_layout(alpha, ROWS_O), 1)
     f = gl.expand_dims(gl.convert_layout(flag, ROWS_O), 1)
-    return gl.inline_asm_elementwise(_RESCALE_IF_ASM,
-                                     "=f,=f,=f,=f,=f,=f,=f,=f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,f,"
-                                     "r,r,r,r,r,r,r,r", [acc, a, f], dtype=gl.float32,
-                                     is_pure=True, pack=8)
+    return gl.inline_asm_elementwise(_RESCALE_IF_ASM, _RESCALE_IF_CONSTRAINTS, [acc, a, f],
+                                     dtype=gl.float32, is_pure=True, pack=RESCALE_PACK)
 
 
 @gluon.jit
@@ -961,7 +949,8 @@ PROBE_PAD_CHAINS = 1
 # each warp makes a tile (a vote; the skipped FMULs are branched over in inline PTX: a
 # warpgroup-wide choice needs a cross-warp max, whose Triton form spilled inside the loop). The
 # probe "no_rescale" (O never rescaled) was +3% at page 16 and +1.5% at page 256 (H200,
-# 2026-11-30). Compiled, not yet run. The kernel's SOFTMAX_FORM: 4.
+# 2026-11-30). Compiled for sm_90a: a skipping tile's path 460 -> 409 instructions a warp, a
+# rescaling one 473. Not yet run. The kernel's SOFTMAX_FORM: 4.
 LAZY_RESCALE = False
 
 # The masked tiles' visibility as one compare a score: each row's last visible key taken as
