@@ -901,7 +901,7 @@ fi
 if has loaders; then
   step loaders
   timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/test_gluon_prefill.py \
-    -k "kv_paired or kv_loaders" 2>&1 | tail -2
+    -k "loader_forms" 2>&1 | tail -2
   v="16,16:KV_PAIRED,16:KV_LOADERS,16:,16::KV_PAIRED,16::KV_LOADERS"
   v="$v,16:KV_PAIRED+PROBE_LOADER_PAD=40,16:KV_PAIRED+PROBE_LOADER_PAD=40+PROBE_PAD_CHAINS=32"
   (cd scripts && PYTHONPATH=../src:. timeout 300 python3 prefill_knob_ab.py \

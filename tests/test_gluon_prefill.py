@@ -56,31 +56,41 @@ def _launch_is_gluon(plan) -> bool:
 ])
 def test_gluon_prefill_against_reference(dtype, causal, nheads, nheads_k, head_dim, page_size,
                                          block_n, stages):
-    q, k, v, cu, seqlens, table = make_case(LENS, nheads=nheads, nheads_k=nheads_k,
-                                            head_dim=head_dim, page_size=page_size, dtype=dtype)
+    case = make_case(LENS, nheads=nheads, nheads_k=nheads_k, head_dim=head_dim,
+                     page_size=page_size, dtype=dtype)
+    config = dataclasses.replace(GLUON, gluon_block_n=block_n, gluon_stages=stages)
+    plan, out = _check_against_reference(case, causal, config)
+    q, k, v, cu, seqlens, table = case
+    out2 = plan.run(q, k, v, cu, seqlens, table)   # no lse: the STORE_LSE=False kernel
+    assert torch.equal(out2, out)
+
+
+def _check_against_reference(case, causal, config):
+    """``case`` (make_case's tuple) planned and run through the Gluon kernel, its unowned cache
+    slots poisoned with NaN after the float32 reference is taken: output and lse within
+    tolerance. Returns ``(plan, out)``."""
+    q, k, v, cu, seqlens, table = case
     ref, ref_lse = paged_prefill_ref(q.float(), k.float(), v.float(), cu, seqlens, table,
                                      causal=causal)
     _poison_unowned(k, v, seqlens, table)
-    config = dataclasses.replace(GLUON, gluon_block_n=block_n, gluon_stages=stages)
     plan = kvonce.PagedPrefillPlan(q, k, v, cu, seqlens, table, max_seqlen_q=max_q(cu),
                                    causal=causal, config=config)
     with poison_empty:
         out, lse = plan.run(q, k, v, cu, seqlens, table, return_lse=True)
     assert _launch_is_gluon(plan)
     err = rel_err(out, ref)
-    assert err < TOL[dtype], f"relative error {err:.2e}"
+    assert err < TOL[q.dtype], f"relative error {err:.2e}"
     check_lse(lse, ref_lse)
-    out2 = plan.run(q, k, v, cu, seqlens, table)   # no lse: the STORE_LSE=False kernel
-    assert torch.equal(out2, out)
+    return plan, out
+
+
+# The softmax forms' shapes: the Hopper row; GQA 6 (padding rows); GQA 8, d64, 64-key tiles.
+SOFTMAX_SHAPES = [(32, 8, 128, 16, 128), (12, 2, 128, 32, 128), (16, 2, 64, 32, 64)]
 
 
 @hopper_only
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("nheads,nheads_k,head_dim,page_size,block_n", [
-    (32, 8, 128, 16, 128),    # the Hopper row
-    (12, 2, 128, 32, 128),    # GQA 6: padding rows
-    (16, 2, 64, 32, 64),      # GQA 8, d64, 64-key tiles
-])
+@pytest.mark.parametrize("nheads,nheads_k,head_dim,page_size,block_n", SOFTMAX_SHAPES)
 def test_gluon_prefill_fold_mask(monkeypatch, causal, nheads, nheads_k, head_dim, page_size,
                                  block_n):
     """``FOLD_MASK``: the sequence's end folded into each row's last key (one compare a score)
@@ -99,11 +109,7 @@ def test_gluon_prefill_fold_mask(monkeypatch, causal, nheads, nheads_k, head_dim
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("spikes", [False, True])
-@pytest.mark.parametrize("nheads,nheads_k,head_dim,page_size,block_n", [
-    (32, 8, 128, 16, 128),    # the Hopper row
-    (12, 2, 128, 32, 128),    # GQA 6: padding rows
-    (16, 2, 64, 32, 64),      # GQA 8, d64, 64-key tiles
-])
+@pytest.mark.parametrize("nheads,nheads_k,head_dim,page_size,block_n", SOFTMAX_SHAPES)
 def test_gluon_prefill_lazy_rescale(monkeypatch, dtype, causal, spikes, nheads, nheads_k,
                                     head_dim, page_size, block_n):
     """``LAZY_RESCALE`` (FA4's conditional rescale: a warp keeps its rows' max until one grows
@@ -115,21 +121,11 @@ def test_gluon_prefill_lazy_rescale(monkeypatch, dtype, causal, spikes, nheads, 
         gen = torch.Generator(device=k.device).manual_seed(7)
         big = torch.rand(k.shape[:3], generator=gen, device=k.device) < 0.01
         k = torch.where(big[..., None], k * 12, k)
-    ref, ref_lse = paged_prefill_ref(q.float(), k.float(), v.float(), cu, seqlens, table,
-                                     causal=causal)
-    _poison_unowned(k, v, seqlens, table)
     monkeypatch.setattr(gluon_prefill, "LAZY_RESCALE", True)
     config = dataclasses.replace(GLUON, gluon_block_n=block_n, gluon_persistent=True)
-    plan = kvonce.PagedPrefillPlan(q, k, v, cu, seqlens, table, max_seqlen_q=max_q(cu),
-                                   causal=causal, config=config)
-    with poison_empty:
-        out, lse = plan.run(q, k, v, cu, seqlens, table, return_lse=True)
-    assert _launch_is_gluon(plan)
+    plan, _ = _check_against_reference((q, k, v, cu, seqlens, table), causal, config)
     assert all(launch._gluon._constexprs["SOFTMAX_FORM"] == 4
                for launch in plan._launches.values())
-    err = rel_err(out, ref)
-    assert err < TOL[dtype], f"relative error {err:.2e}"
-    check_lse(lse, ref_lse)
 
 
 @hopper_only
@@ -219,38 +215,23 @@ def test_gluon_prefill_v_pages(monkeypatch, dtype, persistent, page_size, block_
 
 
 @hopper_only
+@pytest.mark.parametrize("knob", ["KV_PAIRED", "KV_LOADERS"])
 @pytest.mark.parametrize("v_pages", [False, True])
 @pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize("page_size,block_n", [(16, 128), (32, 64), (256, 128)])
-def test_gluon_prefill_kv_paired(monkeypatch, v_pages, persistent, page_size, block_n):
-    """``KV_PAIRED``: a tile's K and V copies issued together, one page-id lookup a box for
-    both, give the separate loads' bytes (cache slots no sequence owns NaN); tiles of one box
-    keep the separate loads."""
+def test_gluon_prefill_loader_forms(monkeypatch, knob, v_pages, persistent, page_size,
+                                    block_n):
+    """The loader's forms give one loader's bytes (cache slots no sequence owns NaN), and
+    tiles of one box keep one loader: ``KV_PAIRED``, a tile's K and V copies issued together
+    with one page-id lookup a box for both; ``KV_LOADERS``, K's copies and V's from two loader
+    warps."""
     case = q, k, v, cu, seqlens, table = make_case(LENS, nheads=32, nheads_k=8, head_dim=128,
                                                    page_size=page_size, dtype=torch.bfloat16)
     _poison_unowned(k, v, seqlens, table)
     monkeypatch.setattr(gluon_prefill, "V_PAGES", v_pages)
     config = dataclasses.replace(GLUON, gluon_block_n=block_n, gluon_persistent=persistent)
-    _same_bytes_under(monkeypatch, "KV_PAIRED", (False, True), case, config,
-                      lambda launch, on: launch._constexprs["KV_PAIRED"]
-                      == (on and page_size < block_n))
-
-
-@hopper_only
-@pytest.mark.parametrize("v_pages", [False, True])
-@pytest.mark.parametrize("persistent", [False, True])
-@pytest.mark.parametrize("page_size,block_n", [(16, 128), (32, 64), (256, 128)])
-def test_gluon_prefill_kv_loaders(monkeypatch, v_pages, persistent, page_size, block_n):
-    """``KV_LOADERS``: K's copies and V's from two loader warps give one loader's bytes (cache
-    slots no sequence owns NaN); tiles of one box keep one loader."""
-    case = q, k, v, cu, seqlens, table = make_case(LENS, nheads=32, nheads_k=8, head_dim=128,
-                                                   page_size=page_size, dtype=torch.bfloat16)
-    _poison_unowned(k, v, seqlens, table)
-    monkeypatch.setattr(gluon_prefill, "V_PAGES", v_pages)
-    config = dataclasses.replace(GLUON, gluon_block_n=block_n, gluon_persistent=persistent)
-    _same_bytes_under(monkeypatch, "KV_LOADERS", (False, True), case, config,
-                      lambda launch, on: launch._constexprs["KV_LOADERS"]
-                      == (on and page_size < block_n))
+    _same_bytes_under(monkeypatch, knob, (False, True), case, config,
+                      lambda launch, on: launch._constexprs[knob] == (on and page_size < block_n))
 
 
 @pytest.mark.parametrize("block_n,head_dim,box", [(128, 128, 16), (128, 128, 32), (128, 128, 8),
