@@ -406,6 +406,7 @@ _WARP_ANY_ASM = gl.constexpr("""{
     selp.u32 $1, 1, 0, a;
 }""")
 
+
 def _rescale_if_asm(n: int) -> str:
     """Inline PTX: ``n`` values of O (``$n ..``) times their rows' alpha (``$2n ..``), skipped
     by a branch where the warp's flag (``$3n``, warp-uniform) is 0: the skipped path issues a
@@ -919,8 +920,8 @@ SCALAR_PAGES = True
 # the descriptors' constants. Measured (H200, 2026-12-01, prefill 8 x 2048 page 16, two
 # interleaved pairs, TFLOP/s eager / graphs): 455.0 / 439.4 and 458.0 / 441.3 against V as K's
 # 448.2 / 440.9 and 452.4 / 433.2; chunked even (571.6 / 562.3, 560.7 / 565.1 against 567.1 /
-# 562.2, 568.5 / 560.4). A small gain, not one the noise hides; kept for the fewer copies.
-# False: V as K (two copies a page).
+# 562.2, 568.5 / 560.4); a later A/B even (off 454.2 / 438.6, on 452.6 / 440.2). A small gain
+# at most, within a loan's noise; on for the fewer copies. False: V as K (two copies a page).
 V_PAGES = True
 
 # With scalar page ids (tiles of several boxes): a tile's K and V copies issued together once
