@@ -425,9 +425,10 @@ _RESCALE_IF_CONSTRAINTS = gl.constexpr(",".join(
 
 @gluon.jit
 def _warp_any(flags):
-    """``flags`` (int32, a row vector of the wgmma layout, two a thread) voted over each warp."""
+    """``flags`` (int32, a row vector of the wgmma layout, two a thread) voted over each warp.
+    Not pure: a vote reads the other lanes, so the compiler must not move it."""
     return gl.inline_asm_elementwise(_WARP_ANY_ASM, "=r,=r,r,r", [flags], dtype=gl.int32,
-                                     is_pure=True, pack=2)
+                                     is_pure=False, pack=2)
 
 
 @gluon.jit
