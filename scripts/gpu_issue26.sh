@@ -23,9 +23,9 @@
 #               their launches after putting the knobs back until 2026-11-30's thirty-eighth
 #               session): 16-row boxes and the page size as an argument at pages 16 / 256,
 #               one lookup a tile on sequential pages
-#   vpages      V by pages (gluon_prefill.V_PAGES, 2026-11-30, thirty-ninth session, compiled,
-#               never run): its tests (24 cases, bytes equal to V as K), then prefill_knob_ab.py
-#               at page 16 (loader 283 -> 242 instructions, 32 -> 24 copies a tile; the consumers'
+#   vpages      V by pages (gluon_prefill.V_PAGES, 2026-11-30, thirty-ninth session; run and
+#               turned on 2026-12-01): its tests (20 cases, bytes equal to V as K), then
+#               prefill_knob_ab.py at page 16 (loader 283 -> 242 instructions, 32 -> 24 copies a tile; the consumers'
 #               loops unchanged) against page 16 and page 256, prefill and chunked rows
 #   lazy        FA4's conditional rescale (gluon_prefill.LAZY_RESCALE, 2026-12-01, fortieth
 #               session, compiled, never run: a warp skips O's 64 FMULs a tile while its rows'
@@ -892,10 +892,10 @@ if has vpages; then
 fi
 if has lazy; then
   step lazy
-  timeout 240 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_gluon_prefill.py \
+  timeout 260 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_gluon_prefill.py \
     -k "lazy_rescale or fold_mask" 2>&1 | tail -6 | cut -c1-300
   v="16,16:LAZY_RESCALE,16:FOLD_MASK,16:,16::LAZY_RESCALE,16::FOLD_MASK,256,256:LAZY_RESCALE"
-  (cd scripts && PYTHONPATH=../src:. timeout 300 python3 prefill_knob_ab.py \
+  (cd scripts && PYTHONPATH=../src:. timeout 270 python3 prefill_knob_ab.py \
     --rows prefill,chunked --variants "$v" --rounds 3 2>&1 | tail -19)
 fi
 if has loaders; then
