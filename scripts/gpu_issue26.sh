@@ -25,8 +25,9 @@
 #               one lookup a tile on sequential pages
 #   vpages      V by pages (gluon_prefill.V_PAGES, 2026-11-30, thirty-ninth session; run and
 #               turned on 2026-12-01): its tests (20 cases, bytes equal to V as K), then
-#               prefill_knob_ab.py at page 16 (loader 283 -> 242 instructions, 32 -> 24 copies a tile; the consumers'
-#               loops unchanged) against page 16 and page 256, prefill and chunked rows
+#               prefill_knob_ab.py at page 16 (loader 283 -> 242 instructions, 32 -> 24 copies
+#               a tile; the consumers' loops unchanged) against page 16 and page 256, prefill
+#               and chunked rows
 #   lazy        FA4's conditional rescale (gluon_prefill.LAZY_RESCALE, 2026-12-01, fortieth
 #               session, compiled, never run: a warp skips O's 64 FMULs a tile while its rows'
 #               max grows by <= 2^8; the skipping tile's path 460 -> 409 instructions a warp):
