@@ -34,6 +34,10 @@
 #               its tests against the reference (with and without 12x key spikes), then the A/B
 #               at pages 16 and 256 ("same" is False by design: other rounding); FOLD_MASK
 #               (one compare a masked score; the masked path 526 -> 495) beside, bytes equal
+#   kpages      K by 8-row groups (gluon_prefill.K_PAGES, 2026-12-01, forty-first session: one
+#               copy a box through a 4-D descriptor; page 16's copies 24 -> 16 a tile, the
+#               loader 216 -> 195 instructions with KV_PAIRED): its tests (bytes equal to two
+#               copies a box), then the A/B with KV_PAIRED at pages 16 and 256
 #   loaders     the loader's instructions (2026-12-01, fortieth session: 240 more a tile cost
 #               page 16 8%, as four chains 5%): KV_PAIRED (one lookup a box for K and V; +0.4%
 #               then) and KV_LOADERS (K's loader and V's on two sub-partitions: 162 / 119
@@ -898,6 +902,15 @@ if has lazy; then
   v="16,16:LAZY_RESCALE,16:FOLD_MASK,16:,16::LAZY_RESCALE,16::FOLD_MASK,256,256:LAZY_RESCALE"
   (cd scripts && PYTHONPATH=../src:. timeout 270 python3 prefill_knob_ab.py \
     --rows prefill,chunked --variants "$v" --rounds 3 2>&1 | tail -19)
+fi
+if has kpages; then
+  step kpages
+  timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/test_gluon_prefill.py \
+    -k "k_pages" 2>&1 | tail -2
+  v="16:KV_PAIRED,16:KV_PAIRED+K_PAGES,16:K_PAGES,16::KV_PAIRED,16::KV_PAIRED+K_PAGES"
+  v="$v,256,256:K_PAGES,256:,256::K_PAGES"
+  (cd scripts && PYTHONPATH=../src:. timeout 300 python3 prefill_knob_ab.py \
+    --rows prefill,chunked --variants "$v" --rounds 3 2>&1 | tail -21)
 fi
 if has loaders; then
   step loaders

@@ -215,6 +215,23 @@ def test_gluon_prefill_v_pages(monkeypatch, dtype, persistent, page_size, block_
 
 
 @hopper_only
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("page_size,block_n", [(16, 128), (32, 64), (16, 64), (64, 128),
+                                               (256, 128)])
+def test_gluon_prefill_k_pages(monkeypatch, dtype, persistent, page_size, block_n):
+    """``K_PAGES``: K by boxes of 8-row groups (one copy a box through a 4-D descriptor, the
+    slot read by Q Kᵀ through ``k_pages_layout``) gives two copies a box's bytes, cache slots no
+    sequence owns NaN, with one box a tile or several."""
+    case = q, k, v, cu, seqlens, table = make_case(LENS, nheads=32, nheads_k=8, head_dim=128,
+                                                   page_size=page_size, dtype=dtype)
+    _poison_unowned(k, v, seqlens, table)
+    config = dataclasses.replace(GLUON, gluon_block_n=block_n, gluon_persistent=persistent)
+    _same_bytes_under(monkeypatch, "K_PAGES", (False, True), case, config,
+                      lambda launch, on: launch.k_pages == on)
+
+
+@hopper_only
 @pytest.mark.parametrize("knob", ["KV_PAIRED", "KV_LOADERS"])
 @pytest.mark.parametrize("v_pages", [False, True])
 @pytest.mark.parametrize("persistent", [False, True])
@@ -254,6 +271,29 @@ def test_v_pages_layout_is_where_the_copies_put_v(block_n, head_dim, box):
         chunk, c = divmod(col, 64)
         swizzled = ((c >> 3) ^ (row % 8)) * 8 + (c & 7)
         assert offset == ((page * chunks + chunk) * box + row) * 64 + swizzled
+        seen.add((key, col))
+    assert len(seen) == block_n * head_dim
+
+
+@pytest.mark.parametrize("block_n,head_dim", [(128, 128), (64, 128), (128, 256)])
+def test_k_pages_layout_is_where_the_copies_put_k(block_n, head_dim):
+    """``k_pages_layout`` (CPU): every shared-memory offset of a K slot maps to the (key, column)
+    that the boxes' TMA copies put there: 8-key groups, each ``[head_dim / 64, 8, 64]``,
+    128-byte rows whose 16-byte chunks are swizzled by the row's index mod 8."""
+    bases = gluon_prefill.k_pages_layout(block_n, head_dim).offset_bases
+    assert len(bases) == (block_n * head_dim).bit_length() - 1
+    chunks = head_dim // 64
+    seen = set()
+    for offset in range(block_n * head_dim):
+        key = col = 0
+        for bit, (dk, dc) in enumerate(bases):
+            if offset >> bit & 1:
+                key ^= dk
+                col ^= dc
+        group, row = divmod(key, 8)
+        chunk, c = divmod(col, 64)
+        swizzled = ((c >> 3) ^ row) * 8 + (c & 7)
+        assert offset == ((group * chunks + chunk) * 8 + row) * 64 + swizzled
         seen.add((key, col))
     assert len(seen) == block_n * head_dim
 

@@ -160,6 +160,8 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
             vcol = kv_head * (HEAD_DIM // 64)
         else:
             vcol = col
+        if len(k_desc.block_type.shape) == 4:   # K by pages: the same
+            col = kv_head * (HEAD_DIM // 64)
         bt_row = block_table + seq.to(gl.int64) * stride_btb
         last_box = gl.maximum(seqlen - 1, 0) // BOX * BOX   # boxes past the end re-read this one
         # k_empty[s] / v_empty[s] (count 2): both consumer warpgroups' Q Kᵀ (P V) on the slot
@@ -279,15 +281,20 @@ def _load_kv_tile_by_ids(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_emp
     mbarrier.expect(k_ready, (BLOCK_N // BOX) * k_desc.block_type.nbytes)
     mbarrier.expect(v_ready, (BLOCK_N // BOX) * v_desc.block_type.nbytes)
     for i in gl.static_range(BLOCK_N // BOX):
-        key = gl.minimum(j * BLOCK_N + i * BOX, last_box)
-        row = gl.load(bt_row + key // PAGE_SIZE) * PAGE_SIZE + key % PAGE_SIZE
+        # unsigned: the page's index and the row in it by a shift and a mask (>= 0 in fact)
+        key = gl.minimum(j * BLOCK_N + i * BOX, last_box).to(gl.uint32)
+        row = (gl.load(bt_row + key // PAGE_SIZE).to(gl.uint32) * PAGE_SIZE
+               + key % PAGE_SIZE)
         _copy_box(k_desc, row, col, k_ready, k_smem, i)
         _copy_box(v_desc, row, vcol, v_ready, v_smem, i)
 
 
 @gluon.constexpr_function
 def _box_rows(block_shape):
-    """Cache rows of a descriptor's box: ``[BOX, HEAD_DIM]``, or V by pages' ``[CH, BOX, 64]``."""
+    """Cache rows of a descriptor's box: ``[BOX, HEAD_DIM]``, V by pages' ``[CH, BOX, 64]``,
+    or K by pages' ``[BOX / 8, CH, 8, 64]``."""
+    if len(block_shape) == 4:
+        return block_shape[0] * 8
     return block_shape[len(block_shape) - 2]
 
 
@@ -298,12 +305,19 @@ def _copy_box(desc, row, col, ready, smem, i: gl.constexpr):
     ..``, which Triton issues as one copy a 128-byte column chunk (two at d128). V by pages
     (``V_PAGES``): a 3-D descriptor over the cache as ``[64-column chunks, rows, 64]``, box ``[CH,
     BOX, 64]`` at chunk ``col``, fills the slot's page ``i`` (``[CH, BOX, 64]``) in one copy."""
-    if len(desc.block_type.shape) == 3:
+    if len(desc.block_type.shape) == 4:   # K by pages: box [BOX / 8, CH, 8, 64]
+        GROUPS: gl.constexpr = desc.block_type.shape[0]
+        group = (row.to(gl.uint32) // 8).to(gl.int32)   # a shift: rows are >= 0
+        tma.async_copy_global_to_shared(desc, [group, col, 0, 0], ready,
+                                        smem.slice(i * GROUPS, GROUPS))
+    elif len(desc.block_type.shape) == 3:
         CH: gl.constexpr = desc.block_type.shape[0]
-        tma.async_copy_global_to_shared(desc, [col, row, 0], ready, smem.slice(i * CH, CH))
+        tma.async_copy_global_to_shared(desc, [col, row.to(gl.int32), 0], ready,
+                                        smem.slice(i * CH, CH))
     else:
         BOX: gl.constexpr = desc.block_type.shape[0]
-        tma.async_copy_global_to_shared(desc, [row, col], ready, smem.slice(i * BOX, BOX))
+        tma.async_copy_global_to_shared(desc, [row.to(gl.int32), col], ready,
+                                        smem.slice(i * BOX, BOX))
 
 
 @gluon.constexpr_function
@@ -326,6 +340,32 @@ def _v_pages_operand(v_smem, s, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
     ``[BLOCK_N, HEAD_DIM]`` P V operand: the slot's bytes under ``v_pages_layout``."""
     return v_smem.index(s)._reinterpret(v_smem.dtype, [BLOCK_N, HEAD_DIM],
                                         v_pages_layout(BLOCK_N, HEAD_DIM, v_smem.shape[2]))
+
+
+@gluon.constexpr_function
+def k_pages_layout(block_n, head_dim):
+    """The ``[block_n, head_dim]`` K tile held as ``[block_n / 8, head_dim / 64, 8, 64]`` (8-row
+    groups, each group's 64-column chunks one after another, 128-byte rows swizzled by the
+    row's index mod 8, as TMA writes K by pages' box): offset bits to (row, column). The Q Kᵀ
+    operand reads it K-major with the 8-row groups ``head_dim / 64`` KB apart (uniform: one
+    wgmma descriptor stride), a chunk 1 KB after the last."""
+    bases = [[0, 1], [0, 2], [0, 4], [0, 8], [0, 16], [0, 32], [1, 8], [2, 16], [4, 32]]
+    bases += [[0, c] for c in (64, 128) if c < head_dim]
+    bases += [[r, 0] for r in (8, 16, 32, 64, 128) if r < block_n]
+    return gl.SharedLinearLayout(offset_bases=bases, alignment=1024)
+
+
+@gluon.jit
+def _k_operand(k_smem, s, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """Slot ``s`` of K as the Q Kᵀ operand ``[HEAD_DIM, BLOCK_N]``: the ring's ``[BLOCK_N,
+    HEAD_DIM]`` tile transposed, or K by pages' slot (``[BLOCK_N / 8, CH, 8, 64]``) read under
+    ``k_pages_layout``."""
+    if len(k_smem.shape) == 5:
+        tile = k_smem.index(s)._reinterpret(k_smem.dtype, [BLOCK_N, HEAD_DIM],
+                                            k_pages_layout(BLOCK_N, HEAD_DIM))
+    else:
+        tile = k_smem.index(s)
+    return tile.permute((1, 0))
 
 
 @gluon.jit
@@ -643,7 +683,7 @@ def _steady_tiles(q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it
         s = g % STAGES
         prev = (g - 1) % STAGES
         k_waited = _timed_wait(k_ready.index(s), (g // STAGES) & 1, k_waited, TRACE)
-        sc = warpgroup_mma(q_smem, k_smem.index(s).permute((1, 0)), zero_s,
+        sc = warpgroup_mma(q_smem, _k_operand(k_smem, s, BLOCK_N, acc.shape[1]), zero_s,
                            use_acc=False, is_async=True)
         v_waited = _timed_wait(v_ready.index(prev), ((g - 1) // STAGES) & 1, v_waited, TRACE)
         if len(v_smem.shape) == 4:   # V by pages (``V_PAGES``)
@@ -742,8 +782,8 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
     if n_tiles > 0:
         s = it % STAGES
         mbarrier.wait(k_ready.index(s), (it // STAGES) & 1)
-        sc = warpgroup_mma(q_smem, k_smem.index(s).permute((1, 0)), zero_s, use_acc=False,
-                           is_async=True)
+        sc = warpgroup_mma(q_smem, _k_operand(k_smem, s, BLOCK_N, HEAD_DIM), zero_s,
+                           use_acc=False, is_async=True)
         sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
         mbarrier.arrive(k_empty.index(s))
         p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, 0, full, seqlen, last_key,
@@ -829,7 +869,11 @@ def _gluon_prefill_kernel(
     dtype: gl.constexpr = k_desc.dtype
     Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_DIM], dtype)
     q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], Q_SMEM)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    if len(k_desc.block_type.shape) == 4:   # K by pages: a slot [BLOCK_N / 8, CH, 8, 64]
+        k_smem = gl.allocate_shared_memory(
+            dtype, [STAGES, BLOCK_N // 8, HEAD_DIM // 64, 8, 64], k_desc.layout)
+    else:
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     if len(v_desc.block_type.shape) == 3:   # V by pages: a slot [BOXES * CH, BOX, 64]
         BOX_V: gl.constexpr = v_desc.block_type.shape[1]
         v_smem = gl.allocate_shared_memory(
@@ -924,6 +968,15 @@ SCALAR_PAGES = True
 # 562.2, 568.5 / 560.4); a later A/B even (off 454.2 / 438.6, on 452.6 / 440.2). A small gain
 # at most, within a loan's noise; on for the fewer copies. False: V as K (two copies a page).
 V_PAGES = True
+
+# K by pages (d128, d256): one TMA copy a box through a 4-D descriptor (box ``[BOX / 8,
+# HEAD_DIM / 64, 8, 64]``: a group of 8 rows' 64-column chunks one after another) instead of
+# Triton's one a 128-byte column chunk, the slot read by Q Kᵀ through ``k_pages_layout`` (the
+# 8-row groups HEAD_DIM / 64 KB apart: a uniform wgmma stride, unlike pages of [CH, BOX, 64]).
+# At page 16 the loader's copies go 24 -> 16 a tile with V_PAGES, its loop 216 -> 195 SASS
+# instructions (KV_PAIRED; sm_90a, the consumers' loops unchanged). Being measured. False: two
+# copies a box.
+K_PAGES = False
 
 # With scalar page ids (tiles of several boxes): a tile's K and V copies issued together once
 # both slots are free, each box's page id looked up once for both (the loader's lookups halved;
@@ -1088,15 +1141,26 @@ class GluonPrefillLaunch:
         self._gl_dtype = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}[q.dtype]
         self.v_pages = bool(V_PAGES and self._constexprs["SCALAR_PAGES"] and head_dim > 64
                             and head_dim % 64 == 0 and self.box >= 8)
+        self.k_pages = bool(K_PAGES and head_dim > 64 and head_dim % 64 == 0
+                            and self.box % 8 == 0)
 
-    def _desc(self, cache, by_pages: bool = False):
+    def _desc(self, cache, by_pages: bool = False, by_row_groups: bool = False):
         """TMA descriptor over a cache ``[num_pages, page_size, nheads_k, head_dim]`` as
         ``[num_pages * page_size, nheads_k * head_dim]``, box ``[box, head_dim]``; ``by_pages``
         (V with ``V_PAGES``): as ``[nheads_k * head_dim / 64, num_pages * page_size, 64]``, box
-        ``[head_dim / 64, box, 64]``, a page's rows in one copy."""
+        ``[head_dim / 64, box, 64]``, a page's rows in one copy; ``by_row_groups`` (K with
+        ``K_PAGES``): as ``[num_pages * page_size / 8, nheads_k * head_dim / 64, 8, 64]``, box
+        ``[box / 8, head_dim / 64, 8, 64]``, a page's rows in one copy, a group of 8 rows'
+        chunks one after another."""
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
         rows = cache.shape[0] * cache.shape[1]
+        if by_row_groups:
+            chunks = self.head_dim // 64
+            block = [self.box // 8, chunks, 8, 64]
+            layout = gl.NVMMASharedLayout.get_default_for(block, self._gl_dtype)
+            return TensorDescriptor(cache, [rows // 8, cache.shape[2] * chunks, 8, 64],
+                                    [8 * cache.stride(1), 64, cache.stride(1), 1], block, layout)
         if by_pages:
             chunks = self.head_dim // 64
             block = [chunks, self.box, 64]
@@ -1117,7 +1181,8 @@ class GluonPrefillLaunch:
             raise ValueError(f"PROBE_TRACE must be a contiguous int64 [>= {self._num_programs}, "
                              f"{TRACE_ROUNDS.value}, 2, {TRACE_EVENTS.value}] tensor")
         lse_arg, stride_lh = (out, 0) if lse is None else (lse, lse.stride(0))
-        args = (q, self._desc(k_cache), self._desc(v_cache, self.v_pages), out, lse_arg,
+        args = (q, self._desc(k_cache, by_row_groups=self.k_pages),
+                self._desc(v_cache, self.v_pages), out, lse_arg,
                 cu_seqlens_q, cache_seqlens, block_table, self._scale, self._batch, self._num_tiles,
                 self._num_items, self._num_programs, q.stride(0), q.stride(1), out.stride(0),
                 out.stride(1), stride_lh, block_table.stride(0), self._page_shift,
@@ -1132,7 +1197,8 @@ class GluonPrefillLaunch:
                               block_table)
         # The box is in the key: the descriptors' block shape is a specialization, and with
         # BOX_ROWS it no longer follows from PAGE_SIZE and BLOCK_N.
-        launch(_gluon_prefill_kernel, ("gluon-prefill", q.dtype, self.box, self.v_pages, ints,
-                                       tuple(self._constexprs.values()), aligned),
+        launch(_gluon_prefill_kernel, ("gluon-prefill", q.dtype, self.box, self.v_pages,
+                                       self.k_pages, ints, tuple(self._constexprs.values()),
+                                       aligned),
                (*grid, 1, 1), args, self._constexprs, CONSUMER_WARPS.value, 1,
                q.device.index)

@@ -9,15 +9,21 @@ from . import gluon_prefill
 from .gluon_prefill import _gluon_prefill_kernel
 
 
-def _check_signature(dtype: str, head_dim: int, box: int, v_pages: bool = False) -> dict:
+def _check_signature(dtype: str, head_dim: int, box: int, v_pages: bool = False,
+                     k_pages: bool = False) -> dict:
     gl_dtype = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
     kv = gl.NVMMASharedLayout.get_default_for([box, head_dim], gl_dtype)
     v_desc = f"tensordesc<{dtype}[{box}, {head_dim}],{kv!r}>"
+    k_desc = v_desc
+    if k_pages:   # K by pages: box [box / 8, head_dim / 64, 8, 64]
+        block = [box // 8, head_dim // 64, 8, 64]
+        k_layout = gl.NVMMASharedLayout.get_default_for(block, gl_dtype)
+        k_desc = f"tensordesc<{dtype}[{', '.join(map(str, block))}],{k_layout!r}>"
     if v_pages:   # V by pages: box [head_dim / 64, box, 64]
         block = [head_dim // 64, box, 64]
         v_layout = gl.NVMMASharedLayout.get_default_for(block, gl_dtype)
         v_desc = f"tensordesc<{dtype}[{', '.join(map(str, block))}],{v_layout!r}>"
-    sig = dict(Q=f"*{dtype}", k_desc=f"tensordesc<{dtype}[{box}, {head_dim}],{kv!r}>",
+    sig = dict(Q=f"*{dtype}", k_desc=k_desc,
                v_desc=v_desc, Out=f"*{dtype}",
                Lse="*fp32", cu_seqlens_q="*i32", cache_seqlens="*i32", block_table="*i32",
                sm_scale="fp32")
@@ -36,7 +42,7 @@ def _check_signature(dtype: str, head_dim: int, box: int, v_pages: bool = False)
 def _check_spec(variant, dtype, head_dim, page_size, group=4, causal=True, block_n=128,
                 stages=3, scalar_pages=None, tile_lookup=False, box=None, trace=False,
                 softmax_form=0, v_pages=False, kv_paired=False, loader_pad=0,
-                pad_chains=1, kv_loaders=False):
+                pad_chains=1, kv_loaders=False, k_pages=False):
     # Per tile and consumer warpgroup: S = Q Kᵀ D/16 m64nBLOCK_Nk16, O += P V BLOCK_N/16
     # m64nDk16; each twice in the code (the loop's pair, the first tile's S and the last tile's
     # P V), and two warpgroups.
@@ -44,7 +50,7 @@ def _check_spec(variant, dtype, head_dim, page_size, group=4, causal=True, block
     box = box or min(page_size, block_n)
     if scalar_pages is None:   # the launch's rule: scalar page ids where a tile has boxes
         scalar_pages = gluon_prefill.SCALAR_PAGES and block_n > box
-    return (variant, _gluon_prefill_kernel, _check_signature(dtype, head_dim, box, v_pages),
+    return (variant, _gluon_prefill_kernel, _check_signature(dtype, head_dim, box, v_pages, k_pages),
             dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, BLOCK_N=block_n,
                  HEAD_DIM=head_dim, STORE_LSE=True, LAST_FIRST=True, STAGES=stages,
                  SCALAR_PAGES=scalar_pages, TILE_LOOKUP=tile_lookup, TRACE=trace,
@@ -71,6 +77,14 @@ GLUON_CHECK_SPECS = [
                 causal=False, v_pages=True),
     _check_spec("d128-bf16-page32-gqa4-causal-vpages-bn64", "bf16", 128, 32, block_n=64,
                 v_pages=True),
+    # K by pages (``K_PAGES``): page 16 bf16 with V by pages and paired, fp16 non-causal MHA
+    _check_spec("d128-bf16-page16-gqa4-causal-kvpages-paired", "bf16", 128, 16, v_pages=True,
+                k_pages=True, kv_paired=True),
+    _check_spec("d128-fp16-page16-mha-noncausal-kpages", "fp16", 128, 16, group=1,
+                causal=False, k_pages=True),
+    _check_spec("d128-bf16-page32-gqa4-causal-kvpages-bn64", "bf16", 128, 32, block_n=64,
+                v_pages=True, k_pages=True),
+    _check_spec("d128-bf16-page256-gqa4-causal-kpages", "bf16", 128, 256, k_pages=True),
     # K and V copies of a tile together, one lookup a box for both (``KV_PAIRED``)
     _check_spec("d128-bf16-page16-gqa4-causal-vpages-paired", "bf16", 128, 16, v_pages=True,
                 kv_paired=True),
