@@ -28,21 +28,15 @@
 #               prefill_knob_ab.py at page 16 (loader 283 -> 242 instructions, 32 -> 24 copies
 #               a tile; the consumers' loops unchanged) against page 16 and page 256, prefill
 #               and chunked rows
-#   lazy        FA4's conditional rescale (gluon_prefill.LAZY_RESCALE, 2026-12-01, fortieth
-#               session, compiled, never run: a warp skips O's 64 FMULs a tile while its rows'
-#               max grows by <= 2^8; the skipping tile's path 460 -> 409 instructions a warp):
+#   lazy        FA4's conditional rescale (gluon_prefill.LAZY_RESCALE, built 2026-12-01 in the
+#               fortieth session, run in the forty-first: prefill -1 to -4%, chunked +2%; off):
 #               its tests against the reference (with and without 12x key spikes), then the A/B
-#               at pages 16 and 256 ("same" is False by design: other rounding); FOLD_MASK
-#               (one compare a masked score; the masked path 526 -> 495) beside, bytes equal
-#   kpages      K by 8-row groups (gluon_prefill.K_PAGES, 2026-12-01, forty-first session: one
-#               copy a box through a 4-D descriptor; page 16's copies 24 -> 16 a tile, the
-#               loader 216 -> 195 instructions with KV_PAIRED): its tests (bytes equal to two
-#               copies a box), then the A/B with KV_PAIRED at pages 16 and 256
+#               at pages 16 and 256 ("same" is False by design: other rounding)
 #   loaders     the loader's instructions (2026-12-01, fortieth session: 240 more a tile cost
-#               page 16 8%, as four chains 5%): KV_PAIRED (one lookup a box for K and V; +0.4%
-#               then) and KV_LOADERS (K's loader and V's on two sub-partitions: 162 / 119
-#               instructions a tile against 242; compiled, never run), their tests, then an A/B
-#               with the pad probe as a chain a lane (vector pipe, not the uniform datapath)
+#               page 16 8%, as four chains 5%): KV_PAIRED's tests (on since the forty-first
+#               session, +0.3-1.4%), then an A/B against it off, and with the pad probe as
+#               uniform instructions and as a chain a lane (forty-first: the lane form cost
+#               2-5% more than the uniform one)
 #   softmax     the prefill softmax's probes (2026-11-30, thirty-ninth session): the item trace
 #               with the two warpgroups' softmax overlap (slots 17-32), and PROBE_SOFTMAX's
 #               no_exp / no_rescale against the kernel at pages 16 / 256 (timing only)
@@ -898,26 +892,17 @@ fi
 if has lazy; then
   step lazy
   timeout 260 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_gluon_prefill.py \
-    -k "lazy_rescale or fold_mask" 2>&1 | tail -6 | cut -c1-300
-  v="16,16:LAZY_RESCALE,16:FOLD_MASK,16:,16::LAZY_RESCALE,16::FOLD_MASK,256,256:LAZY_RESCALE"
+    -k "lazy_rescale" 2>&1 | tail -6 | cut -c1-300
+  v="16,16:LAZY_RESCALE,16:,16::LAZY_RESCALE,256,256:LAZY_RESCALE"
   (cd scripts && PYTHONPATH=../src:. timeout 270 python3 prefill_knob_ab.py \
     --rows prefill,chunked --variants "$v" --rounds 3 2>&1 | tail -19)
-fi
-if has kpages; then
-  step kpages
-  timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/test_gluon_prefill.py \
-    -k "k_pages" 2>&1 | tail -2
-  v="16:KV_PAIRED,16:KV_PAIRED+K_PAGES,16:K_PAGES,16::KV_PAIRED,16::KV_PAIRED+K_PAGES"
-  v="$v,256,256:K_PAGES,256:,256::K_PAGES"
-  (cd scripts && PYTHONPATH=../src:. timeout 300 python3 prefill_knob_ab.py \
-    --rows prefill,chunked --variants "$v" --rounds 3 2>&1 | tail -21)
 fi
 if has loaders; then
   step loaders
   timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/test_gluon_prefill.py \
-    -k "loader_forms" 2>&1 | tail -2
-  v="16,16:KV_PAIRED,16:KV_LOADERS,16:,16::KV_PAIRED,16::KV_LOADERS"
-  v="$v,16:KV_PAIRED+PROBE_LOADER_PAD=40,16:KV_PAIRED+PROBE_LOADER_PAD=40+PROBE_PAD_CHAINS=32"
+    -k "kv_paired" 2>&1 | tail -2
+  v="16,16:KV_PAIRED=False,16:,16::KV_PAIRED=False"
+  v="$v,16:PROBE_LOADER_PAD=40,16:PROBE_LOADER_PAD=40+PROBE_PAD_CHAINS=32"
   (cd scripts && PYTHONPATH=../src:. timeout 300 python3 prefill_knob_ab.py \
     --rows prefill,chunked --variants "$v" --rounds 3 2>&1 | tail -19)
 fi

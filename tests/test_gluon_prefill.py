@@ -84,25 +84,8 @@ def _check_against_reference(case, causal, config):
     return plan, out
 
 
-# The softmax forms' shapes: the Hopper row; GQA 6 (padding rows); GQA 8, d64, 64-key tiles.
+# The lazy rescale's shapes: the Hopper row; GQA 6 (padding rows); GQA 8, d64, 64-key tiles.
 SOFTMAX_SHAPES = [(32, 8, 128, 16, 128), (12, 2, 128, 32, 128), (16, 2, 64, 32, 64)]
-
-
-@hopper_only
-@pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("nheads,nheads_k,head_dim,page_size,block_n", SOFTMAX_SHAPES)
-def test_gluon_prefill_fold_mask(monkeypatch, causal, nheads, nheads_k, head_dim, page_size,
-                                 block_n):
-    """``FOLD_MASK``: the sequence's end folded into each row's last key (one compare a score)
-    gives the two compares' bytes, cache slots no sequence owns NaN."""
-    case = q, k, v, cu, seqlens, table = make_case(LENS, nheads=nheads, nheads_k=nheads_k,
-                                                   head_dim=head_dim, page_size=page_size,
-                                                   dtype=torch.bfloat16)
-    _poison_unowned(k, v, seqlens, table)
-    config = dataclasses.replace(GLUON, gluon_block_n=block_n, gluon_persistent=True)
-    _same_bytes_under(monkeypatch, "FOLD_MASK", (False, True), case, config,
-                      lambda launch, on: launch._constexprs["SOFTMAX_FORM"] == 8 * on,
-                      causal=causal)
 
 
 @hopper_only
@@ -215,40 +198,21 @@ def test_gluon_prefill_v_pages(monkeypatch, dtype, persistent, page_size, block_
 
 
 @hopper_only
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("persistent", [False, True])
-@pytest.mark.parametrize("page_size,block_n", [(16, 128), (32, 64), (16, 64), (64, 128),
-                                               (256, 128)])
-def test_gluon_prefill_k_pages(monkeypatch, dtype, persistent, page_size, block_n):
-    """``K_PAGES``: K by boxes of 8-row groups (one copy a box through a 4-D descriptor, the
-    slot read by Q Kᵀ through ``k_pages_layout``) gives two copies a box's bytes, cache slots no
-    sequence owns NaN, with one box a tile or several."""
-    case = q, k, v, cu, seqlens, table = make_case(LENS, nheads=32, nheads_k=8, head_dim=128,
-                                                   page_size=page_size, dtype=dtype)
-    _poison_unowned(k, v, seqlens, table)
-    config = dataclasses.replace(GLUON, gluon_block_n=block_n, gluon_persistent=persistent)
-    _same_bytes_under(monkeypatch, "K_PAGES", (False, True), case, config,
-                      lambda launch, on: launch.k_pages == on)
-
-
-@hopper_only
-@pytest.mark.parametrize("knob", ["KV_PAIRED", "KV_LOADERS"])
 @pytest.mark.parametrize("v_pages", [False, True])
 @pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize("page_size,block_n", [(16, 128), (32, 64), (256, 128)])
-def test_gluon_prefill_loader_forms(monkeypatch, knob, v_pages, persistent, page_size,
-                                    block_n):
-    """The loader's forms give one loader's bytes (cache slots no sequence owns NaN), and
-    tiles of one box keep one loader: ``KV_PAIRED``, a tile's K and V copies issued together
-    with one page-id lookup a box for both; ``KV_LOADERS``, K's copies and V's from two loader
-    warps."""
+def test_gluon_prefill_kv_paired(monkeypatch, v_pages, persistent, page_size, block_n):
+    """``KV_PAIRED``: a tile's K and V copies issued together, one page-id lookup a box for
+    both, give K's copies then V's bytes (cache slots no sequence owns NaN); tiles of one box
+    keep the vector form."""
     case = q, k, v, cu, seqlens, table = make_case(LENS, nheads=32, nheads_k=8, head_dim=128,
                                                    page_size=page_size, dtype=torch.bfloat16)
     _poison_unowned(k, v, seqlens, table)
     monkeypatch.setattr(gluon_prefill, "V_PAGES", v_pages)
     config = dataclasses.replace(GLUON, gluon_block_n=block_n, gluon_persistent=persistent)
-    _same_bytes_under(monkeypatch, knob, (False, True), case, config,
-                      lambda launch, on: launch._constexprs[knob] == (on and page_size < block_n))
+    _same_bytes_under(monkeypatch, "KV_PAIRED", (False, True), case, config,
+                      lambda launch, on: launch._constexprs["KV_PAIRED"]
+                      == (on and page_size < block_n))
 
 
 @pytest.mark.parametrize("block_n,head_dim,box", [(128, 128, 16), (128, 128, 32), (128, 128, 8),
@@ -271,29 +235,6 @@ def test_v_pages_layout_is_where_the_copies_put_v(block_n, head_dim, box):
         chunk, c = divmod(col, 64)
         swizzled = ((c >> 3) ^ (row % 8)) * 8 + (c & 7)
         assert offset == ((page * chunks + chunk) * box + row) * 64 + swizzled
-        seen.add((key, col))
-    assert len(seen) == block_n * head_dim
-
-
-@pytest.mark.parametrize("block_n,head_dim", [(128, 128), (64, 128), (128, 256)])
-def test_k_pages_layout_is_where_the_copies_put_k(block_n, head_dim):
-    """``k_pages_layout`` (CPU): every shared-memory offset of a K slot maps to the (key, column)
-    that the boxes' TMA copies put there: 8-key groups, each ``[head_dim / 64, 8, 64]``,
-    128-byte rows whose 16-byte chunks are swizzled by the row's index mod 8."""
-    bases = gluon_prefill.k_pages_layout(block_n, head_dim).offset_bases
-    assert len(bases) == (block_n * head_dim).bit_length() - 1
-    chunks = head_dim // 64
-    seen = set()
-    for offset in range(block_n * head_dim):
-        key = col = 0
-        for bit, (dk, dc) in enumerate(bases):
-            if offset >> bit & 1:
-                key ^= dk
-                col ^= dc
-        group, row = divmod(key, 8)
-        chunk, c = divmod(col, 64)
-        swizzled = ((c >> 3) ^ row) * 8 + (c & 7)
-        assert offset == ((group * chunks + chunk) * 8 + row) * 64 + swizzled
         seen.add((key, col))
     assert len(seen) == block_n * head_dim
 

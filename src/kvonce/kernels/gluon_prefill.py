@@ -134,10 +134,9 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
           BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr,
           LAST_FIRST: gl.constexpr, SCALAR_PAGES: gl.constexpr, TILE_LOOKUP: gl.constexpr,
           KV_PAIRED: gl.constexpr = False, LOADER_PAD: gl.constexpr = 0,
-          PAD_CHAINS: gl.constexpr = 1, ROLE: gl.constexpr = 0):
+          PAD_CHAINS: gl.constexpr = 1):
     """The loader warp: every key tile of the CTA's work items, box by box, into the K and V
-    rings (``it`` counts the CTA's tiles across items, as the consumers do). ``ROLE``
-    (``KV_LOADERS``, scalar page ids only): 1 loads K alone, 2 V alone; 0 both."""
+    rings (``it`` counts the CTA's tiles across items, as the consumers do)."""
     STAGES: gl.constexpr = k_smem.shape[0]
     BOX: gl.constexpr = k_desc.block_type.shape[0]
     # The page of each box of a tile, looked up one tile ahead (one vector load a tile: the
@@ -160,8 +159,6 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
             vcol = kv_head * (HEAD_DIM // 64)
         else:
             vcol = col
-        if len(k_desc.block_type.shape) == 4:   # K by pages: the same
-            col = kv_head * (HEAD_DIM // 64)
         bt_row = block_table + seq.to(gl.int64) * stride_btb
         last_box = gl.maximum(seqlen - 1, 0) // BOX * BOX   # boxes past the end re-read this one
         # k_empty[s] / v_empty[s] (count 2): both consumer warpgroups' Q Kᵀ (P V) on the slot
@@ -190,14 +187,12 @@ def _load(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
             for j in range(n_tiles):
                 s = (it + j) % STAGES
                 phase = (((it + j) // STAGES) & 1) ^ 1
-                if ROLE != 2:
-                    _load_tile_by_ids(k_desc, k_smem.index(s), k_ready.index(s),
-                                      k_empty.index(s), phase, bt_row, j, col, last_box,
-                                      page_shift, BLOCK_N, PAGE_SIZE, TILE_LOOKUP)
-                if ROLE != 1:
-                    _load_tile_by_ids(v_desc, v_smem.index(s), v_ready.index(s),
-                                      v_empty.index(s), phase, bt_row, j, vcol, last_box,
-                                      page_shift, BLOCK_N, PAGE_SIZE, TILE_LOOKUP)
+                _load_tile_by_ids(k_desc, k_smem.index(s), k_ready.index(s), k_empty.index(s),
+                                  phase, bt_row, j, col, last_box, page_shift, BLOCK_N,
+                                  PAGE_SIZE, TILE_LOOKUP)
+                _load_tile_by_ids(v_desc, v_smem.index(s), v_ready.index(s), v_empty.index(s),
+                                  phase, bt_row, j, vcol, last_box, page_shift, BLOCK_N,
+                                  PAGE_SIZE, TILE_LOOKUP)
         else:
             pages = _box_pages(bt_row, 0, box, last_box, BLOCK_N, BOX, PAGE_SIZE)
             for j in range(n_tiles):
@@ -281,20 +276,15 @@ def _load_kv_tile_by_ids(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_emp
     mbarrier.expect(k_ready, (BLOCK_N // BOX) * k_desc.block_type.nbytes)
     mbarrier.expect(v_ready, (BLOCK_N // BOX) * v_desc.block_type.nbytes)
     for i in gl.static_range(BLOCK_N // BOX):
-        # unsigned: the page's index and the row in it by a shift and a mask (>= 0 in fact)
-        key = gl.minimum(j * BLOCK_N + i * BOX, last_box).to(gl.uint32)
-        row = (gl.load(bt_row + key // PAGE_SIZE).to(gl.uint32) * PAGE_SIZE
-               + key % PAGE_SIZE)
+        key = gl.minimum(j * BLOCK_N + i * BOX, last_box)
+        row = gl.load(bt_row + key // PAGE_SIZE) * PAGE_SIZE + key % PAGE_SIZE
         _copy_box(k_desc, row, col, k_ready, k_smem, i)
         _copy_box(v_desc, row, vcol, v_ready, v_smem, i)
 
 
 @gluon.constexpr_function
 def _box_rows(block_shape):
-    """Cache rows of a descriptor's box: ``[BOX, HEAD_DIM]``, V by pages' ``[CH, BOX, 64]``,
-    or K by pages' ``[BOX / 8, CH, 8, 64]``."""
-    if len(block_shape) == 4:
-        return block_shape[0] * 8
+    """Cache rows of a descriptor's box: ``[BOX, HEAD_DIM]``, or V by pages' ``[CH, BOX, 64]``."""
     return block_shape[len(block_shape) - 2]
 
 
@@ -305,19 +295,12 @@ def _copy_box(desc, row, col, ready, smem, i: gl.constexpr):
     ..``, which Triton issues as one copy a 128-byte column chunk (two at d128). V by pages
     (``V_PAGES``): a 3-D descriptor over the cache as ``[64-column chunks, rows, 64]``, box ``[CH,
     BOX, 64]`` at chunk ``col``, fills the slot's page ``i`` (``[CH, BOX, 64]``) in one copy."""
-    if len(desc.block_type.shape) == 4:   # K by pages: box [BOX / 8, CH, 8, 64]
-        GROUPS: gl.constexpr = desc.block_type.shape[0]
-        group = (row.to(gl.uint32) // 8).to(gl.int32)   # a shift: rows are >= 0
-        tma.async_copy_global_to_shared(desc, [group, col, 0, 0], ready,
-                                        smem.slice(i * GROUPS, GROUPS))
-    elif len(desc.block_type.shape) == 3:
+    if len(desc.block_type.shape) == 3:
         CH: gl.constexpr = desc.block_type.shape[0]
-        tma.async_copy_global_to_shared(desc, [col, row.to(gl.int32), 0], ready,
-                                        smem.slice(i * CH, CH))
+        tma.async_copy_global_to_shared(desc, [col, row, 0], ready, smem.slice(i * CH, CH))
     else:
         BOX: gl.constexpr = desc.block_type.shape[0]
-        tma.async_copy_global_to_shared(desc, [row.to(gl.int32), col], ready,
-                                        smem.slice(i * BOX, BOX))
+        tma.async_copy_global_to_shared(desc, [row, col], ready, smem.slice(i * BOX, BOX))
 
 
 @gluon.constexpr_function
@@ -340,32 +323,6 @@ def _v_pages_operand(v_smem, s, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
     ``[BLOCK_N, HEAD_DIM]`` P V operand: the slot's bytes under ``v_pages_layout``."""
     return v_smem.index(s)._reinterpret(v_smem.dtype, [BLOCK_N, HEAD_DIM],
                                         v_pages_layout(BLOCK_N, HEAD_DIM, v_smem.shape[2]))
-
-
-@gluon.constexpr_function
-def k_pages_layout(block_n, head_dim):
-    """The ``[block_n, head_dim]`` K tile held as ``[block_n / 8, head_dim / 64, 8, 64]`` (8-row
-    groups, each group's 64-column chunks one after another, 128-byte rows swizzled by the
-    row's index mod 8, as TMA writes K by pages' box): offset bits to (row, column). The Q Kᵀ
-    operand reads it K-major with the 8-row groups ``head_dim / 64`` KB apart (uniform: one
-    wgmma descriptor stride), a chunk 1 KB after the last."""
-    bases = [[0, 1], [0, 2], [0, 4], [0, 8], [0, 16], [0, 32], [1, 8], [2, 16], [4, 32]]
-    bases += [[0, c] for c in (64, 128) if c < head_dim]
-    bases += [[r, 0] for r in (8, 16, 32, 64, 128) if r < block_n]
-    return gl.SharedLinearLayout(offset_bases=bases, alignment=1024)
-
-
-@gluon.jit
-def _k_operand(k_smem, s, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
-    """Slot ``s`` of K as the Q Kᵀ operand ``[HEAD_DIM, BLOCK_N]``: the ring's ``[BLOCK_N,
-    HEAD_DIM]`` tile transposed, or K by pages' slot (``[BLOCK_N / 8, CH, 8, 64]``) read under
-    ``k_pages_layout``."""
-    if len(k_smem.shape) == 5:
-        tile = k_smem.index(s)._reinterpret(k_smem.dtype, [BLOCK_N, HEAD_DIM],
-                                            k_pages_layout(BLOCK_N, HEAD_DIM))
-    else:
-        tile = k_smem.index(s)
-    return tile.permute((1, 0))
 
 
 @gluon.jit
@@ -406,18 +363,14 @@ def _zero_rows_from(smem, first, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
 
 @gluon.jit
 def _softmax_tile(sc, m_i, l_i, start, full, seqlen, last_key, qk_scale, BLOCK_N: gl.constexpr,
-                  S_LAYOUT: gl.constexpr, FOLD_MASK: gl.constexpr = False):
+                  S_LAYOUT: gl.constexpr):
     """Raw scores ``sc [rows, BLOCK_N]`` of keys ``start ..`` into the online softmax (base
     2): ``(p, alpha, m_new, l_new)``. Tiles past ``full`` (the diagonal band, the sequence's end)
-    are masked: row r sees key k iff ``k <= last_key[r]`` and ``k < seqlen``. ``FOLD_MASK``:
-    ``last_key`` is already ``min(last key, seqlen - 1)``, one compare a score."""
+    are masked: row r sees key k iff ``k <= last_key[r]`` and ``k < seqlen``."""
     if start + BLOCK_N > full:
         keys = start + gl.arange(0, BLOCK_N, gl.SliceLayout(0, S_LAYOUT))
-        if FOLD_MASK:
-            visible = gl.expand_dims(keys, 0) <= gl.expand_dims(last_key, 1)
-        else:
-            visible = ((gl.expand_dims(keys, 0) <= gl.expand_dims(last_key, 1))
-                       & gl.expand_dims(keys < seqlen, 0))
+        visible = ((gl.expand_dims(keys, 0) <= gl.expand_dims(last_key, 1))
+                   & gl.expand_dims(keys < seqlen, 0))
         sc = gl.where(visible, sc * qk_scale, float("-inf"))
         m_new = gl.maximum(m_i, gl.reduce(sc, 1, _max))
         # A row with no visible key so far keeps m = -inf: subtract 0 (no -inf - -inf).
@@ -683,7 +636,7 @@ def _steady_tiles(q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it
         s = g % STAGES
         prev = (g - 1) % STAGES
         k_waited = _timed_wait(k_ready.index(s), (g // STAGES) & 1, k_waited, TRACE)
-        sc = warpgroup_mma(q_smem, _k_operand(k_smem, s, BLOCK_N, acc.shape[1]), zero_s,
+        sc = warpgroup_mma(q_smem, k_smem.index(s).permute((1, 0)), zero_s,
                            use_acc=False, is_async=True)
         v_waited = _timed_wait(v_ready.index(prev), ((g - 1) // STAGES) & 1, v_waited, TRACE)
         if len(v_smem.shape) == 4:   # V by pages (``V_PAGES``)
@@ -709,13 +662,11 @@ def _steady_tiles(q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it
                 p, alpha, m_i, l_i, flag = _softmax_tile_lazy(sc, m_i, l_i, qk_scale)
             else:
                 p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, j * BLOCK_N, full, seqlen,
-                                                   last_key, qk_scale, BLOCK_N, S_LAYOUT,
-                                                   SOFTMAX_FORM // 8 % 2 == 1)
+                                                   last_key, qk_scale, BLOCK_N, S_LAYOUT)
                 flag = gl.full_like(m_i, 1, dtype=gl.int32)
         else:
             p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, j * BLOCK_N, full, seqlen,
-                                               last_key, qk_scale, BLOCK_N, S_LAYOUT,
-                                               SOFTMAX_FORM // 8 % 2 == 1)
+                                               last_key, qk_scale, BLOCK_N, S_LAYOUT)
         t, softmax_c = _lap(t, softmax_c, TRACE)
         if TRACE:   # and its end (slots 18 + 2 (j - 1)), as the warp reaches it
             if j <= TRACE_TILES:
@@ -775,20 +726,17 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
 
     qk_scale, last_key, m_i, l_i, acc = _item_state(sm_scale, tok0, diag, GROUP, BLOCK_N,
                                                     HEAD_DIM, PART)
-    if SOFTMAX_FORM // 8 % 2 == 1:   # FOLD_MASK: the sequence's end in each row's last key
-        last_key = gl.minimum(last_key, seqlen - 1)
     zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, S_LAYOUT)
     n_tiles = (hi + BLOCK_N - 1) // BLOCK_N
     if n_tiles > 0:
         s = it % STAGES
         mbarrier.wait(k_ready.index(s), (it // STAGES) & 1)
-        sc = warpgroup_mma(q_smem, _k_operand(k_smem, s, BLOCK_N, HEAD_DIM), zero_s,
-                           use_acc=False, is_async=True)
+        sc = warpgroup_mma(q_smem, k_smem.index(s).permute((1, 0)), zero_s, use_acc=False,
+                           is_async=True)
         sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
         mbarrier.arrive(k_empty.index(s))
         p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, 0, full, seqlen, last_key,
-                                           qk_scale, BLOCK_N, S_LAYOUT,
-                                           SOFTMAX_FORM // 8 % 2 == 1)
+                                           qk_scale, BLOCK_N, S_LAYOUT)
         p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
         _stamp(tp, 2, TRACE)
         acc, p_op, m_i, l_i = _steady_tiles(
@@ -851,7 +799,7 @@ def _gluon_prefill_kernel(
     STORE_LSE: gl.constexpr, LAST_FIRST: gl.constexpr, STAGES: gl.constexpr,
     SCALAR_PAGES: gl.constexpr = False, TILE_LOOKUP: gl.constexpr = False,
     TRACE: gl.constexpr = False, SOFTMAX_FORM: gl.constexpr = 0, KV_PAIRED: gl.constexpr = False,
-    LOADER_PAD: gl.constexpr = 0, PAD_CHAINS: gl.constexpr = 1, KV_LOADERS: gl.constexpr = False,
+    LOADER_PAD: gl.constexpr = 0, PAD_CHAINS: gl.constexpr = 1,
 ):
     """Grid ``(num_programs,)``: CTA ``p`` runs work items ``p, p + num_programs, ..`` of
     ``num_items = num_tiles * nheads_k`` (``_tile``; ``num_tiles = total_q // BLOCK_Q + batch``
@@ -869,11 +817,7 @@ def _gluon_prefill_kernel(
     dtype: gl.constexpr = k_desc.dtype
     Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_DIM], dtype)
     q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], Q_SMEM)
-    if len(k_desc.block_type.shape) == 4:   # K by pages: a slot [BLOCK_N / 8, CH, 8, 64]
-        k_smem = gl.allocate_shared_memory(
-            dtype, [STAGES, BLOCK_N // 8, HEAD_DIM // 64, 8, 64], k_desc.layout)
-    else:
-        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     if len(v_desc.block_type.shape) == 3:   # V by pages: a slot [BOXES * CH, BOX, 64]
         BOX_V: gl.constexpr = v_desc.block_type.shape[1]
         v_smem = gl.allocate_shared_memory(
@@ -892,47 +836,23 @@ def _gluon_prefill_kernel(
 
     # (The argument lists are spelled out: a tuple built in the kernel would carry the
     # constexprs as runtime values.)
-    if KV_LOADERS:   # K's loader and V's, two warps on two SM sub-partitions
-        gl.warp_specialize([
-            (_consume_items, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty,
-                              v_empty, cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles,
-                              num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh,
-                              stride_lh, trace, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
-                              LAST_FIRST, STORE_LSE, TRACE, 0, SOFTMAX_FORM)),
-            (_consume_items, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty,
-                              v_empty, cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles,
-                              num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh,
-                              stride_lh, trace, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
-                              LAST_FIRST, STORE_LSE, TRACE, 1, SOFTMAX_FORM)),
-            (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                     cu_seqlens_q, cache_seqlens, block_table, stride_btb, page_shift, batch,
-                     num_tiles, num_items, num_programs, PAGE_SIZE, BLOCK_Q, BLOCK_N, HEAD_DIM,
-                     IS_CAUSAL, LAST_FIRST, SCALAR_PAGES, TILE_LOOKUP, KV_PAIRED, LOADER_PAD,
-                     PAD_CHAINS, 1)),
-            (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                     cu_seqlens_q, cache_seqlens, block_table, stride_btb, page_shift, batch,
-                     num_tiles, num_items, num_programs, PAGE_SIZE, BLOCK_Q, BLOCK_N, HEAD_DIM,
-                     IS_CAUSAL, LAST_FIRST, SCALAR_PAGES, TILE_LOOKUP, KV_PAIRED, LOADER_PAD,
-                     PAD_CHAINS, 2)),
-        ], [CONSUMER_WARPS, LOADER_WARPS, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS, LOADER_REGS])
-    else:
-        gl.warp_specialize([
-            (_consume_items, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty,
-                              v_empty, cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles,
-                              num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh,
-                              stride_lh, trace, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
-                              LAST_FIRST, STORE_LSE, TRACE, 0, SOFTMAX_FORM)),
-            (_consume_items, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty,
-                              v_empty, cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles,
-                              num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh,
-                              stride_lh, trace, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
-                              LAST_FIRST, STORE_LSE, TRACE, 1, SOFTMAX_FORM)),
-            (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                     cu_seqlens_q, cache_seqlens, block_table, stride_btb, page_shift, batch,
-                     num_tiles, num_items, num_programs, PAGE_SIZE, BLOCK_Q, BLOCK_N, HEAD_DIM,
-                     IS_CAUSAL, LAST_FIRST, SCALAR_PAGES, TILE_LOOKUP, KV_PAIRED, LOADER_PAD,
-                     PAD_CHAINS)),
-        ], [CONSUMER_WARPS, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
+    gl.warp_specialize([
+        (_consume_items, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty,
+                          v_empty, cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles,
+                          num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh,
+                          stride_lh, trace, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
+                          LAST_FIRST, STORE_LSE, TRACE, 0, SOFTMAX_FORM)),
+        (_consume_items, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty,
+                          v_empty, cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles,
+                          num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh,
+                          stride_lh, trace, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
+                          LAST_FIRST, STORE_LSE, TRACE, 1, SOFTMAX_FORM)),
+        (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                 cu_seqlens_q, cache_seqlens, block_table, stride_btb, page_shift, batch,
+                 num_tiles, num_items, num_programs, PAGE_SIZE, BLOCK_Q, BLOCK_N, HEAD_DIM,
+                 IS_CAUSAL, LAST_FIRST, SCALAR_PAGES, TILE_LOOKUP, KV_PAIRED, LOADER_PAD,
+                 PAD_CHAINS)),
+    ], [CONSUMER_WARPS, LOADER_WARPS], [CONSUMER_REGS, LOADER_REGS])
 
 
 # Launch through ``_launch.launch``'s cached path (the compiled kernel's C launcher, TMA
@@ -969,26 +889,15 @@ SCALAR_PAGES = True
 # at most, within a loan's noise; on for the fewer copies. False: V as K (two copies a page).
 V_PAGES = True
 
-# K by pages (d128, d256): one TMA copy a box through a 4-D descriptor (box ``[BOX / 8,
-# HEAD_DIM / 64, 8, 64]``: a group of 8 rows' 64-column chunks one after another) instead of
-# Triton's one a 128-byte column chunk, the slot read by Q Kᵀ through ``k_pages_layout`` (the
-# 8-row groups HEAD_DIM / 64 KB apart: a uniform wgmma stride, unlike pages of [CH, BOX, 64]).
-# At page 16 the loader's copies go 24 -> 16 a tile with V_PAGES, its loop 216 -> 195 SASS
-# instructions (KV_PAIRED; sm_90a, the consumers' loops unchanged). Being measured. False: two
-# copies a box.
-K_PAGES = False
-
 # With scalar page ids (tiles of several boxes): a tile's K and V copies issued together once
 # both slots are free, each box's page id looked up once for both (the loader's lookups halved;
-# K no longer runs ahead of V's slot). Being measured.
-KV_PAIRED = False
-
-# With scalar page ids (tiles of several boxes): K's copies and V's from two loader warps (two
-# partitions of one warp, so on two SM sub-partitions), each looking up its own page ids. The
-# page-16 probe PROBE_LOADER_PAD measured the loader's instructions as costing the consumers
-# (H200, 2026-12-01): split, each warp issues ~2/3 and ~1/2 of one loader's. Being measured;
-# not with KV_PAIRED.
-KV_LOADERS = False
+# K no longer runs ahead of V's slot): at page 16 the loader's loop 242 -> 216 SASS
+# instructions a tile. Measured (H200, 2026-12-01, prefill 8 x 2048 page 16, TFLOP/s eager /
+# graphs, interleaved pairs): 449.1 / 437.6 and 445.5 / 441.1 against 445.4 / 434.1 and 446.9 /
+# 435.0; chunked 64 x 512 over 8k 561.1 / 552.6 and 550.6 / 554.7 against 538.1 / 550.8 and
+# 549.7 / 552.1; the session before +0.4% in graphs. Bytes equal. False: K's copies, then V's,
+# each with its own lookups.
+KV_PAIRED = True
 
 # A probe (timing only; scripts/prefill_knob_ab.py): with KV_PAIRED, this many xorshift rounds
 # (~6 dependent integer instructions each) added to the loader's work a tile: whether the
@@ -1005,17 +914,13 @@ PROBE_PAD_CHAINS = 1
 # warpgroup-wide choice needs a cross-warp max, whose Triton form spilled inside the loop). The
 # probe "no_rescale" (O never rescaled) was +3% at page 16 and +1.5% at page 256 (H200,
 # 2026-11-30). Compiled for sm_90a: a skipping tile's path 460 -> 409 instructions a warp, a
-# rescaling one 473. Not yet run. The kernel's SOFTMAX_FORM: 4.
+# rescaling one 473. Measured (H200, 2026-12-01, two interleaved pairs, TFLOP/s eager / graphs;
+# correct against the reference, with and without 12x key spikes): prefill 8 x 2048 page 16
+# 428.0 / 421.8 and 437.8 / 419.1 against 444.2 / 432.8 and 444.2 / 437.9 (-1 to -4%), page 256
+# 457.5 / 444.8 against 458.1 / 447.1; chunked 64 x 512 over 8k +1.5 to +2.3% (page 16 567.0 /
+# 559.2, 561.5 / 558.5 against 554.4 / 550.0, 553.8 / 550.4). Off: the prefill row is the one
+# short of its target. The kernel's SOFTMAX_FORM: 4 (its low two bits: PROBE_SOFTMAX).
 LAZY_RESCALE = False
-
-# The masked tiles' visibility as one compare a score: each row's last visible key taken as
-# min(last key, seqlen - 1) once an item, instead of two compares and two selects a score (the
-# diagonal's and the sequence end's). The same keys visible, so the same bytes. Compiled for
-# sm_90a: the masked tile's path 526 -> 495 instructions a warp, not the ~96 fewer the compares
-# promise: ptxas packs the compares' predicates into integers (~90 SEL / LOP3 / IADD3). With
-# LAZY_RESCALE it spilled inside the loop. Compiled, not yet run.
-# The kernel's SOFTMAX_FORM: 8 (its low two bits: PROBE_SOFTMAX, 1 no_exp, 2 no_rescale).
-FOLD_MASK = False
 
 # A probe (timing only, wrong outputs; scripts/prefill_knob_ab.py): the steady loop's softmax
 # without its exponentials ("no_exp": x for exp2(x), no MUFU, and no mask code: the loop 1039 ->
@@ -1126,14 +1031,12 @@ class GluonPrefillLaunch:
                                     PROBE_TILE_LOOKUP] if block_n > self.box else 0),
                                 TRACE=PROBE_TRACE is not None,
                                 SOFTMAX_FORM=({None: 0, "no_exp": 1, "no_rescale": 2}[
-                                    PROBE_SOFTMAX] + 4 * LAZY_RESCALE + 8 * FOLD_MASK),
+                                    PROBE_SOFTMAX] + 4 * LAZY_RESCALE),
                                 KV_PAIRED=bool(KV_PAIRED and SCALAR_PAGES and block_n > self.box
                                                and not PROBE_TILE_LOOKUP
                                                and not PROBE_RUNTIME_PAGE),
                                 LOADER_PAD=PROBE_LOADER_PAD if KV_PAIRED else 0,
-                                PAD_CHAINS=PROBE_PAD_CHAINS,
-                                KV_LOADERS=bool(KV_LOADERS and not KV_PAIRED and SCALAR_PAGES
-                                                and block_n > self.box))
+                                PAD_CHAINS=PROBE_PAD_CHAINS)
         self._page_shift = page_size.bit_length() - 1
         if (PROBE_RUNTIME_PAGE and self._constexprs["SCALAR_PAGES"]
                 and not self._constexprs["TILE_LOOKUP"]):
@@ -1141,26 +1044,15 @@ class GluonPrefillLaunch:
         self._gl_dtype = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}[q.dtype]
         self.v_pages = bool(V_PAGES and self._constexprs["SCALAR_PAGES"] and head_dim > 64
                             and head_dim % 64 == 0 and self.box >= 8)
-        self.k_pages = bool(K_PAGES and head_dim > 64 and head_dim % 64 == 0
-                            and self.box % 8 == 0)
 
-    def _desc(self, cache, by_pages: bool = False, by_row_groups: bool = False):
+    def _desc(self, cache, by_pages: bool = False):
         """TMA descriptor over a cache ``[num_pages, page_size, nheads_k, head_dim]`` as
         ``[num_pages * page_size, nheads_k * head_dim]``, box ``[box, head_dim]``; ``by_pages``
         (V with ``V_PAGES``): as ``[nheads_k * head_dim / 64, num_pages * page_size, 64]``, box
-        ``[head_dim / 64, box, 64]``, a page's rows in one copy; ``by_row_groups`` (K with
-        ``K_PAGES``): as ``[num_pages * page_size / 8, nheads_k * head_dim / 64, 8, 64]``, box
-        ``[box / 8, head_dim / 64, 8, 64]``, a page's rows in one copy, a group of 8 rows'
-        chunks one after another."""
+        ``[head_dim / 64, box, 64]``, a page's rows in one copy."""
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
         rows = cache.shape[0] * cache.shape[1]
-        if by_row_groups:
-            chunks = self.head_dim // 64
-            block = [self.box // 8, chunks, 8, 64]
-            layout = gl.NVMMASharedLayout.get_default_for(block, self._gl_dtype)
-            return TensorDescriptor(cache, [rows // 8, cache.shape[2] * chunks, 8, 64],
-                                    [8 * cache.stride(1), 64, cache.stride(1), 1], block, layout)
         if by_pages:
             chunks = self.head_dim // 64
             block = [chunks, self.box, 64]
@@ -1181,8 +1073,7 @@ class GluonPrefillLaunch:
             raise ValueError(f"PROBE_TRACE must be a contiguous int64 [>= {self._num_programs}, "
                              f"{TRACE_ROUNDS.value}, 2, {TRACE_EVENTS.value}] tensor")
         lse_arg, stride_lh = (out, 0) if lse is None else (lse, lse.stride(0))
-        args = (q, self._desc(k_cache, by_row_groups=self.k_pages),
-                self._desc(v_cache, self.v_pages), out, lse_arg,
+        args = (q, self._desc(k_cache), self._desc(v_cache, self.v_pages), out, lse_arg,
                 cu_seqlens_q, cache_seqlens, block_table, self._scale, self._batch, self._num_tiles,
                 self._num_items, self._num_programs, q.stride(0), q.stride(1), out.stride(0),
                 out.stride(1), stride_lh, block_table.stride(0), self._page_shift,
@@ -1197,8 +1088,7 @@ class GluonPrefillLaunch:
                               block_table)
         # The box is in the key: the descriptors' block shape is a specialization, and with
         # BOX_ROWS it no longer follows from PAGE_SIZE and BLOCK_N.
-        launch(_gluon_prefill_kernel, ("gluon-prefill", q.dtype, self.box, self.v_pages,
-                                       self.k_pages, ints, tuple(self._constexprs.values()),
-                                       aligned),
+        launch(_gluon_prefill_kernel, ("gluon-prefill", q.dtype, self.box, self.v_pages, ints,
+                                       tuple(self._constexprs.values()), aligned),
                (*grid, 1, 1), args, self._constexprs, CONSUMER_WARPS.value, 1,
                q.device.index)

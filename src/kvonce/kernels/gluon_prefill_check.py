@@ -9,21 +9,15 @@ from . import gluon_prefill
 from .gluon_prefill import _gluon_prefill_kernel
 
 
-def _check_signature(dtype: str, head_dim: int, box: int, v_pages: bool = False,
-                     k_pages: bool = False) -> dict:
+def _check_signature(dtype: str, head_dim: int, box: int, v_pages: bool = False) -> dict:
     gl_dtype = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
     kv = gl.NVMMASharedLayout.get_default_for([box, head_dim], gl_dtype)
     v_desc = f"tensordesc<{dtype}[{box}, {head_dim}],{kv!r}>"
-    k_desc = v_desc
-    if k_pages:   # K by pages: box [box / 8, head_dim / 64, 8, 64]
-        block = [box // 8, head_dim // 64, 8, 64]
-        k_layout = gl.NVMMASharedLayout.get_default_for(block, gl_dtype)
-        k_desc = f"tensordesc<{dtype}[{', '.join(map(str, block))}],{k_layout!r}>"
     if v_pages:   # V by pages: box [head_dim / 64, box, 64]
         block = [head_dim // 64, box, 64]
         v_layout = gl.NVMMASharedLayout.get_default_for(block, gl_dtype)
         v_desc = f"tensordesc<{dtype}[{', '.join(map(str, block))}],{v_layout!r}>"
-    sig = dict(Q=f"*{dtype}", k_desc=k_desc,
+    sig = dict(Q=f"*{dtype}", k_desc=f"tensordesc<{dtype}[{box}, {head_dim}],{kv!r}>",
                v_desc=v_desc, Out=f"*{dtype}",
                Lse="*fp32", cu_seqlens_q="*i32", cache_seqlens="*i32", block_table="*i32",
                sm_scale="fp32")
@@ -33,16 +27,14 @@ def _check_signature(dtype: str, head_dim: int, box: int, v_pages: bool = False,
     sig["trace"] = "*i64"
     for name in ("GROUP", "IS_CAUSAL", "PAGE_SIZE", "BLOCK_N", "HEAD_DIM", "STORE_LSE",
                  "LAST_FIRST", "STAGES", "SCALAR_PAGES", "TILE_LOOKUP", "TRACE",
-                 "SOFTMAX_FORM", "KV_PAIRED", "LOADER_PAD",
-                 "PAD_CHAINS", "KV_LOADERS"):
+                 "SOFTMAX_FORM", "KV_PAIRED", "LOADER_PAD", "PAD_CHAINS"):
         sig[name] = "constexpr"
     return sig
 
 
 def _check_spec(variant, dtype, head_dim, page_size, group=4, causal=True, block_n=128,
                 stages=3, scalar_pages=None, tile_lookup=False, box=None, trace=False,
-                softmax_form=0, v_pages=False, kv_paired=False, loader_pad=0,
-                pad_chains=1, kv_loaders=False, k_pages=False):
+                softmax_form=0, v_pages=None, kv_paired=None, loader_pad=0, pad_chains=1):
     # Per tile and consumer warpgroup: S = Q Kᵀ D/16 m64nBLOCK_Nk16, O += P V BLOCK_N/16
     # m64nDk16; each twice in the code (the loop's pair, the first tile's S and the last tile's
     # P V), and two warpgroups.
@@ -50,64 +42,50 @@ def _check_spec(variant, dtype, head_dim, page_size, group=4, causal=True, block
     box = box or min(page_size, block_n)
     if scalar_pages is None:   # the launch's rule: scalar page ids where a tile has boxes
         scalar_pages = gluon_prefill.SCALAR_PAGES and block_n > box
-    return (variant, _gluon_prefill_kernel, _check_signature(dtype, head_dim, box, v_pages, k_pages),
+    # and V by pages, K and V paired, where the launch takes them
+    if v_pages is None:
+        v_pages = gluon_prefill.V_PAGES and scalar_pages and head_dim > 64
+    if kv_paired is None:
+        kv_paired = gluon_prefill.KV_PAIRED and scalar_pages and not tile_lookup and page_size > 0
+    return (variant, _gluon_prefill_kernel, _check_signature(dtype, head_dim, box, v_pages),
             dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, BLOCK_N=block_n,
                  HEAD_DIM=head_dim, STORE_LSE=True, LAST_FIRST=True, STAGES=stages,
                  SCALAR_PAGES=scalar_pages, TILE_LOOKUP=tile_lookup, TRACE=trace,
                  SOFTMAX_FORM=softmax_form, KV_PAIRED=kv_paired, LOADER_PAD=loader_pad,
-                 PAD_CHAINS=pad_chains, KV_LOADERS=kv_loaders),
+                 PAD_CHAINS=pad_chains),
             dict(num_warps=4), dict(HGMMA=hgmma))
 
 
 GLUON_CHECK_SPECS = [
+    # the launch's forms (V by pages, K and V paired where a tile has several boxes)
     _check_spec("d128-bf16-page16-gqa4-causal", "bf16", 128, 16),
     _check_spec("d128-bf16-page256-gqa4-causal", "bf16", 128, 256),
     _check_spec("d128-fp16-page16-mha-noncausal", "fp16", 128, 16, group=1, causal=False),
     _check_spec("d128-bf16-page16-gqa4-causal-2stages", "bf16", 128, 16, stages=2),
     _check_spec("d64-bf16-page32-gqa8-causal", "bf16", 64, 32, group=8),
     _check_spec("d128-bf16-page16-gqa6-causal", "bf16", 128, 16, group=6),
+    _check_spec("d128-bf16-page32-gqa4-causal-bn64", "bf16", 128, 32, block_n=64),
+    _check_spec("d128-fp16-page32-mha-noncausal", "fp16", 128, 32, group=1, causal=False),
     # the item-step trace probe (``PROBE_TRACE``)
     _check_spec("d128-bf16-page16-gqa4-causal-trace", "bf16", 128, 16, trace=True),
     # the loader's page ids as a tile-ahead vector (``SCALAR_PAGES`` False)
     _check_spec("d128-bf16-page16-gqa4-causal-vectorpages", "bf16", 128, 16,
                 scalar_pages=False),
-    # V by pages (``V_PAGES``): page 16 bf16, fp16 non-causal MHA, and d256
-    _check_spec("d128-bf16-page16-gqa4-causal-vpages", "bf16", 128, 16, v_pages=True),
-    _check_spec("d128-fp16-page16-mha-noncausal-vpages", "fp16", 128, 16, group=1,
-                causal=False, v_pages=True),
-    _check_spec("d128-bf16-page32-gqa4-causal-vpages-bn64", "bf16", 128, 32, block_n=64,
-                v_pages=True),
-    # K by pages (``K_PAGES``): page 16 bf16 with V by pages and paired, fp16 non-causal MHA
-    _check_spec("d128-bf16-page16-gqa4-causal-kvpages-paired", "bf16", 128, 16, v_pages=True,
-                k_pages=True, kv_paired=True),
-    _check_spec("d128-fp16-page16-mha-noncausal-kpages", "fp16", 128, 16, group=1,
-                causal=False, k_pages=True),
-    _check_spec("d128-bf16-page32-gqa4-causal-kvpages-bn64", "bf16", 128, 32, block_n=64,
-                v_pages=True, k_pages=True),
-    _check_spec("d128-bf16-page256-gqa4-causal-kpages", "bf16", 128, 256, k_pages=True),
-    # K and V copies of a tile together, one lookup a box for both (``KV_PAIRED``)
-    _check_spec("d128-bf16-page16-gqa4-causal-vpages-paired", "bf16", 128, 16, v_pages=True,
-                kv_paired=True),
-    _check_spec("d128-fp16-page32-mha-noncausal-paired", "fp16", 128, 32, group=1,
-                causal=False, kv_paired=True),
-    # K's loader and V's apart (``KV_LOADERS``)
-    _check_spec("d128-bf16-page16-gqa4-causal-vpages-kvloaders", "bf16", 128, 16,
-                v_pages=True, kv_loaders=True),
+    # V as K (``V_PAGES`` False), K's copies and V's apart (``KV_PAIRED`` False)
+    _check_spec("d128-bf16-page16-gqa4-causal-vask-unpaired", "bf16", 128, 16, v_pages=False,
+                kv_paired=False),
+    _check_spec("d128-fp16-page16-mha-noncausal-unpaired", "fp16", 128, 16, group=1,
+                causal=False, kv_paired=False),
     # the loader padded with 40 xorshift rounds a tile (``PROBE_LOADER_PAD``)
-    _check_spec("d128-bf16-page16-gqa4-causal-vpages-paired-pad", "bf16", 128, 16,
-                v_pages=True, kv_paired=True, loader_pad=40),
-    _check_spec("d128-bf16-page16-gqa4-causal-vpages-paired-pad4", "bf16", 128, 16,
-                v_pages=True, kv_paired=True, loader_pad=40, pad_chains=4),
-    _check_spec("d128-bf16-page16-gqa4-causal-vpages-paired-padlanes", "bf16", 128, 16,
-                v_pages=True, kv_paired=True, loader_pad=40, pad_chains=32),
-    # FA4's conditional rescale (``LAZY_RESCALE``, SOFTMAX_FORM 4), the folded mask
-    # (``FOLD_MASK``, 8). Both (12) spilled 120 bytes into the loop (compiled 2026-12-01)
-    _check_spec("d128-bf16-page16-gqa4-causal-vpages-lazy", "bf16", 128, 16, v_pages=True,
-                softmax_form=4),
+    _check_spec("d128-bf16-page16-gqa4-causal-pad", "bf16", 128, 16, loader_pad=40),
+    _check_spec("d128-bf16-page16-gqa4-causal-pad4", "bf16", 128, 16, loader_pad=40,
+                pad_chains=4),
+    _check_spec("d128-bf16-page16-gqa4-causal-padlanes", "bf16", 128, 16, loader_pad=40,
+                pad_chains=32),
+    # FA4's conditional rescale (``LAZY_RESCALE``, SOFTMAX_FORM 4)
+    _check_spec("d128-bf16-page16-gqa4-causal-lazy", "bf16", 128, 16, softmax_form=4),
     _check_spec("d64-fp16-page32-mha-noncausal-lazy", "fp16", 64, 32, group=1, causal=False,
                 softmax_form=4),
-    _check_spec("d128-bf16-page16-gqa4-causal-vpages-fold", "bf16", 128, 16, v_pages=True,
-                softmax_form=8),
     # the softmax probes (``PROBE_SOFTMAX``: no exponentials, no rescale)
     _check_spec("d128-bf16-page16-gqa4-causal-noexp", "bf16", 128, 16, softmax_form=1),
     _check_spec("d128-bf16-page16-gqa4-causal-norescale", "bf16", 128, 16, softmax_form=2),
