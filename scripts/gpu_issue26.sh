@@ -37,6 +37,11 @@
 #               session, +0.3-1.4%), then an A/B against it off, and with the pad probe as
 #               uniform instructions and as a chain a lane (forty-first: the lane form cost
 #               2-5% more than the uniform one)
+#   graphgap    scripts/prefill_graph_gap.py (2026-12-01, forty-first session: back-to-back
+#               graph replays run at the 700 W cap, the SM clock 1755-1770 MHz for prefill and
+#               1560-1620 for chunked; with 100 us gaps 1875-1890 MHz and prefill page 16 0.638
+#               -> 0.598 ms): the plan's time eagerly, in graphs, in graphs with gaps, and the
+#               clock and power nvidia-smi sees
 #   softmax     the prefill softmax's probes (2026-11-30, thirty-ninth session): the item trace
 #               with the two warpgroups' softmax overlap (slots 17-32), and PROBE_SOFTMAX's
 #               no_exp / no_rescale against the kernel at pages 16 / 256 (timing only)
@@ -905,6 +910,11 @@ if has loaders; then
   v="$v,16:PROBE_LOADER_PAD=40,16:PROBE_LOADER_PAD=40+PROBE_PAD_CHAINS=32"
   (cd scripts && PYTHONPATH=../src:. timeout 300 python3 prefill_knob_ab.py \
     --rows prefill,chunked --variants "$v" --rounds 3 2>&1 | tail -19)
+fi
+if has graphgap; then
+  step graphgap
+  (cd scripts && PYTHONPATH=../src:. timeout 220 python3 prefill_graph_gap.py \
+    --rows prefill,chunked --pages 16,256 --gaps ${GAPS:-100} 2>&1 | tail -8)
 fi
 if has softmax; then
   step softmax

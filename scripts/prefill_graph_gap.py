@@ -1,0 +1,110 @@
+"""Why `bench prefill`'s prefill 8 x 2048 row runs slower in CUDA graphs than eagerly (H200,
+2026-12-01: page 16 463 / 445 TFLOP/s, page 256 491 / 459; chunked, 12x longer, even): is it the
+clock under back-to-back launches? Times the plan's run (a) eagerly (``do_bench``: an L2 flush,
+~0.1 ms of memset, before each run), (b) in a graph of back-to-back runs, (c) in a graph of runs
+each after a ``torch.cuda._sleep`` gap of GAP us, less a graph of the gaps alone; and the SM
+clock (nvidia-smi, sampled while (b) and (c) replay).
+
+    PYTHONPATH=src python scripts/prefill_graph_gap.py [--rows prefill] [--pages 16,256]
+"""
+import argparse
+import subprocess
+import threading
+import time
+
+import torch
+import triton
+from tabulate import tabulate
+
+
+def graph_ms(fn, reps: int) -> float:
+    """Median ms a call of ``fn`` over graphs of ``reps`` calls (five timed replays)."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        g.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / reps)
+    return sorted(times)[2]
+
+
+def sm_clock_while(fn) -> tuple:
+    """``fn()``'s result and the median SM clock (MHz) nvidia-smi saw while it ran."""
+    samples, done = [], threading.Event()
+
+    def poll():
+        while not done.is_set():
+            out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,power.draw",
+                                  "--format=csv,noheader,nounits"], capture_output=True,
+                                 text=True).stdout.split(",")
+            if len(out) == 2:
+                samples.append((float(out[0]), float(out[1])))
+            time.sleep(0.02)
+
+    t = threading.Thread(target=poll)
+    t.start()
+    try:
+        result = fn()
+    finally:
+        done.set()
+        t.join()
+    mhz = sorted(s[0] for s in samples)[len(samples) // 2] if samples else float("nan")
+    watts = sorted(s[1] for s in samples)[len(samples) // 2] if samples else float("nan")
+    return result, mhz, watts
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", default="prefill")
+    ap.add_argument("--pages", default="16,256")
+    ap.add_argument("--gaps", default="50,200")
+    args = ap.parse_args()
+    import kvonce
+    from kvonce.bench.prefill import CASES, make_inputs
+
+    rows = []
+    for name in args.rows.split(","):
+        case = CASES[name]
+        for page in map(int, args.pages.split(",")):
+            inp = make_inputs(case, page)
+            a = (inp.q, inp.k_cache, inp.v_cache, inp.cu_seqlens_q, inp.cache_seqlens,
+                 inp.block_table)
+            plan = kvonce.PagedPrefillPlan(*a, max_seqlen_q=max(case.q_lens))
+            run = lambda: plan.run(*a)   # noqa: E731
+            eager = triton.testing.do_bench(run)
+            reps = max(20, int(200 / max(eager, 0.05)))
+            # ~2 s of replays each, so the clock samples see the steady state
+            rounds = max(1, int(2000 / (eager * reps)))
+            back, mhz, watts = sm_clock_while(
+                lambda: [graph_ms(run, reps) for _ in range(rounds)][-1])
+            row = [f"{name} p{page}", eager, back, mhz, watts]
+            for gap in map(int, args.gaps.split(",")):
+                cycles = int(gap * 1.98e3)   # at ~1980 MHz
+
+                def gapped():
+                    torch.cuda._sleep(cycles)
+                    run()
+                both, mhz_g, _ = sm_clock_while(
+                    lambda: [graph_ms(gapped, reps) for _ in range(rounds)][-1])
+                alone = graph_ms(lambda: torch.cuda._sleep(cycles), reps)
+                row += [both - alone, mhz_g]
+            rows.append(row)
+    heads = ["row", "eager ms", "graph ms", "graph MHz", "graph W"]
+    for gap in args.gaps.split(","):
+        heads += [f"gap {gap}us: ms", "MHz"]
+    print(tabulate(rows, headers=heads, floatfmt=".4g"))
+    print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}")
+
+
+if __name__ == "__main__":
+    main()
