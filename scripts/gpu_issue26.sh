@@ -913,8 +913,8 @@ if has loaders; then
 fi
 if has graphgap; then
   step graphgap
-  (cd scripts && PYTHONPATH=../src:. timeout 220 python3 prefill_graph_gap.py \
-    --rows prefill,chunked --pages 16,256 --gaps ${GAPS:-100} 2>&1 | tail -8)
+  (cd scripts && PYTHONPATH=../src:../.peers/fi:. timeout 220 python3 prefill_graph_gap.py \
+    --rows prefill,chunked --pages ${PAGES:-16,256} --gaps ${GAPS:-100} --peers 2>&1 | tail -12)
 fi
 if has softmax; then
   step softmax

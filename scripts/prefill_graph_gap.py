@@ -6,6 +6,7 @@ each after a ``torch.cuda._sleep`` gap of GAP us, less a graph of the gaps alone
 clock (nvidia-smi, sampled while (b) and (c) replay).
 
     PYTHONPATH=src python scripts/prefill_graph_gap.py [--rows prefill] [--pages 16,256]
+        [--peers]   (FlashInfer's BatchPrefillWithPagedKVCacheWrapper too, .peers/fi on the path)
 """
 import argparse
 import subprocess
@@ -63,15 +64,39 @@ def sm_clock_while(fn) -> tuple:
     return result, mhz, watts
 
 
+def measure(label: str, run, gaps: list) -> list:
+    """``run``'s ms eagerly, in back-to-back graphs (with the clock and power), and after each
+    gap of ``gaps`` us (with the clock)."""
+    eager = triton.testing.do_bench(run)
+    reps = max(20, int(200 / max(eager, 0.05)))
+    # ~2 s of replays each, so the clock samples see the steady state
+    rounds = max(1, int(2000 / (eager * reps)))
+    back, mhz, watts = sm_clock_while(lambda: [graph_ms(run, reps) for _ in range(rounds)][-1])
+    row = [label, eager, back, mhz, watts]
+    for gap in gaps:
+        cycles = int(gap * 1.98e3)   # at ~1980 MHz
+
+        def gapped():
+            torch.cuda._sleep(cycles)
+            run()
+        both, mhz_g, _ = sm_clock_while(
+            lambda: [graph_ms(gapped, reps) for _ in range(rounds)][-1])
+        alone = graph_ms(lambda: torch.cuda._sleep(cycles), reps)
+        row += [both - alone, mhz_g]
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="prefill")
     ap.add_argument("--pages", default="16,256")
     ap.add_argument("--gaps", default="50,200")
+    ap.add_argument("--peers", action="store_true")
     args = ap.parse_args()
     import kvonce
-    from kvonce.bench.prefill import CASES, make_inputs
+    from kvonce.bench.prefill import CASES, _flashinfer, make_inputs
 
+    gaps = [int(g) for g in args.gaps.split(",")]
     rows = []
     for name in args.rows.split(","):
         case = CASES[name]
@@ -80,27 +105,12 @@ def main() -> None:
             a = (inp.q, inp.k_cache, inp.v_cache, inp.cu_seqlens_q, inp.cache_seqlens,
                  inp.block_table)
             plan = kvonce.PagedPrefillPlan(*a, max_seqlen_q=max(case.q_lens))
-            run = lambda: plan.run(*a)   # noqa: E731
-            eager = triton.testing.do_bench(run)
-            reps = max(20, int(200 / max(eager, 0.05)))
-            # ~2 s of replays each, so the clock samples see the steady state
-            rounds = max(1, int(2000 / (eager * reps)))
-            back, mhz, watts = sm_clock_while(
-                lambda: [graph_ms(run, reps) for _ in range(rounds)][-1])
-            row = [f"{name} p{page}", eager, back, mhz, watts]
-            for gap in map(int, args.gaps.split(",")):
-                cycles = int(gap * 1.98e3)   # at ~1980 MHz
-
-                def gapped():
-                    torch.cuda._sleep(cycles)
-                    run()
-                both, mhz_g, _ = sm_clock_while(
-                    lambda: [graph_ms(gapped, reps) for _ in range(rounds)][-1])
-                alone = graph_ms(lambda: torch.cuda._sleep(cycles), reps)
-                row += [both - alone, mhz_g]
-            rows.append(row)
+            rows.append(measure(f"{name} p{page} kvonce", lambda: plan.run(*a), gaps))
+            if args.peers:
+                rows.append(measure(f"{name} p{page} FlashInfer", _flashinfer(inp, "auto"),
+                                    gaps))
     heads = ["row", "eager ms", "graph ms", "graph MHz", "graph W"]
-    for gap in args.gaps.split(","):
+    for gap in gaps:
         heads += [f"gap {gap}us: ms", "MHz"]
     print(tabulate(rows, headers=heads, floatfmt=".4g"))
     print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}")
