@@ -5,7 +5,7 @@ clock under back-to-back launches? Times the plan's run (a) eagerly (``do_bench`
 each after a ``torch.cuda._sleep`` gap of GAP us, less a graph of the gaps alone; and the SM
 clock (nvidia-smi, sampled while (b) and (c) replay).
 
-    PYTHONPATH=src python scripts/prefill_graph_gap.py [--rows prefill] [--pages 16,256]
+    cd scripts && PYTHONPATH=../src:. python prefill_graph_gap.py [--rows prefill] [--pages 16,256]
         [--peers]   (FlashInfer's BatchPrefillWithPagedKVCacheWrapper too, .peers/fi on the path)
 """
 import argparse
@@ -15,28 +15,13 @@ import time
 
 import torch
 import triton
+from decode_fixed_cost import timed_graph
 from tabulate import tabulate
 
 
 def graph_ms(fn, reps: int) -> float:
-    """Median ms a call of ``fn`` over graphs of ``reps`` calls (five timed replays)."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        g.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / reps)
-    return sorted(times)[2]
+    """Median ms a call of ``fn`` over graphs of ``reps`` calls."""
+    return timed_graph(fn, reps)[1] / 1e3
 
 
 def sm_clock_while(fn) -> tuple:
@@ -68,9 +53,9 @@ def measure(label: str, run, gaps: list) -> list:
     """``run``'s ms eagerly, in back-to-back graphs (with the clock and power), and after each
     gap of ``gaps`` us (with the clock)."""
     eager = triton.testing.do_bench(run)
-    reps = max(20, int(200 / max(eager, 0.05)))
+    reps = max(20, int(50 / max(eager, 0.05)))   # graphs of ~50 ms, replayed 24 times
     # ~2 s of replays each, so the clock samples see the steady state
-    rounds = max(1, int(2000 / (eager * reps)))
+    rounds = max(1, int(2000 / (eager * reps * 24)))
     back, mhz, watts = sm_clock_while(lambda: [graph_ms(run, reps) for _ in range(rounds)][-1])
     row = [label, eager, back, mhz, watts]
     for gap in gaps:
