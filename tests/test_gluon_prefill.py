@@ -84,30 +84,32 @@ def _check_against_reference(case, causal, config):
     return plan, out
 
 
-# The lazy rescale's shapes: the Hopper row; GQA 6 (padding rows); GQA 8, d64, 64-key tiles.
+# The softmax forms' shapes: the Hopper row; GQA 6 (padding rows); GQA 8, d64, 64-key tiles.
 SOFTMAX_SHAPES = [(32, 8, 128, 16, 128), (12, 2, 128, 32, 128), (16, 2, 64, 32, 64)]
 
 
 @hopper_only
+@pytest.mark.parametrize("knob,form", [("LAZY_RESCALE", 4), ("ROW_TREE", 8)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("spikes", [False, True])
 @pytest.mark.parametrize("nheads,nheads_k,head_dim,page_size,block_n", SOFTMAX_SHAPES)
-def test_gluon_prefill_lazy_rescale(monkeypatch, dtype, causal, spikes, nheads, nheads_k,
-                                    head_dim, page_size, block_n):
-    """``LAZY_RESCALE`` (FA4's conditional rescale: a warp keeps its rows' max until one grows
-    by more than 2^8) against the reference. ``spikes``: 1% of the keys 12x larger, so rows'
-    maxima jump by far more than the threshold in later tiles and warps take both paths."""
+def test_gluon_prefill_softmax_forms(monkeypatch, knob, form, dtype, causal, spikes, nheads,
+                                     nheads_k, head_dim, page_size, block_n):
+    """The softmax's forms against the reference: ``LAZY_RESCALE`` (FA4's conditional rescale:
+    a warp keeps its rows' max until one grows by more than 2^8) and ``ROW_TREE`` (the rows'
+    max and sum as trees). ``spikes``: 1% of the keys 12x larger, so rows' maxima jump by far
+    more than the threshold in later tiles and warps take both paths."""
     q, k, v, cu, seqlens, table = make_case(LENS, nheads=nheads, nheads_k=nheads_k,
                                             head_dim=head_dim, page_size=page_size, dtype=dtype)
     if spikes:
         gen = torch.Generator(device=k.device).manual_seed(7)
         big = torch.rand(k.shape[:3], generator=gen, device=k.device) < 0.01
         k = torch.where(big[..., None], k * 12, k)
-    monkeypatch.setattr(gluon_prefill, "LAZY_RESCALE", True)
+    monkeypatch.setattr(gluon_prefill, knob, True)
     config = dataclasses.replace(GLUON, gluon_block_n=block_n, gluon_persistent=True)
     plan, _ = _check_against_reference((q, k, v, cu, seqlens, table), causal, config)
-    assert all(launch._gluon._constexprs["SOFTMAX_FORM"] == 4
+    assert all(launch._gluon._constexprs["SOFTMAX_FORM"] == form
                for launch in plan._launches.values())
 
 

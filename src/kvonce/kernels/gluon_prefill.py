@@ -361,9 +361,44 @@ def _zero_rows_from(smem, first, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
     gl.thread_barrier()
 
 
+@gluon.constexpr_function
+def _tree_shape(rows, n):
+    """``[rows, 2, .., 2, 8]``: the column index of a wgmma accumulator ``[rows, n]`` split into
+    its block bits (a block: 8 columns, of which a thread holds 2) and the column in a block."""
+    return [rows] + [2] * ((n // 8).bit_length() - 1) + [8]
+
+
+@gluon.jit
+def _rows_max(x, TREE: gl.constexpr = False):
+    """``x [rows, n]`` (a wgmma accumulator)'s row maxima. ``TREE`` (``ROW_TREE``): a thread's
+    n / 4 values of a row as a tree (halving across the 8-column blocks, depth log2(n / 8) + 1)
+    instead of one chain of n / 4 - 1, then the quad's shuffles; in the rows' layout."""
+    if TREE:
+        SHAPE: gl.constexpr = _tree_shape(x.shape[0], x.shape[1])
+        t = gl.reshape(x, SHAPE)
+        for _ in gl.static_range(len(SHAPE) - 2):
+            t = gl.reduce(t, 1, _max)
+        return gl.convert_layout(gl.reduce(t, 1, _max), gl.SliceLayout(1, x.type.layout))
+    else:
+        return gl.reduce(x, 1, _max)
+
+
+@gluon.jit
+def _rows_sum(x, TREE: gl.constexpr = False):
+    """``_rows_max``'s sums."""
+    if TREE:
+        SHAPE: gl.constexpr = _tree_shape(x.shape[0], x.shape[1])
+        t = gl.reshape(x, SHAPE)
+        for _ in gl.static_range(len(SHAPE) - 2):
+            t = gl.reduce(t, 1, _add)
+        return gl.convert_layout(gl.reduce(t, 1, _add), gl.SliceLayout(1, x.type.layout))
+    else:
+        return gl.reduce(x, 1, _add)
+
+
 @gluon.jit
 def _softmax_tile(sc, m_i, l_i, start, full, seqlen, last_key, qk_scale, BLOCK_N: gl.constexpr,
-                  S_LAYOUT: gl.constexpr):
+                  S_LAYOUT: gl.constexpr, TREE: gl.constexpr = False):
     """Raw scores ``sc [rows, BLOCK_N]`` of keys ``start ..`` into the online softmax (base
     2): ``(p, alpha, m_new, l_new)``. Tiles past ``full`` (the diagonal band, the sequence's end)
     are masked: row r sees key k iff ``k <= last_key[r]`` and ``k < seqlen``."""
@@ -372,16 +407,16 @@ def _softmax_tile(sc, m_i, l_i, start, full, seqlen, last_key, qk_scale, BLOCK_N
         visible = ((gl.expand_dims(keys, 0) <= gl.expand_dims(last_key, 1))
                    & gl.expand_dims(keys < seqlen, 0))
         sc = gl.where(visible, sc * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.reduce(sc, 1, _max))
+        m_new = gl.maximum(m_i, _rows_max(sc, TREE))
         # A row with no visible key so far keeps m = -inf: subtract 0 (no -inf - -inf).
         m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
         p = gl.exp2(sc - gl.expand_dims(m_sub, 1))
     else:
-        m_new = gl.maximum(m_i, gl.reduce(sc, 1, _max) * qk_scale)
+        m_new = gl.maximum(m_i, _rows_max(sc, TREE) * qk_scale)
         m_sub = m_new
         p = gl.exp2(sc * qk_scale - gl.expand_dims(m_sub, 1))
     alpha = gl.exp2(m_i - m_sub)
-    return p, alpha, m_new, l_i * alpha + gl.reduce(p, 1, _add)
+    return p, alpha, m_new, l_i * alpha + _rows_sum(p, TREE)
 
 
 RESCALE_THRESHOLD = gl.constexpr(8.0)   # ``LAZY_RESCALE``: log2 of how far p may exceed 1
@@ -666,7 +701,8 @@ def _steady_tiles(q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it
                 flag = gl.full_like(m_i, 1, dtype=gl.int32)
         else:
             p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, j * BLOCK_N, full, seqlen,
-                                               last_key, qk_scale, BLOCK_N, S_LAYOUT)
+                                               last_key, qk_scale, BLOCK_N, S_LAYOUT,
+                                               SOFTMAX_FORM // 8 % 2 == 1)
         t, softmax_c = _lap(t, softmax_c, TRACE)
         if TRACE:   # and its end (slots 18 + 2 (j - 1)), as the warp reaches it
             if j <= TRACE_TILES:
@@ -736,7 +772,8 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
         sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, ))
         mbarrier.arrive(k_empty.index(s))
         p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, 0, full, seqlen, last_key,
-                                           qk_scale, BLOCK_N, S_LAYOUT)
+                                           qk_scale, BLOCK_N, S_LAYOUT,
+                                           SOFTMAX_FORM // 8 % 2 == 1)
         p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
         _stamp(tp, 2, TRACE)
         acc, p_op, m_i, l_i = _steady_tiles(
@@ -922,6 +959,13 @@ PROBE_PAD_CHAINS = 1
 # short of its target. The kernel's SOFTMAX_FORM: 4 (its low two bits: PROBE_SOFTMAX).
 LAZY_RESCALE = False
 
+# The softmax's row max and row sum as a tree (``_rows_reduce``): a thread's 32 scores of a
+# row reduced as 2 independent chains of 15 (then 1 and the quad's shuffles) instead of one of
+# 31, the two rows' chains independent too. The row max is on each tile's critical path (S ->
+# max -> exp2 -> P -> P V): in the shipped SASS it is a chain of 31 dependent FMNMX a row, the
+# second row's after the first's shuffles. Being measured. The kernel's SOFTMAX_FORM: 8.
+ROW_TREE = False
+
 # A probe (timing only, wrong outputs; scripts/prefill_knob_ab.py): the steady loop's softmax
 # without its exponentials ("no_exp": x for exp2(x), no MUFU, and no mask code: the loop 1039 ->
 # 421 SASS instructions a tile a warp) or with O never rescaled ("no_rescale"): what the
@@ -1031,7 +1075,8 @@ class GluonPrefillLaunch:
                                     PROBE_TILE_LOOKUP] if block_n > self.box else 0),
                                 TRACE=PROBE_TRACE is not None,
                                 SOFTMAX_FORM=({None: 0, "no_exp": 1, "no_rescale": 2}[
-                                    PROBE_SOFTMAX] + 4 * LAZY_RESCALE),
+                                    PROBE_SOFTMAX] + 4 * LAZY_RESCALE
+                                    + 8 * ROW_TREE),
                                 KV_PAIRED=bool(KV_PAIRED and SCALAR_PAGES and block_n > self.box
                                                and not PROBE_TILE_LOOKUP
                                                and not PROBE_RUNTIME_PAGE),

@@ -86,6 +86,10 @@ GLUON_CHECK_SPECS = [
     _check_spec("d128-bf16-page16-gqa4-causal-lazy", "bf16", 128, 16, softmax_form=4),
     _check_spec("d64-fp16-page32-mha-noncausal-lazy", "fp16", 64, 32, group=1, causal=False,
                 softmax_form=4),
+    # the row reductions as a tree (``ROW_TREE``, SOFTMAX_FORM 8)
+    _check_spec("d128-bf16-page16-gqa4-causal-rowtree", "bf16", 128, 16, softmax_form=8),
+    _check_spec("d64-fp16-page32-mha-noncausal-rowtree", "fp16", 64, 32, group=1,
+                causal=False, softmax_form=8),
     # the softmax probes (``PROBE_SOFTMAX``: no exponentials, no rescale)
     _check_spec("d128-bf16-page16-gqa4-causal-noexp", "bf16", 128, 16, softmax_form=1),
     _check_spec("d128-bf16-page16-gqa4-causal-norescale", "bf16", 128, 16, softmax_form=2),
