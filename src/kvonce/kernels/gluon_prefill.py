@@ -697,7 +697,8 @@ def _steady_tiles(q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it
                 p, alpha, m_i, l_i, flag = _softmax_tile_lazy(sc, m_i, l_i, qk_scale)
             else:
                 p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, j * BLOCK_N, full, seqlen,
-                                                   last_key, qk_scale, BLOCK_N, S_LAYOUT)
+                                                   last_key, qk_scale, BLOCK_N, S_LAYOUT,
+                                                   SOFTMAX_FORM // 8 % 2 == 1)
                 flag = gl.full_like(m_i, 1, dtype=gl.int32)
         else:
             p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, j * BLOCK_N, full, seqlen,
