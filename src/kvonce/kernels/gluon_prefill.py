@@ -369,31 +369,28 @@ def _tree_shape(rows, n):
 
 
 @gluon.jit
-def _rows_max(x, TREE: gl.constexpr = False):
-    """``x [rows, n]`` (a wgmma accumulator)'s row maxima. ``TREE`` (``ROW_TREE``): a thread's
-    n / 4 values of a row as a tree (halving across the 8-column blocks, depth log2(n / 8) + 1)
-    instead of one chain of n / 4 - 1, then the quad's shuffles; in the rows' layout."""
-    if TREE:
-        SHAPE: gl.constexpr = _tree_shape(x.shape[0], x.shape[1])
-        t = gl.reshape(x, SHAPE)
-        for _ in gl.static_range(len(SHAPE) - 2):
-            t = gl.reduce(t, 1, _max)
-        return gl.convert_layout(gl.reduce(t, 1, _max), gl.SliceLayout(1, x.type.layout))
+def _reduce_axis1(t, MAX: gl.constexpr):
+    """``t`` reduced along axis 1: its maxima (``MAX``) or its sums."""
+    if MAX:
+        return gl.reduce(t, 1, _max)
     else:
-        return gl.reduce(x, 1, _max)
+        return gl.reduce(t, 1, _add)
 
 
 @gluon.jit
-def _rows_sum(x, TREE: gl.constexpr = False):
-    """``_rows_max``'s sums."""
+def _rows_reduce(x, MAX: gl.constexpr, TREE: gl.constexpr = False):
+    """``x [rows, n]`` (a wgmma accumulator)'s row maxima (``MAX``) or sums. ``TREE``
+    (``ROW_TREE``): a thread's n / 4 values of a row as a tree (halving across the 8-column
+    blocks, depth log2(n / 8) + 1) instead of one chain of n / 4 - 1, then the quad's shuffles;
+    in the rows' layout (no data moved)."""
     if TREE:
         SHAPE: gl.constexpr = _tree_shape(x.shape[0], x.shape[1])
         t = gl.reshape(x, SHAPE)
-        for _ in gl.static_range(len(SHAPE) - 2):
-            t = gl.reduce(t, 1, _add)
-        return gl.convert_layout(gl.reduce(t, 1, _add), gl.SliceLayout(1, x.type.layout))
+        for _ in gl.static_range(len(SHAPE) - 1):
+            t = _reduce_axis1(t, MAX)
+        return gl.convert_layout(t, gl.SliceLayout(1, x.type.layout))
     else:
-        return gl.reduce(x, 1, _add)
+        return _reduce_axis1(x, MAX)
 
 
 @gluon.jit
@@ -407,16 +404,16 @@ def _softmax_tile(sc, m_i, l_i, start, full, seqlen, last_key, qk_scale, BLOCK_N
         visible = ((gl.expand_dims(keys, 0) <= gl.expand_dims(last_key, 1))
                    & gl.expand_dims(keys < seqlen, 0))
         sc = gl.where(visible, sc * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, _rows_max(sc, TREE))
+        m_new = gl.maximum(m_i, _rows_reduce(sc, True, TREE))
         # A row with no visible key so far keeps m = -inf: subtract 0 (no -inf - -inf).
         m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
         p = gl.exp2(sc - gl.expand_dims(m_sub, 1))
     else:
-        m_new = gl.maximum(m_i, _rows_max(sc, TREE) * qk_scale)
+        m_new = gl.maximum(m_i, _rows_reduce(sc, True, TREE) * qk_scale)
         m_sub = m_new
         p = gl.exp2(sc * qk_scale - gl.expand_dims(m_sub, 1))
     alpha = gl.exp2(m_i - m_sub)
-    return p, alpha, m_new, l_i * alpha + _rows_sum(p, TREE)
+    return p, alpha, m_new, l_i * alpha + _rows_reduce(p, False, TREE)
 
 
 RESCALE_THRESHOLD = gl.constexpr(8.0)   # ``LAZY_RESCALE``: log2 of how far p may exceed 1
