@@ -32,12 +32,11 @@
 #               fortieth session, run in the forty-first: prefill -1 to -4%, chunked +2%; off):
 #               its tests against the reference (with and without 12x key spikes), then the A/B
 #               at pages 16 and 256 ("same" is False by design: other rounding)
-#   rowtree     the softmax's row max and sum as trees (gluon_prefill.ROW_TREE, 2026-12-01,
-#               forty-first session, compiled, never run: the masked path's max was one chain
-#               of 31 dependent FMNMX a row; sm_90a's planned stalls: masked path 1281 -> 1165,
-#               the tail 210 -> 192, the unmasked path even, 689 -> 685, where the two rows'
-#               chains were already interleaved at FMNMX's 2 cycles an issue): its tests against
-#               the reference, then the A/B at pages 16 and 256 ("same" False: the sums' order)
+#   rowtree     the softmax's row max and sum as trees (gluon_prefill.ROW_TREE, on since
+#               2026-12-01, forty-second session: prefill +0.3-1.1%, chunked -1 to +0.3%; the
+#               masked path's planned stalls 1281 -> 1165): the chain form's tests against the
+#               reference, then the A/B against it at pages 16 and 256 ("same" False: the sums'
+#               order)
 #   loaders     the loader's instructions (2026-12-01, fortieth session: 240 more a tile cost
 #               page 16 8%, as four chains 5%): KV_PAIRED's tests (on since the forty-first
 #               session, +0.3-1.4%), then an A/B against it off, and with the pad probe as
@@ -903,7 +902,7 @@ fi
 if has lazy; then
   step lazy
   timeout 260 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_gluon_prefill.py \
-    -k "softmax_forms and LAZY" 2>&1 | tail -6 | cut -c1-300
+    -k "softmax_forms and True-True-12" 2>&1 | tail -6 | cut -c1-300
   v="16,16:LAZY_RESCALE,16:,16::LAZY_RESCALE,256,256:LAZY_RESCALE"
   (cd scripts && PYTHONPATH=../src:. timeout 270 python3 prefill_knob_ab.py \
     --rows prefill,chunked --variants "$v" --rounds 3 2>&1 | tail -19)
@@ -911,8 +910,8 @@ fi
 if has rowtree; then
   step rowtree
   timeout 200 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_gluon_prefill.py \
-    -k "softmax_forms and ROW_TREE" 2>&1 | tail -4 | cut -c1-300
-  v="16,16:ROW_TREE,16:,16::ROW_TREE,256,256:ROW_TREE"
+    -k "softmax_forms and False-False-0" 2>&1 | tail -4 | cut -c1-300
+  v="16,16:ROW_TREE=False,16:,16::ROW_TREE=False,256,256:ROW_TREE=False"
   (cd scripts && PYTHONPATH=../src:. timeout 270 python3 prefill_knob_ab.py \
     --rows prefill,chunked --variants "$v" --rounds 3 2>&1 | tail -15)
 fi

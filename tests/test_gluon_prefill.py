@@ -89,24 +89,26 @@ SOFTMAX_SHAPES = [(32, 8, 128, 16, 128), (12, 2, 128, 32, 128), (16, 2, 64, 32, 
 
 
 @hopper_only
-@pytest.mark.parametrize("knob,form", [("LAZY_RESCALE", 4), ("ROW_TREE", 8)])
+@pytest.mark.parametrize("lazy,tree,form", [(True, True, 12), (False, False, 0)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("spikes", [False, True])
 @pytest.mark.parametrize("nheads,nheads_k,head_dim,page_size,block_n", SOFTMAX_SHAPES)
-def test_gluon_prefill_softmax_forms(monkeypatch, knob, form, dtype, causal, spikes, nheads,
-                                     nheads_k, head_dim, page_size, block_n):
-    """The softmax's forms against the reference: ``LAZY_RESCALE`` (FA4's conditional rescale:
-    a warp keeps its rows' max until one grows by more than 2^8) and ``ROW_TREE`` (the rows'
-    max and sum as trees). ``spikes``: 1% of the keys 12x larger, so rows' maxima jump by far
-    more than the threshold in later tiles and warps take both paths."""
+def test_gluon_prefill_softmax_forms(monkeypatch, lazy, tree, form, dtype, causal, spikes,
+                                     nheads, nheads_k, head_dim, page_size, block_n):
+    """The softmax's other forms against the reference: ``LAZY_RESCALE`` (FA4's conditional
+    rescale: a warp keeps its rows' max until one grows by more than 2^8; with the shipped
+    trees) and ``ROW_TREE`` off (the rows' max and sum as one chain a row). ``spikes``: 1% of
+    the keys 12x larger, so rows' maxima jump by far more than the threshold in later tiles and
+    warps take both paths."""
     q, k, v, cu, seqlens, table = make_case(LENS, nheads=nheads, nheads_k=nheads_k,
                                             head_dim=head_dim, page_size=page_size, dtype=dtype)
     if spikes:
         gen = torch.Generator(device=k.device).manual_seed(7)
         big = torch.rand(k.shape[:3], generator=gen, device=k.device) < 0.01
         k = torch.where(big[..., None], k * 12, k)
-    monkeypatch.setattr(gluon_prefill, knob, True)
+    monkeypatch.setattr(gluon_prefill, "LAZY_RESCALE", lazy)
+    monkeypatch.setattr(gluon_prefill, "ROW_TREE", tree)
     config = dataclasses.replace(GLUON, gluon_block_n=block_n, gluon_persistent=True)
     plan, _ = _check_against_reference((q, k, v, cu, seqlens, table), causal, config)
     assert all(launch._gluon._constexprs["SOFTMAX_FORM"] == form
@@ -303,9 +305,9 @@ def test_gluon_prefill_softmax_probe(monkeypatch, probe):
         plan = kvonce.PagedPrefillPlan(q, k, v, cu, seqlens, table, max_seqlen_q=max_q(cu),
                                        causal=True, config=config)
         outs.append(plan.run(q, k, v, cu, seqlens, table))
-        assert all(launch._gluon._constexprs["SOFTMAX_FORM"] == (0 if value is None else
-                                                                   {"no_exp": 1,
-                                                                    "no_rescale": 2}[value])
+        probe_form = 0 if value is None else {"no_exp": 1, "no_rescale": 2}[value]
+        assert all(launch._gluon._constexprs["SOFTMAX_FORM"]
+                   == probe_form + 8 * gluon_prefill.ROW_TREE
                    for launch in plan._launches.values())
     assert not torch.equal(outs[1], outs[0])
     assert torch.equal(outs[2], outs[0])

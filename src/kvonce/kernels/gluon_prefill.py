@@ -960,9 +960,17 @@ LAZY_RESCALE = False
 # The softmax's row max and row sum as a tree (``_rows_reduce``): a thread's 32 scores of a
 # row reduced as 2 independent chains of 15 (then 1 and the quad's shuffles) instead of one of
 # 31, the two rows' chains independent too. The row max is on each tile's critical path (S ->
-# max -> exp2 -> P -> P V): in the shipped SASS it is a chain of 31 dependent FMNMX a row, the
-# second row's after the first's shuffles. Being measured. The kernel's SOFTMAX_FORM: 8.
-ROW_TREE = False
+# max -> exp2 -> P -> P V); the chain form's masked tiles ran it as 31 dependent FMNMX a row,
+# the second row's after the first's shuffles. sm_90a's planned stalls: masked path 1281 ->
+# 1165, the tail 210 -> 192, the unmasked path even (689 -> 685, its two rows' chains were
+# already interleaved). Measured (H200, 2026-12-01, TFLOP/s eager / graphs, two interleaved
+# pairs; correct against the reference in fp16 / bf16, with 12x key spikes too): prefill 8 x
+# 2048 page 16 449.9 / 446.9 and 450.9 / 440.2 against 448.0 / 445.7 and 449.6 / 436.5, page
+# 256 465.2 / 452.0 against 460.0 / 448.0; chunked 64 x 512 over 8k page 16 568.6 / 565.5 and
+# 563.2 / 562.9 against 572.6 / 566.5 and 568.1 / 568.4, page 256 552.9 / 555.6 against 552.0
+# / 553.9. On: +0.3 to +1.1% on the prefill row (the one short of its target, 1 tile in ~8.5
+# masked), chunked (1 in ~64 masked) within -1 to +0.3%. The kernel's SOFTMAX_FORM: 8.
+ROW_TREE = True
 
 # A probe (timing only, wrong outputs; scripts/prefill_knob_ab.py): the steady loop's softmax
 # without its exponentials ("no_exp": x for exp2(x), no MUFU, and no mask code: the loop 1039 ->

@@ -34,7 +34,8 @@ def _check_signature(dtype: str, head_dim: int, box: int, v_pages: bool = False)
 
 def _check_spec(variant, dtype, head_dim, page_size, group=4, causal=True, block_n=128,
                 stages=3, scalar_pages=None, tile_lookup=False, box=None, trace=False,
-                softmax_form=0, v_pages=None, kv_paired=None, loader_pad=0, pad_chains=1):
+                softmax_form=0, row_tree=None, v_pages=None, kv_paired=None, loader_pad=0,
+                pad_chains=1):
     # Per tile and consumer warpgroup: S = Q Kᵀ D/16 m64nBLOCK_Nk16, O += P V BLOCK_N/16
     # m64nDk16; each twice in the code (the loop's pair, the first tile's S and the last tile's
     # P V), and two warpgroups.
@@ -45,13 +46,15 @@ def _check_spec(variant, dtype, head_dim, page_size, group=4, causal=True, block
     # and V by pages, K and V paired, where the launch takes them
     if v_pages is None:
         v_pages = gluon_prefill.V_PAGES and scalar_pages and head_dim > 64
+    if row_tree is None:   # the softmax's row reductions as the launch takes them
+        row_tree = gluon_prefill.ROW_TREE
     if kv_paired is None:
         kv_paired = gluon_prefill.KV_PAIRED and scalar_pages and not tile_lookup and page_size > 0
     return (variant, _gluon_prefill_kernel, _check_signature(dtype, head_dim, box, v_pages),
             dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, BLOCK_N=block_n,
                  HEAD_DIM=head_dim, STORE_LSE=True, LAST_FIRST=True, STAGES=stages,
                  SCALAR_PAGES=scalar_pages, TILE_LOOKUP=tile_lookup, TRACE=trace,
-                 SOFTMAX_FORM=softmax_form, KV_PAIRED=kv_paired, LOADER_PAD=loader_pad,
+                 SOFTMAX_FORM=softmax_form + 8 * row_tree, KV_PAIRED=kv_paired, LOADER_PAD=loader_pad,
                  PAD_CHAINS=pad_chains),
             dict(num_warps=4), dict(HGMMA=hgmma))
 
@@ -82,15 +85,16 @@ GLUON_CHECK_SPECS = [
                 pad_chains=4),
     _check_spec("d128-bf16-page16-gqa4-causal-padlanes", "bf16", 128, 16, loader_pad=40,
                 pad_chains=32),
-    # FA4's conditional rescale (``LAZY_RESCALE``, SOFTMAX_FORM 4)
+    # FA4's conditional rescale (``LAZY_RESCALE``, SOFTMAX_FORM + 4)
     _check_spec("d128-bf16-page16-gqa4-causal-lazy", "bf16", 128, 16, softmax_form=4),
     _check_spec("d64-fp16-page32-mha-noncausal-lazy", "fp16", 64, 32, group=1, causal=False,
                 softmax_form=4),
-    # the row reductions as a tree (``ROW_TREE``, SOFTMAX_FORM 8)
-    _check_spec("d128-bf16-page16-gqa4-causal-rowtree", "bf16", 128, 16, softmax_form=8),
-    _check_spec("d64-fp16-page32-mha-noncausal-rowtree", "fp16", 64, 32, group=1,
-                causal=False, softmax_form=8),
-    # the softmax probes (``PROBE_SOFTMAX``: no exponentials, no rescale)
+    # the row reductions as one chain a row (``ROW_TREE`` False)
+    _check_spec("d128-bf16-page16-gqa4-causal-rowchain", "bf16", 128, 16, row_tree=False),
+    _check_spec("d64-fp16-page32-mha-noncausal-rowchain", "fp16", 64, 32, group=1,
+                causal=False, row_tree=False),
+    # the softmax probes (``PROBE_SOFTMAX``, SOFTMAX_FORM + 1 / + 2: no exponentials, no
+    # rescale)
     _check_spec("d128-bf16-page16-gqa4-causal-noexp", "bf16", 128, 16, softmax_form=1),
     _check_spec("d128-bf16-page16-gqa4-causal-norescale", "bf16", 128, 16, softmax_form=2),
     # the probe of one block-table lookup a tile (``PROBE_TILE_LOOKUP``)
