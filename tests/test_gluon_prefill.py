@@ -88,30 +88,43 @@ def _check_against_reference(case, causal, config):
 SOFTMAX_SHAPES = [(32, 8, 128, 16, 128), (12, 2, 128, 32, 128), (16, 2, 64, 32, 64)]
 
 
+# The kernel's other forms, each knob set (so the expected constants do not follow the shipped
+# defaults): FA4's conditional rescale, the row reductions as one chain a row, the narrow last
+# tile; (knobs, SOFTMAX_FORM, NARROW_LAST).
+FORMS = {
+    "lazy": (dict(LAZY_RESCALE=True, ROW_TREE=True, NARROW_LAST=False), 12, False),
+    "chain": (dict(LAZY_RESCALE=False, ROW_TREE=False, NARROW_LAST=False), 0, False),
+    "narrow": (dict(LAZY_RESCALE=False, ROW_TREE=True, NARROW_LAST=True), 8, True),
+}
+
+
 @hopper_only
-@pytest.mark.parametrize("lazy,tree,form", [(True, True, 12), (False, False, 0)])
+@pytest.mark.parametrize("form_name", list(FORMS))
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("spikes", [False, True])
 @pytest.mark.parametrize("nheads,nheads_k,head_dim,page_size,block_n", SOFTMAX_SHAPES)
-def test_gluon_prefill_softmax_forms(monkeypatch, lazy, tree, form, dtype, causal, spikes,
-                                     nheads, nheads_k, head_dim, page_size, block_n):
-    """The softmax's other forms against the reference: ``LAZY_RESCALE`` (FA4's conditional
-    rescale: a warp keeps its rows' max until one grows by more than 2^8; with the shipped
-    trees) and ``ROW_TREE`` off (the rows' max and sum as one chain a row). ``spikes``: 1% of
-    the keys 12x larger, so rows' maxima jump by far more than the threshold in later tiles and
-    warps take both paths."""
+def test_gluon_prefill_forms(monkeypatch, form_name, dtype, causal, spikes, nheads, nheads_k,
+                             head_dim, page_size, block_n):
+    """The kernel's other forms against the reference: ``LAZY_RESCALE`` (FA4's conditional
+    rescale: a warp keeps its rows' max until one grows by more than 2^8), ``ROW_TREE`` off (the
+    rows' max and sum as one chain a row), ``NARROW_LAST`` (an item's last tile on its first
+    half where its keys end there: LENS's causal items end 32-128 keys into their last tile,
+    and its non-causal sequences 1-104). ``spikes``: 1% of the keys 12x larger, so rows' maxima
+    jump by far more than the lazy threshold in later tiles and warps take both paths."""
+    knobs, form, narrow = FORMS[form_name]
     q, k, v, cu, seqlens, table = make_case(LENS, nheads=nheads, nheads_k=nheads_k,
                                             head_dim=head_dim, page_size=page_size, dtype=dtype)
     if spikes:
         gen = torch.Generator(device=k.device).manual_seed(7)
         big = torch.rand(k.shape[:3], generator=gen, device=k.device) < 0.01
         k = torch.where(big[..., None], k * 12, k)
-    monkeypatch.setattr(gluon_prefill, "LAZY_RESCALE", lazy)
-    monkeypatch.setattr(gluon_prefill, "ROW_TREE", tree)
+    for name, value in knobs.items():
+        monkeypatch.setattr(gluon_prefill, name, value)
     config = dataclasses.replace(GLUON, gluon_block_n=block_n, gluon_persistent=True)
     plan, _ = _check_against_reference((q, k, v, cu, seqlens, table), causal, config)
     assert all(launch._gluon._constexprs["SOFTMAX_FORM"] == form
+               and launch._gluon._constexprs["NARROW_LAST"] == narrow
                for launch in plan._launches.values())
 
 
