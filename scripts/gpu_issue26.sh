@@ -37,11 +37,6 @@
 #               masked path's planned stalls 1281 -> 1165): the chain form's tests against the
 #               reference, then the A/B against it at pages 16 and 256 ("same" False: the sums'
 #               order)
-#   narrow      an item's last tile on its first half where its keys end there
-#               (gluon_prefill.NARROW_LAST, built 2026-12-01, forty-second session; prefill 8 x
-#               2048 skips 0.25 of 8.5 tiles an item, 2.9% of the wgmmas, and half the masked
-#               softmax of half its items): its tests against the reference, then the A/B at
-#               pages 16 and 256
 #   loaders     the loader's instructions (2026-12-01, fortieth session: 240 more a tile cost
 #               page 16 8%, as four chains 5%): KV_PAIRED's tests (on since the forty-first
 #               session, +0.3-1.4%), then an A/B against it off, and with the pad probe as
@@ -917,14 +912,6 @@ if has rowtree; then
   timeout 200 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_gluon_prefill.py \
     -k "prefill_forms and chain" 2>&1 | tail -4 | cut -c1-300
   v="16,16:ROW_TREE=False,16:,16::ROW_TREE=False,256,256:ROW_TREE=False"
-  (cd scripts && PYTHONPATH=../src:. timeout 270 python3 prefill_knob_ab.py \
-    --rows prefill,chunked --variants "$v" --rounds 3 2>&1 | tail -15)
-fi
-if has narrow; then
-  step narrow
-  timeout 200 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_gluon_prefill.py \
-    -k "prefill_forms and narrow" 2>&1 | tail -4 | cut -c1-300
-  v="16,16:NARROW_LAST=True,16:,16::NARROW_LAST=True,256,256:NARROW_LAST=True"
   (cd scripts && PYTHONPATH=../src:. timeout 270 python3 prefill_knob_ab.py \
     --rows prefill,chunked --variants "$v" --rounds 3 2>&1 | tail -15)
 fi

@@ -3,12 +3,15 @@
 clock under back-to-back launches? Times the plan's run (a) eagerly (``do_bench``: an L2 flush,
 ~0.1 ms of memset, before each run), (b) in a graph of back-to-back runs, (c) in a graph of runs
 each after a ``torch.cuda._sleep`` gap of GAP us, less a graph of the gaps alone; and the SM
-clock (nvidia-smi, sampled while (b) and (c) replay).
+clock (nvidia-smi, sampled while (b) and (c) replay), with (b)'s power and the reasons the
+driver gives for holding the clock down (its clock event reasons: power cap, thermal, ...).
 
     cd scripts && PYTHONPATH=../src:. python prefill_graph_gap.py [--rows prefill] [--pages 16,256]
         [--peers]   (FlashInfer's BatchPrefillWithPagedKVCacheWrapper too, .peers/fi on the path)
 """
 import argparse
+import collections
+import statistics
 import subprocess
 import threading
 import time
@@ -24,17 +27,41 @@ def graph_ms(fn, reps: int) -> float:
     return timed_graph(fn, reps)[1] / 1e3
 
 
+# nvidia-smi's clock event reasons (``clocks_event_reasons.active``; older drivers:
+# ``clocks_throttle_reasons.active``), the bits that say why the SM clock is below its maximum
+REASONS = {0x1: "idle", 0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x40: "sw_thermal",
+           0x80: "hw_thermal", 0x100: "hw_power_brake"}
+
+
+def _smi(fields: list) -> list | None:
+    """One nvidia-smi sample of ``fields`` (strings), or None where the query fails."""
+    out = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}",
+                          "--format=csv,noheader,nounits"], capture_output=True, text=True)
+    values = [v.strip() for v in out.stdout.split(",")]
+    return values if out.returncode == 0 and len(values) == len(fields) else None
+
+
+def _query_fields() -> list:
+    """The SM clock and power, and the clock event reasons where this driver names them."""
+    for reasons in ("clocks_event_reasons.active", "clocks_throttle_reasons.active"):
+        if _smi(["clocks.sm", "power.draw", reasons]) is not None:
+            return ["clocks.sm", "power.draw", reasons]
+    return ["clocks.sm", "power.draw"]
+
+
 def sm_clock_while(fn) -> tuple:
-    """``fn()``'s result and the median SM clock (MHz) nvidia-smi saw while it ran."""
+    """``fn()``'s result and what nvidia-smi saw while it ran, over the samples whose clock
+    reasons do not say idle (the graphs' capture and syncs between replays): the median SM clock
+    (MHz), the median power (W), and the reasons the clock was held down in most samples."""
+    fields = _query_fields()
     samples, done = [], threading.Event()
 
     def poll():
         while not done.is_set():
-            out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,power.draw",
-                                  "--format=csv,noheader,nounits"], capture_output=True,
-                                 text=True).stdout.split(",")
-            if len(out) == 2:
-                samples.append((float(out[0]), float(out[1])))
+            values = _smi(fields)
+            if values is not None:
+                mask = int(values[2], 16) if len(values) == 3 else 0
+                samples.append((float(values[0]), float(values[1]), mask))
             time.sleep(0.02)
 
     t = threading.Thread(target=poll)
@@ -44,9 +71,15 @@ def sm_clock_while(fn) -> tuple:
     finally:
         done.set()
         t.join()
-    mhz = sorted(s[0] for s in samples)[len(samples) // 2] if samples else float("nan")
-    watts = sorted(s[1] for s in samples)[len(samples) // 2] if samples else float("nan")
-    return result, mhz, watts
+    busy = [x for x in samples if not x[2] & 0x1] or samples
+    mhz = statistics.median(x[0] for x in busy) if busy else float("nan")
+    watts = statistics.median(x[1] for x in busy) if busy else float("nan")
+    counts = collections.Counter(x[2] & ~0x1 for x in busy)
+    mask = counts.most_common(1)[0][0] if counts else 0
+    why = "+".join(name for bit, name in REASONS.items() if mask & bit) or "-"
+    if len(fields) == 2:
+        why = "n/a"
+    return result, mhz, watts, f"{why} ({len(busy)}/{len(samples)})"
 
 
 def measure(label: str, run, gaps: list) -> list:
@@ -56,15 +89,16 @@ def measure(label: str, run, gaps: list) -> list:
     reps = max(20, int(50 / max(eager, 0.05)))   # graphs of ~50 ms, replayed 24 times
     # ~2 s of replays each, so the clock samples see the steady state
     rounds = max(1, int(2000 / (eager * reps * 24)))
-    back, mhz, watts = sm_clock_while(lambda: [graph_ms(run, reps) for _ in range(rounds)][-1])
-    row = [label, eager, back, mhz, watts]
+    back, mhz, watts, why = sm_clock_while(
+        lambda: [graph_ms(run, reps) for _ in range(rounds)][-1])
+    row = [label, eager, back, mhz, watts, why]
     for gap in gaps:
         cycles = int(gap * 1.98e3)   # at ~1980 MHz
 
         def gapped():
             torch.cuda._sleep(cycles)
             run()
-        both, mhz_g, _ = sm_clock_while(
+        both, mhz_g, _, _ = sm_clock_while(
             lambda: [graph_ms(gapped, reps) for _ in range(rounds)][-1])
         alone = graph_ms(lambda: torch.cuda._sleep(cycles), reps)
         row += [both - alone, mhz_g]
@@ -94,7 +128,7 @@ def main() -> None:
             if args.peers:
                 rows.append(measure(f"{name} p{page} FlashInfer", _flashinfer(inp, "auto"),
                                     gaps))
-    heads = ["row", "eager ms", "graph ms", "graph MHz", "graph W"]
+    heads = ["row", "eager ms", "graph ms", "graph MHz", "graph W", "held by (busy samples)"]
     for gap in gaps:
         heads += [f"gap {gap}us: ms", "MHz"]
     print(tabulate(rows, headers=heads, floatfmt=".4g"))

@@ -89,12 +89,11 @@ SOFTMAX_SHAPES = [(32, 8, 128, 16, 128), (12, 2, 128, 32, 128), (16, 2, 64, 32, 
 
 
 # The kernel's other forms, each knob set (so the expected constants do not follow the shipped
-# defaults): FA4's conditional rescale, the row reductions as one chain a row, the narrow last
-# tile; (knobs, SOFTMAX_FORM, NARROW_LAST).
+# defaults): FA4's conditional rescale, the row reductions as one chain a row; (knobs,
+# SOFTMAX_FORM).
 FORMS = {
-    "lazy": (dict(LAZY_RESCALE=True, ROW_TREE=True, NARROW_LAST=False), 12, False),
-    "chain": (dict(LAZY_RESCALE=False, ROW_TREE=False, NARROW_LAST=False), 0, False),
-    "narrow": (dict(LAZY_RESCALE=False, ROW_TREE=True, NARROW_LAST=True), 8, True),
+    "lazy": (dict(LAZY_RESCALE=True, ROW_TREE=True), 12),
+    "chain": (dict(LAZY_RESCALE=False, ROW_TREE=False), 0),
 }
 
 
@@ -107,12 +106,11 @@ FORMS = {
 def test_gluon_prefill_forms(monkeypatch, form_name, dtype, causal, spikes, nheads, nheads_k,
                              head_dim, page_size, block_n):
     """The kernel's other forms against the reference: ``LAZY_RESCALE`` (FA4's conditional
-    rescale: a warp keeps its rows' max until one grows by more than 2^8), ``ROW_TREE`` off (the
-    rows' max and sum as one chain a row), ``NARROW_LAST`` (an item's last tile on its first
-    half where its keys end there: LENS's causal items end 32-128 keys into their last tile,
-    and its non-causal sequences 1-104). ``spikes``: 1% of the keys 12x larger, so rows' maxima
-    jump by far more than the lazy threshold in later tiles and warps take both paths."""
-    knobs, form, narrow = FORMS[form_name]
+    rescale: a warp keeps its rows' max until one grows by more than 2^8) and ``ROW_TREE`` off
+    (the rows' max and sum as one chain a row). ``spikes``: 1% of the keys 12x larger, so rows'
+    maxima jump by far more than the lazy threshold in later tiles and warps take both
+    paths."""
+    knobs, form = FORMS[form_name]
     q, k, v, cu, seqlens, table = make_case(LENS, nheads=nheads, nheads_k=nheads_k,
                                             head_dim=head_dim, page_size=page_size, dtype=dtype)
     if spikes:
@@ -124,7 +122,6 @@ def test_gluon_prefill_forms(monkeypatch, form_name, dtype, causal, spikes, nhea
     config = dataclasses.replace(GLUON, gluon_block_n=block_n, gluon_persistent=True)
     plan, _ = _check_against_reference((q, k, v, cu, seqlens, table), causal, config)
     assert all(launch._gluon._constexprs["SOFTMAX_FORM"] == form
-               and launch._gluon._constexprs["NARROW_LAST"] == narrow
                for launch in plan._launches.values())
 
 

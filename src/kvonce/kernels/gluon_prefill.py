@@ -318,23 +318,11 @@ def v_pages_layout(block_n, head_dim, box):
 
 
 @gluon.jit
-def _v_operand(v_smem, s, N: gl.constexpr, HEAD_DIM: gl.constexpr):
-    """Slot ``s`` of the V ring as the ``[N, HEAD_DIM]`` P V operand of its first ``N`` keys
-    (``N``: the tile's ``BLOCK_N``, or half of it for a narrow last tile, ``NARROW_LAST``). V by
-    pages (``V_PAGES``, a ring ``[STAGES, BOXES * CH, BOX, 64]``): the slot's bytes under
-    ``v_pages_layout``, whose pages lie one after another."""
-    if len(v_smem.shape) == 4:
-        BOX: gl.constexpr = v_smem.shape[2]
-        slot = v_smem.index(s)
-        if N < v_smem.shape[1] // (HEAD_DIM // 64) * BOX:
-            slot = slot.slice(0, N // BOX * (HEAD_DIM // 64))
-        return slot._reinterpret(v_smem.dtype, [N, HEAD_DIM],
-                                 v_pages_layout(N, HEAD_DIM, BOX))
-    else:
-        if N < v_smem.shape[1]:
-            return v_smem.index(s).slice(0, N)
-        else:
-            return v_smem.index(s)
+def _v_pages_operand(v_smem, s, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """Slot ``s`` of V held by pages (a ring ``[STAGES, BOXES * CH, BOX, 64]``) as the
+    ``[BLOCK_N, HEAD_DIM]`` P V operand: the slot's bytes under ``v_pages_layout``."""
+    return v_smem.index(s)._reinterpret(v_smem.dtype, [BLOCK_N, HEAD_DIM],
+                                        v_pages_layout(BLOCK_N, HEAD_DIM, v_smem.shape[2]))
 
 
 @gluon.jit
@@ -542,7 +530,7 @@ def _consume_items(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empt
                    GROUP: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
                    HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr,
                    STORE_LSE: gl.constexpr, TRACE: gl.constexpr, PART: gl.constexpr,
-                   SOFTMAX_FORM: gl.constexpr = 0, NARROW_LAST: gl.constexpr = False):
+                   SOFTMAX_FORM: gl.constexpr = 0):
     """Consumer warpgroup ``PART``: packed rows ``[64 PART, 64 PART + 64)`` of each of the
     CTA's work items against its keys ``[0, hi)`` (``it`` counts the CTA's key tiles across
     items, as the loader does). The next item's tile and Q rows are looked up while this one's
@@ -565,7 +553,7 @@ def _consume_items(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empt
                 kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, sm_scale, stride_qt,
                 stride_qh, stride_ot, stride_oh, stride_lh, cu_seqlens_q, cache_seqlens, batch,
                 num_tiles, nxt, nxt < num_items, tp, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM,
-                IS_CAUSAL, LAST_FIRST, STORE_LSE, TRACE, PART, SOFTMAX_FORM, NARROW_LAST)
+                IS_CAUSAL, LAST_FIRST, STORE_LSE, TRACE, PART, SOFTMAX_FORM)
             it = it_next
         else:
             kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, q = _next_item(
@@ -633,10 +621,16 @@ def _issue_last_pv(v_smem, v_ready, g, p_op, acc, start, seqlen, tp=None,
     s = g % STAGES
     mbarrier.wait(v_ready.index(s), (g // STAGES) & 1)
     _stamp(tp, 10, TRACE)
-    if start + BLOCK_N > seqlen:   # only the last tile reaches past the end
-        _zero_rows_from(_v_operand(v_smem, s, BLOCK_N, HEAD_DIM), seqlen - start, BLOCK_N,
-                        HEAD_DIM)
-    acc = warpgroup_mma(p_op, _v_operand(v_smem, s, BLOCK_N, HEAD_DIM), acc, is_async=True)
+    if len(v_smem.shape) == 4:   # V by pages (``V_PAGES``)
+        if start + BLOCK_N > seqlen:   # only the last tile reaches past the end
+            _zero_rows_from(_v_pages_operand(v_smem, s, BLOCK_N, HEAD_DIM), seqlen - start,
+                            BLOCK_N, HEAD_DIM)
+        acc = warpgroup_mma(p_op, _v_pages_operand(v_smem, s, BLOCK_N, HEAD_DIM), acc,
+                            is_async=True)
+    else:
+        if start + BLOCK_N > seqlen:   # only the last tile reaches past the end
+            _zero_rows_from(v_smem.index(s), seqlen - start, BLOCK_N, HEAD_DIM)
+        acc = warpgroup_mma(p_op, v_smem.index(s), acc, is_async=True)
     _stamp(tp, 11, TRACE)
     return acc
 
@@ -677,8 +671,11 @@ def _steady_tiles(q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it
         sc = warpgroup_mma(q_smem, k_smem.index(s).permute((1, 0)), zero_s,
                            use_acc=False, is_async=True)
         v_waited = _timed_wait(v_ready.index(prev), ((g - 1) // STAGES) & 1, v_waited, TRACE)
-        acc = warpgroup_mma(p_op, _v_operand(v_smem, prev, BLOCK_N, acc.shape[1]), acc,
-                            is_async=True)
+        if len(v_smem.shape) == 4:   # V by pages (``V_PAGES``)
+            acc = warpgroup_mma(p_op, _v_pages_operand(v_smem, prev, BLOCK_N, acc.shape[1]),
+                                acc, is_async=True)
+        else:
+            acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
         t, issue_c = _lap(t, issue_c, TRACE)
         sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc, ))
         t, qk_c = _lap(t, qk_c, TRACE)
@@ -730,70 +727,13 @@ def _steady_tiles(q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it
 
 
 @gluon.jit
-def _narrow_last_tile(q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, g, acc, p_op,
-                      m_i, l_i, start, full, seqlen, last_key, qk_scale, BLOCK_N: gl.constexpr,
-                      TREE: gl.constexpr):
-    """An item's last key tile (the ring's ``g``-th, keys ``start ..``) where its keys below
-    ``hi`` fit in its first ``BLOCK_N / 2`` (``NARROW_LAST``): the steady loop's step on that
-    half (Q Kᵀ at n = BLOCK_N / 2, the previous tile's P V from ``p_op`` under its softmax), then
-    its own P V at k = BLOCK_N / 2, issued, not waited (``_issue_last_pv``). The tile is past
-    ``full``: the masked softmax. Returns ``(acc, p_half, m_i, l_i)``: O rescaled, and the
-    half's P as the A operand of its P V (k = BLOCK_N / 2)."""
-    HALF: gl.constexpr = BLOCK_N // 2
-    S_HALF: gl.constexpr = mma_layout(HALF)
-    ROWS_H: gl.constexpr = gl.SliceLayout(1, S_HALF)
-    ROWS_S: gl.constexpr = m_i.type.layout
-    O_LAYOUT: gl.constexpr = acc.type.layout
-    P_OPERAND: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
-    STAGES: gl.constexpr = k_smem.shape[0]
-    s = g % STAGES
-    prev = (g - 1) % STAGES
-    mbarrier.wait(k_ready.index(s), (g // STAGES) & 1)
-    sc = warpgroup_mma(q_smem, k_smem.index(s).slice(0, HALF).permute((1, 0)),
-                       gl.zeros([ROWS, HALF], gl.float32, S_HALF), use_acc=False, is_async=True)
-    mbarrier.wait(v_ready.index(prev), ((g - 1) // STAGES) & 1)
-    acc = warpgroup_mma(p_op, _v_operand(v_smem, prev, BLOCK_N, acc.shape[1]), acc,
-                        is_async=True)
-    sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc, ))
-    mbarrier.arrive(k_empty.index(s))
-    # The rows' layouts at n = BLOCK_N / 2 hold the same rows in the same threads (no data moved)
-    p, alpha, m_h, l_h = _softmax_tile(sc, gl.convert_layout(m_i, ROWS_H),
-                                       gl.convert_layout(l_i, ROWS_H), start, full, seqlen,
-                                       gl.convert_layout(last_key, ROWS_H), qk_scale, HALF,
-                                       S_HALF, TREE)
-    acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
-    mbarrier.arrive(v_empty.index(prev))
-    acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT)), 1)
-    p_half = gl.convert_layout(p.to(q_smem.dtype), P_OPERAND)
-    return acc, p_half, gl.convert_layout(m_h, ROWS_S), gl.convert_layout(l_h, ROWS_S)
-
-
-@gluon.jit
-def _last_pv_then_next(v_smem, v_ready, g, p_op, acc, start, seqlen, Q, cu_seqlens_q,
-                       cache_seqlens, batch, num_tiles, nxt, nxt_valid, stride_qt, stride_qh, tp,
-                       GROUP: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
-                       HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                       LAST_FIRST: gl.constexpr, PART: gl.constexpr, TRACE: gl.constexpr):
-    """An item's last P V (``_issue_last_pv``), the next item looked up under it (``nxt``:
-    ``_next_item``), then waited: ``(acc, next item)``."""
-    acc = _issue_last_pv(v_smem, v_ready, g, p_op, acc, start, seqlen, tp, TRACE)
-    nxt_item = _next_item(Q, cu_seqlens_q, cache_seqlens, batch, num_tiles, nxt, nxt_valid,
-                          stride_qt, stride_qh, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
-                          LAST_FIRST, PART)
-    _stamp(tp, 9, TRACE)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-    return acc, nxt_item
-
-
-@gluon.jit
 def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                   it, kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, sm_scale,
                   stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, cu_seqlens_q,
                   cache_seqlens, batch, num_tiles, nxt, nxt_valid, tp, GROUP: gl.constexpr,
                   BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                   IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr, STORE_LSE: gl.constexpr,
-                  TRACE: gl.constexpr, PART: gl.constexpr, SOFTMAX_FORM: gl.constexpr = 0,
-                  NARROW_LAST: gl.constexpr = False):
+                  TRACE: gl.constexpr, PART: gl.constexpr, SOFTMAX_FORM: gl.constexpr = 0):
     """One work item of consumer warpgroup ``PART`` (its ``q_smem`` slice; ``q`` its Q rows in
     registers), its key tiles the ring's ``it``-th onwards; returns ``_next_item(nxt)``, looked
     up under the item's last P V. FA3's intra-warpgroup overlap: tile j's Q Kᵀ is issued before
@@ -834,47 +774,18 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
                                            SOFTMAX_FORM // 8 % 2 == 1)
         p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
         _stamp(tp, 2, TRACE)
+        acc, p_op, m_i, l_i = _steady_tiles(
+            q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it, n_tiles, acc, p_op,
+            m_i, l_i, full, seqlen, last_key, qk_scale, tp, BLOCK_N, TRACE, SOFTMAX_FORM)
         last = n_tiles - 1
-        if NARROW_LAST:
-            # The last tile (the diagonal's, or the sequence's end) on its first half where the
-            # keys any row sees end there: the wgmmas and the masked softmax of the half past
-            # them skipped. Not the first tile (the loop carries P at BLOCK_N keys). Each branch
-            # ends its last P V (an async accumulator cannot leave a branch); the narrow one
-            # before the next item's lookup: with a second lookup (its binary search a loop)
-            # under an async wgmma, ptxas serializes every wgmma of the kernel (C7512,
-            # "insufficient register resources"; compiled for sm_90a).
-            narrow = (last > 0) & (hi - last * BLOCK_N <= BLOCK_N // 2)
-            acc, p_op, m_i, l_i = _steady_tiles(
-                q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it,
-                n_tiles - narrow.to(gl.int32), acc, p_op, m_i, l_i, full, seqlen, last_key,
-                qk_scale, tp, BLOCK_N, TRACE, SOFTMAX_FORM)
-            if narrow:
-                acc, p_half, m_i, l_i = _narrow_last_tile(
-                    q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it + last, acc,
-                    p_op, m_i, l_i, last * BLOCK_N, full, seqlen, last_key, qk_scale, BLOCK_N,
-                    SOFTMAX_FORM // 8 % 2 == 1)
-                acc = _issue_last_pv(v_smem, v_ready, it + last, p_half, acc, last * BLOCK_N,
-                                     seqlen)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-                nxt_item = _next_item(Q, cu_seqlens_q, cache_seqlens, batch, num_tiles, nxt,
-                                      nxt_valid, stride_qt, stride_qh, GROUP, BLOCK_Q, BLOCK_N,
-                                      HEAD_DIM, IS_CAUSAL, LAST_FIRST, PART)
-            else:
-                acc, nxt_item = _last_pv_then_next(
-                    v_smem, v_ready, it + last, p_op, acc, last * BLOCK_N, seqlen, Q,
-                    cu_seqlens_q, cache_seqlens, batch, num_tiles, nxt, nxt_valid, stride_qt,
-                    stride_qh, tp, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST,
-                    PART, TRACE)
-        else:
-            acc, p_op, m_i, l_i = _steady_tiles(
-                q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it, n_tiles, acc,
-                p_op, m_i, l_i, full, seqlen, last_key, qk_scale, tp, BLOCK_N, TRACE,
-                SOFTMAX_FORM)
-            acc, nxt_item = _last_pv_then_next(
-                v_smem, v_ready, it + last, p_op, acc, last * BLOCK_N, seqlen, Q, cu_seqlens_q,
-                cache_seqlens, batch, num_tiles, nxt, nxt_valid, stride_qt, stride_qh, tp, GROUP,
-                BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL, LAST_FIRST, PART, TRACE)
         s = (it + last) % STAGES
+        acc = _issue_last_pv(v_smem, v_ready, it + last, p_op, acc, last * BLOCK_N, seqlen, tp,
+                             TRACE)
+        nxt_item = _next_item(Q, cu_seqlens_q, cache_seqlens, batch, num_tiles, nxt, nxt_valid,
+                              stride_qt, stride_qh, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
+                              LAST_FIRST, PART)
+        _stamp(tp, 9, TRACE)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(v_empty.index(s))
         _stamp(tp, 4, TRACE)
     else:
@@ -924,7 +835,6 @@ def _gluon_prefill_kernel(
     SCALAR_PAGES: gl.constexpr = False, TILE_LOOKUP: gl.constexpr = False,
     TRACE: gl.constexpr = False, SOFTMAX_FORM: gl.constexpr = 0, KV_PAIRED: gl.constexpr = False,
     LOADER_PAD: gl.constexpr = 0, PAD_CHAINS: gl.constexpr = 1,
-    NARROW_LAST: gl.constexpr = False,
 ):
     """Grid ``(num_programs,)``: CTA ``p`` runs work items ``p, p + num_programs, ..`` of
     ``num_items = num_tiles * nheads_k`` (``_tile``; ``num_tiles = total_q // BLOCK_Q + batch``
@@ -966,12 +876,12 @@ def _gluon_prefill_kernel(
                           v_empty, cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles,
                           num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh,
                           stride_lh, trace, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
-                          LAST_FIRST, STORE_LSE, TRACE, 0, SOFTMAX_FORM, NARROW_LAST)),
+                          LAST_FIRST, STORE_LSE, TRACE, 0, SOFTMAX_FORM)),
         (_consume_items, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty,
                           v_empty, cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles,
                           num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh,
                           stride_lh, trace, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
-                          LAST_FIRST, STORE_LSE, TRACE, 1, SOFTMAX_FORM, NARROW_LAST)),
+                          LAST_FIRST, STORE_LSE, TRACE, 1, SOFTMAX_FORM)),
         (_load, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                  cu_seqlens_q, cache_seqlens, block_table, stride_btb, page_shift, batch,
                  num_tiles, num_items, num_programs, PAGE_SIZE, BLOCK_Q, BLOCK_N, HEAD_DIM,
@@ -1062,13 +972,15 @@ LAZY_RESCALE = False
 # masked), chunked (1 in ~64 masked) within -1 to +0.3%. The kernel's SOFTMAX_FORM: 8.
 ROW_TREE = True
 
-# An item's last key tile on its first BLOCK_N / 2 keys where the keys any of its rows sees end
-# there (``_narrow_last_tile``: Q Kᵀ at n = 64, the masked softmax on 64 columns, P V at k =
-# 64). In causal prefill a work item's 32 tokens end 32, 64, 96 or 128 keys into their last
-# tile, so half the items waste at least half a tile: prefill 8 x 2048 runs 8.5 tiles an item,
-# of which 0.25 is skipped (2.9% of the wgmmas, and half the masked tile's softmax for those
-# items, the most expensive tile: 528 SASS instructions a warp against 204). Being measured.
-NARROW_LAST = False
+# Measured and removed (H200, 2026-12-01, forty-second session; the code is in commit 65cab04):
+# an item's last tile on its first BLOCK_N / 2 keys where the keys its rows see end there
+# (``NARROW_LAST``: Q Kᵀ at n = 64, the masked softmax on 64 columns, P V at k = 64; prefill 8 x
+# 2048 skips 0.25 of its 8.5 tiles an item). Outputs bytes equal (the skipped half adds exact
+# zeros), TFLOP/s eager / graphs: prefill page 16 444.0 / 436.0 and 441.0 / 433.5 against
+# 449.3 / 434.7 and 448.0 / 438.3, page 256 455.8 / 449.5 against 461.5 / 445.7; chunked -1 to
+# +1.8%. The narrow branch waits its P V before the next item's lookup (with a second lookup
+# under an async wgmma, ptxas serialized every wgmma of the kernel, C7512): the wgmmas skipped
+# were not this loop's critical path.
 
 # A probe (timing only, wrong outputs; scripts/prefill_knob_ab.py): the steady loop's softmax
 # without its exponentials ("no_exp": x for exp2(x), no MUFU, and no mask code: the loop 1039 ->
@@ -1185,9 +1097,7 @@ class GluonPrefillLaunch:
                                                and not PROBE_TILE_LOOKUP
                                                and not PROBE_RUNTIME_PAGE),
                                 LOADER_PAD=PROBE_LOADER_PAD if KV_PAIRED else 0,
-                                PAD_CHAINS=PROBE_PAD_CHAINS,
-                                # (not under the softmax probes: they time the loop's softmax)
-                                NARROW_LAST=bool(NARROW_LAST and PROBE_SOFTMAX is None))
+                                PAD_CHAINS=PROBE_PAD_CHAINS)
         self._page_shift = page_size.bit_length() - 1
         if (PROBE_RUNTIME_PAGE and self._constexprs["SCALAR_PAGES"]
                 and not self._constexprs["TILE_LOOKUP"]):

@@ -27,7 +27,7 @@ def _check_signature(dtype: str, head_dim: int, box: int, v_pages: bool = False)
     sig["trace"] = "*i64"
     for name in ("GROUP", "IS_CAUSAL", "PAGE_SIZE", "BLOCK_N", "HEAD_DIM", "STORE_LSE",
                  "LAST_FIRST", "STAGES", "SCALAR_PAGES", "TILE_LOOKUP", "TRACE",
-                 "SOFTMAX_FORM", "KV_PAIRED", "LOADER_PAD", "PAD_CHAINS", "NARROW_LAST"):
+                 "SOFTMAX_FORM", "KV_PAIRED", "LOADER_PAD", "PAD_CHAINS"):
         sig[name] = "constexpr"
     return sig
 
@@ -35,16 +35,11 @@ def _check_signature(dtype: str, head_dim: int, box: int, v_pages: bool = False)
 def _check_spec(variant, dtype, head_dim, page_size, group=4, causal=True, block_n=128,
                 stages=3, scalar_pages=None, tile_lookup=False, box=None, trace=False,
                 softmax_form=0, row_tree=None, v_pages=None, kv_paired=None, loader_pad=0,
-                pad_chains=1, narrow_last=None):
+                pad_chains=1):
     # Per tile and consumer warpgroup: S = Q Kᵀ D/16 m64nBLOCK_Nk16, O += P V BLOCK_N/16
     # m64nDk16; each twice in the code (the loop's pair, the first tile's S and the last tile's
     # P V), and two warpgroups.
     hgmma = 4 * (head_dim // 16 + block_n // 16)
-    if narrow_last is None:   # the launch's rule: not under the softmax probes
-        narrow_last = gluon_prefill.NARROW_LAST and softmax_form % 4 == 0
-    if narrow_last:   # and the narrow last tile's: S at n = BLOCK_N / 2, the previous tile's P V, its own
-        # P V at k = BLOCK_N / 2
-        hgmma += 2 * (head_dim // 16 + block_n // 16 + block_n // 32)
     box = box or min(page_size, block_n)
     if scalar_pages is None:   # the launch's rule: scalar page ids where a tile has boxes
         scalar_pages = gluon_prefill.SCALAR_PAGES and block_n > box
@@ -59,8 +54,8 @@ def _check_spec(variant, dtype, head_dim, page_size, group=4, causal=True, block
             dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, BLOCK_N=block_n,
                  HEAD_DIM=head_dim, STORE_LSE=True, LAST_FIRST=True, STAGES=stages,
                  SCALAR_PAGES=scalar_pages, TILE_LOOKUP=tile_lookup, TRACE=trace,
-                 SOFTMAX_FORM=softmax_form + 8 * row_tree, KV_PAIRED=kv_paired,
-                 LOADER_PAD=loader_pad, PAD_CHAINS=pad_chains, NARROW_LAST=narrow_last),
+                 SOFTMAX_FORM=softmax_form + 8 * row_tree, KV_PAIRED=kv_paired, LOADER_PAD=loader_pad,
+                 PAD_CHAINS=pad_chains),
             dict(num_warps=4), dict(HGMMA=hgmma))
 
 
@@ -98,11 +93,6 @@ GLUON_CHECK_SPECS = [
     _check_spec("d128-bf16-page16-gqa4-causal-rowchain", "bf16", 128, 16, row_tree=False),
     _check_spec("d64-fp16-page32-mha-noncausal-rowchain", "fp16", 64, 32, group=1,
                 causal=False, row_tree=False),
-    # the last tile on its first half where its keys end there (``NARROW_LAST``)
-    _check_spec("d128-bf16-page16-gqa4-causal-narrow", "bf16", 128, 16, narrow_last=True),
-    _check_spec("d128-bf16-page256-gqa4-causal-narrow", "bf16", 128, 256, narrow_last=True),
-    _check_spec("d64-fp16-page32-mha-noncausal-narrow-bn64", "fp16", 64, 32, group=1,
-                causal=False, block_n=64, narrow_last=True),
     # the softmax probes (``PROBE_SOFTMAX``, SOFTMAX_FORM + 1 / + 2: no exponentials, no
     # rescale)
     _check_spec("d128-bf16-page16-gqa4-causal-noexp", "bf16", 128, 16, softmax_form=1),
