@@ -977,7 +977,7 @@ ROW_TREE = True
 # (``NARROW_LAST``: Q Kᵀ at n = 64, the masked softmax on 64 columns, P V at k = 64; prefill 8 x
 # 2048 skips 0.25 of its 8.5 tiles an item). Outputs bytes equal (the skipped half adds exact
 # zeros), TFLOP/s eager / graphs: prefill page 16 444.0 / 436.0 and 441.0 / 433.5 against
-# 449.3 / 434.7 and 448.0 / 438.3, page 256 455.8 / 449.5 against 461.5 / 445.7; chunked -1 to
+# 449.3 / 434.7 and 448.0 / 438.3, page 256 455.8 / 449.5 against 461.5 / 445.7; chunked -1.4 to
 # +1.8%. The narrow branch waits its P V before the next item's lookup (with a second lookup
 # under an async wgmma, ptxas serialized every wgmma of the kernel, C7512): the wgmmas skipped
 # were not this loop's critical path.
