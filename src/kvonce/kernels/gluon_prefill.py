@@ -980,7 +980,8 @@ ROW_TREE = True
 # 449.3 / 434.7 and 448.0 / 438.3, page 256 455.8 / 449.5 against 461.5 / 445.7; chunked -1.4 to
 # +1.8%. The narrow branch waits its P V before the next item's lookup (with a second lookup
 # under an async wgmma, ptxas serialized every wgmma of the kernel, C7512): the wgmmas skipped
-# were not this loop's critical path.
+# were not this loop's critical path. The thirty-sixth session's TRIM_LAST_TILE, the same cut,
+# measured the same (docs/notes.md).
 
 # A probe (timing only, wrong outputs; scripts/prefill_knob_ab.py): the steady loop's softmax
 # without its exponentials ("no_exp": x for exp2(x), no MUFU, and no mask code: the loop 1039 ->
