@@ -37,10 +37,6 @@
 #               masked path's planned stalls 1281 -> 1165): the chain form's tests against the
 #               reference, then the A/B against it at pages 16 and 256 ("same" False: the sums'
 #               order)
-#   exppoly     1 or 2 of every 4 unmasked exponentials by a polynomial on the FMA pipe
-#               (gluon_prefill.EXP_POLY, built 2026-12-01, forty-second session; compiled: the
-#               unmasked softmax 204 -> 317 instructions a warp a tile with 1, MUFU 64 -> 48):
-#               the bf16 forms tests against the reference, then the A/B at page 16
 #   loaders     the loader's instructions (2026-12-01, fortieth session: 240 more a tile cost
 #               page 16 8%, as four chains 5%): KV_PAIRED's tests (on since the forty-first
 #               session, +0.3-1.4%), then an A/B against it off, and with the pad probe as
@@ -916,14 +912,6 @@ if has rowtree; then
   timeout 200 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_gluon_prefill.py \
     -k "prefill_forms and chain" 2>&1 | tail -4 | cut -c1-300
   v="16,16:ROW_TREE=False,16:,16::ROW_TREE=False,256,256:ROW_TREE=False"
-  (cd scripts && PYTHONPATH=../src:. timeout 270 python3 prefill_knob_ab.py \
-    --rows prefill,chunked --variants "$v" --rounds 3 2>&1 | tail -15)
-fi
-if has exppoly; then
-  step exppoly
-  timeout 150 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_gluon_prefill.py \
-    -k "prefill_forms and poly and dtype1" 2>&1 | tail -4 | cut -c1-300
-  v="16,16:EXP_POLY=1,16:EXP_POLY=2,16:,16::EXP_POLY=1,16::EXP_POLY=2"
   (cd scripts && PYTHONPATH=../src:. timeout 270 python3 prefill_knob_ab.py \
     --rows prefill,chunked --variants "$v" --rounds 3 2>&1 | tail -15)
 fi

@@ -393,57 +393,9 @@ def _rows_reduce(x, MAX: gl.constexpr, TREE: gl.constexpr = False):
         return _reduce_axis1(x, MAX)
 
 
-# 2^f on [-0.5, 0.5], degree 3, minimax in relative error (7.5e-5 = 2^-13.7, in float32 too;
-# fp16's rounding is 2^-11): FA4's exponential on the FMA pipe, as float32 bit patterns.
-_EXP2_POLY = gl.constexpr(("0f3F7FFB4A", "0f3F31798D", "0f3E786EE6", "0f3D61FB53"))
-
-
-def _exp2_asm(poly: int) -> str:
-    """Inline PTX: 2^x of four values (``$4 .. $7``, x <= 0, finite) into ``$0 .. $3``, the
-    last ``poly`` by a polynomial on the FMA pipe, the others by the SFU's ``ex2``. 2^x =
-    2^j 2^f, j = round(x) (x + 1.5 * 2^23 leaves j in the low mantissa bits), f = x - j in
-    [-0.5, 0.5], 2^j added to the polynomial's exponent field; x clamped at -126 (2^-126 and
-    below come out as 0 or a denormal, never a wrapped exponent)."""
-    c0, c1, c2, c3 = _EXP2_POLY.value
-    lines = [f"    ex2.approx.ftz.f32 ${i}, ${4 + i};" for i in range(4 - poly)]
-    for i in range(4 - poly, 4):
-        lines += [f"    max.f32 r, ${4 + i}, 0fC2FC0000;",
-                  "    add.rn.f32 t, r, 0f4B400000;",
-                  "    sub.rn.f32 j, t, 0f4B400000;",
-                  "    sub.rn.f32 r, r, j;",
-                  f"    fma.rn.f32 q, r, {c3}, {c2};",
-                  f"    fma.rn.f32 q, q, r, {c1};",
-                  f"    fma.rn.f32 q, q, r, {c0};",
-                  "    mov.b32 tb, t;",
-                  "    shl.b32 tb, tb, 23;",
-                  "    mov.b32 qb, q;",
-                  "    add.s32 qb, qb, tb;",
-                  f"    mov.b32 ${i}, qb;"]
-    return "{\n    .reg .f32 r, t, j, q;\n    .reg .b32 tb, qb;\n" + "\n".join(lines) + "\n}"
-
-
-_EXP2_ASM_1 = gl.constexpr(_exp2_asm(1))
-_EXP2_ASM_2 = gl.constexpr(_exp2_asm(2))
-
-
-@gluon.jit
-def _exp2(x, POLY: gl.constexpr = 0):
-    """``exp2(x)`` (x <= 0, finite); ``POLY`` of every 4 values by a polynomial on the FMA pipe
-    (``EXP_POLY``) instead of the SFU, whose 64 exponentials a warp a tile (8 cycles each)
-    are the softmax's largest cost."""
-    if POLY == 1:
-        return gl.inline_asm_elementwise(_EXP2_ASM_1, "=f,=f,=f,=f,f,f,f,f", [x],
-                                         dtype=gl.float32, is_pure=True, pack=4)
-    elif POLY == 2:
-        return gl.inline_asm_elementwise(_EXP2_ASM_2, "=f,=f,=f,=f,f,f,f,f", [x],
-                                         dtype=gl.float32, is_pure=True, pack=4)
-    else:
-        return gl.exp2(x)
-
-
 @gluon.jit
 def _softmax_tile(sc, m_i, l_i, start, full, seqlen, last_key, qk_scale, BLOCK_N: gl.constexpr,
-                  S_LAYOUT: gl.constexpr, TREE: gl.constexpr = False, POLY: gl.constexpr = 0):
+                  S_LAYOUT: gl.constexpr, TREE: gl.constexpr = False):
     """Raw scores ``sc [rows, BLOCK_N]`` of keys ``start ..`` into the online softmax (base
     2): ``(p, alpha, m_new, l_new)``. Tiles past ``full`` (the diagonal band, the sequence's end)
     are masked: row r sees key k iff ``k <= last_key[r]`` and ``k < seqlen``."""
@@ -459,7 +411,7 @@ def _softmax_tile(sc, m_i, l_i, start, full, seqlen, last_key, qk_scale, BLOCK_N
     else:
         m_new = gl.maximum(m_i, _rows_reduce(sc, True, TREE) * qk_scale)
         m_sub = m_new
-        p = _exp2(sc * qk_scale - gl.expand_dims(m_sub, 1), POLY)
+        p = gl.exp2(sc * qk_scale - gl.expand_dims(m_sub, 1))
     alpha = gl.exp2(m_i - m_sub)
     return p, alpha, m_new, l_i * alpha + _rows_reduce(p, False, TREE)
 
@@ -743,14 +695,12 @@ def _steady_tiles(q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it
             else:
                 p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, j * BLOCK_N, full, seqlen,
                                                    last_key, qk_scale, BLOCK_N, S_LAYOUT,
-                                                   SOFTMAX_FORM // 8 % 2 == 1,
-                                                   SOFTMAX_FORM // 16 % 4)
+                                                   SOFTMAX_FORM // 8 % 2 == 1)
                 flag = gl.full_like(m_i, 1, dtype=gl.int32)
         else:
             p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, j * BLOCK_N, full, seqlen,
                                                last_key, qk_scale, BLOCK_N, S_LAYOUT,
-                                               SOFTMAX_FORM // 8 % 2 == 1,
-                                               SOFTMAX_FORM // 16 % 4)
+                                               SOFTMAX_FORM // 8 % 2 == 1)
         t, softmax_c = _lap(t, softmax_c, TRACE)
         if TRACE:   # and its end (slots 18 + 2 (j - 1)), as the warp reaches it
             if j <= TRACE_TILES:
@@ -821,7 +771,7 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
         mbarrier.arrive(k_empty.index(s))
         p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, 0, full, seqlen, last_key,
                                            qk_scale, BLOCK_N, S_LAYOUT,
-                                           SOFTMAX_FORM // 8 % 2 == 1, SOFTMAX_FORM // 16 % 4)
+                                           SOFTMAX_FORM // 8 % 2 == 1)
         p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
         _stamp(tp, 2, TRACE)
         acc, p_op, m_i, l_i = _steady_tiles(
@@ -1022,14 +972,6 @@ LAZY_RESCALE = False
 # masked), chunked (1 in ~64 masked) within -1 to +0.3%. The kernel's SOFTMAX_FORM: 8.
 ROW_TREE = True
 
-# The unmasked tiles' exponentials, EXP_POLY of every 4 by a degree-3 polynomial on the FMA pipe
-# (``_exp2``, FA4's split) instead of the SFU: 64 MUFU.EX2 a warp a tile at 8 cycles each are
-# 512 SFU cycles against ~204 issued instructions, so a quarter on the FMA pipe (~12
-# instructions each) balances the two; at the power cap more instructions may cost more than
-# the SFU cycles they save. Being measured. 0 (all on the SFU), 1 or 2. The kernel's
-# SOFTMAX_FORM: 16 EXP_POLY.
-EXP_POLY = 0
-
 # Measured and removed (H200, 2026-12-01, forty-second session; the code is in commit 65cab04):
 # an item's last tile on its first BLOCK_N / 2 keys where the keys its rows see end there
 # (``NARROW_LAST``: Q Kᵀ at n = 64, the masked softmax on 64 columns, P V at k = 64; prefill 8 x
@@ -1040,6 +982,12 @@ EXP_POLY = 0
 # under an async wgmma, ptxas serialized every wgmma of the kernel, C7512): the wgmmas skipped
 # were not this loop's critical path. The thirty-sixth session's TRIM_LAST_TILE, the same cut,
 # measured the same (docs/notes.md).
+#
+# Also measured and removed (commit 02f4f27): 1 or 2 of every 4 unmasked exponentials by a degree-3
+# polynomial on the FMA pipe (``EXP_POLY``, FA4's split; the unmasked softmax 204 -> 317 SASS
+# instructions a warp a tile with 1, SFU 512 -> 384 cycles). Correct, and slower: prefill page 16
+# 395.7 / 393.4 (1) and 363.7 / 377.0 (2) against 445.9 / 441.9 TFLOP/s, chunked -9% and -14%.
+# The loop is bound by its instructions' issue, not by the SFU.
 
 # A probe (timing only, wrong outputs; scripts/prefill_knob_ab.py): the steady loop's softmax
 # without its exponentials ("no_exp": x for exp2(x), no MUFU, and no mask code: the loop 1039 ->
@@ -1151,7 +1099,7 @@ class GluonPrefillLaunch:
                                 TRACE=PROBE_TRACE is not None,
                                 SOFTMAX_FORM=({None: 0, "no_exp": 1, "no_rescale": 2}[
                                     PROBE_SOFTMAX] + 4 * LAZY_RESCALE
-                                    + 8 * ROW_TREE + 16 * EXP_POLY),
+                                    + 8 * ROW_TREE),
                                 KV_PAIRED=bool(KV_PAIRED and SCALAR_PAGES and block_n > self.box
                                                and not PROBE_TILE_LOOKUP
                                                and not PROBE_RUNTIME_PAGE),

@@ -93,10 +93,6 @@ GLUON_CHECK_SPECS = [
     _check_spec("d128-bf16-page16-gqa4-causal-rowchain", "bf16", 128, 16, row_tree=False),
     _check_spec("d64-fp16-page32-mha-noncausal-rowchain", "fp16", 64, 32, group=1,
                 causal=False, row_tree=False),
-    # a quarter or half of the unmasked tiles' exponentials on the FMA pipe (``EXP_POLY``,
-    # SOFTMAX_FORM + 16 / + 32)
-    _check_spec("d128-bf16-page16-gqa4-causal-exppoly1", "bf16", 128, 16, softmax_form=16),
-    _check_spec("d128-bf16-page16-gqa4-causal-exppoly2", "bf16", 128, 16, softmax_form=32),
     # the softmax probes (``PROBE_SOFTMAX``, SOFTMAX_FORM + 1 / + 2: no exponentials, no
     # rescale)
     _check_spec("d128-bf16-page16-gqa4-causal-noexp", "bf16", 128, 16, softmax_form=1),
