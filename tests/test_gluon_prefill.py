@@ -89,11 +89,12 @@ SOFTMAX_SHAPES = [(32, 8, 128, 16, 128), (12, 2, 128, 32, 128), (16, 2, 64, 32, 
 
 
 # The kernel's other forms, each knob set (so the expected constants do not follow the shipped
-# defaults): FA4's conditional rescale, the row reductions as one chain a row; (knobs,
-# SOFTMAX_FORM).
+# defaults): FA4's conditional rescale, the row reductions as one chain a row, P's row sums by
+# the tensor core; (knobs, SOFTMAX_FORM).
 FORMS = {
-    "lazy": (dict(LAZY_RESCALE=True, ROW_TREE=True), 12),
-    "chain": (dict(LAZY_RESCALE=False, ROW_TREE=False), 0),
+    "lazy": (dict(LAZY_RESCALE=True, ROW_TREE=True, ROW_SUM_MMA=False), 12),
+    "chain": (dict(LAZY_RESCALE=False, ROW_TREE=False, ROW_SUM_MMA=False), 0),
+    "summma": (dict(LAZY_RESCALE=False, ROW_TREE=True, ROW_SUM_MMA=True), 72),
 }
 
 
@@ -106,8 +107,9 @@ FORMS = {
 def test_gluon_prefill_forms(monkeypatch, form_name, dtype, causal, spikes, nheads, nheads_k,
                              head_dim, page_size, block_n):
     """The kernel's other forms against the reference: ``LAZY_RESCALE`` (FA4's conditional
-    rescale: a warp keeps its rows' max until one grows by more than 2^8) and ``ROW_TREE`` off
-    (the rows' max and sum as one chain a row). ``spikes``: 1% of the keys 12x larger, so rows'
+    rescale: a warp keeps its rows' max until one grows by more than 2^8), ``ROW_TREE`` off
+    (the rows' max and sum as one chain a row) and ``ROW_SUM_MMA`` (P's row sums as ``P @
+    ones`` on the tensor core). ``spikes``: 1% of the keys 12x larger, so rows'
     maxima jump by far more than the lazy threshold in later tiles and warps take both
     paths."""
     knobs, form = FORMS[form_name]

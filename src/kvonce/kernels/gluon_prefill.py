@@ -524,8 +524,8 @@ def _timed_wait(bar, phase, waited, TRACE: gl.constexpr):
 
 
 @gluon.jit
-def _consume_items(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                   cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles, num_items,
+def _consume_items(Q, Out, Lse, q_smem, k_smem, v_smem, ones_smem, k_ready, v_ready, k_empty,
+                   v_empty, cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles, num_items,
                    num_programs, stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, trace,
                    GROUP: gl.constexpr, BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr,
                    HEAD_DIM: gl.constexpr, IS_CAUSAL: gl.constexpr, LAST_FIRST: gl.constexpr,
@@ -534,8 +534,14 @@ def _consume_items(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empt
     """Consumer warpgroup ``PART``: packed rows ``[64 PART, 64 PART + 64)`` of each of the
     CTA's work items against its keys ``[0, hi)`` (``it`` counts the CTA's key tiles across
     items, as the loader does). The next item's tile and Q rows are looked up while this one's
-    last P V runs (``_next_item``), so a persistent CTA starts an item on data already loaded."""
+    last P V runs (``_next_item``), so a persistent CTA starts an item on data already loaded.
+    ``ones_smem`` ``[8, BLOCK_N]``: ones, the B operand of the row sums' wgmma
+    (``ROW_SUM_MMA``), filled here (both warpgroups store the same values)."""
     q_smem = q_smem.index(PART)
+    if SOFTMAX_FORM // 64 % 2 == 1:
+        ones_smem.store(gl.full([8, BLOCK_N], 1.0, ones_smem.dtype, rows_layout(BLOCK_N)))
+        fence_async_shared()
+        gl.thread_barrier()
     it = 0
     item = gl.program_id(0)
     kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, q = _next_item(
@@ -549,7 +555,8 @@ def _consume_items(Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empt
             tp = trace + ((gl.program_id(0) * TRACE_ROUNDS + gl.minimum(rnd, TRACE_ROUNDS - 1))
                           * 2 + PART) * TRACE_EVENTS
             kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, q = _consume_item(
-                Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it,
+                Q, Out, Lse, q, q_smem, k_smem, v_smem, ones_smem, k_ready, v_ready, k_empty,
+                v_empty, it,
                 kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, sm_scale, stride_qt,
                 stride_qh, stride_ot, stride_oh, stride_lh, cu_seqlens_q, cache_seqlens, batch,
                 num_tiles, nxt, nxt < num_items, tp, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM,
@@ -638,12 +645,15 @@ def _issue_last_pv(v_smem, v_ready, g, p_op, acc, start, seqlen, tp=None,
 @gluon.jit
 def _steady_tiles(q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it, n_tiles, acc,
                   p_op, m_i, l_i, full, seqlen, last_key, qk_scale, tp, BLOCK_N: gl.constexpr,
-                  TRACE: gl.constexpr, SOFTMAX_FORM: gl.constexpr = 0):
+                  TRACE: gl.constexpr, SOFTMAX_FORM: gl.constexpr = 0, ones_smem=None):
     """Key tiles ``1 .. n_tiles - 1`` of an item (the ring's ``it + j``-th), tile 0's P in
     ``p_op``: FA3's intra-warpgroup overlap, tile j's Q Kᵀ issued before tile j - 1's P V, whose
     wgmma runs under tile j's softmax (P of tile j - 1 stays in registers as its A operand until
     it retires). Returns ``(acc, p_op, m_i, l_i)`` with the last tile's P in ``p_op``, its P V
-    not issued. With ``TRACE``: step 3's clock and the cycles waited on K and on V."""
+    not issued. With ``TRACE``: step 3's clock and the cycles waited on K and on V. With
+    ``ROW_SUM_MMA`` (SOFTMAX_FORM + 64) ``l_i`` is a ``[rows, 8]`` wgmma accumulator of P's row
+    sums (``P @ ones``, issued with each P V), not a row vector."""
+    SUM_MMA: gl.constexpr = SOFTMAX_FORM // 64 % 2 == 1
     S_LAYOUT: gl.constexpr = mma_layout(BLOCK_N)
     O_LAYOUT: gl.constexpr = acc.type.layout
     P_OPERAND: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
@@ -651,6 +661,7 @@ def _steady_tiles(q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it
     STAGES: gl.constexpr = k_smem.shape[0]
     dtype: gl.constexpr = q_smem.dtype
     zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, S_LAYOUT)
+    no_sums = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, S_LAYOUT))   # (SUM_MMA: unused)
     k_waited = gl.to_tensor(0).to(gl.int64)   # the loop's cycles in k_ready / v_ready waits
     v_waited = k_waited                        # (TRACE only)
     # and in its steps (TRACE only): the wgmmas' issue (the waits included), the Q Kᵀ's wait,
@@ -676,8 +687,13 @@ def _steady_tiles(q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it
                                 acc, is_async=True)
         else:
             acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+        if SUM_MMA:
+            l_i = warpgroup_mma(p_op, ones_smem.permute((1, 0)), l_i, is_async=True)
         t, issue_c = _lap(t, issue_c, TRACE)
-        sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc, ))
+        if SUM_MMA:
+            sc = warpgroup_mma_wait(num_outstanding=2, deps=(sc, ))
+        else:
+            sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc, ))
         t, qk_c = _lap(t, qk_c, TRACE)
         mbarrier.arrive(k_empty.index(s))
         if TRACE:   # tiles 1 .. TRACE_TILES: the softmax's start (slots 17 + 2 (j - 1))
@@ -697,6 +713,10 @@ def _steady_tiles(q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it
                                                    last_key, qk_scale, BLOCK_N, S_LAYOUT,
                                                    SOFTMAX_FORM // 8 % 2 == 1)
                 flag = gl.full_like(m_i, 1, dtype=gl.int32)
+        elif SUM_MMA:   # the row sums dead here: no FADDs
+            p, alpha, m_i, _ = _softmax_tile(sc, m_i, no_sums, j * BLOCK_N, full, seqlen,
+                                             last_key, qk_scale, BLOCK_N, S_LAYOUT,
+                                             SOFTMAX_FORM // 8 % 2 == 1)
         else:
             p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, j * BLOCK_N, full, seqlen,
                                                last_key, qk_scale, BLOCK_N, S_LAYOUT,
@@ -705,13 +725,19 @@ def _steady_tiles(q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it
         if TRACE:   # and its end (slots 18 + 2 (j - 1)), as the warp reaches it
             if j <= TRACE_TILES:
                 gl.store(tp + 16 + 2 * j, t)
-        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
+        if SUM_MMA:
+            acc, l_i, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, l_i, p_op))
+        else:
+            acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
         t, pv_c = _lap(t, pv_c, TRACE)
         mbarrier.arrive(v_empty.index(prev))
         if SOFTMAX_FORM // 4 % 2 == 1:
             acc = _rescale_if(acc, alpha, flag, ROWS_O)
         elif SOFTMAX_FORM % 4 != 2:   # 2 (timing only): O never rescaled
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROWS_O), 1)
+            if SUM_MMA:
+                l_i = l_i * gl.expand_dims(
+                    gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout)), 1)
         p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
         t, tail_c = _lap(t, tail_c, TRACE)
     _stamp(tp, 3, TRACE)
@@ -727,8 +753,8 @@ def _steady_tiles(q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it
 
 
 @gluon.jit
-def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                  it, kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, sm_scale,
+def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, ones_smem, k_ready, v_ready, k_empty,
+                  v_empty, it, kv_head, q_start, q_len, tok0, seqlen, diag, hi, full, sm_scale,
                   stride_qt, stride_qh, stride_ot, stride_oh, stride_lh, cu_seqlens_q,
                   cache_seqlens, batch, num_tiles, nxt, nxt_valid, tp, GROUP: gl.constexpr,
                   BLOCK_Q: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
@@ -774,18 +800,36 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, k_ready, v_ready, k_em
                                            SOFTMAX_FORM // 8 % 2 == 1)
         p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
         _stamp(tp, 2, TRACE)
-        acc, p_op, m_i, l_i = _steady_tiles(
-            q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it, n_tiles, acc, p_op,
-            m_i, l_i, full, seqlen, last_key, qk_scale, tp, BLOCK_N, TRACE, SOFTMAX_FORM)
-        last = n_tiles - 1
+        if SOFTMAX_FORM // 64 % 2 == 1:   # ROW_SUM_MMA: l from the tensor core, P's 8 copies
+            l_acc = gl.zeros([ROWS, 8], gl.float32, mma_layout(8))
+            acc, p_op, m_i, l_acc = _steady_tiles(
+                q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it, n_tiles, acc,
+                p_op, m_i, l_acc, full, seqlen, last_key, qk_scale, tp, BLOCK_N, TRACE,
+                SOFTMAX_FORM, ones_smem)
+            last = n_tiles - 1
+            acc = _issue_last_pv(v_smem, v_ready, it + last, p_op, acc, last * BLOCK_N, seqlen,
+                                 tp, TRACE)
+            l_acc = warpgroup_mma(p_op, ones_smem.permute((1, 0)), l_acc, is_async=True)
+            nxt_item = _next_item(Q, cu_seqlens_q, cache_seqlens, batch, num_tiles, nxt,
+                                  nxt_valid, stride_qt, stride_qh, GROUP, BLOCK_Q, BLOCK_N,
+                                  HEAD_DIM, IS_CAUSAL, LAST_FIRST, PART)
+            _stamp(tp, 9, TRACE)
+            acc, l_acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, l_acc))
+            l_i = gl.convert_layout(gl.max(l_acc, 1), ROWS_S)
+        else:
+            acc, p_op, m_i, l_i = _steady_tiles(
+                q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it, n_tiles, acc,
+                p_op, m_i, l_i, full, seqlen, last_key, qk_scale, tp, BLOCK_N, TRACE,
+                SOFTMAX_FORM)
+            last = n_tiles - 1
+            acc = _issue_last_pv(v_smem, v_ready, it + last, p_op, acc, last * BLOCK_N, seqlen,
+                                 tp, TRACE)
+            nxt_item = _next_item(Q, cu_seqlens_q, cache_seqlens, batch, num_tiles, nxt,
+                                  nxt_valid, stride_qt, stride_qh, GROUP, BLOCK_Q, BLOCK_N,
+                                  HEAD_DIM, IS_CAUSAL, LAST_FIRST, PART)
+            _stamp(tp, 9, TRACE)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         s = (it + last) % STAGES
-        acc = _issue_last_pv(v_smem, v_ready, it + last, p_op, acc, last * BLOCK_N, seqlen, tp,
-                             TRACE)
-        nxt_item = _next_item(Q, cu_seqlens_q, cache_seqlens, batch, num_tiles, nxt, nxt_valid,
-                              stride_qt, stride_qh, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
-                              LAST_FIRST, PART)
-        _stamp(tp, 9, TRACE)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(v_empty.index(s))
         _stamp(tp, 4, TRACE)
     else:
@@ -859,6 +903,11 @@ def _gluon_prefill_kernel(
             dtype, [STAGES, BLOCK_N // BOX_V * (HEAD_DIM // 64), BOX_V, 64], v_desc.layout)
     else:
         v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    if SOFTMAX_FORM // 64 % 2 == 1:   # ROW_SUM_MMA: the row sums' B operand (ones)
+        ones_smem = gl.allocate_shared_memory(
+            dtype, [8, BLOCK_N], gl.NVMMASharedLayout.get_default_for([8, BLOCK_N], dtype))
+    else:
+        ones_smem = q_smem   # never read
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -872,13 +921,13 @@ def _gluon_prefill_kernel(
     # (The argument lists are spelled out: a tuple built in the kernel would carry the
     # constexprs as runtime values.)
     gl.warp_specialize([
-        (_consume_items, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty,
-                          v_empty, cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles,
+        (_consume_items, (Q, Out, Lse, q_smem, k_smem, v_smem, ones_smem, k_ready, v_ready,
+                          k_empty, v_empty, cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles,
                           num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh,
                           stride_lh, trace, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
                           LAST_FIRST, STORE_LSE, TRACE, 0, SOFTMAX_FORM)),
-        (_consume_items, (Q, Out, Lse, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty,
-                          v_empty, cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles,
+        (_consume_items, (Q, Out, Lse, q_smem, k_smem, v_smem, ones_smem, k_ready, v_ready,
+                          k_empty, v_empty, cu_seqlens_q, cache_seqlens, sm_scale, batch, num_tiles,
                           num_items, num_programs, stride_qt, stride_qh, stride_ot, stride_oh,
                           stride_lh, trace, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
                           LAST_FIRST, STORE_LSE, TRACE, 1, SOFTMAX_FORM)),
@@ -971,6 +1020,14 @@ LAZY_RESCALE = False
 # / 553.9. On: +0.3 to +1.1% on the prefill row (the one short of its target, 1 tile in ~8.5
 # masked), chunked (1 in ~64 masked) within -1 to +0.3%. The kernel's SOFTMAX_FORM: 8.
 ROW_TREE = True
+
+# P's row sums by the tensor core (``P @ ones``, a m64n8 wgmma issued with each P V into an
+# accumulator of 8 equal columns, rescaled with O) instead of 64 FADDs a warp a tile and their
+# shuffles: the loop is bound by its instructions' issue (EXP_POLY below: +113 instructions a
+# warp a tile cost 11%), and this takes ~64 FADDs out for ~8 HGMMAs and their descriptors. l
+# becomes the sum of P as rounded to 16 bits, the P that P V multiplies. Being measured. The
+# kernel's SOFTMAX_FORM: 64.
+ROW_SUM_MMA = False
 
 # Measured and removed (H200, 2026-12-01, forty-second session; the code is in commit 65cab04):
 # an item's last tile on its first BLOCK_N / 2 keys where the keys its rows see end there
@@ -1099,7 +1156,10 @@ class GluonPrefillLaunch:
                                 TRACE=PROBE_TRACE is not None,
                                 SOFTMAX_FORM=({None: 0, "no_exp": 1, "no_rescale": 2}[
                                     PROBE_SOFTMAX] + 4 * LAZY_RESCALE
-                                    + 8 * ROW_TREE),
+                                    + 8 * ROW_TREE
+                                    # (not with the lazy rescale or the probes)
+                                    + 64 * (ROW_SUM_MMA and not LAZY_RESCALE
+                                            and PROBE_SOFTMAX is None)),
                                 KV_PAIRED=bool(KV_PAIRED and SCALAR_PAGES and block_n > self.box
                                                and not PROBE_TILE_LOOKUP
                                                and not PROBE_RUNTIME_PAGE),

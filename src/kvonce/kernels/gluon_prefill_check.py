@@ -40,6 +40,8 @@ def _check_spec(variant, dtype, head_dim, page_size, group=4, causal=True, block
     # m64nDk16; each twice in the code (the loop's pair, the first tile's S and the last tile's
     # P V), and two warpgroups.
     hgmma = 4 * (head_dim // 16 + block_n // 16)
+    if softmax_form // 64 % 2:   # and P @ ones, BLOCK_N/16 m64n8k16 with each P V
+        hgmma += 4 * (block_n // 16)
     box = box or min(page_size, block_n)
     if scalar_pages is None:   # the launch's rule: scalar page ids where a tile has boxes
         scalar_pages = gluon_prefill.SCALAR_PAGES and block_n > box
@@ -93,6 +95,10 @@ GLUON_CHECK_SPECS = [
     _check_spec("d128-bf16-page16-gqa4-causal-rowchain", "bf16", 128, 16, row_tree=False),
     _check_spec("d64-fp16-page32-mha-noncausal-rowchain", "fp16", 64, 32, group=1,
                 causal=False, row_tree=False),
+    # P's row sums by the tensor core (``ROW_SUM_MMA``, SOFTMAX_FORM + 64)
+    _check_spec("d128-bf16-page16-gqa4-causal-summma", "bf16", 128, 16, softmax_form=64),
+    _check_spec("d64-fp16-page32-mha-noncausal-summma", "fp16", 64, 32, group=1, causal=False,
+                softmax_form=64),
     # the softmax probes (``PROBE_SOFTMAX``, SOFTMAX_FORM + 1 / + 2: no exponentials, no
     # rescale)
     _check_spec("d128-bf16-page16-gqa4-causal-noexp", "bf16", 128, 16, softmax_form=1),
