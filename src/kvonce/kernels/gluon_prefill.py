@@ -807,6 +807,7 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, ones_smem, k_ready, v_
                 p_op, m_i, l_acc, full, seqlen, last_key, qk_scale, tp, BLOCK_N, TRACE,
                 SOFTMAX_FORM, ones_smem)
             last = n_tiles - 1
+            s = (it + last) % STAGES
             acc = _issue_last_pv(v_smem, v_ready, it + last, p_op, acc, last * BLOCK_N, seqlen,
                                  tp, TRACE)
             l_acc = warpgroup_mma(p_op, ones_smem.permute((1, 0)), l_acc, is_async=True)
@@ -822,6 +823,7 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, ones_smem, k_ready, v_
                 p_op, m_i, l_i, full, seqlen, last_key, qk_scale, tp, BLOCK_N, TRACE,
                 SOFTMAX_FORM)
             last = n_tiles - 1
+            s = (it + last) % STAGES
             acc = _issue_last_pv(v_smem, v_ready, it + last, p_op, acc, last * BLOCK_N, seqlen,
                                  tp, TRACE)
             nxt_item = _next_item(Q, cu_seqlens_q, cache_seqlens, batch, num_tiles, nxt,
@@ -829,7 +831,6 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, ones_smem, k_ready, v_
                                   HEAD_DIM, IS_CAUSAL, LAST_FIRST, PART)
             _stamp(tp, 9, TRACE)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        s = (it + last) % STAGES
         mbarrier.arrive(v_empty.index(s))
         _stamp(tp, 4, TRACE)
     else:
