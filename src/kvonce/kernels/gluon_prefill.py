@@ -1026,7 +1026,8 @@ ROW_TREE = True
 # accumulator of 8 equal columns, rescaled with O) instead of 64 FADDs a warp a tile and their
 # shuffles: the loop is bound by its instructions' issue (EXP_POLY below: +113 instructions a
 # warp a tile cost 11%), and this takes ~64 FADDs out for ~8 HGMMAs and their descriptors. l
-# becomes the sum of P as rounded to 16 bits, the P that P V multiplies. Being measured. The
+# becomes the sum of P as rounded to 16 bits, the P that P V multiplies. Built and compiled for
+# sm_90a (unmasked path 478 -> 445 instructions a warp a tile), not yet run (STEPS=summma). The
 # kernel's SOFTMAX_FORM: 64.
 ROW_SUM_MMA = False
 
