@@ -41,6 +41,9 @@
 #               forty-second session; compiled: the loop's unmasked path 478 -> 445
 #               instructions a warp a tile, the tail's 68 FADDs gone for 8 HGMMAs): its tests
 #               against the reference, then the A/B at pages 16 and 256
+#   packafter   P converted after the last P V's wait (gluon_prefill.PACK_AFTER_WAIT, built
+#               2026-12-01, forty-second session; compiled: consumer warpgroup 0's loop 1021 ->
+#               997 instructions, its 32 PRMT moves gone): its tests, then the A/B at 16 and 256
 #   loaders     the loader's instructions (2026-12-01, fortieth session: 240 more a tile cost
 #               page 16 8%, as four chains 5%): KV_PAIRED's tests (on since the forty-first
 #               session, +0.3-1.4%), then an A/B against it off, and with the pad probe as
@@ -924,6 +927,14 @@ if has summma; then
   timeout 150 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_gluon_prefill.py \
     -k "prefill_forms and summma" 2>&1 | tail -4 | cut -c1-300
   v="16,16:ROW_SUM_MMA,16:,16::ROW_SUM_MMA,256,256:ROW_SUM_MMA"
+  (cd scripts && PYTHONPATH=../src:. timeout 200 python3 prefill_knob_ab.py \
+    --rows prefill,chunked --variants "$v" --rounds 3 2>&1 | tail -15)
+fi
+if has packafter; then
+  step packafter
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_gluon_prefill.py \
+    -k "prefill_forms and packafter" 2>&1 | tail -4 | cut -c1-300
+  v="16,16:PACK_AFTER_WAIT,16:,16::PACK_AFTER_WAIT,256,256:PACK_AFTER_WAIT"
   (cd scripts && PYTHONPATH=../src:. timeout 200 python3 prefill_knob_ab.py \
     --rows prefill,chunked --variants "$v" --rounds 3 2>&1 | tail -15)
 fi

@@ -56,8 +56,8 @@ def _check_spec(variant, dtype, head_dim, page_size, group=4, causal=True, block
             dict(GROUP=group, IS_CAUSAL=causal, PAGE_SIZE=page_size, BLOCK_N=block_n,
                  HEAD_DIM=head_dim, STORE_LSE=True, LAST_FIRST=True, STAGES=stages,
                  SCALAR_PAGES=scalar_pages, TILE_LOOKUP=tile_lookup, TRACE=trace,
-                 SOFTMAX_FORM=softmax_form + 8 * row_tree, KV_PAIRED=kv_paired, LOADER_PAD=loader_pad,
-                 PAD_CHAINS=pad_chains),
+                 SOFTMAX_FORM=softmax_form + 8 * row_tree, KV_PAIRED=kv_paired,
+                 LOADER_PAD=loader_pad, PAD_CHAINS=pad_chains),
             dict(num_warps=4), dict(HGMMA=hgmma))
 
 
@@ -99,6 +99,10 @@ GLUON_CHECK_SPECS = [
     _check_spec("d128-bf16-page16-gqa4-causal-summma", "bf16", 128, 16, softmax_form=64),
     _check_spec("d64-fp16-page32-mha-noncausal-summma", "fp16", 64, 32, group=1, causal=False,
                 softmax_form=64),
+    # P converted after the last P V's wait (``PACK_AFTER_WAIT``, SOFTMAX_FORM + 128)
+    _check_spec("d128-bf16-page16-gqa4-causal-packafter", "bf16", 128, 16, softmax_form=128),
+    _check_spec("d128-fp16-page16-mha-noncausal-packafter", "fp16", 128, 16, group=1,
+                causal=False, softmax_form=128),
     # the softmax probes (``PROBE_SOFTMAX``, SOFTMAX_FORM + 1 / + 2: no exponentials, no
     # rescale)
     _check_spec("d128-bf16-page16-gqa4-causal-noexp", "bf16", 128, 16, softmax_form=1),
