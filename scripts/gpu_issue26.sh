@@ -37,13 +37,12 @@
 #               masked path's planned stalls 1281 -> 1165): the chain form's tests against the
 #               reference, then the A/B against it at pages 16 and 256 ("same" False: the sums'
 #               order)
-#   summma      P's row sums by the tensor core (gluon_prefill.ROW_SUM_MMA, built 2026-12-01,
-#               forty-second session; compiled: the loop's unmasked path 478 -> 445
-#               instructions a warp a tile, the tail's 68 FADDs gone for 8 HGMMAs): its tests
-#               against the reference, then the A/B at pages 16 and 256
-#   packafter   P converted after the last P V's wait (gluon_prefill.PACK_AFTER_WAIT, built
-#               2026-12-01, forty-second session; compiled: consumer warpgroup 0's loop 1021 ->
-#               997 instructions, its 32 PRMT moves gone): its tests, then the A/B at 16 and 256
+#   issuecuts   instructions out of the loop, which is bound by their issue (EXP_POLY, 2026-12-01:
+#               +113 a warp a tile cost 11%): P's row sums by the tensor core
+#               (gluon_prefill.ROW_SUM_MMA) and P converted after the last P V's wait
+#               (PACK_AFTER_WAIT), built in the forty-second session; compiled: warpgroup 0's
+#               loop 1021 -> 988 / 997 / 972 SASS instructions (either, both), warpgroup 1's
+#               986 -> 945 / 992 / 949: their 48 tests, then the A/B of each and both
 #   loaders     the loader's instructions (2026-12-01, fortieth session: 240 more a tile cost
 #               page 16 8%, as four chains 5%): KV_PAIRED's tests (on since the forty-first
 #               session, +0.3-1.4%), then an A/B against it off, and with the pad probe as
@@ -922,21 +921,15 @@ if has rowtree; then
   (cd scripts && PYTHONPATH=../src:. timeout 270 python3 prefill_knob_ab.py \
     --rows prefill,chunked --variants "$v" --rounds 3 2>&1 | tail -15)
 fi
-if has summma; then
-  step summma
-  timeout 150 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_gluon_prefill.py \
-    -k "prefill_forms and summma" 2>&1 | tail -4 | cut -c1-300
-  v="16,16:ROW_SUM_MMA,16:,16::ROW_SUM_MMA,256,256:ROW_SUM_MMA"
-  (cd scripts && PYTHONPATH=../src:. timeout 200 python3 prefill_knob_ab.py \
-    --rows prefill,chunked --variants "$v" --rounds 3 2>&1 | tail -15)
-fi
-if has packafter; then
-  step packafter
-  timeout 150 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_gluon_prefill.py \
-    -k "prefill_forms and packafter" 2>&1 | tail -4 | cut -c1-300
-  v="16,16:PACK_AFTER_WAIT,16:,16::PACK_AFTER_WAIT,256,256:PACK_AFTER_WAIT"
-  (cd scripts && PYTHONPATH=../src:. timeout 200 python3 prefill_knob_ab.py \
-    --rows prefill,chunked --variants "$v" --rounds 3 2>&1 | tail -15)
+if has issuecuts; then
+  step issuecuts
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_gluon_prefill.py \
+    -k "prefill_forms and (summma or packafter)" 2>&1 | tail -4 | cut -c1-300
+  both="ROW_SUM_MMA+PACK_AFTER_WAIT"
+  v="16,16:ROW_SUM_MMA,16:PACK_AFTER_WAIT,16:$both,16:,16::ROW_SUM_MMA,16::PACK_AFTER_WAIT"
+  v="$v,16::$both,256,256:$both"
+  (cd scripts && PYTHONPATH=../src:. timeout 300 python3 prefill_knob_ab.py \
+    --rows prefill,chunked --variants "$v" --rounds 3 2>&1 | tail -23)
 fi
 if has loaders; then
   step loaders

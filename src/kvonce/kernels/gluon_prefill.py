@@ -1044,7 +1044,7 @@ ROW_TREE = True
 # shuffles: the loop is bound by its instructions' issue (EXP_POLY below: +113 instructions a
 # warp a tile cost 11%), and this takes ~64 FADDs out for ~8 HGMMAs and their descriptors. l
 # becomes the sum of P as rounded to 16 bits, the P that P V multiplies. Built and compiled for
-# sm_90a (unmasked path 478 -> 445 instructions a warp a tile), not yet run (STEPS=summma). The
+# sm_90a (unmasked path 478 -> 445 instructions a warp a tile), not yet run (STEPS=issuecuts). The
 # kernel's SOFTMAX_FORM: 64.
 ROW_SUM_MMA = False
 
@@ -1053,7 +1053,7 @@ ROW_SUM_MMA = False
 # (consumer warpgroup 0, the default partition), the converted pairs landed outside the wgmma's
 # A registers and 32 PRMT a warp a tile moved them back. Compiled for sm_90a: warpgroup 0's loop
 # 1021 -> 997 SASS instructions (the 32 PRMT gone, 8 IMAD moves added), warpgroup 1's 986 -> 992.
-# Not yet run (STEPS=packafter). The kernel's SOFTMAX_FORM: 128.
+# Not yet run (STEPS=issuecuts). The kernel's SOFTMAX_FORM: 128.
 PACK_AFTER_WAIT = False
 
 # Measured and removed (H200, 2026-12-01, forty-second session; the code is in commit 65cab04):
