@@ -235,6 +235,15 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 step() { echo "== $1 ($(date +%T))"; }
 # a step runs when its whole name is in STEPS ("gluondec" alone does not run "gluon")
 has() { [[ " $STEPS " == *" $1 "* ]]; }
+# A prefill form's tests against the reference (test_gluon_prefill_forms, -k "prefill_forms
+# and (SELECTION)"), then the A/B of VARIANTS (prefill_knob_ab.py's --variants) on the prefill
+# and chunked rows, 3 rounds: forms_ab SELECTION VARIANTS [A/B TIMEOUT]
+forms_ab() {
+  timeout 260 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_gluon_prefill.py \
+    -k "prefill_forms and ($1)" 2>&1 | tail -4 | cut -c1-300
+  (cd scripts && PYTHONPATH=../src:. timeout "${3:-270}" python3 prefill_knob_ab.py \
+    --rows prefill,chunked --variants "$2" --rounds 3 2>&1 | tail -25)
+}
 if has gluontests; then
   step gluontests
   # every Gluon decode route (fp8, int8 a key at a time / by ring / token-major scales, int4),
@@ -907,29 +916,17 @@ if has vpages; then
 fi
 if has lazy; then
   step lazy
-  timeout 260 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_gluon_prefill.py \
-    -k "prefill_forms and lazy" 2>&1 | tail -6 | cut -c1-300
-  v="16,16:LAZY_RESCALE,16:,16::LAZY_RESCALE,256,256:LAZY_RESCALE"
-  (cd scripts && PYTHONPATH=../src:. timeout 270 python3 prefill_knob_ab.py \
-    --rows prefill,chunked --variants "$v" --rounds 3 2>&1 | tail -19)
+  forms_ab lazy "16,16:LAZY_RESCALE,16:,16::LAZY_RESCALE,256,256:LAZY_RESCALE"
 fi
 if has rowtree; then
   step rowtree
-  timeout 200 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_gluon_prefill.py \
-    -k "prefill_forms and chain" 2>&1 | tail -4 | cut -c1-300
-  v="16,16:ROW_TREE=False,16:,16::ROW_TREE=False,256,256:ROW_TREE=False"
-  (cd scripts && PYTHONPATH=../src:. timeout 270 python3 prefill_knob_ab.py \
-    --rows prefill,chunked --variants "$v" --rounds 3 2>&1 | tail -15)
+  forms_ab chain "16,16:ROW_TREE=False,16:,16::ROW_TREE=False,256,256:ROW_TREE=False"
 fi
 if has issuecuts; then
   step issuecuts
-  timeout 200 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_gluon_prefill.py \
-    -k "prefill_forms and (summma or packafter)" 2>&1 | tail -4 | cut -c1-300
   both="ROW_SUM_MMA+PACK_AFTER_WAIT"
   v="16,16:ROW_SUM_MMA,16:PACK_AFTER_WAIT,16:$both,16:,16::ROW_SUM_MMA,16::PACK_AFTER_WAIT"
-  v="$v,16::$both,256,256:$both"
-  (cd scripts && PYTHONPATH=../src:. timeout 300 python3 prefill_knob_ab.py \
-    --rows prefill,chunked --variants "$v" --rounds 3 2>&1 | tail -23)
+  forms_ab "summma or packafter" "$v,16::$both,256,256:$both" 300
 fi
 if has loaders; then
   step loaders
