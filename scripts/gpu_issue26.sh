@@ -37,12 +37,11 @@
 #               masked path's planned stalls 1281 -> 1165): the chain form's tests against the
 #               reference, then the A/B against it at pages 16 and 256 ("same" False: the sums'
 #               order)
-#   issuecuts   instructions out of the loop, which is bound by their issue (EXP_POLY, 2026-12-01:
-#               +113 a warp a tile cost 11%): P's row sums by the tensor core
-#               (gluon_prefill.ROW_SUM_MMA) and P converted after the last P V's wait
-#               (PACK_AFTER_WAIT), built in the forty-second session; compiled: warpgroup 0's
-#               loop 1021 -> 988 / 997 / 972 SASS instructions (either, both), warpgroup 1's
-#               986 -> 945 / 992 / 949: their 48 tests, then the A/B of each and both
+#   summma      P's row sums by the tensor core (gluon_prefill.ROW_SUM_MMA, built 2026-12-01,
+#               forty-second session, never run; the loop is bound by its instructions' issue,
+#               EXP_POLY: +113 a warp a tile cost 11%; compiled: the unmasked path 478 -> 445
+#               instructions a warp a tile, the tail's 68 FADDs gone for 8 HGMMAs): its 24
+#               tests against the reference, then the A/B at pages 16 and 256
 #   loaders     the loader's instructions (2026-12-01, fortieth session: 240 more a tile cost
 #               page 16 8%, as four chains 5%): KV_PAIRED's tests (on since the forty-first
 #               session, +0.3-1.4%), then an A/B against it off, and with the pad probe as
@@ -922,11 +921,9 @@ if has rowtree; then
   step rowtree
   forms_ab chain "16,16:ROW_TREE=False,16:,16::ROW_TREE=False,256,256:ROW_TREE=False"
 fi
-if has issuecuts; then
-  step issuecuts
-  both="ROW_SUM_MMA+PACK_AFTER_WAIT"
-  v="16,16:ROW_SUM_MMA,16:PACK_AFTER_WAIT,16:$both,16:,16::ROW_SUM_MMA,16::PACK_AFTER_WAIT"
-  forms_ab "summma or packafter" "$v,16::$both,256,256:$both" 300
+if has summma; then
+  step summma
+  forms_ab summma "16,16:ROW_SUM_MMA,16:,16::ROW_SUM_MMA,256,256:ROW_SUM_MMA"
 fi
 if has loaders; then
   step loaders

@@ -90,16 +90,11 @@ SOFTMAX_SHAPES = [(32, 8, 128, 16, 128), (12, 2, 128, 32, 128), (16, 2, 64, 32, 
 
 # The kernel's other forms, each knob set (so the expected constants do not follow the shipped
 # defaults): FA4's conditional rescale, the row reductions as one chain a row, P's row sums by
-# the tensor core, P converted after the last P V's wait; (knobs, SOFTMAX_FORM).
+# the tensor core; (knobs, SOFTMAX_FORM).
 FORMS = {
-    "lazy": (dict(LAZY_RESCALE=True, ROW_TREE=True, ROW_SUM_MMA=False, PACK_AFTER_WAIT=False),
-             12),
-    "chain": (dict(LAZY_RESCALE=False, ROW_TREE=False, ROW_SUM_MMA=False,
-                   PACK_AFTER_WAIT=False), 0),
-    "summma": (dict(LAZY_RESCALE=False, ROW_TREE=True, ROW_SUM_MMA=True, PACK_AFTER_WAIT=False),
-               72),
-    "packafter": (dict(LAZY_RESCALE=False, ROW_TREE=True, ROW_SUM_MMA=False,
-                       PACK_AFTER_WAIT=True), 136),
+    "lazy": (dict(LAZY_RESCALE=True, ROW_TREE=True, ROW_SUM_MMA=False), 12),
+    "chain": (dict(LAZY_RESCALE=False, ROW_TREE=False, ROW_SUM_MMA=False), 0),
+    "summma": (dict(LAZY_RESCALE=False, ROW_TREE=True, ROW_SUM_MMA=True), 72),
 }
 
 
@@ -113,10 +108,9 @@ def test_gluon_prefill_forms(monkeypatch, form_name, dtype, causal, spikes, nhea
                              head_dim, page_size, block_n):
     """The kernel's other forms against the reference: ``LAZY_RESCALE`` (FA4's conditional
     rescale: a warp keeps its rows' max until one grows by more than 2^8), ``ROW_TREE`` off
-    (the rows' max and sum as one chain a row), ``ROW_SUM_MMA`` (P's row sums as ``P @ ones``
-    on the tensor core) and ``PACK_AFTER_WAIT`` (P's conversion by inline PTX). ``spikes``: 1%
-    of the keys 12x larger, so rows' maxima jump by far more than the lazy threshold in later
-    tiles and warps take both paths."""
+    (the rows' max and sum as one chain a row) and ``ROW_SUM_MMA`` (P's row sums as ``P @
+    ones`` on the tensor core). ``spikes``: 1% of the keys 12x larger, so rows' maxima jump by
+    far more than the lazy threshold in later tiles and warps take both paths."""
     knobs, form = FORMS[form_name]
     q, k, v, cu, seqlens, table = make_case(LENS, nheads=nheads, nheads_k=nheads_k,
                                             head_dim=head_dim, page_size=page_size, dtype=dtype)

@@ -643,20 +643,6 @@ def _issue_last_pv(v_smem, v_ready, g, p_op, acc, start, seqlen, tp=None,
 
 
 @gluon.jit
-def _pack_after(p, p_old, P_OPERAND: gl.constexpr):
-    """``p`` (fp32) to the P V operand's 16-bit pairs by inline PTX that also reads the last
-    tile's operand ``p_old`` (waited): the conversion cannot be scheduled before that wait."""
-    old = gl.convert_layout(p_old, p.type.layout)
-    if p_old.dtype == gl.bfloat16:
-        new = gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f,r", [p, old],
-                                        dtype=gl.bfloat16, is_pure=True, pack=2)
-    else:
-        new = gl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,f,f,r", [p, old],
-                                        dtype=gl.float16, is_pure=True, pack=2)
-    return gl.convert_layout(new, P_OPERAND)
-
-
-@gluon.jit
 def _steady_tiles(q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it, n_tiles, acc,
                   p_op, m_i, l_i, full, seqlen, last_key, qk_scale, tp, BLOCK_N: gl.constexpr,
                   TRACE: gl.constexpr, SOFTMAX_FORM: gl.constexpr = 0, ones_smem=None):
@@ -752,10 +738,7 @@ def _steady_tiles(q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it
             if SUM_MMA:
                 l_i = l_i * gl.expand_dims(
                     gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout)), 1)
-        if SOFTMAX_FORM // 128 % 2 == 1:   # PACK_AFTER_WAIT
-            p_op = _pack_after(p, p_op, P_OPERAND)
-        else:
-            p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
+        p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
         t, tail_c = _lap(t, tail_c, TRACE)
     _stamp(tp, 3, TRACE)
     if TRACE:
@@ -1044,17 +1027,9 @@ ROW_TREE = True
 # shuffles: the loop is bound by its instructions' issue (EXP_POLY below: +113 instructions a
 # warp a tile cost 11%), and this takes ~64 FADDs out for ~8 HGMMAs and their descriptors. l
 # becomes the sum of P as rounded to 16 bits, the P that P V multiplies. Built and compiled for
-# sm_90a (unmasked path 478 -> 445 instructions a warp a tile), not yet run (STEPS=issuecuts). The
+# sm_90a (unmasked path 478 -> 445 instructions a warp a tile), not yet run (STEPS=summma). The
 # kernel's SOFTMAX_FORM: 64.
 ROW_SUM_MMA = False
-
-# P's conversion to the P V operand by inline PTX that reads the last tile's operand after its
-# wait (``_pack_after``), so ptxas cannot hoist the conversion above that wait: where it did
-# (consumer warpgroup 0, the default partition), the converted pairs landed outside the wgmma's
-# A registers and 32 PRMT a warp a tile moved them back. Compiled for sm_90a: warpgroup 0's loop
-# 1021 -> 997 SASS instructions (the 32 PRMT gone, 8 IMAD moves added), warpgroup 1's 986 -> 992.
-# Not yet run (STEPS=issuecuts). The kernel's SOFTMAX_FORM: 128.
-PACK_AFTER_WAIT = False
 
 # Measured and removed (H200, 2026-12-01, forty-second session; the code is in commit 65cab04):
 # an item's last tile on its first BLOCK_N / 2 keys where the keys its rows see end there
@@ -1186,8 +1161,7 @@ class GluonPrefillLaunch:
                                     + 8 * ROW_TREE
                                     # (not with the lazy rescale or the probes)
                                     + 64 * (ROW_SUM_MMA and not LAZY_RESCALE
-                                            and PROBE_SOFTMAX is None)
-                                    + 128 * PACK_AFTER_WAIT),
+                                            and PROBE_SOFTMAX is None)),
                                 KV_PAIRED=bool(KV_PAIRED and SCALAR_PAGES and block_n > self.box
                                                and not PROBE_TILE_LOOKUP
                                                and not PROBE_RUNTIME_PAGE),

@@ -99,13 +99,6 @@ GLUON_CHECK_SPECS = [
     _check_spec("d128-bf16-page16-gqa4-causal-summma", "bf16", 128, 16, softmax_form=64),
     _check_spec("d64-fp16-page32-mha-noncausal-summma", "fp16", 64, 32, group=1, causal=False,
                 softmax_form=64),
-    # P converted after the last P V's wait (``PACK_AFTER_WAIT``, SOFTMAX_FORM + 128)
-    _check_spec("d128-bf16-page16-gqa4-causal-packafter", "bf16", 128, 16, softmax_form=128),
-    _check_spec("d128-fp16-page16-mha-noncausal-packafter", "fp16", 128, 16, group=1,
-                causal=False, softmax_form=128),
-    # both
-    _check_spec("d128-bf16-page16-gqa4-causal-summma-packafter", "bf16", 128, 16,
-                softmax_form=192),
     # the softmax probes (``PROBE_SOFTMAX``, SOFTMAX_FORM + 1 / + 2: no exponentials, no
     # rescale)
     _check_spec("d128-bf16-page16-gqa4-causal-noexp", "bf16", 128, 16, softmax_form=1),
