@@ -800,37 +800,30 @@ def _consume_item(Q, Out, Lse, q, q_smem, k_smem, v_smem, ones_smem, k_ready, v_
                                            SOFTMAX_FORM // 8 % 2 == 1)
         p_op = gl.convert_layout(p.to(dtype), P_OPERAND)
         _stamp(tp, 2, TRACE)
-        if SOFTMAX_FORM // 64 % 2 == 1:   # ROW_SUM_MMA: l from the tensor core, P's 8 copies
-            l_acc = gl.zeros([ROWS, 8], gl.float32, mma_layout(8))
-            acc, p_op, m_i, l_acc = _steady_tiles(
-                q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it, n_tiles, acc,
-                p_op, m_i, l_acc, full, seqlen, last_key, qk_scale, tp, BLOCK_N, TRACE,
-                SOFTMAX_FORM, ones_smem)
-            last = n_tiles - 1
-            s = (it + last) % STAGES
-            acc = _issue_last_pv(v_smem, v_ready, it + last, p_op, acc, last * BLOCK_N, seqlen,
-                                 tp, TRACE)
-            l_acc = warpgroup_mma(p_op, ones_smem.permute((1, 0)), l_acc, is_async=True)
-            nxt_item = _next_item(Q, cu_seqlens_q, cache_seqlens, batch, num_tiles, nxt,
-                                  nxt_valid, stride_qt, stride_qh, GROUP, BLOCK_Q, BLOCK_N,
-                                  HEAD_DIM, IS_CAUSAL, LAST_FIRST, PART)
-            _stamp(tp, 9, TRACE)
-            acc, l_acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, l_acc))
-            l_i = gl.convert_layout(gl.max(l_acc, 1), ROWS_S)
+        SUM_MMA: gl.constexpr = SOFTMAX_FORM // 64 % 2 == 1
+        sums = l_i
+        if SUM_MMA:   # ROW_SUM_MMA: l from the tensor core, 8 equal columns of P @ ones
+            sums = gl.zeros([ROWS, 8], gl.float32, mma_layout(8))
+        acc, p_op, m_i, sums = _steady_tiles(
+            q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it, n_tiles, acc, p_op,
+            m_i, sums, full, seqlen, last_key, qk_scale, tp, BLOCK_N, TRACE, SOFTMAX_FORM,
+            ones_smem)
+        last = n_tiles - 1
+        s = (it + last) % STAGES
+        acc = _issue_last_pv(v_smem, v_ready, it + last, p_op, acc, last * BLOCK_N, seqlen, tp,
+                             TRACE)
+        if SUM_MMA:
+            sums = warpgroup_mma(p_op, ones_smem.permute((1, 0)), sums, is_async=True)
+        nxt_item = _next_item(Q, cu_seqlens_q, cache_seqlens, batch, num_tiles, nxt, nxt_valid,
+                              stride_qt, stride_qh, GROUP, BLOCK_Q, BLOCK_N, HEAD_DIM, IS_CAUSAL,
+                              LAST_FIRST, PART)
+        _stamp(tp, 9, TRACE)
+        if SUM_MMA:
+            acc, sums = warpgroup_mma_wait(num_outstanding=0, deps=(acc, sums))
+            l_i = gl.convert_layout(gl.max(sums, 1), ROWS_S)
         else:
-            acc, p_op, m_i, l_i = _steady_tiles(
-                q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, it, n_tiles, acc,
-                p_op, m_i, l_i, full, seqlen, last_key, qk_scale, tp, BLOCK_N, TRACE,
-                SOFTMAX_FORM)
-            last = n_tiles - 1
-            s = (it + last) % STAGES
-            acc = _issue_last_pv(v_smem, v_ready, it + last, p_op, acc, last * BLOCK_N, seqlen,
-                                 tp, TRACE)
-            nxt_item = _next_item(Q, cu_seqlens_q, cache_seqlens, batch, num_tiles, nxt,
-                                  nxt_valid, stride_qt, stride_qh, GROUP, BLOCK_Q, BLOCK_N,
-                                  HEAD_DIM, IS_CAUSAL, LAST_FIRST, PART)
-            _stamp(tp, 9, TRACE)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            l_i = sums
         mbarrier.arrive(v_empty.index(s))
         _stamp(tp, 4, TRACE)
     else:
