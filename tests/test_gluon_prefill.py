@@ -262,6 +262,8 @@ def test_gluon_prefill_box_rows_probe(monkeypatch, box_rows):
     case = q, k, v, cu, seqlens, table = make_case(LENS, nheads=32, nheads_k=8, head_dim=128,
                                                    page_size=256, dtype=torch.bfloat16)
     _poison_unowned(k, v, seqlens, table)
+    # (16-row boxes would also take P's row sums by the tensor core: one form for both)
+    monkeypatch.setattr(gluon_prefill, "ROW_SUM_MMA", False)
     config = dataclasses.replace(GLUON, gluon_block_n=128, gluon_persistent=True)
     _same_bytes_under(monkeypatch, "BOX_ROWS", (None, box_rows), case, config,
                       lambda launch, rows: launch.box == (rows or 128))
@@ -317,8 +319,10 @@ def test_gluon_prefill_softmax_probe(monkeypatch, probe):
                                        causal=True, config=config)
         outs.append(plan.run(q, k, v, cu, seqlens, table))
         probe_form = 0 if value is None else {"no_exp": 1, "no_rescale": 2}[value]
+        # (P's row sums by the tensor core at page 16's boxes, not with a probe)
+        sum_mma = value is None and gluon_prefill.row_sum_mma(16)
         assert all(launch._gluon._constexprs["SOFTMAX_FORM"]
-                   == probe_form + 8 * gluon_prefill.ROW_TREE
+                   == probe_form + 8 * gluon_prefill.ROW_TREE + 64 * sum_mma
                    for launch in plan._launches.values())
     assert not torch.equal(outs[1], outs[0])
     assert torch.equal(outs[2], outs[0])
@@ -336,6 +340,8 @@ def test_gluon_prefill_trace_probe(monkeypatch):
     trace = torch.full((sms, gluon_prefill.TRACE_ROUNDS.value, 2,
                         gluon_prefill.TRACE_EVENTS.value), -1, dtype=torch.int64,
                        device=q.device)
+    # (the traced kernel keeps the row sums by FADDs, with them P @ ones spills in its loop)
+    monkeypatch.setattr(gluon_prefill, "ROW_SUM_MMA", False)
     config = dataclasses.replace(GLUON, gluon_block_n=128, gluon_persistent=True)
     _same_bytes_under(monkeypatch, "PROBE_TRACE", (None, trace), case, config,
                       lambda launch, buf: launch._constexprs["TRACE"] == (buf is not None))

@@ -1019,10 +1019,26 @@ ROW_TREE = True
 # accumulator of 8 equal columns, rescaled with O) instead of 64 FADDs a warp a tile and their
 # shuffles: the loop is bound by its instructions' issue (EXP_POLY below: +113 instructions a
 # warp a tile cost 11%), and this takes ~64 FADDs out for ~8 HGMMAs and their descriptors. l
-# becomes the sum of P as rounded to 16 bits, the P that P V multiplies. Built and compiled for
-# sm_90a (unmasked path 478 -> 445 instructions a warp a tile), not yet run (STEPS=summma). The
-# kernel's SOFTMAX_FORM: 64.
-ROW_SUM_MMA = False
+# becomes the sum of P as rounded to 16 bits, the P that P V multiplies. Compiled for sm_90a:
+# the unmasked path 478 -> 445 instructions a warp a tile, shared memory +2 KB (the ones).
+# Measured (H200, 2026-12-01, forty-third session, TFLOP/s eager / graphs, prefill 8 x 2048 in
+# five interleaved pairs at page 16, 3-5 rounds each; correct against the reference in fp16 /
+# bf16, with 12x key spikes too): page 16 +0.2 to +2.3% in graphs in all five (445.7 / 439.9,
+# 442.8 / 440.3, 445.5 / 443.6, 447.5 / 437.3, 444.7 / 443.7) and +0.6 to +1.3% eager; page 32
+# and 64 even (+0.3, -0.6); page 128 and 256 -0.5 to -1.5% (256: 448.5 / 451.4, 447.7 / 453.5,
+# 449.4 / 451.7); chunked 64 x 512 over 8k page 16 -0.3 to +0.4%. So it applies where the
+# loader copies a key tile as boxes of at most ``ROW_SUM_MMA`` rows (8 boxes a tile at page 16):
+# there the loader warp's instructions share the consumers' issue, and fewer consumer
+# instructions pay; with few boxes the n8 wgmmas' latency on P V's path costs more than the
+# FADDs. True / False: every page / none (the A/B's forms). The kernel's SOFTMAX_FORM: 64.
+ROW_SUM_MMA: bool | int = 16
+
+
+def row_sum_mma(box: int) -> bool:
+    """Whether a launch whose loader copies ``box``-row TMA boxes takes ``ROW_SUM_MMA``."""
+    if isinstance(ROW_SUM_MMA, bool):
+        return ROW_SUM_MMA
+    return box <= ROW_SUM_MMA
 
 # Measured and removed (H200, 2026-12-01, forty-second session; the code is in commit 65cab04):
 # an item's last tile on its first BLOCK_N / 2 keys where the keys its rows see end there
@@ -1152,9 +1168,11 @@ class GluonPrefillLaunch:
                                 SOFTMAX_FORM=({None: 0, "no_exp": 1, "no_rescale": 2}[
                                     PROBE_SOFTMAX] + 4 * LAZY_RESCALE
                                     + 8 * ROW_TREE
-                                    # (not with the lazy rescale or the probes)
-                                    + 64 * (ROW_SUM_MMA and not LAZY_RESCALE
-                                            and PROBE_SOFTMAX is None)),
+                                    # (not with the lazy rescale or the probes; with the
+                                    # trace probe it spills in the loop)
+                                    + 64 * (row_sum_mma(self.box) and not LAZY_RESCALE
+                                            and PROBE_SOFTMAX is None
+                                            and PROBE_TRACE is None)),
                                 KV_PAIRED=bool(KV_PAIRED and SCALAR_PAGES and block_n > self.box
                                                and not PROBE_TILE_LOOKUP
                                                and not PROBE_RUNTIME_PAGE),

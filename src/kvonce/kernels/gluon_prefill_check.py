@@ -34,15 +34,19 @@ def _check_signature(dtype: str, head_dim: int, box: int, v_pages: bool = False)
 
 def _check_spec(variant, dtype, head_dim, page_size, group=4, causal=True, block_n=128,
                 stages=3, scalar_pages=None, tile_lookup=False, box=None, trace=False,
-                softmax_form=0, row_tree=None, v_pages=None, kv_paired=None, loader_pad=0,
-                pad_chains=1):
+                softmax_form=0, row_tree=None, row_sum_mma=None, v_pages=None, kv_paired=None,
+                loader_pad=0, pad_chains=1):
     # Per tile and consumer warpgroup: S = Q Kᵀ D/16 m64nBLOCK_Nk16, O += P V BLOCK_N/16
     # m64nDk16; each twice in the code (the loop's pair, the first tile's S and the last tile's
     # P V), and two warpgroups.
+    box = box or min(page_size, block_n)
+    if row_sum_mma is None:   # P's row sums by the tensor core where the launch takes them
+        row_sum_mma = gluon_prefill.row_sum_mma(box) and softmax_form % 8 == 0 and not trace
+    if row_sum_mma:
+        softmax_form |= 64
     hgmma = 4 * (head_dim // 16 + block_n // 16)
     if softmax_form // 64 % 2:   # and P @ ones, BLOCK_N/16 m64n8k16 with each P V
         hgmma += 4 * (block_n // 16)
-    box = box or min(page_size, block_n)
     if scalar_pages is None:   # the launch's rule: scalar page ids where a tile has boxes
         scalar_pages = gluon_prefill.SCALAR_PAGES and block_n > box
     # and V by pages, K and V paired, where the launch takes them
@@ -95,8 +99,9 @@ GLUON_CHECK_SPECS = [
     _check_spec("d128-bf16-page16-gqa4-causal-rowchain", "bf16", 128, 16, row_tree=False),
     _check_spec("d64-fp16-page32-mha-noncausal-rowchain", "fp16", 64, 32, group=1,
                 causal=False, row_tree=False),
-    # P's row sums by the tensor core (``ROW_SUM_MMA``, SOFTMAX_FORM + 64)
-    _check_spec("d128-bf16-page16-gqa4-causal-summma", "bf16", 128, 16, softmax_form=64),
+    # P's row sums by the tensor core (``ROW_SUM_MMA``, SOFTMAX_FORM + 64; the launch's form
+    # where a tile has 16-row boxes) and by FADDs there
+    _check_spec("d128-bf16-page16-gqa4-causal-sumfadd", "bf16", 128, 16, row_sum_mma=False),
     _check_spec("d64-fp16-page32-mha-noncausal-summma", "fp16", 64, 32, group=1, causal=False,
                 softmax_form=64),
     # the softmax probes (``PROBE_SOFTMAX``, SOFTMAX_FORM + 1 / + 2: no exponentials, no
