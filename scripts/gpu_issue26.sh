@@ -37,11 +37,10 @@
 #               masked path's planned stalls 1281 -> 1165): the chain form's tests against the
 #               reference, then the A/B against it at pages 16 and 256 ("same" False: the sums'
 #               order)
-#   summma      P's row sums by the tensor core (gluon_prefill.ROW_SUM_MMA, built 2026-12-01,
-#               forty-second session, never run; the loop is bound by its instructions' issue,
-#               EXP_POLY: +113 a warp a tile cost 11%; compiled: the unmasked path 478 -> 445
-#               instructions a warp a tile, the tail's 68 FADDs gone for 8 HGMMAs): its 24
-#               tests against the reference, then the A/B at pages 16 and 256
+#   summma      P's row sums by the tensor core (gluon_prefill.ROW_SUM_MMA; on at 16-row boxes
+#               since 2026-12-01, forty-third session: page 16 +0.2 to +2.3% in graphs, pages
+#               128 / 256 -0.5 to -1.5%): its 24 tests against the reference, then the A/B
+#               against the FADD form at page 16 and against it forced on at page 256
 #   loaders     the loader's instructions (2026-12-01, fortieth session: 240 more a tile cost
 #               page 16 8%, as four chains 5%): KV_PAIRED's tests (on since the forty-first
 #               session, +0.3-1.4%), then an A/B against it off, and with the pad probe as
@@ -923,7 +922,7 @@ if has rowtree; then
 fi
 if has summma; then
   step summma
-  forms_ab summma "16,16:ROW_SUM_MMA,16:,16::ROW_SUM_MMA,256,256:ROW_SUM_MMA"
+  forms_ab summma "16,16:ROW_SUM_MMA=False,16:,16::ROW_SUM_MMA=False,256,256:ROW_SUM_MMA"
 fi
 if has loaders; then
   step loaders
