@@ -901,3 +901,70 @@ def test_plan_run_reused_across_values():
         assert rel_err(out, ref_o) < TOL[dtype]
     with pytest.raises(ValueError, match="differ from the plan"):
         plan.run(make_q(2, 2, 4, 64, dtype), k_cache, v_cache, seqlens, table)
+
+
+def _cluster_merge_case(dtype):
+    """GQA 12/2, head dim 128, page 16, q_len 1: an empty sequence, one whose second split is
+    empty (37 keys), lengths off the tile grid and a whole one; pages in random order."""
+    torch.manual_seed(0)
+    lens = [0, 37, 700, 1024, 1000]
+    pages = 64 * len(lens)
+    q = torch.randn(len(lens), 1, 12, 128, dtype=dtype, device=DEVICE)
+    k = torch.randn(pages, 16, 2, 128, dtype=dtype, device=DEVICE)
+    v = torch.randn_like(k)
+    table = torch.randperm(pages, device=DEVICE).reshape(len(lens), -1).to(torch.int32)
+    return q, k, v, torch.tensor(lens, dtype=torch.int32, device=DEVICE), table
+
+
+def _cluster_merge_runs() -> bool:
+    """Where a plan takes ``paged_decode.CLUSTER_MERGE``: sm_90, not the interpreter."""
+    return (CUDA and not interpreter_active()
+            and torch.cuda.get_device_capability()[0] == 9)
+
+
+def test_cluster_merge_only_where_clusters_run(monkeypatch):
+    """``paged_decode.CLUSTER_MERGE`` on: a two-split plan launches its pair as a 2-CTA cluster
+    on sm_90 only; elsewhere (the CPU interpreter, other GPUs) it keeps the in-launch merge
+    through global memory, and the output is the reference's either way."""
+    from kvonce.kernels import paged_decode as pd
+    monkeypatch.setattr(pd, "CLUSTER_MERGE", True)
+    q, k, v, seqlens, table = _cluster_merge_case(torch.float16)
+    plan = decode.PagedDecodePlan(q, k, v, seqlens, table, num_splits=2)
+    with poison_empty:
+        out, lse = plan.run(q, k, v, seqlens, table, return_lse=True)
+    on = _cluster_merge_runs()
+    assert [(la._cluster, la._constexprs["CLUSTER_MERGE"], la._constexprs["MERGE_HERE"])
+            for la in plan._launches.values()] == [(2 if on else 1, on, not on)]
+    ref, ref_lse = paged_attention_ref(q.float(), k.float(), v.float(), seqlens, table)
+    assert rel_err(out, ref) < TOL[torch.float16]
+    assert lse_err(lse, ref_lse) < 1e-2
+
+
+@pytest.mark.skipif(not _cluster_merge_runs(), reason="2-CTA clusters need an sm_90 GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cluster_merge_gives_the_in_launch_merge_s_bytes(dtype, monkeypatch):
+    """The two splits merged through distributed shared memory fold the same normalized rows in
+    the same order as the in-launch merge through global memory: the same bytes of out and
+    LSE, eagerly, through the custom op and replayed in a CUDA graph (the cluster launch is
+    captured)."""
+    from kvonce.kernels import paged_decode as pd
+    case = q, k, v, seqlens, table = _cluster_merge_case(dtype)
+    runs = []
+    for on in (False, True):
+        monkeypatch.setattr(pd, "CLUSTER_MERGE", on)
+        plan = decode.PagedDecodePlan(q, k, v, seqlens, table, num_splits=2)
+        with poison_empty:
+            runs.append(plan.run(*case, return_lse=True))
+        assert [la._cluster for la in plan._launches.values()] == [2 if on else 1]
+    (want, want_lse), (out, lse) = runs
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    op_out, op_lse = plan._run_op(*case)
+    assert torch.equal(op_out, want) and torch.equal(op_lse, want_lse)
+    graph_out = torch.full_like(want, float("nan"))
+    plan.run(*case)   # compiled before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        graph_out.copy_(plan.run(*case))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(graph_out, want)

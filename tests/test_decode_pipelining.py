@@ -134,3 +134,22 @@ def test_row_tile_one_pass_fits_the_cut_s_programs_an_sm(tmp_path):
     row = _PAGED_DECODE_TABLE[(9, 0)][128]  # the Hopper row (the CPU suite runs the interpreter)
     assert _programs_an_sm(tmp_path, "--format", "plain", "--dtype", "fp16", "--heads", "32/8",
                            "--shape", "66x8192", "--splits", "1") >= row.resident_programs_per_sm
+
+
+def test_cluster_merge_compiles_to_one_exchange_and_two_cluster_barriers(tmp_path):
+    """``paged_decode.CLUSTER_MERGE`` (GQA 12/2's two splits merged through distributed shared
+    memory): one static exchange buffer (its declaration in inline PTX; a copy of it would be a
+    second buffer, so there must be exactly one), two cluster barriers (after the stores, and
+    before either CTA may exit), no arrival atomic and no spill."""
+    proc, keep = _compile(tmp_path, "--format", "plain", "--heads", "12/2", "--splits", "2",
+                          "--shape", "64x1024", "--dtype", "fp16", "--cluster-merge")
+    ptx, sass = list(keep.glob("*.ptx")), list(keep.glob("*.sass"))
+    assert ptx and sass, f"no PTX / SASS:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+    ptx_text, sass_text = ptx[0].read_text(), sass[0].read_text()
+    assert len(re.findall(r"\.shared \.align 16 \.b8 kvonce_cluster_exchange\[",
+                          ptx_text)) == 1
+    assert len(re.findall(r"\bUCGABAR_ARV\b", sass_text)) == 2
+    assert len(re.findall(r"\bUCGABAR_WAIT\b", sass_text)) == 2
+    assert not re.search(r"\bATOMG?\b|\bRED\b", sass_text)
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| fp16")]
+    assert rows and "(0, 0)" in rows[0], proc.stdout[-2000:]

@@ -37,9 +37,11 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 # The state-in/state-out online-softmax step is shared with the varlen kernels.
 from ._launch import alignment_key, dot_input_precision, launch, next_pow2
+from .configs import interpreter_active
+from . import cluster_merge
 from .dual_group_fwd import _online_update, _softmax_step
-from .paged_combine import (_combine_splits, _combine_splits_kernel, combine_launch_shape,
-                            combine_pdl)
+from .paged_combine import (_combine_splits, _combine_splits_kernel, _merge_rows, _store_merged,
+                            combine_launch_shape, combine_pdl)
 from .paged_decode_int4 import _attend_paged_int4, _int4_tile
 from .paged_decode_pairs import _attend_paged_pairs
 from .paged_outliers import _outlier_queries, _outlier_scores, _without_outlier_channels
@@ -56,6 +58,15 @@ from .paged_tiles import _tile_pages, _tile_rows
 # launches 10-19% faster, but 32/8 48 x 8192 (128-key one pass) 9% slower: off; the row
 # takes 4 partials at once at those groups instead (PagedDecodeConfig.wide_merge_at_once).
 MASKED_LOOP_STAGES = 0
+
+# Two splits of one M-block (GQA 12/2 64 x 1024's plan: 256 programs of 512 keys) merged through
+# distributed shared memory (``_merge_in_cluster``; kernels/cluster_merge.py), the pair launched
+# as a 2-CTA cluster, instead of partials through L2 and an arrival count. The row trails dense
+# SDPA by the merge's tail (~2-2.5 us of 22.8: partials to L2, a CTA barrier, the arrival atomic,
+# the partials back; docs/notes.md, thirty-second session), which a cluster's barrier and one
+# DSMEM read shorten. Plain caches on sm_90, not with a batch cut's launch order (PDL). Built
+# 2026-12-01 (forty-third session) and compiled for sm_90a on the CPU; not yet run on a GPU.
+CLUSTER_MERGE = False
 
 
 @triton.jit
@@ -450,6 +461,41 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
 
 
 @triton.jit
+def _merge_in_cluster(out, lse, split, FinalOut, FinalLse, seq, tok, head, row_ok, offs_d, q_len,
+                      nheads, head_dim, STORE_LSE: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_D: tl.constexpr):
+    """``CLUSTER_MERGE``: this split's normalized rows ``out [BLOCK_M, BLOCK_D]`` and ``lse
+    [BLOCK_M]`` and the other split's (the other CTA of the cluster) merged in split order, as
+    ``_combine_splits`` merges them from global memory (the same arithmetic and order, so the
+    same bytes), and stored by split 0. Each CTA stores its rows in its own shared memory, the
+    cluster synchronizes, each reads the other's, and synchronizes again so that neither exits
+    while the other reads."""
+    tl.static_assert(BLOCK_M * BLOCK_D * 4 + BLOCK_M * 4 <= cluster_merge.EXCHANGE_BYTES)
+    base = cluster_merge.exchange_base(seq)
+    rows = tl.arange(0, BLOCK_M)
+    o_addr = base + (rows[:, None] * BLOCK_D + offs_d[None, :]) * 4
+    l_addr = base + BLOCK_M * BLOCK_D * 4 + rows * 4
+    cluster_merge.store_shared(o_addr, out)
+    cluster_merge.store_shared(l_addr, lse)
+    cluster_merge.cluster_sync(seq)
+    o_peer = cluster_merge.load_peer(o_addr)
+    lse_peer = cluster_merge.load_peer(l_addr)
+    cluster_merge.cluster_sync(seq)
+    first = split == 0
+    o0 = tl.where(first, out, o_peer)
+    lse0 = tl.where(first, lse, lse_peer)
+    o1 = tl.where(first, o_peer, out)
+    lse1 = tl.where(first, lse_peer, lse)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc, m, l = _merge_rows(acc, m, l, o0, lse0)
+    acc, m, l = _merge_rows(acc, m, l, o1, lse1)
+    _store_merged(acc, m, l, FinalOut, FinalLse, seq, tok, head, row_ok & first, offs_d, q_len,
+                  nheads, head_dim, STORE_LSE)
+
+
+@triton.jit
 def _paged_decode_kernel(
     Q,                 # [batch, q_len, nheads, HEAD_DIM], last dim contiguous
     K, V,              # [num_pages, PAGE_SIZE, nheads_k, HEAD_DIM], last dim contiguous
@@ -491,6 +537,9 @@ def _paged_decode_kernel(
     # waits for the head's end before it exits, so that this launch's end implies the head's
     PDL_EXIT_WAIT: tl.constexpr = False,
     MASKED_STAGES: tl.constexpr = 0,  # the masked band's loop depth (MASKED_LOOP_STAGES)
+    # two splits, one M-block, launched as 2-CTA clusters: the splits merge through distributed
+    # shared memory, no partials in global memory, no arrival count (CLUSTER_MERGE)
+    CLUSTER_MERGE: tl.constexpr = False,
 ):
     # Grid: (num_splits * num_m_blocks, nheads_k, batch) (HEAD_PAIRS: nheads_k / 2 pairs). Splits
     # vary fastest so that the programs of one sequence's KV head run side by side.
@@ -548,34 +597,39 @@ def _paged_decode_kernel(
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
     lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453,
                    float("-inf"))
-    o_ptrs = (Out + seq.to(tl.int64) * stride_ob + split * stride_os
-              + (tok * stride_ot + head * stride_oh)[:, None] + offs_d[None, :])
-    if EVEN_D:
-        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+    if CLUSTER_MERGE:
+        _merge_in_cluster(out, lse, split, FinalOut, FinalLse, seq, tok, head, row_ok, offs_d,
+                          q_len, GROUP * tl.num_programs(1), head_dim, STORE_LSE, BLOCK_M,
+                          BLOCK_D)
     else:
-        tl.store(o_ptrs, out.to(Out.dtype.element_ty),
-                 mask=row_ok[:, None] & (offs_d[None, :] < head_dim))
-    if STORE_LSE or SPLIT:
-        l_ptrs = (Lse + seq.to(tl.int64) * stride_lb + split * stride_ls + tok * stride_lt
-                  + head * stride_lh)
-        tl.store(l_ptrs, lse, mask=row_ok)
+        o_ptrs = (Out + seq.to(tl.int64) * stride_ob + split * stride_os
+                  + (tok * stride_ot + head * stride_oh)[:, None] + offs_d[None, :])
+        if EVEN_D:
+            tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+        else:
+            tl.store(o_ptrs, out.to(Out.dtype.element_ty),
+                     mask=row_ok[:, None] & (offs_d[None, :] < head_dim))
+        if STORE_LSE or SPLIT:
+            l_ptrs = (Lse + seq.to(tl.int64) * stride_lb + split * stride_ls + tok * stride_lt
+                      + head * stride_lh)
+            tl.store(l_ptrs, lse, mask=row_ok)
 
-    if MERGE_HERE:
-        # The last split of this (sequence, KV head, M-block) to finish merges all of them: one
-        # launch instead of decode + combine. The barrier orders every thread's partial stores
-        # before the (single-thread) release of the arrival count; the acquire side reads the
-        # other splits' partials through L2 (.cg).
-        tl.debug_barrier()
-        slot = (seq * tl.num_programs(1) + kv_head) * num_m_blocks + m_block
-        arrived = tl.atomic_add(Arrivals + slot, 1, sem="acq_rel", scope="gpu")
-        if arrived == num_splits - 1:
+        if MERGE_HERE:
+            # The last split of this (sequence, KV head, M-block) to finish merges all of them: one
+            # launch instead of decode + combine. The barrier orders every thread's partial stores
+            # before the (single-thread) release of the arrival count; the acquire side reads the
+            # other splits' partials through L2 (.cg).
             tl.debug_barrier()
-            _combine_splits(Out, Lse, FinalOut, FinalLse, seq, tok, head, row_ok, offs_d,
-                            num_splits, q_len, GROUP * tl.num_programs(1), head_dim,
-                            stride_ob, stride_ot, stride_oh, stride_os,
-                            stride_lb, stride_lt, stride_lh, stride_ls, STORE_LSE,
-                            BLOCK_M, BLOCK_D, MERGE_SPLITS_AT_ONCE)
-            tl.atomic_xchg(Arrivals + slot, 0)  # ready for the next launch (CUDA-graph replays)
+            slot = (seq * tl.num_programs(1) + kv_head) * num_m_blocks + m_block
+            arrived = tl.atomic_add(Arrivals + slot, 1, sem="acq_rel", scope="gpu")
+            if arrived == num_splits - 1:
+                tl.debug_barrier()
+                _combine_splits(Out, Lse, FinalOut, FinalLse, seq, tok, head, row_ok, offs_d,
+                                num_splits, q_len, GROUP * tl.num_programs(1), head_dim,
+                                stride_ob, stride_ot, stride_oh, stride_os,
+                                stride_lb, stride_lt, stride_lh, stride_ls, STORE_LSE,
+                                BLOCK_M, BLOCK_D, MERGE_SPLITS_AT_ONCE)
+                tl.atomic_xchg(Arrivals + slot, 0)  # ready for the next launch (CUDA-graph replays)
     if PDL_EXIT_WAIT:
         gdc_wait()
 
@@ -674,8 +728,13 @@ class PagedDecodeLaunch:
         group = nheads // launch_heads
         block_m, num_m_blocks = decode_row_blocks(nheads, launch_heads, q_len, kv_format)
         self.batch, self.num_splits = batch, num_splits
-        merge_here = 1 < num_splits <= config.max_merged_splits
         self.device_index = q.device.index if q.device.type == "cuda" else -1
+        in_cluster = (CLUSTER_MERGE and num_splits == 2 and num_m_blocks == 1
+                      and kv_format == 0 and outlier_values is None and not trigger_next
+                      and not follows and self.device_index >= 0 and not interpreter_active()
+                      and torch.cuda.get_device_capability(q.device)[0] == 9)
+        self._cluster = 2 if in_cluster else 1   # CTAs a cluster
+        merge_here = not in_cluster and 1 < num_splits <= config.max_merged_splits
         if num_splits == 1:  # straight into out [batch, q_len, nheads, d], lse [batch, nheads, q_len]
             dst_o = (q_len * nheads * head_dim, nheads * head_dim, head_dim, 0)
             dst_l = (nheads * q_len, 1, q_len, 0)  # (batch, token, head, split)
@@ -708,9 +767,9 @@ class PagedDecodeLaunch:
             # Not with dense-and-sparse keys: int4+8 ran 5-35% slower with it (H100).
             PREFETCH_PAGES=config.prefetch_pages and outlier_values is None,
             MERGE_SPLITS_AT_ONCE=config.merge_splits_at_once, HEAD_PAIRS=self._head_pairs,
-            PDL_TRIGGER=trigger_next or (num_splits > 1 and not merge_here
+            PDL_TRIGGER=trigger_next or (num_splits > 1 and not merge_here and not in_cluster
                                          and combine_pdl(q.device, "triton")),
-            PDL_EXIT_WAIT=follows, MASKED_STAGES=MASKED_LOOP_STAGES,
+            PDL_EXIT_WAIT=follows, MASKED_STAGES=MASKED_LOOP_STAGES, CLUSTER_MERGE=in_cluster,
             # int32 offsets where everything fits (fewer IMADs per key row) unless the config
             # says int64 (PagedDecodeConfig.int64_kv_offsets: which rows and launches do, why).
             INT64_KV=config.int64_kv_offsets or max(
@@ -734,7 +793,7 @@ class PagedDecodeLaunch:
                                     F16_MATH=f16 and (kv_format == 1 or (v_pairs and v_ok)))
             for v_ok in (False, True) for scales_ok in (False, True)}
         self._combine = None
-        if num_splits > 1 and not merge_here:
+        if num_splits > 1 and not merge_here and not in_cluster:
             # Final out [batch, q_len, nheads, d] and lse [batch, nheads, q_len], contiguous.
             ints = (num_splits, head_dim, *dst_o, *dst_l, q_len * nheads * head_dim,
                     nheads * head_dim, head_dim, nheads * q_len, 1, q_len)
@@ -786,7 +845,7 @@ class PagedDecodeLaunch:
                 final_o, final_l, arrivals, outlier_values, outlier_channels, self._scale,
                 *self._ints),
                constexprs, *self._warps, self.device_index, self._maxnreg,
-               launch_pdl=constexprs["PDL_EXIT_WAIT"])
+               launch_pdl=constexprs["PDL_EXIT_WAIT"], cluster=self._cluster)
         if self._combine is not None:
             key, grid, ints, constexprs, warps = self._combine
             launch(_combine_splits_kernel, key, grid, (o_part, lse_part, out, lse, *ints),
