@@ -6,7 +6,7 @@ the dot means the conversion runs in the MMA operand layout; a 16-bit one means 
     .venv/bin/python scripts/decode_kernel_stats.py [--format int4] [--dtype fp16,bf16]
         [--heads 32/8] [--splits 3] [--config 128,4,2] [--maxnreg N] [--swap-ab] [--no-f16-math]
         [--v-pairs | --no-v-pairs] [--outliers N] [--head-pairs] [--int64-offsets 0|1]
-        [--shape BATCHxLEN] [--masked-stages N] [--cluster-merge]
+        [--shape BATCHxLEN] [--masked-stages N] [--cluster-merge sync|push]
         [--keep DIR]
 
 ``--config block_n,num_warps,num_stages`` overrides the format's Hopper row (otherwise the row as
@@ -44,7 +44,7 @@ _BACK_BRANCH = re.compile(r"\bBRA (?:`\(\.L_x_\d+\) )?0x([0-9a-f]+)")
 def compile_decode(fmt: str, dtype: torch.dtype, nheads: int, nheads_k: int, splits: int,
                    config, maxnreg: int = 0, outliers: int = 0,
                    outlier_dtype: torch.dtype = torch.float16, batch: int = 2,
-                   length: int = 4096, cluster_merge: bool = False):
+                   length: int = 4096, cluster_merge: str = ""):
     """The compiled ``_paged_decode_kernel`` of a launch with these shapes (CPU tensors stand in:
     only shapes, strides and dtypes reach the specialization; ``batch`` 1 makes the integers
     equal to 1 constants, as the launch does)."""
@@ -70,7 +70,8 @@ def compile_decode(fmt: str, dtype: torch.dtype, nheads: int, nheads_k: int, spl
                                   v_scale=None if fmt == "plain" else scale,
                                   outlier_values=values)
     if cluster_merge:   # (the plan takes it on sm_90 only; here the launch is a CPU one)
-        launch._constexprs.update(CLUSTER_MERGE=True, MERGE_HERE=False)
+        launch._constexprs.update(CLUSTER_MERGE={"sync": 1, "push": 2}[cluster_merge],
+                                  MERGE_HERE=False)
     f32, i32 = torch.empty(1, dtype=torch.float32), torch.empty(1, dtype=torch.int32)
     # The pointers as PagedDecodeLaunch.__call__ passes them (their dtypes are part of the
     # signature): the float32 partials with splits, else the output itself (q's dtype) for the
@@ -171,7 +172,7 @@ def main() -> None:
                     help="PagedDecodeConfig.int64_kv_offsets 0 / 1 (default: the row's)")
     ap.add_argument("--masked-stages", type=int, default=0,
                     help="paged_decode.MASKED_LOOP_STAGES (0: the launch's stages)")
-    ap.add_argument("--cluster-merge", action="store_true",
+    ap.add_argument("--cluster-merge", default="", choices=("", "sync", "push"),
                     help="paged_decode.CLUSTER_MERGE's form (two splits merged in a 2-CTA cluster)")
     ap.add_argument("--keep", default="", help="write the PTX, TTGIR and SASS here")
     args = ap.parse_args()

@@ -38,10 +38,11 @@
 #               reference, then the A/B against it at pages 16 and 256 ("same" False: the sums'
 #               order)
 #   clustermerge  GQA 12/2's two decode splits merged in a 2-CTA cluster through distributed
-#               shared memory (paged_decode.CLUSTER_MERGE, built 2026-12-01, forty-third
-#               session, compiled for sm_90a, never run): its tests (the gate, bytes equal to the
-#               in-launch merge eagerly, by the op and in a graph), then config_ab at 12/2
-#               64 x 1024 (the row at 86% of dense SDPA: 22.8 us against ~19.7) and 48 x 1024
+#               shared memory (paged_decode.CLUSTER_MERGE, forty-third session: "sync" correct
+#               and 8% slower; "push", st.async onto an mbarrier, no fence, compiled, never run):
+#               the tests (the gate, bytes equal to the in-launch merge eagerly, by the op and in
+#               a graph), then config_ab of both forms at 12/2 64 x 1024 (the row at 86% of
+#               dense SDPA: 22.8 us against ~19.7) and 48 x 1024
 #   summma      P's row sums by the tensor core (gluon_prefill.ROW_SUM_MMA; on at 16-row boxes
 #               since 2026-12-01, forty-third session: page 16 +0.2 to +2.3% in graphs, pages
 #               128 / 256 -0.5 to -1.5%): its 24 tests against the reference, then the A/B
@@ -930,7 +931,8 @@ if has clustermerge; then
   timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/test_decode.py -k cluster_merge \
     2>&1 | tail -3
   timeout 150 python3 scripts/config_ab.py --cases plain:12/2:64x1024,plain:12/2:48x1024 \
-    --knob "kvonce.kernels.paged_decode:CLUSTER_MERGE=True" --splits 2 --rounds 3 2>&1 | tail -6
+    --knob "kvonce.kernels.paged_decode:CLUSTER_MERGE='sync'" \
+    --knob "kvonce.kernels.paged_decode:CLUSTER_MERGE='push'" --splits 2 --rounds 3 2>&1 | tail -6
 fi
 if has summma; then
   step summma

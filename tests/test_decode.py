@@ -927,35 +927,36 @@ def test_cluster_merge_only_where_clusters_run(monkeypatch):
     on sm_90 only; elsewhere (the CPU interpreter, other GPUs) it keeps the in-launch merge
     through global memory, and the output is the reference's either way."""
     from kvonce.kernels import paged_decode as pd
-    monkeypatch.setattr(pd, "CLUSTER_MERGE", True)
+    monkeypatch.setattr(pd, "CLUSTER_MERGE", "push")
     q, k, v, seqlens, table = _cluster_merge_case(torch.float16)
     plan = decode.PagedDecodePlan(q, k, v, seqlens, table, num_splits=2)
     with poison_empty:
         out, lse = plan.run(q, k, v, seqlens, table, return_lse=True)
     on = _cluster_merge_runs()
     assert [(la._cluster, la._constexprs["CLUSTER_MERGE"], la._constexprs["MERGE_HERE"])
-            for la in plan._launches.values()] == [(2 if on else 1, on, not on)]
+            for la in plan._launches.values()] == [(2 if on else 1, 2 if on else 0, not on)]
     ref, ref_lse = paged_attention_ref(q.float(), k.float(), v.float(), seqlens, table)
     assert rel_err(out, ref) < TOL[torch.float16]
     assert lse_err(lse, ref_lse) < 1e-2
 
 
 @pytest.mark.skipif(not _cluster_merge_runs(), reason="2-CTA clusters need an sm_90 GPU")
+@pytest.mark.parametrize("form", ["sync", "push"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_cluster_merge_gives_the_in_launch_merge_s_bytes(dtype, monkeypatch):
-    """The two splits merged through distributed shared memory fold the same normalized rows in
-    the same order as the in-launch merge through global memory: the same bytes of out and
-    LSE, eagerly, through the custom op and replayed in a CUDA graph (the cluster launch is
-    captured)."""
+def test_cluster_merge_gives_the_in_launch_merge_s_bytes(dtype, form, monkeypatch):
+    """The two splits merged through distributed shared memory (both forms) fold the same
+    normalized rows in the same order as the in-launch merge through global memory: the same
+    bytes of out and LSE, eagerly, through the custom op and replayed in a CUDA graph (the
+    cluster launch is captured)."""
     from kvonce.kernels import paged_decode as pd
     case = q, k, v, seqlens, table = _cluster_merge_case(dtype)
     runs = []
-    for on in (False, True):
+    for on in (None, form):
         monkeypatch.setattr(pd, "CLUSTER_MERGE", on)
         plan = decode.PagedDecodePlan(q, k, v, seqlens, table, num_splits=2)
         with poison_empty:
             runs.append(plan.run(*case, return_lse=True))
-        assert [la._cluster for la in plan._launches.values()] == [2 if on else 1]
+        assert [la._cluster for la in plan._launches.values()] == [1 if on is None else 2]
     (want, want_lse), (out, lse) = runs
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
     op_out, op_lse = plan._run_op(*case)

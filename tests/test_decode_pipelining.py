@@ -136,20 +136,27 @@ def test_row_tile_one_pass_fits_the_cut_s_programs_an_sm(tmp_path):
                            "--shape", "66x8192", "--splits", "1") >= row.resident_programs_per_sm
 
 
-def test_cluster_merge_compiles_to_one_exchange_and_two_cluster_barriers(tmp_path):
+@pytest.mark.parametrize("form", ["sync", "push"])
+def test_cluster_merge_compiles_to_one_exchange_and_its_barriers(tmp_path, form):
     """``paged_decode.CLUSTER_MERGE`` (GQA 12/2's two splits merged through distributed shared
     memory): one static exchange buffer (its declaration in inline PTX; a copy of it would be a
-    second buffer, so there must be exactly one), two cluster barriers (after the stores, and
-    before either CTA may exit), no arrival atomic and no spill."""
+    second buffer, so there must be exactly one), no arrival atomic in global memory and no
+    spill. "sync": two cluster barriers (after the stores, and before either CTA may exit).
+    "push": one (the start's arrival, waited before the push), the partial sent by ``st.async``
+    and no memory fence (no ``MEMBAR``)."""
     proc, keep = _compile(tmp_path, "--format", "plain", "--heads", "12/2", "--splits", "2",
-                          "--shape", "64x1024", "--dtype", "fp16", "--cluster-merge")
+                          "--shape", "64x1024", "--dtype", "fp16", "--cluster-merge", form)
     ptx, sass = list(keep.glob("*.ptx")), list(keep.glob("*.sass"))
     assert ptx and sass, f"no PTX / SASS:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
     ptx_text, sass_text = ptx[0].read_text(), sass[0].read_text()
     assert len(re.findall(r"\.shared \.align 16 \.b8 kvonce_cluster_exchange\[",
                           ptx_text)) == 1
-    assert len(re.findall(r"\bUCGABAR_ARV\b", sass_text)) == 2
-    assert len(re.findall(r"\bUCGABAR_WAIT\b", sass_text)) == 2
-    assert not re.search(r"\bATOMG?\b|\bRED\b", sass_text)
+    barriers = 2 if form == "sync" else 1
+    assert len(re.findall(r"\bUCGABAR_ARV\b", sass_text)) == barriers
+    assert len(re.findall(r"\bUCGABAR_WAIT\b", sass_text)) == barriers
+    # (a global atomic or reduction opcode; the push's mbarrier arrive is SYNCS.ARRIVE...RED)
+    assert not re.search(r"\*/\s+(?:@!?U?P\w\s+)?(?:ATOMG?|RED)\.", sass_text)
+    if form == "push":
+        assert re.search(r"\bSTAS\b", sass_text) and not re.search(r"\bMEMBAR\b", sass_text)
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| fp16")]
     assert rows and "(0, 0)" in rows[0], proc.stdout[-2000:]

@@ -5,10 +5,21 @@ with ``cluster=2``).
 Triton 3.6 has no data path between the CTAs of a cluster (Gluon's cross-CTA ``convert_layout``
 fails to lower, its cross-CTA reductions assert; scripts/gluon_cluster_probe.py), and gives a
 kernel no address of its shared memory. So the exchange buffer is a static ``.shared`` variable
-declared in inline PTX (``exchange_base``), beside Triton's dynamic shared memory: each CTA
-stores its partial there (``store_shared``), the cluster synchronizes (``cluster_sync``), and
-each reads the other's through ``mapa`` (``load_peer``). Both CTAs have the same layouts, so a
-thread reads exactly the elements it stored, from the peer.
+declared in inline PTX (``exchange_base``), beside Triton's dynamic shared memory. Both CTAs
+have the same layouts, so a thread's elements sit at the same addresses in both buffers. Two
+forms:
+
+- ``sync``: each CTA stores its partial in its own buffer (``store_shared``), the cluster
+  synchronizes (``cluster_sync``), each reads the other's through ``mapa`` (``load_peer``), and
+  the cluster synchronizes again so that neither exits while the other reads. Each
+  ``barrier.cluster`` arrive with release semantics compiles to a ``MEMBAR.ALL.GPU`` on sm_90a.
+- ``push``: CTA 0's buffer holds an mbarrier, initialized at the kernel's start and made visible
+  to CTA 1 by a relaxed cluster arrive (``start_push``) whose wait CTA 1 passes before pushing
+  (``cluster_wait``). CTA 1 sends its partial into CTA 0's buffer with ``st.async``, each 4
+  bytes announced on the mbarrier first (``push``, so replicated elements count too), arrives
+  once a thread (``arrive_pushed``) and exits; CTA 0 waits for the mbarrier's phase
+  (``wait_pushed``: every thread of CTA 1 arrived and every byte landed) and reads its own
+  buffer (``load_shared``). No fence: compiled for sm_90a, no ``MEMBAR``.
 
 The declaration must run once a thread (a scalar argument): a second copy of it would fail in
 ptxas (a duplicate name), never silently give two buffers.
@@ -16,15 +27,17 @@ ptxas (a duplicate name), never silently give two buffers.
 import triton
 import triton.language as tl
 
-# Bytes of the exchange buffer: a [16, 128] float32 partial and 16 LSEs, with room to spare.
+# Bytes of the exchange buffer: a [16, 128] float32 partial and 16 LSEs, then (push) the
+# mbarrier at MBARRIER.
 EXCHANGE_BYTES = tl.constexpr(8448)
+MBARRIER = tl.constexpr(8448)
 
 
 @triton.jit
 def exchange_base(anchor):
     """The exchange buffer's shared-memory address (int32); ``anchor``: any int32 scalar."""
     return tl.inline_asm_elementwise(
-        ".shared .align 16 .b8 kvonce_cluster_exchange[8448];\n"
+        ".shared .align 16 .b8 kvonce_cluster_exchange[8464];\n"
         "mov.u32 $0, kvonce_cluster_exchange;\n"
         "add.u32 $0, $0, $1;",
         "=r,r", [anchor * 0], dtype=tl.int32, is_pure=False, pack=1)
@@ -36,6 +49,13 @@ def store_shared(addr, x):
     return tl.inline_asm_elementwise(
         "st.shared.f32 [$1], $2;\nmov.u32 $0, 0;", "=r,r,r", [addr, x], dtype=tl.int32,
         is_pure=False, pack=1)
+
+
+@triton.jit
+def load_shared(addr):
+    """This CTA's float32 values at its shared addresses ``addr`` (int32)."""
+    return tl.inline_asm_elementwise(
+        "ld.shared.f32 $0, [$1];", "=r,r", [addr], dtype=tl.float32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -55,3 +75,63 @@ def load_peer(addr):
         "{\n.reg .u32 rank, peer;\nmov.u32 rank, %cluster_ctarank;\nxor.b32 rank, rank, 1;\n"
         "mapa.shared::cluster.u32 peer, $1, rank;\nld.shared::cluster.f32 $0, [peer];\n}",
         "=r,r", [addr], dtype=tl.float32, is_pure=False, pack=1)
+
+
+@triton.jit
+def start_push(base):
+    """At the kernel's start, every thread: thread 0 initializes this CTA's mbarrier for one
+    arrival a thread of the CTA, and the cluster's barrier gets a relaxed arrival (its wait,
+    ``cluster_wait``, makes the initialized mbarrier visible to the other CTA)."""
+    return tl.inline_asm_elementwise(
+        "{\n.reg .pred first;\n.reg .u32 t, n, bar;\nmov.u32 t, %tid.x;\nmov.u32 n, %ntid.x;\n"
+        "setp.eq.u32 first, t, 0;\nadd.u32 bar, $1, 8448;\n"
+        "@first mbarrier.init.shared::cta.b64 [bar], n;\n"
+        "fence.mbarrier_init.release.cluster;\nbarrier.cluster.arrive.relaxed.aligned;\n"
+        "mov.u32 $0, 0;\n}",
+        "=r,r", [base], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def cluster_wait(base):
+    """Every thread: wait for the cluster barrier's arrivals (``start_push``'s)."""
+    return tl.inline_asm_elementwise(
+        "barrier.cluster.wait.aligned;\nmov.u32 $0, $1;", "=r,r", [base], dtype=tl.int32,
+        is_pure=False, pack=1)
+
+
+@triton.jit
+def push(addr, x, base, sender):
+    """Where ``sender`` (int32, 1 or 0; ``x``'s shape): ``x`` (float32) into CTA 0's buffer at
+    ``addr`` by ``st.async``, its 4 bytes announced on CTA 0's mbarrier first."""
+    return tl.inline_asm_elementwise(
+        "{\n.reg .pred p;\n.reg .u32 to, bar, rbar;\nsetp.ne.u32 p, $3, 0;\n"
+        "add.u32 bar, $4, 8448;\nmapa.shared::cluster.u32 to, $1, 0;\n"
+        "mapa.shared::cluster.u32 rbar, bar, 0;\n"
+        "@p mbarrier.expect_tx.relaxed.cluster.shared::cluster.b64 [rbar], 4;\n"
+        "@p st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [to], $2, [rbar];\n"
+        "mov.u32 $0, 0;\n}",
+        "=r,r,r,r,r", [addr, x, sender, base], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def arrive_pushed(base, sender):
+    """Where ``sender`` (int32 scalar): this thread's one arrival on CTA 0's mbarrier, after
+    its ``push``es."""
+    return tl.inline_asm_elementwise(
+        "{\n.reg .pred p;\n.reg .u32 bar, rbar;\nsetp.ne.u32 p, $2, 0;\nadd.u32 bar, $1, 8448;\n"
+        "mapa.shared::cluster.u32 rbar, bar, 0;\n"
+        "@p mbarrier.arrive.relaxed.cluster.shared::cluster.b64 _, [rbar];\n"
+        "mov.u32 $0, 0;\n}",
+        "=r,r,r", [base, sender], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def wait_pushed(base, receiver):
+    """Where ``receiver`` (int32 scalar): wait until this CTA's mbarrier completes its first
+    phase (every thread of CTA 1 arrived, every pushed byte landed)."""
+    return tl.inline_asm_elementwise(
+        "{\n.reg .pred p, done;\n.reg .u32 bar;\nsetp.ne.u32 p, $2, 0;\nadd.u32 bar, $1, 8448;\n"
+        "@!p bra DONE${:uid};\nWAIT${:uid}:\n"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [bar], 0;\n"
+        "@!done bra WAIT${:uid};\nDONE${:uid}:\nmov.u32 $0, 0;\n}",
+        "=r,r,r", [base, receiver], dtype=tl.int32, is_pure=False, pack=1)

@@ -65,8 +65,14 @@ MASKED_LOOP_STAGES = 0
 # SDPA by the merge's tail (~2-2.5 us of 22.8: partials to L2, a CTA barrier, the arrival atomic,
 # the partials back; docs/notes.md, thirty-second session), which a cluster's barrier and one
 # DSMEM read shorten. Plain caches on sm_90, not with a batch cut's launch order (PDL). Built
-# 2026-12-01 (forty-third session) and compiled for sm_90a on the CPU; not yet run on a GPU.
-CLUSTER_MERGE = False
+# 2026-12-01 (forty-third session). Two forms (kernels/cluster_merge.py): "sync" (both CTAs
+# store, a cluster barrier, both read the other's, a second barrier; each barrier's release a
+# MEMBAR.ALL.GPU on sm_90a) and "push" (split 1 sends its rows by st.async onto split 0's
+# mbarrier and exits; no fence). Measured (H200, 2026-12-01, CUDA graphs, 2 splits): "sync"
+# correct (bytes equal to the in-launch merge, eagerly, by the op, in a graph) and 8% SLOWER,
+# GQA 12/2 64 x 1024 27.4 us against 25.3, 48 x 1024 24.1 against 22.2. "push": compiled for
+# sm_90a (no MEMBAR), not yet run. None: the in-launch merge through global memory.
+CLUSTER_MERGE: str | None = None
 
 
 @triton.jit
@@ -496,6 +502,36 @@ def _merge_in_cluster(out, lse, split, FinalOut, FinalLse, seq, tok, head, row_o
 
 
 @triton.jit
+def _merge_pushed(out, lse, split, exchange, FinalOut, FinalLse, seq, tok, head, row_ok, offs_d,
+                  q_len, nheads, head_dim, STORE_LSE: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_D: tl.constexpr):
+    """``CLUSTER_MERGE`` "push": split 1 sends its normalized rows ``out [BLOCK_M, BLOCK_D]``
+    and ``lse [BLOCK_M]`` into split 0's exchange buffer (``exchange``, whose mbarrier the
+    kernel's start initialized) and exits; split 0 waits for them and merges its rows and
+    split 1's in split order, as ``_combine_splits`` does from global memory (the same bytes),
+    and stores the result."""
+    tl.static_assert(BLOCK_M * BLOCK_D * 4 + BLOCK_M * 4 <= cluster_merge.EXCHANGE_BYTES)
+    rows = tl.arange(0, BLOCK_M)
+    o_addr = exchange + (rows[:, None] * BLOCK_D + offs_d[None, :]) * 4
+    l_addr = exchange + BLOCK_M * BLOCK_D * 4 + rows * 4
+    sender = (split == 1).to(tl.int32)
+    cluster_merge.cluster_wait(exchange)
+    cluster_merge.push(o_addr, out, exchange, o_addr * 0 + sender)
+    cluster_merge.push(l_addr, lse, exchange, l_addr * 0 + sender)
+    cluster_merge.arrive_pushed(exchange, sender)
+    cluster_merge.wait_pushed(exchange, 1 - sender)
+    o_peer = cluster_merge.load_shared(o_addr)
+    lse_peer = cluster_merge.load_shared(l_addr)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc, m, l = _merge_rows(acc, m, l, out, lse)
+    acc, m, l = _merge_rows(acc, m, l, o_peer, lse_peer)
+    _store_merged(acc, m, l, FinalOut, FinalLse, seq, tok, head, row_ok & (split == 0), offs_d,
+                  q_len, nheads, head_dim, STORE_LSE)
+
+
+@triton.jit
 def _paged_decode_kernel(
     Q,                 # [batch, q_len, nheads, HEAD_DIM], last dim contiguous
     K, V,              # [num_pages, PAGE_SIZE, nheads_k, HEAD_DIM], last dim contiguous
@@ -538,8 +574,9 @@ def _paged_decode_kernel(
     PDL_EXIT_WAIT: tl.constexpr = False,
     MASKED_STAGES: tl.constexpr = 0,  # the masked band's loop depth (MASKED_LOOP_STAGES)
     # two splits, one M-block, launched as 2-CTA clusters: the splits merge through distributed
-    # shared memory, no partials in global memory, no arrival count (CLUSTER_MERGE)
-    CLUSTER_MERGE: tl.constexpr = False,
+    # shared memory, no partials in global memory, no arrival count (CLUSTER_MERGE: 1 "sync",
+    # 2 "push"; 0 none)
+    CLUSTER_MERGE: tl.constexpr = 0,
 ):
     # Grid: (num_splits * num_m_blocks, nheads_k, batch) (HEAD_PAIRS: nheads_k / 2 pairs). Splits
     # vary fastest so that the programs of one sequence's KV head run side by side.
@@ -550,6 +587,11 @@ def _paged_decode_kernel(
     kv_head = tl.program_id(1)
     seq = tl.program_id(2)
 
+    if CLUSTER_MERGE == 2:   # the receiving mbarrier, before split 1 can push (_merge_pushed)
+        exchange = cluster_merge.exchange_base(seq)
+        cluster_merge.start_push(exchange)
+    else:
+        exchange = 0
     seqlen = tl.load(cache_seqlens + seq)
     split_len = tl.cdiv(tl.cdiv(seqlen, num_splits), BLOCK_N) * BLOCK_N
     lo = split * split_len
@@ -597,10 +639,14 @@ def _paged_decode_kernel(
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
     lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453,
                    float("-inf"))
-    if CLUSTER_MERGE:
+    if CLUSTER_MERGE == 1:
         _merge_in_cluster(out, lse, split, FinalOut, FinalLse, seq, tok, head, row_ok, offs_d,
                           q_len, GROUP * tl.num_programs(1), head_dim, STORE_LSE, BLOCK_M,
                           BLOCK_D)
+    elif CLUSTER_MERGE == 2:
+        _merge_pushed(out, lse, split, exchange, FinalOut, FinalLse, seq, tok, head, row_ok,
+                      offs_d, q_len, GROUP * tl.num_programs(1), head_dim, STORE_LSE, BLOCK_M,
+                      BLOCK_D)
     else:
         o_ptrs = (Out + seq.to(tl.int64) * stride_ob + split * stride_os
                   + (tok * stride_ot + head * stride_oh)[:, None] + offs_d[None, :])
@@ -729,7 +775,7 @@ class PagedDecodeLaunch:
         block_m, num_m_blocks = decode_row_blocks(nheads, launch_heads, q_len, kv_format)
         self.batch, self.num_splits = batch, num_splits
         self.device_index = q.device.index if q.device.type == "cuda" else -1
-        in_cluster = (CLUSTER_MERGE and num_splits == 2 and num_m_blocks == 1
+        in_cluster = (CLUSTER_MERGE is not None and num_splits == 2 and num_m_blocks == 1
                       and kv_format == 0 and outlier_values is None and not trigger_next
                       and not follows and self.device_index >= 0 and not interpreter_active()
                       and torch.cuda.get_device_capability(q.device)[0] == 9)
@@ -769,7 +815,8 @@ class PagedDecodeLaunch:
             MERGE_SPLITS_AT_ONCE=config.merge_splits_at_once, HEAD_PAIRS=self._head_pairs,
             PDL_TRIGGER=trigger_next or (num_splits > 1 and not merge_here and not in_cluster
                                          and combine_pdl(q.device, "triton")),
-            PDL_EXIT_WAIT=follows, MASKED_STAGES=MASKED_LOOP_STAGES, CLUSTER_MERGE=in_cluster,
+            PDL_EXIT_WAIT=follows, MASKED_STAGES=MASKED_LOOP_STAGES,
+            CLUSTER_MERGE={"sync": 1, "push": 2}[CLUSTER_MERGE] if in_cluster else 0,
             # int32 offsets where everything fits (fewer IMADs per key row) unless the config
             # says int64 (PagedDecodeConfig.int64_kv_offsets: which rows and launches do, why).
             INT64_KV=config.int64_kv_offsets or max(
