@@ -41,8 +41,9 @@
 #               shared memory (paged_decode.CLUSTER_MERGE, forty-third session: "sync" correct
 #               and 8% slower; "push", st.async onto an mbarrier, no fence, compiled, never run):
 #               the tests (the gate, bytes equal to the in-launch merge eagerly, by the op and in
-#               a graph), then config_ab of both forms at 12/2 64 x 1024 (the row at 86% of
-#               dense SDPA: 22.8 us against ~19.7) and 48 x 1024
+#               a graph), then config_ab of both forms and the probe "launch" (the global
+#               merge, launched as clusters: the cluster launch's own cost) at 12/2 64 x 1024
+#               (the row at 86% of dense SDPA: 22.8 us against ~19.7) and 48 x 1024
 #   summma      P's row sums by the tensor core (gluon_prefill.ROW_SUM_MMA; on at 16-row boxes
 #               since 2026-12-01, forty-third session: page 16 +0.2 to +2.3% in graphs, pages
 #               128 / 256 -0.5 to -1.5%): its 24 tests against the reference, then the A/B
@@ -932,7 +933,9 @@ if has clustermerge; then
     2>&1 | tail -3
   timeout 150 python3 scripts/config_ab.py --cases plain:12/2:64x1024,plain:12/2:48x1024 \
     --knob "kvonce.kernels.paged_decode:CLUSTER_MERGE='sync'" \
-    --knob "kvonce.kernels.paged_decode:CLUSTER_MERGE='push'" --splits 2 --rounds 3 2>&1 | tail -6
+    --knob "kvonce.kernels.paged_decode:CLUSTER_MERGE='push'" \
+    --knob "kvonce.kernels.paged_decode:CLUSTER_MERGE='launch'" --splits 2 --rounds 3 2>&1 \
+    | tail -6
 fi
 if has summma; then
   step summma

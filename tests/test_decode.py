@@ -941,13 +941,13 @@ def test_cluster_merge_only_where_clusters_run(monkeypatch):
 
 
 @pytest.mark.skipif(not _cluster_merge_runs(), reason="2-CTA clusters need an sm_90 GPU")
-@pytest.mark.parametrize("form", ["sync", "push"])
+@pytest.mark.parametrize("form", ["sync", "push", "launch"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_cluster_merge_gives_the_in_launch_merge_s_bytes(dtype, form, monkeypatch):
     """The two splits merged through distributed shared memory (both forms) fold the same
     normalized rows in the same order as the in-launch merge through global memory: the same
     bytes of out and LSE, eagerly, through the custom op and replayed in a CUDA graph (the
-    cluster launch is captured)."""
+    cluster launch is captured). The probe "launch" (that merge, launched as clusters) too."""
     from kvonce.kernels import paged_decode as pd
     case = q, k, v, seqlens, table = _cluster_merge_case(dtype)
     runs = []

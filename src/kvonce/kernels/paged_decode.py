@@ -71,7 +71,9 @@ MASKED_LOOP_STAGES = 0
 # mbarrier and exits; no fence). Measured (H200, 2026-12-01, CUDA graphs, 2 splits): "sync"
 # correct (bytes equal to the in-launch merge, eagerly, by the op, in a graph) and 8% SLOWER,
 # GQA 12/2 64 x 1024 27.4 us against 25.3, 48 x 1024 24.1 against 22.2. "push": compiled for
-# sm_90a (no MEMBAR), not yet run. None: the in-launch merge through global memory.
+# sm_90a (no MEMBAR), not yet run. "launch" (a timing probe): the in-launch merge through
+# global memory, launched as 2-CTA clusters all the same, what the cluster launch alone costs.
+# None: the in-launch merge, no clusters.
 CLUSTER_MERGE: str | None = None
 
 
@@ -780,7 +782,9 @@ class PagedDecodeLaunch:
                       and not follows and self.device_index >= 0 and not interpreter_active()
                       and torch.cuda.get_device_capability(q.device)[0] == 9)
         self._cluster = 2 if in_cluster else 1   # CTAs a cluster
-        merge_here = not in_cluster and 1 < num_splits <= config.max_merged_splits
+        # (the probe "launch": the global-memory merge, launched as clusters all the same)
+        merge_here = ((not in_cluster or CLUSTER_MERGE == "launch")
+                      and 1 < num_splits <= config.max_merged_splits)
         if num_splits == 1:  # straight into out [batch, q_len, nheads, d], lse [batch, nheads, q_len]
             dst_o = (q_len * nheads * head_dim, nheads * head_dim, head_dim, 0)
             dst_l = (nheads * q_len, 1, q_len, 0)  # (batch, token, head, split)
@@ -816,7 +820,7 @@ class PagedDecodeLaunch:
             PDL_TRIGGER=trigger_next or (num_splits > 1 and not merge_here and not in_cluster
                                          and combine_pdl(q.device, "triton")),
             PDL_EXIT_WAIT=follows, MASKED_STAGES=MASKED_LOOP_STAGES,
-            CLUSTER_MERGE={"sync": 1, "push": 2}[CLUSTER_MERGE] if in_cluster else 0,
+            CLUSTER_MERGE={"launch": 0, "sync": 1, "push": 2}[CLUSTER_MERGE] if in_cluster else 0,
             # int32 offsets where everything fits (fewer IMADs per key row) unless the config
             # says int64 (PagedDecodeConfig.int64_kv_offsets: which rows and launches do, why).
             INT64_KV=config.int64_kv_offsets or max(
