@@ -28,7 +28,8 @@ import triton
 import triton.language as tl
 
 # Bytes of the exchange buffer: a [16, 128] float32 partial and 16 LSEs, then (push) the
-# mbarrier at MBARRIER.
+# mbarrier at MBARRIER. The inline PTX below spells these out (8448; the declaration's 8464 =
+# MBARRIER + the mbarrier's 8, rounded to 16): asm strings are literals.
 EXCHANGE_BYTES = tl.constexpr(8448)
 MBARRIER = tl.constexpr(8448)
 
