@@ -138,7 +138,15 @@ def stats(compiled, keep: Path | None, stem: str) -> dict:
     return {"regs": int(regs.group(1)) if regs else None,
             "spill": tuple(map(int, spills.groups())) if spills else None,
             "sass": sum(ops.values()), "ops": ops, "tiles": dict(tiles),
-            "shared": compiled.metadata.shared, "loops": sass_loops(sass)}
+            # Triton's dynamic shared memory and any static (inline PTX's: CLUSTER_MERGE's buffer)
+            "shared": compiled.metadata.shared + static_smem(ptxas.stderr),
+            "loops": sass_loops(sass)}
+
+
+def static_smem(ptxas_log: str) -> int:
+    """Bytes of static shared memory ptxas -v reports (0 if none)."""
+    m = re.search(r"(\d+) bytes smem", ptxas_log)
+    return int(m.group(1)) if m else 0
 
 
 def main() -> None:
