@@ -17,9 +17,12 @@ forms:
   to CTA 1 by a relaxed cluster arrive (``start_push``) whose wait CTA 1 passes before pushing
   (``cluster_wait``). CTA 1 sends its partial into CTA 0's buffer with ``st.async``, each 4
   bytes announced on the mbarrier first (``push``, so replicated elements count too), arrives
-  once a thread (``arrive_pushed``) and exits; CTA 0 waits for the mbarrier's phase
-  (``wait_pushed``: every thread of CTA 1 arrived and every byte landed) and reads its own
-  buffer (``load_shared``). No fence: compiled for sm_90a, no ``MEMBAR``.
+  once a thread (``arrive_pushed``); CTA 0 waits for the mbarrier's phase (``wait_pushed``:
+  every thread of CTA 1 arrived and every byte landed) and reads its own buffer
+  (``load_shared``). Both then pass a relaxed cluster barrier (``cluster_sync_relaxed``), so that
+  CTA 1 exits only once CTA 0 has its bytes (a CTA must not exit with its shared-memory traffic
+  in flight) while CTA 0, the last to arrive, does not wait there. No fence: compiled for
+  sm_90a, no ``MEMBAR``.
 
 The declaration must run once a thread (a scalar argument): a second copy of it would fail in
 ptxas (a duplicate name), never silently give two buffers.
@@ -66,6 +69,15 @@ def cluster_sync(anchor):
     int32 scalar (one barrier a thread)."""
     return tl.inline_asm_elementwise(
         "barrier.cluster.arrive.aligned;\nbarrier.cluster.wait.aligned;\nmov.u32 $0, $1;",
+        "=r,r", [anchor * 0], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def cluster_sync_relaxed(anchor):
+    """Every thread of both CTAs arrives (relaxed: no memory ordering, so no fence) and waits.
+    ``anchor``: any int32 scalar (one barrier a thread)."""
+    return tl.inline_asm_elementwise(
+        "barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\nmov.u32 $0, $1;",
         "=r,r", [anchor * 0], dtype=tl.int32, is_pure=False, pack=1)
 
 

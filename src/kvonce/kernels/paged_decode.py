@@ -68,8 +68,9 @@ MASKED_LOOP_STAGES = 0
 # 2026-12-01 (forty-third session). Two forms (kernels/cluster_merge.py): "sync" (both CTAs
 # store, a cluster barrier, both read the other's, a second barrier; each barrier's release a
 # MEMBAR.ALL.GPU on sm_90a) and "push" (split 1 sends its rows by st.async onto split 0's
-# mbarrier and exits; no fence). Measured (H200, 2026-12-01, CUDA graphs, 2 splits): "sync"
-# correct (bytes equal to the in-launch merge, eagerly, by the op, in a graph) and 8% SLOWER,
+# mbarrier, split 0 waits for them, then a relaxed cluster barrier; no fence). Measured (H200,
+# 2026-12-01, CUDA graphs, 2 splits): "sync" correct (bytes equal to the in-launch merge,
+# eagerly, by the op, in a graph) and 8% SLOWER,
 # GQA 12/2 64 x 1024 27.4 us against 25.3, 48 x 1024 24.1 against 22.2. "push": compiled for
 # sm_90a (no MEMBAR), not yet run. "launch" (a timing probe): the in-launch merge through
 # global memory, launched as 2-CTA clusters all the same, what the cluster launch alone costs.
@@ -509,9 +510,9 @@ def _merge_pushed(out, lse, split, exchange, FinalOut, FinalLse, seq, tok, head,
                   BLOCK_D: tl.constexpr):
     """``CLUSTER_MERGE`` "push": split 1 sends its normalized rows ``out [BLOCK_M, BLOCK_D]``
     and ``lse [BLOCK_M]`` into split 0's exchange buffer (``exchange``, whose mbarrier the
-    kernel's start initialized) and exits; split 0 waits for them and merges its rows and
-    split 1's in split order, as ``_combine_splits`` does from global memory (the same bytes),
-    and stores the result."""
+    kernel's start initialized); split 0 waits for them and merges its rows and split 1's in
+    split order, as ``_combine_splits`` does from global memory (the same bytes), and stores the
+    result. A relaxed cluster barrier after split 0's wait keeps split 1 until its bytes landed."""
     tl.static_assert(BLOCK_M * BLOCK_D * 4 + BLOCK_M * 4 <= cluster_merge.EXCHANGE_BYTES)
     rows = tl.arange(0, BLOCK_M)
     o_addr = exchange + (rows[:, None] * BLOCK_D + offs_d[None, :]) * 4
@@ -524,6 +525,7 @@ def _merge_pushed(out, lse, split, exchange, FinalOut, FinalLse, seq, tok, head,
     cluster_merge.wait_pushed(exchange, 1 - sender)
     o_peer = cluster_merge.load_shared(o_addr)
     lse_peer = cluster_merge.load_shared(l_addr)
+    cluster_merge.cluster_sync_relaxed(exchange)   # split 1 exits once split 0 has its bytes
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l = tl.zeros([BLOCK_M], dtype=tl.float32)
