@@ -6,7 +6,7 @@ the dot means the conversion runs in the MMA operand layout; a 16-bit one means 
     .venv/bin/python scripts/decode_kernel_stats.py [--format int4] [--dtype fp16,bf16]
         [--heads 32/8] [--splits 3] [--config 128,4,2] [--maxnreg N] [--swap-ab] [--no-f16-math]
         [--v-pairs | --no-v-pairs] [--outliers N] [--head-pairs] [--int64-offsets 0|1]
-        [--shape BATCHxLEN] [--masked-stages N] [--cluster-merge sync|push]
+        [--shape BATCHxLEN] [--masked-stages N] [--cluster-merge sync|push|launch[:PROBE]]
         [--keep DIR]
 
 ``--config block_n,num_warps,num_stages`` overrides the format's Hopper row (otherwise the row as
@@ -70,8 +70,9 @@ def compile_decode(fmt: str, dtype: torch.dtype, nheads: int, nheads_k: int, spl
                                   v_scale=None if fmt == "plain" else scale,
                                   outlier_values=values)
     if cluster_merge:   # (the plan takes it on sm_90 only; here the launch is a CPU one)
-        launch._constexprs.update(CLUSTER_MERGE={"sync": 1, "push": 2}[cluster_merge],
-                                  MERGE_HERE=False)
+        form, _, probe = cluster_merge.partition(":")   # "push:5": with CLUSTER_PROBE 5
+        launch._constexprs.update(CLUSTER_MERGE={"sync": 1, "push": 2, "launch": 0}[form],
+                                  MERGE_HERE=form == "launch", CLUSTER_PROBE=int(probe or 0))
     f32, i32 = torch.empty(1, dtype=torch.float32), torch.empty(1, dtype=torch.int32)
     # The pointers as PagedDecodeLaunch.__call__ passes them (their dtypes are part of the
     # signature): the float32 partials with splits, else the output itself (q's dtype) for the
@@ -180,8 +181,9 @@ def main() -> None:
                     help="PagedDecodeConfig.int64_kv_offsets 0 / 1 (default: the row's)")
     ap.add_argument("--masked-stages", type=int, default=0,
                     help="paged_decode.MASKED_LOOP_STAGES (0: the launch's stages)")
-    ap.add_argument("--cluster-merge", default="", choices=("", "sync", "push"),
-                    help="paged_decode.CLUSTER_MERGE's form (two splits merged in a 2-CTA cluster)")
+    ap.add_argument("--cluster-merge", default="",
+                    help="paged_decode.CLUSTER_MERGE's form (two splits merged in a 2-CTA "
+                         "cluster): sync, push or launch, ':N' for CLUSTER_PROBE N")
     ap.add_argument("--keep", default="", help="write the PTX, TTGIR and SASS here")
     args = ap.parse_args()
     from kvonce.kernels import paged_decode

@@ -4,7 +4,8 @@
         --metrics ... python scripts/decode_ncu_case.py FORMAT HQ HK BATCH LEN [nhd|hnd]
 
 ``DECODE_CASE_SET=field=value[,field=value]`` runs the plan's launch (its split count) with
-those config fields changed (``config_ab.py``'s ``--set``). FORMAT is plain, fp8_e4m3, int8 or
+those config fields changed (``config_ab.py``'s ``--set``); ``DECODE_CASE_KNOB=MODULE:ATTR=LITERAL[
+& ...]`` sets module attributes first (``config_ab.py``'s ``--knob``). FORMAT is plain, fp8_e4m3, int8 or
 int4; d128, page 16, random page order, fp16 q; pages (and
 per-token scales) token-major, or head-major with ``hnd``. FORMAT ``sdpa`` runs PyTorch's dense
 SDPA (``enable_gqa``) on the plain case's keys gathered to ``[batch, heads_k, len, d]``.
@@ -78,6 +79,11 @@ def main(fmt: str, hq: int, hk: int, batch: int, length: int, layout: str = "nhd
                                                              enable_gqa=True)
         torch.cuda.synchronize()
         return
+    if os.environ.get("DECODE_CASE_KNOB"):
+        from config_ab import parse_knobs
+
+        for mod, attr, value in parse_knobs(os.environ["DECODE_CASE_KNOB"]):
+            setattr(mod, attr, value)
     q, k, v, table, seqlens, kw = paged_case(hq, hk, batch, length, fmt)
     k, v = stored(k, layout), stored(v, layout)
     kw = {name: stored(t, layout) for name, t in kw.items()}

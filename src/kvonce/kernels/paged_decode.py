@@ -76,6 +76,14 @@ MASKED_LOOP_STAGES = 0
 # global memory, launched as 2-CTA clusters all the same, what the cluster launch alone costs.
 # None: the in-launch merge, no clusters.
 CLUSTER_MERGE: str | None = None
+# Timing probes of "push" (bits; wrong outputs, never for use): 1 split 0 does not wait for the
+# pushed rows, 2 no closing cluster barrier, 4 split 1 pushes nothing (with 1: no exchange at
+# all, only the start's mbarrier and cluster arrive); 8 with "launch": push's buffer, mbarrier
+# and cluster barriers around the in-launch merge; 16 with "launch": push's buffer declared,
+# nothing else; 32 with "launch": a relaxed cluster arrive at the start, its wait at the end;
+# 64 with "push": the rows pushed four a thread at a time (one expect_tx for four st.async);
+# 128 with "push": split 1's rows staged in its own buffer, sent by one cp.async.bulk.
+CLUSTER_PROBE = 0
 
 
 @triton.jit
@@ -507,7 +515,7 @@ def _merge_in_cluster(out, lse, split, FinalOut, FinalLse, seq, tok, head, row_o
 @triton.jit
 def _merge_pushed(out, lse, split, exchange, FinalOut, FinalLse, seq, tok, head, row_ok, offs_d,
                   q_len, nheads, head_dim, STORE_LSE: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_D: tl.constexpr):
+                  BLOCK_D: tl.constexpr, PROBE: tl.constexpr = 0):
     """``CLUSTER_MERGE`` "push": split 1 sends its normalized rows ``out [BLOCK_M, BLOCK_D]``
     and ``lse [BLOCK_M]`` into split 0's exchange buffer (``exchange``, whose mbarrier the
     kernel's start initialized); split 0 waits for them and merges its rows and split 1's in
@@ -519,13 +527,26 @@ def _merge_pushed(out, lse, split, exchange, FinalOut, FinalLse, seq, tok, head,
     l_addr = exchange + BLOCK_M * BLOCK_D * 4 + rows * 4
     sender = (split == 1).to(tl.int32)
     cluster_merge.cluster_wait(exchange)
-    cluster_merge.push(o_addr, out, exchange, o_addr * 0 + sender)
-    cluster_merge.push(l_addr, lse, exchange, l_addr * 0 + sender)
-    cluster_merge.arrive_pushed(exchange, sender)
-    cluster_merge.wait_pushed(exchange, 1 - sender)
+    if PROBE & 128:   # "bulk": staged in split 1's own buffer, one bulk copy into split 0's
+        if split == 1:
+            cluster_merge.store_shared(o_addr, out)
+            cluster_merge.store_shared(l_addr, lse)
+            cluster_merge.fence_proxy_async(seq)
+        tl.debug_barrier()
+        cluster_merge.send_bulk(exchange, sender)
+    elif PROBE & 4 == 0:
+        if PROBE & 64:
+            cluster_merge.push4(o_addr, out, exchange, o_addr * 0 + sender)
+        else:
+            cluster_merge.push(o_addr, out, exchange, o_addr * 0 + sender)
+        cluster_merge.push(l_addr, lse, exchange, l_addr * 0 + sender)
+        cluster_merge.arrive_pushed(exchange, sender)
+    if PROBE & 1 == 0:
+        cluster_merge.wait_pushed(exchange, 1 - sender)
     o_peer = cluster_merge.load_shared(o_addr)
     lse_peer = cluster_merge.load_shared(l_addr)
-    cluster_merge.cluster_sync_relaxed(exchange)   # split 1 exits once split 0 has its bytes
+    if PROBE & 2 == 0:
+        cluster_merge.cluster_sync_relaxed(exchange)   # split 1 exits once split 0 has its bytes
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -581,6 +602,7 @@ def _paged_decode_kernel(
     # shared memory, no partials in global memory, no arrival count (CLUSTER_MERGE: 1 "sync",
     # 2 "push"; 0 none)
     CLUSTER_MERGE: tl.constexpr = 0,
+    CLUSTER_PROBE: tl.constexpr = 0,  # timing probes of "push" (module CLUSTER_PROBE)
 ):
     # Grid: (num_splits * num_m_blocks, nheads_k, batch) (HEAD_PAIRS: nheads_k / 2 pairs). Splits
     # vary fastest so that the programs of one sequence's KV head run side by side.
@@ -591,9 +613,16 @@ def _paged_decode_kernel(
     kv_head = tl.program_id(1)
     seq = tl.program_id(2)
 
-    if CLUSTER_MERGE == 2:   # the receiving mbarrier, before split 1 can push (_merge_pushed)
+    if CLUSTER_MERGE == 2 and CLUSTER_PROBE & 128:
+        exchange = cluster_merge.exchange_base(seq)
+        cluster_merge.start_bulk(exchange)
+    elif CLUSTER_MERGE == 2 or CLUSTER_PROBE & 8:   # the receiving mbarrier (_merge_pushed)
         exchange = cluster_merge.exchange_base(seq)
         cluster_merge.start_push(exchange)
+    elif CLUSTER_PROBE & 16:
+        exchange = cluster_merge.exchange_base(seq)
+    elif CLUSTER_PROBE & 32:
+        exchange = cluster_merge.cluster_arrive_relaxed(seq)
     else:
         exchange = 0
     seqlen = tl.load(cache_seqlens + seq)
@@ -650,7 +679,7 @@ def _paged_decode_kernel(
     elif CLUSTER_MERGE == 2:
         _merge_pushed(out, lse, split, exchange, FinalOut, FinalLse, seq, tok, head, row_ok,
                       offs_d, q_len, GROUP * tl.num_programs(1), head_dim, STORE_LSE, BLOCK_M,
-                      BLOCK_D)
+                      BLOCK_D, CLUSTER_PROBE)
     else:
         o_ptrs = (Out + seq.to(tl.int64) * stride_ob + split * stride_os
                   + (tok * stride_ot + head * stride_oh)[:, None] + offs_d[None, :])
@@ -680,6 +709,11 @@ def _paged_decode_kernel(
                                 stride_lb, stride_lt, stride_lh, stride_ls, STORE_LSE,
                                 BLOCK_M, BLOCK_D, MERGE_SPLITS_AT_ONCE)
                 tl.atomic_xchg(Arrivals + slot, 0)  # ready for the next launch (CUDA-graph replays)
+        if CLUSTER_PROBE & 8:   # "launch" with push's buffer and cluster barriers, no exchange
+            cluster_merge.cluster_wait(exchange)
+            cluster_merge.cluster_sync_relaxed(exchange)
+        if CLUSTER_PROBE & 32:
+            cluster_merge.cluster_wait(exchange)
     if PDL_EXIT_WAIT:
         gdc_wait()
 
@@ -823,6 +857,7 @@ class PagedDecodeLaunch:
                                          and combine_pdl(q.device, "triton")),
             PDL_EXIT_WAIT=follows, MASKED_STAGES=MASKED_LOOP_STAGES,
             CLUSTER_MERGE={"launch": 0, "sync": 1, "push": 2}[CLUSTER_MERGE] if in_cluster else 0,
+            CLUSTER_PROBE=CLUSTER_PROBE if in_cluster else 0,
             # int32 offsets where everything fits (fewer IMADs per key row) unless the config
             # says int64 (PagedDecodeConfig.int64_kv_offsets: which rows and launches do, why).
             INT64_KV=config.int64_kv_offsets or max(
