@@ -6,7 +6,7 @@ the dot means the conversion runs in the MMA operand layout; a 16-bit one means 
     .venv/bin/python scripts/decode_kernel_stats.py [--format int4] [--dtype fp16,bf16]
         [--heads 32/8] [--splits 3] [--config 128,4,2] [--maxnreg N] [--swap-ab] [--no-f16-math]
         [--v-pairs | --no-v-pairs] [--outliers N] [--head-pairs] [--int64-offsets 0|1]
-        [--shape BATCHxLEN] [--masked-stages N] [--cluster-merge sync|push|launch[:PROBE]]
+        [--shape BATCHxLEN] [--masked-stages N]
         [--keep DIR]
 
 ``--config block_n,num_warps,num_stages`` overrides the format's Hopper row (otherwise the row as
@@ -44,7 +44,7 @@ _BACK_BRANCH = re.compile(r"\bBRA (?:`\(\.L_x_\d+\) )?0x([0-9a-f]+)")
 def compile_decode(fmt: str, dtype: torch.dtype, nheads: int, nheads_k: int, splits: int,
                    config, maxnreg: int = 0, outliers: int = 0,
                    outlier_dtype: torch.dtype = torch.float16, batch: int = 2,
-                   length: int = 4096, cluster_merge: str = ""):
+                   length: int = 4096):
     """The compiled ``_paged_decode_kernel`` of a launch with these shapes (CPU tensors stand in:
     only shapes, strides and dtypes reach the specialization; ``batch`` 1 makes the integers
     equal to 1 constants, as the launch does)."""
@@ -69,10 +69,6 @@ def compile_decode(fmt: str, dtype: torch.dtype, nheads: int, nheads_k: int, spl
                                   k_scale=None if fmt == "plain" else scale,
                                   v_scale=None if fmt == "plain" else scale,
                                   outlier_values=values)
-    if cluster_merge:   # (the plan takes it on sm_90 only; here the launch is a CPU one)
-        form, _, probe = cluster_merge.partition(":")   # "push:5": with CLUSTER_PROBE 5
-        launch._constexprs.update(CLUSTER_MERGE={"sync": 1, "push": 2, "launch": 0}[form],
-                                  MERGE_HERE=form == "launch", CLUSTER_PROBE=int(probe or 0))
     f32, i32 = torch.empty(1, dtype=torch.float32), torch.empty(1, dtype=torch.int32)
     # The pointers as PagedDecodeLaunch.__call__ passes them (their dtypes are part of the
     # signature): the float32 partials with splits, else the output itself (q's dtype) for the
@@ -139,7 +135,7 @@ def stats(compiled, keep: Path | None, stem: str) -> dict:
     return {"regs": int(regs.group(1)) if regs else None,
             "spill": tuple(map(int, spills.groups())) if spills else None,
             "sass": sum(ops.values()), "ops": ops, "tiles": dict(tiles),
-            # Triton's dynamic shared memory and any static (inline PTX's: CLUSTER_MERGE's buffer)
+            # Triton's dynamic shared memory and any static (an inline PTX declaration's)
             "shared": compiled.metadata.shared + static_smem(ptxas.stderr),
             "loops": sass_loops(sass)}
 
@@ -181,9 +177,6 @@ def main() -> None:
                     help="PagedDecodeConfig.int64_kv_offsets 0 / 1 (default: the row's)")
     ap.add_argument("--masked-stages", type=int, default=0,
                     help="paged_decode.MASKED_LOOP_STAGES (0: the launch's stages)")
-    ap.add_argument("--cluster-merge", default="",
-                    help="paged_decode.CLUSTER_MERGE's form (two splits merged in a 2-CTA "
-                         "cluster): sync, push or launch, ':N' for CLUSTER_PROBE N")
     ap.add_argument("--keep", default="", help="write the PTX, TTGIR and SASS here")
     args = ap.parse_args()
     from kvonce.kernels import paged_decode
@@ -225,8 +218,7 @@ def main() -> None:
                        and config.outlier_max_registers else config.max_registers)
         batch, length = (int(x) for x in args.shape.split("x"))
         compiled = compile_decode(args.format, dtype, nheads, nheads_k, args.splits, config,
-                                  maxnreg, args.outliers, batch=batch, length=length,
-                                  cluster_merge=args.cluster_merge)
+                                  maxnreg, args.outliers, batch=batch, length=length)
         s = stats(compiled, keep,
                   f"decode.{args.format}.{name}.{config.block_n}x{config.num_warps}w"
                   f"{config.num_stages}s")

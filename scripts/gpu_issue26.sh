@@ -37,15 +37,6 @@
 #               masked path's planned stalls 1281 -> 1165): the chain form's tests against the
 #               reference, then the A/B against it at pages 16 and 256 ("same" False: the sums'
 #               order)
-#   clustermerge  GQA 12/2's two decode splits merged in a 2-CTA cluster through distributed
-#               shared memory (paged_decode.CLUSTER_MERGE, forty-third session: "sync" correct
-#               and 8% slower; "push", st.async onto an mbarrier, no fence, compiled, never run):
-#               the tests (the gate, bytes equal to the in-launch merge eagerly, by the op and in
-#               a graph), then config_ab of both forms and the probe "launch" (the global
-#               merge, launched as clusters: the cluster launch's own cost) at 12/2 64 x 1024
-#               (the row at 86% of dense SDPA: 22.8 us against ~19.7) and 48 x 1024
-#   clusterprobe  where CLUSTER_MERGE "push" loses (forty-fourth session: correct, 16-27% slower;
-#               "launch" even): its timing probes (CLUSTER_PROBE), then ncu of three forms
 #   summma      P's row sums by the tensor core (gluon_prefill.ROW_SUM_MMA; on at 16-row boxes
 #               since 2026-12-01, forty-third session: page 16 +0.2 to +2.3% in graphs, pages
 #               128 / 256 -0.5 to -1.5%): its 24 tests against the reference, then the A/B
@@ -928,46 +919,6 @@ fi
 if has rowtree; then
   step rowtree
   forms_ab chain "16,16:ROW_TREE=False,16:,16::ROW_TREE=False,256,256:ROW_TREE=False"
-fi
-if has clustermerge; then
-  step clustermerge
-  # (a form that hangs, e.g. a push whose bytes never land, stops here: no A/B after it)
-  timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/test_decode.py -k cluster_merge \
-    > "$OUT/cluster_tests.log" 2>&1
-  rc=$?
-  tail -3 "$OUT/cluster_tests.log"
-  [ $rc -eq 0 ] && timeout 150 python3 scripts/config_ab.py \
-    --cases plain:12/2:64x1024,plain:12/2:48x1024 --knob "kvonce.kernels.paged_decode:CLUSTER_MERGE='sync'" \
-    --knob "kvonce.kernels.paged_decode:CLUSTER_MERGE='push'" \
-    --knob "kvonce.kernels.paged_decode:CLUSTER_MERGE='launch'" --splits 2 --rounds 3 2>&1 \
-    | tail -6
-fi
-if has clusterprobe; then
-  step clusterprobe
-  # where "push" loses its 4-6 us (forty-fourth session): its timing probes (CLUSTER_PROBE: 1 no
-  # wait, 2 no closing barrier, 7 no exchange; 8 "launch" with push's buffer and barriers;
-  # wrong outputs, so maxdiff > 0 there), then ncu of the in-launch merge, "launch" and "push"
-  K=kvonce.kernels.paged_decode
-  timeout 200 python3 scripts/config_ab.py --cases plain:12/2:64x1024,plain:12/2:48x1024 \
-    --knob "$K:CLUSTER_MERGE='launch'" --knob "$K:CLUSTER_MERGE='push'" \
-    --knob "$K:CLUSTER_MERGE='push' & $K:CLUSTER_PROBE=1" \
-    --knob "$K:CLUSTER_MERGE='push' & $K:CLUSTER_PROBE=2" \
-    --knob "$K:CLUSTER_MERGE='push' & $K:CLUSTER_PROBE=7" \
-    --knob "$K:CLUSTER_MERGE='launch' & $K:CLUSTER_PROBE=8" --splits 2 --rounds 3 2>&1 \
-    | tail -4 | sed -E "s/kvonce.kernels.paged_decode://g"
-  M=gpu__time_duration.sum,sm__cycles_active.avg,sm__cycles_active.max,sm__ctas_launched.max
-  M=$M,sm__ctas_launched.min,smsp__inst_executed.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed
-  for r in long_scoreboard barrier membar sleeping wait no_instruction; do
-    M=$M,smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio
-  done
-  for form in None "'launch'" "'push'"; do
-    echo "-- $form"
-    (cd scripts && DECODE_CASE_KNOB="$K:CLUSTER_MERGE=$form" PYTHONPATH=../src:. timeout 100 \
-      ncu --clock-control none --kernel-name regex:paged_decode --launch-skip 2 \
-      --launch-count 1 --section LaunchStats --section Occupancy --metrics $M \
-      python3 decode_ncu_case.py plain 12 2 64 1024 2>&1 \
-      | grep -E "^\s+(gpu|sm|smsp|dram|launch)__|Cluster|Occupancy|Shared Memory C|Block Limit")
-  done
 fi
 if has summma; then
   step summma

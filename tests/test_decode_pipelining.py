@@ -134,30 +134,3 @@ def test_row_tile_one_pass_fits_the_cut_s_programs_an_sm(tmp_path):
     row = _PAGED_DECODE_TABLE[(9, 0)][128]  # the Hopper row (the CPU suite runs the interpreter)
     assert _programs_an_sm(tmp_path, "--format", "plain", "--dtype", "fp16", "--heads", "32/8",
                            "--shape", "66x8192", "--splits", "1") >= row.resident_programs_per_sm
-
-
-@pytest.mark.parametrize("form", ["sync", "push"])
-def test_cluster_merge_compiles_to_one_exchange_and_its_barriers(tmp_path, form):
-    """``paged_decode.CLUSTER_MERGE`` (GQA 12/2's two splits merged through distributed shared
-    memory): one static exchange buffer (its declaration in inline PTX; a copy of it would be a
-    second buffer, so there must be exactly one), no arrival atomic in global memory and no
-    spill; two cluster barriers. "sync": after the stores, and before either CTA may exit.
-    "push": the start's arrival (waited before the push) and a relaxed one after the receiver's
-    wait, the partial sent by ``st.async`` and no memory fence (no ``MEMBAR``)."""
-    proc, keep = _compile(tmp_path, "--format", "plain", "--heads", "12/2", "--splits", "2",
-                          "--shape", "64x1024", "--dtype", "fp16", "--cluster-merge", form)
-    ptx, sass = list(keep.glob("*.ptx")), list(keep.glob("*.sass"))
-    assert ptx and sass, f"no PTX / SASS:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
-    ptx_text, sass_text = ptx[0].read_text(), sass[0].read_text()
-    # (1024 bytes, so that Triton's dynamic shared memory after it keeps its swizzles' alignment)
-    assert len(re.findall(r"\.shared \.align 1024 \.b8 kvonce_cluster_exchange\[(\d+)\]",
-                          ptx_text)) == 1
-    assert int(re.search(r"kvonce_cluster_exchange\[(\d+)\]", ptx_text)[1]) % 1024 == 0
-    assert len(re.findall(r"\bUCGABAR_ARV\b", sass_text)) == 2
-    assert len(re.findall(r"\bUCGABAR_WAIT\b", sass_text)) == 2
-    # (a global atomic or reduction opcode; the push's mbarrier arrive is SYNCS.ARRIVE...RED)
-    assert not re.search(r"\*/\s+(?:@!?U?P\w\s+)?(?:ATOMG?|RED)\.", sass_text)
-    if form == "push":
-        assert re.search(r"\bSTAS\b", sass_text) and not re.search(r"\bMEMBAR\b", sass_text)
-    rows = [line for line in proc.stdout.splitlines() if line.startswith("| fp16")]
-    assert rows and "(0, 0)" in rows[0], proc.stdout[-2000:]

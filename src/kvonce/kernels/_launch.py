@@ -117,7 +117,7 @@ def constexpr_tail(kernel, num_args: int, constexprs: dict) -> tuple:
 
 def launch(kernel, key, grid: tuple[int, int, int], args: tuple, constexprs: dict,
            num_warps: int, num_stages: int, device_index: int, maxnreg: int = 0,
-           launch_pdl: bool = False, cluster: int = 1):
+           launch_pdl: bool = False):
     """``kernel[grid](*args, **constexprs, num_warps=..., num_stages=...)``, cheaply; ``maxnreg``
     (when nonzero) caps the registers per thread (ptxas ``-maxrregcount``), and belongs in ``key``.
     ``launch_pdl``: a programmatic dependent launch (Hopper; the kernel may start before the one
@@ -128,15 +128,7 @@ def launch(kernel, key, grid: tuple[int, int, int], args: tuple, constexprs: dic
     which must come after them in the signature (true of every kvonce kernel). ``key`` must
     determine the specialization (module docstring). Returns the ``CompiledKernel`` (None under
     the interpreter): its ``n_regs`` and ``n_spills`` feed the config sweeps.
-
-    ``cluster`` > 1 (Hopper, not the interpreter): the programs as clusters of that many along
-    the grid's first axis (``grid[0]`` a multiple of it), the kernel compiled for one CTA (its
-    layouts its own; ``num_ctas`` would split tensors across the cluster) and launched with the
-    cluster's dimension: never through ``kernel[grid]``, which would run it without a cluster.
     """
-    if cluster > 1:
-        return _launch_cluster(kernel, key, grid, args, constexprs, num_warps, num_stages,
-                               device_index, maxnreg, cluster)
     compiled = _compiled.get((kernel, key, device_index))
     if compiled is None or not cached_launch_enabled or _knob_hooks_active():
         options = {"maxnreg": maxnreg} if maxnreg else {}
@@ -161,32 +153,6 @@ def launch(kernel, key, grid: tuple[int, int, int], args: tuple, constexprs: dic
         launcher(grid[0], grid[1], grid[2], stream, ck.function, coop, pdl, None, None,
                  ck.packed_metadata, None, None, None, *expand_descriptors(args, positions),
                  *tail)
-    return ck
-
-
-def _launch_cluster(kernel, key, grid, args, constexprs, num_warps, num_stages, device_index,
-                    maxnreg, cluster):
-    """``launch`` with ``cluster`` > 1: compiled once through ``JITFunction.warmup`` (nothing
-    runs), then Triton's C launcher with the metadata's CTA count set to ``cluster`` (it
-    launches ``grid[0] / cluster`` clusters along x, each of ``cluster`` CTAs)."""
-    if interpreter_active():
-        raise RuntimeError("a cluster launch needs a Hopper GPU, not the Triton interpreter")
-    if grid[0] % cluster:
-        raise ValueError(f"grid[0] ({grid[0]}) must be a multiple of the cluster ({cluster})")
-    compiled = _compiled.get((kernel, key, device_index, cluster))
-    if compiled is None:
-        options = {"maxnreg": maxnreg} if maxnreg else {}
-        ck = kernel.warmup(*args, **constexprs, grid=grid, num_warps=num_warps,
-                           num_stages=num_stages, **options)
-        if ck.metadata.num_ctas != 1:
-            raise RuntimeError("a cluster launch compiles its kernel for one CTA")
-        packed = (ck.metadata.num_warps, cluster, ck.metadata.shared)
-        compiled = _compiled[(kernel, key, device_index, cluster)] = (
-            ck, constexpr_tail(kernel, len(args), constexprs), packed)
-    ck, tail, packed = compiled
-    stream = torch._C._cuda_getCurrentRawStream(device_index)
-    ck.run(grid[0] // cluster, grid[1], grid[2], stream, ck.function, packed, None, None, None,
-           *args, *tail)
     return ck
 
 

@@ -119,23 +119,11 @@ def _combine_splits(Opart, Lpart, Out, Lse, seq, tok, head, row_ok, offs_d, num_
             if SPLITS_AT_ONCE == 4:
                 acc, m, l = _merge_rows(acc, m, l, o2, lse2)
                 acc, m, l = _merge_rows(acc, m, l, o3, lse3)
-    _store_merged(acc, m, l, Out, Lse, seq, tok, head, row_ok, offs_d, q_len, nheads, head_dim,
-                  STORE_LSE)
-
-
-@triton.jit
-def _store_merged(acc, m, l, Out, Lse, seq, tok, head, row_ok, offs_d, q_len, nheads, head_dim,
-                  STORE_LSE: tl.constexpr):
-    """A merge state's rows (``_merge_rows``) normalized and stored: ``Out`` contiguous
-    ``[batch, q_len, nheads, d]``, ``Lse`` contiguous ``[batch, nheads, q_len]`` (natural log;
-    0 and -inf where no split saw a key)."""
-    seq = seq.to(tl.int64)
     seen = l > 0.0
     out = acc / tl.where(seen, l, 1.0)[:, None]
     o_ptrs = (Out + seq * q_len * nheads * head_dim
               + (tok * nheads * head_dim + head * head_dim)[:, None] + offs_d[None, :])
-    tl.store(o_ptrs, out.to(Out.dtype.element_ty),
-             mask=row_ok[:, None] & (offs_d[None, :] < head_dim))
+    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=mask)
     if STORE_LSE:
         lse = tl.where(seen, m + tl.math.log2(tl.where(seen, l, 1.0)) * 0.6931471805599453,
                        float("-inf"))

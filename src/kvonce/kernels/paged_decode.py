@@ -37,11 +37,9 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 # The state-in/state-out online-softmax step is shared with the varlen kernels.
 from ._launch import alignment_key, dot_input_precision, launch, next_pow2
-from .configs import interpreter_active
-from . import cluster_merge
 from .dual_group_fwd import _online_update, _softmax_step
-from .paged_combine import (_combine_splits, _combine_splits_kernel, _merge_rows, _store_merged,
-                            combine_launch_shape, combine_pdl)
+from .paged_combine import (_combine_splits, _combine_splits_kernel, combine_launch_shape,
+                            combine_pdl)
 from .paged_decode_int4 import _attend_paged_int4, _int4_tile
 from .paged_decode_pairs import _attend_paged_pairs
 from .paged_outliers import _outlier_queries, _outlier_scores, _without_outlier_channels
@@ -58,32 +56,6 @@ from .paged_tiles import _tile_pages, _tile_rows
 # launches 10-19% faster, but 32/8 48 x 8192 (128-key one pass) 9% slower: off; the row
 # takes 4 partials at once at those groups instead (PagedDecodeConfig.wide_merge_at_once).
 MASKED_LOOP_STAGES = 0
-
-# Two splits of one M-block (GQA 12/2 64 x 1024's plan: 256 programs of 512 keys) merged through
-# distributed shared memory (``_merge_in_cluster``; kernels/cluster_merge.py), the pair launched
-# as a 2-CTA cluster, instead of partials through L2 and an arrival count. The row trails dense
-# SDPA by the merge's tail (~2-2.5 us of 22.8: partials to L2, a CTA barrier, the arrival atomic,
-# the partials back; docs/notes.md, thirty-second session), which a cluster's barrier and one
-# DSMEM read shorten. Plain caches on sm_90, not with a batch cut's launch order (PDL). Built
-# 2026-12-01 (forty-third session). Two forms (kernels/cluster_merge.py): "sync" (both CTAs
-# store, a cluster barrier, both read the other's, a second barrier; each barrier's release a
-# MEMBAR.ALL.GPU on sm_90a) and "push" (split 1 sends its rows by st.async onto split 0's
-# mbarrier, split 0 waits for them, then a relaxed cluster barrier; no fence). Measured (H200,
-# 2026-12-01, CUDA graphs, 2 splits): "sync" correct (bytes equal to the in-launch merge,
-# eagerly, by the op, in a graph) and 8% SLOWER,
-# GQA 12/2 64 x 1024 27.4 us against 25.3, 48 x 1024 24.1 against 22.2. "push": compiled for
-# sm_90a (no MEMBAR), not yet run. "launch" (a timing probe): the in-launch merge through
-# global memory, launched as 2-CTA clusters all the same, what the cluster launch alone costs.
-# None: the in-launch merge, no clusters.
-CLUSTER_MERGE: str | None = None
-# Timing probes of "push" (bits; wrong outputs, never for use): 1 split 0 does not wait for the
-# pushed rows, 2 no closing cluster barrier, 4 split 1 pushes nothing (with 1: no exchange at
-# all, only the start's mbarrier and cluster arrive); 8 with "launch": push's buffer, mbarrier
-# and cluster barriers around the in-launch merge; 16 with "launch": push's buffer declared,
-# nothing else; 32 with "launch": a relaxed cluster arrive at the start, its wait at the end;
-# 64 with "push": the rows pushed four a thread at a time (one expect_tx for four st.async);
-# 128 with "push": split 1's rows staged in its own buffer, sent by one cp.async.bulk.
-CLUSTER_PROBE = 0
 
 
 @triton.jit
@@ -478,85 +450,6 @@ def _attend_kv_head(q, lo, full, hi, tok, diag, sm_scale, kv_head, seq, K, V, KS
 
 
 @triton.jit
-def _merge_in_cluster(out, lse, split, FinalOut, FinalLse, seq, tok, head, row_ok, offs_d, q_len,
-                      nheads, head_dim, STORE_LSE: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BLOCK_D: tl.constexpr):
-    """``CLUSTER_MERGE``: this split's normalized rows ``out [BLOCK_M, BLOCK_D]`` and ``lse
-    [BLOCK_M]`` and the other split's (the other CTA of the cluster) merged in split order, as
-    ``_combine_splits`` merges them from global memory (the same arithmetic and order, so the
-    same bytes), and stored by split 0. Each CTA stores its rows in its own shared memory, the
-    cluster synchronizes, each reads the other's, and synchronizes again so that neither exits
-    while the other reads."""
-    tl.static_assert(BLOCK_M * BLOCK_D * 4 + BLOCK_M * 4 <= cluster_merge.EXCHANGE_BYTES)
-    base = cluster_merge.exchange_base(seq)
-    rows = tl.arange(0, BLOCK_M)
-    o_addr = base + (rows[:, None] * BLOCK_D + offs_d[None, :]) * 4
-    l_addr = base + BLOCK_M * BLOCK_D * 4 + rows * 4
-    cluster_merge.store_shared(o_addr, out)
-    cluster_merge.store_shared(l_addr, lse)
-    cluster_merge.cluster_sync(seq)
-    o_peer = cluster_merge.load_peer(o_addr)
-    lse_peer = cluster_merge.load_peer(l_addr)
-    cluster_merge.cluster_sync(seq)
-    first = split == 0
-    o0 = tl.where(first, out, o_peer)
-    lse0 = tl.where(first, lse, lse_peer)
-    o1 = tl.where(first, o_peer, out)
-    lse1 = tl.where(first, lse_peer, lse)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc, m, l = _merge_rows(acc, m, l, o0, lse0)
-    acc, m, l = _merge_rows(acc, m, l, o1, lse1)
-    _store_merged(acc, m, l, FinalOut, FinalLse, seq, tok, head, row_ok & first, offs_d, q_len,
-                  nheads, head_dim, STORE_LSE)
-
-
-@triton.jit
-def _merge_pushed(out, lse, split, exchange, FinalOut, FinalLse, seq, tok, head, row_ok, offs_d,
-                  q_len, nheads, head_dim, STORE_LSE: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_D: tl.constexpr, PROBE: tl.constexpr = 0):
-    """``CLUSTER_MERGE`` "push": split 1 sends its normalized rows ``out [BLOCK_M, BLOCK_D]``
-    and ``lse [BLOCK_M]`` into split 0's exchange buffer (``exchange``, whose mbarrier the
-    kernel's start initialized); split 0 waits for them and merges its rows and split 1's in
-    split order, as ``_combine_splits`` does from global memory (the same bytes), and stores the
-    result. A relaxed cluster barrier after split 0's wait keeps split 1 until its bytes landed."""
-    tl.static_assert(BLOCK_M * BLOCK_D * 4 + BLOCK_M * 4 <= cluster_merge.EXCHANGE_BYTES)
-    rows = tl.arange(0, BLOCK_M)
-    o_addr = exchange + (rows[:, None] * BLOCK_D + offs_d[None, :]) * 4
-    l_addr = exchange + BLOCK_M * BLOCK_D * 4 + rows * 4
-    sender = (split == 1).to(tl.int32)
-    cluster_merge.cluster_wait(exchange)
-    if PROBE & 128:   # "bulk": staged in split 1's own buffer, one bulk copy into split 0's
-        if split == 1:
-            cluster_merge.store_shared(o_addr, out)
-            cluster_merge.store_shared(l_addr, lse)
-            cluster_merge.fence_proxy_async(seq)
-        tl.debug_barrier()
-        cluster_merge.send_bulk(exchange, sender)
-    elif PROBE & 4 == 0:
-        if PROBE & 64:
-            cluster_merge.push4(o_addr, out, exchange, o_addr * 0 + sender)
-        else:
-            cluster_merge.push(o_addr, out, exchange, o_addr * 0 + sender)
-        cluster_merge.push(l_addr, lse, exchange, l_addr * 0 + sender)
-        cluster_merge.arrive_pushed(exchange, sender)
-    if PROBE & 1 == 0:
-        cluster_merge.wait_pushed(exchange, 1 - sender)
-    o_peer = cluster_merge.load_shared(o_addr)
-    lse_peer = cluster_merge.load_shared(l_addr)
-    if PROBE & 2 == 0:
-        cluster_merge.cluster_sync_relaxed(exchange)   # split 1 exits once split 0 has its bytes
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc, m, l = _merge_rows(acc, m, l, out, lse)
-    acc, m, l = _merge_rows(acc, m, l, o_peer, lse_peer)
-    _store_merged(acc, m, l, FinalOut, FinalLse, seq, tok, head, row_ok & (split == 0), offs_d,
-                  q_len, nheads, head_dim, STORE_LSE)
-
-
-@triton.jit
 def _paged_decode_kernel(
     Q,                 # [batch, q_len, nheads, HEAD_DIM], last dim contiguous
     K, V,              # [num_pages, PAGE_SIZE, nheads_k, HEAD_DIM], last dim contiguous
@@ -598,11 +491,6 @@ def _paged_decode_kernel(
     # waits for the head's end before it exits, so that this launch's end implies the head's
     PDL_EXIT_WAIT: tl.constexpr = False,
     MASKED_STAGES: tl.constexpr = 0,  # the masked band's loop depth (MASKED_LOOP_STAGES)
-    # two splits, one M-block, launched as 2-CTA clusters: the splits merge through distributed
-    # shared memory, no partials in global memory, no arrival count (CLUSTER_MERGE: 1 "sync",
-    # 2 "push"; 0 none)
-    CLUSTER_MERGE: tl.constexpr = 0,
-    CLUSTER_PROBE: tl.constexpr = 0,  # timing probes of "push" (module CLUSTER_PROBE)
 ):
     # Grid: (num_splits * num_m_blocks, nheads_k, batch) (HEAD_PAIRS: nheads_k / 2 pairs). Splits
     # vary fastest so that the programs of one sequence's KV head run side by side.
@@ -613,18 +501,6 @@ def _paged_decode_kernel(
     kv_head = tl.program_id(1)
     seq = tl.program_id(2)
 
-    if CLUSTER_MERGE == 2 and CLUSTER_PROBE & 128:
-        exchange = cluster_merge.exchange_base(seq)
-        cluster_merge.start_bulk(exchange)
-    elif CLUSTER_MERGE == 2 or CLUSTER_PROBE & 8:   # the receiving mbarrier (_merge_pushed)
-        exchange = cluster_merge.exchange_base(seq)
-        cluster_merge.start_push(exchange)
-    elif CLUSTER_PROBE & 16:
-        exchange = cluster_merge.exchange_base(seq)
-    elif CLUSTER_PROBE & 32:
-        exchange = cluster_merge.cluster_arrive_relaxed(seq)
-    else:
-        exchange = 0
     seqlen = tl.load(cache_seqlens + seq)
     split_len = tl.cdiv(tl.cdiv(seqlen, num_splits), BLOCK_N) * BLOCK_N
     lo = split * split_len
@@ -672,48 +548,34 @@ def _paged_decode_kernel(
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
     lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453,
                    float("-inf"))
-    if CLUSTER_MERGE == 1:
-        _merge_in_cluster(out, lse, split, FinalOut, FinalLse, seq, tok, head, row_ok, offs_d,
-                          q_len, GROUP * tl.num_programs(1), head_dim, STORE_LSE, BLOCK_M,
-                          BLOCK_D)
-    elif CLUSTER_MERGE == 2:
-        _merge_pushed(out, lse, split, exchange, FinalOut, FinalLse, seq, tok, head, row_ok,
-                      offs_d, q_len, GROUP * tl.num_programs(1), head_dim, STORE_LSE, BLOCK_M,
-                      BLOCK_D, CLUSTER_PROBE)
+    o_ptrs = (Out + seq.to(tl.int64) * stride_ob + split * stride_os
+              + (tok * stride_ot + head * stride_oh)[:, None] + offs_d[None, :])
+    if EVEN_D:
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None])
     else:
-        o_ptrs = (Out + seq.to(tl.int64) * stride_ob + split * stride_os
-                  + (tok * stride_ot + head * stride_oh)[:, None] + offs_d[None, :])
-        if EVEN_D:
-            tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None])
-        else:
-            tl.store(o_ptrs, out.to(Out.dtype.element_ty),
-                     mask=row_ok[:, None] & (offs_d[None, :] < head_dim))
-        if STORE_LSE or SPLIT:
-            l_ptrs = (Lse + seq.to(tl.int64) * stride_lb + split * stride_ls + tok * stride_lt
-                      + head * stride_lh)
-            tl.store(l_ptrs, lse, mask=row_ok)
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty),
+                 mask=row_ok[:, None] & (offs_d[None, :] < head_dim))
+    if STORE_LSE or SPLIT:
+        l_ptrs = (Lse + seq.to(tl.int64) * stride_lb + split * stride_ls + tok * stride_lt
+                  + head * stride_lh)
+        tl.store(l_ptrs, lse, mask=row_ok)
 
-        if MERGE_HERE:
-            # The last split of this (sequence, KV head, M-block) to finish merges all of them: one
-            # launch instead of decode + combine. The barrier orders every thread's partial stores
-            # before the (single-thread) release of the arrival count; the acquire side reads the
-            # other splits' partials through L2 (.cg).
+    if MERGE_HERE:
+        # The last split of this (sequence, KV head, M-block) to finish merges all of them: one
+        # launch instead of decode + combine. The barrier orders every thread's partial stores
+        # before the (single-thread) release of the arrival count; the acquire side reads the
+        # other splits' partials through L2 (.cg).
+        tl.debug_barrier()
+        slot = (seq * tl.num_programs(1) + kv_head) * num_m_blocks + m_block
+        arrived = tl.atomic_add(Arrivals + slot, 1, sem="acq_rel", scope="gpu")
+        if arrived == num_splits - 1:
             tl.debug_barrier()
-            slot = (seq * tl.num_programs(1) + kv_head) * num_m_blocks + m_block
-            arrived = tl.atomic_add(Arrivals + slot, 1, sem="acq_rel", scope="gpu")
-            if arrived == num_splits - 1:
-                tl.debug_barrier()
-                _combine_splits(Out, Lse, FinalOut, FinalLse, seq, tok, head, row_ok, offs_d,
-                                num_splits, q_len, GROUP * tl.num_programs(1), head_dim,
-                                stride_ob, stride_ot, stride_oh, stride_os,
-                                stride_lb, stride_lt, stride_lh, stride_ls, STORE_LSE,
-                                BLOCK_M, BLOCK_D, MERGE_SPLITS_AT_ONCE)
-                tl.atomic_xchg(Arrivals + slot, 0)  # ready for the next launch (CUDA-graph replays)
-        if CLUSTER_PROBE & 8:   # "launch" with push's buffer and cluster barriers, no exchange
-            cluster_merge.cluster_wait(exchange)
-            cluster_merge.cluster_sync_relaxed(exchange)
-        if CLUSTER_PROBE & 32:
-            cluster_merge.cluster_wait(exchange)
+            _combine_splits(Out, Lse, FinalOut, FinalLse, seq, tok, head, row_ok, offs_d,
+                            num_splits, q_len, GROUP * tl.num_programs(1), head_dim,
+                            stride_ob, stride_ot, stride_oh, stride_os,
+                            stride_lb, stride_lt, stride_lh, stride_ls, STORE_LSE,
+                            BLOCK_M, BLOCK_D, MERGE_SPLITS_AT_ONCE)
+            tl.atomic_xchg(Arrivals + slot, 0)  # ready for the next launch (CUDA-graph replays)
     if PDL_EXIT_WAIT:
         gdc_wait()
 
@@ -812,15 +674,8 @@ class PagedDecodeLaunch:
         group = nheads // launch_heads
         block_m, num_m_blocks = decode_row_blocks(nheads, launch_heads, q_len, kv_format)
         self.batch, self.num_splits = batch, num_splits
+        merge_here = 1 < num_splits <= config.max_merged_splits
         self.device_index = q.device.index if q.device.type == "cuda" else -1
-        in_cluster = (CLUSTER_MERGE is not None and num_splits == 2 and num_m_blocks == 1
-                      and kv_format == 0 and outlier_values is None and not trigger_next
-                      and not follows and self.device_index >= 0 and not interpreter_active()
-                      and torch.cuda.get_device_capability(q.device)[0] == 9)
-        self._cluster = 2 if in_cluster else 1   # CTAs a cluster
-        # (the probe "launch": the global-memory merge, launched as clusters all the same)
-        merge_here = ((not in_cluster or CLUSTER_MERGE == "launch")
-                      and 1 < num_splits <= config.max_merged_splits)
         if num_splits == 1:  # straight into out [batch, q_len, nheads, d], lse [batch, nheads, q_len]
             dst_o = (q_len * nheads * head_dim, nheads * head_dim, head_dim, 0)
             dst_l = (nheads * q_len, 1, q_len, 0)  # (batch, token, head, split)
@@ -853,11 +708,9 @@ class PagedDecodeLaunch:
             # Not with dense-and-sparse keys: int4+8 ran 5-35% slower with it (H100).
             PREFETCH_PAGES=config.prefetch_pages and outlier_values is None,
             MERGE_SPLITS_AT_ONCE=config.merge_splits_at_once, HEAD_PAIRS=self._head_pairs,
-            PDL_TRIGGER=trigger_next or (num_splits > 1 and not merge_here and not in_cluster
+            PDL_TRIGGER=trigger_next or (num_splits > 1 and not merge_here
                                          and combine_pdl(q.device, "triton")),
             PDL_EXIT_WAIT=follows, MASKED_STAGES=MASKED_LOOP_STAGES,
-            CLUSTER_MERGE={"launch": 0, "sync": 1, "push": 2}[CLUSTER_MERGE] if in_cluster else 0,
-            CLUSTER_PROBE=CLUSTER_PROBE if in_cluster else 0,
             # int32 offsets where everything fits (fewer IMADs per key row) unless the config
             # says int64 (PagedDecodeConfig.int64_kv_offsets: which rows and launches do, why).
             INT64_KV=config.int64_kv_offsets or max(
@@ -881,7 +734,7 @@ class PagedDecodeLaunch:
                                     F16_MATH=f16 and (kv_format == 1 or (v_pairs and v_ok)))
             for v_ok in (False, True) for scales_ok in (False, True)}
         self._combine = None
-        if num_splits > 1 and not merge_here and not in_cluster:
+        if num_splits > 1 and not merge_here:
             # Final out [batch, q_len, nheads, d] and lse [batch, nheads, q_len], contiguous.
             ints = (num_splits, head_dim, *dst_o, *dst_l, q_len * nheads * head_dim,
                     nheads * head_dim, head_dim, nheads * q_len, 1, q_len)
@@ -933,7 +786,7 @@ class PagedDecodeLaunch:
                 final_o, final_l, arrivals, outlier_values, outlier_channels, self._scale,
                 *self._ints),
                constexprs, *self._warps, self.device_index, self._maxnreg,
-               launch_pdl=constexprs["PDL_EXIT_WAIT"], cluster=self._cluster)
+               launch_pdl=constexprs["PDL_EXIT_WAIT"])
         if self._combine is not None:
             key, grid, ints, constexprs, warps = self._combine
             launch(_combine_splits_kernel, key, grid, (o_part, lse_part, out, lse, *ints),

@@ -265,7 +265,7 @@ class CascadeLaunch:
                           N_OUT=0, SCALE_PAIRS=False, PREFETCH_PAGES=c.prefetch_pages,
                           MERGE_SPLITS_AT_ONCE=1, HEAD_PAIRS=False,
                           PDL_TRIGGER=combine_pdl(q.device, "prefix"), PDL_EXIT_WAIT=False,
-                          MASKED_STAGES=paged_decode.MASKED_LOOP_STAGES, CLUSTER_MERGE=0)
+                          MASKED_STAGES=paged_decode.MASKED_LOOP_STAGES)
         warps = (c.num_warps, c.num_stages)
         self._suffix = (("suffix", q.dtype, k_cache.dtype, ints, tuple(constexprs.values()),
                          warps), (suffix_splits * num_m_blocks, nheads_k, batch), scale, ints,
