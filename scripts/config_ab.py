@@ -16,7 +16,9 @@ column may also change the config: ``KNOBS @ field=value[,field=value]`` (applie
 config at that split count).
 All columns run in one process, their rounds alternated: the same inputs and allocations for
 A and B, and no drift between processes (``knob_run.py`` runs one setting a process).
-``--splits``: a row per split count, all columns at that count (0: the plan's own).
+``--splits``: a row per split count, all columns at that count (0: the plan's own; a forced
+count runs the tile the rule takes at that count since 2026-12-01; before, the row's bare config,
+e.g. 64-key tiles at GQA 12/2 64 x 1024 where the plan's 2 splits take 128).
 d128, page 16, random page order, q_len 1, seed 0 (``decode_ncu_case.paged_case``; ``--layout
 hnd``: head-major pages, as ``bench quant`` stores them); outputs of
 every B checked against A (max abs difference printed).

@@ -497,6 +497,34 @@ def test_wide_tiles_drop_empty_splits(monkeypatch):
     assert (plan.config.block_n, plan.num_splits) == (128, 171)
 
 
+def test_a_forced_split_count_takes_the_rule_s_launch_at_that_count(monkeypatch):
+    """A split count the caller forces launches what the rule would at that count (its tile
+    and merge), not the row's bare config: forced 2 splits at GQA 12/2 64 x 1024, the rule's
+    own count, ran the 64-key tile 12% slower (H200). The count stays as forced, and a config
+    the caller passes stays as given."""
+    from kvonce.kernels.configs import _PAGED_DECODE_TABLE
+    row = _PAGED_DECODE_TABLE[(9, 0)][128]
+    monkeypatch.setattr(decode, "device_info", lambda device: ((9, 0), 132))
+    monkeypatch.setattr(decode, "_default_config", lambda *a: row)
+    meta = dict(device="meta")  # shapes only: nothing launches, on any machine
+    q = torch.empty(64, 1, 12, 128, dtype=torch.float16, **meta)
+    k = torch.empty(64 * 64 + 1, 16, 2, 128, dtype=torch.float16, **meta)
+    table = torch.empty(64, 64, dtype=torch.int32, **meta)
+    args = (q, k, k, torch.empty(64, dtype=torch.int32, **meta), table)
+    auto = decode.PagedDecodePlan(*args)
+    assert (auto.config.block_n, auto.num_splits, auto.batch_cut) == (128, 2, 0)
+    forced = decode.PagedDecodePlan(*args, num_splits=2)
+    assert forced.config == auto.config and forced.num_splits == 2
+    # one pass: the wide tile (128 programs of 1024 keys, one wave), no batch cut
+    one = decode.PagedDecodePlan(*args, num_splits=1)
+    assert (one.config.block_n, one.num_splits, one.batch_cut) == (128, 1, 0)
+    # 3 splits of 342 keys: under the wide tile's floor (512), the row's tile; the count kept
+    three = decode.PagedDecodePlan(*args, num_splits=3)
+    assert (three.config.block_n, three.num_splits) == (row.block_n, 3)
+    given = decode.PagedDecodePlan(*args, num_splits=2, config=row)
+    assert given.config == row and row.block_n != 128
+
+
 def test_busy_splits_leave_no_split_empty():
     """``busy_splits``: the count of tile-aligned ranges (as the kernel cuts them) that hold keys;
     no range of the returned count is empty, at this tile or any smaller one."""

@@ -290,6 +290,7 @@ class PagedDecodePlan:
             check_block_table_values(cache_seqlens, block_table, k_cache.shape[0], page_size)
         batch, q_len, nheads, head_dim = q.shape
         capability, num_sms = device_info(q.device)
+        own_config = config is None
         self.config = config or _default_config(capability, num_sms, q, k_cache, block_table,
                                                 self.kv_format, self._kv_code)
         # Shared-prefix cascade (kvonce.paged.prefix): None unless asked for and paying; a forced
@@ -321,23 +322,33 @@ class PagedDecodePlan:
                 num_splits = gluon_num_splits(batch * k_cache.shape[2] // heads, max_keys,
                                               num_sms, two_ctas_an_sm=two_ctas,
                                               tile_keys=128 // heads)
-        elif num_splits == 0:
-            num_splits = choose_num_splits(batch, grid_heads, max_keys, num_sms, self.config)
+        elif num_splits == 0 or (own_config and not self.uses_gluon):
+            forced = num_splits > 0
+            if not forced:
+                num_splits = choose_num_splits(batch, grid_heads, max_keys, num_sms, self.config)
             # a one pass of the row's own launch whose last wave is ragged: cut (both parts at
             # the row's config; its resident programs counted at one 16-row M-block)
             rows16 = decode_row_blocks(nheads, grid_heads, q.shape[1], self._kv_code) == (16, 1)
             one_block_group = nheads // grid_heads if rows16 and q.shape[1] == 1 else 0
+            # A split count the caller forces takes the tile the rule's launch takes at that
+            # count (with the plan's own config; a caller's config stays as given): forced 2
+            # splits at GQA 12/2 64 x 1024, the rule's own count, ran the row's 64-key tile in
+            # 25.4 us against the rule's 128-key 22.6, 48 x 1024 21.4 against 16.7 (H200,
+            # 2026-12-01, forty-fourth session). It keeps its count: no batch cut, no split
+            # dropped.
             shaped = _launch_shape_config(self.config, batch * grid_heads, num_splits,
                                           max_keys, num_sms, mha=nheads == k_cache.shape[2],
                                           group=one_block_group)
             cut = (triton_batch_cut(batch, grid_heads, max_keys, num_sms, self.config)
-                   if num_splits == 1 and shaped == self.config and rows16 else (0, 0))
+                   if num_splits == 1 and shaped == self.config and rows16 and not forced
+                   else (0, 0))
             if cut[0]:
                 self.batch_cut, num_splits = cut
             else:
                 self.config = shaped
-                # a longer tile than the count was cut for can leave its last splits empty
-                num_splits = busy_splits(max_keys, num_splits, self.config.block_n)
+                if not forced:
+                    # a longer tile than the count was cut for can leave its last splits empty
+                    num_splits = busy_splits(max_keys, num_splits, self.config.block_n)
         self.num_splits = num_splits
         # The Gluon decode's partials: split launches, and one split unless it stores out itself
         self._gluon_partials = self.uses_gluon and _gluon_writes_partials(num_splits)
@@ -569,7 +580,8 @@ def paged_attention(
                            1 1 1 1 1
 
     num_splits : 0 picks the split-K count from shapes and the SM count (never from tensor values:
-        the call is CUDA-graph capturable); a positive value forces it (1 = single pass).
+        the call is CUDA-graph capturable); a positive value forces it (1 = single pass), with
+        the tile the automatic choice would launch at that count (unless ``config`` is given).
     return_lse : also return the LSE.
     check_block_table : validation mode, off by default: checks that every sequence's pages are in
         the table and name existing pages. It reads tensor values (a host sync; not capturable).
