@@ -5,7 +5,8 @@
 
 ``DECODE_CASE_SET=field=value[,field=value]`` runs the plan's launch (its split count) with
 those config fields changed (``config_ab.py``'s ``--set``); ``DECODE_CASE_KNOB=MODULE:ATTR=LITERAL[
-& ...]`` sets module attributes first (``config_ab.py``'s ``--knob``). FORMAT is plain, fp8_e4m3, int8 or
+& ...]`` sets module attributes first (``config_ab.py``'s ``--knob``); ``DECODE_CASE_SPLITS=N``
+forces the split count (0 or unset: the plan's). FORMAT is plain, fp8_e4m3, int8 or
 int4; d128, page 16, random page order, fp16 q; pages (and
 per-token scales) token-major, or head-major with ``hnd``. FORMAT ``sdpa`` runs PyTorch's dense
 SDPA (``enable_gqa``) on the plain case's keys gathered to ``[batch, heads_k, len, d]``.
@@ -88,7 +89,8 @@ def main(fmt: str, hq: int, hk: int, batch: int, length: int, layout: str = "nhd
     k, v = stored(k, layout), stored(v, layout)
     kw = {name: stored(t, layout) for name, t in kw.items()}
     plan = kvonce.PagedDecodePlan(q, k, v, seqlens, table, **kw,
-                                  kv_format="int4" if fmt == "int4" else None)
+                                  kv_format="int4" if fmt == "int4" else None,
+                                  num_splits=int(os.environ.get("DECODE_CASE_SPLITS") or 0))
     if os.environ.get("DECODE_CASE_SET"):  # the plan's launch with config fields changed
         plan = kvonce.PagedDecodePlan(
             q, k, v, seqlens, table, **kw, kv_format="int4" if fmt == "int4" else None,

@@ -37,6 +37,8 @@
 #               masked path's planned stalls 1281 -> 1165): the chain form's tests against the
 #               reference, then the A/B against it at pages 16 and 256 ("same" False: the sums'
 #               order)
+#   sdpancu     GQA 12/2 64 x 1024 against dense SDPA (0.861 on 2026-12-01): forced split counts
+#               against the plan's own, then ncu of the plan, its one pass and SDPA's kernel
 #   summma      P's row sums by the tensor core (gluon_prefill.ROW_SUM_MMA; on at 16-row boxes
 #               since 2026-12-01, forty-third session: page 16 +0.2 to +2.3% in graphs, pages
 #               128 / 256 -0.5 to -1.5%): its 24 tests against the reference, then the A/B
@@ -919,6 +921,33 @@ fi
 if has rowtree; then
   step rowtree
   forms_ab chain "16,16:ROW_TREE=False,16:,16::ROW_TREE=False,256,256:ROW_TREE=False"
+fi
+if has sdpancu; then
+  step sdpancu
+  # GQA 12/2 64 x 1024 against dense SDPA (forty-fourth session: 22.6 against 19.5 us, 0.861;
+  # the merge 1.8 us of it): first the forced split counts against the plan's own (a forced
+  # count takes the rule's tile at that count since fd66ef5: 1 and 2 should read the wide tile),
+  # then ncu of the plan (2 merged splits), its one pass and SDPA's kernel side by side
+  timeout 120 python3 scripts/config_ab.py --cases plain:12/2:64x1024,plain:12/2:48x1024 \
+    --splits 0,1,2 --set block_n=64 --rounds 3 2>&1 | tail -8
+  M=gpu__time_duration.sum,launch__grid_size,launch__registers_per_thread
+  M=$M,launch__shared_mem_per_block_dynamic,launch__shared_mem_per_block_static
+  M=$M,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed
+  M=$M,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sector_hit_rate.pct
+  M=$M,sm__cycles_active.avg,sm__cycles_active.max,sm__warps_active.avg.per_cycle_active
+  M=$M,smsp__inst_executed.sum,smsp__issue_active.avg.per_cycle_active
+  for r in long_scoreboard barrier wait short_scoreboard mio_throttle lg_throttle; do
+    M=$M,smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio
+  done
+  for c in "plain 0" "plain 1" "sdpa 0"; do   # (format, forced split count; 0: the plan's)
+    set -- $c
+    echo "-- $1, splits $2"
+    (cd scripts && DECODE_CASE_SPLITS=$2 PYTHONPATH=../src:. timeout 120 ncu \
+      --clock-control none --kernel-name regex:"paged_decode|fprop|flash|fmha|attention|sdpa" \
+      --launch-skip 2 --launch-count 1 --metrics $M \
+      python3 decode_ncu_case.py $1 12 2 64 1024 2>&1 \
+      | grep -E "^\s+(gpu|sm|smsp|dram|lts|launch)__|^\s+\S*(kernel|fprop|flash|sdpa)\S*")
+  done
 fi
 if has summma; then
   step summma
