@@ -498,10 +498,10 @@ def test_wide_tiles_drop_empty_splits(monkeypatch):
 
 
 def test_a_forced_split_count_takes_the_rule_s_launch_at_that_count(monkeypatch):
-    """A split count the caller forces launches what the rule would at that count (its tile
-    and merge), not the row's bare config: forced 2 splits at GQA 12/2 64 x 1024, the rule's
-    own count, ran the 64-key tile 12% slower (H200). The count stays as forced, and a config
-    the caller passes stays as given."""
+    """A split count the caller forces launches what the rule would at that count (its tile,
+    stages and merge), not the row's bare config: forced 2 splits at GQA 12/2 64 x 1024 ran the
+    64-key tile 12% slower than the rule's 128-key one (H200). The count stays as forced, and a
+    config the caller passes stays as given."""
     from kvonce.kernels.configs import _PAGED_DECODE_TABLE
     row = _PAGED_DECODE_TABLE[(9, 0)][128]
     monkeypatch.setattr(decode, "device_info", lambda device: ((9, 0), 132))
@@ -511,18 +511,63 @@ def test_a_forced_split_count_takes_the_rule_s_launch_at_that_count(monkeypatch)
     k = torch.empty(64 * 64 + 1, 16, 2, 128, dtype=torch.float16, **meta)
     table = torch.empty(64, 64, dtype=torch.int32, **meta)
     args = (q, k, k, torch.empty(64, dtype=torch.int32, **meta), table)
+    # the rule's own launch: one wave of one program an SM (128 programs of 1024 keys)
     auto = decode.PagedDecodePlan(*args)
-    assert (auto.config.block_n, auto.num_splits, auto.batch_cut) == (128, 2, 0)
-    forced = decode.PagedDecodePlan(*args, num_splits=2)
-    assert forced.config == auto.config and forced.num_splits == 2
-    # one pass: the wide tile (128 programs of 1024 keys, one wave), no batch cut
-    one = decode.PagedDecodePlan(*args, num_splits=1)
-    assert (one.config.block_n, one.num_splits, one.batch_cut) == (128, 1, 0)
+    assert (auto.config.block_n, auto.config.num_stages, auto.config.prefetch_pages,
+            auto.num_splits, auto.batch_cut) == (*row.one_wave, True, 1, 0)
+    assert decode.PagedDecodePlan(*args, num_splits=1).config == auto.config
+    # 2 splits: 256 programs, past one an SM: the wide tile at the row's stages
+    two = decode.PagedDecodePlan(*args, num_splits=2)
+    assert (two.config.block_n, two.config.num_stages, two.num_splits) == (
+        row.wide_block_n, row.num_stages, 2)
     # 3 splits of 342 keys: under the wide tile's floor (512), the row's tile; the count kept
     three = decode.PagedDecodePlan(*args, num_splits=3)
     assert (three.config.block_n, three.num_splits) == (row.block_n, 3)
     given = decode.PagedDecodePlan(*args, num_splits=2, config=row)
     assert given.config == row and row.block_n != 128
+
+
+@pytest.mark.parametrize("batch,heads_k,keys,splits", [
+    (64, 2, 1024, 1),    # GQA 12/2 64 x 1024: 128 programs
+    (32, 2, 1024, 2),    # 64 programs a split: two fill the SMs
+    (16, 2, 4096, 4),    # 32: four of 1024 keys
+    (66, 2, 512, 1),     # 132: every SM
+    (48, 2, 1024, 0),    # 96 programs: 0.73 of the SMs, under ONE_WAVE_FILL
+    (8, 2, 8192, 0),     # 16: four splits (the merged most) fill 64 SMs
+    (80, 2, 1024, 0),    # 160 programs: past one an SM
+    (64, 2, 4096, 0),    # one pass of 4096 keys: longer than measured
+    (64, 2, 256, 0),     # 256 keys: shorter than measured
+    (11, 12, 2048, 1),   # MHA 12/12 11 x 2048: 132 programs
+])
+def test_one_wave_split_count(batch, heads_k, keys, splits):
+    """``one_wave_splits``: the launch that fills one wave of one program an SM, at the shapes
+    measured (or the 0 that leaves the split rule to ``choose_num_splits``)."""
+    from kvonce.kernels.configs import _PAGED_DECODE_TABLE
+    from kvonce.paged.splits import is_one_wave, one_wave_splits
+    row = _PAGED_DECODE_TABLE[(9, 0)][128]
+    got = one_wave_splits(batch * heads_k, keys, 132, row)
+    assert got == splits
+    if got:
+        assert is_one_wave(batch * heads_k, got, keys, 132, row)
+        assert batch * heads_k * got <= 132 and got <= row.max_merged_splits
+    bare = dataclasses.replace(row, one_wave=())
+    assert one_wave_splits(batch * heads_k, keys, 132, bare) == 0
+
+
+def test_one_wave_needs_one_m_block(monkeypatch):
+    """Two new tokens a sequence (two M-blocks' worth of programs at GROUP 12 x 2 > 16 rows,
+    or q_len > 1 at all) never take the one-wave launch: it counts programs at one M-block."""
+    from kvonce.kernels.configs import _PAGED_DECODE_TABLE
+    row = _PAGED_DECODE_TABLE[(9, 0)][128]
+    monkeypatch.setattr(decode, "device_info", lambda device: ((9, 0), 132))
+    monkeypatch.setattr(decode, "_default_config", lambda *a: row)
+    meta = dict(device="meta")
+    for q_len in (1, 2):
+        q = torch.empty(64, q_len, 12, 128, dtype=torch.float16, **meta)
+        k = torch.empty(64 * 64 + 1, 16, 2, 128, dtype=torch.float16, **meta)
+        plan = decode.PagedDecodePlan(q, k, k, torch.empty(64, dtype=torch.int32, **meta),
+                                      torch.empty(64, 64, dtype=torch.int32, **meta))
+        assert (plan.config.num_stages == row.one_wave[1]) == (q_len == 1)
 
 
 def test_busy_splits_leave_no_split_empty():
@@ -872,6 +917,44 @@ def test_gpu_real_sizes(dtype, nheads, nheads_k, head_dim, page_size):
             assert rel_err(out, ref_o) < TOL[dtype], f"q_len={q_len} num_splits={num_splits}"
             assert rel_err(out, sdpa_o) < TOL[dtype]
             assert lse_err(lse, ref_lse) < 2e-2
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("batch,nheads,nheads_k,max_len", [
+    (64, 12, 2, 1024), (32, 12, 2, 1024), (16, 12, 2, 4096), (16, 32, 8, 2048),
+])
+def test_gpu_one_wave_launch(dtype, batch, nheads, nheads_k, max_len):
+    """The one-wave launch (``PagedDecodeConfig.one_wave``: 128-key tiles at 3 stages with
+    carried page ids, one program an SM, 1-4 splits merged in the launch) against the
+    references, ragged lengths (a sequence of one key, one page, one off the tile grid), and
+    replayed in a CUDA graph."""
+    from kvonce.paged.splits import is_one_wave
+    g = torch.Generator().manual_seed(batch)
+    lens = torch.randint(1, max_len + 1, (batch,), generator=g)
+    lens[0], lens[1], lens[2], lens[3] = max_len, 1, 16, max_len - 77
+    k_cache, v_cache, seqlens, table = make_paged(lens.tolist(), page_size=16,
+                                                  nheads_k=nheads_k, head_dim=128, dtype=dtype,
+                                                  spare_pages=0)
+    q = make_q(batch, 1, nheads, 128, dtype)
+    plan = decode.PagedDecodePlan(q, k_cache, v_cache, seqlens, table)
+    capability, num_sms = decode.device_info(q.device)
+    if capability == (9, 0) and plan.config.one_wave:
+        # the launch under test is the one that ran
+        assert is_one_wave(batch * nheads_k, plan.num_splits, max_len, num_sms, plan.config)
+        assert (plan.config.block_n, plan.config.num_stages) == plan.config.one_wave
+        assert plan.config.prefetch_pages
+    ref_o, _ = paged_attention_ref(q, k_cache, v_cache, seqlens, table)
+    with poison_empty:
+        out = plan.run(q, k_cache, v_cache, seqlens, table)
+    assert rel_err(out, ref_o) < TOL[dtype]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = plan.run(q, k_cache, v_cache, seqlens, table)
+    for _ in range(2):   # the in-launch merge's arrival counts are back at zero after a replay
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, out)
 
 
 @gpu_only

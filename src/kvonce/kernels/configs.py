@@ -255,6 +255,13 @@ class PagedDecodeConfig:
         pair; the V planes come out 64 wide and each row keeps its head's half
         (``paged_decode_int4._attend_paged_int4``). The split count and M-blocks count the pairs.
         Set in the int4 row for token-major pages (``"int4/token-major"``, measured below).
+    one_wave: ``(block_n, num_stages)`` for launches of at most one program an SM that fill
+        the SMs (``paged.splits.one_wave_splits``: q_len 1 with one 16-row M-block, splits of
+        512-2048 keys merged in the launch): such a launch takes the split count that fills
+        one wave and this deeper ring with carried page ids (``prefetch_pages``, which gives K
+        and V their second shared-memory slot at 3 stages). One program an SM then keeps two
+        128-key K/V tiles in flight where the row's split launches kept one at two or three
+        programs an SM and paid the merge's L2 round trips. Empty: never.
     one_pass_prefetch: where the auto split count takes a single pass in the one-pass band
         (``one_pass_programs_per_sm``), the launch also carries its page ids
         (``prefetch_pages``). The plain loop then holds 144 registers, three programs an SM, so
@@ -302,6 +309,7 @@ class PagedDecodeConfig:
     gluon: bool = False
     resident_programs_per_sm: int = 0
     wide_merge_at_once: tuple[tuple[int, int], ...] = ()
+    one_wave: tuple[int, ...] = ()
 
 
 # (capability major, minor) -> head dim -> config. The Hopper d=128 row comes from
@@ -341,10 +349,18 @@ _PAGED_DECODE_TABLE: dict[tuple[int, int], dict[int, PagedDecodeConfig]] = {
         # 180; 4: 144, 147): GQA 12/2 48 x 4096 / 64 x 4096 / 96 x 2048 / 40 x 8192 60.5 /
         # 77.4 / 60.7 / 106.2 -> 54.3 / 69.7 / 54.1 / 85.5 us, 24/8 16 x 4096 68.9 -> 68.4
         # (H200, graphs, fp16, 2026-11-30; bf16 alike at 12/2; outputs bitwise equal)
+        # one_wave (128-key tiles, 3 stages, carried page ids, one program an SM), H200,
+        # graphs, us, scripts/config_ab.py, fp16, 2026-12-01, forty-fifth session; the rule's
+        # launch then against it at the same count: GQA 12/2 64 x 1024 (1 split against 2)
+        # 20.5 / 22.7, 64 x 512 9.3 / 11.2, 64 x 2048 (1 against 3) 35.8 / 38.4, 32 x 1024 at
+        # 2 splits 10.6 / 13.0; 32/8 16 x 1024 21.1 / 22.5, 16 x 2048 35.9 / 38.2; MHA 11 x 1024
+        # 21.8 / 22.3, 11 x 2048 37.2 / 38.2. Past one program an SM it lost (it fits one an SM):
+        # 12/2 80 x 1024 32.2 against 27.3, 128 x 512 23.4 / 20.6, 32/8 24 x 1024 33.6 / 30.1.
         128: PagedDecodeConfig(64, 4, 2, slow_band_splits=3,
                                one_pass_programs_per_sm=(5.0, 6.0), one_pass_prefetch=True,
                                wide_block_n=128, resident_programs_per_sm=4,
-                               merge_splits_at_once=2, wide_merge_at_once=((3, 4), (6, 4))),
+                               merge_splits_at_once=2, wide_merge_at_once=((3, 4), (6, 4)),
+                               one_wave=(128, 3)),
         256: PagedDecodeConfig(32, 4, 2, int64_kv_offsets=True),
     },
 }

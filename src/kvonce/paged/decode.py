@@ -29,7 +29,7 @@ from .checks import (QUANT_FORMATS, check_block_table_values, check_device_ok, c
 from .prefix import plan_cascade
 from .splits import (FALLBACK_MIN_KEYS, GLUON_MIN_KEYS, busy_splits, choose_num_splits,
                      gluon_batch_cut, gluon_int4_pays, gluon_num_splits,
-                     triton_batch_cut)
+                     one_wave_splits, is_one_wave, triton_batch_cut)
 
 __all__ = ["paged_attention", "PagedDecodePlan", "choose_num_splits"]
 
@@ -203,7 +203,12 @@ def _launch_shape_config(config: PagedDecodeConfig, base: int, num_splits: int,
     ``base`` programs a split, ``num_splits`` splits of a ``max_keys``-key sequence, ``mha``
     where each KV head serves one q head, ``group`` q heads a KV head for one new token whose
     rows fit one 16-row M-block, else 0 (``PagedDecodeConfig.one_pass_prefetch``,
-    ``wide_block_n``, ``wide_merge_at_once``)."""
+    ``wide_block_n``, ``wide_merge_at_once``, ``one_wave``)."""
+    if group and is_one_wave(base, num_splits, max_keys, num_sms, config):
+        # one program an SM, two 128-key tiles in flight (``one_wave_splits``)
+        block_n, num_stages = config.one_wave
+        return dataclasses.replace(config, block_n=block_n, num_stages=num_stages,
+                                   prefetch_pages=True)
     lo, hi = config.one_pass_programs_per_sm
     if (config.one_pass_prefetch and num_splits == 1
             and lo * num_sms <= base < hi * num_sms):
@@ -324,12 +329,14 @@ class PagedDecodePlan:
                                               tile_keys=128 // heads)
         elif num_splits == 0 or (own_config and not self.uses_gluon):
             forced = num_splits > 0
-            if not forced:
-                num_splits = choose_num_splits(batch, grid_heads, max_keys, num_sms, self.config)
             # a one pass of the row's own launch whose last wave is ragged: cut (both parts at
             # the row's config; its resident programs counted at one 16-row M-block)
             rows16 = decode_row_blocks(nheads, grid_heads, q.shape[1], self._kv_code) == (16, 1)
             one_block_group = nheads // grid_heads if rows16 and q.shape[1] == 1 else 0
+            if not forced:
+                num_splits = (one_block_group and one_wave_splits(
+                    batch * grid_heads, max_keys, num_sms, self.config)) or choose_num_splits(
+                        batch, grid_heads, max_keys, num_sms, self.config)
             # A split count the caller forces takes the tile the rule's launch takes at that
             # count (with the plan's own config; a caller's config stays as given): forced 2
             # splits at GQA 12/2 64 x 1024, the rule's own count, ran the row's 64-key tile in

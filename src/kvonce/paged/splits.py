@@ -8,7 +8,7 @@ from ..kernels.configs import PagedDecodeConfig
 
 __all__ = ["choose_num_splits", "busy_splits", "gluon_num_splits", "gluon_int4_pays",
            "gluon_batch_cut", "triton_batch_cut", "GLUON_MIN_KEYS", "MAX_SPLITS",
-           "FALLBACK_MIN_KEYS"]
+           "FALLBACK_MIN_KEYS", "one_wave_splits", "is_one_wave"]
 
 MAX_SPLITS = 256
 # The shortest split any row falls back to (the plain rows' ``min_keys_per_split``) where a
@@ -52,6 +52,39 @@ def choose_num_splits(batch: int, nheads_k: int, max_keys: int, num_sms: int,
         return 1
     splits = -(-target // base) if config.splits_round_up else target // base
     return busy_splits(max_keys, int(max(1, min(splits, cap, MAX_SPLITS))), config.block_n)
+
+
+# The one-wave launch (``PagedDecodeConfig.one_wave``): measured at 0.97-1.0 of the SMs busy
+# and 512-2048 keys a split (H200, 2026-12-01; configs.py has the table). 0.73 busy (GQA 12/2
+# 48 x 1024) won too, but that row's 50 MB of K/V stays in L2 between graph replays (ncu and
+# scripts/decode_l2_warmth.py): not taken as evidence. Longer splits: not measured.
+ONE_WAVE_FILL = 0.9
+ONE_WAVE_KEYS = (512, 2048)
+
+
+def is_one_wave(base: int, num_splits: int, max_keys: int, num_sms: int,
+                config: PagedDecodeConfig) -> bool:
+    """Whether ``base`` programs a split at ``num_splits`` splits of a ``max_keys``-key sequence
+    run as the row's one-wave launch (``config.one_wave``): at most one program an SM and at
+    least ``ONE_WAVE_FILL`` of the SMs, splits of ``ONE_WAVE_KEYS`` keys merged in the launch.
+    The caller counts programs at one 16-row M-block (q_len 1)."""
+    programs = base * num_splits
+    split_keys = -(-max_keys // max(num_splits, 1))
+    return (bool(config.one_wave) and 1 <= num_splits <= max(1, config.max_merged_splits)
+            and ONE_WAVE_FILL * num_sms <= programs <= num_sms
+            and ONE_WAVE_KEYS[0] <= split_keys <= ONE_WAVE_KEYS[1])
+
+
+def one_wave_splits(base: int, max_keys: int, num_sms: int, config: PagedDecodeConfig) -> int:
+    """The split count of the row's one-wave launch for ``base`` programs a split (the most
+    splits that fit one program an SM, none shorter than ``config.min_keys_per_split``, every
+    one holding keys), or 0 where that launch does not fill the SMs (``is_one_wave``)."""
+    if not config.one_wave or base > num_sms:
+        return 0
+    cap = max(1, max_keys // config.min_keys_per_split)
+    splits = min(num_sms // base, cap, max(1, config.max_merged_splits))
+    splits = busy_splits(max_keys, splits, config.one_wave[0])
+    return splits if is_one_wave(base, splits, max_keys, num_sms, config) else 0
 
 
 # A batch cut of the Triton decode's one pass (``triton_batch_cut``). H200, graphs, x 8192 keys,
