@@ -21,10 +21,15 @@ from tabulate import tabulate
 import kvonce
 
 sys.path.insert(0, "scripts")
-from decode_l2_warmth import dense  # noqa: E402
 from decode_ncu_case import graph_us, paged_case, parse_case  # noqa: E402
 
 CASES = "plain:12/2:128x512,plain:12/2:64x1024,plain:12/2:8x8192,plain:32/8:64x1024"
+
+
+def dense(x: torch.Tensor, table: torch.Tensor, batch: int, length: int) -> torch.Tensor:
+    """Paged ``[pages, page, hk, d]`` gathered to SDPA's ``[batch, hk, length, d]``."""
+    hk, d = x.shape[2], x.shape[3]
+    return x[table.long()].reshape(batch, length, hk, d).transpose(1, 2).contiguous()
 
 
 def main() -> None:

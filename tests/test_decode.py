@@ -457,7 +457,8 @@ def test_plain_launch_shape_follows_the_launch():
 @pytest.mark.parametrize("heads, batch, keys, q_len, want", [
     ((12, 2), 48, 4096, 1, (128, 4, 4)),    # GROUP 6 merged in the launch: 4 at once
     ((12, 2), 96, 2048, 1, (128, 2, 4)),
-    ((12, 2), 64, 1024, 1, (128, 2, 2)),    # 256 programs: two an SM fit them in one wave
+    ((12, 2), 56, 1024, 1, (128, 2, 2)),    # 224 programs: two an SM fit them in one wave
+    ((12, 2), 64, 1024, 1, (128, 1, 2)),    # 128 fill the SMs: the one-wave launch
     ((24, 8), 16, 4096, 1, (128, 3, 4)),    # GROUP 3
     ((32, 8), 16, 4096, 1, (128, 3, 2)),    # GROUP 4 keeps the row's 2 (177 registers at 4)
     ((12, 2), 48, 4096, 2, (128, 4, 2)),    # two tokens: not the compiled launch

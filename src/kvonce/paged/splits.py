@@ -56,8 +56,8 @@ def choose_num_splits(batch: int, nheads_k: int, max_keys: int, num_sms: int,
 
 # The one-wave launch (``PagedDecodeConfig.one_wave``): measured at 0.97-1.0 of the SMs busy
 # and 512-2048 keys a split (H200, 2026-12-01; configs.py has the table). 0.73 busy (GQA 12/2
-# 48 x 1024) won too, but that row's 50 MB of K/V stays in L2 between graph replays (ncu and
-# scripts/decode_l2_warmth.py): not taken as evidence. Longer splits: not measured.
+# 48 x 1024) won too, but that row's 50 MB of K/V stays in L2 between graph replays
+# (scripts/cold_l2_decode.py): not taken as evidence. Longer splits: not measured.
 ONE_WAVE_FILL = 0.9
 ONE_WAVE_KEYS = (512, 2048)
 
