@@ -226,6 +226,12 @@
 #   power       scripts/decode_power_series.py (fp16, fp8, int8, int4 graph replays back to back for
 #               3 s after 2 s idle; 2026-11-30: the H200 sits at its 700 W cap, SM clock
 #               1.4-1.85 GHz, int4 155.7 -> 164-166 us) with nvidia-smi's clock and power beside
+#   onewave     the one-wave decode launch (PagedDecodeConfig.one_wave, on since 2026-12-01,
+#               forty-fifth session: 12/2 64 x 1024 22.7 -> 20.8 us, 0.952 of dense SDPA): its
+#               GPU tests, then its edges, each a forced count at the 128-key / 3-stage /
+#               carried-ids config against the plan's own launch: splits of 4096-8192 keys,
+#               0.7-0.85 of the SMs on caches too large for L2, 8-64 splits through the combine
+#               kernel (1 x 131072, 8 x 8192), and cache-hint knobs at the one-wave launch
 set -u
 export PYTHONPATH=src:.peers/fi PYTHONUNBUFFERED=1 FLASHINFER_WORKSPACE_BASE=/tmp/fi_ws \
   FLASHINFER_CUDA_ARCH_LIST=9.0
@@ -989,6 +995,26 @@ if has trace; then
   timeout 120 python3 -m pytest -q -x tests/test_gluon_prefill.py -k trace_probe 2>&1 | tail -2
   (cd scripts && PYTHONPATH=../src:. timeout 120 python3 prefill_item_trace.py \
     --rows prefill,chunked --pages 16,256 2>&1 | tail -7)
+fi
+if has onewave; then
+  step onewave
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_decode.py \
+    -k "one_wave or gpu_real_sizes" 2>&1 | tail -2
+  deep=block_n=128,num_stages=3,prefetch_pages=1
+  # row "splits 0": A the plan's launch; row "splits N": B the deep ring at N splits (N x base
+  # programs about 128-132); compare A of row 0 with B of row N
+  for c in "plain:12/2:64x4096,plain:32/8:16x4096,plain:12/12:11x8192,plain:12/2:48x2048 0,1" \
+           "plain:12/2:56x2048,plain:12/2:104x1024 0,1" "plain:12/2:8x8192 0,8" \
+           "plain:12/2:1x131072 0,64" "plain:32/8:1x131072 0,16" "plain:12/12:1x131072 0,11"; do
+    set -- $c
+    timeout 150 python3 scripts/config_ab.py --cases $1 --splits $2 --set $deep --rounds 3 \
+      > "$OUT/onewave_${2//,/-}_${1//[:\/,]/_}.log" 2>&1
+    grep "^|" "$OUT/onewave_${2//,/-}_${1//[:\/,]/_}.log" | cut -c1-200
+  done
+  # cache hints at the rule's one-wave launches
+  timeout 150 python3 scripts/config_ab.py --cases plain:12/2:64x1024,plain:32/8:16x2048 \
+    --splits 0 --set kv_eviction=evict_first --set kv_cache_modifier=.cg --set num_warps=8 \
+    --rounds 3 2>&1 | grep "^|" | cut -c1-240
 fi
 if ls "$OUT"/bench_*.md >/dev/null 2>&1; then
   step targets
