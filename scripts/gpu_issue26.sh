@@ -1011,6 +1011,10 @@ if has onewave; then
       > "$OUT/onewave_${2//,/-}_${1//[:\/,]/_}.log" 2>&1
     grep "^|" "$OUT/onewave_${2//,/-}_${1//[:\/,]/_}.log" | cut -c1-200
   done
+  # the rule against the old one where it takes 3 splits (not measured when it went on)
+  timeout 150 python3 scripts/config_ab.py --cases plain:12/2:22x2048,plain:32/8:5x4096 \
+    --splits 0 --knob "kvonce.paged.splits:ONE_WAVE_FILL=2.0" --rounds 3 2>&1 | grep "^|" \
+    | cut -c1-200
   # cache hints at the rule's one-wave launches
   timeout 150 python3 scripts/config_ab.py --cases plain:12/2:64x1024,plain:32/8:16x2048 \
     --splits 0 --set kv_eviction=evict_first --set kv_cache_modifier=.cg --set num_warps=8 \
